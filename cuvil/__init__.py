@@ -1,0 +1,27 @@
+"""Cuvil: an ahead-of-time inference compiler. `compile` needs the compiler parts;
+`load` and `InferenceSession` on a saved artifact need only numpy."""
+from .errors import (ArtifactError, CompileError, CuvilError, GraphError, ShapeError,
+                     UnsupportedOpError, VerificationError)
+from .runtime.module import load
+
+__version__ = "0.1.0"
+
+
+def compile(model, example_inputs=(), **options):  # noqa: A001 - mirrors torch.compile
+    from .api import compile as _compile
+    return _compile(model, example_inputs, **options)
+
+
+def compile_model(model, example_inputs=(), **options):
+    from .api import compile_model as _compile_model
+    return _compile_model(model, example_inputs, **options)
+
+
+def InferenceSession(path_or_model, **kw):  # noqa: N802 - ONNX Runtime's spelling
+    from .runtime.session import InferenceSession as _S
+    return _S(path_or_model, **kw)
+
+
+__all__ = ["compile", "compile_model", "load", "InferenceSession", "CuvilError",
+           "UnsupportedOpError", "ShapeError", "VerificationError", "CompileError",
+           "ArtifactError", "GraphError", "__version__"]

@@ -1,0 +1,296 @@
+"""compile(): option checking, orchestration of frontend -> passes -> codegen -> build ->
+runtime, the compile cache and verification against the source model."""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__
+from .build import cache, toolchain
+from .errors import CuvilError, VerificationError
+from .ir import dims as D
+from .options import Options, make_options
+from .runtime import artifact
+from .runtime.module import Module
+
+
+class Progress:
+    """Stage timings; printed as they happen when verbose."""
+
+    def __init__(self, verbose):
+        self.verbose, self.t0, self.last, self.stages = verbose, time.perf_counter(), time.perf_counter(), []
+
+    def __call__(self, stage, detail=""):
+        now = time.perf_counter()
+        self.stages.append((stage, now - self.last))
+        if self.verbose:
+            print(f"[cuvil] {stage:<10} {1000 * (now - self.last):8.1f} ms  {detail}", file=sys.stderr, flush=True)
+        self.last = now
+
+    @property
+    def total(self):
+        return time.perf_counter() - self.t0
+
+
+class CompiledModel:
+    """The result of compile(): call it like the source model."""
+
+    def __init__(self, module: Module, graph=None, plan=None, report=None, in_spec=None, out_spec=None):
+        self.module = module
+        self.graph = graph
+        self.plan = plan
+        self.report = report or {}
+        self._in_spec = in_spec
+        self._out_spec = out_spec
+
+    @property
+    def path(self) -> Path:
+        return self.module.path
+
+    @property
+    def c_source(self) -> str:
+        return (self.path / "model.c").read_text()
+
+    def run(self, *arrays, out=None):
+        """numpy in -> list of numpy out (flattened outputs)."""
+        return self.module.run(*arrays, out=out)
+
+    def __call__(self, *args, **kwargs):
+        torch_in = any(type(a).__module__.startswith("torch") for a in list(args) + list(kwargs.values()))
+        if "torch" in sys.modules and (kwargs or any(isinstance(a, (list, tuple, dict)) for a in args)):
+            from torch.utils import _pytree
+            flat = _pytree.tree_leaves((tuple(args), dict(kwargs)))
+        else:
+            flat = list(args)
+        outs = self.module.run(*flat)
+        if torch_in:
+            import torch
+            outs = [torch.from_numpy(o) for o in outs]
+            if self._out_spec is not None:
+                from torch.utils import _pytree
+                return _pytree.tree_unflatten(outs, self._out_spec)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def save(self, path):
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        for f in artifact.FILES:
+            shutil.copyfile(self.path / f, path / f)
+        return path
+
+    def set_num_threads(self, n):
+        self.module.set_num_threads(n)
+
+    def __repr__(self):
+        return f"<cuvil.CompiledModel {self.path}>"
+
+
+def _source_key(model, example_inputs, opts: Options) -> str | None:
+    """A key from the source model itself, so a repeat compile skips export entirely."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not isinstance(model, torch.nn.Module):
+        return None
+    h = hashlib.sha256()
+    cls = type(model)
+    h.update(f"{cls.__module__}.{cls.__qualname__}|{model!r}|{opts.key()}|{__version__}".encode())
+    try:
+        h.update(inspect.getsource(cls).encode())
+    except (OSError, TypeError):
+        pass
+    for name, t in list(model.state_dict(keep_vars=False).items()):
+        h.update(name.encode())
+        h.update(str((tuple(t.shape), t.dtype)).encode())
+        h.update(t.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy().tobytes()
+                 if t.numel() else b"")
+    from torch.utils import _pytree
+    for leaf in _pytree.tree_leaves(example_inputs):
+        h.update(repr((tuple(getattr(leaf, "shape", ())), str(getattr(leaf, "dtype", type(leaf))))).encode())
+    h.update(toolchain.compiler_version().encode())
+    h.update(toolchain.kernel_sources_digest().encode())
+    return h.hexdigest()[:32]
+
+
+def _split_inputs(example_inputs):
+    if isinstance(example_inputs, dict):
+        return (), example_inputs
+    if not isinstance(example_inputs, (tuple, list)):
+        return (example_inputs,), {}
+    return tuple(example_inputs), {}
+
+
+def compile(model, example_inputs=(), *, target="native", precision="fp32", fusion_level=2,  # noqa: A001
+            dynamic_shapes=None, verify=False, num_threads=None, cache_dir=None, verbose=False):
+    """Compile a torch.nn.Module (or an ONNX model) into a native artifact. See DESIGN.md."""
+    opts = make_options(target=target, precision=precision, fusion_level=fusion_level,
+                        dynamic_shapes=dynamic_shapes, verify=verify, num_threads=num_threads,
+                        cache_dir=cache_dir, verbose=verbose)
+    cdir = Path(cache_dir) if cache_dir else cache.default_dir()
+    progress = Progress(verbose)
+    args, kwargs = _split_inputs(example_inputs)
+    kind = _source_kind(model)
+    if kind == "torch":
+        skey = _source_key(model, (args, kwargs), opts)
+        hit = cache.lookup_source(cdir, skey) if skey else None
+        if hit:
+            progress("cache hit", str(hit))
+            cm = _wrap(hit, opts, None, None, {"cache": "hit"})
+        else:
+            cm = _compile_torch(model, args, kwargs, opts, cdir, progress, skey)
+    elif kind == "onnx":
+        from .frontend import onnx as onnx_frontend
+        cm = onnx_frontend.compile_onnx(model, opts, cdir, progress)
+    else:
+        raise CuvilError(f"cannot compile a {type(model).__name__}: pass a torch.nn.Module, an ONNX file path, "
+                         "an onnx.ModelProto or ONNX bytes")
+    if opts.verify:
+        _verify(model, args, kwargs, cm, kind)
+    cm.report["compile_seconds"] = progress.total
+    cm.report["stages"] = progress.stages
+    return cm
+
+
+def compile_model(model, example_inputs=(), *, enable_fusion=None, **options):
+    """Alias of compile(); also takes the older spelling enable_fusion=True|False."""
+    if enable_fusion is not None:
+        if not isinstance(enable_fusion, bool):
+            raise ValueError(f"option enable_fusion={enable_fusion!r} must be True or False")
+        if "fusion_level" in options:
+            raise ValueError("give either enable_fusion or fusion_level, not both")
+        options["fusion_level"] = 2 if enable_fusion else 0
+    return compile(model, example_inputs, **options)
+
+
+def _source_kind(model):
+    if isinstance(model, (str, Path)) and str(model).endswith(".onnx"):
+        return "onnx"
+    if isinstance(model, bytes):
+        return "onnx"
+    if type(model).__name__ == "ModelProto":
+        return "onnx"
+    if "torch" in sys.modules and isinstance(model, sys.modules["torch"].nn.Module):
+        return "torch"
+    return None
+
+
+def _compile_torch(model, args, kwargs, opts, cdir, progress, skey):
+    from .frontend import torch as torch_frontend
+    ep = torch_frontend.export(model, args, kwargs, opts.dynamic_shapes)
+    progress("export", f"{len(ep.graph.nodes)} fx nodes")
+    graph, out_spec = torch_frontend.from_exported(ep, opts.dynamic_shapes)
+    progress("frontend", f"{len(graph.nodes)} IR nodes")
+    from torch.utils import _pytree
+    treespec = None
+    try:
+        treespec = _pytree.treespec_dumps(out_spec)
+    except Exception:  # noqa: BLE001 - custom output types may not serialise; runtime then returns a tuple
+        pass
+    cm = build_graph(graph, opts, cdir, progress, extra_manifest={"treespec": treespec})
+    cm._out_spec = out_spec
+    if skey:
+        cache.remember_source(cdir, skey, cm.report["cache_key"])
+    return cm
+
+
+def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None) -> CompiledModel:
+    """IR -> passes -> C -> shared library, through the cache."""
+    from .codegen.c import emit
+    from .codegen.c.frame import API_H
+    from .passes.pipeline import optimize
+    graph = optimize(graph, opts.fusion_level)
+    progress("passes", f"{len(graph.nodes)} nodes after optimisation")
+    target = toolchain.resolve_target(opts.target)
+    c_src, weights, plan = emit.generate(graph, target)
+    progress("codegen", f"{len(c_src) // 1024} KiB of C, {len(weights) / 2**20:.1f} MiB weights, "
+                        f"arena {plan.arena_bytes / 2**20:.1f} MiB")
+    key = cache.digest(str(graph), hashlib.sha256(weights).hexdigest(), opts.key(), target,
+                       toolchain.compiler_version(), toolchain.kernel_sources_digest(), __version__)
+    hit = cache.lookup(cdir, key)
+    if hit is None:
+        bdir = cache.new_build_dir(cdir)
+        (bdir / "model.c").write_text(c_src)
+        (bdir / "model.h").write_text(API_H)
+        (bdir / "weights.bin").write_bytes(weights)
+        manifest = {
+            "cuvil_version": __version__, "target": target,
+            "cpu_features": toolchain.required_features(target),
+            "inputs": [_io(v, n) for v, n in zip(graph.inputs, graph.input_names or [v.name for v in graph.inputs])],
+            "outputs": [_io(v, f"output{i}") for i, v in enumerate(graph.outputs)],
+            "symbols": {k: list(v) for k, v in graph.symbols.items()},
+            "weights": {"bytes": len(weights), "checksum": artifact.checksum(weights)},
+            "arena_bytes": plan.arena_bytes, "num_threads": opts.num_threads,
+            "options": {"precision": opts.precision, "fusion_level": opts.fusion_level},
+            "compiler": toolchain.compiler_version(), "cache_key": key,
+        }
+        manifest.update(extra_manifest or {})
+        artifact.write_manifest(bdir, manifest)
+        toolchain.build_shared(bdir, target, cdir, verbose=opts.verbose)
+        progress("build", "model.so")
+        hit = cache.store(cdir, key, bdir)
+        status = "miss"
+    else:
+        progress("cache hit", str(hit))
+        status = "hit"
+    return _wrap(hit, opts, graph, plan, {"cache": status, "cache_key": key})
+
+
+def _io(v, name):
+    return {"name": name, "dtype": v.dtype, "shape": [d if isinstance(d, int) else D.to_py(d) for d in v.type.shape]}
+
+
+def _wrap(path, opts, graph, plan, report):
+    module = Module(path, num_threads=opts.num_threads)
+    spec = module.manifest.get("treespec")
+    out_spec = None
+    if spec and "torch" in sys.modules:
+        from torch.utils import _pytree
+        try:
+            out_spec = _pytree.treespec_loads(spec)
+        except Exception:  # noqa: BLE001
+            out_spec = None
+    report.setdefault("cache_key", module.manifest.get("cache_key"))
+    return CompiledModel(module, graph, plan, report, out_spec=out_spec)
+
+
+def max_errors(expected, got):
+    errs = {}
+    for i, (e, g) in enumerate(zip(expected, got)):
+        e = np.asarray(e, dtype=np.float64)
+        g = np.asarray(g, dtype=np.float64)
+        if e.shape != g.shape:
+            errs[i] = (float("inf"), float("inf"))
+            continue
+        diff = np.abs(e - g)
+        diff = np.where(np.isnan(e) & np.isnan(g), 0.0, diff)
+        abs_err = float(diff.max()) if diff.size else 0.0
+        rel = float((diff / np.maximum(np.abs(e), 1e-12)).max()) if diff.size else 0.0
+        errs[i] = (abs_err, rel)
+    return errs
+
+
+def _verify(model, args, kwargs, cm, kind, rtol=1e-4, atol=1e-4):
+    if kind == "torch":
+        import torch
+        from torch.utils import _pytree
+        with torch.no_grad():
+            ref = model(*args, **kwargs)
+        expected = [t.detach().numpy() for t in _pytree.tree_leaves(ref) if isinstance(t, torch.Tensor)]
+        flat = _pytree.tree_leaves((tuple(args), dict(kwargs)))
+    else:
+        from .frontend import onnx as onnx_frontend
+        expected, flat = onnx_frontend.reference_outputs(model, args)
+    got = cm.run(*flat)
+    errs = max_errors(expected, got)
+    bad = {k: v for k, v in errs.items()
+           if not np.allclose(got[k], expected[k], rtol=rtol, atol=atol, equal_nan=True)}
+    cm.report["verify"] = errs
+    if bad:
+        raise VerificationError(bad, rtol, atol)

@@ -1,0 +1,140 @@
+"""Find the C compiler, pick flags per target, build model.so (the kernel library is compiled
+once per target and compiler, then reused from the cache)."""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from ..errors import CompileError
+
+KERNELS_DIR = Path(__file__).resolve().parent.parent / "codegen" / "c" / "kernels"
+
+# target -> (flags, floats per vector, CPU features the artifact needs at load)
+TARGETS = {
+    "x86_64-avx512": (["-march=skylake-avx512", "-mprefer-vector-width=512"], 16, ["avx512f", "avx2", "fma"]),
+    "x86_64-avx2": (["-march=haswell"], 8, ["avx2", "fma"]),
+    "aarch64-neon": (["-march=armv8-a"], 4, []),
+}
+TARGET_NAMES = ("native", "cpu") + tuple(TARGETS)
+COMMON_FLAGS = ["-O3", "-fPIC", "-fopenmp", "-fno-math-errno", "-ffp-contract=fast", "-std=gnu11",
+                "-Wno-unused-variable", "-Wno-unused-but-set-variable"]
+
+
+def cpu_flags() -> set:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def resolve_target(target: str) -> str:
+    if target in ("native", "cpu"):
+        return "native"
+    return target
+
+
+def native_features() -> list[str]:
+    f = cpu_flags()
+    return [x for x in ("avx512f", "avx2", "fma", "avx") if x in f] + (["asimd"] if "asimd" in f else [])
+
+
+@functools.lru_cache(None)
+def vector_floats(target: str = "native") -> int:
+    if target in TARGETS:
+        return TARGETS[target][1]
+    f = cpu_flags()
+    return 16 if "avx512f" in f else 8 if "avx" in f else 4
+
+
+def target_flags(target: str) -> list[str]:
+    if target in TARGETS:
+        if TARGETS[target][0][0].startswith("-march=armv8") != (platform.machine() in ("aarch64", "arm64")):
+            raise CompileError(f"target {target!r} needs a cross compiler for {platform.machine()}, "
+                               "which cuvil does not drive yet; use target='native'")
+        return TARGETS[target][0]
+    return ["-march=native"]
+
+
+def required_features(target: str) -> list[str]:
+    return TARGETS[target][2] if target in TARGETS else native_features()
+
+
+@functools.lru_cache(None)
+def find_compiler() -> str:
+    for cc in (os.environ.get("CC"), "gcc", "clang", "cc"):
+        if cc and shutil.which(cc):
+            return shutil.which(cc)
+    raise CompileError("no C compiler found: install gcc or clang, or set CC")
+
+
+@functools.lru_cache(None)
+def compiler_version() -> str:
+    cc = find_compiler()
+    out = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    return out.splitlines()[0] if out else cc
+
+
+def kernel_sources_digest() -> str:
+    h = hashlib.sha256()
+    for p in sorted(KERNELS_DIR.iterdir()):
+        if p.suffix in (".c", ".h"):
+            h.update(p.name.encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _run(cmd, cwd):
+    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if r.returncode:
+        raise CompileError(f"C compiler failed ({' '.join(cmd)}):\n{r.stderr[-4000:]}")
+
+
+def kernels_object(target: str, cache_dir: Path) -> Path:
+    """kernels.a for this target and compiler, built once and kept in the cache."""
+    key = hashlib.sha256(f"{target}|{compiler_version()}|{kernel_sources_digest()}|"
+                         f"{' '.join(target_flags(target))}".encode()).hexdigest()[:20]
+    dest = cache_dir / "kernels" / key / "libcuvil_kernels.a"
+    if dest.exists():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+        objs = []
+        cc = find_compiler()
+        srcs = sorted(KERNELS_DIR.glob("*.c"))
+        procs = []
+        for src in srcs:
+            obj = Path(tmp) / (src.stem + ".o")
+            objs.append(str(obj))
+            procs.append((subprocess.Popen([cc, *COMMON_FLAGS, *target_flags(target), "-c", str(src), "-o", str(obj)],
+                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), src))
+        for p, src in procs:
+            _, err = p.communicate()
+            if p.returncode:
+                raise CompileError(f"C compiler failed on {src.name}:\n{err[-4000:]}")
+        _run(["ar", "rcs", str(Path(tmp) / "lib.a"), *objs], tmp)
+        os.replace(Path(tmp) / "lib.a", dest)
+    return dest
+
+
+def build_shared(model_dir: Path, target: str, cache_dir: Path, verbose=False) -> Path:
+    """Compile model_dir/model.c against the kernel library into model_dir/model.so."""
+    lib = kernels_object(target, cache_dir)
+    inc = KERNELS_DIR.parent
+    out = model_dir / "model.so"
+    cmd = [find_compiler(), *COMMON_FLAGS, *target_flags(target), "-shared", f"-I{inc}", f"-I{model_dir}",
+           "model.c", str(lib), "-o", "model.so.tmp", "-lm"]
+    if verbose:
+        print("  $", " ".join(cmd))
+    _run(cmd, model_dir)
+    os.replace(model_dir / "model.so.tmp", out)
+    return out

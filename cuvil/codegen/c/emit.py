@@ -1,0 +1,159 @@
+"""Graph -> C: one model.c with a create/run/destroy API over the kernel library.
+
+Each op's C lowering lives in lower_*.py and is registered in LOWERINGS; this file holds the
+context the lowerings share (buffers, dims, packed weights) and the model.c frame."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ...errors import UnsupportedOpError
+from ...ir import dims as D
+from ...passes import memplan
+from .ctypes_map import CTYPE
+
+WEIGHT_ALIGN = 64
+
+
+@dataclass
+class Lowering:
+    emit: Callable                       # (Emitter, node) -> list of C lines
+    scratch: Callable | None = None      # (node, bounds) -> bytes of scratch the node needs
+    supports: Callable | None = None     # node -> None if lowerable, else a reason
+
+
+LOWERINGS: dict[str, Lowering] = {}
+
+
+def lowering(*ops, scratch=None, supports=None):
+    def deco(fn):
+        for op in ops:
+            LOWERINGS[op] = Lowering(fn, scratch, supports)
+        return fn
+    return deco
+
+
+class Weights:
+    """Constants laid out in one 64-byte aligned blob; transformed copies (packed panels) too."""
+
+    def __init__(self):
+        self.chunks, self.offsets, self.size = [], {}, 0
+
+    def add(self, key, array: np.ndarray) -> int:
+        if key in self.offsets:
+            return self.offsets[key]
+        off = (self.size + WEIGHT_ALIGN - 1) // WEIGHT_ALIGN * WEIGHT_ALIGN
+        a = np.ascontiguousarray(array)
+        self.chunks.append((off, a))
+        self.offsets[key] = off
+        self.size = off + a.nbytes
+        return off
+
+    def blob(self) -> bytes:
+        buf = bytearray(self.size)
+        for off, a in self.chunks:
+            buf[off:off + a.nbytes] = a.tobytes()
+        return bytes(buf)
+
+
+@dataclass
+class Emitter:
+    graph: object
+    plan: memplan.MemoryPlan
+    weights: Weights = field(default_factory=Weights)
+    node_index: int = 0
+    target: str = "native"
+
+    def ctype(self, v):
+        return CTYPE[v.dtype]
+
+    def ptr(self, v):
+        """Typed C pointer expression of a value's buffer."""
+        t = self.ctype(v)
+        if v.is_const:
+            off = self.weights.add(("const", id(v)), v.data)
+            return f"((const {t} *)(W + {off}))"
+        if v.name in self.io:
+            return self.io[v.name]
+        name = self.plan.alias.get(v.name, v.name)
+        src = self.by_name.get(name)
+        if src is not None and src.is_const:
+            return self.ptr(src)
+        if src is not None and src.name in self.io:
+            return f"(({t} *){self.io[src.name]})"
+        return f"(({t} *)(A + {self.plan.offsets[name]}))"
+
+    def packed(self, key, v, transform) -> str:
+        """Pointer to a compile-time transformed copy of constant v (e.g. GEMM panels)."""
+        off = self.weights.add((key, id(v)), transform(v.data))
+        return f"((const float *)(W + {off}))"
+
+    def scratch(self, ctype="float"):
+        off, _ = self.plan.scratch[self.node_index]
+        return f"(({ctype} *)(A + {off}))"
+
+    @staticmethod
+    def dim(d):
+        return D.to_c(d)
+
+
+def unsupported(graph):
+    """Every node the C backend cannot lower, as (op, location) pairs."""
+    bad = []
+    for n in graph.nodes:
+        low = LOWERINGS.get(n.op)
+        reason = None if low is None or low.supports is None else low.supports(n)
+        if low is None:
+            bad.append((n.op, n.loc))
+        elif reason:
+            bad.append((f"{n.op} ({reason})", n.loc))
+    return bad
+
+
+def generate(graph, target="native"):
+    """Returns (model.c text, weights blob bytes, memory plan, io description for the manifest)."""
+    from . import lower_movement, lower_nn, lower_pointwise, lower_reduce  # noqa: F401 (registration)
+    bad = unsupported(graph)
+    if bad:
+        raise UnsupportedOpError(bad)
+
+    def scratch(node, bounds):
+        low = LOWERINGS[node.op]
+        return low.scratch(node, bounds) if low.scratch else 0
+
+    plan = memplan.plan(graph, scratch)
+    em = Emitter(graph, plan, target=target)
+    em.by_name = {v.name: v for v in list(graph.inputs) + graph.constants()}
+    for n in graph.nodes:
+        for o in n.outputs:
+            em.by_name[o.name] = o
+    em.io = {}
+    for i, v in enumerate(graph.inputs):
+        em.io[v.name] = f"in{i}"
+    body = []
+    out_copies = []
+    for i, v in enumerate(graph.outputs):
+        if v.is_const or v.name in em.io or em.plan.alias.get(v.name) is not None:
+            out_copies.append((i, v))
+        else:
+            em.io[v.name] = f"out{i}"
+    seen_out = set()
+    for i, v in enumerate(graph.outputs):      # the same value returned twice: copy the later ones
+        if v.name in seen_out and (i, v) not in out_copies:
+            out_copies.append((i, v))
+        seen_out.add(v.name)
+    for idx, n in enumerate(graph.nodes):
+        em.node_index = idx
+        body.append(f"  /* {n.op}{' @ ' + n.loc.splitlines()[0] if n.loc else ''} */")
+        body += ["  " + line for line in LOWERINGS[n.op].emit(em, n)]
+    for i, v in out_copies:
+        nbytes = " * ".join([D.to_c(d) for d in v.type.shape] + [str(np.dtype(v.dtype).itemsize)])
+        body.append(f"  memcpy(out{i}, {em.ptr(v)}, (size_t)({nbytes}));")
+    return _frame(graph, em, body, plan), em.weights.blob(), plan
+
+
+def _frame(graph, em, body, plan):
+    from .frame import model_c
+    return model_c(graph, em, body, plan)

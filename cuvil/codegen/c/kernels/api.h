@@ -1,0 +1,8 @@
+/* The cuvil kernel library, as seen by generated model code. */
+#ifndef CUVIL_KERNELS_API_H
+#define CUVIL_KERNELS_API_H
+#include "common.h"
+#include "gemm.h"
+#include "conv.h"
+#include "norm.h"
+#endif

@@ -1,0 +1,38 @@
+/* Shared definitions of the cuvil kernel library: vector types per target, helpers. */
+#ifndef CUVIL_COMMON_H
+#define CUVIL_COMMON_H
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+#include <float.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* One source for every ISA: GCC vector extensions sized by the target's widest float vector. */
+#if defined(__AVX512F__)
+#define CUVIL_VL 16
+#elif defined(__AVX__)
+#define CUVIL_VL 8
+#else
+#define CUVIL_VL 4            /* SSE2, NEON, generic */
+#endif
+typedef float cuvil_vf __attribute__((vector_size(CUVIL_VL * 4), aligned(4), may_alias));
+
+static inline cuvil_vf cuvil_vload(const float *p) { return *(const cuvil_vf *)p; }
+static inline void cuvil_vstore(float *p, cuvil_vf v) { *(cuvil_vf *)p = v; }
+static inline cuvil_vf cuvil_vsplat(float x) { return (cuvil_vf){0} + x; }
+
+static inline int64_t cuvil_floordiv(int64_t a, int64_t b) { int64_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
+static inline int64_t cuvil_mod(int64_t a, int64_t b) { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+static inline int64_t cuvil_max(int64_t a, int64_t b) { return a > b ? a : b; }
+static inline int64_t cuvil_min(int64_t a, int64_t b) { return a < b ? a : b; }
+
+enum { CUVIL_ACT_NONE = 0, CUVIL_ACT_RELU = 1, CUVIL_ACT_GELU = 2 };
+
+static inline float cuvil_act(float x, int act) {
+    if (act == CUVIL_ACT_RELU) return x > 0.f ? x : 0.f;
+    if (act == CUVIL_ACT_GELU) return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
+    return x;
+}
+#endif

@@ -1,0 +1,111 @@
+#include "gemm.h"
+
+void cuvil_pack_b(int64_t K, int64_t N, const float *B, int64_t ldb, int trans, float *Bp, int nthreads) {
+    int64_t np = (N + CUVIL_NR - 1) / CUVIL_NR;
+    #pragma omp parallel for num_threads(nthreads) schedule(static) if (np * K > 16384)
+    for (int64_t p = 0; p < np; p++) {
+        float *dst = Bp + p * K * CUVIL_NR;
+        int64_t n0 = p * CUVIL_NR, nr = N - n0 < CUVIL_NR ? N - n0 : CUVIL_NR;
+        if (!trans) {
+            for (int64_t k = 0; k < K; k++) {
+                const float *src = B + k * ldb + n0;
+                int64_t j = 0;
+                for (; j < nr; j++) dst[k * CUVIL_NR + j] = src[j];
+                for (; j < CUVIL_NR; j++) dst[k * CUVIL_NR + j] = 0.f;
+            }
+        } else {
+            for (int64_t k = 0; k < K; k++)
+                for (int64_t j = nr; j < CUVIL_NR; j++) dst[k * CUVIL_NR + j] = 0.f;
+            for (int64_t j = 0; j < nr; j++) {
+                const float *src = B + (n0 + j) * ldb;
+                for (int64_t k = 0; k < K; k++) dst[k * CUVIL_NR + j] = src[k];
+            }
+        }
+    }
+}
+
+/* MR x NR register tile over one K block; rows past mr read row 0 and are not stored. */
+#define CUVIL_UKERNEL(MRV)                                                                        \
+static inline void cuvil_ukernel_##MRV(int64_t kc, const float *A, int64_t lda, const float *Bp,  \
+                                        float acc[CUVIL_MR][CUVIL_NR]) {                          \
+    cuvil_vf c0[MRV], c1[MRV];                                                                     \
+    for (int i = 0; i < MRV; i++) { c0[i] = cuvil_vsplat(0.f); c1[i] = cuvil_vsplat(0.f); }       \
+    for (int64_t k = 0; k < kc; k++) {                                                             \
+        cuvil_vf b0 = cuvil_vload(Bp + k * CUVIL_NR), b1 = cuvil_vload(Bp + k * CUVIL_NR + CUVIL_VL); \
+        for (int i = 0; i < MRV; i++) {                                                            \
+            cuvil_vf a = cuvil_vsplat(A[i * lda + k]);                                             \
+            c0[i] += a * b0; c1[i] += a * b1;                                                      \
+        }                                                                                          \
+    }                                                                                              \
+    for (int i = 0; i < MRV; i++) { cuvil_vstore(acc[i], c0[i]); cuvil_vstore(acc[i] + CUVIL_VL, c1[i]); } \
+}
+CUVIL_UKERNEL(1) CUVIL_UKERNEL(2) CUVIL_UKERNEL(3) CUVIL_UKERNEL(4) CUVIL_UKERNEL(5) CUVIL_UKERNEL(6)
+
+static inline void cuvil_ukernel(int mr, int64_t kc, const float *A, int64_t lda, const float *Bp,
+                                 float acc[CUVIL_MR][CUVIL_NR]) {
+    switch (mr) {
+    case 1: cuvil_ukernel_1(kc, A, lda, Bp, acc); break;
+    case 2: cuvil_ukernel_2(kc, A, lda, Bp, acc); break;
+    case 3: cuvil_ukernel_3(kc, A, lda, Bp, acc); break;
+    case 4: cuvil_ukernel_4(kc, A, lda, Bp, acc); break;
+    case 5: cuvil_ukernel_5(kc, A, lda, Bp, acc); break;
+    default: cuvil_ukernel_6(kc, A, lda, Bp, acc); break;
+    }
+}
+
+void cuvil_sgemm_packed(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *Bp,
+                        float *C, int64_t ldc, const float *bias_row, const float *bias_col, int act,
+                        int accumulate, int nthreads) {
+    if (M <= 0 || N <= 0) return;
+    int64_t np = (N + CUVIL_NR - 1) / CUVIL_NR;
+    int64_t mb = (M + CUVIL_MC - 1) / CUVIL_MC;
+    /* panels per task: enough tasks for every thread, few enough to reuse A from cache */
+    int64_t pb = np * mb >= 4 * nthreads ? 4 : 1;
+    int64_t nb = (np + pb - 1) / pb, ntasks = mb * nb;
+    int64_t flops = M * N * K;
+    #pragma omp parallel for num_threads(nthreads) schedule(static) if (flops > 65536 && ntasks > 1)
+    for (int64_t t = 0; t < ntasks; t++) {
+        int64_t m0 = (t / nb) * CUVIL_MC, p0 = (t % nb) * pb;
+        int64_t m1 = m0 + CUVIL_MC < M ? m0 + CUVIL_MC : M, p1 = p0 + pb < np ? p0 + pb : np;
+        float acc[CUVIL_MR][CUVIL_NR];
+        for (int64_t k0 = 0; k0 < K || k0 == 0; k0 += CUVIL_KC) {
+            int64_t kc = K - k0 < CUVIL_KC ? K - k0 : CUVIL_KC;
+            int first = k0 == 0, last = k0 + CUVIL_KC >= K;
+            for (int64_t p = p0; p < p1; p++) {
+                const float *bp = Bp + p * K * CUVIL_NR + k0 * CUVIL_NR;
+                int64_t n0 = p * CUVIL_NR, nr = N - n0 < CUVIL_NR ? N - n0 : CUVIL_NR;
+                for (int64_t i0 = m0; i0 < m1; i0 += CUVIL_MR) {
+                    int mr = (int)(m1 - i0 < CUVIL_MR ? m1 - i0 : CUVIL_MR);
+                    if (kc > 0) cuvil_ukernel(mr, kc, A + i0 * lda + k0, lda, bp, acc);
+                    else memset(acc, 0, sizeof acc);
+                    for (int i = 0; i < mr; i++) {
+                        float *c = C + (i0 + i) * ldc + n0;
+                        float br = bias_row ? bias_row[i0 + i] : 0.f;
+                        for (int64_t j = 0; j < nr; j++) {
+                            float v = acc[i][j];
+                            if (!first || accumulate) v += c[j];
+                            if (first) v += br + (bias_col ? bias_col[n0 + j] : 0.f);
+                            if (last) v = cuvil_act(v, act);
+                            c[j] = v;
+                        }
+                    }
+                }
+            }
+            if (K == 0) break;
+        }
+    }
+}
+
+#define CUVIL_NAIVE_MATMUL(T, NAME)                                                                 \
+void NAME(int64_t M, int64_t N, int64_t K, const T *A, int64_t lda, const T *B, int64_t ldb, T *C, int64_t ldc) { \
+    for (int64_t i = 0; i < M; i++) {                                                               \
+        for (int64_t j = 0; j < N; j++) C[i * ldc + j] = 0;                                         \
+        for (int64_t k = 0; k < K; k++) {                                                           \
+            T a = A[i * lda + k];                                                                   \
+            for (int64_t j = 0; j < N; j++) C[i * ldc + j] += a * B[k * ldb + j];                   \
+        }                                                                                           \
+    }                                                                                               \
+}
+CUVIL_NAIVE_MATMUL(double, cuvil_matmul_f64)
+CUVIL_NAIVE_MATMUL(int64_t, cuvil_matmul_i64)
+CUVIL_NAIVE_MATMUL(int32_t, cuvil_matmul_i32)

@@ -1,0 +1,31 @@
+/* fp32 GEMM, BLIS style: B packed into panels of CUVIL_NR columns (at compile time for weights,
+ * at run time otherwise), A read in place, MR x NR register tiles, K blocked for L1,
+ * (M block x N panels) tasks spread over the threads. C = A @ B (+ bias) (+ act). */
+#ifndef CUVIL_GEMM_H
+#define CUVIL_GEMM_H
+#include "common.h"
+
+#define CUVIL_NR (2 * CUVIL_VL)
+#define CUVIL_MR 6
+#define CUVIL_KC 256
+#define CUVIL_MC 72
+
+/* Packed size in floats of a K x N operand. */
+static inline int64_t cuvil_packed_b_size(int64_t K, int64_t N) { return ((N + CUVIL_NR - 1) / CUVIL_NR) * CUVIL_NR * K; }
+
+/* Bp[p][k][j] = B[k][p*NR + j] (zero past N). trans: B is given as N x K (ldb along K). */
+void cuvil_pack_b(int64_t K, int64_t N, const float *B, int64_t ldb, int trans, float *Bp, int nthreads);
+
+/* C[M,N] (ldc) = A[M,K] (lda) @ Bp + bias_row[m] + bias_col[n], then act. bias pointers may be NULL.
+ * accumulate != 0 adds to the existing C instead of overwriting it. */
+void cuvil_sgemm_packed(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *Bp,
+                        float *C, int64_t ldc, const float *bias_row, const float *bias_col, int act,
+                        int accumulate, int nthreads);
+
+/* Generic strided matmul for dtypes without a fast path (double, integers). */
+#define CUVIL_NAIVE_MATMUL_DECL(T, NAME) \
+    void NAME(int64_t M, int64_t N, int64_t K, const T *A, int64_t lda, const T *B, int64_t ldb, T *C, int64_t ldc);
+CUVIL_NAIVE_MATMUL_DECL(double, cuvil_matmul_f64)
+CUVIL_NAIVE_MATMUL_DECL(int64_t, cuvil_matmul_i64)
+CUVIL_NAIVE_MATMUL_DECL(int32_t, cuvil_matmul_i32)
+#endif

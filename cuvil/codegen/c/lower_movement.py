@@ -1,0 +1,167 @@
+"""C lowering of data movement: views, strided copies, concat, pad, gather, iota, full."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...ir import dims as D
+from .emit import lowering
+from .loops import broadcast_strides, contiguous_strides, loop_nest
+
+
+def _copy(em, out, src_ptr, src_strides, base="0", out_base="0", shape=None, out_strides=None):
+    shape = shape if shape is not None else out.type.shape
+    out_strides = out_strides if out_strides is not None else contiguous_strides(shape)
+    return loop_nest(shape, (em.ptr(out), out_strides, out_base), [(src_ptr, src_strides, base)], lambda a: a[0])
+
+
+def _nbytes(v):
+    return " * ".join([f"(size_t)({D.to_c(d)})" for d in v.type.shape] + [str(np.dtype(v.dtype).itemsize)])
+
+
+@lowering("reshape")
+def lower_reshape(em, node):
+    x, y = node.inputs[0], node.outputs[0]
+    if em.plan.alias.get(y.name) is not None:
+        return []                                    # a view: shares its source's buffer
+    return [f"memcpy({em.ptr(y)}, {em.ptr(x)}, {_nbytes(y)});"]
+
+
+@lowering("transpose")
+def lower_transpose(em, node):
+    x = node.inputs[0]
+    st = contiguous_strides(x.type.shape)
+    return _copy(em, node.outputs[0], em.ptr(x), [st[p] for p in node.attrs["perm"]])
+
+
+@lowering("expand")
+def lower_expand(em, node):
+    x, y = node.inputs[0], node.outputs[0]
+    return _copy(em, y, em.ptr(x), broadcast_strides(x.type.shape, y.type.shape))
+
+
+@lowering("slice")
+def lower_slice(em, node):
+    x, a = node.inputs[0], node.attrs
+    st = contiguous_strides(x.type.shape)
+    strides = list(st)
+    strides[a["axis"]] = D.as_dim(st[a["axis"]] * a["step"])
+    base = D.to_c(D.as_dim(a["start"] * st[a["axis"]]))
+    return _copy(em, node.outputs[0], em.ptr(x), strides, base=base)
+
+
+@lowering("concat")
+def lower_concat(em, node):
+    y, ax = node.outputs[0], node.attrs["axis"]
+    ost = contiguous_strides(y.type.shape)
+    lines, offset = [], 0
+    for x in node.inputs:
+        lines += _copy(em, y, em.ptr(x), contiguous_strides(x.type.shape), out_base=D.to_c(D.as_dim(offset * ost[ax])),
+                       shape=x.type.shape, out_strides=ost)
+        offset = D.as_dim(offset + x.type.shape[ax])
+    return lines
+
+
+def _pad_supports(node):
+    if any(not (isinstance(lo, int) and isinstance(hi, int)) for lo, hi in node.attrs["pads"]):
+        return "symbolic pads"
+    return None
+
+
+@lowering("pad", supports=_pad_supports)
+def lower_pad(em, node):
+    x, y, a = node.inputs[0], node.outputs[0], node.attrs
+    xs, ys = x.type.shape, y.type.shape
+    xst = contiguous_strides(xs)
+    r = len(ys)
+    idx = [f"i{k}" for k in range(r)]
+    lines = ["{"]
+    conds, terms = [], []
+    for k, (lo, hi) in enumerate(a["pads"]):
+        n = D.to_c(xs[k])
+        src = f"({idx[k]} - {lo})"
+        if a["mode"] == "edge":
+            src = f"({src} < 0 ? 0 : ({src} >= {n} ? {n} - 1 : {src}))"
+        elif a["mode"] == "reflect":
+            src = f"cuvil_reflect({src}, {n})"
+        else:
+            conds.append(f"{src} >= 0 && {src} < {n}")
+        terms.append(f"{src} * {D.to_c(xst[k])}")
+    yt = em.ctype(y)
+    load = f"{em.ptr(x)}[{' + '.join(terms) or '0'}]"
+    value = f"(({yt}){float(a['value'])!r})" if y.dtype.startswith("float") else f"(({yt}){int(a['value'])})"
+    expr = f"({' && '.join(conds)}) ? {load} : {value}" if conds else load
+    for k in range(r):
+        lines.append("  " * (k + 1) + f"for (int64_t {idx[k]} = 0; {idx[k]} < {D.to_c(ys[k])}; {idx[k]}++)")
+    ost = contiguous_strides(ys)
+    oidx = " + ".join(f"{idx[k]} * {D.to_c(ost[k])}" for k in range(r)) or "0"
+    lines.append("  " * (r + 1) + f"{em.ptr(y)}[{oidx}] = {expr};")
+    lines.append("}")
+    if a["mode"] == "reflect":
+        lines.insert(0, "#define cuvil_reflect(i, n) ((n) == 1 ? 0 : ((i) < 0 ? -(i) : ((i) >= (n) ? 2 * ((n) - 1) - (i) : (i))))")
+    return lines
+
+
+def _check_indices(em, idx, n, what):
+    cnt = " * ".join(f"(int64_t)({D.to_c(d)})" for d in idx.type.shape) or "1"
+    p = em.ptr(idx)
+    return [f"for (int64_t q = 0; q < {cnt}; q++) {{ int64_t j = {p}[q]; if (j < -({n}) || j >= ({n})) "
+            f"CUVIL_FAIL(\"{what}: index %lld out of range for a dim of size %lld\", (long long)j, (long long)({n})); }}"]
+
+
+@lowering("gather")
+def lower_gather(em, node):
+    x, idx, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    ax = node.attrs["axis"]
+    xs = x.type.shape
+    outer = " * ".join(f"(int64_t)({D.to_c(d)})" for d in xs[:ax]) or "1"
+    inner = " * ".join(f"(int64_t)({D.to_c(d)})" for d in xs[ax + 1:]) or "1"
+    nidx = " * ".join(f"(int64_t)({D.to_c(d)})" for d in idx.type.shape) or "1"
+    n = D.to_c(xs[ax])
+    lines = _check_indices(em, idx, n, "gather")
+    lines += ["{", f"  const int64_t O = {outer}, I = {inner}, NI = {nidx}, N = {n};",
+              "  #pragma omp parallel for num_threads(NT) schedule(static) if (O * NI * I > 32768)",
+              "  for (int64_t o = 0; o < O; o++)",
+              "    for (int64_t q = 0; q < NI; q++) {",
+              f"      int64_t j = {em.ptr(idx)}[q]; if (j < 0) j += N;",
+              f"      memcpy({em.ptr(y)} + (o * NI + q) * I, {em.ptr(x)} + (o * N + j) * I, (size_t)I * sizeof *{em.ptr(y)});",
+              "    }", "}"]
+    return lines
+
+
+@lowering("gather_elements")
+def lower_gather_elements(em, node):
+    x, idx, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    ax = node.attrs["axis"]
+    xst = contiguous_strides(x.type.shape)
+    shape = idx.type.shape
+    n = D.to_c(x.type.shape[ax])
+    lines = _check_indices(em, idx, n, "gather_elements")
+    r = len(shape)
+    iv = [f"i{k}" for k in range(r)]
+    ist = contiguous_strides(shape)
+    flat = " + ".join(f"{iv[k]} * {D.to_c(ist[k])}" for k in range(r)) or "0"
+    src = " + ".join((f"j * {D.to_c(xst[k])}" if k == ax else f"{iv[k]} * {D.to_c(xst[k])}") for k in range(r)) or "0"
+    lines.append("{")
+    for k in range(r):
+        lines.append("  " * (k + 1) + f"for (int64_t {iv[k]} = 0; {iv[k]} < {D.to_c(shape[k])}; {iv[k]}++)")
+    lines.append("  " * (r + 1) + f"{{ int64_t j = {em.ptr(idx)}[{flat}]; if (j < 0) j += {n}; "
+                 f"{em.ptr(y)}[{flat}] = {em.ptr(x)}[{src}]; }}")
+    lines.append("}")
+    return lines
+
+
+@lowering("iota")
+def lower_iota(em, node):
+    a, y = node.attrs, node.outputs[0]
+    t = em.ctype(y)
+    return [f"for (int64_t i = 0; i < {D.to_c(a['length'])}; i++) {em.ptr(y)}[i] = ({t})({a['start']!r} + {a['step']!r} * (double)i);"]
+
+
+@lowering("full")
+def lower_full(em, node):
+    y = node.outputs[0]
+    t = em.ctype(y)
+    cnt = " * ".join(f"(int64_t)({D.to_c(d)})" for d in y.type.shape) or "1"
+    v = node.attrs["value"]
+    lit = "INFINITY" if v == float("inf") else "(-INFINITY)" if v == float("-inf") else repr(v)
+    return [f"for (int64_t i = 0; i < {cnt}; i++) {em.ptr(y)}[i] = ({t})({lit});"]

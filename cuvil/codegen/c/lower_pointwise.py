@@ -1,0 +1,123 @@
+"""C lowering of pointwise ops: one C expression per op, placed in a broadcast loop nest."""
+from __future__ import annotations
+
+from .ctypes_map import COMPUTE, CTYPE, is_float
+from .emit import lowering
+from .loops import broadcast_strides, contiguous_strides, loop_nest
+
+# {0}, {1}, {2}: operands; {T}: compute type. Float and integer variants where they differ.
+UNARY_F = {
+    "neg": "(-{0})", "abs": "fabs({0})", "exp": "exp({0})", "log": "log({0})", "log1p": "log1p({0})",
+    "expm1": "expm1({0})", "sqrt": "sqrt({0})", "rsqrt": "(({T})1 / sqrt({0}))", "reciprocal": "(({T})1 / {0})",
+    "sin": "sin({0})", "cos": "cos({0})", "tan": "tan({0})", "asin": "asin({0})", "acos": "acos({0})",
+    "atan": "atan({0})", "sinh": "sinh({0})", "cosh": "cosh({0})", "tanh": "tanh({0})", "asinh": "asinh({0})",
+    "acosh": "acosh({0})", "atanh": "atanh({0})", "erf": "erf({0})",
+    "sigmoid": "(({T})1 / (({T})1 + exp(-{0})))",
+    "relu": "({0} < 0 ? ({T})0 : {0})",
+    "gelu": "(({T})0.5 * {0} * (({T})1 + erf({0} * ({T})0.70710678118654752440)))",
+    "gelu_tanh": "(({T})0.5 * {0} * (({T})1 + tanh(({T})0.79788456080286535588 * ({0} + ({T})0.044715 * {0} * {0} * {0}))))",
+    "silu": "({0} / (({T})1 + exp(-{0})))",
+    "softplus": "(log1p(exp(-fabs({0}))) + ({0} > 0 ? {0} : ({T})0))",
+    "floor": "floor({0})", "ceil": "ceil({0})", "round": "nearbyint({0})",
+    "sign": "(({T})(({0} > 0) - ({0} < 0)))", "isnan": "({0} != {0})", "isinf": "(isinf({0}) != 0)",
+    "leaky_relu": "({0} >= 0 ? {0} : {0} * ({T}){alpha})",
+    "elu": "({0} > 0 ? {0} : ({T}){alpha} * expm1({0}))",
+    "hardsigmoid": "fmin(fmax(({T}){alpha} * {0} + ({T}){beta}, ({T})0), ({T})1)",
+    "clip": "fmin(fmax({0}, ({T}){min}), ({T}){max})",
+}
+UNARY_I = {
+    "neg": "(-{0})", "abs": "({0} < 0 ? -{0} : {0})", "relu": "({0} < 0 ? 0 : {0})",
+    "sign": "(({T})(({0} > 0) - ({0} < 0)))", "not": "(!{0})",
+    "clip": "({0} < {min} ? ({T}){min} : ({0} > {max} ? ({T}){max} : {0}))",
+}
+BINARY_F = {
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})",
+    "floordiv": "floor({0} / {1})", "pow": "pow({0}, {1})",
+    "max": "(({0} != {0} || {0} > {1}) ? {0} : {1})", "min": "(({0} != {0} || {0} < {1}) ? {0} : {1})",
+    "mod": "cuvil_pymod{fsuf}({0}, {1})", "fmod": "fmod({0}, {1})", "atan2": "atan2({0}, {1})",
+}
+BINARY_I = {
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})",
+    "div": "({1} == 0 ? 0 : ({1} == -1 ? -{0} : {0} / {1}))",
+    "floordiv": "({1} == 0 ? 0 : cuvil_floordiv({0}, {1}))",
+    "pow": "(({T})pow((double){0}, (double){1}))",
+    "max": "({0} > {1} ? {0} : {1})", "min": "({0} < {1} ? {0} : {1})",
+    "mod": "({1} == 0 ? 0 : cuvil_mod({0}, {1}))", "fmod": "({1} == 0 || {1} == -1 ? 0 : {0} % {1})",
+}
+COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+LOGICAL = {"and": "({0} && {1})", "or": "({0} || {1})", "xor": "(!{0} != !{1})"}
+
+
+def _fmt_float(v):
+    if v == float("inf"):
+        return "INFINITY"
+    if v == float("-inf"):
+        return "(-INFINITY)"
+    return repr(float(v))
+
+
+def _fmt_int(v, ctype):
+    big = {"int64_t": 2**63 - 1, "int32_t": 2**31 - 1, "int16_t": 2**15 - 1, "int8_t": 127, "uint8_t": 255}[ctype]
+    small = {"uint8_t": 0}.get(ctype, -big - 1)
+    v = max(min(v, big), small) if v not in (float("inf"), float("-inf")) else (big if v > 0 else small)
+    return f"(({ctype}){int(v)}LL)" if v != -2**63 else "INT64_MIN"
+
+
+def template(node):
+    """The C expression template of a pointwise node."""
+    op = node.op
+    src = node.inputs[0].dtype
+    if op == "where":
+        return "({0} ? {1} : {2})"
+    if op == "cast":
+        to = node.attrs["to"]
+        if to == "bool":
+            return "({0} != 0)"
+        return f"(({COMPUTE[to]}){{0}})"
+    if op in COMPARE:
+        return f"({{0}} {COMPARE[op]} {{1}})"
+    if op in LOGICAL:
+        return LOGICAL[op]
+    table = (UNARY_F if node.op in UNARY_F or node.op in UNARY_I else None)
+    if node.inputs.__len__() == 1:
+        table = UNARY_F if is_float(src) else UNARY_I
+    else:
+        table = BINARY_F if is_float(src) else BINARY_I
+    if op not in table:
+        return None
+    t = table[op]
+    T = COMPUTE[src]
+    extra = {}
+    for k, v in node.attrs.items():
+        extra[k] = _fmt_float(v) if is_float(src) else _fmt_int(v, CTYPE[src])
+    return t.replace("{T}", T).replace("{fsuf}", "f" if T == "float" else "").format(
+        "{0}", "{1}", "{2}", **extra) if extra else t.replace("{T}", T).replace("{fsuf}", "f" if T == "float" else "")
+
+
+def _supports(node):
+    return None if template(node) is not None else f"no C lowering for dtype {node.inputs[0].dtype}"
+
+
+def substitute(tmpl, args):
+    out = tmpl
+    for k, a in enumerate(args):
+        out = out.replace("{%d}" % k, f"({a})")
+    return out
+
+
+POINTWISE_OPS = (list(UNARY_F) + ["not"] + list(BINARY_F) + list(COMPARE) + list(LOGICAL) + ["where", "cast"])
+
+
+@lowering(*POINTWISE_OPS, supports=_supports)
+def lower_pointwise(em, node):
+    out = node.outputs[0]
+    shape = out.type.shape
+    tmpl = template(node)
+    ins = []
+    for v in node.inputs:
+        load = em.ptr(v)
+        if v.dtype == "float16":
+            load = f"((float *){load})" if False else load
+        ins.append((load, broadcast_strides(v.type.shape, shape), "0"))
+    return loop_nest(shape, (em.ptr(out), contiguous_strides(shape), "0"), ins,
+                     lambda loads: substitute(tmpl, loads))

@@ -1,0 +1,115 @@
+"""C lowering of reductions, arg-reductions and cumulative sums."""
+from __future__ import annotations
+
+from ...ir import dims as D
+from .ctypes_map import CTYPE, is_float
+from .emit import lowering
+
+_IDENTITY_F = {"reduce_sum": "0", "reduce_mean": "0", "reduce_prod": "1", "reduce_max": "-INFINITY",
+               "reduce_min": "INFINITY"}
+_IDENTITY_I = {"reduce_sum": "0", "reduce_mean": "0", "reduce_prod": "1"}
+_INT_LIMITS = {"int64_t": ("INT64_MIN", "INT64_MAX"), "int32_t": ("INT32_MIN", "INT32_MAX"),
+               "int16_t": ("INT16_MIN", "INT16_MAX"), "int8_t": ("INT8_MIN", "INT8_MAX"), "uint8_t": ("0", "255")}
+
+
+def _combine(op, acc, x):
+    if op in ("reduce_sum", "reduce_mean"):
+        return f"{acc} += {x};"
+    if op == "reduce_prod":
+        return f"{acc} *= {x};"
+    cmp = ">" if op == "reduce_max" else "<"
+    return f"{{ __typeof__({acc}) v_ = {x}; if (v_ {cmp} {acc} || v_ != v_) {acc} = v_; }}"
+
+
+def _blocks(shape, axes):
+    """Merge adjacent dims of the same kind: [(size, reduced?)] (size-1 dims dropped)."""
+    out = []
+    for i, d in enumerate(shape):
+        if isinstance(d, int) and d == 1:
+            continue
+        red = i in axes
+        if out and out[-1][1] == red:
+            out[-1] = (D.as_dim(out[-1][0] * d), red)
+        else:
+            out.append((d, red))
+    return out
+
+
+@lowering("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod")
+def lower_reduce(em, node):
+    x, y, op = node.inputs[0], node.outputs[0], node.op
+    t = CTYPE[x.dtype]
+    ident = (_IDENTITY_F if is_float(x.dtype) else _IDENTITY_I).get(op)
+    if ident is None:
+        lo, hi = _INT_LIMITS[t]
+        ident = lo if op == "reduce_max" else hi
+    acc_t = "double" if is_float(x.dtype) and op in ("reduce_sum", "reduce_mean") else t
+    blocks = _blocks(x.type.shape, set(node.attrs["axes"]))
+    ycount = " * ".join(f"(int64_t)({D.to_c(d)})" for d in y.type.shape) or "1"
+    rcount = " * ".join(f"(int64_t)({D.to_c(x.type.shape[a])})" for a in node.attrs["axes"]) or "1"
+    X, Y = em.ptr(x), em.ptr(y)
+    lines = ["{", f"  for (int64_t q = 0; q < {ycount}; q++) {Y}[q] = ({t})({ident});"]
+    tail_reduced = bool(blocks) and blocks[-1][1]
+    loop_blocks = blocks[:-1] if tail_reduced else blocks
+    # input index and output index as running linear indices over the blocks
+    iv = [f"b{k}" for k in range(len(blocks))]
+    in_idx, out_idx = "0", "0"
+    for k, (d, red) in enumerate(blocks):
+        in_idx = f"({in_idx}) * ({D.to_c(d)}) + {iv[k]}"
+        if not red:
+            out_idx = f"({out_idx}) * ({D.to_c(d)}) + {iv[k]}"
+    par = bool(loop_blocks) and not loop_blocks[0][1]
+    if par:
+        lines.append("  #pragma omp parallel for num_threads(NT) schedule(static) "
+                     f"if ({ycount} * {rcount} > 32768)")
+    depth = 1
+    for k, (d, red) in enumerate(loop_blocks):
+        lines.append("  " * depth + f"for (int64_t {iv[k]} = 0; {iv[k]} < {D.to_c(d)}; {iv[k]}++)")
+        depth += 1
+    if tail_reduced:
+        k = len(blocks) - 1
+        acc_init = "0" if op in ("reduce_sum", "reduce_mean") else f"{Y}[{out_idx}]"
+        lines.append("  " * depth + f"{{ {acc_t} acc = {acc_init};")
+        lines.append("  " * depth + f"  for (int64_t {iv[k]} = 0; {iv[k]} < {D.to_c(blocks[k][0])}; {iv[k]}++) "
+                     + _combine(op, "acc", f"{X}[{in_idx}]"))
+        final = f"{Y}[{out_idx}] += ({t})acc;" if op in ("reduce_sum", "reduce_mean") else f"{Y}[{out_idx}] = acc;"
+        lines.append("  " * depth + f"  {final} }}")
+    else:
+        lines.append("  " * depth + _combine(op, f"{Y}[{out_idx}]", f"{X}[{in_idx}]"))
+    if op == "reduce_mean":
+        lines.append(f"  {{ const {t} inv = ({t})1 / ({t})({rcount}); for (int64_t q = 0; q < {ycount}; q++) {Y}[q] *= inv; }}")
+    lines.append("}")
+    return lines
+
+
+def _outer_n_inner(shape, axis):
+    outer = " * ".join(f"(int64_t)({D.to_c(d)})" for d in shape[:axis]) or "1"
+    inner = " * ".join(f"(int64_t)({D.to_c(d)})" for d in shape[axis + 1:]) or "1"
+    return outer, D.to_c(shape[axis]), inner
+
+
+@lowering("argmax", "argmin")
+def lower_arg(em, node):
+    x, y, a = node.inputs[0], node.outputs[0], node.attrs
+    outer, n, inner = _outer_n_inner(x.type.shape, a["axis"])
+    cmp = (">" if node.op == "argmax" else "<") + ("=" if a["select_last_index"] else "")
+    X, Y = em.ptr(x), em.ptr(y)
+    return ["{", f"  const int64_t O = {outer}, N = {n}, I = {inner};",
+            "  for (int64_t o = 0; o < O; o++) for (int64_t i = 0; i < I; i++) {",
+            f"    int64_t best = 0; for (int64_t k = 1; k < N; k++) "
+            f"if ({X}[(o * N + k) * I + i] {cmp} {X}[(o * N + best) * I + i]) best = k;",
+            f"    {Y}[o * I + i] = best;", "  }", "}"]
+
+
+@lowering("cumsum")
+def lower_cumsum(em, node):
+    x, y, a = node.inputs[0], node.outputs[0], node.attrs
+    outer, n, inner = _outer_n_inner(x.type.shape, a["axis"])
+    X, Y = em.ptr(x), em.ptr(y)
+    t = CTYPE[x.dtype]
+    k = "(N - 1 - kk)" if a["reverse"] else "kk"
+    body = (f"{Y}[(o * N + {k}) * I + i] = s; s += {X}[(o * N + {k}) * I + i];" if a["exclusive"]
+            else f"s += {X}[(o * N + {k}) * I + i]; {Y}[(o * N + {k}) * I + i] = s;")
+    return ["{", f"  const int64_t O = {outer}, N = {n}, I = {inner};",
+            "  for (int64_t o = 0; o < O; o++) for (int64_t i = 0; i < I; i++) {",
+            f"    {t} s = 0; for (int64_t kk = 0; kk < N; kk++) {{ {body} }}", "  }", "}"]

@@ -1,0 +1,549 @@
+"""Core ATen -> cuvil IR, one small handler per ATen op (or a table row for pointwise ones)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from ..ir import dims as D
+from ..ir.graph import Value
+from .torch import dtype_of
+
+aten = torch.ops.aten
+HANDLERS: dict = {}
+
+
+class Unsupported(Exception):
+    """This use of a known ATen op is outside what the IR expresses."""
+
+
+def handles(*targets):
+    def deco(fn):
+        for t in targets:
+            HANDLERS[t] = fn
+        return fn
+    return deco
+
+
+def _out_dtype(ctx):
+    return dtype_of(ctx.node.meta["val"].dtype)
+
+
+def _promote(*xs):
+    """Dtype of a computation over tensors and python scalars (torch's rules, simplified)."""
+    ts = [x.dtype for x in xs if isinstance(x, Value)]
+    if any(t.startswith("float") for t in ts):
+        return max((t for t in ts if t.startswith("float")), key=lambda t: np.dtype(t).itemsize)
+    if any(isinstance(x, float) for x in xs):
+        return "float32"
+    if ts and all(t == "bool" for t in ts) and all(isinstance(x, (Value, bool)) for x in xs):
+        return "bool"
+    ints = [t for t in ts if t != "bool"]
+    return max(ints, key=lambda t: np.dtype(t).itemsize) if ints else "int64"
+
+
+# ---- pointwise ------------------------------------------------------------------------------
+UNARY = {
+    aten.abs.default: "abs", aten.neg.default: "neg", aten.exp.default: "exp", aten.log.default: "log",
+    aten.log1p.default: "log1p", aten.expm1.default: "expm1", aten.sqrt.default: "sqrt",
+    aten.rsqrt.default: "rsqrt", aten.reciprocal.default: "reciprocal", aten.sin.default: "sin",
+    aten.cos.default: "cos", aten.tan.default: "tan", aten.asin.default: "asin", aten.acos.default: "acos",
+    aten.atan.default: "atan", aten.sinh.default: "sinh", aten.cosh.default: "cosh", aten.tanh.default: "tanh",
+    aten.asinh.default: "asinh", aten.acosh.default: "acosh", aten.atanh.default: "atanh", aten.erf.default: "erf",
+    aten.sigmoid.default: "sigmoid", aten.relu.default: "relu", aten.floor.default: "floor",
+    aten.ceil.default: "ceil", aten.round.default: "round", aten.sign.default: "sign",
+    aten.isnan.default: "isnan", aten.isinf.default: "isinf", aten.silu.default: "silu",
+}
+
+
+def _unary(op):
+    def h(ctx, x):
+        out = _out_dtype(ctx)
+        if out.startswith("float"):
+            x = ctx.tensor(x, out)
+        return ctx.add(op, [x])
+    return h
+
+
+for _t, _op in UNARY.items():
+    HANDLERS[_t] = _unary(_op)
+
+BINARY = {
+    "add": "add", "sub": "sub", "mul": "mul", "div": "div", "maximum": "max", "minimum": "min",
+    "fmod": "fmod", "remainder": "mod", "atan2": "atan2", "pow": "pow",
+    "eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge",
+    "logical_and": "and", "logical_or": "or", "logical_xor": "xor",
+    "bitwise_and": "and", "bitwise_or": "or", "bitwise_xor": "xor",
+}
+COMPARES = {"eq", "ne", "lt", "le", "gt", "ge"}
+LOGICALS = {"and", "or", "xor"}
+
+
+def _binary(op):
+    def h(ctx, a, b, alpha=1, rounding_mode=None):
+        out = _out_dtype(ctx)
+        if op in COMPARES:
+            dt = _promote(a, b)
+        elif op in LOGICALS:
+            if out != "bool":
+                raise Unsupported("bitwise ops on integers")
+            dt = "bool"
+            a, b = (ctx.add("ne", [ctx.tensor(x, _promote(x)), ctx.tensor(0, _promote(x))])
+                    if isinstance(x, Value) and x.dtype != "bool" else x for x in (a, b))
+        else:
+            dt = out
+        if op == "div" and rounding_mode is not None:
+            if rounding_mode == "floor":
+                return ctx.add("floordiv", [ctx.tensor(a, dt), ctx.tensor(b, dt)])
+            q = ctx.add("div", [ctx.tensor(a, dt), ctx.tensor(b, dt)])
+            return q if not dt.startswith("float") else ctx.add("cast", [ctx.add("cast", [q], {"to": "int64"})],
+                                                                  {"to": dt})
+        if op == "div" and not out.startswith("float"):
+            raise Unsupported("integer true division")
+        if alpha != 1:
+            b = ctx.add("mul", [ctx.tensor(b, dt), ctx.tensor(alpha, dt)])
+        return ctx.add(op, [ctx.tensor(a, dt), ctx.tensor(b, dt)])
+    return h
+
+
+def _overloads(name):
+    pkt = getattr(aten, name)
+    return [getattr(pkt, o) for o in pkt.overloads() if o in
+            ("Tensor", "Scalar", "default", "Tensor_Tensor", "Tensor_Scalar", "Tensor_mode", "Scalar_mode", "self")]
+
+
+for _name, _op in BINARY.items():
+    for _ov in _overloads(_name):
+        HANDLERS[_ov] = _binary(_op)
+
+
+@handles(aten.pow.Scalar)
+def _pow_scalar(ctx, a, b):
+    dt = _out_dtype(ctx)
+    return ctx.add("pow", [ctx.tensor(a, dt), ctx.tensor(b, dt)])
+
+
+@handles(aten.rsub.Scalar, aten.rsub.Tensor)
+def _rsub(ctx, a, b, alpha=1):
+    dt = _out_dtype(ctx)
+    a = ctx.tensor(a, dt)
+    if alpha != 1:
+        a = ctx.add("mul", [a, ctx.tensor(alpha, dt)])
+    return ctx.add("sub", [ctx.tensor(b, dt), a])
+
+
+@handles(aten.logical_not.default, aten.bitwise_not.default)
+def _not(ctx, x):
+    if x.dtype != "bool":
+        if _out_dtype(ctx) != "bool":
+            raise Unsupported("bitwise not on integers")
+        x = ctx.add("ne", [x, ctx.tensor(0, x.dtype)])
+    return ctx.add("not", [x])
+
+
+@handles(aten.where.self)
+def _where(ctx, c, a, b):
+    dt = _out_dtype(ctx)
+    return ctx.add("where", [ctx.tensor(c, "bool"), ctx.tensor(a, dt), ctx.tensor(b, dt)])
+
+
+@handles(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def _masked_fill(ctx, x, mask, value):
+    if isinstance(value, Value):
+        value = ctx.tensor(value, x.dtype)
+    return ctx.add("where", [mask, ctx.tensor(value, x.dtype), x])
+
+
+@handles(aten.gelu.default)
+def _gelu(ctx, x, approximate="none"):
+    return ctx.add("gelu_tanh" if approximate == "tanh" else "gelu", [x])
+
+
+@handles(aten.hardtanh.default, aten.clamp.default)
+def _clamp(ctx, x, lo=None, hi=None):
+    if isinstance(lo, Value) or isinstance(hi, Value):
+        raise Unsupported("tensor bounds")
+    return ctx.add("clip", [x], {"min": -math.inf if lo is None else lo, "max": math.inf if hi is None else hi})
+
+
+@handles(aten.clamp.Tensor)
+def _clamp_t(ctx, x, lo=None, hi=None):
+    if lo is not None:
+        x = ctx.add("max", [x, ctx.tensor(lo, x.dtype)])
+    if hi is not None:
+        x = ctx.add("min", [x, ctx.tensor(hi, x.dtype)])
+    return x
+
+
+@handles(aten.leaky_relu.default)
+def _leaky(ctx, x, slope=0.01):
+    return ctx.add("leaky_relu", [x], {"alpha": slope})
+
+
+@handles(aten.elu.default)
+def _elu(ctx, x, alpha=1.0, scale=1.0, input_scale=1.0):
+    if scale != 1.0 or input_scale != 1.0:
+        raise Unsupported("scaled elu")
+    return ctx.add("elu", [x], {"alpha": alpha})
+
+
+@handles(aten.softplus.default)
+def _softplus(ctx, x, beta=1, threshold=20):
+    if beta != 1:
+        x2 = ctx.add("mul", [x, ctx.tensor(beta, x.dtype)])
+        return ctx.add("div", [ctx.add("softplus", [x2]), ctx.tensor(beta, x.dtype)])
+    return ctx.add("softplus", [x])
+
+
+@handles(aten.hardsigmoid.default)
+def _hardsigmoid(ctx, x):
+    return ctx.add("hardsigmoid", [x], {"alpha": 1 / 6, "beta": 0.5})
+
+
+@handles(aten.hardswish.default)
+def _hardswish(ctx, x):
+    return ctx.add("mul", [x, ctx.add("hardsigmoid", [x], {"alpha": 1 / 6, "beta": 0.5})])
+
+
+@handles(aten._to_copy.default)
+def _to_copy(ctx, x, dtype=None, **kw):
+    return ctx.add("cast", [x], {"to": _out_dtype(ctx)}) if isinstance(x, Value) else x
+
+
+@handles(aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default,
+         aten.contiguous.default)
+def _identity(ctx, x, **kw):
+    return x
+
+
+@handles(aten._assert_tensor_metadata.default, aten._assert_scalar.default, aten.sym_constrain_range_for_size.default)
+def _assert(ctx, *a, **kw):
+    return None
+
+
+# ---- shapes and movement ----------------------------------------------------------------
+@handles(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+def _view(ctx, x, shape):
+    shape = [ctx.dim(d) for d in shape]
+    if -1 in shape:
+        known = D.numel([d for d in shape if d != -1])
+        shape[shape.index(-1)] = D.as_dim(D.numel(x.shape) / known) if not isinstance(known, int) or \
+            not D.shape_static(x.shape) else D.numel(x.shape) // known
+    return ctx.add("reshape", [x], {"shape": shape})
+
+
+@handles(aten.permute.default)
+def _permute(ctx, x, perm):
+    return ctx.add("transpose", [x], {"perm": [p % max(x.type.rank, 1) for p in perm]})
+
+
+@handles(aten.t.default)
+def _t(ctx, x):
+    return ctx.add("transpose", [x], {"perm": list(range(x.type.rank))[::-1]})
+
+
+@handles(aten.transpose.int)
+def _transpose(ctx, x, a, b):
+    perm = list(range(x.type.rank))
+    a, b = a % x.type.rank, b % x.type.rank
+    perm[a], perm[b] = perm[b], perm[a]
+    return ctx.add("transpose", [x], {"perm": perm})
+
+
+@handles(aten.expand.default)
+def _expand(ctx, x, shape, implicit=False):
+    shape = [ctx.dim(d) for d in shape]
+    pad = len(shape) - x.type.rank
+    shape = [x.shape[i - pad] if (isinstance(d, int) and d == -1) else d for i, d in enumerate(shape)]
+    return ctx.add("expand", [x], {"shape": shape})
+
+
+def _meta_shape(ctx):
+    return [ctx.dim(d) for d in ctx.node.meta["val"].shape]
+
+
+@handles(aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.flatten.using_ints)
+def _reshape_like(ctx, x, *a):
+    return ctx.add("reshape", [x], {"shape": _meta_shape(ctx)})
+
+
+@handles(aten.select.int)
+def _select(ctx, x, dim, index):
+    dim %= x.type.rank
+    n = x.shape[dim]
+    if index < 0:
+        index = D.as_dim(n + index)
+    s = ctx.add("slice", [x], {"axis": dim, "start": index, "step": 1, "length": 1})
+    return ctx.add("reshape", [s], {"shape": _meta_shape(ctx)})
+
+
+def _norm_bound(v, n):
+    if v is None:
+        return None
+    if isinstance(v, int):
+        if v >= 2**62:
+            return n
+        if v < 0:
+            return D.as_dim(n + v) if not isinstance(n, int) else max(n + v, 0)
+        return min(v, n) if isinstance(n, int) else v
+    return v
+
+
+@handles(aten.slice.Tensor)
+def _slice(ctx, x, dim=0, start=None, end=None, step=1):
+    dim %= x.type.rank
+    n = x.shape[dim]
+    start = _norm_bound(start, n) if start is not None else 0
+    end = _norm_bound(end, n) if end is not None else n
+    length = _meta_shape(ctx)[dim]
+    if isinstance(start, int) and isinstance(length, int) and isinstance(n, int) and start >= n:
+        start = 0
+    return ctx.add("slice", [x], {"axis": dim, "start": start, "step": step, "length": length})
+
+
+@handles(aten.narrow.default)
+def _narrow(ctx, x, dim, start, length):
+    return ctx.add("slice", [x], {"axis": dim % x.type.rank, "start": start, "step": 1, "length": length})
+
+
+@handles(aten.split_with_sizes.default, aten.split.Tensor)
+def _split(ctx, x, sizes, dim=0):
+    dim %= x.type.rank
+    outs = [ctx.dim(v.shape[dim]) for v in ctx.node.meta["val"]]
+    res, start = [], 0
+    for n in outs:
+        res.append(ctx.add("slice", [x], {"axis": dim, "start": start, "step": 1, "length": n}))
+        start = D.as_dim(start + n)
+    return tuple(res)
+
+
+@handles(aten.cat.default)
+def _cat(ctx, xs, dim=0):
+    dt = _out_dtype(ctx)
+    xs = [ctx.tensor(x, dt) for x in xs if not (x.type.rank == 1 and x.shape[0] == 0)]
+    if len(xs) == 1:
+        return xs[0]
+    return ctx.add("concat", xs, {"axis": dim})
+
+
+@handles(aten.constant_pad_nd.default)
+def _pad(ctx, x, pad, value=0):
+    pairs = [(0, 0)] * x.type.rank
+    for i in range(len(pad) // 2):
+        pairs[x.type.rank - 1 - i] = (pad[2 * i], pad[2 * i + 1])
+    return ctx.add("pad", [x], {"pads": pairs, "value": value})
+
+
+@handles(aten.repeat.default)
+def _repeat(ctx, x, reps):
+    pad = len(reps) - x.type.rank
+    shape = [1] * pad + list(x.shape)
+    x = ctx.add("reshape", [x], {"shape": shape})
+    inter, exp = [], []
+    for r, d in zip(reps, shape):
+        inter += [1, d]
+        exp += [r, d]
+    x = ctx.add("reshape", [x], {"shape": inter})
+    x = ctx.add("expand", [x], {"shape": exp})
+    return ctx.add("reshape", [x], {"shape": _meta_shape(ctx)})
+
+
+@handles(aten.embedding.default)
+def _embedding(ctx, w, idx, *a):
+    return ctx.add("gather", [w, idx], {"axis": 0})
+
+
+@handles(aten.index_select.default)
+def _index_select(ctx, x, dim, idx):
+    return ctx.add("gather", [x, idx], {"axis": dim})
+
+
+@handles(aten.gather.default)
+def _gather(ctx, x, dim, idx, sparse_grad=False):
+    return ctx.add("gather_elements", [x, idx], {"axis": dim})
+
+
+@handles(aten.index.Tensor)
+def _index(ctx, x, indices):
+    tensors = [(i, t) for i, t in enumerate(indices) if t is not None]
+    if len(tensors) != 1 or any(t is not None for t in indices[:tensors[0][0]]):
+        raise Unsupported("advanced indexing with more than one index tensor")
+    axis, idx = tensors[0]
+    if idx.dtype == "bool":
+        raise Unsupported("boolean mask indexing (data-dependent shape)")
+    return ctx.add("gather", [x, idx], {"axis": axis})
+
+
+# ---- creation --------------------------------------------------------------------------
+@handles(aten.arange.start_step, aten.arange.start, aten.arange.default)
+def _arange(ctx, *a, **kw):
+    a = [ctx.dim(v) if not isinstance(v, float) else v for v in a]
+    start, end, step = (0, a[0], 1) if len(a) == 1 else (a[0], a[1], a[2] if len(a) > 2 else 1)
+    length = _meta_shape(ctx)[0]
+    return ctx.add("iota", [], {"length": length, "start": start, "step": step, "dtype": _out_dtype(ctx)})
+
+
+def _full_value(ctx, value):
+    if isinstance(value, Value):
+        raise Unsupported("tensor fill value")
+    return ctx.add("full", [], {"shape": _meta_shape(ctx), "value": value, "dtype": _out_dtype(ctx)})
+
+
+@handles(aten.full.default)
+def _full(ctx, size, value, **kw):
+    return _full_value(ctx, value)
+
+
+@handles(aten.full_like.default)
+def _full_like(ctx, x, value, **kw):
+    return _full_value(ctx, value)
+
+
+@handles(aten.zeros.default, aten.zeros_like.default, aten.new_zeros.default, aten.empty.memory_format,
+         aten.empty_like.default)
+def _zeros(ctx, *a, **kw):
+    return _full_value(ctx, 0)
+
+
+@handles(aten.ones.default, aten.ones_like.default, aten.new_ones.default)
+def _ones(ctx, *a, **kw):
+    return _full_value(ctx, 1)
+
+
+@handles(aten.scalar_tensor.default)
+def _scalar_tensor(ctx, v, **kw):
+    return ctx.scalar(v, _out_dtype(ctx))
+
+
+# ---- linear algebra -----------------------------------------------------------------------
+@handles(aten.mm.default, aten.bmm.default, aten.matmul.default)
+def _mm(ctx, a, b):
+    return ctx.add("matmul", [a, b])
+
+
+@handles(aten.addmm.default, aten.baddbmm.default)
+def _addmm(ctx, bias, a, b, beta=1, alpha=1):
+    y = ctx.add("matmul", [a, b])
+    if alpha != 1:
+        y = ctx.add("mul", [y, ctx.tensor(alpha, y.dtype)])
+    if beta == 0:
+        return y
+    if beta != 1:
+        bias = ctx.add("mul", [bias, ctx.tensor(beta, y.dtype)])
+    return ctx.add("add", [y, bias])
+
+
+@handles(aten.convolution.default)
+def _conv(ctx, x, w, b, stride, padding, dilation, transposed, output_padding, groups):
+    if transposed:
+        raise Unsupported("transposed convolution")
+    nsp = x.type.rank - 2
+    rep = (lambda v: list(v) * nsp if len(v) == 1 else list(v))
+    pads = [(p, p) for p in rep(padding)]
+    ins = [x, w] + ([b] if b is not None else [])
+    return ctx.add("conv", ins, {"strides": rep(stride), "pads": pads, "dilations": rep(dilation), "groups": groups})
+
+
+@handles(aten._native_batch_norm_legit_no_training.default)
+def _bn(ctx, x, w, b, mean, var, momentum, eps):
+    c = x.shape[1]
+    w = w if w is not None else ctx.g.const(np.ones(c, np.float32))
+    b = b if b is not None else ctx.g.const(np.zeros(c, np.float32))
+    return (ctx.add("batch_norm", [x, w, b, mean, var], {"eps": eps}), None, None)
+
+
+@handles(aten.native_layer_norm.default)
+def _layer_norm(ctx, x, shape, w, b, eps):
+    axis = x.type.rank - len(shape)
+    return (ctx.add("layer_norm", [x, w, b], {"axis": axis, "eps": eps}), None, None)
+
+
+@handles(aten._softmax.default, aten._log_softmax.default)
+def _softmax(ctx, x, dim, half_to_float=False):
+    op = "softmax" if ctx.node.target == aten._softmax.default else "log_softmax"
+    return ctx.add(op, [x], {"axis": dim})
+
+
+@handles(aten.max_pool2d_with_indices.default, aten.max_pool2d.default)
+def _max_pool(ctx, x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
+    nsp = x.type.rank - 2
+    rep = (lambda v: [v] * nsp if isinstance(v, int) else (list(v) * nsp if len(v) == 1 else list(v)))
+    y = ctx.add("max_pool", [x], {"kernel": rep(kernel), "strides": rep(stride) if stride else rep(kernel),
+                                  "pads": [(p, p) for p in rep(padding)], "dilations": rep(dilation),
+                                  "ceil_mode": ceil_mode})
+    return (y, None) if ctx.node.target == aten.max_pool2d_with_indices.default else y
+
+
+@handles(aten.avg_pool2d.default, aten.avg_pool1d.default)
+def _avg_pool(ctx, x, kernel, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
+    if divisor_override:
+        raise Unsupported("divisor_override")
+    nsp = x.type.rank - 2
+    rep = (lambda v: [v] * nsp if isinstance(v, int) else (list(v) * nsp if len(v) == 1 else list(v)))
+    return ctx.add("avg_pool", [x], {"kernel": rep(kernel), "strides": rep(stride) if stride else rep(kernel),
+                                     "pads": [(p, p) for p in rep(padding)], "ceil_mode": ceil_mode,
+                                     "count_include_pad": count_include_pad})
+
+
+# ---- reductions --------------------------------------------------------------------------
+def _axes(x, dim):
+    if dim is None or dim == []:
+        return list(range(x.type.rank))
+    return [dim] if isinstance(dim, int) else list(dim)
+
+
+def _reduce(op):
+    def h(ctx, x, dim=None, keepdim=False, dtype=None, **kw):
+        out = _out_dtype(ctx)
+        if op in ("reduce_max", "reduce_min") and x.dtype == "bool":
+            x = ctx.add("cast", [x], {"to": "uint8"})
+            return ctx.add("cast", [ctx.add(op, [x], {"axes": _axes(x, dim), "keepdims": keepdim})], {"to": "bool"})
+        x = ctx.tensor(x, out)
+        return ctx.add(op, [x], {"axes": _axes(x, dim), "keepdims": keepdim})
+    return h
+
+
+for _t, _op in ((aten.mean.dim, "reduce_mean"), (aten.mean.default, "reduce_mean"), (aten.sum.dim_IntList, "reduce_sum"),
+                (aten.sum.default, "reduce_sum"), (aten.amax.default, "reduce_max"), (aten.amin.default, "reduce_min"),
+                (aten.any.dim, "reduce_max"), (aten.any.dims, "reduce_max"), (aten.any.default, "reduce_max"),
+                (aten.all.dim, "reduce_min"), (aten.all.default, "reduce_min"), (aten.prod.dim_int, "reduce_prod")):
+    HANDLERS[_t] = _reduce(_op)
+
+
+@handles(aten.max.dim, aten.min.dim)
+def _max_dim(ctx, x, dim, keepdim=False):
+    big = ctx.node.target == aten.max.dim
+    v = ctx.add("reduce_max" if big else "reduce_min", [x], {"axes": [dim], "keepdims": keepdim})
+    i = ctx.add("argmax" if big else "argmin", [x], {"axis": dim, "keepdims": keepdim})
+    return (v, i)
+
+
+@handles(aten.argmax.default, aten.argmin.default)
+def _argmax(ctx, x, dim=None, keepdim=False):
+    op = "argmax" if ctx.node.target == aten.argmax.default else "argmin"
+    if dim is None:
+        x = ctx.add("reshape", [x], {"shape": [D.numel(x.shape)]})
+        dim = 0
+    return ctx.add(op, [x], {"axis": dim, "keepdims": keepdim})
+
+
+@handles(aten.cumsum.default)
+def _cumsum(ctx, x, dim, dtype=None):
+    return ctx.add("cumsum", [ctx.tensor(x, _out_dtype(ctx))], {"axis": dim})
+
+
+@handles(aten.var.correction, aten.var_mean.correction)
+def _var(ctx, x, dim=None, correction=1, keepdim=False):
+    axes = _axes(x, dim)
+    mu = ctx.add("reduce_mean", [x], {"axes": axes, "keepdims": True})
+    d = ctx.add("sub", [x, mu])
+    ss = ctx.add("reduce_sum", [ctx.add("mul", [d, d])], {"axes": axes, "keepdims": keepdim})
+    n = D.numel([x.shape[a] for a in axes])
+    if not isinstance(n, int):
+        raise Unsupported("variance over a symbolic dim")
+    var = ctx.add("div", [ss, ctx.tensor(float(max(n - (correction if correction is not None else 1), 0)), x.dtype)])
+    if ctx.node.target == aten.var_mean.correction:
+        m = mu if keepdim else ctx.add("reshape", [mu], {"shape": var.shape})
+        return (var, m)
+    return var

@@ -1,0 +1,284 @@
+"""PyTorch frontend: torch.export (non-strict) -> core ATen decompositions -> cuvil IR.
+
+Each ATen op maps onto IR ops in aten.py; SymInt arithmetic becomes symbolic dims; every op
+the IR cannot express is collected with the user's source line and reported all at once."""
+from __future__ import annotations
+
+import operator
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import sympy
+import torch
+from torch.utils import _pytree
+
+from ..errors import CuvilError, UnsupportedOpError
+from ..ir import dims as D
+from ..ir.graph import Graph, TensorType, Value
+
+TORCH_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
+                torch.int64: "int64", torch.int32: "int32", torch.int16: "int16", torch.int8: "int8",
+                torch.uint8: "uint8", torch.bool: "bool"}
+
+
+def dtype_of(t) -> str:
+    try:
+        return TORCH_DTYPES[t]
+    except KeyError:
+        raise CuvilError(f"dtype {t} is not supported by cuvil (supported: {', '.join(TORCH_DTYPES.values())})") \
+            from None
+
+
+def source_location(node) -> str | None:
+    """The user's source line of an exported node, from its stack trace."""
+    st = node.meta.get("stack_trace")
+    if not st:
+        return None
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', st)
+    if not frames:
+        return None
+    user = [f for f in frames if "/torch/" not in f[0]] or frames
+    path, line, fn, code = user[-1]
+    return f"{path}:{line} in {fn}: {code.strip()}"
+
+
+@dataclass
+class Ctx:
+    g: Graph
+    rename: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)
+    node: object = None
+    unsupported: list = field(default_factory=list)
+
+    @property
+    def loc(self):
+        return source_location(self.node) if self.node is not None else None
+
+    def dim(self, x):
+        """A python int, SymInt or fx node of one -> IR dim."""
+        if isinstance(x, torch.fx.Node):
+            x = self.env[x.name]
+            if isinstance(x, Value):
+                raise CuvilError("a tensor was used where a size was expected")
+            return x
+        if isinstance(x, torch.SymInt):
+            return self.sym(x.node.expr)
+        if isinstance(x, (int, np.integer)):
+            return int(x)
+        if isinstance(x, sympy.Basic):
+            return self.sym(x)
+        return x
+
+    def sym(self, expr):
+        subs = {s: D.Sym(self.rename.get(s.name, s.name)) for s in expr.free_symbols}
+        return D.as_dim(expr.xreplace(subs))
+
+    def value(self, x):
+        if isinstance(x, torch.fx.Node):
+            return self.env[x.name]
+        if isinstance(x, (list, tuple)):
+            return type(x)(self.value(v) for v in x)
+        if isinstance(x, (torch.SymInt, sympy.Basic)):
+            return self.dim(x)
+        return x
+
+    def add(self, op, inputs, attrs=None):
+        return self.g.add(op, inputs, attrs or {}, loc=self.loc)
+
+    def scalar(self, v, dtype):
+        return self.g.const(np.array(v, dtype=dtype))
+
+    def tensor(self, x, dtype):
+        """x as a tensor Value of dtype: python scalars become constants, tensors are cast."""
+        if isinstance(x, Value):
+            return x if x.dtype == dtype else self.add("cast", [x], {"to": dtype})
+        if isinstance(x, (bool, int, float)):
+            return self.scalar(x, dtype)
+        if hasattr(x, "free_symbols"):   # a symbolic size used as a scalar tensor
+            raise CuvilError("a symbolic size used as tensor data is not supported")
+        raise CuvilError(f"cannot use {x!r} as a tensor")
+
+
+def _meta_type(node):
+    v = node.meta.get("val")
+    if isinstance(v, torch.Tensor):
+        return v
+    return None
+
+
+def _bounds(ep, rename):
+    syms = {}
+    for s, vr in ep.range_constraints.items():
+        lo, hi = vr.lower, vr.upper
+        name = rename.get(str(s), str(s))
+        try:
+            hi = int(hi)
+        except (TypeError, ValueError, OverflowError):
+            raise CuvilError(f"dynamic dim {name} has no upper bound: give it one, e.g. Dim('{name}', max=512)") \
+                from None
+        if hi > 2**40:
+            raise CuvilError(f"dynamic dim {name} has no upper bound: give it one, e.g. Dim('{name}', max=512)")
+        syms[name] = (max(int(lo), 0), hi)
+    return syms
+
+
+def to_torch_dynamic_shapes(spec):
+    """Accept torch.export's own spec, or {input: {axis: (name, min, max)}} tuples."""
+    if spec is None:
+        return None
+
+    def conv(x):
+        if isinstance(x, tuple) and len(x) == 3 and isinstance(x[0], str):
+            return torch.export.Dim(x[0], min=x[1], max=x[2])
+        if isinstance(x, dict):
+            return {k: conv(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return type(x)(conv(v) for v in x)
+        return x
+    return conv(spec)
+
+
+def export(model, args, kwargs=None, dynamic_shapes=None):
+    model = model.eval()
+    try:
+        with torch.no_grad():
+            ep = torch.export.export(model, tuple(args), kwargs=kwargs or None,
+                                     dynamic_shapes=to_torch_dynamic_shapes(dynamic_shapes), strict=False)
+            return ep.run_decompositions()
+    except CuvilError:
+        raise
+    except Exception as e:  # noqa: BLE001 - torch.export raises many types
+        raise CuvilError(f"torch.export could not trace the model: {type(e).__name__}: {str(e)[:2000]}") from e
+
+
+def _user_dim_names(ep, dynamic_shapes):
+    """Map export's symbols (s0, s1, ...) to the Dim names the user gave."""
+    rename = {}
+    if not dynamic_shapes:
+        return rename
+    sig = ep.graph_signature
+    user_inputs = [s.arg.name for s in sig.input_specs if s.kind == torch.export.graph_signature.InputKind.USER_INPUT]
+    flat_specs = []
+
+    def walk(x):
+        if isinstance(x, dict) and all(isinstance(k, int) for k in x):
+            flat_specs.append(x)
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, (list, tuple)) and x and not all(isinstance(v, (int, type(None))) for v in x) \
+                and not any(hasattr(v, "__name__") and hasattr(v, "max") for v in x):
+            for v in x:
+                walk(v)
+        else:
+            flat_specs.append(x)
+    walk(dynamic_shapes)
+    nodes = {n.name: n for n in ep.graph.nodes}
+    for name, spec in zip(user_inputs, flat_specs):
+        val = nodes[name].meta.get("val")
+        if not isinstance(spec, dict) or not isinstance(val, torch.Tensor):
+            continue
+        for axis, dim in spec.items():
+            dname = dim[0] if isinstance(dim, tuple) else getattr(dim, "__name__", None)
+            d = val.shape[axis]
+            if dname and isinstance(d, torch.SymInt) and d.node.expr.is_Symbol and dname.isidentifier():
+                rename[str(d.node.expr)] = dname
+    return rename
+
+
+def from_exported(ep, dynamic_shapes=None) -> tuple[Graph, object]:
+    """ExportedProgram -> (Graph, output treespec)."""
+    from . import aten
+    rename = _user_dim_names(ep, dynamic_shapes)
+    g = Graph(symbols=_bounds(ep, rename))
+    ctx = Ctx(g, rename)
+    sig = ep.graph_signature
+    kinds = {s.arg.name: s for s in sig.input_specs}
+    consts = dict(ep.state_dict)
+    consts.update(getattr(ep, "constants", {}) or {})
+    for node in ep.graph.nodes:
+        ctx.node = node
+        if node.op == "placeholder":
+            spec = kinds[node.name]
+            if spec.kind == torch.export.graph_signature.InputKind.USER_INPUT:
+                t = node.meta["val"]
+                if not isinstance(t, torch.Tensor):
+                    ctx.env[node.name] = ctx.dim(t)
+                    continue
+                v = Value(TensorType(tuple(ctx.dim(d) for d in t.shape), dtype_of(t.dtype)), name=node.name)
+                g.inputs.append(v)
+                g.input_names.append(node.name)
+                ctx.env[node.name] = v
+            else:
+                t = consts[spec.target]
+                arr = t.detach().cpu().contiguous().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
+                ctx.env[node.name] = g.const(arr, name=re.sub(r"\W", "_", spec.target))
+        elif node.op == "call_function":
+            val = node.meta.get("val")
+            if isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool) and node.target is not operator.getitem:
+                ctx.env[node.name] = ctx.dim(val)
+                continue
+            if node.target is operator.getitem:
+                src = ctx.env[node.args[0].name]
+                item = src[node.args[1]] if isinstance(src, (list, tuple)) else None
+                if item is None and isinstance(src, (list, tuple)):
+                    ctx.unsupported.append((f"{node.args[0].target} output {node.args[1]}", ctx.loc))
+                ctx.env[node.name] = item
+                continue
+            handler = aten.HANDLERS.get(node.target)
+            if handler is None:
+                ctx.unsupported.append((str(node.target), ctx.loc))
+                ctx.env[node.name] = _placeholder_for(ctx, node)
+                continue
+            try:
+                out = handler(ctx, *[ctx.value(a) for a in node.args],
+                              **{k: ctx.value(v) for k, v in node.kwargs.items()})
+            except aten.Unsupported as e:
+                ctx.unsupported.append((f"{node.target} ({e})", ctx.loc))
+                out = _placeholder_for(ctx, node)
+            ctx.env[node.name] = out
+            _check_against_meta(node, out)
+        elif node.op == "output":
+            outs = _pytree.tree_leaves(node.args[0])
+            for o in outs:
+                v = ctx.value(o)
+                if isinstance(v, Value):
+                    g.outputs.append(v)
+                elif v is not None:
+                    raise CuvilError(f"model output {o} is not a tensor; cuvil returns tensors only")
+            g.output_names = [getattr(o, "name", f"output{i}") for i, o in enumerate(outs)]
+    if ctx.unsupported:
+        raise UnsupportedOpError(ctx.unsupported)
+    return g, ep.call_spec.out_spec
+
+
+def _placeholder_for(ctx, node):
+    """A stand-in value of the right type so the walk continues and finds every unsupported op."""
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        try:
+            return Value(TensorType(tuple(ctx.dim(d) for d in val.shape), dtype_of(val.dtype)))
+        except CuvilError:
+            return None
+    if isinstance(val, (list, tuple)):
+        return tuple(Value(TensorType(tuple(ctx.dim(d) for d in v.shape), dtype_of(v.dtype)))
+                     if isinstance(v, torch.Tensor) else None for v in val)
+    return None
+
+
+def _check_against_meta(node, out):
+    t = _meta_type(node)
+    if t is None or not isinstance(out, Value):
+        return
+    if out.type.rank != t.dim() or any(isinstance(a, int) and isinstance(b, int) and a != b
+                                       for a, b in zip(out.type.shape, [int(d) if isinstance(d, int) else d for d in t.shape])):
+        raise CuvilError(f"internal: {node.target} lowered to {out.type}, torch says {tuple(t.shape)} "
+                         f"(at {source_location(node)})")
+    if out.dtype != TORCH_DTYPES.get(t.dtype):
+        raise CuvilError(f"internal: {node.target} lowered to dtype {out.dtype}, torch says {t.dtype}")
+
+
+def flatten_inputs(args, kwargs=None):
+    flat, spec = _pytree.tree_flatten((tuple(args), dict(kwargs or {})))
+    return flat, spec

@@ -1,0 +1,209 @@
+"""Pointwise ops: unary, binary (numpy broadcasting), where, cast, and their numpy references."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...errors import ShapeError
+from ..graph import TensorType
+from . import OpDef, declare
+from ._shape import broadcast
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _gelu(x):
+    return (0.5 * x * (1.0 + _erf(x.astype(np.float64) / math.sqrt(2.0)))).astype(x.dtype)
+
+
+def _gelu_tanh(x):
+    x64 = x.astype(np.float64)
+    return (0.5 * x64 * (1 + np.tanh(math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64 ** 3)))).astype(x.dtype)
+
+
+def _sigmoid(x):
+    return (1.0 / (1.0 + np.exp(-x.astype(np.float64)))).astype(x.dtype)
+
+
+def _round_half_even(x):
+    return np.round(x)
+
+
+FLOAT_ONLY = "float"
+ANY = "any"
+
+# name -> (numpy reference, input dtypes it accepts, extra attrs with defaults)
+UNARY = {
+    "neg": (np.negative, ANY, {}),
+    "abs": (np.abs, ANY, {}),
+    "exp": (np.exp, FLOAT_ONLY, {}),
+    "log": (np.log, FLOAT_ONLY, {}),
+    "log1p": (np.log1p, FLOAT_ONLY, {}),
+    "expm1": (np.expm1, FLOAT_ONLY, {}),
+    "sqrt": (np.sqrt, FLOAT_ONLY, {}),
+    "rsqrt": (lambda x: (1 / np.sqrt(x)).astype(x.dtype), FLOAT_ONLY, {}),
+    "reciprocal": (lambda x: (1 / x).astype(x.dtype), FLOAT_ONLY, {}),
+    "sin": (np.sin, FLOAT_ONLY, {}), "cos": (np.cos, FLOAT_ONLY, {}), "tan": (np.tan, FLOAT_ONLY, {}),
+    "asin": (np.arcsin, FLOAT_ONLY, {}), "acos": (np.arccos, FLOAT_ONLY, {}), "atan": (np.arctan, FLOAT_ONLY, {}),
+    "sinh": (np.sinh, FLOAT_ONLY, {}), "cosh": (np.cosh, FLOAT_ONLY, {}), "tanh": (np.tanh, FLOAT_ONLY, {}),
+    "asinh": (np.arcsinh, FLOAT_ONLY, {}), "acosh": (np.arccosh, FLOAT_ONLY, {}),
+    "atanh": (np.arctanh, FLOAT_ONLY, {}),
+    "erf": (lambda x: _erf(x).astype(x.dtype), FLOAT_ONLY, {}),
+    "sigmoid": (_sigmoid, FLOAT_ONLY, {}),
+    "relu": (lambda x: np.maximum(x, 0).astype(x.dtype), ANY, {}),
+    "gelu": (_gelu, FLOAT_ONLY, {}),
+    "gelu_tanh": (_gelu_tanh, FLOAT_ONLY, {}),
+    "silu": (lambda x: (x * _sigmoid(x)).astype(x.dtype), FLOAT_ONLY, {}),
+    "softplus": (lambda x: np.logaddexp(0, x).astype(x.dtype), FLOAT_ONLY, {}),
+    "floor": (np.floor, FLOAT_ONLY, {}), "ceil": (np.ceil, FLOAT_ONLY, {}),
+    "round": (_round_half_even, FLOAT_ONLY, {}),
+    "sign": (np.sign, ANY, {}),
+    "not": (np.logical_not, "bool", {}),
+    "isnan": (np.isnan, FLOAT_ONLY, {}),
+    "isinf": (np.isinf, FLOAT_ONLY, {}),
+    "leaky_relu": (None, FLOAT_ONLY, {"alpha": 0.01}),
+    "elu": (None, FLOAT_ONLY, {"alpha": 1.0}),
+    "hardsigmoid": (None, FLOAT_ONLY, {"alpha": 0.2, "beta": 0.5}),
+    "clip": (None, ANY, {"min": -math.inf, "max": math.inf}),
+}
+
+_PARAM_REFS = {
+    "leaky_relu": lambda x, a: np.where(x >= 0, x, x * a["alpha"]).astype(x.dtype),
+    "elu": lambda x, a: np.where(x > 0, x, a["alpha"] * np.expm1(np.minimum(x, 0))).astype(x.dtype),
+    "hardsigmoid": lambda x, a: np.clip(a["alpha"] * x + a["beta"], 0, 1).astype(x.dtype),
+    "clip": lambda x, a: np.clip(x, _cast_bound(a["min"], x.dtype), _cast_bound(a["max"], x.dtype)).astype(x.dtype),
+}
+
+BOOL_RESULT_UNARY = {"not", "isnan", "isinf"}
+
+
+def _cast_bound(v, dtype):
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        return int(max(min(v, info.max), info.min))
+    return v
+
+
+def _is_float(dtype):
+    return dtype.startswith("float")
+
+
+def _int_div(a, b):
+    """C semantics: truncate toward zero (what ONNX Div and C do on integers)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.abs(a) // np.where(b == 0, 1, np.abs(b))
+        return (q * np.sign(a) * np.sign(b)).astype(a.dtype)
+
+
+def _div(a, b):
+    if np.issubdtype(a.dtype, np.integer):
+        return _int_div(a, b)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (a / b).astype(a.dtype)
+
+
+def _floordiv(a, b):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if np.issubdtype(a.dtype, np.integer):
+            return (a // np.where(b == 0, 1, b)).astype(a.dtype)
+        return np.floor(a / b).astype(a.dtype)
+
+
+def _pow(a, b):
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        if np.issubdtype(a.dtype, np.integer):
+            return np.power(a.astype(np.float64), b.astype(np.float64)).astype(a.dtype)
+        return np.power(a, b).astype(a.dtype)
+
+
+def _mod(a, b):  # python / torch.remainder semantics: result has the sign of b
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.mod(a, b).astype(a.dtype)
+
+
+def _fmod(a, b):  # C semantics: result has the sign of a
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.fmod(a, b).astype(a.dtype)
+
+
+BINARY = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": _div, "floordiv": _floordiv,
+    "pow": _pow, "max": np.maximum, "min": np.minimum, "mod": _mod, "fmod": _fmod,
+    "atan2": np.arctan2,
+}
+COMPARE = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
+           "gt": np.greater, "ge": np.greater_equal}
+LOGICAL = {"and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}
+
+
+def _unary(name, fn, accepts, extra):
+    def infer(types, attrs, inputs):
+        (t,) = types
+        if accepts == FLOAT_ONLY and not _is_float(t.dtype):
+            raise ShapeError(f"{name} expects a float tensor, got {t.dtype}")
+        if accepts == "bool" and t.dtype != "bool":
+            raise ShapeError(f"{name} expects a bool tensor, got {t.dtype}")
+        return [TensorType(t.shape, "bool" if name in BOOL_RESULT_UNARY else t.dtype)]
+
+    if fn is None:
+        pfn = _PARAM_REFS[name]
+
+        def ref(xs, attrs):
+            return pfn(xs[0], attrs)
+    else:
+        def ref(xs, attrs):
+            with np.errstate(all="ignore"):
+                r = fn(xs[0])
+            return np.asarray(r).astype("bool" if name in BOOL_RESULT_UNARY else xs[0].dtype)
+    declare(OpDef(name, extra, infer, ref, kind="unary"))
+
+
+def _binary(name, fn, result):
+    def infer(types, attrs, inputs):
+        a, b = types
+        if a.dtype != b.dtype:
+            raise ShapeError(f"{name}: operand dtypes differ ({a.dtype} vs {b.dtype}); insert a cast")
+        if result == "logical" and a.dtype != "bool":
+            raise ShapeError(f"{name} expects bool operands, got {a.dtype}")
+        return [TensorType(broadcast(a.shape, b.shape), a.dtype if result == "same" else "bool")]
+
+    def ref(xs, attrs):
+        a, b = xs
+        out = fn(a, b)
+        return np.asarray(out).astype(a.dtype if result == "same" else "bool")
+    declare(OpDef(name, {}, infer, ref, kind="binary"))
+
+
+for _n, (_f, _acc, _ex) in UNARY.items():
+    _unary(_n, _f, _acc, _ex)
+for _n, _f in BINARY.items():
+    _binary(_n, _f, "same")
+for _n, _f in COMPARE.items():
+    _binary(_n, _f, "bool")
+for _n, _f in LOGICAL.items():
+    _binary(_n, _f, "logical")
+
+
+def _where_infer(types, attrs, inputs):
+    c, a, b = types
+    if c.dtype != "bool":
+        raise ShapeError(f"where: condition must be bool, got {c.dtype}")
+    if a.dtype != b.dtype:
+        raise ShapeError(f"where: branch dtypes differ ({a.dtype} vs {b.dtype})")
+    return [TensorType(broadcast(c.shape, a.shape, b.shape), a.dtype)]
+
+
+declare(OpDef("where", {}, _where_infer, lambda xs, a: np.where(*xs).astype(xs[1].dtype), kind="where"))
+
+
+def _cast_ref(xs, attrs):
+    x = xs[0]
+    to = np.dtype(attrs["to"])
+    if np.issubdtype(to, np.integer) and np.issubdtype(x.dtype, np.floating):
+        with np.errstate(invalid="ignore"):
+            return np.trunc(x).astype(to)
+    return x.astype(to)
+
+
+declare(OpDef("cast", {"to": None}, lambda t, a, i: [TensorType(t[0].shape, a["to"])], _cast_ref, kind="cast"))

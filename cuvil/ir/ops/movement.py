@@ -1,0 +1,173 @@
+"""Ops that move data: reshape, transpose, expand, slice, concat, pad, gather, iota, full."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import ShapeError
+from .. import dims as D
+from ..graph import TensorType
+from . import REQUIRED, OpDef, declare
+from ._shape import norm_axis
+
+
+def _reshape_infer(types, attrs, inputs):
+    t = types[0]
+    shape = tuple(D.as_dim(d) for d in attrs["shape"])
+    a, b = D.numel(t.shape), D.numel(shape)
+    if not D.dims_equal(a, b):
+        raise ShapeError(f"reshape: cannot view {t} ({a} elements) as {list(shape)} ({b} elements)")
+    attrs["shape"] = shape
+    return [TensorType(shape, t.dtype)]
+
+
+declare(OpDef("reshape", {"shape": REQUIRED}, _reshape_infer,
+              lambda xs, a: xs[0].reshape(a["shape"]), kind="movement"))
+
+
+def _transpose_infer(types, attrs, inputs):
+    t = types[0]
+    perm = tuple(attrs["perm"])
+    if sorted(perm) != list(range(t.rank)):
+        raise ShapeError(f"transpose: perm {perm} is not a permutation of rank {t.rank}")
+    attrs["perm"] = perm
+    return [TensorType(tuple(t.shape[p] for p in perm), t.dtype)]
+
+
+declare(OpDef("transpose", {"perm": REQUIRED}, _transpose_infer,
+              lambda xs, a: np.ascontiguousarray(np.transpose(xs[0], a["perm"])), kind="movement"))
+
+
+def _expand_infer(types, attrs, inputs):
+    t = types[0]
+    shape = tuple(D.as_dim(d) for d in attrs["shape"])
+    if len(shape) < t.rank:
+        raise ShapeError(f"expand: target rank {len(shape)} below input rank {t.rank}")
+    for d, s in zip(t.shape[::-1], shape[::-1]):
+        if not (d == 1 or D.dims_equal(d, s)):
+            raise ShapeError(f"expand: cannot broadcast {t} to {list(shape)}")
+    attrs["shape"] = shape
+    return [TensorType(shape, t.dtype)]
+
+
+declare(OpDef("expand", {"shape": REQUIRED}, _expand_infer,
+              lambda xs, a: np.ascontiguousarray(np.broadcast_to(xs[0], a["shape"])), kind="movement"))
+
+
+def _slice_infer(types, attrs, inputs):
+    """Canonical slice: out[..., i, ...] = x[..., start + i*step, ...] for i < length."""
+    t = types[0]
+    ax = norm_axis(attrs["axis"], t.rank)
+    attrs["axis"] = ax
+    if attrs["step"] == 0:
+        raise ShapeError("slice: step must not be 0")
+    shape = list(t.shape)
+    shape[ax] = attrs["length"]
+    return [TensorType(tuple(shape), t.dtype)]
+
+
+def _slice_ref(xs, a):
+    x, ax = xs[0], a["axis"]
+    idx = a["start"] + a["step"] * np.arange(a["length"], dtype=np.int64)
+    return np.take(x, idx, axis=ax)
+
+
+declare(OpDef("slice", {"axis": REQUIRED, "start": REQUIRED, "step": 1, "length": REQUIRED},
+              _slice_infer, _slice_ref, kind="movement"))
+
+
+def _concat_infer(types, attrs, inputs):
+    t0 = types[0]
+    ax = norm_axis(attrs["axis"], t0.rank)
+    attrs["axis"] = ax
+    total = 0
+    for t in types:
+        if t.dtype != t0.dtype or t.rank != t0.rank:
+            raise ShapeError(f"concat: inputs {t0} and {t} differ in dtype or rank")
+        total = total + t.shape[ax]
+    shape = list(t0.shape)
+    shape[ax] = D.as_dim(total)
+    return [TensorType(tuple(shape), t0.dtype)]
+
+
+declare(OpDef("concat", {"axis": REQUIRED}, _concat_infer,
+              lambda xs, a: np.concatenate(xs, axis=a["axis"]), kind="movement"))
+
+
+def _pad_infer(types, attrs, inputs):
+    t = types[0]
+    pads = tuple(tuple(p) for p in attrs["pads"])
+    if len(pads) != t.rank:
+        raise ShapeError(f"pad: {len(pads)} (lo, hi) pairs for rank {t.rank}")
+    if attrs["mode"] not in ("constant", "reflect", "edge"):
+        raise ShapeError(f"pad: mode {attrs['mode']!r} not one of constant, reflect, edge")
+    attrs["pads"] = pads
+    return [TensorType(tuple(D.as_dim(d + lo + hi) for d, (lo, hi) in zip(t.shape, pads)), t.dtype)]
+
+
+def _pad_ref(xs, a):
+    x = xs[0]
+    # negative pads crop
+    sl = tuple(slice(max(-lo, 0), d - max(-hi, 0)) for d, (lo, hi) in zip(x.shape, a["pads"]))
+    x = x[sl]
+    pw = [(max(lo, 0), max(hi, 0)) for lo, hi in a["pads"]]
+    if a["mode"] == "constant":
+        return np.pad(x, pw, mode="constant", constant_values=np.array(a["value"]).astype(x.dtype))
+    return np.pad(x, pw, mode=a["mode"])
+
+
+declare(OpDef("pad", {"pads": REQUIRED, "value": 0.0, "mode": "constant"}, _pad_infer, _pad_ref, kind="movement"))
+
+
+def _gather_infer(types, attrs, inputs):
+    x, idx = types
+    if idx.dtype not in ("int64", "int32"):
+        raise ShapeError(f"gather: indices must be int64 or int32, got {idx.dtype}")
+    ax = norm_axis(attrs["axis"], x.rank)
+    attrs["axis"] = ax
+    return [TensorType(x.shape[:ax] + idx.shape + x.shape[ax + 1:], x.dtype)]
+
+
+def _gather_ref(xs, a):
+    x, idx = xs
+    n = x.shape[a["axis"]]
+    i = np.where(idx < 0, idx + n, idx)
+    if i.size and (i.min() < 0 or i.max() >= n):
+        raise IndexError(f"gather: index out of range [0, {n})")
+    return np.take(x, i, axis=a["axis"])
+
+
+declare(OpDef("gather", {"axis": 0}, _gather_infer, _gather_ref, kind="gather"))
+
+
+def _gather_elements_infer(types, attrs, inputs):
+    x, idx = types
+    if idx.rank != x.rank:
+        raise ShapeError(f"gather_elements: index rank {idx.rank} != data rank {x.rank}")
+    attrs["axis"] = norm_axis(attrs["axis"], x.rank)
+    return [TensorType(idx.shape, x.dtype)]
+
+
+def _gather_elements_ref(xs, a):
+    x, idx = xs
+    n = x.shape[a["axis"]]
+    return np.take_along_axis(x, np.where(idx < 0, idx + n, idx), axis=a["axis"])
+
+
+declare(OpDef("gather_elements", {"axis": 0}, _gather_elements_infer, _gather_elements_ref, kind="gather"))
+
+
+def _iota_infer(types, attrs, inputs):
+    return [TensorType((attrs["length"],), attrs["dtype"])]
+
+
+declare(OpDef("iota", {"length": REQUIRED, "start": 0, "step": 1, "dtype": "int64"}, _iota_infer,
+              lambda xs, a: (a["start"] + a["step"] * np.arange(a["length"], dtype=np.float64)).astype(a["dtype"]),
+              kind="source"))
+
+
+def _full_infer(types, attrs, inputs):
+    return [TensorType(tuple(attrs["shape"]), attrs["dtype"])]
+
+
+declare(OpDef("full", {"shape": REQUIRED, "value": 0.0, "dtype": "float32"}, _full_infer,
+              lambda xs, a: np.full(a["shape"], a["value"], dtype=a["dtype"]), kind="source"))

@@ -1,0 +1,258 @@
+"""Linear algebra, convolution, pooling, and the composite ops kernels care about
+(softmax, layer/RMS norm, batch norm). Composites keep a numpy reference that is their
+decomposition's meaning; passes may match them to fused kernels."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import ShapeError
+from .. import dims as D
+from ..graph import TensorType
+from . import OpDef, declare
+from ._shape import broadcast, norm_axis
+
+
+def _float(name, t):
+    if not t.dtype.startswith("float"):
+        raise ShapeError(f"{name} expects float tensors, got {t.dtype}")
+
+
+# ---- matmul: numpy semantics (batch dims broadcast) -----------------------------------
+def _matmul_infer(types, attrs, inputs):
+    a, b = types
+    if a.dtype != b.dtype:
+        raise ShapeError(f"matmul: dtypes differ ({a.dtype} vs {b.dtype})")
+    if a.rank < 1 or b.rank < 1:
+        raise ShapeError("matmul: operands must have rank >= 1")
+    ka = a.shape[-1]
+    kb = b.shape[-2] if b.rank >= 2 else b.shape[0]
+    if not D.dims_equal(ka, kb):
+        raise ShapeError(f"matmul: inner dims differ: {a} @ {b}")
+    batch = broadcast(a.shape[:-2], b.shape[:-2])
+    m = (a.shape[-2],) if a.rank >= 2 else ()
+    n = (b.shape[-1],) if b.rank >= 2 else ()
+    return [TensorType(batch + m + n, a.dtype)]
+
+
+def _matmul_ref(xs, a):
+    x, y = xs
+    if x.dtype.kind == "f":
+        return np.matmul(x.astype(np.float64), y.astype(np.float64)).astype(x.dtype)
+    return np.matmul(x, y).astype(x.dtype)
+
+
+declare(OpDef("matmul", {}, _matmul_infer, _matmul_ref, kind="matmul"))
+
+
+# ---- convolution over N spatial dims, NCHW ------------------------------------------
+def _conv_out(n, k, s, lo, hi, d):
+    return D.as_dim((n + lo + hi - d * (k - 1) - 1) // s + 1) if isinstance(n, int) else \
+        D.as_dim(__import__("sympy").floor((n + lo + hi - d * (k - 1) - 1) / s) + 1)
+
+
+def _spatial(attrs, nsp, kernel):
+    attrs["strides"] = tuple(attrs["strides"] or (1,) * nsp)
+    attrs["dilations"] = tuple(attrs["dilations"] or (1,) * nsp)
+    attrs["pads"] = tuple(tuple(p) for p in (attrs["pads"] or [(0, 0)] * nsp))
+    if not (len(attrs["strides"]) == len(attrs["dilations"]) == len(attrs["pads"]) == len(kernel) == nsp):
+        raise ShapeError(f"convolution attributes do not match {nsp} spatial dims: {attrs}")
+
+
+def _conv_infer(types, attrs, inputs):
+    x, w = types[0], types[1]
+    _float("conv", x)
+    nsp = x.rank - 2
+    if nsp < 1 or w.rank != x.rank:
+        raise ShapeError(f"conv: input {x} and weight {w} ranks do not fit")
+    g = attrs["groups"]
+    if not D.dims_equal(x.shape[1], w.shape[1] * g):
+        raise ShapeError(f"conv: input channels {x.shape[1]} != weight in-channels {w.shape[1]} x groups {g}")
+    if len(types) > 2 and types[2] is not None and types[2].shape != (w.shape[0],):
+        raise ShapeError(f"conv: bias shape {types[2].shape}, expected ({w.shape[0]},)")
+    _spatial(attrs, nsp, w.shape[2:])
+    out = [_conv_out(n, k, s, lo, hi, d) for n, k, s, (lo, hi), d in
+           zip(x.shape[2:], w.shape[2:], attrs["strides"], attrs["pads"], attrs["dilations"])]
+    if any(isinstance(o, int) and o <= 0 for o in out):
+        raise ShapeError(f"conv: output spatial size {out} is empty for input {x} and kernel {w.shape[2:]}")
+    return [TensorType((x.shape[0], w.shape[0], *out), x.dtype)]
+
+
+def _conv_ref(xs, a):
+    x, w = xs[0].astype(np.float64), xs[1].astype(np.float64)
+    b = xs[2] if len(xs) > 2 else None
+    nsp = x.ndim - 2
+    pads = [(0, 0), (0, 0)] + [tuple(p) for p in a["pads"]]
+    xp = np.pad(x, pads)
+    N, C = x.shape[:2]
+    O, Cg = w.shape[:2]
+    g = a["groups"]
+    ksp, st, dl = w.shape[2:], a["strides"], a["dilations"]
+    outsp = [(xp.shape[2 + i] - dl[i] * (ksp[i] - 1) - 1) // st[i] + 1 for i in range(nsp)]
+    out = np.zeros((N, O, *outsp))
+    og = O // g
+    for gi in range(g):
+        xg = xp[:, gi * Cg:(gi + 1) * Cg]
+        wg = w[gi * og:(gi + 1) * og]
+        for kidx in np.ndindex(*ksp):
+            sl = tuple(slice(kidx[i] * dl[i], kidx[i] * dl[i] + st[i] * (outsp[i] - 1) + 1, st[i]) for i in range(nsp))
+            patch = xg[(slice(None), slice(None)) + sl]            # N, Cg, *outsp
+            out[:, gi * og:(gi + 1) * og] += np.einsum("nc...,oc->no...", patch, wg[(slice(None), slice(None)) + kidx])
+    if b is not None:
+        out += b.reshape((1, -1) + (1,) * nsp)
+    return out.astype(xs[0].dtype)
+
+
+declare(OpDef("conv", {"strides": None, "pads": None, "dilations": None, "groups": 1}, _conv_infer, _conv_ref,
+              kind="conv"))
+
+
+# ---- pooling ------------------------------------------------------------------------
+def _pool_out(n, k, s, lo, hi, d, ceil_mode):
+    if not isinstance(n, int):
+        raise ShapeError("pooling over a symbolic spatial dim is not supported")
+    eff = d * (k - 1) + 1
+    if ceil_mode:
+        o = -(-(n + lo + hi - eff) // s) + 1
+        if (o - 1) * s >= n + lo:   # last window must start inside the input or left pad
+            o -= 1
+    else:
+        o = (n + lo + hi - eff) // s + 1
+    return o
+
+
+def _pool_infer(name):
+    def infer(types, attrs, inputs):
+        x = types[0]
+        _float(name, x)
+        nsp = x.rank - 2
+        attrs["kernel"] = tuple(attrs["kernel"])
+        attrs["strides"] = tuple(attrs["strides"] or attrs["kernel"])
+        _spatial(attrs, nsp, attrs["kernel"])
+        out = [_pool_out(n, k, s, lo, hi, d, attrs["ceil_mode"]) for n, k, s, (lo, hi), d in
+               zip(x.shape[2:], attrs["kernel"], attrs["strides"], attrs["pads"], attrs["dilations"])]
+        if any(o <= 0 for o in out):
+            raise ShapeError(f"{name}: empty output for input {x} and kernel {attrs['kernel']}")
+        return [TensorType(x.shape[:2] + tuple(out), x.dtype)]
+    return infer
+
+
+def _pool_ref(mode):
+    def ref(xs, a):
+        x = xs[0].astype(np.float64)
+        nsp = x.ndim - 2
+        ks, st, dl, pads = a["kernel"], a["strides"], a["dilations"], a["pads"]
+        outsp = [_pool_out(x.shape[2 + i], ks[i], st[i], *pads[i], dl[i], a["ceil_mode"]) for i in range(nsp)]
+        fill = -np.inf if mode == "max" else 0.0
+        extra = [max(0, (outsp[i] - 1) * st[i] + dl[i] * (ks[i] - 1) + 1 - (x.shape[2 + i] + pads[i][0])) for i in range(nsp)]
+        xp = np.pad(x, [(0, 0), (0, 0)] + [(pads[i][0], extra[i]) for i in range(nsp)], constant_values=fill)
+        ones = np.pad(np.ones(x.shape[2:]), [(pads[i][0], extra[i]) for i in range(nsp)])
+        # count_include_pad counts the declared pads, not the ceil_mode overhang
+        declared = np.pad(np.ones(x.shape[2:]), [(pads[i][0], pads[i][1]) for i in range(nsp)], constant_values=1)
+        declared = np.pad(declared, [(0, max(0, e - pads[i][1])) for i, e in enumerate(extra)])
+        acc = np.full(x.shape[:2] + tuple(outsp), fill)
+        cnt = np.zeros(tuple(outsp))
+        for kidx in np.ndindex(*ks):
+            sl = tuple(slice(kidx[i] * dl[i], kidx[i] * dl[i] + st[i] * (outsp[i] - 1) + 1, st[i]) for i in range(nsp))
+            patch = xp[(slice(None), slice(None)) + sl]
+            if mode == "max":
+                acc = np.maximum(acc, patch)
+            else:
+                acc = acc + patch
+                cnt = cnt + (declared if a["count_include_pad"] else ones)[sl]
+        if mode == "avg":
+            acc = acc / np.maximum(cnt, 1)
+        return acc.astype(xs[0].dtype)
+    return ref
+
+
+_POOL_ATTRS = {"kernel": None, "strides": None, "pads": None, "dilations": None, "ceil_mode": False}
+declare(OpDef("max_pool", dict(_POOL_ATTRS), _pool_infer("max_pool"), _pool_ref("max"), kind="pool"))
+declare(OpDef("avg_pool", dict(_POOL_ATTRS, count_include_pad=False), _pool_infer("avg_pool"), _pool_ref("avg"),
+              kind="pool"))
+
+
+# ---- softmax / log_softmax ------------------------------------------------------------
+def _axis_infer(name):
+    def infer(types, attrs, inputs):
+        _float(name, types[0])
+        attrs["axis"] = norm_axis(attrs["axis"], types[0].rank)
+        return [types[0]]
+    return infer
+
+
+def _softmax_ref(xs, a):
+    x = xs[0].astype(np.float64)
+    e = np.exp(x - np.max(x, axis=a["axis"], keepdims=True))
+    return (e / e.sum(axis=a["axis"], keepdims=True)).astype(xs[0].dtype)
+
+
+def _log_softmax_ref(xs, a):
+    x = xs[0].astype(np.float64)
+    m = np.max(x, axis=a["axis"], keepdims=True)
+    return (x - m - np.log(np.exp(x - m).sum(axis=a["axis"], keepdims=True))).astype(xs[0].dtype)
+
+
+declare(OpDef("softmax", {"axis": -1}, _axis_infer("softmax"), _softmax_ref, kind="composite"))
+declare(OpDef("log_softmax", {"axis": -1}, _axis_infer("log_softmax"), _log_softmax_ref, kind="composite"))
+
+
+# ---- normalisations over trailing dims [axis, rank) ------------------------------------
+def _norm_infer(name, nparams):
+    def infer(types, attrs, inputs):
+        x = types[0]
+        _float(name, x)
+        attrs["axis"] = norm_axis(attrs["axis"], x.rank)
+        inner = x.shape[attrs["axis"]:]
+        for p in types[1:1 + nparams]:
+            if p is not None and not (len(p.shape) <= len(inner) and all(
+                    D.dims_equal(a, b) for a, b in zip(p.shape[::-1], inner[::-1]))):
+                raise ShapeError(f"{name}: parameter shape {p.shape} does not match normalised dims {inner}")
+        return [x]
+    return infer
+
+
+def _layer_norm_ref(xs, a):
+    x = xs[0].astype(np.float64)
+    axes = tuple(range(a["axis"], x.ndim))
+    mu = x.mean(axis=axes, keepdims=True)
+    var = ((x - mu) ** 2).mean(axis=axes, keepdims=True)
+    y = (x - mu) / np.sqrt(var + a["eps"])
+    if len(xs) > 1 and xs[1] is not None:
+        y = y * xs[1]
+    if len(xs) > 2 and xs[2] is not None:
+        y = y + xs[2]
+    return y.astype(xs[0].dtype)
+
+
+def _rms_norm_ref(xs, a):
+    x = xs[0].astype(np.float64)
+    axes = tuple(range(a["axis"], x.ndim))
+    y = x / np.sqrt((x * x).mean(axis=axes, keepdims=True) + a["eps"])
+    if len(xs) > 1 and xs[1] is not None:
+        y = y * xs[1]
+    return y.astype(xs[0].dtype)
+
+
+declare(OpDef("layer_norm", {"axis": -1, "eps": 1e-5}, _norm_infer("layer_norm", 2), _layer_norm_ref,
+              kind="composite"))
+declare(OpDef("rms_norm", {"axis": -1, "eps": 1e-6}, _norm_infer("rms_norm", 1), _rms_norm_ref, kind="composite"))
+
+
+def _bn_infer(types, attrs, inputs):
+    x = types[0]
+    _float("batch_norm", x)
+    for p in types[1:]:
+        if p.shape != (x.shape[1],):
+            raise ShapeError(f"batch_norm: parameter shape {p.shape}, expected ({x.shape[1]},)")
+    return [x]
+
+
+def _bn_ref(xs, a):
+    x, s, b, m, v = xs
+    sh = (1, -1) + (1,) * (x.ndim - 2)
+    y = (x.astype(np.float64) - m.reshape(sh)) / np.sqrt(v.reshape(sh).astype(np.float64) + a["eps"]) * s.reshape(sh) \
+        + b.reshape(sh)
+    return y.astype(x.dtype)
+
+
+declare(OpDef("batch_norm", {"eps": 1e-5}, _bn_infer, _bn_ref, kind="composite"))

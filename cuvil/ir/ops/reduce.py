@@ -1,0 +1,88 @@
+"""Reductions over a set of axes, arg-reductions and cumulative sums."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import ShapeError
+from ..graph import TensorType
+from . import OpDef, declare
+from ._shape import norm_axes, norm_axis
+
+REDUCE = {
+    "reduce_sum": np.sum, "reduce_mean": np.mean, "reduce_max": np.max,
+    "reduce_min": np.min, "reduce_prod": np.prod,
+}
+
+
+def reduced_shape(shape, axes, keepdims):
+    return tuple((1 if keepdims else None) if i in axes else d for i, d in enumerate(shape)
+                 if keepdims or i not in axes)
+
+
+def _reduce(name, fn):
+    def infer(types, attrs, inputs):
+        t = types[0]
+        axes = norm_axes(attrs["axes"] if attrs["axes"] is not None else range(t.rank), t.rank)
+        attrs["axes"] = axes
+        if name == "reduce_mean" and not t.dtype.startswith("float"):
+            raise ShapeError(f"reduce_mean expects a float tensor, got {t.dtype}")
+        return [TensorType(reduced_shape(t.shape, axes, attrs["keepdims"]), t.dtype)]
+
+    def ref(xs, attrs):
+        x = xs[0]
+        if x.size == 0 and name in ("reduce_max", "reduce_min"):
+            init = -np.inf if name == "reduce_max" else np.inf
+            if np.issubdtype(x.dtype, np.integer):
+                info = np.iinfo(x.dtype)
+                init = info.min if name == "reduce_max" else info.max
+            return np.asarray(fn(x, axis=tuple(attrs["axes"]), keepdims=attrs["keepdims"], initial=init)).astype(x.dtype)
+        acc = np.float64 if x.dtype.kind == "f" and name in ("reduce_sum", "reduce_mean") else None
+        r = fn(x, axis=tuple(attrs["axes"]), keepdims=attrs["keepdims"], dtype=acc) if acc else \
+            fn(x, axis=tuple(attrs["axes"]), keepdims=attrs["keepdims"])
+        return np.asarray(r).astype(x.dtype)
+    declare(OpDef(name, {"axes": None, "keepdims": False}, infer, ref, kind="reduce"))
+
+
+for _n, _f in REDUCE.items():
+    _reduce(_n, _f)
+
+
+def _arg(name, fn):
+    def infer(types, attrs, inputs):
+        t = types[0]
+        ax = norm_axis(attrs["axis"], t.rank)
+        attrs["axis"] = ax
+        return [TensorType(reduced_shape(t.shape, (ax,), attrs["keepdims"]), "int64")]
+
+    def ref(xs, attrs):
+        x, ax = xs[0], attrs["axis"]
+        if attrs["select_last_index"]:
+            r = x.shape[ax] - 1 - fn(np.flip(x, ax), axis=ax)
+        else:
+            r = fn(x, axis=ax)
+        r = np.asarray(r, dtype=np.int64)
+        return np.expand_dims(r, ax) if attrs["keepdims"] else r
+    declare(OpDef(name, {"axis": 0, "keepdims": False, "select_last_index": False}, infer, ref, kind="argreduce"))
+
+
+_arg("argmax", np.argmax)
+_arg("argmin", np.argmin)
+
+
+def _cumsum_infer(types, attrs, inputs):
+    attrs["axis"] = norm_axis(attrs["axis"], types[0].rank)
+    return [types[0]]
+
+
+def _cumsum_ref(xs, attrs):
+    x, ax = xs[0], attrs["axis"]
+    if attrs["reverse"]:
+        x = np.flip(x, ax)
+    r = np.cumsum(x, axis=ax, dtype=x.dtype)
+    if attrs["exclusive"]:
+        r = r - x
+    return np.flip(r, ax) if attrs["reverse"] else r
+
+
+declare(OpDef("cumsum", {"axis": 0, "exclusive": False, "reverse": False}, _cumsum_infer, _cumsum_ref,
+              kind="scan"))

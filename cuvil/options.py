@@ -1,0 +1,55 @@
+"""Validation of compile() options: every unknown or invalid value is a ValueError naming the
+option and what it accepts."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from .build.toolchain import TARGET_NAMES
+
+PRECISIONS = ("fp32", "bf16", "fp16", "int8", "int4")
+SUPPORTED_PRECISIONS = ("fp32",)
+
+
+@dataclass(frozen=True)
+class Options:
+    target: str = "native"
+    precision: str = "fp32"
+    fusion_level: int = 2
+    dynamic_shapes: object = None
+    verify: bool = False
+    num_threads: int | None = None
+    cache_dir: str | None = None
+    verbose: bool = False
+
+    def key(self):
+        d = asdict(self)
+        for k in ("verify", "num_threads", "cache_dir", "verbose"):
+            d.pop(k)
+        d["dynamic_shapes"] = repr(self.dynamic_shapes)
+        return repr(sorted(d.items()))
+
+
+def make_options(**kw) -> Options:
+    allowed = Options.__dataclass_fields__
+    for k in kw:
+        if k not in allowed:
+            raise ValueError(f"unknown option {k!r}; compile() takes {', '.join(allowed)}")
+    o = Options(**kw)
+    if o.target not in TARGET_NAMES:
+        raise ValueError(f"option target={o.target!r} is not one of {', '.join(TARGET_NAMES)}")
+    if o.precision not in PRECISIONS:
+        raise ValueError(f"option precision={o.precision!r} is not one of {', '.join(PRECISIONS)}")
+    if o.precision not in SUPPORTED_PRECISIONS:
+        raise ValueError(f"option precision={o.precision!r}: only {', '.join(SUPPORTED_PRECISIONS)} is implemented "
+                         "for general models so far (int8/int4 come with the LLM path)")
+    if not isinstance(o.fusion_level, int) or isinstance(o.fusion_level, bool) or not 0 <= o.fusion_level <= 3:
+        raise ValueError(f"option fusion_level={o.fusion_level!r} is not one of 0, 1, 2, 3")
+    if not isinstance(o.verify, bool):
+        raise ValueError(f"option verify={o.verify!r} must be True or False")
+    if o.num_threads is not None and (not isinstance(o.num_threads, int) or isinstance(o.num_threads, bool)
+                                      or o.num_threads < 1):
+        raise ValueError(f"option num_threads={o.num_threads!r} must be a positive int or None")
+    if o.dynamic_shapes is not None and not isinstance(o.dynamic_shapes, (dict, list, tuple)):
+        raise ValueError("option dynamic_shapes must be a dict (input name -> {axis: Dim}) or a tuple per input, "
+                         f"got {type(o.dynamic_shapes).__name__}")
+    return o

@@ -1,0 +1,71 @@
+"""Algebraic simplification: batch norm folded into the conv before it (or into a per-channel
+scale and shift), reshape chains collapsed, identity ops removed."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import dims as D
+from .cleanup import replace_uses
+
+
+def _single_user(graph):
+    users = graph.users()
+    outs = {id(o) for o in graph.outputs}
+    return lambda v: len(users.get(id(v), [])) == 1 and id(v) not in outs
+
+
+def fold_batch_norm(graph):
+    """conv -> batch_norm with constant weights and stats becomes one conv with new weights and bias."""
+    single = _single_user(graph)
+    mapping, drop = {}, set()
+    for n in graph.nodes:
+        if n.op != "batch_norm" or not all(i.is_const for i in n.inputs[1:]):
+            continue
+        x = n.inputs[0]
+        conv = x.producer
+        if conv is None or conv.op != "conv" or not conv.inputs[1].is_const or not single(x):
+            continue
+        scale, bias, mean, var = (i.data.astype(np.float64) for i in n.inputs[1:])
+        a = scale / np.sqrt(var + n.attrs["eps"])
+        w = conv.inputs[1].data
+        b0 = conv.inputs[2].data.astype(np.float64) if len(conv.inputs) > 2 and conv.inputs[2] is not None else 0.0
+        new_w = (w.astype(np.float64) * a.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)
+        new_b = ((b0 - mean) * a + bias).astype(w.dtype)
+        conv.inputs = [conv.inputs[0], graph.const(new_w), graph.const(new_b)]
+        mapping[id(n.outputs[0])] = conv.outputs[0]
+        drop.add(id(n))
+    graph.nodes = [n for n in graph.nodes if id(n) not in drop]
+    return replace_uses(graph, mapping)
+
+
+def collapse_reshapes(graph):
+    """reshape(reshape(x)) -> reshape(x); reshape to the same shape -> x."""
+    mapping = {}
+    for n in graph.nodes:
+        n.inputs = [mapping.get(id(i), i) if i is not None else None for i in n.inputs]
+        if n.op == "reshape":
+            src = n.inputs[0]
+            if src.producer is not None and src.producer.op == "reshape":
+                n.inputs = [src.producer.inputs[0]]
+            if len(n.inputs[0].shape) == len(n.outputs[0].shape) and all(
+                    D.dims_equal(a, b) for a, b in zip(n.inputs[0].shape, n.outputs[0].shape)):
+                mapping[id(n.outputs[0])] = n.inputs[0]
+    graph.outputs = [mapping.get(id(o), o) for o in graph.outputs]
+    return replace_uses(graph, mapping)
+
+
+def remove_identities(graph):
+    mapping = {}
+    for n in graph.nodes:
+        n.inputs = [mapping.get(id(i), i) if i is not None else None for i in n.inputs]
+        if n.op == "cast" and n.inputs[0].dtype == n.attrs["to"]:
+            mapping[id(n.outputs[0])] = n.inputs[0]
+        elif n.op in ("expand",) and tuple(n.inputs[0].shape) == tuple(n.outputs[0].shape):
+            mapping[id(n.outputs[0])] = n.inputs[0]
+        elif n.op == "transpose" and list(n.attrs["perm"]) == sorted(n.attrs["perm"]):
+            mapping[id(n.outputs[0])] = n.inputs[0]
+    return replace_uses(graph, mapping)
+
+
+def run(graph):
+    return collapse_reshapes(remove_identities(fold_batch_norm(graph)))

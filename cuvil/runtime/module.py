@@ -1,0 +1,211 @@
+"""Load and run a compiled artifact through ctypes. Needs only numpy: never imports torch
+or the compiler. The GIL is released while the native code runs (ctypes.CDLL does that)."""
+from __future__ import annotations
+
+import ast
+import ctypes
+import os
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ArtifactError, CuvilError, ShapeError
+from . import artifact
+
+_P = ctypes.c_void_p
+_I64P = ctypes.POINTER(ctypes.c_int64)
+
+
+def default_threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+def aligned_empty(nbytes: int, align: int = 64) -> np.ndarray:
+    raw = np.empty(nbytes + align, np.uint8)
+    off = (-raw.ctypes.data) % align
+    return raw[off:off + nbytes]
+
+
+_OPS = {ast.Add: lambda a, b: a + b, ast.Mult: lambda a, b: a * b, ast.Sub: lambda a, b: a - b,
+        ast.FloorDiv: lambda a, b: a // b, ast.Mod: lambda a, b: a % b}
+
+
+def eval_dim(text: str, env: dict) -> int:
+    """Evaluate a manifest dim ('batch*12', 'floordiv(seq, 2)') without eval()."""
+    def ev(n):
+        if isinstance(n, ast.Expression):
+            return ev(n.body)
+        if isinstance(n, ast.Constant) and isinstance(n.value, int):
+            return n.value
+        if isinstance(n, ast.Name) and n.id in env:
+            return env[n.id]
+        if isinstance(n, ast.BinOp) and type(n.op) in _OPS:
+            return _OPS[type(n.op)](ev(n.left), ev(n.right))
+        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
+            return -ev(n.operand)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and len(n.args) == 2:
+            f = {"floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b, "max": max, "min": min}.get(n.func.id)
+            if f:
+                return f(ev(n.args[0]), ev(n.args[1]))
+        raise ArtifactError(f"bad dim expression in manifest: {text!r}")
+    return int(ev(ast.parse(text, mode="eval")))
+
+
+def check_cpu(features):
+    from pathlib import Path as _P
+    try:
+        text = _P("/proc/cpuinfo").read_text()
+    except OSError:
+        return
+    have = set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            have = set(line.split(":", 1)[1].split())
+            break
+    missing = [f for f in features if f not in have]
+    if have and missing:
+        raise CuvilError(f"this artifact was built for a CPU with {', '.join(features)}; "
+                         f"this CPU lacks {', '.join(missing)}. Recompile with target='native' on this machine.")
+
+
+class Module:
+    """A loaded artifact. `run(*arrays)` returns a list of numpy arrays; calling it returns what
+    the source model returned (torch in -> torch out when torch is already imported)."""
+
+    def __init__(self, path, num_threads: int | None = None, verify_checksum: bool = True):
+        self.path = Path(path)
+        self.manifest = m = artifact.read_manifest(self.path)
+        check_cpu(m.get("cpu_features", []))
+        self._weights = artifact.map_weights(self.path, m, verify_checksum)
+        if self._weights.size == 0:
+            self._weights = aligned_empty(0)
+        try:
+            lib = ctypes.CDLL(str((self.path / "model.so").resolve()))
+        except OSError as e:
+            raise ArtifactError(f"artifact {self.path}: cannot load model.so ({e})") from None
+        for name, res, args in (("cuvil_create", _P, [_P, ctypes.c_int64, ctypes.c_int]),
+                                ("cuvil_run", ctypes.c_int, [_P, _P, _P, _P, _P]),
+                                ("cuvil_last_error", ctypes.c_char_p, []),
+                                ("cuvil_destroy", None, [_P]),
+                                ("cuvil_set_num_threads", None, [_P, ctypes.c_int]),
+                                ("cuvil_arena_size", ctypes.c_int64, [])):
+            try:
+                f = getattr(lib, name)
+            except AttributeError:
+                raise ArtifactError(f"artifact {self.path}: model.so lacks {name}") from None
+            f.restype, f.argtypes = res, args
+        self._lib = lib
+        self.num_threads = num_threads or m.get("num_threads") or default_threads()
+        self._handle = lib.cuvil_create(self._weights.ctypes.data, self._weights.size, self.num_threads)
+        if not self._handle:
+            raise ArtifactError(f"artifact {self.path}: {lib.cuvil_last_error().decode()}")
+        self.arena_bytes = lib.cuvil_arena_size()
+        self._local = threading.local()
+        self.inputs = m["inputs"]
+        self.outputs = m["outputs"]
+        self._in_dtypes = [np.dtype(i["dtype"]) for i in self.inputs]
+
+    def set_num_threads(self, n: int):
+        self.num_threads = int(n)
+        self._lib.cuvil_set_num_threads(self._handle, self.num_threads)
+
+    def __del__(self):
+        h, lib = getattr(self, "_handle", None), getattr(self, "_lib", None)
+        if h and lib:
+            lib.cuvil_destroy(h)
+            self._handle = None
+
+    # ---- I/O checking ------------------------------------------------------------------
+    def _bind(self, arrays):
+        env = {}
+        for spec, a in zip(self.inputs, arrays):
+            if a.ndim != len(spec["shape"]):
+                raise ShapeError(f"input {spec['name']!r}: expected rank {len(spec['shape'])} "
+                                 f"(shape {spec['shape']}), got shape {list(a.shape)}")
+            for j, (d, n) in enumerate(zip(spec["shape"], a.shape)):
+                if isinstance(d, int):
+                    if d != n:
+                        raise ShapeError(f"input {spec['name']!r}: expected shape {spec['shape']}, "
+                                         f"got {list(a.shape)} (dim {j})")
+                elif d.isidentifier():
+                    if env.setdefault(d, n) != n:
+                        raise ShapeError(f"input {spec['name']!r}: dim {j} ({d}) is {n}, but {d} = {env[d]} "
+                                         "in an earlier input")
+        for name, (lo, hi) in self.manifest.get("symbols", {}).items():
+            if name in env and not lo <= env[name] <= hi:
+                raise ShapeError(f"dynamic dim {name} = {env[name]} is outside the compiled bounds [{lo}, {hi}]")
+            env.setdefault(name, hi)
+        return env
+
+    def output_shapes(self, env):
+        return [tuple(d if isinstance(d, int) else eval_dim(d, env) for d in o["shape"]) for o in self.outputs]
+
+    def _arena(self):
+        a = getattr(self._local, "arena", None)
+        if a is None:
+            a = self._local.arena = aligned_empty(max(self.arena_bytes, 64))
+        return a
+
+    def run(self, *arrays, out=None) -> list:
+        if len(arrays) != len(self.inputs):
+            raise ShapeError(f"expected {len(self.inputs)} inputs ({', '.join(i['name'] for i in self.inputs)}), "
+                             f"got {len(arrays)}")
+        conv = []
+        for spec, dt, a in zip(self.inputs, self._in_dtypes, arrays):
+            a = _as_numpy(a)
+            if a.dtype != dt:
+                raise ShapeError(f"input {spec['name']!r}: expected dtype {dt}, got {a.dtype}")
+            conv.append(np.ascontiguousarray(a))
+        env = self._bind(conv)
+        shapes = self.output_shapes(env)
+        if out is None:
+            outs = [np.empty(s, dtype=o["dtype"]) for s, o in zip(shapes, self.outputs)]
+        else:
+            outs = list(out)
+            for o, s, spec in zip(outs, shapes, self.outputs):
+                if o.shape != s or o.dtype != np.dtype(spec["dtype"]) or not o.flags.c_contiguous:
+                    raise ShapeError(f"out buffer for {spec['name']!r}: expected contiguous {spec['dtype']}{list(s)}, "
+                                     f"got {o.dtype}{list(o.shape)}")
+        n_in, n_out = len(conv), len(outs)
+        in_ptrs = (_P * max(n_in, 1))(*[a.ctypes.data for a in conv])
+        shape_arrs = [(ctypes.c_int64 * max(a.ndim, 1))(*a.shape) for a in conv]
+        shape_ptrs = (_I64P * max(n_in, 1))(*[ctypes.cast(s, _I64P) for s in shape_arrs])
+        out_ptrs = (_P * max(n_out, 1))(*[o.ctypes.data for o in outs])
+        rc = self._lib.cuvil_run(self._handle, in_ptrs, shape_ptrs, out_ptrs, self._arena().ctypes.data)
+        if rc:
+            raise ShapeError(f"cuvil run failed: {self._lib.cuvil_last_error().decode()}")
+        return outs
+
+    def __call__(self, *args):
+        torch_in = any(type(a).__module__.startswith("torch") for a in args)
+        outs = self.run(*args)
+        if torch_in and "torch" in sys.modules:
+            torch = sys.modules["torch"]
+            outs = [torch.from_numpy(o) for o in outs]
+            spec = self.manifest.get("treespec")
+            if spec:
+                from torch.utils import _pytree
+                return _pytree.tree_unflatten(outs, _pytree.treespec_loads(spec))
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def __repr__(self):
+        ins = ", ".join(f"{i['name']}: {i['dtype']}{i['shape']}" for i in self.inputs)
+        return f"<cuvil.Module {self.path} ({ins})>"
+
+
+def _as_numpy(a):
+    if isinstance(a, np.ndarray):
+        return a
+    if type(a).__module__.startswith("torch"):
+        return a.detach().cpu().numpy() if a.requires_grad or a.device.type != "cpu" else a.numpy()
+    return np.asarray(a)
+
+
+def load(path, num_threads: int | None = None, verify_checksum: bool = True) -> Module:
+    """Load a saved artifact (needs only numpy)."""
+    return Module(path, num_threads=num_threads, verify_checksum=verify_checksum)

@@ -115,7 +115,7 @@ def _source_key(model, example_inputs, opts: Options) -> str | None:
     for leaf in _pytree.tree_leaves(example_inputs):
         h.update(repr((tuple(getattr(leaf, "shape", ())), str(getattr(leaf, "dtype", type(leaf))))).encode())
     h.update(toolchain.compiler_version().encode())
-    h.update(toolchain.kernel_sources_digest().encode())
+    h.update(toolchain.cuvil_source_digest().encode())
     return h.hexdigest()[:32]
 
 
@@ -211,8 +211,8 @@ def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None)
     c_src, weights, plan = emit.generate(graph, target)
     progress("codegen", f"{len(c_src) // 1024} KiB of C, {len(weights) / 2**20:.1f} MiB weights, "
                         f"arena {plan.arena_bytes / 2**20:.1f} MiB")
-    key = cache.digest(str(graph), hashlib.sha256(weights).hexdigest(), opts.key(), target,
-                       toolchain.compiler_version(), toolchain.kernel_sources_digest(), __version__)
+    key = cache.digest(str(graph), c_src, hashlib.sha256(weights).hexdigest(), opts.key(), target,
+                       toolchain.compiler_version(), toolchain.cuvil_source_digest(), __version__)
     hit = cache.lookup(cdir, key)
     if hit is None:
         bdir = cache.new_build_dir(cdir)

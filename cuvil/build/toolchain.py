@@ -93,6 +93,18 @@ def kernel_sources_digest() -> str:
     return h.hexdigest()[:16]
 
 
+@functools.lru_cache(None)
+def cuvil_source_digest() -> str:
+    """Digest of cuvil's own sources: a changed compiler never serves a stale cache entry."""
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        if p.suffix in (".py", ".c", ".h"):
+            h.update(str(p.relative_to(root)).encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def _run(cmd, cwd):
     r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
     if r.returncode:

@@ -81,7 +81,7 @@ int cuvil_num_outputs(void) {{ return {nout}; }}
 int64_t cuvil_arena_size(void) {{ return {plan.arena_bytes}; }}
 cuvil_model *cuvil_create(const void *weights, int64_t weights_size, int num_threads) {{
   if (weights_size != {wsize}) {{ snprintf(cuvil_err, sizeof cuvil_err, "weights are %lld bytes, expected {wsize}", (long long)weights_size); return NULL; }}
-  if (((uintptr_t)weights) % 64) {{ snprintf(cuvil_err, sizeof cuvil_err, "weights must be 64-byte aligned"); return NULL; }}
+  if (weights_size && ((uintptr_t)weights) % 64) {{ snprintf(cuvil_err, sizeof cuvil_err, "weights must be 64-byte aligned"); return NULL; }}
   cuvil_model *m = (cuvil_model *)malloc(sizeof *m);
   if (!m) {{ snprintf(cuvil_err, sizeof cuvil_err, "out of memory"); return NULL; }}
   m->W = (const char *)weights;

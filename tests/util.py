@@ -1,0 +1,29 @@
+"""Helpers for tests: compile a hand-built IR graph, compare with tolerances."""
+from __future__ import annotations
+
+import numpy as np
+
+from cuvil.api import Progress, build_graph
+from cuvil.build import cache
+from cuvil.ir import interpreter
+from cuvil.options import make_options
+
+
+def compile_graph(graph, **opts):
+    """IR Graph -> CompiledModel (through passes, codegen, build and the cache)."""
+    o = make_options(**opts)
+    return build_graph(graph, o, cache.default_dir(), Progress(False))
+
+
+def check_graph(graph, inputs, rtol=1e-4, atol=1e-4, **opts):
+    """Compile graph, run it and the reference interpreter on inputs, assert they agree."""
+    import copy
+    expected = interpreter.run(copy.deepcopy(graph), *inputs)
+    cm = compile_graph(graph, **opts)
+    got = cm.run(*inputs)
+    assert len(got) == len(expected)
+    for e, g in zip(expected, got):
+        assert g.shape == e.shape, (g.shape, e.shape)
+        assert g.dtype == e.dtype, (g.dtype, e.dtype)
+        np.testing.assert_allclose(g, e, rtol=rtol, atol=atol, equal_nan=True)
+    return cm

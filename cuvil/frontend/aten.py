@@ -366,13 +366,30 @@ def _gather(ctx, x, dim, idx, sparse_grad=False):
 
 @handles(aten.index.Tensor)
 def _index(ctx, x, indices):
-    tensors = [(i, t) for i, t in enumerate(indices) if t is not None]
-    if len(tensors) != 1 or any(t is not None for t in indices[:tensors[0][0]]):
-        raise Unsupported("advanced indexing with more than one index tensor")
-    axis, idx = tensors[0]
-    if idx.dtype == "bool":
+    """x[..., i0, i1, ...] with adjacent index tensors: one gather on the flattened indexed dims."""
+    pos = [k for k, t in enumerate(indices) if t is not None]
+    if pos != list(range(pos[0], pos[-1] + 1)):
+        raise Unsupported("non-adjacent index tensors")
+    idx = [indices[k] for k in pos]
+    if any(t.dtype == "bool" for t in idx):
         raise Unsupported("boolean mask indexing (data-dependent shape)")
-    return ctx.add("gather", [x, idx], {"axis": axis})
+    p, dims_ = pos[0], [x.shape[k] for k in pos]
+    lin = None
+    stride = 1
+    for t, n in zip(reversed(idx), reversed(dims_)):
+        t = ctx.tensor(t, "int64")
+        nn = ctx.tensor(n, "int64") if isinstance(n, int) else None
+        if nn is None:
+            raise Unsupported("indexing a symbolic dim")
+        t = ctx.add("where", [ctx.add("lt", [t, ctx.tensor(0, "int64")]), ctx.add("add", [t, nn]), t])
+        term = t if stride == 1 else ctx.add("mul", [t, ctx.tensor(stride, "int64")])
+        lin = term if lin is None else ctx.add("add", [lin, term])
+        stride *= n
+    if len(idx) > 1:
+        flat = ctx.add("reshape", [x], {"shape": list(x.shape[:p]) + [stride] + list(x.shape[pos[-1] + 1:])})
+    else:
+        flat = x
+    return ctx.add("gather", [flat, lin], {"axis": p})
 
 
 # ---- creation --------------------------------------------------------------------------
@@ -432,6 +449,41 @@ def _addmm(ctx, bias, a, b, beta=1, alpha=1):
     if beta != 1:
         bias = ctx.add("mul", [bias, ctx.tensor(beta, y.dtype)])
     return ctx.add("add", [y, bias])
+
+
+@handles(aten.scaled_dot_product_attention.default)
+def _sdpa(ctx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """softmax(q k^T * scale + mask) v, in IR ops (the fusion pass matches it back to one kernel)."""
+    if dropout_p:
+        raise Unsupported("attention dropout at inference")
+    hq, hk = q.shape[-3] if q.type.rank >= 3 else 1, k.shape[-3] if k.type.rank >= 3 else 1
+    if hq != hk:
+        k, v = (_repeat_heads(ctx, t, hq // hk) for t in (k, v))
+    e = q.shape[-1]
+    scale = scale if scale is not None else 1.0 / math.sqrt(e)
+    perm = list(range(k.type.rank))
+    perm[-1], perm[-2] = perm[-2], perm[-1]
+    s = ctx.add("matmul", [q, ctx.add("transpose", [k], {"perm": perm})])
+    s = ctx.add("mul", [s, ctx.tensor(scale, s.dtype)])
+    if is_causal:
+        L, S = q.shape[-2], k.shape[-2]
+        i = ctx.add("reshape", [ctx.add("iota", [], {"length": L, "dtype": "int64"})], {"shape": [L, 1]})
+        j = ctx.add("reshape", [ctx.add("iota", [], {"length": S, "dtype": "int64"})], {"shape": [1, S]})
+        s = ctx.add("where", [ctx.add("ge", [i, j]), s, ctx.tensor(-math.inf, s.dtype)])
+    if attn_mask is not None:
+        if attn_mask.dtype == "bool":
+            s = ctx.add("where", [attn_mask, s, ctx.tensor(-math.inf, s.dtype)])
+        else:
+            s = ctx.add("add", [s, ctx.tensor(attn_mask, s.dtype)])
+    p = ctx.add("softmax", [s], {"axis": -1})
+    return ctx.add("matmul", [p, v])
+
+
+def _repeat_heads(ctx, t, n):
+    shape = list(t.shape)
+    x = ctx.add("reshape", [t], {"shape": shape[:-2] + [1] + shape[-2:]})
+    x = ctx.add("expand", [x], {"shape": shape[:-2] + [n] + shape[-2:]})
+    return ctx.add("reshape", [x], {"shape": shape[:-3] + [D.as_dim(shape[-3] * n)] + shape[-2:]})
 
 
 @handles(aten.convolution.default)

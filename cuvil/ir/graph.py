@@ -96,9 +96,8 @@ class Graph:
 
     # ---- construction -------------------------------------------------
     def const(self, array, name=None) -> Value:
-        a = np.ascontiguousarray(array)
-        if a.dtype == np.float64 and name is None:
-            pass
+        a = np.asarray(array)
+        a = a if a.flags.c_contiguous else a.copy(order="C")   # (ascontiguousarray would make 0-d 1-d)
         return Value(TensorType(a.shape, str(a.dtype)), name=name, data=a)
 
     def add(self, op: str, inputs: list, attrs: dict | None = None, loc: str | None = None):

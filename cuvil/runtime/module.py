@@ -160,7 +160,7 @@ class Module:
             a = _as_numpy(a)
             if a.dtype != dt:
                 raise ShapeError(f"input {spec['name']!r}: expected dtype {dt}, got {a.dtype}")
-            conv.append(np.ascontiguousarray(a))
+            conv.append(a if a.flags.c_contiguous else np.array(a, order="C"))
         env = self._bind(conv)
         shapes = self.output_shapes(env)
         if out is None:

@@ -118,12 +118,12 @@ def lower_gather(em, node):
     nidx = " * ".join(f"(int64_t)({D.to_c(d)})" for d in idx.type.shape) or "1"
     n = D.to_c(xs[ax])
     lines = _check_indices(em, idx, n, "gather")
-    lines += ["{", f"  const int64_t O = {outer}, I = {inner}, NI = {nidx}, N = {n};",
-              "  #pragma omp parallel for num_threads(NT) schedule(static) if (O * NI * I > 32768)",
-              "  for (int64_t o = 0; o < O; o++)",
-              "    for (int64_t q = 0; q < NI; q++) {",
-              f"      int64_t j = {em.ptr(idx)}[q]; if (j < 0) j += N;",
-              f"      memcpy({em.ptr(y)} + (o * NI + q) * I, {em.ptr(x)} + (o * N + j) * I, (size_t)I * sizeof *{em.ptr(y)});",
+    lines += ["{", f"  const int64_t nO = {outer}, nI = {inner}, nQ = {nidx}, nN = {n};",
+              "  #pragma omp parallel for num_threads(NT) schedule(static) if (nO * nQ * nI > 32768)",
+              "  for (int64_t o = 0; o < nO; o++)",
+              "    for (int64_t q = 0; q < nQ; q++) {",
+              f"      int64_t j = {em.ptr(idx)}[q]; if (j < 0) j += nN;",
+              f"      memcpy({em.ptr(y)} + (o * nQ + q) * nI, {em.ptr(x)} + (o * nN + j) * nI, (size_t)nI * sizeof *{em.ptr(y)});",
               "    }", "}"]
     return lines
 

@@ -35,9 +35,17 @@ def _mat_dims(v, is_b):
     return s[:-2], s[-2], s[-1]
 
 
+def _prepacked(node):
+    """A constant B without batch dims is packed at compile time; every other B at run time."""
+    a, b = node.inputs
+    abatch, bbatch = _mat_dims(a, False)[0], _mat_dims(b, True)[0]
+    obatch = node.outputs[0].type.shape[:node.outputs[0].type.rank - (a.type.rank >= 2) - (b.type.rank >= 2)]
+    return b.is_const and not bbatch and (not abatch or len(abatch) == len(obatch))
+
+
 def _matmul_scratch(node, bounds):
     a, b = node.inputs
-    if a.dtype != "float32" or b.is_const:
+    if a.dtype != "float32" or _prepacked(node):
         return 0
     _, K, N = _mat_dims(b, True)
     K, N = D.upper_bound(K, bounds), D.upper_bound(N, bounds)
@@ -56,7 +64,7 @@ def lower_matmul(em, node):
     Mc, Nc, Kc = D.to_c(M), D.to_c(N), D.to_c(K)
     lines = ["{"]
     if a.dtype == "float32":
-        if b.is_const and not bbatch and (not abatch or len(abatch) == len(obatch)):
+        if _prepacked(node):
             # weights: packed at compile time; all batch rows form one tall GEMM
             nr = panel_width(em)
             Bp = em.packed("panels", b, lambda d: pack_b(d.reshape(d.shape[0], -1) if d.ndim == 2 else d.reshape(-1, 1), nr))

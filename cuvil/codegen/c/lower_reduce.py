@@ -94,11 +94,11 @@ def lower_arg(em, node):
     outer, n, inner = _outer_n_inner(x.type.shape, a["axis"])
     cmp = (">" if node.op == "argmax" else "<") + ("=" if a["select_last_index"] else "")
     X, Y = em.ptr(x), em.ptr(y)
-    return ["{", f"  const int64_t O = {outer}, N = {n}, I = {inner};",
-            "  for (int64_t o = 0; o < O; o++) for (int64_t i = 0; i < I; i++) {",
-            f"    int64_t best = 0; for (int64_t k = 1; k < N; k++) "
-            f"if ({X}[(o * N + k) * I + i] {cmp} {X}[(o * N + best) * I + i]) best = k;",
-            f"    {Y}[o * I + i] = best;", "  }", "}"]
+    return ["{", f"  const int64_t nO = {outer}, nN = {n}, nI = {inner};",
+            "  for (int64_t o = 0; o < nO; o++) for (int64_t i = 0; i < nI; i++) {",
+            f"    int64_t best = 0; for (int64_t k = 1; k < nN; k++) "
+            f"if ({X}[(o * nN + k) * nI + i] {cmp} {X}[(o * nN + best) * nI + i]) best = k;",
+            f"    {Y}[o * nI + i] = best;", "  }", "}"]
 
 
 @lowering("cumsum")
@@ -107,9 +107,9 @@ def lower_cumsum(em, node):
     outer, n, inner = _outer_n_inner(x.type.shape, a["axis"])
     X, Y = em.ptr(x), em.ptr(y)
     t = CTYPE[x.dtype]
-    k = "(N - 1 - kk)" if a["reverse"] else "kk"
-    body = (f"{Y}[(o * N + {k}) * I + i] = s; s += {X}[(o * N + {k}) * I + i];" if a["exclusive"]
-            else f"s += {X}[(o * N + {k}) * I + i]; {Y}[(o * N + {k}) * I + i] = s;")
-    return ["{", f"  const int64_t O = {outer}, N = {n}, I = {inner};",
-            "  for (int64_t o = 0; o < O; o++) for (int64_t i = 0; i < I; i++) {",
-            f"    {t} s = 0; for (int64_t kk = 0; kk < N; kk++) {{ {body} }}", "  }", "}"]
+    k = "(nN - 1 - kk)" if a["reverse"] else "kk"
+    body = (f"{Y}[(o * nN + {k}) * nI + i] = s; s += {X}[(o * nN + {k}) * nI + i];" if a["exclusive"]
+            else f"s += {X}[(o * nN + {k}) * nI + i]; {Y}[(o * nN + {k}) * nI + i] = s;")
+    return ["{", f"  const int64_t nO = {outer}, nN = {n}, nI = {inner};",
+            "  for (int64_t o = 0; o < nO; o++) for (int64_t i = 0; i < nI; i++) {",
+            f"    {t} s = 0; for (int64_t kk = 0; kk < nN; kk++) {{ {body} }}", "  }", "}"]

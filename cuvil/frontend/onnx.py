@@ -159,12 +159,17 @@ def _tensor_to_numpy(t, what):
                          f"({type(e).__name__}: {e})") from None
     if a.size != n:
         raise GraphError(f"{what}: tensor holds {a.size} values, its shape {dims} needs {n}")
-    return np.ascontiguousarray(a.astype(ONNX_DTYPES[t.data_type], copy=False))
+    return _contig(a.astype(ONNX_DTYPES[t.data_type], copy=False))
 
 
 # ------------------------------------------------------------------------------------------------
 # compile-time-known values
 # ------------------------------------------------------------------------------------------------
+def _contig(a):
+    a = np.asarray(a)
+    return np.ascontiguousarray(a) if a.ndim else a.copy()   # ascontiguousarray makes 0-d arrays 1-d
+
+
 def _is_sym(a):
     return isinstance(a, np.ndarray) and a.dtype == object
 
@@ -483,7 +488,7 @@ class Converter:
         total = sum(x.nbytes for x in ins if x is not None)
         if total > MAX_FOLD_BYTES:
             return None
-        if node.op_type in SYM_FOLD and node.op_type not in ("Shape", "Size"):
+        if node.op_type in SYM_FOLD and node.op_type not in SYM_ONLY:
             try:
                 r = SYM_FOLD[node.op_type](self, ins)
                 if r is not None:
@@ -525,7 +530,7 @@ class Converter:
                 return None
             if r.nbytes > MAX_FOLD_BYTES:
                 return None
-            out.append(np.ascontiguousarray(r))
+            out.append(_contig(r))
         if any(r.size > MAX_KNOWN_ELEMS for r in out) and node.op_type in ("ConstantOfShape", "Expand", "Tile"):
             return None
         return out
@@ -770,6 +775,8 @@ SYM_FOLD = {}
 NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
            "If", "Loop", "Scan"}
 FOLD_NO_INPUT = {"Constant"}
+SYM_ONLY = {"Shape", "Size", "Add", "Sub", "Mul", "Div", "Cast", "Equal", "Max", "Min", "Where", "ConstantOfShape",
+            "Expand"}
 
 
 def handler(*names):

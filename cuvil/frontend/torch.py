@@ -95,8 +95,8 @@ class Ctx:
             return x if x.dtype == dtype else self.add("cast", [x], {"to": dtype})
         if isinstance(x, (bool, int, float)):
             return self.scalar(x, dtype)
-        if hasattr(x, "free_symbols"):   # a symbolic size used as a scalar tensor
-            raise CuvilError("a symbolic size used as tensor data is not supported")
+        if hasattr(x, "free_symbols"):   # a symbolic size used as data: computed at run time
+            return self.add("full", [], {"shape": [], "value": x, "dtype": dtype})
         raise CuvilError(f"cannot use {x!r} as a tensor")
 
 

@@ -163,5 +163,8 @@ def lower_full(em, node):
     t = em.ctype(y)
     cnt = " * ".join(f"(int64_t)({D.to_c(d)})" for d in y.type.shape) or "1"
     v = node.attrs["value"]
-    lit = "INFINITY" if v == float("inf") else "(-INFINITY)" if v == float("-inf") else repr(v)
+    if hasattr(v, "free_symbols"):
+        lit = D.to_c(v)                 # a symbolic size used as data
+    else:
+        lit = "INFINITY" if v == float("inf") else "(-INFINITY)" if v == float("-inf") else repr(v)
     return [f"for (int64_t i = 0; i < {cnt}; i++) {em.ptr(y)}[i] = ({t})({lit});"]

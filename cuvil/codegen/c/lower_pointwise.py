@@ -22,13 +22,14 @@ UNARY_F = {
     "sign": "(({T})(({0} > 0) - ({0} < 0)))", "isnan": "({0} != {0})", "isinf": "(isinf({0}) != 0)",
     "leaky_relu": "({0} >= 0 ? {0} : {0} * ({T}){alpha})",
     "elu": "({0} > 0 ? {0} : ({T}){alpha} * expm1({0}))",
-    "hardsigmoid": "fmin(fmax(({T}){alpha} * {0} + ({T}){beta}, ({T})0), ({T})1)",
-    "clip": "fmin(fmax({0}, ({T}){min}), ({T}){max})",
+    # fmin/fmax drop a NaN operand; numpy and torch propagate it. min > max gives max, as numpy.
+    "hardsigmoid": "({0} != {0} ? {0} : fmin(fmax(({T}){alpha} * {0} + ({T}){beta}, ({T})0), ({T})1))",
+    "clip": "({0} != {0} ? {0} : fmin(fmax({0}, ({T}){min}), ({T}){max}))",
 }
 UNARY_I = {
     "neg": "(-{0})", "abs": "({0} < 0 ? -{0} : {0})", "relu": "({0} < 0 ? 0 : {0})",
     "sign": "(({T})(({0} > 0) - ({0} < 0)))", "not": "(!{0})",
-    "clip": "({0} < {min} ? ({T}){min} : ({0} > {max} ? ({T}){max} : {0}))",
+    "clip": "(({0} > {max} || {min} > {max}) ? ({T}){max} : ({0} < {min} ? ({T}){min} : {0}))",  # min > max: max
 }
 BINARY_F = {
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})",

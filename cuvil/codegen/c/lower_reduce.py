@@ -41,7 +41,7 @@ def lower_reduce(em, node):
     t = CTYPE[x.dtype]
     ident = (_IDENTITY_F if is_float(x.dtype) else _IDENTITY_I).get(op)
     if ident is None:
-        lo, hi = _INT_LIMITS[t]
+        lo, hi = _INT_LIMITS[t] if x.dtype != "bool" else ("0", "1")   # bool: any / all, stored as 0 or 1
         ident = lo if op == "reduce_max" else hi
     acc_t = "double" if is_float(x.dtype) and op in ("reduce_sum", "reduce_mean") else t
     blocks = _blocks(x.type.shape, set(node.attrs["axes"]))
@@ -94,10 +94,13 @@ def lower_arg(em, node):
     outer, n, inner = _outer_n_inner(x.type.shape, a["axis"])
     cmp = (">" if node.op == "argmax" else "<") + ("=" if a["select_last_index"] else "")
     X, Y = em.ptr(x), em.ptr(y)
+    # NaN is the extreme for both (numpy, torch): the first NaN wins, or the last with select_last_index
+    nan = "v != v" if a["select_last_index"] else "(v != v && b == b)"
     return ["{", f"  const int64_t nO = {outer}, nN = {n}, nI = {inner};",
             "  for (int64_t o = 0; o < nO; o++) for (int64_t i = 0; i < nI; i++) {",
-            f"    int64_t best = 0; for (int64_t k = 1; k < nN; k++) "
-            f"if ({X}[(o * nN + k) * nI + i] {cmp} {X}[(o * nN + best) * nI + i]) best = k;",
+            f"    int64_t best = 0; for (int64_t k = 1; k < nN; k++) {{ "
+            f"__typeof__(*{X}) v = {X}[(o * nN + k) * nI + i], b = {X}[(o * nN + best) * nI + i]; "
+            f"if (v {cmp} b || {nan}) best = k; }}",
             f"    {Y}[o * nI + i] = best;", "  }", "}"]
 
 

@@ -105,8 +105,8 @@ def _div(a, b):
 
 def _floordiv(a, b):
     with np.errstate(divide="ignore", invalid="ignore"):
-        if np.issubdtype(a.dtype, np.integer):
-            return (a // np.where(b == 0, 1, b)).astype(a.dtype)
+        if np.issubdtype(a.dtype, np.integer):   # x // 0 is 0, as numpy and as div and mod here
+            return np.where(b == 0, 0, a // np.where(b == 0, 1, b)).astype(a.dtype)
         return np.floor(a / b).astype(a.dtype)
 
 

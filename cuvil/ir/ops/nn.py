@@ -67,6 +67,8 @@ def _conv_infer(types, attrs, inputs):
     g = attrs["groups"]
     if not D.dims_equal(x.shape[1], w.shape[1] * g):
         raise ShapeError(f"conv: input channels {x.shape[1]} != weight in-channels {w.shape[1]} x groups {g}")
+    if isinstance(w.shape[0], int) and w.shape[0] % g:
+        raise ShapeError(f"conv: {w.shape[0]} output channels are not divisible by groups {g}")
     if len(types) > 2 and types[2] is not None and types[2].shape != (w.shape[0],):
         raise ShapeError(f"conv: bias shape {types[2].shape}, expected ({w.shape[0]},)")
     _spatial(attrs, nsp, w.shape[2:])

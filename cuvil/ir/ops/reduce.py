@@ -35,6 +35,8 @@ def _reduce(name, fn):
             if np.issubdtype(x.dtype, np.integer):
                 info = np.iinfo(x.dtype)
                 init = info.min if name == "reduce_max" else info.max
+            elif x.dtype == bool:   # any() of nothing is False, all() of nothing is True
+                init = name == "reduce_min"
             return np.asarray(fn(x, axis=tuple(attrs["axes"]), keepdims=attrs["keepdims"], initial=init)).astype(x.dtype)
         acc = np.float64 if x.dtype.kind == "f" and name in ("reduce_sum", "reduce_mean") else None
         r = fn(x, axis=tuple(attrs["axes"]), keepdims=attrs["keepdims"], dtype=acc) if acc else \

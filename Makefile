@@ -1,0 +1,29 @@
+# make demo: set up and run the main job. make test: set up and run the test suite.
+PY      ?= python3.11
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+
+.PHONY: demo test bench setup clean
+
+$(STAMP): requirements-dev.txt pyproject.toml
+	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (set PY=python3.x)"; exit 1; }
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -r requirements-dev.txt
+	$(BIN)/pip install -q -e . --no-deps
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m benchmarks.demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 --durations=15
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

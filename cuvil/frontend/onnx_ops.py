@@ -1,0 +1,1283 @@
+"""ONNX op handlers: each maps one ONNX node onto IR ops (see onnx.py for the driver).
+
+A handler reads its node through the converter `c` (c.inp(i), c.known(i), c.attr(name)) and returns
+its outputs: IR Values, or numpy arrays for values known at compile time."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import sympy
+
+from ..errors import ShapeError
+from ..ir import dims as D
+from ..ir.graph import Value
+from ..ir.ops._shape import broadcast
+from .onnx import (ONNX_DTYPES, NeedsConstant, Unsupported, _auto_pad, _contig, _dim, _ints, _is_sym, _maybe_int,
+                   _norm_axis, _sym_array, _tensor_to_numpy, dtype_of, handler, rank_of, shape_of, symfold)
+
+# ---- pointwise ----------------------------------------------------------------------------------
+UNARY = {"Abs": "abs", "Neg": "neg", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Reciprocal": "reciprocal",
+         "Sin": "sin", "Cos": "cos", "Tan": "tan", "Asin": "asin", "Acos": "acos", "Atan": "atan", "Sinh": "sinh",
+         "Cosh": "cosh", "Asinh": "asinh", "Acosh": "acosh", "Atanh": "atanh", "Tanh": "tanh", "Erf": "erf",
+         "Sigmoid": "sigmoid", "Relu": "relu", "Floor": "floor", "Ceil": "ceil", "Round": "round", "Sign": "sign",
+         "Not": "not", "IsNaN": "isnan", "Softplus": "softplus"}
+BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Equal": "eq", "Less": "lt", "Greater": "gt",
+          "LessOrEqual": "le", "GreaterOrEqual": "ge", "And": "and", "Or": "or", "Xor": "xor"}
+
+
+def _unary(op):
+    return lambda c: c.op(op, [c.inp(0)])
+
+
+for _k, _v in UNARY.items():
+    handler(_k)(_unary(_v))
+
+
+def _binary(op):
+    def h(c):
+        a, b = c.inp(0), c.inp(1)
+        if dtype_of(a) != dtype_of(b):
+            raise ShapeError(f"operand dtypes differ ({dtype_of(a)} vs {dtype_of(b)})")
+        if c.opset < 7 and c.attr("broadcast", 0):
+            b = _legacy_broadcast(c, a, b)
+        return c.op(op, [a, b])
+    return h
+
+
+def _legacy_broadcast(c, a, b):
+    axis = c.attr("axis", None)
+    ra, rb = rank_of(a), rank_of(b)
+    if axis is None or rb == 0:
+        return b
+    axis = _norm_axis(axis, ra)
+    return c.reshape(b, tuple(shape_of(b)) + (1,) * (ra - axis - rb))
+
+
+for _k, _v in BINARY.items():
+    handler(_k)(_binary(_v))
+
+
+@handler("Pow")
+def _pow(c):
+    a, b = c.inp(0), c.inp(1)
+    return c.op("pow", [a, c.cast(b, dtype_of(a))])
+
+
+@handler("Mod")
+def _mod(c):
+    a, b = c.inp(0), c.inp(1)
+    fm = c.attr("fmod", 0)
+    if dtype_of(a).startswith("float") and not fm:
+        raise ShapeError("Mod on floats needs fmod=1")
+    return c.op("fmod" if fm else "mod", [a, b])
+
+
+def _variadic(op):
+    def h(c):
+        xs = [c.inp(i) for i in range(len(c.node.input))]
+        acc = xs[0]
+        if len(xs) == 1:
+            return c.op("add", [acc, c.scalar(0, dtype_of(acc))]) if op == "add" else \
+                c.op("max", [acc, acc])
+        for x in xs[1:]:
+            acc = c.op(op, [acc, x])
+        return acc
+    return h
+
+
+handler("Max")(_variadic("max"))
+handler("Min")(_variadic("min"))
+handler("Sum")(_variadic("add"))
+
+
+@handler("Mean")
+def _mean(c):
+    xs = [c.inp(i) for i in range(len(c.node.input))]
+    acc = xs[0]
+    for x in xs[1:]:
+        acc = c.op("add", [acc, x])
+    return c.op("div", [acc, c.scalar(len(xs), dtype_of(acc))])
+
+
+@handler("Where")
+def _where(c):
+    return c.op("where", [c.inp(0), c.inp(1), c.inp(2)])
+
+
+@handler("LeakyRelu")
+def _leaky(c):
+    return c.op("leaky_relu", [c.inp(0)], alpha=c.attr("alpha", 0.01))
+
+
+@handler("Elu")
+def _elu(c):
+    return c.op("elu", [c.inp(0)], alpha=c.attr("alpha", 1.0))
+
+
+@handler("HardSigmoid")
+def _hsig(c):
+    return c.op("hardsigmoid", [c.inp(0)], alpha=c.attr("alpha", 0.2), beta=c.attr("beta", 0.5))
+
+
+@handler("HardSwish")
+def _hswish(c):
+    x = c.inp(0)
+    return c.op("mul", [x, c.op("hardsigmoid", [x], alpha=1 / 6, beta=0.5)])
+
+
+@handler("Selu")
+def _selu(c):
+    x = c.inp(0)
+    a, g = c.attr("alpha", 1.67326319217681884765625), c.attr("gamma", 1.05070102214813232421875)
+    dt = dtype_of(x)
+    e = c.op("mul", [c.op("elu", [x], alpha=a), c.scalar(g, dt)])
+    return e
+
+
+@handler("Celu")
+def _celu(c):
+    x = c.inp(0)
+    a = c.attr("alpha", 1.0)
+    dt = dtype_of(x)
+    xs = c.op("div", [x, c.scalar(a, dt)])
+    return c.op("mul", [c.op("elu", [xs], alpha=1.0), c.scalar(a, dt)])
+
+
+@handler("ThresholdedRelu")
+def _trelu(c):
+    x = c.inp(0)
+    dt = dtype_of(x)
+    return c.op("where", [c.op("gt", [x, c.scalar(c.attr("alpha", 1.0), dt)]), x, c.scalar(0, dt)])
+
+
+@handler("Softsign")
+def _softsign(c):
+    x = c.inp(0)
+    return c.op("div", [x, c.op("add", [c.op("abs", [x]), c.scalar(1, dtype_of(x))])])
+
+
+@handler("Mish")
+def _mish(c):
+    x = c.inp(0)
+    return c.op("mul", [x, c.op("tanh", [c.op("softplus", [x])])])
+
+
+@handler("Swish")
+def _swish(c):
+    x = c.inp(0)
+    a = c.attr("alpha", 1.0)
+    if a == 1.0:
+        return c.op("silu", [x])
+    return c.op("mul", [x, c.op("sigmoid", [c.op("mul", [x, c.scalar(a, dtype_of(x))])])])
+
+
+@handler("Gelu")
+def _gelu(c):
+    return c.op("gelu_tanh" if c.attr("approximate", "none") == "tanh" else "gelu", [c.inp(0)])
+
+
+@handler("Shrink")
+def _shrink(c):
+    x = c.inp(0)
+    dt = dtype_of(x)
+    lam, bias = c.attr("lambd", 0.5), c.attr("bias", 0.0)
+    lo = c.op("where", [c.op("lt", [x, c.scalar(-lam, dt)]), c.op("add", [x, c.scalar(bias, dt)]), c.scalar(0, dt)])
+    return c.op("where", [c.op("gt", [x, c.scalar(lam, dt)]), c.op("sub", [x, c.scalar(bias, dt)]), lo])
+
+
+@handler("PRelu")
+def _prelu(c):
+    x, s = c.inp(0), c.inp(1)
+    dt = dtype_of(x)
+    if c.opset < 7:
+        s = _unidir(c, s, rank_of(x))
+    return c.op("where", [c.op("lt", [x, c.scalar(0, dt)]), c.op("mul", [x, s]), x])
+
+
+def _unidir(c, s, r):
+    return s
+
+
+@handler("IsInf")
+def _isinf(c):
+    x = c.inp(0)
+    dt = dtype_of(x)
+    pos, neg = c.attr("detect_positive", 1), c.attr("detect_negative", 1)
+    inf = c.op("isinf", [x])
+    if pos and neg:
+        return inf
+    if not pos and not neg:
+        return c.op("and", [inf, c.scalar(False, "bool")])
+    side = c.op("gt" if pos else "lt", [x, c.scalar(0, dt)])
+    return c.op("and", [inf, side])
+
+
+@handler("Clip")
+def _clip(c):
+    x = c.inp(0)
+    dt = dtype_of(x)
+    if c.opset < 11:
+        lo, hi = c.attr("min", -math.inf), c.attr("max", math.inf)
+        return c.op("clip", [x], min=lo, max=hi)
+    lo, hi = c.inp(1), c.inp(2)
+    if (lo is None or isinstance(lo, np.ndarray)) and (hi is None or isinstance(hi, np.ndarray)):
+        lv = -math.inf if lo is None else lo.item()
+        hv = math.inf if hi is None else hi.item()
+        if not dt.startswith("float"):
+            lv, hv = (int(lv) if lo is not None else -2**63), (int(hv) if hi is not None else 2**63 - 1)
+        return c.op("clip", [x], min=lv, max=hv)
+    y = x
+    if lo is not None:
+        y = c.op("max", [y, lo])
+    if hi is not None:
+        y = c.op("min", [y, hi])
+    return y
+
+
+@handler("Identity")
+def _identity(c):
+    return c.inp(0)
+
+
+@handler("Dropout")
+def _dropout(c):
+    x = c.inp(0)
+    if c.opset >= 12:
+        t = c.inp(2)
+        if t is not None:
+            tk = c.known(2, "training_mode")
+            if bool(np.asarray(tk)):
+                raise Unsupported("training_mode=True")
+    elif c.opset < 7 and c.attr("is_test", 0) == 0:
+        pass
+    outs = [x]
+    if len(c.node.output) > 1 and c.node.output[1]:
+        outs.append(np.ones(1, bool) if False else c.op("full", [], shape=shape_of(x), value=1, dtype="bool"))
+    return outs
+
+
+@handler("Cast")
+def _cast(c):
+    to = c.attr("to")
+    if to not in ONNX_DTYPES:
+        raise Unsupported(f"cast to dtype {to}")
+    x = c.inp(0)
+    if dtype_of(x) == ONNX_DTYPES[to]:
+        return x
+    return c.op("cast", [x], to=ONNX_DTYPES[to])
+
+
+@handler("CastLike")
+def _castlike(c):
+    x, t = c.inp(0), c.inp(1)
+    return x if dtype_of(x) == dtype_of(t) else c.op("cast", [x], to=dtype_of(t))
+
+
+# ---- linear algebra ---------------------------------------------------------------------------
+@handler("MatMul")
+def _matmul(c):
+    return c.op("matmul", [c.inp(0), c.inp(1)])
+
+
+@handler("Gemm")
+def _gemm(c):
+    a, b, bias = c.inp(0), c.inp(1), c.inp(2)
+    if c.attr("transA", 0):
+        a = _transpose(c, a, (1, 0))
+    if c.attr("transB", 0):
+        b = _transpose(c, b, (1, 0))
+    y = c.op("matmul", [a, b])
+    dt = dtype_of(y)
+    alpha, beta = c.attr("alpha", 1.0), c.attr("beta", 1.0)
+    if alpha != 1.0:
+        y = c.op("mul", [y, c.scalar(alpha, dt)])
+    if bias is not None:
+        if beta != 1.0:
+            bias = c.op("mul", [bias, c.scalar(beta, dt)]) if not isinstance(bias, np.ndarray) else \
+                (bias * beta).astype(dt)
+        y = c.op("add", [y, bias])
+    return y
+
+
+def _transpose(c, x, perm):
+    if isinstance(x, np.ndarray):
+        return _contig(np.transpose(x, perm))
+    if tuple(perm) == tuple(range(len(perm))):
+        return x
+    return c.op("transpose", [x], perm=tuple(perm))
+
+
+@handler("Einsum")
+def _einsum(c):
+    eq = c.attr("equation").replace(" ", "")
+    xs = [c.inp(i) for i in range(len(c.node.input))]
+    if "->" in eq:
+        lhs, out = eq.split("->")
+    else:
+        lhs = eq
+        letters = "".join(ch for ch in lhs if ch.isalpha())
+        out = "".join(sorted(ch for ch in set(letters) if letters.count(ch) == 1))
+    terms = lhs.split(",")
+    if "." in eq:
+        # expand ellipsis into unused capital letters
+        spare = [ch for ch in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if ch not in eq]
+        ell_rank = max(rank_of(x) - (len(t) - 3) for t, x in zip(terms, xs) if "..." in t)
+        ell = "".join(spare[:ell_rank])
+        terms = [t.replace("...", ell[ell_rank - (rank_of(x) - (len(t) - 3)):]) for t, x in zip(terms, xs)]
+        out = out.replace("...", ell) if "..." in out else ell + out
+    sizes = {}
+    ops = []
+    for t, x in zip(terms, xs):
+        if len(t) != rank_of(x):
+            raise ShapeError(f"einsum term {t} does not match rank {rank_of(x)}")
+        # repeated letters in one term (diagonal): unsupported
+        if len(set(t)) != len(t):
+            raise Unsupported("einsum diagonal")
+        for ch, d in zip(t, shape_of(x)):
+            if not (isinstance(d, int) and d == 1):
+                sizes[ch] = d
+        ops.append((t, x))
+    if len(ops) == 2 and _einsum_matmul_ok(ops, out):
+        return _einsum_matmul(c, ops, out, sizes)
+    allc = out + "".join(sorted(set("".join(terms)) - set(out)))
+    prod = None
+    for t, x in ops:
+        perm = [t.index(ch) for ch in allc if ch in t]
+        xt = _transpose(c, x, perm)
+        shp = [(sizes.get(ch, 1) if False else shape_of(x)[t.index(ch)]) if ch in t else 1 for ch in allc]
+        xt = c.reshape(xt, shp)
+        prod = xt if prod is None else c.op("mul", [prod, xt])
+    red = list(range(len(out), len(allc)))
+    if red:
+        prod = c.op("reduce_sum", [prod], axes=red, keepdims=False)
+    return c.reshape(prod, [sizes.get(ch, 1) for ch in out]) if rank_of(prod) != len(out) else prod
+
+
+def _einsum_matmul_ok(ops, out):
+    (ta, _), (tb, _) = ops
+    shared = set(ta) & set(tb)
+    contracted = shared - set(out)
+    return bool(contracted) and set(out) <= set(ta) | set(tb) and all(
+        ch in out or ch in shared for ch in ta + tb)
+
+
+def _einsum_matmul(c, ops, out, sizes):
+    (ta, a), (tb, b) = ops
+    shared = set(ta) & set(tb)
+    contracted = [ch for ch in ta if ch in shared and ch not in out]
+    batch = [ch for ch in out if ch in shared]
+    m = [ch for ch in ta if ch not in shared]
+    n = [ch for ch in tb if ch not in shared]
+    sz = lambda t, x, ch: shape_of(x)[t.index(ch)]  # noqa: E731
+    at = _transpose(c, a, [ta.index(ch) for ch in batch + m + contracted])
+    bt = _transpose(c, b, [tb.index(ch) for ch in batch + contracted + n])
+    bshape_a = [sz(ta, a, ch) for ch in batch]
+    bshape_b = [sz(tb, b, ch) for ch in batch]
+    M = D.numel([sz(ta, a, ch) for ch in m])
+    N = D.numel([sz(tb, b, ch) for ch in n])
+    K = D.numel([sz(ta, a, ch) for ch in contracted])
+    at = c.reshape(at, bshape_a + [M, K])
+    bt = c.reshape(bt, bshape_b + [K, N])
+    y = c.op("matmul", [at, bt])
+    bsh = list(shape_of(y)[:len(batch)])
+    y = c.reshape(y, bsh + [sz(ta, a, ch) for ch in m] + [sz(tb, b, ch) for ch in n])
+    cur = batch + m + n
+    return _transpose(c, y, [cur.index(ch) for ch in out])
+
+
+# ---- convolution and pooling ----------------------------------------------------------------
+@handler("Conv")
+def _conv(c):
+    x, w, b = c.inp(0), c.inp(1), c.inp(2)
+    nsp = rank_of(x) - 2
+    kernel = list(shape_of(w)[2:])
+    strides = c.attr("strides") or [1] * nsp
+    dil = c.attr("dilations") or [1] * nsp
+    pads = _auto_pad(c, shape_of(x)[2:], kernel, strides, dil)
+    ins = [x, w] + ([b] if b is not None else [])
+    return c.op("conv", ins, strides=tuple(strides), pads=pads, dilations=tuple(dil), groups=c.attr("group", 1))
+
+
+@handler("ConvTranspose")
+def _conv_transpose(c):
+    x, w, b = c.inp(0), c.inp(1), c.inp(2)
+    nsp = rank_of(x) - 2
+    g = c.attr("group", 1)
+    kernel = list(shape_of(w)[2:])
+    strides = c.attr("strides") or [1] * nsp
+    dil = c.attr("dilations") or [1] * nsp
+    outpad = c.attr("output_padding") or [0] * nsp
+    insp = list(shape_of(x)[2:])
+    if not all(isinstance(d, int) for d in insp):
+        raise Unsupported("symbolic spatial dims")
+    ap = c.attr("auto_pad", "NOTSET")
+    out_shape = c.attr("output_shape")
+    eff = [(k - 1) * d + 1 for k, d in zip(kernel, dil)]
+    if out_shape or ap in ("SAME_UPPER", "SAME_LOWER"):
+        tgt = out_shape[-nsp:] if out_shape else [n * s for n, s in zip(insp, strides)]
+        pads = []
+        for n, s, e, op_, t in zip(insp, strides, eff, outpad, tgt):
+            total = s * (n - 1) + op_ + e - t
+            lo = total // 2 if (ap != "SAME_LOWER" and not out_shape) or (out_shape and ap != "SAME_LOWER") else total - total // 2
+            if ap == "SAME_LOWER":
+                lo = total - total // 2
+            pads.append((lo, total - lo))
+    elif ap == "VALID":
+        pads = [(0, 0)] * nsp
+    else:
+        p = c.attr("pads") or [0] * (2 * nsp)
+        pads = [(p[i], p[i + nsp]) for i in range(nsp)]
+    # zero-insertion upsampling of x, then a conv with the flipped, transposed kernel
+    N, C = shape_of(x)[:2]
+    y = x
+    if any(s > 1 for s in strides):
+        shp, exp_shape, final = [N, C], [N, C], [N, C]
+        for n, s in zip(insp, strides):
+            shp += [n, 1]
+            exp_shape += [n, s]
+            final += [n * s]
+        y = c.reshape(y, shp)
+        padspec = [(0, 0)] * 2 + sum([[(0, 0), (0, s - 1)] for s in strides], [])
+        y = c.op("pad", [y], pads=padspec, value=0.0)
+        y = c.reshape(y, final)
+        for k, (n, s) in enumerate(zip(insp, strides)):
+            if s > 1:
+                y = c.op("slice", [y], axis=2 + k, start=0, step=1, length=(n - 1) * s + 1)
+    conv_pads = []
+    for e, (lo, hi), op_ in zip(eff, pads, outpad):
+        conv_pads.append((e - 1 - lo, e - 1 - hi + op_))
+    # negative conv pads crop: apply them with a pad op first
+    if any(lo < 0 or hi < 0 for lo, hi in conv_pads):
+        y = c.op("pad", [y], pads=[(0, 0), (0, 0)] + [(min(lo, 0), min(hi, 0)) for lo, hi in conv_pads], value=0.0)
+        conv_pads = [(max(lo, 0), max(hi, 0)) for lo, hi in conv_pads]
+    Cin, Og = shape_of(w)[:2]
+    if isinstance(w, np.ndarray):
+        wk = w.reshape((g, Cin // g, Og) + tuple(kernel))
+        wk = np.flip(wk, axis=tuple(range(3, 3 + nsp)))
+        wk = _contig(np.swapaxes(wk, 1, 2).reshape((g * Og, Cin // g) + tuple(kernel)))
+    else:
+        wk = c.reshape(w, (g, Cin // g, Og) + tuple(kernel))
+        for k, kk in enumerate(kernel):
+            if kk > 1:
+                wk = c.op("slice", [wk], axis=3 + k, start=kk - 1, step=-1, length=kk)
+        wk = c.op("transpose", [wk], perm=(0, 2, 1) + tuple(range(3, 3 + nsp)))
+        wk = c.reshape(wk, (g * Og, Cin // g) + tuple(kernel))
+    ins = [y, wk] + ([b] if b is not None else [])
+    return c.op("conv", ins, strides=(1,) * nsp, pads=conv_pads, dilations=tuple(dil), groups=g)
+
+
+def _pool(kind):
+    def h(c):
+        x = c.inp(0)
+        nsp = rank_of(x) - 2
+        kernel = c.attr("kernel_shape")
+        strides = c.attr("strides") or [1] * nsp
+        dil = c.attr("dilations") or [1] * nsp
+        if len(c.node.output) > 1 and c.node.output[1]:
+            raise Unsupported("Indices output")
+        if c.attr("storage_order", 0):
+            pass
+        ceil = bool(c.attr("ceil_mode", 0))
+        ap = c.attr("auto_pad", "NOTSET")
+        if ap in ("SAME_UPPER", "SAME_LOWER"):
+            pads = []
+            for n, k, s, d in zip(shape_of(x)[2:], kernel, strides, dil):
+                o = -(-n // s)
+                total = max((o - 1) * s + (k - 1) * d + 1 - n, 0)
+                small = total // 2
+                pads.append((small, total - small) if ap == "SAME_UPPER" else (total - small, small))
+        else:
+            pads = _auto_pad(c, shape_of(x)[2:], kernel, strides, dil)
+        attrs = dict(kernel=tuple(kernel), strides=tuple(strides), pads=pads, dilations=tuple(dil), ceil_mode=ceil)
+        if kind == "avg_pool":
+            attrs["count_include_pad"] = bool(c.attr("count_include_pad", 0))
+        return c.op(kind, [x], **attrs)
+    return h
+
+
+handler("MaxPool")(_pool("max_pool"))
+handler("AveragePool")(_pool("avg_pool"))
+
+
+@handler("LpPool")
+def _lppool(c):
+    x = c.inp(0)
+    p = c.attr("p", 2)
+    dt = dtype_of(x)
+    kernel = c.attr("kernel_shape")
+    nsp = rank_of(x) - 2
+    strides = c.attr("strides") or [1] * nsp
+    dil = c.attr("dilations") or [1] * nsp
+    pads = _auto_pad(c, shape_of(x)[2:], kernel, strides, dil)
+    xp = c.op("pow", [c.op("abs", [x]), c.scalar(p, dt)])
+    s = c.op("avg_pool", [xp], kernel=tuple(kernel), strides=tuple(strides), pads=pads, dilations=tuple(dil),
+             ceil_mode=bool(c.attr("ceil_mode", 0)), count_include_pad=True)
+    s = c.op("mul", [s, c.scalar(math.prod(kernel), dt)])
+    return c.op("pow", [s, c.scalar(1.0 / p, dt)])
+
+
+@handler("GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool")
+def _gpool(c):
+    x = c.inp(0)
+    axes = tuple(range(2, rank_of(x)))
+    if c.node.op_type == "GlobalLpPool":
+        p = c.attr("p", 2)
+        dt = dtype_of(x)
+        s = c.op("reduce_sum", [c.op("pow", [c.op("abs", [x]), c.scalar(p, dt)])], axes=axes, keepdims=True)
+        return c.op("pow", [s, c.scalar(1.0 / p, dt)])
+    return c.op("reduce_mean" if c.node.op_type == "GlobalAveragePool" else "reduce_max", [x], axes=axes,
+                keepdims=True)
+
+
+# ---- normalisation --------------------------------------------------------------------------
+@handler("BatchNormalization")
+def _bn(c):
+    if c.attr("training_mode", 0) or any(o for o in c.node.output[1:]):
+        raise Unsupported("training mode")
+    x = c.inp(0)
+    if c.opset < 7 and c.attr("is_test", 0) == 0 and False:
+        raise Unsupported("training")
+    params = [c.inp(i) for i in range(1, 5)]
+    return c.op("batch_norm", [x] + params, eps=c.attr("epsilon", 1e-5))
+
+
+@handler("InstanceNormalization")
+def _instnorm(c):
+    x, s, b = c.inp(0), c.inp(1), c.inp(2)
+    r = rank_of(x)
+    y = c.op("layer_norm", [c.reshape(x, list(shape_of(x)[:2]) + [D.numel(shape_of(x)[2:])])], axis=2,
+             eps=c.attr("epsilon", 1e-5))
+    y = c.reshape(y, shape_of(x))
+    ps = [shape_of(x)[1]] + [1] * (r - 2)
+    return c.op("add", [c.op("mul", [y, c.reshape(s, ps)]), c.reshape(b, ps)])
+
+
+def _expand_param(c, p, inner):
+    if p is None:
+        return None
+    if D.dims_equal(D.numel(shape_of(p)), D.numel(inner)):
+        return p
+    if isinstance(p, np.ndarray):
+        return _contig(np.broadcast_to(p, tuple(int(d) for d in inner)))
+    return c.op("expand", [p], shape=tuple(inner))
+
+
+@handler("LayerNormalization")
+def _layernorm(c):
+    x, s, b = c.inp(0), c.inp(1), c.inp(2)
+    r = rank_of(x)
+    axis = _norm_axis(c.attr("axis", -1), r)
+    eps = c.attr("epsilon", 1e-5)
+    inner = shape_of(x)[axis:]
+    want_stats = any(o for o in c.node.output[1:])
+    if not want_stats and dtype_of(x) == "float32":
+        return c.op("layer_norm", [x, _expand_param(c, s, inner)] + ([_expand_param(c, b, inner)] if b is not None else []),
+                    axis=axis, eps=eps)
+    dt = dtype_of(x)
+    axes = tuple(range(axis, r))
+    mu = c.op("reduce_mean", [x], axes=axes, keepdims=True)
+    d = c.op("sub", [x, mu])
+    var = c.op("reduce_mean", [c.op("mul", [d, d])], axes=axes, keepdims=True)
+    inv = c.op("rsqrt", [c.op("add", [var, c.scalar(eps, dt)])])
+    y = c.op("mul", [c.op("mul", [d, inv]), s])
+    if b is not None:
+        y = c.op("add", [y, b])
+    return [y, mu, inv]
+
+
+@handler("RMSNormalization")
+def _rmsnorm(c):
+    x, s = c.inp(0), c.inp(1)
+    axis = _norm_axis(c.attr("axis", -1), rank_of(x))
+    inner = shape_of(x)[axis:]
+    if dtype_of(x) != "float32":
+        raise Unsupported("non-float32")
+    return c.op("rms_norm", [x, _expand_param(c, s, inner)], axis=axis, eps=c.attr("epsilon", 1e-5))
+
+
+@handler("GroupNormalization")
+def _groupnorm(c):
+    x, s, b = c.inp(0), c.inp(1), c.inp(2)
+    G = c.attr("num_groups")
+    sh = shape_of(x)
+    N, C = sh[:2]
+    if not isinstance(C, int):
+        raise Unsupported("symbolic channels")
+    y = c.reshape(x, [N, G, D.numel([C // G] + list(sh[2:]))])
+    y = c.op("layer_norm", [y], axis=2, eps=c.attr("epsilon", 1e-5))
+    y = c.reshape(y, sh)
+    if c.opset < 21:
+        idx = np.arange(C) // (C // G)
+        s = np.take(s, idx) if isinstance(s, np.ndarray) else c.op("gather", [s, idx], axis=0)
+        b = np.take(b, idx) if isinstance(b, np.ndarray) else c.op("gather", [b, idx], axis=0)
+    ps = [C] + [1] * (len(sh) - 2)
+    return c.op("add", [c.op("mul", [y, c.reshape(s, ps)]), c.reshape(b, ps)])
+
+
+@handler("LpNormalization")
+def _lpnorm(c):
+    x = c.inp(0)
+    axis = _norm_axis(c.attr("axis", -1), rank_of(x))
+    p = c.attr("p", 2)
+    if p == 1:
+        n = c.op("reduce_sum", [c.op("abs", [x])], axes=(axis,), keepdims=True)
+    elif p == 2:
+        n = c.op("sqrt", [c.op("reduce_sum", [c.op("mul", [x, x])], axes=(axis,), keepdims=True)])
+    else:
+        raise Unsupported(f"p={p}")
+    return c.op("div", [x, n])
+
+
+@handler("LRN")
+def _lrn(c):
+    x = c.inp(0)
+    dt = dtype_of(x)
+    size = c.attr("size")
+    alpha, beta, bias = c.attr("alpha", 1e-4), c.attr("beta", 0.75), c.attr("bias", 1.0)
+    C = shape_of(x)[1]
+    sq = c.op("mul", [x, x])
+    lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
+    p = c.op("pad", [sq], pads=[(0, 0), (lo, hi)] + [(0, 0)] * (rank_of(x) - 2), value=0.0)
+    acc = None
+    for k in range(size):
+        s = c.op("slice", [p], axis=1, start=k, step=1, length=C)
+        acc = s if acc is None else c.op("add", [acc, s])
+    den = c.op("add", [c.op("mul", [acc, c.scalar(alpha / size, dt)]), c.scalar(bias, dt)])
+    return c.op("div", [x, c.op("pow", [den, c.scalar(beta, dt)])])
+
+
+def _softmax(kind):
+    def h(c):
+        x = c.inp(0)
+        r = rank_of(x)
+        if c.opset < 13:
+            axis = _norm_axis(c.attr("axis", 1), r)
+            sh = shape_of(x)
+            x2 = c.reshape(x, [D.numel(sh[:axis]), D.numel(sh[axis:])])
+            y = _softmax_axis(c, kind, x2, 1)
+            return c.reshape(y, sh)
+        return _softmax_axis(c, kind, x, _norm_axis(c.attr("axis", -1), r))
+    return h
+
+
+def _softmax_axis(c, kind, x, axis):
+    if kind == "hardmax":
+        am = c.op("argmax", [x], axis=axis, keepdims=True)
+        n = shape_of(x)[axis]
+        io = c.op("iota", [], length=n, dtype="int64")
+        io = c.reshape(io, [n] + [1] * (rank_of(x) - axis - 1))
+        return c.op("cast", [c.op("eq", [am, io])], to=dtype_of(x))
+    return c.op(kind, [x], axis=axis)
+
+
+handler("Softmax")(_softmax("softmax"))
+handler("LogSoftmax")(_softmax("log_softmax"))
+handler("Hardmax")(_softmax("hardmax"))
+
+
+# ---- reductions ---------------------------------------------------------------------------
+def _reduce_axes(c, since):
+    x = c.inp(0)
+    r = rank_of(x)
+    if c.opset >= since:
+        axes = c.known(1, "axes")
+        axes = None if axes is None else _ints(axes)
+    else:
+        axes = c.attr("axes")
+    if not axes:
+        if c.attr("noop_with_empty_axes", 0):
+            return x, None
+        axes = list(range(r))
+    return x, tuple(sorted(_norm_axis(a, r) for a in axes))
+
+
+def _reduce(kind):
+    def h(c):
+        since = 13 if c.node.op_type == "ReduceSum" else 18
+        x, axes = _reduce_axes(c, since)
+        kd = bool(c.attr("keepdims", 1))
+        dt = dtype_of(x)
+        if axes is None:
+            if kind == "l1":
+                return c.op("abs", [x])
+            if kind in ("l2",):
+                return c.op("abs", [x])
+            if kind == "sumsq":
+                return c.op("mul", [x, x])
+            if kind == "logsum":
+                return c.op("log", [x])
+            if kind == "logsumexp":
+                return c.op("log", [c.op("exp", [x])])
+            return x
+        if kind in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod"):
+            if any(isinstance(shape_of(x)[a], int) and shape_of(x)[a] == 0 for a in axes) and \
+                    kind in ("reduce_max", "reduce_min") and not dt.startswith("float"):
+                raise Unsupported("empty integer max/min")
+            return c.op(kind, [x], axes=axes, keepdims=kd)
+        if kind == "l1":
+            return c.op("reduce_sum", [c.op("abs", [x])], axes=axes, keepdims=kd)
+        if kind == "l2":
+            return c.op("sqrt", [c.op("reduce_sum", [c.op("mul", [x, x])], axes=axes, keepdims=kd)]) \
+                if dt.startswith("float") else _int_l2(c, x, axes, kd)
+        if kind == "sumsq":
+            return c.op("reduce_sum", [c.op("mul", [x, x])], axes=axes, keepdims=kd)
+        if kind == "logsum":
+            return c.op("log", [c.op("reduce_sum", [x], axes=axes, keepdims=kd)])
+        if kind == "logsumexp":
+            m = c.op("reduce_max", [x], axes=axes, keepdims=True)
+            m = c.op("where", [c.op("isinf", [m]), c.scalar(0, dt), m])
+            s = c.op("reduce_sum", [c.op("exp", [c.op("sub", [x, m])])], axes=axes, keepdims=kd)
+            mm = m if kd else c.reshape(m, shape_of(s))
+            return c.op("add", [c.op("log", [s]), mm])
+        raise Unsupported(kind)
+    return h
+
+
+def _int_l2(c, x, axes, kd):
+    s = c.op("reduce_sum", [c.op("mul", [x, x])], axes=axes, keepdims=kd)
+    return c.op("cast", [c.op("sqrt", [c.op("cast", [s], to="float64")])], to=dtype_of(x))
+
+
+for _k, _v in {"ReduceSum": "reduce_sum", "ReduceMean": "reduce_mean", "ReduceMax": "reduce_max",
+               "ReduceMin": "reduce_min", "ReduceProd": "reduce_prod", "ReduceL1": "l1", "ReduceL2": "l2",
+               "ReduceSumSquare": "sumsq", "ReduceLogSum": "logsum", "ReduceLogSumExp": "logsumexp"}.items():
+    handler(_k)(_reduce(_v))
+
+
+def _arg(kind):
+    def h(c):
+        x = c.inp(0)
+        return c.op(kind, [x], axis=_norm_axis(c.attr("axis", 0), rank_of(x)), keepdims=bool(c.attr("keepdims", 1)),
+                    select_last_index=bool(c.attr("select_last_index", 0)))
+    return h
+
+
+handler("ArgMax")(_arg("argmax"))
+handler("ArgMin")(_arg("argmin"))
+
+
+@handler("CumSum")
+def _cumsum(c):
+    x = c.inp(0)
+    axis = int(np.asarray(c.known(1, "axis")).ravel()[0])
+    return c.op("cumsum", [x], axis=_norm_axis(axis, rank_of(x)), exclusive=bool(c.attr("exclusive", 0)),
+                reverse=bool(c.attr("reverse", 0)))
+
+
+# ---- shape values -------------------------------------------------------------------------
+@handler("Shape")
+@symfold("Shape")
+def _shape(c, ins=None):
+    x = c.inp(0)
+    sh = list(shape_of(x))
+    r = len(sh)
+    start, end = c.attr("start", 0), c.attr("end", r)
+    start = min(max(start + r if start < 0 else start, 0), r)
+    end = min(max(end + r if end < 0 else end, 0), r)
+    return _sym_array(sh[start:end])
+
+
+@handler("Size")
+@symfold("Size")
+def _size(c, ins=None):
+    return _sym_array([D.numel(shape_of(c.inp(0)))], shape=())
+
+
+@handler("Constant")
+def _constant(c):
+    for a in c.node.attribute:
+        if a.name == "value":
+            return _tensor_to_numpy(a.t, f"{c.loc} value")
+        if a.name == "value_float":
+            return np.array(a.f, np.float32)
+        if a.name == "value_floats":
+            return np.array(list(a.floats), np.float32)
+        if a.name == "value_int":
+            return np.array(a.i, np.int64)
+        if a.name == "value_ints":
+            return np.array(list(a.ints), np.int64)
+        if a.name in ("value_string", "value_strings"):
+            raise Unsupported("string constants")
+        if a.name == "sparse_value":
+            raise Unsupported("sparse constants")
+    raise ShapeError("Constant node without a value")
+
+
+@handler("ConstantOfShape")
+@symfold("ConstantOfShape")
+def _cos(c, ins=None):
+    shape = c.known(0, "shape")
+    t = c.attr("value")
+    v = _tensor_to_numpy(t, "value") if t is not None else np.zeros(1, np.float32)
+    shape = [_dim(d) for d in np.asarray(shape).ravel()]
+    if any(isinstance(d, int) and d < 0 for d in shape):
+        raise ShapeError(f"negative dim in {shape}")
+    if all(isinstance(d, int) for d in shape) and math.prod(shape) <= 4096:
+        return np.full(shape, v.ravel()[0], dtype=v.dtype)
+    return c.op("full", [], shape=tuple(shape), value=v.ravel()[0].item(), dtype=str(v.dtype))
+
+
+def _shape_input(c, i):
+    s = c.known(i, "shape")
+    return [_dim(d) for d in np.asarray(s).ravel()]
+
+
+@handler("Reshape")
+@symfold("Reshape")
+def _reshape(c, ins=None):
+    x = c.inp(0)
+    if c.opset < 5:
+        target = c.attr("shape")
+    else:
+        target = _shape_input(c, 1)
+    allowzero = c.attr("allowzero", 0)
+    sh = shape_of(x)
+    out = []
+    for i, d in enumerate(target):
+        if isinstance(d, int) and d == 0 and not allowzero:
+            out.append(sh[i])
+        else:
+            out.append(d)
+    neg = [i for i, d in enumerate(out) if isinstance(d, int) and d == -1]
+    if len(neg) > 1:
+        raise ShapeError(f"reshape target {target} has more than one -1")
+    if neg:
+        rest = D.numel([d for i, d in enumerate(out) if i != neg[0]])
+        total = D.numel(sh)
+        if isinstance(rest, int) and isinstance(total, int):
+            if rest == 0 or total % rest:
+                raise ShapeError(f"cannot reshape {sh} into {target}")
+            out[neg[0]] = total // rest
+        else:
+            out[neg[0]] = D.as_dim(sympy.simplify(sympy.sympify(total) / sympy.sympify(rest)))
+    if isinstance(x, np.ndarray):
+        if all(isinstance(d, int) for d in out):
+            return x.reshape(out)
+        raise Unsupported("symbolic reshape of a known value")
+    if any(isinstance(d, int) and d < 0 for d in out):
+        raise ShapeError(f"invalid reshape target {target}")
+    return c.op("reshape", [x], shape=tuple(out))
+
+
+@handler("Flatten")
+def _flatten(c):
+    x = c.inp(0)
+    sh = shape_of(x)
+    axis = c.attr("axis", 1)
+    axis = axis + len(sh) if axis < 0 else axis
+    if not 0 <= axis <= len(sh):
+        raise ShapeError(f"flatten axis {axis} out of range")
+    return c.reshape(x, [D.numel(sh[:axis]), D.numel(sh[axis:])])
+
+
+def _axes_arg(c, since, i=1):
+    if c.opset >= since:
+        a = c.known(i, "axes")
+        return None if a is None else _ints(a)
+    return c.attr("axes")
+
+
+@handler("Squeeze")
+@symfold("Squeeze")
+def _squeeze(c, ins=None):
+    x = c.inp(0)
+    sh = shape_of(x)
+    axes = _axes_arg(c, 13)
+    if axes is None:
+        axes = [i for i, d in enumerate(sh) if isinstance(d, int) and d == 1]
+    axes = {_norm_axis(a, len(sh)) for a in axes}
+    for a in axes:
+        if not (isinstance(sh[a], int) and sh[a] == 1) and isinstance(sh[a], int):
+            raise ShapeError(f"cannot squeeze dim {a} of size {sh[a]}")
+    new = [d for i, d in enumerate(sh) if i not in axes]
+    return x.reshape(new) if isinstance(x, np.ndarray) else c.reshape(x, new)
+
+
+@handler("Unsqueeze")
+@symfold("Unsqueeze")
+def _unsqueeze(c, ins=None):
+    x = c.inp(0)
+    sh = list(shape_of(x))
+    axes = _axes_arg(c, 13)
+    r = len(sh) + len(axes)
+    axes = sorted(_norm_axis(a, r) for a in axes)
+    if len(set(axes)) != len(axes):
+        raise ShapeError(f"repeated axes {axes}")
+    for a in axes:
+        sh.insert(a, 1)
+    return x.reshape(sh) if isinstance(x, np.ndarray) else c.reshape(x, sh)
+
+
+@handler("Transpose")
+@symfold("Transpose")
+def _transpose_h(c, ins=None):
+    x = c.inp(0)
+    perm = c.attr("perm") or list(range(rank_of(x)))[::-1]
+    return _transpose(c, x, perm)
+
+
+@handler("Expand")
+@symfold("Expand")
+def _expand(c, ins=None):
+    x = c.inp(0)
+    shape = _shape_input(c, 1)
+    out = broadcast(tuple(shape_of(x)), tuple(shape))
+    if isinstance(x, np.ndarray):
+        if _is_sym(x) or math.prod(int(d) for d in out) <= 4096:
+            return _contig(np.broadcast_to(x, tuple(int(d) for d in out)))
+    if tuple(out) == tuple(shape_of(x)):
+        return x
+    return c.op("expand", [x], shape=tuple(out))
+
+
+@handler("Concat")
+@symfold("Concat")
+def _concat(c, ins=None):
+    xs = [c.inp(i) for i in range(len(c.node.input))]
+    xs = [x for x in xs if x is not None]
+    r = rank_of(xs[0])
+    axis = _norm_axis(c.attr("axis", 0 if c.opset < 4 else None), r)
+    if all(isinstance(x, np.ndarray) for x in xs):
+        if any(_is_sym(x) for x in xs):
+            return _maybe_int(np.concatenate([x.astype(object) for x in xs], axis=axis))
+        return np.concatenate(xs, axis=axis)
+    xs = [x for x in xs if not (isinstance(shape_of(x)[axis], int) and shape_of(x)[axis] == 0)] or xs[:1]
+    if len(xs) == 1:
+        return xs[0]
+    return c.op("concat", xs, axis=axis)
+
+
+@handler("Split")
+def _split(c):
+    x = c.inp(0)
+    sh = shape_of(x)
+    axis = _norm_axis(c.attr("axis", 0), len(sh))
+    nout = len(c.node.output)
+    if c.opset >= 13:
+        sp = c.known(1, "split")
+        sp = None if sp is None else _ints(sp)
+    else:
+        sp = c.attr("split")
+    n = sh[axis]
+    if not sp:
+        no = c.attr("num_outputs", nout)
+        if not isinstance(n, int):
+            if c.opset >= 18 and c.attr("num_outputs") is not None:
+                raise Unsupported("symbolic split")
+            sp = [D.as_dim(n / no)] * no
+        else:
+            chunk = -(-n // no)
+            sp = [min(chunk, n - k * chunk) for k in range(no)]
+    outs, start = [], 0
+    for ln in sp:
+        if isinstance(x, np.ndarray):
+            outs.append(np.take(x, range(start, start + ln), axis=axis))
+        else:
+            outs.append(c.op("slice", [x], axis=axis, start=start, step=1, length=ln))
+        start = D.as_dim(start + ln)
+    return outs
+
+
+def _clamp_slice(n, s, e, st):
+    if isinstance(n, int):
+        if s < 0:
+            s += n
+        if e < 0:
+            e += n
+        if st > 0:
+            s = min(max(s, 0), n)
+            e = min(max(e, 0), n)
+            length = max(0, -(-(e - s) // st))
+        else:
+            s = min(max(s, -1), n - 1)
+            e = min(max(e, -1), n - 1)
+            length = max(0, -(-(s - e) // -st))
+        return s, length
+    if st != 1:
+        raise Unsupported("symbolic slice with a step")
+    big = 2**62
+    s = D.as_dim(n + s) if s < 0 else s
+    e = n if e >= big else (D.as_dim(n + e) if e < 0 else e)
+    return s, D.as_dim(e - s)
+
+
+@handler("Slice")
+@symfold("Slice")
+def _slice(c, ins=None):
+    x = c.inp(0)
+    sh = shape_of(x)
+    r = len(sh)
+    if c.opset < 10:
+        starts, ends = c.attr("starts"), c.attr("ends")
+        axes = c.attr("axes") or list(range(len(starts)))
+        steps = [1] * len(starts)
+    else:
+        starts, ends = _ints(c.known(1, "starts")), _ints(c.known(2, "ends"))
+        a = c.known(3, "axes")
+        axes = _ints(a) if a is not None else list(range(len(starts)))
+        s = c.known(4, "steps")
+        steps = _ints(s) if s is not None else [1] * len(starts)
+    y = x
+    for s, e, ax, st in zip(starts, ends, axes, steps):
+        ax = _norm_axis(ax, r)
+        if st == 0:
+            raise ShapeError("slice step 0")
+        start, length = _clamp_slice(sh[ax], s, e, st)
+        if isinstance(y, np.ndarray):
+            idx = start + st * np.arange(length)
+            y = np.take(y, idx.astype(np.int64), axis=ax)
+            continue
+        if isinstance(length, int) and isinstance(sh[ax], int) and start == 0 and st == 1 and length == sh[ax]:
+            continue
+        y = c.op("slice", [y], axis=ax, start=start, step=st, length=length)
+    return y
+
+
+@handler("Gather")
+@symfold("Gather")
+def _gather(c, ins=None):
+    x, idx = c.inp(0), c.inp(1)
+    axis = _norm_axis(c.attr("axis", 0), rank_of(x))
+    if isinstance(x, np.ndarray) and isinstance(idx, np.ndarray):
+        n = x.shape[axis]
+        i = np.where(idx < 0, idx + n, idx)
+        if i.size and (i.min() < 0 or i.max() >= n):
+            raise ShapeError(f"gather index out of range for a dim of size {n}")
+        if _is_sym(x):
+            return _maybe_int(np.asarray(np.take(x, i, axis=axis), dtype=object))
+        return np.take(x, i, axis=axis)
+    if isinstance(idx, np.ndarray) and idx.dtype not in (np.int64, np.int32):
+        idx = idx.astype(np.int64)
+    return c.op("gather", [x, idx], axis=axis)
+
+
+@handler("GatherElements")
+def _gather_el(c):
+    x, idx = c.inp(0), c.inp(1)
+    return c.op("gather_elements", [x, idx], axis=_norm_axis(c.attr("axis", 0), rank_of(x)))
+
+
+@handler("GatherND")
+def _gather_nd(c):
+    x, idx = c.inp(0), c.inp(1)
+    if c.attr("batch_dims", 0):
+        raise Unsupported("batch_dims")
+    xs, ishape = shape_of(x), shape_of(idx)
+    m = ishape[-1]
+    if not isinstance(m, int) or not all(isinstance(d, int) for d in xs[:m]):
+        raise Unsupported("symbolic index depth")
+    strides = [int(math.prod(xs[k + 1:m])) for k in range(m)]
+    dims = np.array(xs[:m], np.int64)
+    idx = c.cast(idx, "int64")
+    if isinstance(idx, np.ndarray):
+        lin = (np.where(idx < 0, idx + dims, idx) * np.array(strides)).sum(-1)
+    else:
+        neg = c.op("lt", [idx, c.scalar(0, "int64")])
+        fixed = c.op("where", [neg, c.op("add", [idx, dims]), idx])
+        lin = c.op("reduce_sum", [c.op("mul", [fixed, np.array(strides, np.int64)])], axes=(len(ishape) - 1,),
+                   keepdims=False)
+    flat = c.reshape(x, [int(math.prod(xs[:m]))] + list(xs[m:]))
+    return c.op("gather", [flat, lin], axis=0)
+
+
+@handler("Pad")
+def _pad(c):
+    x = c.inp(0)
+    r = rank_of(x)
+    mode = c.attr("mode", "constant")
+    if c.opset < 11:
+        pads = c.attr("pads") or c.attr("paddings")
+        value = c.attr("value", 0.0)
+        axes = list(range(r))
+    else:
+        pads = _ints(c.known(1, "pads"))
+        v = c.known(2, "constant_value")
+        value = 0 if v is None or v.size == 0 else v.ravel()[0].item()
+        a = c.known(3, "axes")
+        axes = [_norm_axis(k, r) for k in _ints(a)] if a is not None else list(range(r))
+    if mode not in ("constant", "reflect", "edge"):
+        raise Unsupported(f"mode {mode}")
+    na = len(axes)
+    if len(pads) != 2 * na:
+        raise ShapeError(f"pads {pads} do not fit {na} axes")
+    full = [(0, 0)] * r
+    for k, ax in enumerate(axes):
+        full[ax] = (pads[k], pads[k + na])
+    if all(p == (0, 0) for p in full):
+        return x
+    return c.op("pad", [x], pads=full, value=value, mode=mode)
+
+
+@handler("Tile")
+def _tile(c):
+    x = c.inp(0)
+    reps = _ints(c.known(1, "repeats"))
+    sh = shape_of(x)
+    if len(reps) != len(sh):
+        raise ShapeError(f"repeats {reps} do not fit rank {len(sh)}")
+    if all(r == 1 for r in reps):
+        return x
+    inter, exp_, final = [], [], []
+    for d, r in zip(sh, reps):
+        inter += [1, d]
+        exp_ += [r, d]
+        final.append(D.as_dim(d * r))
+    y = c.reshape(x, inter)
+    y = c.op("expand", [y], shape=tuple(exp_))
+    return c.reshape(y, final)
+
+
+@handler("Range")
+def _range(c):
+    raise Unsupported("Range with run-time bounds")
+
+
+@handler("EyeLike")
+def _eyelike(c):
+    x = c.inp(0)
+    sh = shape_of(x)
+    if not all(isinstance(d, int) for d in sh):
+        raise Unsupported("symbolic shape")
+    dt = c.attr("dtype")
+    dt = ONNX_DTYPES.get(dt) if dt is not None else dtype_of(x)
+    if dt is None:
+        raise Unsupported("dtype")
+    return np.eye(sh[0], sh[1], k=c.attr("k", 0), dtype=dt)
+
+
+@handler("Trilu")
+def _trilu(c):
+    x = c.inp(0)
+    k = c.known(1, "k")
+    k = 0 if k is None else int(np.asarray(k).ravel()[0])
+    sh = shape_of(x)
+    n, m = sh[-2], sh[-1]
+    if not (isinstance(n, int) and isinstance(m, int)):
+        raise Unsupported("symbolic matrix dims")
+    ones = np.ones((n, m), bool)
+    mask = np.triu(ones, k) if c.attr("upper", 1) else np.tril(ones, k)
+    return c.op("where", [mask, x, c.scalar(0, dtype_of(x))])
+
+
+@handler("DepthToSpace")
+def _d2s(c):
+    x = c.inp(0)
+    b = c.attr("blocksize")
+    N, C, H, W = shape_of(x)
+    if c.attr("mode", "DCR") == "DCR":
+        y = c.reshape(x, [N, b, b, C // (b * b), H, W])
+        y = _transpose(c, y, (0, 3, 4, 1, 5, 2))
+    else:
+        y = c.reshape(x, [N, C // (b * b), b, b, H, W])
+        y = _transpose(c, y, (0, 1, 4, 2, 5, 3))
+    return c.reshape(y, [N, C // (b * b), H * b, W * b])
+
+
+@handler("SpaceToDepth")
+def _s2d(c):
+    x = c.inp(0)
+    b = c.attr("blocksize")
+    N, C, H, W = shape_of(x)
+    y = c.reshape(x, [N, C, H // b, b, W // b, b])
+    y = _transpose(c, y, (0, 3, 5, 1, 2, 4))
+    return c.reshape(y, [N, C * b * b, H // b, W // b])
+
+
+@handler("OneHot")
+def _onehot(c):
+    idx, depth, values = c.inp(0), c.known(1, "depth"), c.inp(2)
+    depth = int(np.asarray(depth).ravel()[0])
+    r = rank_of(idx) + 1
+    axis = _norm_axis(c.attr("axis", -1), r)
+    dt = dtype_of(values)
+    idx = c.cast(idx, "int64")
+    if isinstance(idx, np.ndarray):
+        idx = c.val(idx)
+    idx = c.op("where", [c.op("lt", [idx, c.scalar(0, "int64")]), c.op("add", [idx, c.scalar(depth, "int64")]), idx])
+    sh = list(shape_of(idx))
+    sh.insert(axis, 1)
+    idx = c.reshape(idx, sh)
+    io = np.arange(depth, dtype=np.int64).reshape([depth] + [1] * (r - axis - 1))
+    hit = c.op("eq", [idx, io])
+    if isinstance(values, np.ndarray):
+        off, on = values.ravel()[0], values.ravel()[1]
+        return c.op("where", [hit, np.array(on, dt), np.array(off, dt)])
+    off = c.reshape(c.op("slice", [values], axis=0, start=0, step=1, length=1), [])
+    on = c.reshape(c.op("slice", [values], axis=0, start=1, step=1, length=1), [])
+    return c.op("where", [hit, on, off])
+
+
+# ---- symbolic folding of shape arithmetic --------------------------------------------------
+def _sym_binary(fn):
+    def f(c, ins):
+        a, b = ins
+        a = a.astype(object) if _is_sym(a) or _is_sym(b) else a
+        b = b.astype(object) if _is_sym(a) or _is_sym(b) else b
+        out = np.vectorize(lambda p, q: _dim(fn(p, q)), otypes=[object])(a, b)
+        return _maybe_int(np.asarray(out, dtype=object))
+    return f
+
+
+def _symdiv(p, q):
+    if isinstance(p, (int, np.integer)) and isinstance(q, (int, np.integer)):
+        return int(p) // int(q) if (p >= 0) == (q > 0) or p % q == 0 else -(-int(p) // int(q))
+    return sympy.floor(sympy.sympify(p) / sympy.sympify(q))
+
+
+symfold("Add")(_sym_binary(lambda p, q: p + q))
+symfold("Sub")(_sym_binary(lambda p, q: p - q))
+symfold("Mul")(_sym_binary(lambda p, q: p * q))
+symfold("Div")(_sym_binary(_symdiv))
+
+
+@symfold("Cast")
+def _sym_cast(c, ins):
+    to = ONNX_DTYPES.get(c.attr("to"))
+    if to in ("int64", "int32") and _is_sym(ins[0]):
+        return ins[0]
+    if _is_sym(ins[0]):
+        raise Unsupported("cast of a symbolic shape")
+    return None
+
+
+@symfold("Identity")
+def _sym_identity(c, ins):
+    return ins[0]
+
+
+@symfold("Equal")
+def _sym_equal(c, ins):
+    a, b = ins
+    out = np.vectorize(lambda p, q: bool(D.dims_equal(p, q)), otypes=[bool])(a, b)
+    return np.asarray(out, dtype=bool)
+
+
+@symfold("Max", "Min")
+def _sym_maxmin(c, ins):
+    fn = max if c.node.op_type == "Max" else min
+    vals = [x.astype(object) for x in ins]
+
+    def f(p, q):
+        if isinstance(p, (int, np.integer)) and isinstance(q, (int, np.integer)):
+            return fn(int(p), int(q))
+        if isinstance(p, (int, np.integer)) and p <= 1 and fn is max:
+            return q
+        if isinstance(q, (int, np.integer)) and q <= 1 and fn is max:
+            return p
+        raise Unsupported("symbolic max/min")
+    acc = vals[0]
+    for v in vals[1:]:
+        acc = np.vectorize(f, otypes=[object])(acc, v)
+    return _maybe_int(np.asarray(acc, dtype=object))
+
+
+@symfold("Where")
+def _sym_where(c, ins):
+    cond, a, b = ins
+    if _is_sym(cond):
+        raise Unsupported("symbolic condition")
+    return _maybe_int(np.where(cond, a.astype(object), b.astype(object)))
+
+
+__all__ = ["NeedsConstant", "Value"]

@@ -1,0 +1,259 @@
+"""The user-facing API: options, I/O conventions, save/load, errors, dynamic shapes, verify, GIL."""
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import cuvil
+
+
+class TwoHeads(torch.nn.Module):
+    """Nested outputs: a dict holding a tuple."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 4)
+        self.b = torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        return {"h": h, "pair": (self.b(x), h.sum(-1))}
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
+    x = torch.randn(2, 16)
+    return m, x, cuvil.compile(m, (x,))
+
+
+def test_torch_in_torch_out_numpy_in_numpy_out(mlp):
+    m, x, cm = mlp
+    y = cm(x)
+    assert isinstance(y, torch.Tensor)
+    torch.testing.assert_close(y, m(x).detach(), rtol=1e-4, atol=1e-4)
+    yn = cm(x.numpy())
+    assert isinstance(yn, np.ndarray)
+    (r,) = cm.run(x.numpy())
+    np.testing.assert_allclose(r, yn)
+
+
+def test_nested_outputs_rebuilt():
+    torch.manual_seed(0)
+    m = TwoHeads().eval()
+    x = torch.randn(5, 8)
+    out = cuvil.compile(m, (x,))(x)
+    ref = m(x)
+    assert set(out) == {"h", "pair"} and isinstance(out["pair"], tuple)
+    torch.testing.assert_close(out["pair"][0], ref["pair"][0].detach(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out["pair"][1], ref["pair"][1].detach(), rtol=1e-4, atol=1e-4)
+
+
+def test_model_output_dataclass_rebuilt():
+    import transformers as T
+    torch.manual_seed(0)
+    m = T.BertModel(T.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                                 vocab_size=50)).eval()
+    ids = torch.randint(0, 50, (1, 6))
+    out = cuvil.compile(m, (ids,))(ids)
+    assert type(out).__name__ == "BaseModelOutputWithPoolingAndCrossAttentions"
+    torch.testing.assert_close(out.last_hidden_state, m(ids).last_hidden_state.detach(), rtol=1e-4, atol=1e-4)
+
+
+def test_non_contiguous_inputs(mlp):
+    m, x, cm = mlp
+    big = torch.randn(16, 4)
+    xt = big.t()[:2]               # a (2, 16)... strided view
+    xt = torch.randn(16, 2).t()
+    assert not xt.is_contiguous()
+    torch.testing.assert_close(cm(xt), m(xt).detach(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("bad, msg", [
+    (dict(target="riscv"), "target"), (dict(precision="fp8"), "precision"), (dict(fusion_level=7), "fusion_level"),
+    (dict(num_threads=0), "num_threads"), (dict(verify="yes"), "verify"), (dict(colour="red"), "colour"),
+])
+def test_invalid_options_name_the_option(mlp, bad, msg):
+    m, x, _ = mlp
+    with pytest.raises(ValueError, match=msg):
+        cuvil.compile(m, (x,), **bad)
+
+
+def test_compile_model_alias_and_enable_fusion(mlp):
+    m, x, _ = mlp
+    for flag in (True, False):
+        cm = cuvil.compile_model(m, (x,), enable_fusion=flag, target="cpu")
+        torch.testing.assert_close(cm(x), m(x).detach(), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="enable_fusion"):
+        cuvil.compile_model(m, (x,), enable_fusion="maybe")
+
+
+def test_second_compile_is_a_cache_hit(mlp):
+    m, x, _ = mlp
+    cm = cuvil.compile(m, (x,))
+    assert cm.report["cache"] == "hit"
+
+
+def test_wrong_shape_and_dtype_raise_shape_error(mlp):
+    _, x, cm = mlp
+    with pytest.raises(cuvil.ShapeError, match=r"expected shape \[2, 16\], got \[2, 15\]"):
+        cm.run(np.zeros((2, 15), np.float32))
+    with pytest.raises(cuvil.ShapeError, match="expected dtype float32, got float64"):
+        cm.run(np.zeros((2, 16)))
+    with pytest.raises(cuvil.ShapeError, match="expected 1 inputs"):
+        cm.run()
+
+
+def test_save_load_without_torch(mlp, tmp_path):
+    m, x, cm = mlp
+    cm.save(tmp_path / "m.cuvil")
+    np.save(tmp_path / "x.npy", x.numpy())
+    np.save(tmp_path / "y.npy", m(x).detach().numpy())
+    script = textwrap.dedent(f"""
+        import sys
+        class Block:                       # importing torch or the compiler fails in this process
+            def find_spec(self, name, path=None, target=None):
+                if name.split('.')[0] in ('torch', 'onnx', 'sympy') or name in ('cuvil.api', 'cuvil.frontend'):
+                    raise ImportError('blocked: ' + name)
+        sys.meta_path.insert(0, Block())
+        import numpy as np, cuvil
+        m = cuvil.load({str(tmp_path / 'm.cuvil')!r})
+        y = m(np.load({str(tmp_path / 'x.npy')!r}))
+        np.testing.assert_allclose(y, np.load({str(tmp_path / 'y.npy')!r}), rtol=1e-4, atol=1e-4)
+        assert not any(k.startswith(('torch', 'sympy', 'onnx')) for k in sys.modules), sorted(sys.modules)
+        print('ok')
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def test_corrupt_artifacts_raise_artifact_error(mlp, tmp_path):
+    _, x, cm = mlp
+    d = cm.save(tmp_path / "a")
+    w = bytearray((d / "weights.bin").read_bytes())
+    w[10] ^= 0xFF
+    (d / "weights.bin").write_bytes(bytes(w))
+    with pytest.raises(cuvil.ArtifactError, match="checksum"):
+        cuvil.load(d)
+    d2 = cm.save(tmp_path / "b")
+    (d2 / "manifest.json").write_text("{not json")
+    with pytest.raises(cuvil.ArtifactError, match="JSON"):
+        cuvil.load(d2)
+    d3 = cm.save(tmp_path / "c")
+    man = json.loads((d3 / "manifest.json").read_text())
+    man["format_version"] = 99
+    (d3 / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(cuvil.ArtifactError, match="format version"):
+        cuvil.load(d3)
+    d4 = cm.save(tmp_path / "d")
+    (d4 / "model.so").unlink()
+    with pytest.raises(cuvil.ArtifactError, match="missing model.so"):
+        cuvil.load(d4)
+    d5 = cm.save(tmp_path / "e")
+    (d5 / "weights.bin").write_bytes(b"\0" * 7)
+    with pytest.raises(cuvil.ArtifactError, match="bytes"):
+        cuvil.load(d5)
+
+
+def test_gil_released_while_native_code_runs():
+    """While one thread is inside the compiled code, another Python thread keeps running, and two
+    threads running the same model concurrently each get correct results (per-thread arenas)."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(8)]).eval()
+    x = torch.randn(256, 512)
+    cm = cuvil.compile(m, (x,), num_threads=1)
+    ref = m(x).detach().numpy()
+    xs = x.numpy()
+    results, ticks = [], [0]
+    done = threading.Event()
+
+    def worker():
+        for _ in range(6):
+            results.append(cm.run(xs)[0])
+        done.set()
+    t = threading.Thread(target=worker)
+    t2 = threading.Thread(target=lambda: results.append(cm.run(xs)[0]))
+    t.start()
+    t2.start()
+    while not done.is_set():
+        ticks[0] += 1
+    t.join()
+    t2.join()
+    assert ticks[0] > 10000, "the main thread could not run while native code ran: GIL held"
+    for r in results:
+        np.testing.assert_allclose(r, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_dynamic_batch_one_artifact_all_sizes(mlp):
+    m, x, _ = mlp
+    batch = torch.export.Dim("batch", min=1, max=64)
+    cm = cuvil.compile(m, (x,), dynamic_shapes=({0: batch},))
+    assert cm.module.manifest["inputs"][0]["shape"] == ["batch", 16]
+    for n in (1, 3, 64):
+        xn = torch.randn(n, 16)
+        torch.testing.assert_close(cm(xn), m(xn).detach(), rtol=1e-4, atol=1e-4)
+    with pytest.raises(cuvil.ShapeError, match=r"batch = 65 is outside the compiled bounds \[1, 64\]"):
+        cm(torch.randn(65, 16))
+
+
+def test_dynamic_sequence_length_bert():
+    import transformers as T
+    torch.manual_seed(0)
+    m = T.BertModel(T.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                                 vocab_size=50, max_position_embeddings=64)).eval()
+    ids = torch.randint(0, 50, (2, 8))
+    mask = torch.ones_like(ids)
+    seq = ("seq", 2, 64)
+    cm = cuvil.compile(m, (ids, mask), dynamic_shapes=({1: seq}, {1: seq}))
+    for n in (2, 5, 33, 64):
+        ids = torch.randint(0, 50, (2, n))
+        mask = torch.ones_like(ids)
+        mask[1, n // 2:] = 0
+        ref = m(ids, mask).last_hidden_state.detach()
+        torch.testing.assert_close(cm(ids, mask).last_hidden_state, ref, rtol=1e-4, atol=1e-4)
+    with pytest.raises(cuvil.ShapeError, match="seq"):
+        cm(torch.zeros(2, 65, dtype=torch.int64), torch.ones(2, 65, dtype=torch.int64))
+
+
+class ExportDiffers(torch.nn.Module):
+    """Traces to x + 1 but runs eagerly as x: verify must catch the disagreement."""
+
+    def forward(self, x):
+        if torch.compiler.is_exporting():
+            return x + 1
+        return x * 1
+
+
+def test_verify_reports_errors_per_output():
+    x = torch.randn(3, 4)
+    with pytest.raises(cuvil.VerificationError, match=r"output 0: max abs err 1"):
+        cuvil.compile(ExportDiffers(), (x,), verify=True)
+
+
+def test_verify_passes_and_reports(mlp):
+    m, x, _ = mlp
+    cm = cuvil.compile(m, (x,), verify=True)
+    (abs_err, rel_err), = cm.report["verify"].values()
+    assert abs_err < 1e-4
+
+
+class TwoUnsupported(torch.nn.Module):
+    def forward(self, x):
+        a = torch.nn.functional.conv_transpose2d(x, torch.ones(3, 2, 3, 3))   # transposed conv
+        b = torch.topk(x.flatten(1), 2).values                                 # topk
+        return a.sum() + b.sum()
+
+
+def test_unsupported_ops_listed_all_at_once_with_source_lines():
+    with pytest.raises(cuvil.UnsupportedOpError) as e:
+        cuvil.compile(TwoUnsupported(), (torch.randn(1, 3, 5, 5),))
+    msg = str(e.value)
+    assert "convolution" in msg and "topk" in msg
+    assert "test_api.py" in msg and "conv_transpose2d" in msg and "torch.topk" in msg
+    assert len(e.value.ops) == 2

@@ -1,0 +1,919 @@
+"""Every op of the registry: the compiled C kernel against the op's numpy reference.
+
+Each case builds one graph holding many instances of an op (edge shapes: size-1 and size-0
+dims, odd sizes, broadcasting, 0-d scalars, non-contiguous inputs, dynamic dims, several
+dtypes), so one gcc run covers them all; a failure names every output that disagrees.
+fp32 tolerance is rtol=atol=1e-4; float64 outputs are held to 1e-9, which catches a float64
+path that silently computes in float32. Integer and bool outputs must match exactly.
+`test_every_op_has_a_case` fails for an op registered without a case here."""
+from __future__ import annotations
+
+import copy
+import functools
+import math
+
+import numpy as np
+import pytest
+
+from cuvil.errors import ShapeError, UnsupportedOpError
+from cuvil.ir import dims, interpreter
+from cuvil.ir.graph import Graph, TensorType, Value
+from cuvil.ir.ops import REGISTRY
+from cuvil.ir.ops.elementwise import BINARY, COMPARE, LOGICAL, UNARY
+
+from .util import compile_graph
+
+F64_TOL = (1e-9, 1e-9)
+B = dims.Sym("b")
+SYMS = {"b": (1, 9)}          # dynamic dim of the dynamic cases; each such case runs at b = 1 and b = 6
+B_RUNS = (1, 6)
+
+
+# ---- building and checking one graph -------------------------------------------------------
+class Case:
+    """A graph under test: inputs with their values (one set per run) and labelled outputs."""
+
+    def __init__(self, seed=0, runs=1, symbols=None):
+        self.g = Graph()
+        self.g.symbols = dict(symbols or {})
+        self.runs = [[] for _ in range(runs)]
+        self.labels = []
+        self.rng = np.random.default_rng(seed)
+
+    def input(self, value, shape=None):
+        """value: an array, or a list of arrays (one per run) when shape has a dynamic dim."""
+        values = value if isinstance(value, list) else [value] * len(self.runs)
+        assert len(values) == len(self.runs)
+        v = Value(TensorType(tuple(shape) if shape is not None else values[0].shape, str(values[0].dtype)),
+                  f"x{len(self.g.inputs)}")
+        self.g.inputs.append(v)
+        for r, a in zip(self.runs, values):
+            r.append(a)
+        return v
+
+    def const(self, array):
+        return self.g.const(array)
+
+    def add(self, op, ins, attrs=None):
+        return self.g.add(op, ins, dict(attrs or {}))
+
+    def out(self, v, label):
+        self.g.outputs.append(v)
+        self.labels.append(label)
+        return v
+
+    def check(self, rtol=1e-4, atol=1e-4, **opts):
+        assert self.g.outputs, "a case without outputs tests nothing"
+        self.g.verify()
+        with np.errstate(all="ignore"):
+            expected = [interpreter.run(copy.deepcopy(self.g), *feeds) for feeds in self.runs]
+        cm = compile_graph(self.g, **opts)
+        errors = []
+        for r, (feeds, exp) in enumerate(zip(self.runs, expected)):
+            before = [np.array(a, copy=True) for a in feeds]
+            got = cm.run(*feeds)
+            for k, (a, b0) in enumerate(zip(feeds, before)):
+                if not np.array_equal(a, b0, equal_nan=a.dtype.kind == "f"):
+                    errors.append(f"[run {r}] input {k} was modified by the compiled code")
+            assert len(got) == len(exp)
+            for label, e, o in zip(self.labels, exp, got):
+                try:
+                    assert o.shape == e.shape, f"shape {o.shape}, expected {e.shape}"
+                    assert o.dtype == e.dtype, f"dtype {o.dtype}, expected {e.dtype}"
+                    if e.dtype.kind == "f":
+                        rt, at = F64_TOL if e.dtype == np.float64 else (rtol, atol)
+                        np.testing.assert_allclose(o, e, rtol=rt, atol=at, equal_nan=True)
+                    else:
+                        np.testing.assert_array_equal(o, e)
+                except AssertionError as ex:
+                    errors.append(f"[run {r}] {label}: {str(ex).strip()[:1500]}")
+        if errors:
+            pytest.fail(f"{len(errors)} of {len(self.labels) * len(self.runs)} outputs disagree:\n" + "\n".join(errors))
+        return cm
+
+
+def rand(rng, shape, dtype, lo=-4.0, hi=4.0):
+    if dtype == "bool":
+        return np.asarray(rng.random(shape) < 0.5)
+    if np.dtype(dtype).kind in "iu":
+        return np.asarray(rng.integers(int(lo), int(hi) + 1, size=shape)).astype(dtype)
+    return np.asarray(rng.uniform(lo, hi, size=shape)).astype(dtype)
+
+
+def strided(a):
+    """The same values as a, laid out with a stride of 2 elements along the last dim."""
+    if a.ndim == 0:
+        return a
+    buf = np.zeros(a.shape[:-1] + (2 * a.shape[-1] + 1,), a.dtype)
+    view = buf[..., 1::2]
+    view[...] = a
+    assert not view.flags.c_contiguous or a.size <= 1
+    return view
+
+
+def fortran(a):
+    """The same values as a in column-major (transposed) layout."""
+    return np.asfortranarray(a)
+
+
+def dyn(rng, shape, dtype, lo=-4.0, hi=4.0):
+    """Values for a shape with the dynamic dim B, one array per run."""
+    return [rand(rng, tuple(n if d is B else d for d in shape), dtype, lo, hi) for n in B_RUNS]
+
+
+# ---- the table: op -> {variant: function} ---------------------------------------------------
+CASES: dict = {}
+
+
+def case(*ops, name="basic"):
+    def deco(fn):
+        for op in ops:
+            assert name not in CASES.get(op, {}), (op, name)
+            CASES.setdefault(op, {})[name] = functools.partial(fn, op)
+        return fn
+    return deco
+
+
+SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 0.5], np.float64)
+
+# input ranges inside each op's domain (and away from poles, where fp32 rounding of the input dominates)
+DOMAIN = {
+    "log": (0.05, 6), "sqrt": (0.0, 6), "rsqrt": (0.05, 6), "log1p": (-0.9, 6), "reciprocal": (0.2, 4),
+    "asin": (-0.95, 0.95), "acos": (-0.95, 0.95), "atanh": (-0.95, 0.95), "acosh": (1.05, 6),
+    "tan": (-1.4, 1.4), "exp": (-8, 8), "expm1": (-8, 8), "sinh": (-6, 6), "cosh": (-6, 6),
+}
+SIGNED = {"reciprocal"}            # domain applied to |x|, random sign
+HALVES = {"floor", "ceil", "round", "sign", "relu", "leaky_relu", "elu", "hardsigmoid", "clip", "abs"}
+INT_UNARY = [n for n, (_, acc, _) in UNARY.items() if acc == "any"]
+FLOAT_UNARY = [n for n, (_, acc, _) in UNARY.items() if acc == "float"]
+UNARY_ATTRS = {"leaky_relu": {"alpha": 0.1}, "elu": {"alpha": 0.7}, "hardsigmoid": {"alpha": 0.25, "beta": 0.4},
+               "clip": {"min": -1.5, "max": 2.25}}
+
+
+def _unary_values(op, rng, shape, dtype):
+    lo, hi = DOMAIN.get(op, (-4.0, 4.0))
+    x = rand(rng, shape, dtype, lo, hi)
+    if op in SIGNED:
+        x = (x * np.where(rand(rng, shape, "bool"), 1, -1)).astype(dtype)
+    if op in HALVES and x.size:   # exact halves: round-half-even, ties at 0 and at the clip bounds
+        flat = x.reshape(-1)
+        flat[::3] = (rng.integers(-8, 9, size=flat[::3].shape) / 2).astype(dtype)
+    return x
+
+
+@case(*FLOAT_UNARY)
+def unary_float(op):
+    c = Case(seed=len(op), runs=2, symbols=SYMS)
+    r = c.rng
+    attrs = UNARY_ATTRS.get(op, {})
+    x = c.input(_unary_values(op, r, (7, 13), "float32"))
+    c.out(c.add(op, [x], attrs), "f32[7,13]")
+    for shape in [(0, 5), (), (1, 1, 33)]:
+        c.out(c.add(op, [c.input(_unary_values(op, r, shape, "float32"))], attrs), f"f32{list(shape)}")
+    c.out(c.add(op, [c.input(fortran(_unary_values(op, r, (13, 7), "float32")))], attrs), "f32 transposed input")
+    c.out(c.add(op, [c.input(strided(_unary_values(op, r, (3, 5), "float32")))], attrs), "f32 strided input")
+    xd = c.input([_unary_values(op, r, (n, 3), "float32") for n in B_RUNS], (B, 3))
+    c.out(c.add(op, [xd], attrs), "f32[b,3]")
+    c.out(c.add(op, [c.input(_unary_values(op, r, (33,), "float64"))], attrs), "f64[33]")
+    c.out(c.add(op, [c.input(SPECIAL.astype("float32"))], attrs), "f32 nan/inf/0")
+    c.out(c.add(op, [c.input(SPECIAL.copy())], attrs), "f64 nan/inf/0")
+    c.check()
+
+
+@case(*INT_UNARY, name="int")
+def unary_int(op):
+    c = Case(seed=len(op))
+    attrs = {"clip": {"min": -3.0, "max": 5.0}}.get(op, {})
+    for dt in ("int64", "int32"):
+        for shape in [(7, 13), (), (0, 3)]:
+            c.out(c.add(op, [c.input(rand(c.rng, shape, dt, -50, 50))], attrs), f"{dt}{list(shape)}")
+    c.out(c.add(op, [c.input(strided(rand(c.rng, (4, 5), "int64", -9, 9)))], attrs), "int64 strided")
+    c.check()
+
+
+@case("clip", name="bounds")
+def clip_bounds(op):
+    """Default (infinite) bounds, one-sided bounds, fractional bounds on ints, and min > max (all = max)."""
+    c = Case()
+    xf = c.input(np.array([np.nan, -np.inf, np.inf, -3, -1, 0, 1, 2.5, 7], np.float32))
+    xi = c.input(np.array([-2**40, -7, -2, -1, 0, 1, 2, 3, 2**40], np.int64))
+    xi32 = c.input(np.array([-2**31, -7, -1, 0, 1, 2, 3, 2**31 - 1], np.int32))
+    for bounds in [{}, {"min": 0.0}, {"max": 1.0}, {"min": -1.5, "max": 2.5}, {"min": 3.0, "max": 1.0}]:
+        c.out(c.add("clip", [xf], bounds), f"f32 {bounds}")
+        c.out(c.add("clip", [xi], bounds), f"int64 {bounds}")
+        c.out(c.add("clip", [xi32], bounds), f"int32 {bounds}")
+    c.check()
+
+
+@case("not")
+def logical_not(op):
+    c = Case(runs=2, symbols=SYMS)
+    for shape in [(7, 13), (), (0, 4), (1, 1, 33)]:
+        c.out(c.add(op, [c.input(rand(c.rng, shape, "bool"))]), f"bool{list(shape)}")
+    c.out(c.add(op, [c.input(fortran(rand(c.rng, (5, 3), "bool")))]), "transposed")
+    c.out(c.add(op, [c.input(dyn(c.rng, (B, 3), "bool"), (B, 3))]), "bool[b,3]")
+    c.check()
+
+
+# ---- binary ---------------------------------------------------------------------------------
+INT_BINARY = [n for n in BINARY if n != "atan2"]
+BOOL_BINARY = ["max", "min"]
+
+
+def _binary_values(op, rng, sa, sb, dtype):
+    """Operand values inside the op's domain: divisors away from 0 for floats, small ints,
+    positive bases for float pow; integer divisors include 0 and negatives (C truncation rules)."""
+    if dtype == "bool":
+        return rand(rng, sa, dtype), rand(rng, sb, dtype)
+    if np.dtype(dtype).kind in "iu":
+        if op == "pow":
+            return rand(rng, sa, dtype, -4, 4), rand(rng, sb, dtype, 0, 6)
+        if op in ("div", "floordiv", "mod", "fmod"):
+            return rand(rng, sa, dtype, -20, 20), rand(rng, sb, dtype, -6, 6)
+        return rand(rng, sa, dtype, -50, 50), rand(rng, sb, dtype, -50, 50)
+    a, b = rand(rng, sa, dtype), rand(rng, sb, dtype)
+    if op == "pow":
+        a = rand(rng, sa, dtype, 0.1, 3)
+    if op in ("div", "floordiv", "mod", "fmod"):
+        b = (np.sign(b) * (np.abs(b) + 0.25)).astype(dtype)
+        a = np.where(rand(rng, sa, "bool"), np.round(a), a).astype(dtype)   # exact multiples too
+    return a, b
+
+
+def _binary_cases(op, c, dtypes):
+    r = c.rng
+    pairs = [((7, 13), (7, 13)), ((3, 1, 5), (4, 5)), ((), (6,)), ((6,), ()), ((0, 5), (1, 5)), ((), ())]
+    for dt in dtypes:
+        for sa, sb in pairs if dt == "float32" else pairs[1:3]:
+            a, b = _binary_values(op, r, sa, sb, dt)
+            c.out(c.add(op, [c.input(a), c.input(b)]), f"{dt}{list(sa)} . {dt}{list(sb)}")
+    a, b = _binary_values(op, r, (13, 7), (7, 13), dtypes[0])
+    c.out(c.add(op, [c.input(fortran(a).T), c.input(strided(b))]), f"{dtypes[0]} non-contiguous inputs")
+    av = [_binary_values(op, r, (n, 5), (5,), dtypes[0]) for n in B_RUNS]
+    c.out(c.add(op, [c.input([a for a, _ in av], (B, 5)), c.input(av[0][1])]), f"{dtypes[0]}[b,5] . [5]")
+    av = [_binary_values(op, r, (n, 1), (1, n), dtypes[0]) for n in B_RUNS]
+    c.out(c.add(op, [c.input([a for a, _ in av], (B, 1)), c.input([b for _, b in av], (1, B))]),
+          f"{dtypes[0]}[b,1] . [1,b]")
+
+
+@case(*BINARY)
+def binary(op):
+    c = Case(seed=len(op), runs=2, symbols=SYMS)
+    _binary_cases(op, c, ["float32", "float64"] + (["int64", "int32"] if op in INT_BINARY else []))
+    c.check()
+
+
+@case(*BINARY, name="special")
+def binary_special(op):
+    """Every pair of nan, +-inf, +-0 and ordinary values, in float32 and float64."""
+    c = Case()
+    a, b = np.meshgrid(SPECIAL, np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 2.0, -3.0]), indexing="ij")
+    for dt in ("float32", "float64"):
+        c.out(c.add(op, [c.input(a.astype(dt)), c.input(b.astype(dt))]), dt)
+    c.check()
+
+
+@case(*COMPARE)
+def compare(op):
+    c = Case(seed=len(op), runs=2, symbols=SYMS)
+    r = c.rng
+    for dt in ("float32", "float64", "int64", "int32", "bool", "uint8"):
+        lo, hi = (-3, 3) if dt != "uint8" else (0, 5)       # small ranges: plenty of ties
+        a, b = rand(r, (3, 1, 5), dt, lo, hi), rand(r, (4, 5), dt, lo, hi)
+        if dt.startswith("float"):
+            a, b = np.round(a).astype(dt), np.round(b).astype(dt)
+        c.out(c.add(op, [c.input(a), c.input(b)]), f"{dt}[3,1,5] . [4,5]")
+    c.out(c.add(op, [c.input(np.float32(1.5)), c.input(rand(r, (0, 3), "float32"))]), "0-d . [0,3]")
+    c.out(c.add(op, [c.input(fortran(np.round(rand(r, (5, 3), "float32")))), c.input(np.float32(0))]),
+          "transposed . 0-d")
+    c.out(c.add(op, [c.input(dyn(r, (B, 3), "int64", -2, 2), (B, 3)), c.input(rand(r, (3,), "int64", -2, 2))]),
+          "int64[b,3] . [3]")
+    sa, sb = np.meshgrid(SPECIAL, SPECIAL, indexing="ij")
+    c.out(c.add(op, [c.input(sa.astype("float32")), c.input(sb.astype("float32"))]), "f32 nan/inf/0")
+    c.check()
+
+
+@case(*LOGICAL)
+def logical(op):
+    c = Case(seed=len(op), runs=2, symbols=SYMS)
+    r = c.rng
+    for sa, sb in [((7, 13), (7, 13)), ((3, 1, 5), (4, 5)), ((), (6,)), ((0, 2), (1, 2))]:
+        c.out(c.add(op, [c.input(rand(r, sa, "bool")), c.input(rand(r, sb, "bool"))]), f"{list(sa)} . {list(sb)}")
+    c.out(c.add(op, [c.input(fortran(rand(r, (5, 3), "bool"))), c.input(strided(rand(r, (5, 3), "bool")))]),
+          "non-contiguous")
+    c.out(c.add(op, [c.input(dyn(r, (B, 3), "bool"), (B, 3)), c.input(rand(r, (1, 3), "bool"))]), "[b,3] . [1,3]")
+    c.check()
+
+
+@case("where")
+def where(op):
+    c = Case(runs=2, symbols=SYMS)
+    r = c.rng
+    for dt in ("float32", "float64", "int64", "int32", "bool"):
+        c.out(c.add(op, [c.input(rand(r, (3, 1, 5), "bool")), c.input(rand(r, (4, 5), dt)),
+                         c.input(rand(r, (), dt))]), f"{dt}: cond[3,1,5], a[4,5], b[]")
+    c.out(c.add(op, [c.input(rand(r, (), "bool")), c.input(rand(r, (7,), "float32")),
+                     c.input(rand(r, (1,), "float32"))]), "cond[]")
+    c.out(c.add(op, [c.input(rand(r, (0, 1), "bool")), c.input(rand(r, (1, 4), "float32")),
+                     c.input(rand(r, (4,), "float32"))]), "cond[0,1]")
+    c.out(c.add(op, [c.input(fortran(rand(r, (6, 5), "bool"))), c.input(strided(rand(r, (6, 5), "float32"))),
+                     c.input(fortran(rand(r, (6, 5), "float32")))]), "non-contiguous")
+    c.out(c.add(op, [c.input(dyn(r, (B, 1), "bool"), (B, 1)), c.input(dyn(r, (B, 4), "int64"), (B, 4)),
+                     c.input(rand(r, (4,), "int64"))]), "cond[b,1], a[b,4], b[4]")
+    c.out(c.add(op, [c.input(np.array([True, False, True])), c.input(SPECIAL[:3].astype("float32")),
+                     c.input(SPECIAL[3:6].astype("float32"))]), "nan/inf pass through")
+    c.check()
+
+
+CAST_DTYPES = ("float32", "float64", "int64", "int32", "bool", "uint8", "int8")
+
+
+@case("cast")
+def cast(op):
+    """Every pair of dtypes; floats to ints truncate toward zero (values stay in the target's range)."""
+    c = Case(runs=2, symbols=SYMS)
+    r = c.rng
+    vals = {"float32": np.array([-100.75, -2.5, -1.7, -0.5, -0.0, 0.0, 0.3, 0.5, 1.5, 2.7, 99.9, 127.0], "float32"),
+            "int64": np.array([-128, -2, -1, 0, 1, 2, 3, 127, 100, 7, -100, 64], "int64"),
+            "bool": np.array([True, False] * 6)}
+    vals["float64"] = vals["float32"].astype("float64") + 1e-9
+    vals["int32"] = vals["int64"].astype("int32")
+    vals["int8"] = vals["int64"].astype("int8")
+    vals["uint8"] = np.abs(vals["int64"]).astype("uint8")
+    for src in CAST_DTYPES:
+        x = c.input(vals[src].reshape(3, 4))
+        for dst in CAST_DTYPES:
+            if src.startswith("float") and dst == "uint8":
+                x2 = c.input(np.abs(vals[src]).reshape(3, 4))     # negative floats to uint8 are undefined in C
+                c.out(c.add(op, [x2], {"to": dst}), f"{src} -> {dst}")
+            else:
+                c.out(c.add(op, [x], {"to": dst}), f"{src} -> {dst}")
+    big = c.input(np.array([2**33 + 5, -2**33 - 7, 2**31, 2**40 + 1, -1], np.int64))
+    for dst in ("int32", "float32", "float64", "bool"):
+        c.out(c.add(op, [big], {"to": dst}), f"int64 large -> {dst}")
+    sp = c.input(SPECIAL.astype("float32"))
+    for dst in ("float64", "bool"):
+        c.out(c.add(op, [sp], {"to": dst}), f"f32 nan/inf -> {dst}")
+    c.out(c.add(op, [c.input(SPECIAL.copy())], {"to": "float32"}), "f64 nan/inf -> float32")
+    c.out(c.add(op, [c.input(np.float64(-3.9))], {"to": "int32"}), "0-d f64 -> int32")
+    c.out(c.add(op, [c.input(rand(r, (0, 3), "float32"))], {"to": "int64"}), "[0,3]")
+    c.out(c.add(op, [c.input(fortran(rand(r, (5, 3), "float32", -50, 50)))], {"to": "int64"}), "transposed")
+    c.out(c.add(op, [c.input(dyn(r, (B, 3), "int64", -9, 9), (B, 3))], {"to": "float32"}), "int64[b,3]")
+    c.check()
+
+
+# ---- reductions ------------------------------------------------------------------------------
+REDUCE_RANGE = {"reduce_prod": (0.6, 1.5)}
+
+
+@case("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod")
+def reduce(op):
+    c = Case(seed=len(op), runs=2, symbols=SYMS)
+    r = c.rng
+    lo, hi = REDUCE_RANGE.get(op, (-4.0, 4.0))
+    x = c.input(rand(r, (5, 7, 13), "float32", lo, hi))
+    for axes, keep in [(None, False), ((1,), False), ((0, 2), False), ((-1,), True), ((0, 1, 2), True),
+                       ((0,), False), ((0, 1), True), ((), False)]:
+        c.out(c.add(op, [x], {"axes": axes, "keepdims": keep}), f"f32[5,7,13] axes={axes} keepdims={keep}")
+    e = c.input(rand(r, (0, 5), "float32"))
+    for axes in [(0,), (1,), None]:
+        c.out(c.add(op, [e], {"axes": axes}), f"f32[0,5] axes={axes}")
+    c.out(c.add(op, [c.input(rand(r, (), "float32", lo, hi))], {"axes": None}), "0-d")
+    c.out(c.add(op, [c.input(rand(r, (1, 1, 33), "float32", lo, hi))], {"axes": (0, 1)}), "[1,1,33] axes=(0,1)")
+    c.out(c.add(op, [c.input(rand(r, (3, 1, 1, 4), "float32", lo, hi))], {"axes": (1, 3)}), "[3,1,1,4] axes=(1,3)")
+    c.out(c.add(op, [c.input(rand(r, (4, 1000), "float32", lo, hi) if op != "reduce_prod" else
+                             rand(r, (4, 1000), "float32", 0.999, 1.001))], {"axes": (1,)}), "[4,1000] axes=1")
+    c.out(c.add(op, [c.input(fortran(rand(r, (6, 5), "float32", lo, hi)))], {"axes": (1,)}), "transposed")
+    c.out(c.add(op, [c.input(strided(rand(r, (6, 5), "float32", lo, hi)))], {"axes": (0,)}), "strided")
+    xd = c.input(dyn(r, (B, 7), "float32", lo, hi), (B, 7))
+    for axes in [(0,), (1,), None]:
+        c.out(c.add(op, [xd], {"axes": axes}), f"f32[b,7] axes={axes}")
+    xd3 = c.input(dyn(r, (3, B, 4), "float32", lo, hi), (3, B, 4))
+    c.out(c.add(op, [xd3], {"axes": (1,), "keepdims": True}), "f32[3,b,4] axes=1")
+    c.out(c.add(op, [xd3], {"axes": (0, 2)}), "f32[3,b,4] axes=(0,2)")
+    c.out(c.add(op, [c.input(rand(r, (4, 6, 5), "float64", lo, hi))], {"axes": (0, 2)}), "f64 axes=(0,2)")
+    c.out(c.add(op, [c.input(rand(r, (4, 6, 5), "float64", lo, hi))], {"axes": (1,)}), "f64 axes=1")
+    if op != "reduce_mean":
+        ilo, ihi = (-3, 3) if op == "reduce_prod" else (-100, 100)
+        for dt in ("int64", "int32", "uint8"):
+            xi = c.input(rand(r, (4, 6, 5), dt, max(ilo, 0) if dt == "uint8" else ilo, ihi))
+            c.out(c.add(op, [xi], {"axes": (0, 2)}), f"{dt} axes=(0,2)")
+            c.out(c.add(op, [xi], {"axes": (2,)}), f"{dt} axes=2")
+            c.out(c.add(op, [c.input(rand(r, (0, 3), dt))], {"axes": (0,)}), f"{dt}[0,3] axes=0")
+    if op in ("reduce_max", "reduce_min"):
+        for x in ([np.nan, 1, 2], [1, np.nan, -np.inf], [np.inf, 3, 1], [-np.inf, -np.inf, -np.inf]):
+            c.out(c.add(op, [c.input(np.array(x, np.float32))], {"axes": (0,)}), f"f32 {x}")
+        xb = c.input(rand(r, (6, 5), "bool"))
+        c.out(c.add(op, [xb], {"axes": (1,)}), "bool axes=1")
+        c.out(c.add(op, [c.input(np.zeros((0, 3), bool))], {"axes": (0,)}), "bool[0,3] axes=0")
+    c.check()
+
+
+@case("argmax", "argmin")
+def argreduce(op):
+    c = Case(seed=len(op), runs=2, symbols=SYMS)
+    r = c.rng
+    x = c.input(rand(r, (5, 7, 13), "float32"))
+    for axis in (0, 1, 2, -1):
+        c.out(c.add(op, [x], {"axis": axis}), f"f32 axis={axis}")
+    c.out(c.add(op, [x], {"axis": 1, "keepdims": True}), "f32 axis=1 keepdims")
+    for dt in ("int64", "int32", "float64", "bool", "uint8"):     # few distinct values: ties everywhere
+        xi = c.input(rand(r, (6, 9), dt, 0, 3))
+        for last in (False, True):
+            c.out(c.add(op, [xi], {"axis": 1, "select_last_index": last}), f"{dt} ties axis=1 last={last}")
+            c.out(c.add(op, [xi], {"axis": 0, "select_last_index": last, "keepdims": True}), f"{dt} ties axis=0")
+    c.out(c.add(op, [c.input(rand(r, (0, 5), "float32"))], {"axis": 1}), "[0,5] axis=1")
+    c.out(c.add(op, [c.input(rand(r, (1, 5), "float32"))], {"axis": 0}), "[1,5] axis=0")
+    c.out(c.add(op, [c.input(rand(r, (4, 1000), "float32"))], {"axis": 1}), "[4,1000] axis=1")
+    c.out(c.add(op, [c.input(fortran(rand(r, (6, 5), "float32")))], {"axis": 1}), "transposed")
+    c.out(c.add(op, [c.input(dyn(r, (B, 7), "float32"), (B, 7))], {"axis": 0}), "[b,7] axis=0")
+    c.out(c.add(op, [c.input(dyn(r, (3, B), "float32"), (3, B))], {"axis": 1}), "[3,b] axis=1")
+    nan = c.input(np.array([[1, np.nan, 3, np.nan], [np.inf, 2, -np.inf, 0], [-np.inf] * 4], np.float32))
+    for last in (False, True):
+        c.out(c.add(op, [nan], {"axis": 1, "select_last_index": last}), f"nan/inf last={last}")
+    c.check()
+
+
+@case("cumsum")
+def cumsum(op):
+    c = Case(runs=2, symbols=SYMS)
+    r = c.rng
+    x = c.input(rand(r, (5, 7, 13), "float32"))
+    for axis in (0, 1, 2):
+        for excl in (False, True):
+            for rev in (False, True):
+                c.out(c.add(op, [x], {"axis": axis, "exclusive": excl, "reverse": rev}),
+                      f"f32 axis={axis} exclusive={excl} reverse={rev}")
+    for dt in ("float64", "int64", "int32"):
+        xi = c.input(rand(r, (4, 9), dt, -100, 100))
+        for excl, rev in [(False, False), (True, True)]:
+            c.out(c.add(op, [xi], {"axis": 1, "exclusive": excl, "reverse": rev}), f"{dt} excl={excl} rev={rev}")
+    c.out(c.add(op, [c.input(rand(r, (0, 5), "float32"))], {"axis": 1}), "[0,5] axis=1")
+    c.out(c.add(op, [c.input(rand(r, (3, 0), "int64"))], {"axis": 1, "exclusive": True}), "[3,0] axis=1")
+    c.out(c.add(op, [c.input(rand(r, (1,), "float32"))], {"axis": 0}), "[1]")
+    c.out(c.add(op, [c.input(fortran(rand(r, (6, 5), "float32")))], {"axis": 0}), "transposed")
+    c.out(c.add(op, [c.input(dyn(r, (B, 3), "float32"), (B, 3))], {"axis": 0, "reverse": True}), "[b,3] axis=0")
+    c.out(c.add(op, [c.input(dyn(r, (3, B), "int64"), (3, B))], {"axis": -1, "exclusive": True}), "[3,b] axis=-1")
+    c.check()
+
+
+# ---- movement -------------------------------------------------------------------------------
+MOVE_DTYPES = ("float32", "float64", "int64", "int32", "bool")
+
+
+@case("reshape")
+def reshape(op):
+    c = Case(runs=2, symbols=SYMS)
+    r = c.rng
+    for dt in MOVE_DTYPES:
+        c.out(c.add(op, [c.input(rand(r, (4, 6), dt))], {"shape": (2, 12)}), f"{dt} [4,6] -> [2,12]")
+    x = c.input(rand(r, (4, 6), "float32"))
+    c.out(c.add("neg", [c.add(op, [x], {"shape": (24,)})]), "view of an input, then used")
+    y = c.add("neg", [x])
+    v = c.add(op, [y], {"shape": (3, 8)})
+    c.out(c.add("abs", [v]), "view of an intermediate, then used")
+    c.out(v, "view of an intermediate, returned")
+    c.out(c.add(op, [c.add(op, [c.input(rand(r, (3, 1, 5), "int64"))], {"shape": (15,)})], {"shape": (5, 3)}),
+          "reshape chain")
+    c.out(c.add(op, [x], {"shape": (4, 6)}), "same shape (identity)")
+    c.out(c.add(op, [c.input(np.float32(2.5))], {"shape": (1, 1)}), "0-d -> [1,1]")
+    c.out(c.add(op, [c.input(np.array([7], np.int32))], {"shape": ()}), "[1] -> 0-d")
+    c.out(c.add(op, [c.input(rand(r, (0, 5), "float32"))], {"shape": (5, 0)}), "[0,5] -> [5,0]")
+    c.out(c.add(op, [c.input(fortran(rand(r, (4, 6), "float32")))], {"shape": (3, 8)}), "transposed input")
+    c.out(c.add(op, [c.input(strided(rand(r, (4, 6), "int64")))], {"shape": (24,)}), "strided input")
+    xd = c.input(dyn(r, (B, 6), "float32"), (B, 6))
+    c.out(c.add(op, [xd], {"shape": (B * 2, 3)}), "[b,6] -> [2b,3]")
+    c.out(c.add("abs", [c.add(op, [xd], {"shape": (B * 6,)})]), "[b,6] -> [6b] -> abs")
+    c.out(c.add(op, [xd], {"shape": (3, B, 2)}), "[b,6] -> [3,b,2]")
+    c.check()
+
+
+@case("transpose")
+def transpose(op):
+    c = Case(runs=2, symbols=SYMS)
+    r = c.rng
+    x = c.input(rand(r, (2, 3, 4), "float32"))
+    for perm in [(2, 0, 1), (1, 0, 2), (0, 2, 1), (2, 1, 0), (0, 1, 2)]:
+        c.out(c.add(op, [x], {"perm": perm}), f"[2,3,4] perm={perm}")
+    for dt in MOVE_DTYPES:
+        c.out(c.add(op, [c.input(rand(r, (7, 13), dt))], {"perm": (1, 0)}), f"{dt}[7,13]")
+    c.out(c.add(op, [c.input(rand(r, (1, 5, 1), "float32"))], {"perm": (2, 1, 0)}), "[1,5,1]")
+    c.out(c.add(op, [c.input(rand(r, (0, 3), "float32"))], {"perm": (1, 0)}), "[0,3]")
+    c.out(c.add(op, [c.input(rand(r, (2, 3, 4, 5), "float32"))], {"perm": (0, 2, 3, 1)}), "[2,3,4,5] nchw->nhwc")
+    c.out(c.add(op, [c.input(rand(r, (40, 33, 30), "float32"))], {"perm": (2, 0, 1)}), "[40,33,30] (threaded)")
+    c.out(c.add(op, [c.input(fortran(rand(r, (5, 6), "float32")))], {"perm": (1, 0)}), "transposed input")
+    c.out(c.add(op, [c.input(dyn(r, (B, 3, 5), "float32"), (B, 3, 5))], {"perm": (2, 0, 1)}), "[b,3,5]")
+    c.check()
+
+
+@case("expand")
+def expand(op):
+    c = Case(runs=2, symbols=SYMS)
+    r = c.rng
+    for dt in MOVE_DTYPES:
+        c.out(c.add(op, [c.input(rand(r, (3, 1), dt))], {"shape": (2, 3, 4)}), f"{dt}[3,1] -> [2,3,4]")
+    c.out(c.add(op, [c.input(np.float32(1.25))], {"shape": (5,)}), "0-d -> [5]")
+    c.out(c.add(op, [c.input(np.array([3.0], np.float32))], {"shape": (0,)}), "[1] -> [0]")
+    c.out(c.add(op, [c.input(rand(r, (4, 1, 1), "float32"))], {"shape": (4, 3, 2)}), "[4,1,1] -> [4,3,2]")
+    c.out(c.add(op, [c.input(rand(r, (1, 5), "float32"))], {"shape": (5, 5)}), "[1,5] -> [5,5]")
+    c.out(c.add(op, [c.input(strided(rand(r, (4, 1), "float32")))], {"shape": (4, 6)}), "strided input")
+    c.out(c.add(op, [c.input(rand(r, (1, 5), "int64"))], {"shape": (B, 5)}), "[1,5] -> [b,5]")
+    c.out(c.add(op, [c.input(dyn(r, (B, 1), "float32"), (B, 1))], {"shape": (2, B, 3)}), "[b,1] -> [2,b,3]")
+    c.check()
+
+
+@case("slice")
+def slice_(op):
+    c = Case(runs=2, symbols=SYMS)
+    r = c.rng
+    x = c.input(rand(r, (7, 13), "float32"))
+    for attrs in [dict(axis=1, start=2, length=5), dict(axis=1, start=1, step=3, length=4),
+                  dict(axis=1, start=12, step=-1, length=13), dict(axis=0, start=6, step=-2, length=4),
+                  dict(axis=1, start=3, length=0), dict(axis=-2, start=0, length=7), dict(axis=0, start=6, length=1)]:
+        c.out(c.add(op, [x], attrs), f"[7,13] {attrs}")
+    for dt in MOVE_DTYPES:
+        c.out(c.add(op, [c.input(rand(r, (4, 5, 6), dt))], dict(axis=1, start=1, step=2, length=2)), f"{dt}[4,5,6]")
+    c.out(c.add(op, [c.input(rand(r, (0, 5), "float32"))], dict(axis=1, start=1, length=3)), "[0,5]")
+    c.out(c.add(op, [c.input(fortran(rand(r, (6, 5), "float32")))], dict(axis=0, start=1, length=4)), "transposed")
+    xd = c.input(dyn(r, (B, 13), "float32"), (B, 13))
+    c.out(c.add(op, [xd], dict(axis=1, start=2, step=3, length=4)), "[b,13] axis=1")
+    c.out(c.add(op, [xd], dict(axis=0, start=0, length=B)), "[b,13] axis=0 whole")
+    xd2 = c.input(dyn(r, (3, B + 1), "int64"), (3, B + 1))
+    c.out(c.add(op, [xd2], dict(axis=1, start=1, length=B)), "[3,b+1] axis=1 from 1")
+    c.check()
+
+
+@case("concat")
+def concat(op):
+    c = Case(runs=2, symbols=SYMS)
+    r = c.rng
+    for dt in MOVE_DTYPES:
+        c.out(c.add(op, [c.input(rand(r, (2, 3), dt)), c.input(rand(r, (0, 3), dt)), c.input(rand(r, (4, 3), dt))],
+                    {"axis": 0}), f"{dt} axis=0 with an empty input")
+    c.out(c.add(op, [c.input(rand(r, (2, 3), "float32")), c.input(rand(r, (2, 1), "float32")),
+                     c.input(rand(r, (2, 5), "float32"))], {"axis": -1}), "axis=-1")
+    c.out(c.add(op, [c.input(rand(r, (2, 3, 4), "float32")), c.input(rand(r, (2, 5, 4), "float32"))], {"axis": 1}),
+          "rank 3 axis=1")
+    c.out(c.add(op, [c.input(rand(r, (3, 7), "int64"))], {"axis": 1}), "one input")
+    x = c.input(rand(r, (2, 2), "float32"))
+    c.out(c.add(op, [x, x, x], {"axis": 1}), "the same input three times")
+    c.out(c.add(op, [c.input(fortran(rand(r, (4, 3), "float32"))), c.input(strided(rand(r, (4, 2), "float32")))],
+                {"axis": 1}), "non-contiguous inputs")
+    xd = c.input(dyn(r, (B, 3), "float32"), (B, 3))
+    c.out(c.add(op, [xd, c.input(rand(r, (2, 3), "float32")), xd], {"axis": 0}), "[b,3] ++ [2,3] ++ [b,3]")
+    c.out(c.add(op, [xd, c.input(dyn(r, (B, 2), "float32"), (B, 2))], {"axis": 1}), "[b,3] ++ [b,2] axis=1")
+    c.check()
+
+
+@case("pad")
+def pad(op):
+    c = Case(runs=2, symbols=SYMS)
+    r = c.rng
+    x = c.input(rand(r, (4, 5), "float32"))
+    for mode in ("constant", "reflect", "edge"):
+        for pads in [((1, 2), (0, 3)), ((2, 1), (1, 3)), ((0, 0), (4, 4)), ((3, 3), (0, 0))]:
+            c.out(c.add(op, [x], {"pads": pads, "mode": mode, "value": 1.5}), f"{mode} {pads}")
+        c.out(c.add(op, [x], {"pads": ((-1, 2), (1, -2)), "mode": mode}), f"{mode} with negative pads (crop)")
+        c.out(c.add(op, [x], {"pads": ((-1, -2), (0, -4)), "mode": mode}), f"{mode} crop only")
+    for dt in ("int64", "int32", "bool", "float64"):
+        c.out(c.add(op, [c.input(rand(r, (3, 4), dt))], {"pads": ((1, 0), (2, 1)), "value": 1.0}), f"{dt} constant")
+        c.out(c.add(op, [c.input(rand(r, (3, 4), dt))], {"pads": ((1, 2), (2, 1)), "mode": "edge"}), f"{dt} edge")
+    c.out(c.add(op, [c.input(rand(r, (0, 3), "float32"))], {"pads": ((1, 1), (0, 1)), "value": -2.0}), "[0,3]")
+    c.out(c.add(op, [c.input(rand(r, (1, 3), "float32"))], {"pads": ((0, 0), (2, 2)), "mode": "reflect"}),
+          "reflect [1,3]")
+    c.out(c.add(op, [c.input(rand(r, (2, 3, 4), "float32"))], {"pads": ((0, 1), (1, 1), (2, 0)), "mode": "reflect"}),
+          "rank 3 reflect")
+    c.out(c.add(op, [c.input(np.float32(3))], {"pads": ()}), "0-d")
+    c.out(c.add(op, [c.input(fortran(rand(r, (4, 3), "float32")))], {"pads": ((1, 1), (1, 1))}), "transposed")
+    xd = c.input(dyn(r, (B, 5), "float32"), (B, 5))
+    c.out(c.add(op, [xd], {"pads": ((0, 0), (2, 2)), "mode": "reflect"}), "[b,5] reflect on static dim")
+    c.out(c.add(op, [xd], {"pads": ((1, 2), (0, 1)), "mode": "edge"}), "[b,5] edge on b")
+    c.out(c.add(op, [xd], {"pads": ((2, 1), (0, 0)), "value": 9.0}), "[b,5] constant on b")
+    c.check()
+
+
+@case("gather")
+def gather(op):
+    c = Case(runs=2, symbols=SYMS)
+    r = c.rng
+    x = c.input(rand(r, (5, 7), "float32"))
+    c.out(c.add(op, [x, c.input(np.array([4, 0, -1, 2, -5], np.int64))], {"axis": 0}), "axis=0 negative indices")
+    c.out(c.add(op, [x, c.input(np.array([[6, 0, 1, -7], [3, 3, 3, 2]], np.int32))], {"axis": 1}),
+          "axis=1 int32 2-d indices")
+    c.out(c.add(op, [x, c.input(np.int64(3))], {"axis": -1}), "0-d index")
+    c.out(c.add(op, [x, c.input(np.zeros((0,), np.int64))], {"axis": 0}), "no indices")
+    c.out(c.add(op, [c.input(rand(r, (2, 3, 4), "float32")), c.input(np.array([[2], [0]], np.int64))], {"axis": 1}),
+          "rank 3 axis=1")
+    for dt in ("float64", "int64", "int32", "bool"):
+        c.out(c.add(op, [c.input(rand(r, (6, 3), dt)), c.input(np.array([5, 1, 1], np.int64))], {"axis": 0}), dt)
+    c.out(c.add(op, [c.input(fortran(rand(r, (4, 6), "float32"))), c.input(np.array([1, 3], np.int64))],
+                {"axis": 1}), "transposed data")
+    c.out(c.add(op, [c.input(dyn(r, (B, 7), "float32"), (B, 7)), c.input(np.array([6, 0, 2], np.int64))],
+                {"axis": 1}), "data[b,7] axis=1")
+    c.out(c.add(op, [c.input(rand(r, (9, 4), "float32")),
+                     c.input([np.array([8], np.int64), np.array([0, -1, 3, 5, 2, 2], np.int64)], (B,))], {"axis": 0}),
+          "indices[b]")
+    c.check()
+
+
+@case("gather_elements")
+def gather_elements(op):
+    c = Case(runs=2, symbols=SYMS)
+    r = c.rng
+    x = c.input(rand(r, (4, 5), "float32"))
+    c.out(c.add(op, [x, c.input(r.integers(-5, 5, (4, 3)))], {"axis": 1}), "axis=1 smaller index")
+    c.out(c.add(op, [x, c.input(r.integers(-4, 4, (2, 5)).astype(np.int32))], {"axis": 0}), "axis=0 int32")
+    c.out(c.add(op, [x, c.input(np.zeros((0, 5), np.int64))], {"axis": 0}), "empty index")
+    c.out(c.add(op, [c.input(rand(r, (3, 4, 5), "float32")), c.input(r.integers(0, 4, (3, 6, 2)))], {"axis": 1}),
+          "rank 3 axis=1 index longer than data")
+    for dt in ("float64", "int64", "int32", "bool"):
+        c.out(c.add(op, [c.input(rand(r, (3, 4), dt)), c.input(r.integers(0, 4, (3, 4)))], {"axis": -1}), dt)
+    c.out(c.add(op, [c.input(fortran(rand(r, (4, 6), "float32"))), c.input(fortran(r.integers(0, 6, (4, 6))))],
+                {"axis": 1}), "transposed data and index")
+    c.out(c.add(op, [c.input(dyn(r, (B, 4), "float32"), (B, 4)),
+                     c.input([r.integers(0, 4, (n, 3)) for n in B_RUNS], (B, 3))], {"axis": 1}), "[b,4] axis=1")
+    c.check()
+
+
+@case("iota")
+def iota(op):
+    """Source ops fold to constants at fusion_level >= 1, so compile at fusion_level 0 to run the C."""
+    c = Case(runs=2, symbols=SYMS)
+    for attrs in [dict(length=7, start=3, step=2), dict(length=9, start=0.5, step=0.25, dtype="float32"),
+                  dict(length=5, start=4, step=-3, dtype="int32"), dict(length=0), dict(length=1, dtype="float64"),
+                  dict(length=6, start=-1.5, step=0.1, dtype="float64")]:
+        c.out(c.add(op, [], attrs), f"{attrs}")
+    c.input(dyn(c.rng, (B,), "float32"), (B,))
+    c.out(c.add(op, [], dict(length=B, start=2)), "length b")
+    c.out(c.add(op, [], dict(length=2 * B + 1, step=-1, dtype="float32")), "length 2b+1")
+    c.check(fusion_level=0)
+
+
+@case("full")
+def full(op):
+    c = Case(runs=2, symbols=SYMS)
+    for attrs in [dict(shape=(3, 4), value=2.5), dict(shape=(5,), value=7, dtype="int64"),
+                  dict(shape=(2, 2), value=1, dtype="bool"), dict(shape=(2,), value=0, dtype="bool"),
+                  dict(shape=(3,), value=float("inf")), dict(shape=(2,), value=float("-inf"), dtype="float64"),
+                  dict(shape=(0, 3), value=1.0), dict(shape=(), value=-3.5), dict(shape=(4,), value=-2, dtype="int32"),
+                  dict(shape=(1, 1), value=0.1, dtype="float64")]:
+        c.out(c.add(op, [], attrs), f"{attrs}")
+    c.input(dyn(c.rng, (B,), "float32"), (B,))
+    c.out(c.add(op, [], dict(shape=(B, 3), value=4.0)), "[b,3]")
+    c.check(fusion_level=0)
+
+
+# ---- matmul: every remainder path of the 6 x 16 register tile and the 256 K block ------------
+MS, NS, KS = range(1, 8), (1, 15, 17, 33), (1, 3, 300)
+
+
+def _matmul_tiles(const_b):
+    c = Case(seed=int(const_b))
+    r = c.rng
+    for k in KS:
+        for n in NS:
+            b = rand(r, (k, n), "float32", -1, 1)
+            bv = c.const(b) if const_b else c.input(b)
+            for m in MS:
+                c.out(c.add("matmul", [c.input(rand(r, (m, k), "float32", -1, 1)), bv]), f"M={m} N={n} K={k}")
+    # tall and wide: several M blocks of 72, threads, K blocks of 256 with a remainder
+    for m, n, k in [(75, 33, 300), (150, 70, 513), (13, 130, 257)]:
+        b = rand(r, (k, n), "float32", -1, 1)
+        c.out(c.add("matmul", [c.input(rand(r, (m, k), "float32", -1, 1)), c.const(b) if const_b else c.input(b)]),
+              f"M={m} N={n} K={k}")
+    c.check()
+
+
+CASES.setdefault("matmul", {}).update(tiles_runtime_b=functools.partial(_matmul_tiles, False),
+                                     tiles_const_b=functools.partial(_matmul_tiles, True))
+
+
+@case("matmul", name="shapes")
+def matmul_shapes(op):
+    """Vectors, broadcast batch dims, K = 0, constant weights with batched activations, dynamic dims."""
+    c = Case(runs=2, symbols=SYMS)
+    r = c.rng
+
+    def mm(a, b, label):
+        c.out(c.add(op, [a, b]), label)
+    f = lambda *s: rand(r, s, "float32", -1, 1)  # noqa: E731
+    mm(c.input(f(5)), c.input(f(5, 7)), "[5] @ [5,7]")
+    mm(c.input(f(3, 5)), c.input(f(5)), "[3,5] @ [5]")
+    mm(c.input(f(5)), c.input(f(5)), "[5] @ [5]")
+    mm(c.input(f(2, 1, 3, 4)), c.input(f(5, 4, 6)), "[2,1,3,4] @ [5,4,6]")
+    mm(c.input(f(3, 4)), c.input(f(2, 4, 6)), "[3,4] @ [2,4,6]")
+    mm(c.input(f(2, 3, 4)), c.input(f(4, 6)), "[2,3,4] @ [4,6]")
+    mm(c.input(f(3, 0)), c.input(f(0, 5)), "K=0")
+    mm(c.input(f(0, 4)), c.input(f(4, 5)), "M=0")
+    mm(c.input(f(3, 4)), c.input(f(4, 0)), "N=0")
+    mm(c.input(f(2, 3, 4)), c.const(f(4, 6)), "[2,3,4] @ const[4,6]")
+    mm(c.input(f(3, 4)), c.const(f(4)), "[3,4] @ const[4]")
+    mm(c.input(f(4)), c.const(f(4, 6)), "[4] @ const[4,6]")
+    mm(c.input(f(3, 4)), c.const(f(2, 4, 6)), "[3,4] @ const[2,4,6]")
+    mm(c.input(f(2, 3, 4)), c.const(f(2, 4, 6)), "[2,3,4] @ const[2,4,6]")
+    mm(c.input(f(1, 3, 4)), c.const(f(4, 5)), "[1,3,4] @ const[4,5]")
+    mm(c.input(f(3, 0)), c.const(f(0, 5)), "K=0 const")
+    mm(c.input(fortran(f(7, 5))), c.input(strided(f(5, 9))), "non-contiguous operands")
+    mm(c.input(fortran(f(4, 5))), c.const(f(5, 3)), "transposed activations, const weights")
+    mm(c.input([f(n, 5) for n in B_RUNS], (B, 5)), c.input(f(5, 17)), "[b,5] @ [5,17]")
+    mm(c.input([f(n, 3, 5) for n in B_RUNS], (B, 3, 5)), c.const(f(5, 17)), "[b,3,5] @ const[5,17]")
+    mm(c.input(f(3, 6)), c.input([f(6, n) for n in B_RUNS], (6, B)), "[3,6] @ [6,b]")
+    mm(c.input([f(4, n) for n in B_RUNS], (4, B)), c.input([f(n, 7) for n in B_RUNS], (B, 7)), "K=b")
+    mm(c.input([f(n, 2, 3) for n in B_RUNS], (B, 2, 3)), c.input(f(1, 3, 4)), "[b,2,3] @ [1,3,4]")
+    c.check()
+
+
+@case("matmul", name="dtypes")
+def matmul_dtypes(op):
+    c = Case(runs=2, symbols=SYMS)
+    r = c.rng
+    for dt in ("float64", "int64", "int32"):
+        for sa, sb in [((7, 13), (13, 5)), ((2, 3, 4), (4, 6)), ((4,), (4, 3)), ((3, 0), (0, 2))]:
+            c.out(c.add(op, [c.input(rand(r, sa, dt, -9, 9)), c.input(rand(r, sb, dt, -9, 9))]),
+                  f"{dt}{list(sa)} @ {list(sb)}")
+        c.out(c.add(op, [c.input(rand(r, (3, 4), dt, -9, 9)), c.const(rand(r, (4, 6), dt, -9, 9))]),
+              f"{dt} const weights")
+        c.out(c.add(op, [c.input(fortran(rand(r, (3, 4), dt, -9, 9))), c.input(rand(r, (2, 4, 2), dt, -9, 9))]),
+              f"{dt} transposed @ batched")
+        c.out(c.add(op, [c.input(dyn(r, (B, 4), dt, -9, 9), (B, 4)), c.input(rand(r, (4, 3), dt, -9, 9))]),
+              f"{dt}[b,4] @ [4,3]")
+    c.out(c.add(op, [c.input(rand(r, (6, 300), "float64")), c.input(rand(r, (300, 17), "float64"))]), "f64 K=300")
+    c.check()
+
+
+# ---- convolution and pooling -------------------------------------------------------------------
+def _conv(c, x, w, bias=None, label="", **attrs):
+    ins = [x, w] + ([bias] if bias is not None else [])
+    c.out(c.add("conv", ins, attrs), label)
+
+
+@case("conv", name="tiles")
+def conv_tiles(op):
+    """GEMM shapes of the conv (M = out channels per group, N = output pixels, K = C*KH*KW) over the
+    micro-kernel remainders; 1x1 stride-1 convs take the direct (no im2col) path."""
+    c = Case()
+    r = c.rng
+    f = lambda *s: rand(r, s, "float32", -1, 1)  # noqa: E731
+    spatial = {1: (1, 1), 15: (3, 5), 17: (1, 17), 33: (3, 11)}
+    for o in MS:
+        for (cin, kh, kw), n in [((1, 1, 1), 1), ((3, 1, 1), 15), ((300, 1, 1), 17), ((12, 3, 3), 33), ((2, 5, 5), 17)]:
+            oh, ow = spatial[n]
+            x = c.input(f(1, cin, oh + kh - 1, ow + kw - 1))
+            _conv(c, x, c.const(f(o, cin, kh, kw)), c.const(f(o)) if o % 2 else None,
+                  label=f"O={o} K={cin * kh * kw} N={n}")
+    c.check()
+
+
+@case("conv", name="attrs")
+def conv_attrs(op):
+    c = Case(runs=2, symbols=SYMS)
+    r = c.rng
+    f = lambda *s: rand(r, s, "float32", -1, 1)  # noqa: E731
+    x = c.input(f(2, 3, 9, 11))
+    w = c.const(f(5, 3, 3, 3))
+    _conv(c, x, w, c.const(f(5)), "3x3 pad 1", pads=((1, 1), (1, 1)))
+    _conv(c, x, w, None, "3x3 stride 2 asymmetric pads", strides=(2, 2), pads=((0, 1), (2, 1)))
+    _conv(c, x, w, None, "3x3 dilation (2,1) stride (1,3)", dilations=(2, 1), strides=(1, 3))
+    _conv(c, x, c.const(f(4, 3, 1, 1)), c.const(f(4)), "1x1 stride 2", strides=(2, 2))
+    _conv(c, x, c.const(f(4, 3, 1, 1)), None, "1x1 pad 1", pads=((1, 1), (1, 1)))
+    _conv(c, x, c.const(f(2, 3, 9, 11)), None, "kernel = input")
+    _conv(c, x, c.const(f(2, 3, 5, 5)), None, "kernel larger than input with pads", pads=((3, 3), (0, 0)))
+    x4 = c.input(f(2, 4, 7, 6))
+    _conv(c, x4, c.const(f(6, 2, 3, 3)), c.const(f(6)), "groups=2", groups=2, pads=((1, 1), (1, 1)))
+    _conv(c, x4, c.const(f(8, 1, 3, 3)), c.const(f(8)), "depthwise x2", groups=4, strides=(2, 2),
+          pads=((1, 1), (1, 1)))
+    _conv(c, x4, c.const(f(4, 1, 3, 2)), None, "depthwise dilated", groups=4, dilations=(2, 2), pads=((2, 0), (1, 1)))
+    _conv(c, c.input(f(1, 6, 5, 5)), c.const(f(4, 3, 3, 3)), None, "groups=2 of 3 in-channels", groups=2)
+    _conv(c, c.input(f(1, 4, 6, 6)), c.const(f(2, 2, 3, 3)), None, "groups=2, 1 out channel each", groups=2)
+    _conv(c, x, c.input(f(5, 3, 3, 3)), c.input(f(5)), "weights and bias as inputs")
+    _conv(c, c.input(f(0, 3, 5, 5)), c.const(f(2, 3, 3, 3)), None, "batch 0")
+    _conv(c, c.input(fortran(f(1, 3, 6, 7))), c.const(f(2, 3, 3, 3)), None, "transposed input")
+    x1 = c.input(f(2, 3, 17))
+    _conv(c, x1, c.const(f(4, 3, 5)), c.const(f(4)), "1-d stride 2 pads (2,1) dilation 2",
+          strides=(2,), pads=((2, 1),), dilations=(2,))
+    _conv(c, x1, c.const(f(3, 1, 3)), None, "1-d depthwise", groups=3, pads=((1, 1),))
+    _conv(c, c.input([f(n, 3, 8, 8) for n in B_RUNS], (B, 3, 8, 8)), c.const(f(4, 3, 3, 3)), c.const(f(4)),
+          "batch b", pads=((1, 1), (1, 1)))
+    _conv(c, c.input([f(1, 3, 5, n) for n in B_RUNS], (1, 3, 5, B)), c.const(f(2, 3, 3, 1)), None,
+          "width b (stride 1)", pads=((1, 1), (0, 0)))
+    c.check()
+
+
+@case("max_pool", "avg_pool")
+def pool(op):
+    c = Case(seed=len(op), runs=2, symbols=SYMS)
+    r = c.rng
+    x = c.input(rand(r, (2, 3, 9, 10), "float32"))
+    cfgs = [dict(kernel=(2, 2)), dict(kernel=(3, 3), strides=(2, 2), pads=((1, 1), (1, 1))),
+            dict(kernel=(3, 3), strides=(2, 2), pads=((1, 1), (1, 1)), ceil_mode=True),
+            dict(kernel=(3, 2), strides=(2, 3), ceil_mode=True), dict(kernel=(2, 3), strides=(1, 2), dilations=(2, 1)),
+            dict(kernel=(3, 3), strides=(1, 1), pads=((0, 2), (1, 0))), dict(kernel=(9, 10)),
+            dict(kernel=(1, 1), strides=(2, 3))]
+    for attrs in cfgs:
+        c.out(c.add(op, [x], attrs), f"{attrs}")
+        if op == "avg_pool" and "pads" in attrs:
+            c.out(c.add(op, [x], dict(attrs, count_include_pad=True)), f"{attrs} count_include_pad")
+    x1 = c.input(rand(r, (2, 3, 11), "float32"))
+    c.out(c.add(op, [x1], dict(kernel=(3,), strides=(2,), ceil_mode=True)), "1-d ceil_mode")
+    c.out(c.add(op, [x1], dict(kernel=(4,), pads=((2, 1),), strides=(3,))), "1-d pads")
+    if op == "avg_pool":
+        c.out(c.add(op, [x1], dict(kernel=(4,), pads=((2, 1),), strides=(3,), ceil_mode=True, count_include_pad=True)),
+              "1-d pads ceil_mode count_include_pad")
+    c.out(c.add(op, [c.input(fortran(rand(r, (1, 2, 6, 5), "float32")))], dict(kernel=(2, 2))), "transposed input")
+    c.out(c.add(op, [c.input(rand(r, (0, 2, 4, 4), "float32"))], dict(kernel=(2, 2))), "batch 0")
+    c.out(c.add(op, [c.input(dyn(r, (B, 2, 5, 5), "float32"), (B, 2, 5, 5))], dict(kernel=(3, 3), strides=(2, 2))),
+          "batch b")
+    special = np.array([[np.nan, 1, 2, 3], [4, -np.inf, 6, np.inf], [1, 2, 3, 4], [-np.inf, -np.inf, 0, 0]], np.float32)
+    c.out(c.add(op, [c.input(special.reshape(1, 1, 4, 4))], dict(kernel=(2, 2))), "nan/inf")
+    c.check()
+
+
+# ---- composites --------------------------------------------------------------------------------
+@case("softmax", "log_softmax")
+def softmax(op):
+    c = Case(seed=len(op), runs=2, symbols=SYMS)
+    r = c.rng
+    x = c.input(rand(r, (5, 7, 13), "float32"))
+    for axis in (0, 1, 2, -1):
+        c.out(c.add(op, [x], {"axis": axis}), f"axis={axis}")
+    c.out(c.add(op, [c.input(rand(r, (3, 1), "float32"))], {"axis": 1}), "axis of size 1")
+    c.out(c.add(op, [c.input(rand(r, (0, 5), "float32"))], {"axis": 1}), "[0,5]")
+    c.out(c.add(op, [c.input(rand(r, (4, 1000), "float32", -30, 30))], {"axis": 1}), "[4,1000] wide range")
+    c.out(c.add(op, [c.input(rand(r, (3, 7), "float32", 900, 1000))], {"axis": 1}), "large values")
+    masked = rand(r, (4, 6), "float32")
+    masked[0, :3] = -np.inf
+    masked[1, :] = -np.inf
+    masked[2, 5] = np.inf
+    masked[3, 2] = np.nan
+    c.out(c.add(op, [c.input(masked)], {"axis": 1}), "-inf masks, a fully masked row, +inf, nan")
+    c.out(c.add(op, [c.input(fortran(rand(r, (6, 5), "float32")))], {"axis": 1}), "transposed")
+    c.out(c.add(op, [c.input(strided(rand(r, (6, 5), "float32")))], {"axis": 0}), "strided")
+    xd = c.input(dyn(r, (B, 7), "float32"), (B, 7))
+    c.out(c.add(op, [xd], {"axis": 1}), "[b,7] axis=1")
+    c.out(c.add(op, [xd], {"axis": 0}), "[b,7] axis=0")
+    c.check()
+
+
+@case("layer_norm", "rms_norm")
+def norm(op):
+    c = Case(seed=len(op), runs=2, symbols=SYMS)
+    r = c.rng
+    f = lambda *s, lo=-2, hi=2: rand(r, s, "float32", lo, hi)  # noqa: E731
+    two = op == "layer_norm"
+
+    def params(*s):
+        return [c.const(f(*s)), c.const(f(*s))][:2 if two else 1]
+    x = c.input(f(4, 33))
+    c.out(c.add(op, [x, *params(33)]), "[4,33] with params")
+    c.out(c.add(op, [x]), "[4,33] no params")
+    c.out(c.add(op, [x, c.const(f(33))]), "[4,33] scale only")
+    c.out(c.add(op, [x, *params(33)], {"eps": 1e-2}), "eps 1e-2")
+    c.out(c.add(op, [x, *[c.input(f(33)) for _ in range(2 if two else 1)]]), "params as inputs")
+    x4 = c.input(f(2, 3, 5, 7))
+    c.out(c.add(op, [x4, *params(5, 7)], {"axis": 2}), "[2,3,5,7] axis=2")
+    c.out(c.add(op, [x4], {"axis": 1}), "[2,3,5,7] axis=1")
+    c.out(c.add(op, [c.input(f(3, 1)), *params(1)]), "n=1")
+    c.out(c.add(op, [c.input(f(0, 8)), *params(8)]), "[0,8]")
+    c.out(c.add(op, [c.input(f(3, 4099, lo=99, hi=101)), *params(4099)]), "n=4099, mean 100, std 0.6")
+    c.out(c.add(op, [c.input(f(3, 64, lo=1e3, hi=1e3 + 1)), *params(64)]), "n=64, mean 1000, std 0.3")
+    c.out(c.add(op, [c.input(np.full((2, 16), 3.0, np.float32)), *params(16)]), "constant rows (var 0)")
+    c.out(c.add(op, [c.input(fortran(f(6, 5))), *params(5)]), "transposed")
+    c.out(c.add(op, [c.input(dyn(r, (B, 16), "float32"), (B, 16)), *params(16)]), "[b,16]")
+    c.out(c.add(op, [c.input(dyn(r, (2, B), "float32"), (2, B))]), "[2,b] no params")
+    c.check()
+
+
+@case("batch_norm")
+def batch_norm(op):
+    c = Case(runs=2, symbols=SYMS)
+    r = c.rng
+
+    def params(ch, const=True):
+        ps = [rand(r, (ch,), "float32", 0.5, 2), rand(r, (ch,), "float32"), rand(r, (ch,), "float32"),
+              rand(r, (ch,), "float32", 0.1, 3)]
+        return [c.const(p) if const else c.input(p) for p in ps]
+    for shape in [(2, 3, 5, 7), (4, 3), (2, 5, 9), (1, 1, 1, 1), (0, 3, 2, 2)]:
+        c.out(c.add(op, [c.input(rand(r, shape, "float32")), *params(shape[1])]), f"{list(shape)}")
+    c.out(c.add(op, [c.input(rand(r, (2, 3, 4), "float32")), *params(3, const=False)], {"eps": 1e-3}),
+          "params as inputs, eps 1e-3")
+    zero_var = params(3)[:3] + [c.const(np.zeros(3, np.float32))]
+    c.out(c.add(op, [c.input(rand(r, (2, 3, 4), "float32")), *zero_var]), "var 0")
+    c.out(c.add(op, [c.input(fortran(rand(r, (2, 3, 4), "float32"))), *params(3)]), "transposed")
+    c.out(c.add(op, [c.input(dyn(r, (B, 3, 4), "float32"), (B, 3, 4)), *params(3)]), "[b,3,4]")
+    c.check()
+
+
+# ---- the tests --------------------------------------------------------------------------------
+PARAMS = [pytest.param(op, variant, id=f"{op}-{variant}") for op in sorted(CASES) for variant in CASES[op]]
+
+
+@pytest.mark.parametrize("op, variant", PARAMS)
+def test_op(op, variant):
+    CASES[op][variant]()
+
+
+def test_every_op_has_a_case():
+    missing = sorted(set(REGISTRY) - set(CASES))
+    assert not missing, f"ops without a case in tests/test_ops.py: {missing}"
+    unknown = sorted(set(CASES) - set(REGISTRY))
+    assert not unknown, f"cases for ops that are not registered: {unknown}"

@@ -118,7 +118,7 @@ def fortran(a):
 
 def dyn(rng, shape, dtype, lo=-4.0, hi=4.0):
     """Values for a shape with the dynamic dim B, one array per run."""
-    return [rand(rng, tuple(n if d is B else d for d in shape), dtype, lo, hi) for n in B_RUNS]
+    return [rand(rng, tuple(dims.evaluate(d, {"b": n}) for d in shape), dtype, lo, hi) for n in B_RUNS]
 
 
 # ---- the table: op -> {variant: function} ---------------------------------------------------

@@ -91,6 +91,8 @@ class Emitter:
         return f"((const float *)(W + {off}))"
 
     def scratch(self, ctype="float"):
+        if self.node_index not in self.plan.scratch:   # the node asked for 0 bytes (e.g. K = 0): never read
+            return f"(({ctype} *)0)"
         off, _ = self.plan.scratch[self.node_index]
         return f"(({ctype} *)(A + {off}))"
 

@@ -67,7 +67,7 @@ def lower_matmul(em, node):
         if _prepacked(node):
             # weights: packed at compile time; all batch rows form one tall GEMM
             nr = panel_width(em)
-            Bp = em.packed("panels", b, lambda d: pack_b(d.reshape(d.shape[0], -1) if d.ndim == 2 else d.reshape(-1, 1), nr))
+            Bp = em.packed("panels", b, lambda d: pack_b(d if d.ndim == 2 else d.reshape(-1, 1), nr))
             Mt = _prod_c(list(abatch) + [M])
             lines.append(f"  cuvil_sgemm_packed({Mt}, {Nc}, {Kc}, {A}, {Kc}, {Bp}, {Y}, {Nc}, 0, 0, 0, 0, NT);")
             lines.append("}")

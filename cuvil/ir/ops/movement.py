@@ -109,6 +109,8 @@ def _pad_ref(xs, a):
     # negative pads crop
     sl = tuple(slice(max(-lo, 0), d - max(-hi, 0)) for d, (lo, hi) in zip(x.shape, a["pads"]))
     x = x[sl]
+    if x.ndim == 0:   # nothing to pad (np.pad rejects an empty pad list)
+        return x.copy()
     pw = [(max(lo, 0), max(hi, 0)) for lo, hi in a["pads"]]
     if a["mode"] == "constant":
         return np.pad(x, pw, mode="constant", constant_values=np.array(a["value"]).astype(x.dtype))
@@ -144,13 +146,18 @@ def _gather_elements_infer(types, attrs, inputs):
     if idx.rank != x.rank:
         raise ShapeError(f"gather_elements: index rank {idx.rank} != data rank {x.rank}")
     attrs["axis"] = norm_axis(attrs["axis"], x.rank)
+    for k, (i, d) in enumerate(zip(idx.shape, x.shape)):   # index dims past the data's would read out of bounds
+        if k != attrs["axis"] and isinstance(i, int) and isinstance(d, int) and i > d:
+            raise ShapeError(f"gather_elements: index {idx} is larger than data {x} in dim {k}")
     return [TensorType(idx.shape, x.dtype)]
 
 
 def _gather_elements_ref(xs, a):
     x, idx = xs
-    n = x.shape[a["axis"]]
-    return np.take_along_axis(x, np.where(idx < 0, idx + n, idx), axis=a["axis"])
+    ax, n = a["axis"], x.shape[a["axis"]]
+    # torch.gather semantics: other dims of the index may be shorter than the data's (no broadcasting)
+    x = x[tuple(slice(None) if k == ax else slice(0, m) for k, m in enumerate(idx.shape))]
+    return np.take_along_axis(x, np.where(idx < 0, idx + n, idx), axis=ax)
 
 
 declare(OpDef("gather_elements", {"axis": 0}, _gather_elements_infer, _gather_elements_ref, kind="gather"))

@@ -31,18 +31,17 @@ void cuvil_layer_norm(int64_t rows, int64_t n, const float *x, const float *gamm
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * n;
         float *yr = y + r * n;
-        double mean = 0.0, var = 0.0;
+        /* sums and the centring in double: a float sum over thousands of elements, or a mean
+         * rounded to float when it is large against the spread, costs more than 1e-4 */
+        double mean = 0.0, ss = 0.0;
         if (!rms) {
-            float s = 0.f;
-            for (int64_t k = 0; k < n; k++) s += xr[k];
-            mean = n ? (double)s / n : 0.0;
+            for (int64_t k = 0; k < n; k++) mean += xr[k];
+            mean = n ? mean / n : 0.0;
         }
-        float fm = (float)mean, ss = 0.f;
-        for (int64_t k = 0; k < n; k++) { float d = xr[k] - fm; ss += d * d; }
-        var = n ? (double)ss / n : 0.0;
-        float inv = (float)(1.0 / sqrt(var + eps));
+        for (int64_t k = 0; k < n; k++) { double d = xr[k] - mean; ss += d * d; }
+        double inv = 1.0 / sqrt((n ? ss / n : 0.0) + eps);
         for (int64_t k = 0; k < n; k++) {
-            float v = (xr[k] - fm) * inv;
+            float v = (float)((xr[k] - mean) * inv);
             if (gamma) v *= gamma[k];
             if (beta && !rms) v += beta[k];
             yr[k] = v;

@@ -89,7 +89,7 @@ def _data_dir():
 def _cache_file():
     import onnx
     root = Path(os.environ.get("CUVIL_ONNX_TESTS_CACHE") or Path.home() / ".cache" / "cuvil")
-    return root / f"onnx-node-tests-{onnx.__version__}.pkl"
+    return root / f"onnx-node-tests-{onnx.__version__}-v2.pkl"
 
 
 def _load_from_dir(d):
@@ -143,6 +143,8 @@ def _generate():
 def _plain(x):
     if isinstance(x, np.ndarray):
         return x
+    if isinstance(x, (np.generic, bool, int, float)):
+        return np.asarray(x)
     try:
         from onnx import TensorProto, numpy_helper
         if isinstance(x, TensorProto):

@@ -145,7 +145,7 @@ DOMAIN = {
 SIGNED = {"reciprocal"}            # domain applied to |x|, random sign
 HALVES = {"floor", "ceil", "round", "sign", "relu", "leaky_relu", "elu", "hardsigmoid", "clip", "abs"}
 INT_UNARY = [n for n, (_, acc, _) in UNARY.items() if acc == "any"]
-FLOAT_UNARY = [n for n, (_, acc, _) in UNARY.items() if acc == "float"]
+FLOAT_UNARY = [n for n, (_, acc, _) in UNARY.items() if acc != "bool"]
 UNARY_ATTRS = {"leaky_relu": {"alpha": 0.1}, "elu": {"alpha": 0.7}, "hardsigmoid": {"alpha": 0.25, "beta": 0.4},
                "clip": {"min": -1.5, "max": 2.25}}
 
@@ -796,6 +796,8 @@ def conv_attrs(op):
           "batch b", pads=((1, 1), (1, 1)))
     _conv(c, c.input([f(1, 3, 5, n) for n in B_RUNS], (1, 3, 5, B)), c.const(f(2, 3, 3, 1)), None,
           "width b (stride 1)", pads=((1, 1), (0, 0)))
+    _conv(c, c.input([f(1, 2, n + 4, 5) for n in B_RUNS], (1, 2, B + 4, 5)), c.const(f(3, 2, 3, 3)), None,
+          "height b+4, stride (2,3)", strides=(2, 3), pads=((1, 0), (1, 1)))
     c.check()
 
 
@@ -901,6 +903,307 @@ def batch_norm(op):
     c.out(c.add(op, [c.input(fortran(rand(r, (2, 3, 4), "float32"))), *params(3)]), "transposed")
     c.out(c.add(op, [c.input(dyn(r, (B, 3, 4), "float32"), (B, 3, 4)), *params(3)]), "[b,3,4]")
     c.check()
+
+
+# ---- integer bit ops, cumprod, scatter, top-k (the ONNX frontend's extra ops) ------------------
+BITWISE = ("bitwise_and", "bitwise_or", "bitwise_xor", "shift_left", "shift_right")
+INT_DTYPES = ("int64", "int32", "uint8", "int8")
+
+
+@case(*BITWISE)
+def bitwise(op):
+    """Shift counts run past the width and below 0 (0, or the sign for an arithmetic right shift)."""
+    c = Case(seed=len(op), runs=2, symbols=SYMS)
+    r = c.rng
+    for dt in INT_DTYPES:
+        bits = np.dtype(dt).itemsize * 8
+        info = np.iinfo(dt)
+        for sa, sb in [((3, 1, 5), (4, 5)), ((), (6,)), ((0, 2), (1, 2))]:
+            a = rand(r, sa, dt, max(info.min, -2**40), min(info.max, 2**40))
+            b = rand(r, sb, dt, 0 if dt == "uint8" else -2, bits + 2) if op.startswith("shift") else \
+                rand(r, sb, dt, max(info.min, -2**40), min(info.max, 2**40))
+            c.out(c.add(op, [c.input(a), c.input(b)]), f"{dt}{list(sa)} . {list(sb)}")
+    a = rand(r, (13, 7), "int64", -1000, 1000)
+    c.out(c.add(op, [c.input(fortran(a).T), c.input(rand(r, (7, 13), "int64", 0, 9))]), "transposed")
+    c.out(c.add(op, [c.input(dyn(r, (B, 3), "int32", -100, 100), (B, 3)), c.input(rand(r, (3,), "int32", 0, 5))]),
+          "int32[b,3] . [3]")
+    c.check()
+
+
+@case("bitwise_not")
+def bitwise_not(op):
+    c = Case(runs=2, symbols=SYMS)
+    r = c.rng
+    for dt in INT_DTYPES:
+        info = np.iinfo(dt)
+        for shape in [(7, 13), (), (0, 3)]:
+            c.out(c.add(op, [c.input(rand(r, shape, dt, max(info.min, -2**40), min(info.max, 2**40)))]),
+                  f"{dt}{list(shape)}")
+    c.out(c.add(op, [c.input(fortran(rand(r, (5, 3), "int64", -9, 9)))]), "transposed")
+    c.out(c.add(op, [c.input(dyn(r, (B, 3), "int64", -9, 9), (B, 3))]), "[b,3]")
+    c.check()
+
+
+@case("cumprod")
+def cumprod(op):
+    c = Case(runs=2, symbols=SYMS)
+    r = c.rng
+    x = c.input(rand(r, (5, 7, 13), "float32", 0.7, 1.3))
+    for axis in (0, 1, 2):
+        for excl in (False, True):
+            for rev in (False, True):
+                c.out(c.add(op, [x], {"axis": axis, "exclusive": excl, "reverse": rev}),
+                      f"f32 axis={axis} exclusive={excl} reverse={rev}")
+    for dt in ("float64", "int64", "int32"):
+        xi = c.input(rand(r, (4, 9), dt, -3, 3))
+        for excl, rev in [(False, False), (True, True), (True, False)]:
+            c.out(c.add(op, [xi], {"axis": 1, "exclusive": excl, "reverse": rev}), f"{dt} excl={excl} rev={rev}")
+    c.out(c.add(op, [c.input(rand(r, (0, 5), "float32"))], {"axis": 1}), "[0,5] axis=1")
+    c.out(c.add(op, [c.input(rand(r, (3, 0), "int64"))], {"axis": 1, "exclusive": True}), "[3,0] axis=1")
+    c.out(c.add(op, [c.input(fortran(rand(r, (6, 5), "float32")))], {"axis": 0}), "transposed")
+    c.out(c.add(op, [c.input(dyn(r, (B, 3), "float32", 0.5, 1.5), (B, 3))], {"axis": 0, "reverse": True}),
+          "[b,3] axis=0")
+    c.check()
+
+
+SCATTER_REDUCTIONS = ("none", "add", "mul", "max", "min")
+
+
+@case("scatter_elements")
+def scatter_elements(op):
+    """Repeated indices: 'none' keeps the last update in index order; the reductions combine them all."""
+    c = Case()
+    r = c.rng
+    for dt in ("float32", "float64", "int64", "int32"):
+        x = c.input(rand(r, (4, 5), dt, -9, 9))
+        upd = c.input(rand(r, (3, 5), dt, -9, 9))
+        idx = c.input(np.array([[0, 1, 2, 3, -1], [1, 1, 3, 3, 0], [0, 2, -4, 3, 1]], np.int64))
+        for red in SCATTER_REDUCTIONS:
+            c.out(c.add(op, [x, idx, upd], {"axis": 0, "reduction": red}), f"{dt} axis=0 {red}")
+    x = c.input(rand(r, (3, 6), "float32"))
+    idx = c.input(np.array([[5, 0], [2, 2], [-1, 0]], np.int32))
+    upd = c.input(rand(r, (3, 2), "float32"))
+    for red in SCATTER_REDUCTIONS:
+        c.out(c.add(op, [x, idx, upd], {"axis": 1, "reduction": red}), f"axis=1 smaller index {red}")
+    c.out(c.add(op, [c.input(rand(r, (2, 3, 4), "float32")), c.input(r.integers(0, 3, (2, 2, 4))),
+                     c.input(rand(r, (2, 2, 4), "float32"))], {"axis": 1}), "rank 3")
+    c.out(c.add(op, [c.input(rand(r, (3, 4), "float32")), c.input(np.zeros((0, 4), np.int64)),
+                     c.input(rand(r, (0, 4), "float32"))], {"axis": 0}), "no updates")
+    c.out(c.add(op, [c.input(fortran(rand(r, (4, 3), "float32"))), c.input(fortran(r.integers(0, 4, (2, 3)))),
+                     c.input(strided(rand(r, (2, 3), "float32")))], {"axis": 0, "reduction": "add"}), "non-contiguous")
+    c.check()
+
+
+@case("scatter_nd")
+def scatter_nd(op):
+    c = Case()
+    r = c.rng
+    for dt in ("float32", "int64"):
+        x = c.input(rand(r, (4, 5, 3), dt, -9, 9))
+        cases = [(np.array([[0, 1], [3, 4], [-1, 0], [0, 1]]), (4, 3)),      # depth 2: rows of 3
+                 (np.array([[2], [0], [2]]), (3, 5, 3)),                    # depth 1: whole slabs
+                 (np.array([[1, 2, 0], [1, 2, 0], [3, -1, 2]]), (3,))]      # depth 3: elements
+        for idx, us in cases:
+            iv, uv = c.input(idx.astype(np.int64)), c.input(rand(r, us, dt, -9, 9))
+            for red in SCATTER_REDUCTIONS:
+                c.out(c.add(op, [x, iv, uv], {"reduction": red}), f"{dt} depth {idx.shape[-1]} {red}")
+    c.out(c.add(op, [c.input(rand(r, (4, 2), "float32")), c.input(np.array([[[1], [3]], [[0], [2]]], np.int32)),
+                     c.input(rand(r, (2, 2, 2), "float32"))]), "2-d batch of int32 indices")
+    c.out(c.add(op, [c.input(rand(r, (4, 2), "float32")), c.input(np.zeros((0, 1), np.int64)),
+                     c.input(rand(r, (0, 2), "float32"))]), "no updates")
+    c.out(c.add(op, [c.input(fortran(rand(r, (5, 3), "float32"))), c.input(np.array([[4], [0]], np.int64)),
+                     c.input(fortran(rand(r, (2, 3), "float32")))]), "non-contiguous")
+    c.check()
+
+
+@case("topk")
+def topk(op):
+    """Ties keep the lower index first; both outputs (values and int64 indices) are checked."""
+    c = Case(runs=2, symbols=SYMS)
+    r = c.rng
+
+    def tk(x, label, **attrs):
+        v, i = c.add(op, [x], attrs)
+        c.out(v, label + " values")
+        c.out(i, label + " indices")
+    x = c.input(rand(r, (5, 13), "float32"))
+    for k in (1, 3, 13, 0):
+        tk(x, f"[5,13] k={k}", k=k)
+        tk(x, f"[5,13] k={k} smallest", k=k, largest=False)
+    tk(x, "axis 0", k=2, axis=0)
+    tk(c.input(rand(r, (2, 7, 3), "float32")), "rank 3 axis 1", k=4, axis=1)
+    for dt in ("int64", "int32", "float64"):
+        xi = c.input(rand(r, (4, 9), dt, 0, 3))                 # many ties
+        tk(xi, f"{dt} ties", k=5)
+        tk(xi, f"{dt} ties smallest", k=5, largest=False)
+    special = c.input(np.array([[1, np.inf, -np.inf, 3, 3, -0.0, 0.0], [np.nan, 1, np.nan, 2, -np.inf, 0, 5]], np.float32))
+    for k in (2, 7):
+        tk(special, f"nan, inf, signed zeros k={k}", k=k)
+        tk(special, f"nan, inf, signed zeros k={k} smallest", k=k, largest=False)
+    tk(c.input(rand(r, (0, 5), "float32")), "[0,5]", k=2)
+    tk(c.input(fortran(rand(r, (6, 5), "float32"))), "transposed", k=2)
+    tk(c.input(dyn(r, (B, 6), "float32"), (B, 6)), "[b,6]", k=3)
+    c.check()
+
+
+# ---- fused ops (created by passes, or emitted whole by frontends) -----------------------------
+@case("fused_pointwise")
+def fused_pointwise(op):
+    c = Case(runs=2, symbols=SYMS)
+    r = c.rng
+    a, b = c.input(rand(r, (3, 1, 5), "float32")), c.input(rand(r, (4, 5), "float32"))
+    s = c.input(np.float32(0.5))
+    body = (("mul", (("in", 0), ("in", 1)), {}), ("add", (("t", 0), ("in", 2)), {}), ("relu", (("t", 1),), {}),
+            ("mul", (("t", 2), ("t", 0)), {}))
+    c.out(c.add(op, [a, b, s], {"body": body}), "mul add relu, a temporary used twice")
+    body = (("gt", (("in", 0), ("in", 1)), {}), ("where", (("t", 0), ("in", 0), ("in", 1)), {}),
+            ("cast", (("t", 0),), {"to": "int64"}), ("cast", (("t", 1),), {"to": "float64"}))
+    c.out(c.add(op, [a, b], {"body": body}), "compare, where, casts: float64 result")
+    body = (("clip", (("in", 0),), {"min": -1.0, "max": 1.0}), ("exp", (("t", 0),), {}))
+    c.out(c.add(op, [c.input(SPECIAL.astype("float32"))], {"body": body}), "attrs, nan/inf")
+    xi = c.input(rand(r, (2, 3), "int64", -9, 9))
+    body = (("abs", (("in", 0),), {}), ("mod", (("t", 0), ("in", 1)), {}), ("eq", (("t", 1), ("in", 1)), {}))
+    c.out(c.add(op, [xi, c.input(np.int64(4))], {"body": body}), "int64 steps, bool result")
+    body = (("sigmoid", (("in", 0),), {}), ("mul", (("t", 0), ("in", 0)), {}))
+    c.out(c.add(op, [c.input(fortran(rand(r, (5, 4), "float32")))], {"body": body}), "transposed input (silu)")
+    c.out(c.add(op, [c.input(dyn(r, (B, 3), "float32"), (B, 3))], {"body": body}), "[b,3]")
+    c.out(c.add(op, [c.input(rand(r, (0, 3), "float32"))], {"body": body}), "[0,3]")
+    c.check()
+
+
+MM_ACTS = ("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
+
+
+@case("matmul_fused")
+def matmul_fused(op):
+    """act(alpha * a @ b + bias + residual) over the tile remainders. Only a constant B without batch
+    dims is fused (see UNSUPPORTED): passes create the op for weights."""
+    c = Case(runs=2, symbols=SYMS)
+    r = c.rng
+    f = lambda *s: rand(r, s, "float32", -1, 1)  # noqa: E731
+    for i, act in enumerate(MM_ACTS):
+        m, n, k = MS[i], NS[i % 4], KS[i % 3]
+        a = c.input(f(m, k))
+        bias, res = c.const(f(n)), c.input(f(m, n))
+        c.out(c.add(op, [a, c.const(f(k, n)), bias, res], {"act": act, "alpha": 0.5}),
+              f"{act} const b, bias, residual M={m} N={n} K={k}")
+        c.out(c.add(op, [a, c.const(f(k, n)), bias], {"act": act}), f"{act} bias M={m} N={n} K={k}")
+        c.out(c.add(op, [a, c.const(f(k, n))], {"act": act, "alpha": -2.0}), f"{act} no bias")
+    c.out(c.add(op, [c.input(f(2, 3, 300)), c.const(f(300, 33)), c.input(f(33)), c.input(f(2, 3, 33))],
+                {"act": "relu"}), "batched, bias and residual as inputs, K=300")
+    c.out(c.add(op, [c.input(f(75, 40)), c.const(f(40, 70)), c.const(f(70))], {"act": "gelu"}), "threaded")
+    c.out(c.add(op, [c.input(fortran(f(4, 5))), c.const(f(5, 3)), c.const(f(3)), c.input(strided(f(4, 3)))]),
+          "non-contiguous")
+    c.out(c.add(op, [c.input([f(n, 8) for n in B_RUNS], (B, 8)), c.const(f(8, 17)), c.const(f(17)),
+                     c.input([f(n, 17) for n in B_RUNS], (B, 17))], {"act": "silu"}), "[b,8]")
+    c.out(c.add(op, [c.input(f(3, 0)), c.const(f(0, 5)), c.const(f(5))], {"act": "relu"}), "K=0: act(bias)")
+    c.check()
+
+
+@case("attention")
+def attention(op):
+    c = Case(runs=2, symbols=SYMS)
+    r = c.rng
+    f = lambda *s: rand(r, s, "float32", -1, 1)  # noqa: E731
+    q, k, v = c.input(f(2, 3, 5, 8)), c.input(f(2, 3, 7, 8)), c.input(f(2, 3, 7, 6))
+    c.out(c.add(op, [q, k, v], {"scale": 8 ** -0.5}), "[2,3,5,8] x 7 keys")
+    c.out(c.add(op, [q, k, v], {"scale": 0.3, "causal": True}), "causal, L < S")
+    qq = c.input(f(2, 3, 7, 8))
+    c.out(c.add(op, [qq, k, v], {"causal": True}), "causal, L = S")
+    mask_b = rand(r, (2, 1, 5, 7), "bool")
+    mask_b[0, 0, 1] = False                                            # a fully masked row
+    c.out(c.add(op, [q, k, v, c.input(mask_b)]), "bool mask [2,1,5,7] with a fully masked row")
+    c.out(c.add(op, [q, k, v, c.input(f(5, 7))], {"scale": 0.5}), "float mask [5,7]")
+    c.out(c.add(op, [q, k, v, c.input(np.where(rand(r, (1, 1, 1, 7), "bool"), 0, -np.inf).astype(np.float32))]),
+          "float -inf padding mask [1,1,1,7]")
+    q4, k2, v2 = c.input(f(1, 4, 3, 16)), c.input(f(1, 2, 9, 16)), c.input(f(1, 2, 9, 16))
+    c.out(c.add(op, [q4, k2, v2], {"scale": 0.25}), "grouped kv heads 4/2")
+    c.out(c.add(op, [c.input(f(4, 3, 8)), c.input(f(4, 6, 8)), c.input(f(4, 6, 5))]), "rank 3")
+    c.out(c.add(op, [c.input(f(3, 8)), c.input(f(6, 8)), c.input(f(6, 5))], {"causal": True}), "rank 2")
+    qs, ks, vs = c.input(f(2, 5, 3, 8)), c.input(f(2, 7, 3, 8)), c.input(f(2, 7, 3, 6))
+    c.out(c.add(op, [qs, ks, vs], {"layout_q": "bshd", "layout_k": "bshd", "layout_v": "bshd", "layout_out": "bshd"}),
+          "bshd in and out")
+    c.out(c.add(op, [qs, k, v], {"layout_q": "bshd"}), "bshd q, bhsd out")
+    c.out(c.add(op, [c.input(fortran(f(1, 2, 4, 8))), c.input(strided(f(1, 2, 6, 8))), c.input(f(1, 2, 6, 8))]),
+          "non-contiguous")
+    c.out(c.add(op, [c.input([f(1, 2, n, 8) for n in B_RUNS], (1, 2, B, 8)),
+                     c.input([f(1, 2, n, 8) for n in B_RUNS], (1, 2, B, 8)),
+                     c.input([f(1, 2, n, 8) for n in B_RUNS], (1, 2, B, 8))], {"causal": True}), "seq b, causal")
+    c.out(c.add(op, [c.input(f(1, 2, 9, 64)), c.input(f(1, 2, 300, 64)), c.input(f(1, 2, 300, 64))], {"scale": 0.125}),
+          "300 keys, head dim 64")
+    c.check()
+
+
+# ---- what the declarations reject, what the C backend reports, run-time index checks ---------
+def _g(op, types, attrs=None):
+    g = Graph()
+    g.inputs = [Value(TensorType(s, dt), f"x{i}") for i, (s, dt) in enumerate(types)]
+    g.outputs = [g.add(op, g.inputs, dict(attrs or {}))]
+    return g
+
+
+REJECTED = [  # (op, [(shape, dtype)], attrs): dtypes or shapes the op's declaration must refuse
+    ("neg", [((3,), "bool")], {}), ("sign", [((3,), "bool")], {}), ("abs", [((3,), "bool")], {}),
+    ("exp", [((3,), "int64")], {}), ("not", [((3,), "float32")], {}),
+    ("add", [((3,), "bool"), ((3,), "bool")], {}), ("sub", [((3,), "bool"), ((3,), "bool")], {}),
+    ("atan2", [((3,), "int64"), ((3,), "int64")], {}), ("add", [((3,), "int64"), ((3,), "int32")], {}),
+    ("and", [((3,), "int64"), ((3,), "int64")], {}), ("add", [((3,), "float32"), ((4,), "float32")], {}),
+    ("reduce_sum", [((3,), "bool")], {}), ("reduce_prod", [((3,), "bool")], {}),
+    ("reduce_mean", [((3,), "int64")], {}), ("cumsum", [((3,), "bool")], {}),
+    ("conv", [((1, 4, 5, 5), "float32"), ((2, 1, 3, 3), "float32")], {"groups": 4}),
+    ("conv", [((1, 3, 2, 2), "float32"), ((2, 3, 3, 3), "float32")], {}),
+    ("gather_elements", [((3, 4), "float32"), ((4, 2), "int64")], {"axis": 1}),
+    ("scatter_elements", [((2, 3), "float32"), ((3, 4), "int64"), ((3, 4), "float32")], {"axis": 0}),
+    ("gather", [((3, 4), "float32"), ((2,), "float32")], {}),
+    ("matmul", [((3, 4), "float32"), ((5, 6), "float32")], {}),
+    ("reshape", [((3, 4), "float32")], {"shape": (5, 2)}), ("transpose", [((3, 4), "float32")], {"perm": (0, 0)}),
+    ("softmax", [((3, 4), "int64")], {}), ("bitwise_not", [((3,), "bool")], {}),
+    ("bitwise_and", [((3,), "bool"), ((3,), "bool")], {}), ("shift_left", [((3,), "float32"), ((3,), "float32")], {}), ("max_pool", [((1, 1, 2, 2), "float32")], {"kernel": (3, 3)}),
+]
+
+
+@pytest.mark.parametrize("op, types, attrs", REJECTED, ids=[f"{op}-{i}" for i, (op, _, _) in enumerate(REJECTED)])
+def test_declaration_rejects(op, types, attrs):
+    with pytest.raises(ShapeError):
+        _g(op, types, attrs)
+
+
+UNSUPPORTED = [  # declared, but the C backend lowers only some dtypes or ranks: a clear UnsupportedOpError
+    ("conv", [((1, 2, 5, 5), "float64"), ((3, 2, 3, 3), "float64")], {}),
+    ("conv", [((1, 2, 4, 4, 4), "float32"), ((3, 2, 3, 3, 3), "float32")], {}),
+    ("max_pool", [((1, 2, 5, 5), "float64")], {"kernel": (2, 2)}),
+    ("avg_pool", [((1, 2, 4, 4, 4), "float32")], {"kernel": (2, 2, 2)}),
+    ("softmax", [((3, 4), "float64")], {}), ("log_softmax", [((3, 4), "float64")], {}),
+    ("layer_norm", [((3, 4), "float64")], {}), ("rms_norm", [((3, 4), "float64")], {}),
+    ("batch_norm", [((2, 3), "float64")] + [((3,), "float64")] * 4, {}),
+    ("layer_norm", [((3, 4, 5), "float32"), ((5,), "float32")], {"axis": 1}),
+    ("matmul", [((3, 4), "bool"), ((4, 5), "bool")], {}), ("matmul", [((3, 4), "int8"), ((4, 5), "int8")], {}),
+    ("matmul_fused", [((3, 4), "float32"), ((4, 5), "float32")], {"act": "relu"}),
+    ("matmul_fused", [((3, 4), "float64"), ((4, 5), "float64")], {}),
+]
+
+
+@pytest.mark.parametrize("op, types, attrs", UNSUPPORTED,
+                         ids=[f"{op}-{i}" for i, (op, _, _) in enumerate(UNSUPPORTED)])
+def test_unsupported_is_reported(op, types, attrs):
+    with pytest.raises(UnsupportedOpError, match=op):
+        compile_graph(_g(op, types, attrs))
+
+
+def test_index_out_of_range_is_an_error_not_a_crash():
+    c = Case()
+    x = c.input(rand(c.rng, (4, 5), "float32"))
+    i = c.input(np.array([0, 3], np.int64))
+    j = c.input(np.array([[1], [4], [0], [2]], np.int64))
+    c.out(c.add("gather", [x, i], {"axis": 0}), "gather")
+    c.out(c.add("gather_elements", [x, j], {"axis": 1}), "gather_elements")
+    cm = c.check()
+    xv = c.runs[0][0]
+    for bad_i, bad_j in [([0, 4], [[1], [4], [0], [2]]), ([-5, 0], [[1], [4], [0], [2]]),
+                         ([0, 1], [[1], [5], [0], [2]]), ([0, 1], [[1], [-6], [0], [2]])]:
+        with pytest.raises(ShapeError, match="out of range"):
+            cm.run(xv, np.array(bad_i, np.int64), np.array(bad_j, np.int64))
+    np.testing.assert_array_equal(cm.run(xv, np.array([-4, -1]), np.array([[-5], [4], [0], [2]]))[0], xv[[0, 3]])
 
 
 # ---- the tests --------------------------------------------------------------------------------

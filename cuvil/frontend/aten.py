@@ -454,37 +454,13 @@ def _addmm(ctx, bias, a, b, beta=1, alpha=1):
 
 @handles(aten.scaled_dot_product_attention.default)
 def _sdpa(ctx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    """softmax(q k^T * scale + mask) v, in IR ops (the fusion pass matches it back to one kernel)."""
+    """One attention op: the kernel handles the mask, causality and grouped KV heads."""
     if dropout_p:
         raise Unsupported("attention dropout at inference")
-    hq, hk = q.shape[-3] if q.type.rank >= 3 else 1, k.shape[-3] if k.type.rank >= 3 else 1
-    if hq != hk:
-        k, v = (_repeat_heads(ctx, t, hq // hk) for t in (k, v))
-    e = q.shape[-1]
-    scale = scale if scale is not None else 1.0 / math.sqrt(e)
-    perm = list(range(k.type.rank))
-    perm[-1], perm[-2] = perm[-2], perm[-1]
-    s = ctx.add("matmul", [q, ctx.add("transpose", [k], {"perm": perm})])
-    s = ctx.add("mul", [s, ctx.tensor(scale, s.dtype)])
-    if is_causal:
-        L, S = q.shape[-2], k.shape[-2]
-        i = ctx.add("reshape", [ctx.add("iota", [], {"length": L, "dtype": "int64"})], {"shape": [L, 1]})
-        j = ctx.add("reshape", [ctx.add("iota", [], {"length": S, "dtype": "int64"})], {"shape": [1, S]})
-        s = ctx.add("where", [ctx.add("ge", [i, j]), s, ctx.tensor(-math.inf, s.dtype)])
-    if attn_mask is not None:
-        if attn_mask.dtype == "bool":
-            s = ctx.add("where", [attn_mask, s, ctx.tensor(-math.inf, s.dtype)])
-        else:
-            s = ctx.add("add", [s, ctx.tensor(attn_mask, s.dtype)])
-    p = ctx.add("softmax", [s], {"axis": -1})
-    return ctx.add("matmul", [p, v])
-
-
-def _repeat_heads(ctx, t, n):
-    shape = list(t.shape)
-    x = ctx.add("reshape", [t], {"shape": shape[:-2] + [1] + shape[-2:]})
-    x = ctx.add("expand", [x], {"shape": shape[:-2] + [n] + shape[-2:]})
-    return ctx.add("reshape", [x], {"shape": shape[:-3] + [D.as_dim(shape[-3] * n)] + shape[-2:]})
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    ins = [q, k, v] + ([ctx.tensor(attn_mask, "bool" if attn_mask.dtype == "bool" else q.dtype)]
+                       if attn_mask is not None else [])
+    return ctx.add("attention", ins, {"scale": float(scale), "causal": bool(is_causal)})
 
 
 @handles(aten.convolution.default)

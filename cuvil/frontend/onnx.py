@@ -34,7 +34,7 @@ MAX_NODES = 1 << 20
 
 # ONNX TensorProto.DataType -> IR dtype
 ONNX_DTYPES = {1: "float32", 11: "float64", 10: "float16", 7: "int64", 6: "int32", 5: "int16", 3: "int8",
-               2: "uint8", 9: "bool"}
+               2: "uint8", 9: "bool", 4: "uint16", 12: "uint32", 13: "uint64"}
 DTYPE_NAMES = {1: "FLOAT", 2: "UINT8", 3: "INT8", 4: "UINT16", 5: "INT16", 6: "INT32", 7: "INT64", 8: "STRING",
                9: "BOOL", 10: "FLOAT16", 11: "DOUBLE", 12: "UINT32", 13: "UINT64", 14: "COMPLEX64",
                15: "COMPLEX128", 16: "BFLOAT16", 17: "FLOAT8E4M3FN", 18: "FLOAT8E4M3FNUZ", 19: "FLOAT8E5M2",
@@ -413,6 +413,7 @@ class Converter:
             self.unsupported.append((f"{node.op_type} (opset {opset}): output {missing[0]}", self.loc))
             self._poison(node)
             return
+        outs = [np.asarray(x) if isinstance(x, (np.generic, bool, int, float)) else x for x in outs]
         for k, name in enumerate(node.output):
             if not name:
                 continue

@@ -1128,11 +1128,6 @@ def _tile(c):
     return c.reshape(y, final)
 
 
-@handler("Range")
-def _range(c):
-    raise Unsupported("Range with run-time bounds")
-
-
 @handler("EyeLike")
 def _eyelike(c):
     x = c.inp(0)
@@ -1281,3 +1276,176 @@ def _sym_where(c, ins):
 
 
 __all__ = ["NeedsConstant", "Value"]
+
+
+# ---- resize: separable per-axis linear maps computed at compile time ---------------------------
+def _resize_coeff_fn(mode, nearest_mode, cubic_a, antialias):
+    from onnx.reference.ops import op_resize as R
+    if mode == "nearest":
+        return lambda x, s: R._nearest_coeffs(x, mode=nearest_mode)
+    if mode == "cubic":
+        f = R._cubic_coeffs_antialias if antialias else R._cubic_coeffs
+        return lambda x, s: f(x, s, A=cubic_a)
+    if mode == "linear":
+        return R._linear_coeffs_antialias if antialias else R._linear_coeffs
+    raise Unsupported(f"mode {mode!r}")
+
+
+@handler("Resize", "Upsample")
+def _resize(c):
+    x = c.inp(0)
+    sh = shape_of(x)
+    r = len(sh)
+    if not all(isinstance(d, int) for d in sh):
+        raise Unsupported("symbolic input shape")
+    mode = c.attr("mode", "nearest")
+    if c.node.op_type == "Upsample" or c.opset < 11:
+        ctm, nearest_mode = "asymmetric", "floor"
+        if c.node.op_type == "Upsample" and c.opset < 9:
+            scales = c.attr("scales")
+        else:
+            scales = c.known(1, "scales")
+            scales = None if scales is None else [float(v) for v in np.asarray(scales).ravel()]
+        sizes, roi, axes = None, None, None
+        if mode == "bilinear":
+            mode = "linear"
+    else:
+        ctm = c.attr("coordinate_transformation_mode", "half_pixel")
+        nearest_mode = c.attr("nearest_mode", "round_prefer_floor")
+        roi = c.known(1, "roi")
+        sc = c.known(2, "scales")
+        sz = c.known(3, "sizes")
+        scales = [float(v) for v in np.asarray(sc).ravel()] if sc is not None and sc.size else None
+        sizes = [int(v) for v in np.asarray(sz).ravel()] if sz is not None and sz.size else None
+        axes = c.attr("axes")
+        roi = None if roi is None or roi.size == 0 else [float(v) for v in roi.ravel()]
+    policy = c.attr("keep_aspect_ratio_policy", "stretch")
+    excl = bool(c.attr("exclude_outside", 0))
+    extrap = float(c.attr("extrapolation_value", 0.0))
+    try:
+        fct = _resize_coeff_fn(mode, nearest_mode, c.attr("cubic_coeff_a", -0.75), c.attr("antialias", 0))
+        from onnx.reference.ops import op_resize as R
+    except ImportError:
+        raise Unsupported("needs onnx's reference resize helpers") from None
+    # output sizes and scales, exactly as onnx's reference computes them
+    if axes is not None:
+        axes = [_norm_axis(a, r) for a in axes]
+        if scales is not None:
+            full = [1.0] * r
+            for i, d in enumerate(axes):
+                full[d] = scales[i]
+            scales = full
+        if sizes is not None:
+            full = list(sh)
+            for i, d in enumerate(axes):
+                full[d] = sizes[i]
+            sizes = full
+        if roi is not None:
+            full = [0.0] * r + [1.0] * r
+            for i, d in enumerate(axes):
+                full[d], full[r + d] = roi[i], roi[len(axes) + i]
+            roi = full
+    else:
+        axes = list(range(r))
+    if sizes is not None:
+        scales = [sizes[i] / sh[i] for i in range(r)]
+        if policy != "stretch":
+            s = min(scales[a] for a in axes) if policy == "not_larger" else max(scales[a] for a in axes)
+            scales = [s if i in axes else 1.0 for i in range(r)]
+            sizes = [int(s * sh[i] + 0.5) if i in axes else sh[i] for i in range(r)]
+    elif scales is not None:
+        if len(scales) != r:
+            raise ShapeError(f"{len(scales)} scales for rank {r}")
+        sizes = [int(v) for v in (np.array(scales) * np.array(sh))]
+    else:
+        raise ShapeError("Resize needs scales or sizes")
+    dt = dtype_of(x)
+    y = x
+    for ax in axes:
+        n, m, s = sh[ax], int(sizes[ax]), float(scales[ax])
+        if math.isclose(s, 1.0) and m == n and (roi is None or (math.isclose(roi[ax], 0.0) and
+                                                               math.isclose(roi[ax + r], 1.0))):
+            continue
+        aroi = None if roi is None else [roi[ax], roi[ax + r]]
+        kw = dict(roi=aroi, exclude_outside=excl, coordinate_transformation_mode=ctm)
+        W = R._interpolate_1d_along_axis(np.eye(n), 0, s, m, fct, extrapolation_value=0.0, **kw)
+        E = R._interpolate_1d_along_axis(np.zeros((n, 1)), 0, s, m, fct, extrapolation_value=1.0, **kw)[:, 0] != 0
+        onehot = np.all((W == 0) | (W == 1), axis=1) & (W.sum(axis=1) == 1)
+        if np.all(onehot | E):
+            idx = np.where(E, 0, W.argmax(axis=1)).astype(np.int64)
+            y = c.op("gather", [y, idx], axis=ax)
+        else:
+            if not dt.startswith("float"):
+                raise Unsupported(f"{mode} resize of {dt}")
+            perm = [i for i in range(r) if i != ax] + [ax]
+            inv = [perm.index(i) for i in range(r)]
+            yt = _transpose(c, y, perm)
+            yt = c.op("matmul", [yt, np.ascontiguousarray(W.T).astype(dt)])
+            y = _transpose(c, yt, inv)
+        if E.any():
+            mask = E.reshape([m] + [1] * (r - ax - 1))
+            y = c.op("where", [mask, c.scalar(extrap, dt), y])
+    return y
+
+
+# ---- ops declared in ir/ops/extra.py -----------------------------------------------------------
+def _bitop(op):
+    return lambda c: c.op(op, [c.inp(0), c.inp(1)])
+
+
+handler("BitwiseAnd")(_bitop("bitwise_and"))
+handler("BitwiseOr")(_bitop("bitwise_or"))
+handler("BitwiseXor")(_bitop("bitwise_xor"))
+
+
+@handler("BitwiseNot")
+def _bitnot(c):
+    return c.op("bitwise_not", [c.inp(0)])
+
+
+@handler("BitShift")
+def _bitshift(c):
+    d = c.attr("direction")
+    return c.op("shift_left" if d == "LEFT" else "shift_right", [c.inp(0), c.inp(1)])
+
+
+@handler("CumProd")
+def _cumprod(c):
+    x = c.inp(0)
+    axis = int(np.asarray(c.known(1, "axis")).ravel()[0])
+    return c.op("cumprod", [x], axis=_norm_axis(axis, rank_of(x)), exclusive=bool(c.attr("exclusive", 0)),
+                reverse=bool(c.attr("reverse", 0)))
+
+
+@handler("ScatterElements", "Scatter")
+def _scatter_el(c):
+    x, idx, upd = c.inp(0), c.inp(1), c.inp(2)
+    return c.op("scatter_elements", [x, idx, upd], axis=_norm_axis(c.attr("axis", 0), rank_of(x)),
+                reduction=c.attr("reduction", "none"))
+
+
+@handler("ScatterND")
+def _scatter_nd(c):
+    return c.op("scatter_nd", [c.inp(0), c.inp(1), c.inp(2)], reduction=c.attr("reduction", "none"))
+
+
+@handler("TopK")
+def _topk(c):
+    x = c.inp(0)
+    if c.opset < 10:
+        k = c.attr("k")
+    else:
+        k = int(np.asarray(c.known(1, "k")).ravel()[0])
+    return c.op("topk", [x], k=k, axis=_norm_axis(c.attr("axis", -1), rank_of(x)),
+                largest=bool(c.attr("largest", 1)), sorted=bool(c.attr("sorted", 1)))
+
+
+@handler("Range")
+def _range_h(c):
+    start, limit, delta = (c.known(i, n) for i, n in enumerate(("start", "limit", "delta")))
+    if _is_sym(start) or _is_sym(limit) or _is_sym(delta):
+        raise Unsupported("Range over symbolic bounds")
+    n = max(int(math.ceil((limit.item() - start.item()) / delta.item())), 0)
+    if n * start.itemsize > 1 << 28:
+        raise ShapeError(f"Range of {n} elements is absurdly large")
+    return (start.item() + delta.item() * np.arange(n)).astype(start.dtype)

@@ -94,9 +94,10 @@ def _c(e) -> str:
         return f"cuvil_max({_c(e.args[0])}, {_c(e.args[1])})"
     if name in ("Min",):
         return f"cuvil_min({_c(e.args[0])}, {_c(e.args[1])})"
-    if isinstance(e, sympy.floor) and e.args[0].is_Mul:
-        num, den = sympy.fraction(e.args[0])
-        return f"cuvil_floordiv({_c(num)}, {_c(den)})"
+    if isinstance(e, sympy.floor):   # floor(h/2 - 1/2) (a strided conv's output) -> floordiv(h - 1, 2)
+        num, den = sympy.fraction(sympy.together(e.args[0]))
+        if den.is_Integer:
+            return f"cuvil_floordiv({_c(sympy.expand(num))}, {_c(den)})"
     raise NotImplementedError(f"cannot express dim {e} in C")
 
 

@@ -9,7 +9,7 @@ import numpy as np
 from ..errors import GraphError
 from . import dims as D
 
-DTYPES = ("float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8", "bool")
+DTYPES = ("float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8", "bool", "uint16", "uint32", "uint64")
 
 
 @dataclass(frozen=True)

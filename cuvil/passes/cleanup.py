@@ -18,6 +18,8 @@ def dce(graph):
 def _attr_key(v):
     if isinstance(v, (list, tuple)):
         return tuple(_attr_key(x) for x in v)
+    if isinstance(v, dict):   # e.g. the per-step attrs in a fused_pointwise body
+        return tuple(sorted((k, _attr_key(x)) for k, x in v.items()))
     return str(v) if hasattr(v, "free_symbols") else v
 
 

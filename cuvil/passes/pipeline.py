@@ -2,7 +2,7 @@
 fusion_level 0 runs only what correctness needs (dead code removal)."""
 from __future__ import annotations
 
-from . import cleanup, fold, simplify
+from . import cleanup, fold, fuse, simplify
 
 PASSES = {
     "cleanup": cleanup.run,
@@ -12,9 +12,9 @@ PASSES = {
 
 
 def optimize(graph, fusion_level=2, verify=False, log=None):
-    order = ["cleanup"] if fusion_level == 0 else ["cleanup", "fold", "simplify", "cleanup", "fold", "cleanup"]
+    order = ["cleanup"] if fusion_level == 0 else ["cleanup", "fold", "simplify", "cleanup", "fold", "cleanup", "fuse"]
     for name in order:
-        graph = PASSES[name](graph)
+        graph = fuse.run(graph, fusion_level) if name == "fuse" else PASSES[name](graph)
         if verify:
             graph.verify()
         if log:

@@ -18,7 +18,8 @@ from .module import Module
 
 ORT_TYPES = {"float32": "tensor(float)", "float64": "tensor(double)", "float16": "tensor(float16)",
              "int64": "tensor(int64)", "int32": "tensor(int32)", "int16": "tensor(int16)", "int8": "tensor(int8)",
-             "uint8": "tensor(uint8)", "bool": "tensor(bool)"}
+             "uint8": "tensor(uint8)", "bool": "tensor(bool)",
+             "uint16": "tensor(uint16)", "uint32": "tensor(uint32)", "uint64": "tensor(uint64)"}
 
 
 @dataclass(frozen=True)

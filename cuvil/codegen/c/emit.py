@@ -116,7 +116,7 @@ def unsupported(graph):
 
 def generate(graph, target="native"):
     """Returns (model.c text, weights blob bytes, memory plan, io description for the manifest)."""
-    from . import lower_movement, lower_nn, lower_pointwise, lower_reduce  # noqa: F401 (registration)
+    from . import lower_extra, lower_movement, lower_nn, lower_pointwise, lower_reduce  # noqa: F401 (registration)
     bad = unsupported(graph)
     if bad:
         raise UnsupportedOpError(bad)

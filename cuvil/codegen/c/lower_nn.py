@@ -37,14 +37,14 @@ def _mat_dims(v, is_b):
 
 def _prepacked(node):
     """A constant B without batch dims is packed at compile time; every other B at run time."""
-    a, b = node.inputs
+    a, b = node.inputs[:2]
     abatch, bbatch = _mat_dims(a, False)[0], _mat_dims(b, True)[0]
     obatch = node.outputs[0].type.shape[:node.outputs[0].type.rank - (a.type.rank >= 2) - (b.type.rank >= 2)]
     return b.is_const and not bbatch and (not abatch or len(abatch) == len(obatch))
 
 
 def _matmul_scratch(node, bounds):
-    a, b = node.inputs
+    a, b = node.inputs[:2]
     if a.dtype != "float32" or _prepacked(node):
         return 0
     _, K, N = _mat_dims(b, True)
@@ -53,14 +53,43 @@ def _matmul_scratch(node, bounds):
     return (-(-N // nr) * nr * K) * 4
 
 
-@lowering("matmul", scratch=_matmul_scratch)
+def _matmul_supports(node):
+    dt = node.inputs[0].dtype
+    return None if dt in ("float32", "float64", "int64", "int32") else f"dtype {dt} (float32, float64, int64, int32)"
+
+
+ACT_CODES = {"none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4, "sigmoid": 5, "tanh": 6}  # common.h
+
+
+def _epilogue(em, node):
+    """C initialiser of the cuvil_epilogue of a matmul_fused node (None for a plain matmul)."""
+    if node.op != "matmul_fused":
+        return None
+    bias = em.ptr(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else "0"
+    res = em.ptr(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else "0"
+    n = D.to_c(node.outputs[0].shape[-1])
+    return (f"{{.bias_row = 0, .bias_col = {bias}, .residual = {res}, .ldr = {n}, "
+            f".alpha = {float(node.attrs['alpha'])!r}f, .act = {ACT_CODES[node.attrs['act']]}}}")
+
+
+def _fused_supports(node):
+    return None if node.inputs[0].dtype == "float32" and _prepacked(node) else "epilogue fusion needs a float32 weight"
+
+
+@lowering("matmul_fused", supports=_fused_supports)
+def lower_matmul_fused(em, node):
+    return lower_matmul(em, node)
+
+
+@lowering("matmul", scratch=_matmul_scratch, supports=_matmul_supports)
 def lower_matmul(em, node):
-    a, b = node.inputs
+    a, b = node.inputs[:2]
     y = node.outputs[0]
     abatch, M, K = _mat_dims(a, False)
     bbatch, _, N = _mat_dims(b, True)
     obatch = y.type.shape[:len(y.type.shape) - (a.type.rank >= 2) - (b.type.rank >= 2)]
-    A, B, Y = em.ptr(a), em.ptr(b), em.ptr(y)
+    A, Y = em.ptr(a), em.ptr(y)
+    B = None if _prepacked(node) else em.ptr(b)      # a prepacked weight is stored only as panels
     Mc, Nc, Kc = D.to_c(M), D.to_c(N), D.to_c(K)
     lines = ["{"]
     if a.dtype == "float32":
@@ -69,11 +98,14 @@ def lower_matmul(em, node):
             nr = panel_width(em)
             Bp = em.packed("panels", b, lambda d: pack_b(d if d.ndim == 2 else d.reshape(-1, 1), nr))
             Mt = _prod_c(list(abatch) + [M])
-            lines.append(f"  cuvil_sgemm_packed({Mt}, {Nc}, {Kc}, {A}, {Kc}, {Bp}, {Y}, {Nc}, 0, 0, 0, 0, NT);")
+            ep = _epilogue(em, node)
+            if ep:
+                lines.append(f"  const cuvil_epilogue ep = {ep};")
+            lines.append(f"  cuvil_sgemm_packed({Mt}, {Nc}, {Kc}, {A}, {Kc}, {Bp}, {Y}, {Nc}, {'&ep' if ep else '0'}, NT);")
             lines.append("}")
             return lines
         body = [f"cuvil_pack_b({Kc}, {Nc}, {B} + boff, {Nc}, 0, {em.scratch()}, NT);",
-                f"cuvil_sgemm_packed({Mc}, {Nc}, {Kc}, {A} + aoff, {Kc}, {em.scratch()}, {Y} + yoff, {Nc}, 0, 0, 0, 0, NT);"]
+                f"cuvil_sgemm_packed({Mc}, {Nc}, {Kc}, {A} + aoff, {Kc}, {em.scratch()}, {Y} + yoff, {Nc}, 0, NT);"]
     else:
         fn = {"float64": "cuvil_matmul_f64", "int64": "cuvil_matmul_i64", "int32": "cuvil_matmul_i32"}[a.dtype]
         body = [f"{fn}({Mc}, {Nc}, {Kc}, {A} + aoff, {Kc}, {B} + boff, {Nc}, {Y} + yoff, {Nc});"]
@@ -136,10 +168,11 @@ def _shape_struct(s):
 def lower_conv(em, node):
     s, _ = _conv_shape(node, D.to_c)
     bias = em.ptr(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else "0"
-    act = {"none": 0, "relu": 1, "gelu": 2}[node.attrs.get("act", "none")] if "act" in node.attrs else 0
+    res = em.ptr(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else "0"
+    act = ACT_CODES[node.attrs["act"]]
     return ["{", f"  const cuvil_conv_shape s = {_shape_struct(s)};",
-            f"  cuvil_conv2d(&s, {em.ptr(node.inputs[0])}, {em.ptr(node.inputs[1])}, {bias}, {em.ptr(node.outputs[0])}, "
-            f"{act}, {em.scratch()}, NT);", "}"]
+            f"  cuvil_conv2d(&s, {em.ptr(node.inputs[0])}, {em.ptr(node.inputs[1])}, {bias}, {res}, "
+            f"{em.ptr(node.outputs[0])}, {act}, {em.scratch()}, NT);", "}"]
 
 
 def _pool_supports(node):
@@ -204,3 +237,73 @@ def lower_batch_norm(em, node):
     ps = ", ".join(em.ptr(v) for v in node.inputs[1:])
     return [f"cuvil_batch_norm({D.to_c(s[0])}, {D.to_c(s[1])}, {_prod_c(s[2:])}, {em.ptr(x)}, {ps}, "
             f"{float(node.attrs['eps'])!r}f, {em.ptr(node.outputs[0])}, NT);"]
+
+
+def _attention_supports(node):
+    if any(v.dtype != "float32" for v in node.inputs[:3]):
+        return "float32 q, k, v are supported"
+    if len(node.inputs) > 3 and node.inputs[3] is not None:
+        if node.inputs[3].dtype not in ("bool", "float32"):
+            return "bool or float32 masks are supported"
+        if node.inputs[0].type.rank > 4:
+            return "masks on attention with more than one batch dim"
+    return None
+
+
+@lowering("attention", supports=_attention_supports)
+def lower_attention(em, node):
+    q, k, v = node.inputs[:3]
+    y = node.outputs[0]
+    a = node.attrs
+    B, H, L, qs = _attn_dims(q, a["layout_q"])
+    _, Hk, S, ks = _attn_dims(k, a["layout_k"])
+    _, _, _, vs = _attn_dims(v, a["layout_v"])
+    _, _, _, os_ = _attn_dims(y, a["layout_out"])
+    mask = node.inputs[3] if len(node.inputs) > 3 else None
+    mkind, mptr, mst = 0, "0", ("0", "0", "0", "0")
+    if mask is not None:
+        mkind = 1 if mask.dtype == "bool" else 2
+        mptr = em.ptr(mask)
+        full = _bhsd_full(q, a["layout_q"], S)
+        from .loops import broadcast_strides
+        st = broadcast_strides(mask.type.shape, full)
+        mst = tuple(D.to_c(x) for x in _fold_batch(st, full))
+    E, Ev = q.shape[-1], v.shape[-1]
+    init = (f"{{.B = {D.to_c(B)}, .H = {D.to_c(H)}, .Hk = {D.to_c(Hk)}, .L = {D.to_c(L)}, .S = {D.to_c(S)}, "
+            f".E = {D.to_c(E)}, .Ev = {D.to_c(Ev)}, "
+            f".qb = {qs[0]}, .qh = {qs[1]}, .ql = {qs[2]}, .kb = {ks[0]}, .kh = {ks[1]}, .kl = {ks[2]}, "
+            f".vb = {vs[0]}, .vh = {vs[1]}, .vl = {vs[2]}, .ob = {os_[0]}, .oh = {os_[1]}, .ol = {os_[2]}, "
+            f".mask_kind = {mkind}, .mask = {mptr}, .mb = {mst[0]}, .mh = {mst[1]}, .ml = {mst[2]}, .ms = {mst[3]}, "
+            f".scale = {float(a['scale'])!r}f, .causal = {int(a['causal'])}}}")
+    return ["{", f"  const cuvil_attn at = {init};",
+            f"  cuvil_attention(&at, {em.ptr(q)}, {em.ptr(k)}, {em.ptr(v)}, {em.ptr(y)}, NT);", "}"]
+
+
+def _attn_dims(v, layout):
+    """(batch, heads, seq, (batch, head, seq) C strides) of an attention operand."""
+    s = v.type.shape
+    st, acc = [], 1
+    for d in reversed(s):
+        st.append(acc)
+        acc = D.as_dim(acc * d)
+    st = st[::-1]
+    if len(s) == 2:
+        return 1, 1, s[0], ("0", "0", D.to_c(st[0]))
+    if layout == "bshd":
+        return s[0], s[2], s[1], (D.to_c(st[0]), D.to_c(st[2]), D.to_c(st[1]))
+    return D.numel(s[:-3]), s[-3], s[-2], (D.to_c(st[-3] * s[-3]) if len(s) > 3 else "0", D.to_c(st[-3]),
+                                           D.to_c(st[-2]))
+
+
+def _bhsd_full(q, layout, S):
+    """The [..., heads, L, S] score shape (bhsd order) that a mask broadcasts against."""
+    s = q.type.shape
+    if layout == "bshd":
+        return (s[0], s[2], s[1], S)
+    return tuple(s[:-1]) + (S,)
+
+
+def _fold_batch(st, full):
+    """Mask strides over the score shape -> (batch, head, q, kv) strides."""
+    st = [0] * (4 - len(st)) + list(st)
+    return tuple(st[-4:])

@@ -19,7 +19,8 @@ UNARY_F = {
     "silu": "({0} / (({T})1 + exp(-{0})))",
     "softplus": "(log1p(exp(-fabs({0}))) + ({0} > 0 ? {0} : ({T})0))",
     "floor": "floor({0})", "ceil": "ceil({0})", "round": "nearbyint({0})",
-    "sign": "(({T})(({0} > 0) - ({0} < 0)))", "isnan": "({0} != {0})", "isinf": "(isinf({0}) != 0)",
+    "sign": "({0} > 0 ? ({T})1 : ({0} < 0 ? ({T})-1 : {0}))",  # sign(nan) = nan, as numpy and ONNX
+    "isnan": "({0} != {0})", "isinf": "(isinf({0}) != 0)",
     "leaky_relu": "({0} >= 0 ? {0} : {0} * ({T}){alpha})",
     "elu": "({0} > 0 ? {0} : ({T}){alpha} * expm1({0}))",
     # fmin/fmax drop a NaN operand; numpy and torch propagate it. min > max gives max, as numpy.
@@ -58,10 +59,11 @@ def _fmt_float(v):
 
 
 def _fmt_int(v, ctype):
-    big = {"int64_t": 2**63 - 1, "int32_t": 2**31 - 1, "int16_t": 2**15 - 1, "int8_t": 127, "uint8_t": 255}[ctype]
-    small = {"uint8_t": 0}.get(ctype, -big - 1)
+    big = {"int64_t": 2**63 - 1, "int32_t": 2**31 - 1, "int16_t": 2**15 - 1, "int8_t": 127, "uint8_t": 255,
+           "uint16_t": 2**16 - 1, "uint32_t": 2**32 - 1, "uint64_t": 2**64 - 1}[ctype]
+    small = 0 if ctype.startswith("uint") else -big - 1
     v = max(min(v, big), small) if v not in (float("inf"), float("-inf")) else (big if v > 0 else small)
-    return f"(({ctype}){int(v)}LL)" if v != -2**63 else "INT64_MIN"
+    return f"(({ctype}){int(v)}{'ULL' if ctype.startswith('uint') else 'LL'})" if v != -2**63 else "INT64_MIN"
 
 
 def template(node):
@@ -122,3 +124,43 @@ def lower_pointwise(em, node):
         ins.append((load, broadcast_strides(v.type.shape, shape), "0"))
     return loop_nest(shape, (em.ptr(out), contiguous_strides(shape), "0"), ins,
                      lambda loads: substitute(tmpl, loads))
+
+
+def _step_node(op, dtypes, attrs):
+    from types import SimpleNamespace
+    return SimpleNamespace(op=op, inputs=[SimpleNamespace(dtype=d) for d in dtypes], attrs=dict(attrs))
+
+
+def _fused_steps(node):
+    """(C template, result dtype) per step of a fused_pointwise body."""
+    from ...ir.ops import REGISTRY
+    ins = [v.type for v in node.inputs]
+    types, out = [], []
+    for op, args, attrs in node.attrs["body"]:
+        ts = [ins[i] if kind == "in" else types[i] for kind, i in args]
+        t = REGISTRY[op].infer(ts, dict(attrs), None)[0]
+        types.append(t)
+        out.append((template(_step_node(op, [x.dtype for x in ts], attrs)), t.dtype))
+    return out
+
+
+def _fused_supports(node):
+    return None if all(t is not None for t, _ in _fused_steps(node)) else "a step has no C lowering for its dtype"
+
+
+@lowering("fused_pointwise", supports=_fused_supports)
+def lower_fused_pointwise(em, node):
+    """One loop; each step is a local temporary, so values used twice are computed once."""
+    out = node.outputs[0]
+    shape = out.type.shape
+    steps = _fused_steps(node)
+    body = node.attrs["body"]
+    ins = [(em.ptr(v), broadcast_strides(v.type.shape, shape), "0") for v in node.inputs]
+
+    def expr(loads):
+        parts = []
+        for j, ((tmpl, dt), (_, args, _)) in enumerate(zip(steps, body)):
+            ops = [loads[i] if kind == "in" else f"t{i}" for kind, i in args]
+            parts.append(f"{COMPUTE[dt]} t{j} = {substitute(tmpl, ops)};")
+        return "({ " + " ".join(parts) + f" t{len(steps) - 1}; }})"
+    return loop_nest(shape, (em.ptr(out), contiguous_strides(shape), "0"), ins, expr)

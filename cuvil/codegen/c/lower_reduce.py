@@ -9,7 +9,8 @@ _IDENTITY_F = {"reduce_sum": "0", "reduce_mean": "0", "reduce_prod": "1", "reduc
                "reduce_min": "INFINITY"}
 _IDENTITY_I = {"reduce_sum": "0", "reduce_mean": "0", "reduce_prod": "1"}
 _INT_LIMITS = {"int64_t": ("INT64_MIN", "INT64_MAX"), "int32_t": ("INT32_MIN", "INT32_MAX"),
-               "int16_t": ("INT16_MIN", "INT16_MAX"), "int8_t": ("INT8_MIN", "INT8_MAX"), "uint8_t": ("0", "255")}
+               "int16_t": ("INT16_MIN", "INT16_MAX"), "int8_t": ("INT8_MIN", "INT8_MAX"), "uint8_t": ("0", "255"),
+               "uint16_t": ("0", "UINT16_MAX"), "uint32_t": ("0", "UINT32_MAX"), "uint64_t": ("0", "UINT64_MAX")}
 
 
 def _combine(op, acc, x):

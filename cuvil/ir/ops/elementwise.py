@@ -144,6 +144,8 @@ def _unary(name, fn, accepts, extra):
             raise ShapeError(f"{name} expects a float tensor, got {t.dtype}")
         if accepts == "bool" and t.dtype != "bool":
             raise ShapeError(f"{name} expects a bool tensor, got {t.dtype}")
+        if accepts == ANY and t.dtype == "bool":   # numpy has no bool neg/sign; C would store non-0/1 bytes
+            raise ShapeError(f"{name} expects a numeric tensor, got bool; cast it first")
         return [TensorType(t.shape, "bool" if name in BOOL_RESULT_UNARY else t.dtype)]
 
     if fn is None:
@@ -166,6 +168,11 @@ def _binary(name, fn, result):
             raise ShapeError(f"{name}: operand dtypes differ ({a.dtype} vs {b.dtype}); insert a cast")
         if result == "logical" and a.dtype != "bool":
             raise ShapeError(f"{name} expects bool operands, got {a.dtype}")
+        # bool arithmetic: C would store 1 + 1 = 2 in a bool (max/min are or/and, and fine)
+        if result == "same" and a.dtype == "bool" and name not in ("max", "min"):
+            raise ShapeError(f"{name} expects numeric operands, got bool; use and/or/xor or cast first")
+        if name == "atan2" and not _is_float(a.dtype):
+            raise ShapeError(f"atan2 expects float operands, got {a.dtype}")
         return [TensorType(broadcast(a.shape, b.shape), a.dtype if result == "same" else "bool")]
 
     def ref(xs, attrs):

@@ -71,6 +71,8 @@ def _conv_infer(types, attrs, inputs):
         raise ShapeError(f"conv: {w.shape[0]} output channels are not divisible by groups {g}")
     if len(types) > 2 and types[2] is not None and types[2].shape != (w.shape[0],):
         raise ShapeError(f"conv: bias shape {types[2].shape}, expected ({w.shape[0]},)")
+    if attrs["act"] not in ("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"):
+        raise ShapeError(f"conv: unknown act {attrs['act']!r}")
     _spatial(attrs, nsp, w.shape[2:])
     out = [_conv_out(n, k, s, lo, hi, d) for n, k, s, (lo, hi), d in
            zip(x.shape[2:], w.shape[2:], attrs["strides"], attrs["pads"], attrs["dilations"])]
@@ -101,10 +103,15 @@ def _conv_ref(xs, a):
             out[:, gi * og:(gi + 1) * og] += np.einsum("nc...,oc->no...", patch, wg[(slice(None), slice(None)) + kidx])
     if b is not None:
         out += b.reshape((1, -1) + (1,) * nsp)
-    return out.astype(xs[0].dtype)
+    if len(xs) > 3 and xs[3] is not None:       # fused residual
+        out += xs[3]
+    from .fused import apply_act
+    return apply_act(out.astype(xs[0].dtype), a["act"])
 
 
-declare(OpDef("conv", {"strides": None, "pads": None, "dilations": None, "groups": 1}, _conv_infer, _conv_ref,
+# inputs: x, w, [bias], [residual]; act is the fused activation (passes set it)
+declare(OpDef("conv", {"strides": None, "pads": None, "dilations": None, "groups": 1, "act": "none"}, _conv_infer,
+              _conv_ref,
               kind="conv"))
 
 

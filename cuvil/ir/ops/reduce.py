@@ -26,6 +26,8 @@ def _reduce(name, fn):
         attrs["axes"] = axes
         if name == "reduce_mean" and not t.dtype.startswith("float"):
             raise ShapeError(f"reduce_mean expects a float tensor, got {t.dtype}")
+        if name in ("reduce_sum", "reduce_prod") and t.dtype == "bool":   # a bool sum would wrap at 256 in C
+            raise ShapeError(f"{name} of a bool tensor: cast it to an integer dtype first")
         return [TensorType(reduced_shape(t.shape, axes, attrs["keepdims"]), t.dtype)]
 
     def ref(xs, attrs):
@@ -72,6 +74,8 @@ _arg("argmin", np.argmin)
 
 
 def _cumsum_infer(types, attrs, inputs):
+    if types[0].dtype == "bool":
+        raise ShapeError("cumsum of a bool tensor: cast it to an integer dtype first")
     attrs["axis"] = norm_axis(attrs["axis"], types[0].rank)
     return [types[0]]
 

@@ -5,4 +5,5 @@
 #include "gemm.h"
 #include "conv.h"
 #include "norm.h"
+#include "attention.h"
 #endif

@@ -28,11 +28,19 @@ static inline int64_t cuvil_mod(int64_t a, int64_t b) { int64_t r = a % b; retur
 static inline int64_t cuvil_max(int64_t a, int64_t b) { return a > b ? a : b; }
 static inline int64_t cuvil_min(int64_t a, int64_t b) { return a < b ? a : b; }
 
-enum { CUVIL_ACT_NONE = 0, CUVIL_ACT_RELU = 1, CUVIL_ACT_GELU = 2 };
+/* Activations a GEMM or conv epilogue can apply (codes shared with codegen/c/lower_nn.py). */
+enum { CUVIL_ACT_NONE = 0, CUVIL_ACT_RELU = 1, CUVIL_ACT_GELU = 2, CUVIL_ACT_GELU_TANH = 3, CUVIL_ACT_SILU = 4,
+       CUVIL_ACT_SIGMOID = 5, CUVIL_ACT_TANH = 6 };
 
 static inline float cuvil_act(float x, int act) {
-    if (act == CUVIL_ACT_RELU) return x > 0.f ? x : 0.f;
-    if (act == CUVIL_ACT_GELU) return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
-    return x;
+    switch (act) {
+    case CUVIL_ACT_RELU: return x < 0.f ? 0.f : x;
+    case CUVIL_ACT_GELU: return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
+    case CUVIL_ACT_GELU_TANH: return 0.5f * x * (1.f + tanhf(0.79788456080286535588f * (x + 0.044715f * x * x * x)));
+    case CUVIL_ACT_SILU: return x / (1.f + expf(-x));
+    case CUVIL_ACT_SIGMOID: return 1.f / (1.f + expf(-x));
+    case CUVIL_ACT_TANH: return tanhf(x);
+    default: return x;
+    }
 }
 #endif

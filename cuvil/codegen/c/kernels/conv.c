@@ -30,8 +30,8 @@ static void im2col_packed(const cuvil_conv_shape *s, const float *x, int64_t cg,
     }
 }
 
-static void depthwise(const cuvil_conv_shape *s, const float *x, const float *w, const float *bias, float *y,
-                      int act, int nthreads) {
+static void depthwise(const cuvil_conv_shape *s, const float *x, const float *w, const float *bias,
+                      const float *residual, float *y, int act, int nthreads) {
     int64_t mult = s->O / s->C;
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t nc = 0; nc < s->N * s->O; nc++) {
@@ -51,15 +51,16 @@ static void depthwise(const cuvil_conv_shape *s, const float *x, const float *w,
                         if (iw >= 0 && iw < s->W) acc += xc[ih * s->W + iw] * wo[kh * s->KW + kw];
                     }
                 }
+                if (residual) acc += residual[nc * s->OH * s->OW + oh * s->OW + ow];
                 yo[oh * s->OW + ow] = cuvil_act(acc, act);
             }
     }
 }
 
-void cuvil_conv2d(const cuvil_conv_shape *s, const float *x, const float *w, const float *bias, float *y,
-                  int act, float *scratch, int nthreads) {
+void cuvil_conv2d(const cuvil_conv_shape *s, const float *x, const float *w, const float *bias,
+                  const float *residual, float *y, int act, float *scratch, int nthreads) {
     if (s->groups == s->C && s->O % s->C == 0 && s->groups > 1) {
-        depthwise(s, x, w, bias, y, act, nthreads);
+        depthwise(s, x, w, bias, residual, y, act, nthreads);
         return;
     }
     int64_t cg = s->C / s->groups, og = s->O / s->groups, K = cg * s->KH * s->KW, N = s->OH * s->OW;
@@ -69,8 +70,9 @@ void cuvil_conv2d(const cuvil_conv_shape *s, const float *x, const float *w, con
             const float *xg = x + (n * s->C + g * cg) * s->H * s->W;
             if (direct) cuvil_pack_b(K, N, xg, N, 0, scratch, nthreads);
             else im2col_packed(s, xg, cg, scratch, nthreads);
-            cuvil_sgemm_packed(og, N, K, w + g * og * K, K, scratch, y + (n * s->O + g * og) * N, N,
-                               bias ? bias + g * og : 0, 0, act, 0, nthreads);
+            cuvil_epilogue ep = {bias ? bias + g * og : 0, 0, residual ? residual + (n * s->O + g * og) * N : 0,
+                                 N, 1.f, act};
+            cuvil_sgemm_packed(og, N, K, w + g * og * K, K, scratch, y + (n * s->O + g * og) * N, N, &ep, nthreads);
         }
 }
 

@@ -11,8 +11,9 @@ typedef struct {
 
 /* Scratch floats the conv needs (packed im2col of one image and group). */
 int64_t cuvil_conv_scratch(const cuvil_conv_shape *s);
-void cuvil_conv2d(const cuvil_conv_shape *s, const float *x, const float *w, const float *bias, float *y,
-                  int act, float *scratch, int nthreads);
+/* y = act(conv(x, w) + bias + residual); bias and residual (shaped like y) may be NULL. */
+void cuvil_conv2d(const cuvil_conv_shape *s, const float *x, const float *w, const float *bias,
+                  const float *residual, float *y, int act, float *scratch, int nthreads);
 
 /* mode 0: max, 1: avg excluding pads, 2: avg including declared pads (ph1, pw1 = bottom/right pads) */
 void cuvil_pool2d(const cuvil_conv_shape *s, int64_t ph1, int64_t pw1, int mode, const float *x, float *y,

@@ -53,9 +53,32 @@ static inline void cuvil_ukernel(int mr, int64_t kc, const float *A, int64_t lda
     }
 }
 
+/* Writes one MR x NR tile: raw partial sums for early K blocks, the epilogue on the last. */
+static inline void store_tile(float acc[CUVIL_MR][CUVIL_NR], int mr, int64_t nr, float *C, int64_t ldc,
+                              int64_t i0, int64_t n0, int first, int last, const cuvil_epilogue *ep) {
+    for (int i = 0; i < mr; i++) {
+        float *c = C + (i0 + i) * ldc + n0;
+        if (!last) {
+            if (first) for (int64_t j = 0; j < nr; j++) c[j] = acc[i][j];
+            else for (int64_t j = 0; j < nr; j++) c[j] += acc[i][j];
+            continue;
+        }
+        const float *bc = ep && ep->bias_col ? ep->bias_col + n0 : 0;
+        const float *rs = ep && ep->residual ? ep->residual + (i0 + i) * ep->ldr + n0 : 0;
+        float br = ep && ep->bias_row ? ep->bias_row[i0 + i] : 0.f, alpha = ep ? ep->alpha : 1.f;
+        int act = ep ? ep->act : 0;
+        for (int64_t j = 0; j < nr; j++) {
+            float v = (first ? 0.f : c[j]) + acc[i][j];
+            v = v * alpha + br;
+            if (bc) v += bc[j];
+            if (rs) v += rs[j];
+            c[j] = cuvil_act(v, act);
+        }
+    }
+}
+
 void cuvil_sgemm_packed(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *Bp,
-                        float *C, int64_t ldc, const float *bias_row, const float *bias_col, int act,
-                        int accumulate, int nthreads) {
+                        float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads) {
     if (M <= 0 || N <= 0) return;
     int64_t np = (N + CUVIL_NR - 1) / CUVIL_NR;
     int64_t mb = (M + CUVIL_MC - 1) / CUVIL_MC;
@@ -68,7 +91,8 @@ void cuvil_sgemm_packed(int64_t M, int64_t N, int64_t K, const float *A, int64_t
         int64_t m0 = (t / nb) * CUVIL_MC, p0 = (t % nb) * pb;
         int64_t m1 = m0 + CUVIL_MC < M ? m0 + CUVIL_MC : M, p1 = p0 + pb < np ? p0 + pb : np;
         float acc[CUVIL_MR][CUVIL_NR];
-        for (int64_t k0 = 0; k0 < K || k0 == 0; k0 += CUVIL_KC) {
+        int64_t k0 = 0;
+        do {
             int64_t kc = K - k0 < CUVIL_KC ? K - k0 : CUVIL_KC;
             int first = k0 == 0, last = k0 + CUVIL_KC >= K;
             for (int64_t p = p0; p < p1; p++) {
@@ -78,21 +102,11 @@ void cuvil_sgemm_packed(int64_t M, int64_t N, int64_t K, const float *A, int64_t
                     int mr = (int)(m1 - i0 < CUVIL_MR ? m1 - i0 : CUVIL_MR);
                     if (kc > 0) cuvil_ukernel(mr, kc, A + i0 * lda + k0, lda, bp, acc);
                     else memset(acc, 0, sizeof acc);
-                    for (int i = 0; i < mr; i++) {
-                        float *c = C + (i0 + i) * ldc + n0;
-                        float br = bias_row ? bias_row[i0 + i] : 0.f;
-                        for (int64_t j = 0; j < nr; j++) {
-                            float v = acc[i][j];
-                            if (!first || accumulate) v += c[j];
-                            if (first) v += br + (bias_col ? bias_col[n0 + j] : 0.f);
-                            if (last) v = cuvil_act(v, act);
-                            c[j] = v;
-                        }
-                    }
+                    store_tile(acc, mr, nr, C, ldc, i0, n0, first, last, ep);
                 }
             }
-            if (K == 0) break;
-        }
+            k0 += CUVIL_KC;
+        } while (k0 < K);
     }
 }
 

@@ -16,11 +16,18 @@ static inline int64_t cuvil_packed_b_size(int64_t K, int64_t N) { return ((N + C
 /* Bp[p][k][j] = B[k][p*NR + j] (zero past N). trans: B is given as N x K (ldb along K). */
 void cuvil_pack_b(int64_t K, int64_t N, const float *B, int64_t ldb, int trans, float *Bp, int nthreads);
 
-/* C[M,N] (ldc) = A[M,K] (lda) @ Bp + bias_row[m] + bias_col[n], then act. bias pointers may be NULL.
- * accumulate != 0 adds to the existing C instead of overwriting it. */
+/* The fused epilogue, applied once as each tile of C is written:
+ * C = act(alpha * (A @ B) + bias_row[m] + bias_col[n] + residual[m, n]). Pointers may be NULL. */
+typedef struct {
+    const float *bias_row, *bias_col, *residual;
+    int64_t ldr;
+    float alpha;
+    int act;
+} cuvil_epilogue;
+
+/* C[M,N] (ldc) = epilogue(A[M,K] (lda) @ Bp); ep may be NULL (plain product). */
 void cuvil_sgemm_packed(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *Bp,
-                        float *C, int64_t ldc, const float *bias_row, const float *bias_col, int act,
-                        int accumulate, int nthreads);
+                        float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads);
 
 /* Generic strided matmul for dtypes without a fast path (double, integers). */
 #define CUVIL_NAIVE_MATMUL_DECL(T, NAME) \

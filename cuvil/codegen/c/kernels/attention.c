@@ -1,0 +1,45 @@
+#include "attention.h"
+
+void cuvil_attention(const cuvil_attn *a, const float *q, const float *k, const float *v, float *out, int nthreads) {
+    int64_t rows = a->B * a->H * a->L, group = a->H / (a->Hk > 0 ? a->Hk : 1);
+    #pragma omp parallel for num_threads(nthreads) schedule(static) if (rows * a->S * a->E > 32768)
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t b = r / (a->H * a->L), h = (r / a->L) % a->H, l = r % a->L, hk = h / group;
+        const float *qr = q + b * a->qb + h * a->qh + l * a->ql;
+        const float *kb = k + b * a->kb + hk * a->kh;
+        const float *vb = v + b * a->vb + hk * a->vh;
+        float *orow = out + b * a->ob + h * a->oh + l * a->ol;
+        float sc[a->S > 0 ? a->S : 1];
+        float m = -INFINITY;
+        for (int64_t s = 0; s < a->S; s++) {
+            float x;
+            int keep = !(a->causal && s > l);
+            const int64_t mo = b * a->mb + h * a->mh + l * a->ml + s * a->ms;
+            if (a->mask_kind == 1) keep = keep && ((const uint8_t *)a->mask)[mo];
+            if (keep) {
+                const float *kr = kb + s * a->kl;
+                float acc = 0.f;
+                #pragma omp simd reduction(+:acc)
+                for (int64_t e = 0; e < a->E; e++) acc += qr[e] * kr[e];
+                x = acc * a->scale;
+                if (a->mask_kind == 2) x += ((const float *)a->mask)[mo];
+            } else {
+                x = -INFINITY;
+            }
+            sc[s] = x;
+            m = x > m ? x : m;
+        }
+        for (int64_t e = 0; e < a->Ev; e++) orow[e] = 0.f;
+        if (m == -INFINITY) continue;                 /* a fully masked row attends to nothing */
+        float sum = 0.f;
+        for (int64_t s = 0; s < a->S; s++) { sc[s] = expf(sc[s] - m); sum += sc[s]; }
+        float inv = 1.f / sum;
+        for (int64_t s = 0; s < a->S; s++) {
+            float p = sc[s] * inv;
+            if (p == 0.f) continue;
+            const float *vr = vb + s * a->vl;
+            #pragma omp simd
+            for (int64_t e = 0; e < a->Ev; e++) orow[e] += p * vr[e];
+        }
+    }
+}

@@ -1,0 +1,18 @@
+/* Fused attention: softmax(q k^T * scale + mask) v for every (batch, head, query row) in one
+ * pass, scores kept in a stack row; grouped KV heads and arbitrary seq/head strides. */
+#ifndef CUVIL_ATTENTION_H
+#define CUVIL_ATTENTION_H
+#include "common.h"
+
+typedef struct {
+    int64_t B, H, Hk, L, S, E, Ev;                 /* batch, query heads, kv heads, q len, kv len, dims */
+    int64_t qb, qh, ql, kb, kh, kl, vb, vh, vl, ob, oh, ol;   /* element strides; the last dim is contiguous */
+    int mask_kind;                                 /* 0 none, 1 bool (keep where true), 2 additive float */
+    const void *mask;
+    int64_t mb, mh, ml, ms;                        /* mask strides over (batch, head, q, kv); 0 = broadcast */
+    float scale;
+    int causal;                                    /* keep kv position s only where s <= q position */
+} cuvil_attn;
+
+void cuvil_attention(const cuvil_attn *a, const float *q, const float *k, const float *v, float *out, int nthreads);
+#endif

@@ -23,6 +23,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --durations=15
 
 bench: $(STAMP)
+	$(BIN)/pip install -q -r benchmarks/requirements.txt
 	$(BIN)/python -m benchmarks.run
 
 clean:

@@ -219,7 +219,7 @@ def convert_case(case):
     names = [i.name for i in m.graph.input if i.name not in inits]
     feed = dict(zip(names, ins))
     frozen = []
-    for _ in range(4):
+    for _ in range(12):
         conv = fo.Converter(m)
         try:
             g = conv.convert()

@@ -109,8 +109,17 @@ def test_bert_small_from_transformers(tmp_path):
     ids = torch.randint(0, 100, (2, 8))
     mask = torch.ones(2, 8, dtype=torch.int64)
     mask[1, 6:] = 0
+    class Wrap(torch.nn.Module):
+        def __init__(self, bert):
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids, attention_mask):
+            out = self.bert(input_ids=input_ids, attention_mask=attention_mask)
+            return out.last_hidden_state, out.pooler_output
+
     try:
-        data = export(m, (ids, mask), names=["input_ids", "attention_mask"], opset=17)
+        data = export(Wrap(m), (ids, mask), names=["input_ids", "attention_mask"], opset=17)
     except Exception as e:  # noqa: BLE001 - exporter limitations are not cuvil's
         pytest.skip(f"torch.onnx.export cannot export BertModel here: {e}")
     cm = cuvil.compile(data)

@@ -251,7 +251,24 @@ class Converter:
         name = self.node.input[i]
         if name in self.graph_inputs:
             self.need_const.add(name)
+        else:
+            self.need_const.update(self._input_ancestors(x))
         raise NeedsConstant(f"input {i} ({what or name}) must be a compile-time constant")
+
+    def _input_ancestors(self, v):
+        """ONNX names of the graph inputs a run-time value is computed from."""
+        names = {id(x): n for x, n in zip(self.g.inputs, self.g.input_names)}
+        seen, stack, out = set(), [v], set()
+        while stack:
+            x = stack.pop()
+            if x is None or id(x) in seen:
+                continue
+            seen.add(id(x))
+            if id(x) in names:
+                out.add(names[id(x)])
+            elif x.producer is not None:
+                stack += list(x.producer.inputs)
+        return out
 
     def attr(self, name, default=None):
         for a in self.node.attribute:
@@ -579,7 +596,8 @@ class Converter:
             del n2.attribute[:]
             for a in fn.attribute:
                 if a.ref_attr_name:
-                    src = attrs.get(a.ref_attr_name) or defaults.get(a.ref_attr_name)
+                    src = attrs.get(a.ref_attr_name) or defaults.get(a.ref_attr_name) or \
+                        _schema_default(node.op_type, self.opset, a.ref_attr_name)
                     if src is None:
                         continue
                     a2 = onnx.AttributeProto()
@@ -602,6 +620,37 @@ class Converter:
             if actual and actual not in self.env:
                 raise Unsupported(f"function body of {node.op_type} does not produce {formal}")
         return None
+
+
+def inline_subgraph(c, g, bindings):
+    """Run the nodes of subgraph g in place (outer names stay visible); returns its outputs."""
+    onnx = _onnx()
+    c._uid += 1
+    pre = f"__g{c._uid}_"
+    rename = {}
+    for formal, val in bindings.items():
+        rename[formal] = pre + formal
+        c.env[pre + formal] = val
+    for t in g.initializer:
+        rename[t.name] = pre + t.name
+        c.env[pre + t.name] = _tensor_to_numpy(t, f"initializer {t.name!r}")
+    for n in g.node:
+        for o in n.output:
+            if o:
+                rename[o] = pre + o
+    nodes = []
+    for n in g.node:
+        n2 = onnx.NodeProto()
+        n2.CopyFrom(n)
+        del n2.input[:]
+        del n2.output[:]
+        n2.input.extend([rename.get(i, i) if i else "" for i in n.input])
+        n2.output.extend([rename[o] if o else "" for o in n.output])
+        nodes.append(n2)
+    outer = c.node
+    c.run_nodes(_toposort(nodes, set(c.env)), c.opsets)
+    c.node = outer
+    return [c.env.get(rename.get(o.name, o.name)) for o in g.output]
 
 
 def _attr_value(a):
@@ -639,6 +688,18 @@ def _attr_value(a):
 
 
 _SCHEMA_CACHE = {}
+
+
+def _schema_default(op_type, opset, name):
+    """The default value (an AttributeProto) of an attribute of a standard op, or None."""
+    onnx = _onnx()
+    try:
+        a = onnx.defs.get_schema(op_type, opset, "").attributes.get(name)
+    except Exception:  # noqa: BLE001
+        return None
+    if a is None or not a.default_value.name and a.default_value.type == 0:
+        return None
+    return a.default_value
 
 
 def _schema_function(op_type, opset, node=None, types=None):
@@ -775,6 +836,7 @@ HANDLERS = {}
 SYM_FOLD = {}
 NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
            "If", "Loop", "Scan"}
+MAX_UNROLL = 1024
 FOLD_NO_INPUT = {"Constant"}
 SYM_ONLY = {"Shape", "Size", "Add", "Sub", "Mul", "Div", "Cast", "Equal", "Max", "Min", "Where", "ConstantOfShape",
             "Expand"}
@@ -827,6 +889,30 @@ def compile_onnx(model, opts, cdir, progress):
                        extra_manifest={"source": "onnx", "output_names": list(graph.output_names)})
 
 
+def example_inputs(model, seed=0):
+    """Random inputs matching the model's declared input types (symbolic dims take 2)."""
+    m = load_model(model)
+    inits = {t.name for t in m.graph.initializer}
+    rng = np.random.default_rng(seed)
+    out = []
+    for vi in m.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        dt = ONNX_DTYPES.get(tt.elem_type)
+        if dt is None:
+            raise UnsupportedOpError([(f"dtype {DTYPE_NAMES.get(tt.elem_type, tt.elem_type)}", f"input {vi.name!r}")])
+        shape = [d.dim_value if d.HasField("dim_value") else 2 for d in tt.shape.dim]
+        if dt.startswith("float"):
+            a = rng.standard_normal(shape).astype(dt)
+        elif dt == "bool":
+            a = rng.random(shape) < 0.5
+        else:
+            a = rng.integers(0, 10, shape).astype(dt)
+        out.append(a)
+    return out
+
+
 def reference_outputs(model, args):
     """Outputs of the source model on args (onnxruntime where installed, else onnx's reference
     evaluator) and the flat list of numpy inputs."""
@@ -834,6 +920,8 @@ def reference_outputs(model, args):
     inits = {t.name for t in m.graph.initializer}
     names = [i.name for i in m.graph.input if i.name not in inits]
     flat = [np.asarray(a.detach().cpu().numpy() if hasattr(a, "detach") else a) for a in args]
+    if not flat and names:
+        flat = example_inputs(m)
     if len(flat) != len(names):
         raise ShapeError(f"the model takes {len(names)} inputs ({', '.join(names)}), got {len(flat)}")
     feed = dict(zip(names, flat))

@@ -13,7 +13,7 @@ from ..errors import ShapeError
 from ..ir import dims as D
 from ..ir.graph import Value
 from ..ir.ops._shape import broadcast
-from .onnx import (ONNX_DTYPES, NeedsConstant, Unsupported, _auto_pad, _contig, _dim, _ints, _is_sym, _maybe_int,
+from .onnx import (MAX_UNROLL, ONNX_DTYPES, inline_subgraph, NeedsConstant, Unsupported, _auto_pad, _contig, _dim, _ints, _is_sym, _maybe_int,
                    _norm_axis, _sym_array, _tensor_to_numpy, dtype_of, handler, rank_of, shape_of, symfold)
 
 # ---- pointwise ----------------------------------------------------------------------------------
@@ -68,8 +68,6 @@ def _pow(c):
 def _mod(c):
     a, b = c.inp(0), c.inp(1)
     fm = c.attr("fmod", 0)
-    if dtype_of(a).startswith("float") and not fm:
-        raise ShapeError("Mod on floats needs fmod=1")
     return c.op("fmod" if fm else "mod", [a, b])
 
 
@@ -247,8 +245,9 @@ def _dropout(c):
         t = c.inp(2)
         if t is not None:
             tk = c.known(2, "training_mode")
-            if bool(np.asarray(tk)):
-                raise Unsupported("training_mode=True")
+            ratio = c.known(1, "ratio") if c.inp(1) is not None else np.array(0.5)
+            if bool(np.asarray(tk)) and float(np.asarray(ratio)) != 0.0:
+                raise Unsupported("training_mode=True with a nonzero ratio (random)")
     elif c.opset < 7 and c.attr("is_test", 0) == 0:
         pass
     outs = [x]
@@ -1092,8 +1091,11 @@ def _pad(c):
         axes = list(range(r))
     else:
         pads = _ints(c.known(1, "pads"))
-        v = c.known(2, "constant_value")
-        value = 0 if v is None or v.size == 0 else v.ravel()[0].item()
+        v = c.inp(2)
+        if isinstance(v, Value):
+            value = v             # a run-time pad value: pad with 0, then select it through a constant mask
+        else:
+            value = 0 if v is None or v.size == 0 else v.ravel()[0].item()
         a = c.known(3, "axes")
         axes = [_norm_axis(k, r) for k in _ints(a)] if a is not None else list(range(r))
     if mode not in ("constant", "reflect", "edge"):
@@ -1106,6 +1108,13 @@ def _pad(c):
         full[ax] = (pads[k], pads[k + na])
     if all(p == (0, 0) for p in full):
         return x
+    if isinstance(value, Value):
+        if mode != "constant" or not all(isinstance(d, int) for d in shape_of(x)):
+            raise Unsupported("run-time pad value")
+        y = c.op("pad", [x], pads=full, value=0, mode=mode)
+        mask = np.pad(np.ones(shape_of(x), bool), [(max(lo, 0), max(hi, 0)) for lo, hi in full])
+        mask = mask[tuple(slice(max(-lo, 0), mask.shape[k] - max(-hi, 0)) for k, (lo, hi) in enumerate(full))]
+        return c.op("where", [mask, y, c.reshape(value, [])])
     return c.op("pad", [x], pads=full, value=value, mode=mode)
 
 
@@ -1449,3 +1458,160 @@ def _range_h(c):
     if n * start.itemsize > 1 << 28:
         raise ShapeError(f"Range of {n} elements is absurdly large")
     return (start.item() + delta.item() * np.arange(n)).astype(start.dtype)
+
+
+# ---- quantization ----------------------------------------------------------------------------
+def _q_param(c, p, x, axis, block):
+    """Scale / zero point broadcast against x (per-tensor, per-axis or blocked)."""
+    if p is None or rank_of(p) == 0 or (rank_of(p) == 1 and shape_of(p)[0] == 1 and not block):
+        return p if p is None or rank_of(p) == 0 else c.reshape(p, [])
+    r = rank_of(x)
+    axis = _norm_axis(axis, r)
+    if block:
+        if isinstance(p, np.ndarray):
+            return np.repeat(p, block, axis=axis).take(range(shape_of(x)[axis]), axis=axis)
+        c.need_const.update(c._input_ancestors(p))
+        raise NeedsConstant("blocked quantization with run-time parameters")
+    return c.reshape(p, [shape_of(p)[0]] + [1] * (r - axis - 1))
+
+
+_QRANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767), "uint16": (0, 65535),
+           "int32": (-2**31, 2**31 - 1)}
+
+
+@handler("QuantizeLinear")
+def _quantize(c):
+    x, scale, zp = c.inp(0), c.inp(1), c.inp(2)
+    r = rank_of(x)
+    axis = c.attr("axis", 1)
+    block = c.attr("block_size", 0)
+    out_dt = dtype_of(zp) if zp is not None else ONNX_DTYPES.get(c.attr("output_dtype", 0) or 2)
+    if out_dt not in _QRANGE:
+        raise Unsupported(f"quantize to {out_dt}")
+    if not c.attr("saturate", 1):
+        raise Unsupported("saturate=0")
+    dt = dtype_of(x)
+    s = _q_param(c, scale, x, axis, block)
+    y = c.op("round", [c.op("div", [x, c.cast(s, dt)])])
+    if zp is not None:
+        y = c.op("add", [y, c.cast(_q_param(c, zp, x, axis, block), dt)])
+    lo, hi = _QRANGE[out_dt]
+    y = c.op("clip", [y], min=float(lo), max=float(hi))
+    return c.op("cast", [y], to=out_dt)
+
+
+@handler("DequantizeLinear")
+def _dequantize(c):
+    x, scale, zp = c.inp(0), c.inp(1), c.inp(2)
+    r = rank_of(x)
+    axis = c.attr("axis", 1)
+    block = c.attr("block_size", 0)
+    sdt = dtype_of(scale)
+    y = c.cast(x, "int64" if not dtype_of(x).startswith("float") else dtype_of(x))
+    y = c.val(y) if isinstance(y, np.ndarray) else y
+    if zp is not None:
+        y = c.op("sub", [y, c.cast(_q_param(c, zp, x, axis, block), dtype_of(y))])
+    y = c.cast(y, sdt)
+    return c.op("mul", [y, _q_param(c, scale, x, axis, block)])
+
+
+# ---- control flow: inlined when the condition / trip count is known at compile time ---------------
+@handler("If")
+def _if(c):
+    cond = c.known(0, "cond")
+    g = c.attr("then_branch") if bool(np.asarray(cond).ravel()[0]) else c.attr("else_branch")
+    return inline_subgraph(c, g, {})
+
+
+def _stack(c, xs, axis):
+    if all(isinstance(x, np.ndarray) and not _is_sym(x) for x in xs):
+        return np.stack(xs, axis=axis)
+    parts = []
+    for x in xs:
+        sh = list(shape_of(x))
+        sh.insert(_norm_axis(axis, len(sh) + 1), 1)
+        parts.append(c.reshape(x, sh))
+    return parts[0] if len(parts) == 1 else c.op("concat", parts, axis=axis)
+
+
+def _take_slice(c, x, axis, t):
+    if isinstance(x, np.ndarray):
+        return np.take(x, t, axis=axis)
+    y = c.op("slice", [x], axis=axis, start=t, step=1, length=1)
+    sh = list(shape_of(x))
+    del sh[axis]
+    return c.reshape(y, sh)
+
+
+@handler("Loop")
+def _loop(c):
+    body = c.attr("body")
+    M = c.known(0, "M") if c.inp(0) is not None else None
+    cond = c.known(1, "cond") if c.inp(1) is not None else None
+    trips = int(np.asarray(M).ravel()[0]) if M is not None else MAX_UNROLL
+    if M is None and cond is None:
+        raise Unsupported("an infinite loop")
+    n_carried = len(c.node.input) - 2
+    carried = [c.inp(2 + k) for k in range(n_carried)]
+    go = True if cond is None else bool(np.asarray(cond).ravel()[0])
+    scans = []
+    names = [i.name for i in body.input]
+    for i in range(min(trips, MAX_UNROLL + 1)):
+        if not go:
+            break
+        if i >= MAX_UNROLL:
+            raise Unsupported(f"more than {MAX_UNROLL} iterations")
+        bind = {names[0]: np.array(i, np.int64), names[1]: np.array(go)}
+        bind.update(zip(names[2:], carried))
+        outs = inline_subgraph(c, body, bind)
+        if any(o is None for o in outs):
+            raise Unsupported("loop body")
+        co = outs[0]
+        if not isinstance(co, np.ndarray):
+            raise Unsupported("a data-dependent loop condition")
+        go = bool(np.asarray(co).ravel()[0])
+        carried = outs[1:1 + n_carried]
+        scans.append(outs[1 + n_carried:])
+    n_scan = len(body.output) - 1 - n_carried
+    if n_scan and not scans:
+        raise Unsupported("a loop with zero iterations and scan outputs")
+    return list(carried) + [_stack(c, [s[k] for s in scans], 0) for k in range(n_scan)]
+
+
+@handler("Scan")
+def _scan(c):
+    if c.opset < 9:
+        raise Unsupported("Scan-8 (batched)")
+    body = c.attr("body")
+    m = c.attr("num_scan_inputs")
+    ins = [c.inp(i) for i in range(len(c.node.input))]
+    n = len(ins) - m
+    states, xs = ins[:n], ins[n:]
+    in_axes = [_norm_axis(a, rank_of(x)) for a, x in zip(c.attr("scan_input_axes") or [0] * m, xs)]
+    in_dirs = c.attr("scan_input_directions") or [0] * m
+    T = shape_of(xs[0])[in_axes[0]]
+    if not isinstance(T, int):
+        raise Unsupported("a symbolic scan length")
+    if T > MAX_UNROLL:
+        raise Unsupported(f"more than {MAX_UNROLL} scan steps")
+    names = [i.name for i in body.input]
+    ys = []
+    for t in range(T):
+        bind = dict(zip(names[:n], states))
+        for k, x in enumerate(xs):
+            bind[names[n + k]] = _take_slice(c, x, in_axes[k], T - 1 - t if in_dirs[k] else t)
+        outs = inline_subgraph(c, body, bind)
+        if any(o is None for o in outs):
+            raise Unsupported("scan body")
+        states = outs[:n]
+        ys.append(outs[n:])
+    n_out = len(body.output) - n
+    out_axes = c.attr("scan_output_axes") or [0] * n_out
+    out_dirs = c.attr("scan_output_directions") or [0] * n_out
+    res = list(states)
+    for k in range(n_out):
+        seq = [y[k] for y in ys]
+        if out_dirs[k]:
+            seq = seq[::-1]
+        res.append(_stack(c, seq, out_axes[k]))
+    return res

@@ -36,11 +36,12 @@ def _mat_dims(v, is_b):
 
 
 def _prepacked(node):
-    """A constant B without batch dims is packed at compile time; every other B at run time."""
+    """A constant float32 B without batch dims is packed at compile time; every other B at run time
+    (other dtypes take the naive kernel, which reads B as it is)."""
     a, b = node.inputs[:2]
     abatch, bbatch = _mat_dims(a, False)[0], _mat_dims(b, True)[0]
     obatch = node.outputs[0].type.shape[:node.outputs[0].type.rank - (a.type.rank >= 2) - (b.type.rank >= 2)]
-    return b.is_const and not bbatch and (not abatch or len(abatch) == len(obatch))
+    return a.dtype == "float32" and b.is_const and not bbatch and (not abatch or len(abatch) == len(obatch))
 
 
 def _matmul_scratch(node, bounds):

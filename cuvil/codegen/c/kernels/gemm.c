@@ -39,12 +39,35 @@ static inline void cuvil_ukernel_##MRV(int64_t kc, const float *A, int64_t lda, 
     }                                                                                              \
     for (int i = 0; i < MRV; i++) { cuvil_vstore(acc[i], c0[i]); cuvil_vstore(acc[i] + CUVIL_VL, c1[i]); } \
 }
-CUVIL_UKERNEL(1) CUVIL_UKERNEL(2) CUVIL_UKERNEL(3) CUVIL_UKERNEL(4) CUVIL_UKERNEL(5) CUVIL_UKERNEL(6)
+CUVIL_UKERNEL(2) CUVIL_UKERNEL(3) CUVIL_UKERNEL(4) CUVIL_UKERNEL(5) CUVIL_UKERNEL(6)
+
+/* One row (GEMV, batch-1 inference): memory bound, so four independent accumulator pairs hide
+ * the FMA latency instead of waiting on one chain. */
+static inline void cuvil_ukernel_row(int64_t kc, const float *A, const float *Bp, float acc[CUVIL_MR][CUVIL_NR]) {
+    cuvil_vf c[8];
+    for (int i = 0; i < 8; i++) c[i] = cuvil_vsplat(0.f);
+    int64_t k = 0;
+    for (; k + 4 <= kc; k += 4) {
+        const float *b = Bp + k * CUVIL_NR;
+        for (int u = 0; u < 4; u++) {
+            cuvil_vf a = cuvil_vsplat(A[k + u]);
+            c[2 * u] += a * cuvil_vload(b + u * CUVIL_NR);
+            c[2 * u + 1] += a * cuvil_vload(b + u * CUVIL_NR + CUVIL_VL);
+        }
+    }
+    for (; k < kc; k++) {
+        cuvil_vf a = cuvil_vsplat(A[k]);
+        c[0] += a * cuvil_vload(Bp + k * CUVIL_NR);
+        c[1] += a * cuvil_vload(Bp + k * CUVIL_NR + CUVIL_VL);
+    }
+    cuvil_vstore(acc[0], (c[0] + c[2]) + (c[4] + c[6]));
+    cuvil_vstore(acc[0] + CUVIL_VL, (c[1] + c[3]) + (c[5] + c[7]));
+}
 
 static inline void cuvil_ukernel(int mr, int64_t kc, const float *A, int64_t lda, const float *Bp,
                                  float acc[CUVIL_MR][CUVIL_NR]) {
     switch (mr) {
-    case 1: cuvil_ukernel_1(kc, A, lda, Bp, acc); break;
+    case 1: cuvil_ukernel_row(kc, A, Bp, acc); break;
     case 2: cuvil_ukernel_2(kc, A, lda, Bp, acc); break;
     case 3: cuvil_ukernel_3(kc, A, lda, Bp, acc); break;
     case 4: cuvil_ukernel_4(kc, A, lda, Bp, acc); break;

@@ -604,6 +604,12 @@ class Converter:
                     a2.CopyFrom(src)
                     a2.name = a.name
                     n2.attribute.append(a2)
+                elif a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+                    a2 = onnx.AttributeProto()
+                    a2.CopyFrom(a)
+                    for sub in ([a2.g] if a2.HasField("g") else list(a2.graphs)):
+                        _rename_outer_refs(sub, lambda i: rename.get(i, pre + i))
+                    n2.attribute.append(a2)
                 else:
                     n2.attribute.append(a)
             nodes.append(n2)
@@ -620,6 +626,24 @@ class Converter:
             if actual and actual not in self.env:
                 raise Unsupported(f"function body of {node.op_type} does not produce {formal}")
         return None
+
+
+def _rename_outer_refs(g, fn, local=None):
+    """Rewrite, in place, the names subgraph g reads from enclosing scopes."""
+    local = set(local or ()) | {i.name for i in g.input} | {t.name for t in g.initializer}
+    for n in g.node:
+        local.update(o for o in n.output if o)
+    for n in g.node:
+        ins = [(i if (not i or i in local) else fn(i)) for i in n.input]
+        del n.input[:]
+        n.input.extend(ins)
+        for a in n.attribute:
+            for sub in ([a.g] if a.HasField("g") else list(a.graphs)):
+                _rename_outer_refs(sub, fn, local)
+    outs = [o for o in g.output]
+    for o in outs:
+        if o.name not in local:
+            o.name = fn(o.name)
 
 
 def inline_subgraph(c, g, bindings):
@@ -646,6 +670,9 @@ def inline_subgraph(c, g, bindings):
         del n2.output[:]
         n2.input.extend([rename.get(i, i) if i else "" for i in n.input])
         n2.output.extend([rename[o] if o else "" for o in n.output])
+        for a in n2.attribute:
+            for sub in ([a.g] if a.HasField("g") else list(a.graphs)):
+                _rename_outer_refs(sub, lambda i: rename.get(i, i))
         nodes.append(n2)
     outer = c.node
     c.run_nodes(_toposort(nodes, set(c.env)), c.opsets)

@@ -11,6 +11,8 @@ import numpy as np
 from ..ir import dims as D
 
 ALIGN = 64
+# ops whose output is their first input's buffer: a reshape view, the in-place KV cache update
+VIEW_OPS = ("reshape", "kv_update")
 
 
 @dataclass
@@ -54,7 +56,7 @@ def plan(graph, scratch_bytes=lambda node, bounds: 0) -> MemoryPlan:
         return root.get(id(v), v)
 
     for n in graph.nodes:
-        if n.op == "reshape" and id(n.outputs[0]) not in outputs:
+        if n.op in VIEW_OPS and id(n.outputs[0]) not in outputs:
             src = owner(n.inputs[0])
             root[id(n.outputs[0])] = src
             result.alias[n.outputs[0].name] = src.name

@@ -85,10 +85,10 @@ class Emitter:
             return f"(({t} *){self.io[src.name]})"
         return f"(({t} *)(A + {self.plan.offsets[name]}))"
 
-    def packed(self, key, v, transform) -> str:
+    def packed(self, key, v, transform, ctype="float") -> str:
         """Pointer to a compile-time transformed copy of constant v (e.g. GEMM panels)."""
         off = self.weights.add((key, id(v)), transform(v.data))
-        return f"((const float *)(W + {off}))"
+        return f"((const {ctype} *)(W + {off}))"
 
     def scratch(self, ctype="float"):
         if self.node_index not in self.plan.scratch:   # the node asked for 0 bytes (e.g. K = 0): never read
@@ -116,7 +116,7 @@ def unsupported(graph):
 
 def generate(graph, target="native"):
     """Returns (model.c text, weights blob bytes, memory plan, io description for the manifest)."""
-    from . import lower_extra, lower_movement, lower_nn, lower_pointwise, lower_reduce  # noqa: F401 (registration)
+    from . import lower_extra, lower_llm, lower_movement, lower_nn, lower_pointwise, lower_reduce  # noqa: F401
     bad = unsupported(graph)
     if bad:
         raise UnsupportedOpError(bad)

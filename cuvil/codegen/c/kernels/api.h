@@ -6,4 +6,5 @@
 #include "conv.h"
 #include "norm.h"
 #include "attention.h"
+#include "llm.h"
 #endif

@@ -9,11 +9,13 @@ void cuvil_attention(const cuvil_attn *a, const float *q, const float *k, const 
         const float *kb = k + b * a->kb + hk * a->kh;
         const float *vb = v + b * a->vb + hk * a->vh;
         float *orow = out + b * a->ob + h * a->oh + l * a->ol;
-        float sc[a->S > 0 ? a->S : 1];
+        int64_t pos = l + (a->q_offset ? a->q_offset[b] : 0);
+        int64_t S = a->causal && pos + 1 < a->S ? pos + 1 : a->S;   /* causal rows stop at their position */
+        float sc[S > 0 ? S : 1];
         float m = -INFINITY;
-        for (int64_t s = 0; s < a->S; s++) {
+        for (int64_t s = 0; s < S; s++) {
             float x;
-            int keep = !(a->causal && s > l);
+            int keep = 1;
             const int64_t mo = b * a->mb + h * a->mh + l * a->ml + s * a->ms;
             if (a->mask_kind == 1) keep = keep && ((const uint8_t *)a->mask)[mo];
             if (keep) {
@@ -32,9 +34,9 @@ void cuvil_attention(const cuvil_attn *a, const float *q, const float *k, const 
         for (int64_t e = 0; e < a->Ev; e++) orow[e] = 0.f;
         if (m == -INFINITY) continue;                 /* a fully masked row attends to nothing */
         float sum = 0.f;
-        for (int64_t s = 0; s < a->S; s++) { sc[s] = expf(sc[s] - m); sum += sc[s]; }
+        for (int64_t s = 0; s < S; s++) { sc[s] = expf(sc[s] - m); sum += sc[s]; }
         float inv = 1.f / sum;
-        for (int64_t s = 0; s < a->S; s++) {
+        for (int64_t s = 0; s < S; s++) {
             float p = sc[s] * inv;
             if (p == 0.f) continue;
             const float *vr = vb + s * a->vl;

@@ -11,7 +11,8 @@ typedef struct {
     const void *mask;
     int64_t mb, mh, ml, ms;                        /* mask strides over (batch, head, q, kv); 0 = broadcast */
     float scale;
-    int causal;                                    /* keep kv position s only where s <= q position */
+    int causal;                                    /* keep kv position s only where s <= q position + offset */
+    const int64_t *q_offset;                       /* per batch: tokens already in a KV cache (NULL = 0) */
 } cuvil_attn;
 
 void cuvil_attention(const cuvil_attn *a, const float *q, const float *k, const float *v, float *out, int nthreads);

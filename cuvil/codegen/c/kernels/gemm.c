@@ -100,8 +100,39 @@ static inline void store_tile(float acc[CUVIL_MR][CUVIL_NR], int mr, int64_t nr,
     }
 }
 
-void cuvil_sgemm_packed(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *Bp,
-                        float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads) {
+/* B block [kc][NR] as floats: the packed panel itself for fp32, else dequantized into buf. */
+static inline const float *b_block(const void *B, int bits, const float *scales, int64_t group, int64_t K,
+                                   int64_t p, int64_t k0, int64_t kc, float *buf) {
+    if (bits == 32) return (const float *)B + p * K * CUVIL_NR + k0 * CUVIL_NR;
+    const float *sc = scales ? scales + p * ((K + group - 1) / group) * CUVIL_NR : 0;
+    for (int64_t k = 0; k < kc; k++) {
+        float *d = buf + k * CUVIL_NR;
+        int64_t kk = k0 + k;
+        const float *s = sc ? sc + (kk / group) * CUVIL_NR : 0;
+        if (bits == 8) {
+            const int8_t *q = (const int8_t *)B + (p * K + kk) * CUVIL_NR;
+            for (int j = 0; j < CUVIL_NR; j++) d[j] = (float)q[j] * s[j];
+        } else if (bits == 4) {
+            const uint8_t *q = (const uint8_t *)B + (p * K + kk) * (CUVIL_NR / 2);
+            for (int j = 0; j < CUVIL_NR / 2; j++) {
+                d[2 * j] = (float)((int)(q[j] & 15) - 8) * s[2 * j];
+                d[2 * j + 1] = (float)((int)(q[j] >> 4) - 8) * s[2 * j + 1];
+            }
+        } else {                                   /* bf16: the high half of an fp32 */
+            const uint16_t *q = (const uint16_t *)B + (p * K + kk) * CUVIL_NR;
+            for (int j = 0; j < CUVIL_NR; j++) {
+                uint32_t u = (uint32_t)q[j] << 16;
+                memcpy(&d[j], &u, 4);
+            }
+        }
+    }
+    return buf;
+}
+
+/* The one GEMM driver: (M block x N panels) tasks over the threads, K blocked, epilogue on the last block. */
+static void gemm_driver(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const void *B, int bits,
+                        const float *scales, int64_t group, float *C, int64_t ldc, const cuvil_epilogue *ep,
+                        int nthreads) {
     if (M <= 0 || N <= 0) return;
     int64_t np = (N + CUVIL_NR - 1) / CUVIL_NR;
     int64_t mb = (M + CUVIL_MC - 1) / CUVIL_MC;
@@ -114,12 +145,13 @@ void cuvil_sgemm_packed(int64_t M, int64_t N, int64_t K, const float *A, int64_t
         int64_t m0 = (t / nb) * CUVIL_MC, p0 = (t % nb) * pb;
         int64_t m1 = m0 + CUVIL_MC < M ? m0 + CUVIL_MC : M, p1 = p0 + pb < np ? p0 + pb : np;
         float acc[CUVIL_MR][CUVIL_NR];
+        float buf[bits == 32 ? 1 : CUVIL_KC * CUVIL_NR] __attribute__((aligned(64)));
         int64_t k0 = 0;
         do {
             int64_t kc = K - k0 < CUVIL_KC ? K - k0 : CUVIL_KC;
             int first = k0 == 0, last = k0 + CUVIL_KC >= K;
             for (int64_t p = p0; p < p1; p++) {
-                const float *bp = Bp + p * K * CUVIL_NR + k0 * CUVIL_NR;
+                const float *bp = b_block(B, bits, scales, group, K, p, k0, kc, buf);
                 int64_t n0 = p * CUVIL_NR, nr = N - n0 < CUVIL_NR ? N - n0 : CUVIL_NR;
                 for (int64_t i0 = m0; i0 < m1; i0 += CUVIL_MR) {
                     int mr = (int)(m1 - i0 < CUVIL_MR ? m1 - i0 : CUVIL_MR);
@@ -131,6 +163,17 @@ void cuvil_sgemm_packed(int64_t M, int64_t N, int64_t K, const float *A, int64_t
             k0 += CUVIL_KC;
         } while (k0 < K);
     }
+}
+
+void cuvil_sgemm_packed(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *Bp,
+                        float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads) {
+    gemm_driver(M, N, K, A, lda, Bp, 32, 0, 1, C, ldc, ep, nthreads);
+}
+
+void cuvil_sgemm_quant(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const void *Bq, int bits,
+                       const float *scales, int64_t group, float *C, int64_t ldc, const cuvil_epilogue *ep,
+                       int nthreads) {
+    gemm_driver(M, N, K, A, lda, Bq, bits, scales, group > 0 ? group : K, C, ldc, ep, nthreads);
 }
 
 #define CUVIL_NAIVE_MATMUL(T, NAME)                                                                 \

@@ -29,6 +29,13 @@ typedef struct {
 void cuvil_sgemm_packed(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *Bp,
                         float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads);
 
+/* Weight-only quantized B, dequantized inside the GEMM one K block x NR panel at a time:
+ * bits 8: int8 panels [np][K][NR]; bits 4: uint8 panels [np][K][NR/2] (low nibble = even column,
+ * value - 8); bits 16: bf16 panels [np][K][NR]. scales [np][K/group][NR] (NULL for bf16). */
+void cuvil_sgemm_quant(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const void *Bq, int bits,
+                       const float *scales, int64_t group, float *C, int64_t ldc, const cuvil_epilogue *ep,
+                       int nthreads);
+
 /* Generic strided matmul for dtypes without a fast path (double, integers). */
 #define CUVIL_NAIVE_MATMUL_DECL(T, NAME) \
     void NAME(int64_t M, int64_t N, int64_t K, const T *A, int64_t lda, const T *B, int64_t ldb, T *C, int64_t ldc);

@@ -1,0 +1,13 @@
+/* Language-model pieces: rotary position embedding and the in-place KV cache update. */
+#ifndef CUVIL_LLM_H
+#define CUVIL_LLM_H
+#include "common.h"
+
+/* x, y: [B, T, H, D] (y may alias x); rotate halves (HF convention) by pos[b, t] * inv_freq[D/2]. */
+void cuvil_rope(int64_t B, int64_t T, int64_t H, int64_t D, const float *x, const int64_t *pos,
+                const float *inv_freq, float attn_scale, float *y, int nthreads);
+/* cache: one layer, [Bmax, Hk, S, D]; new_: [B, T, Hk, D] written at rows start[b] .. start[b] + T.
+ * Returns nonzero (writing nothing) when a sequence would run past S or B exceeds Bmax. */
+int cuvil_kv_update(int64_t B, int64_t Bmax, int64_t T, int64_t Hk, int64_t S, int64_t D, const float *new_,
+                    const int64_t *start, float *cache);
+#endif

@@ -1,0 +1,92 @@
+"""C lowering of the language-model ops: quantized matmul, rope, KV cache update, cached attention."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...ir import dims as D
+from .emit import lowering
+
+
+def _prod_c(ds):
+    return " * ".join(f"(int64_t)({D.to_c(d)})" for d in ds) or "1"
+
+
+def _panels(a: np.ndarray, width: int, pad) -> np.ndarray:
+    """[R, C] -> [ceil(C/width), R, width] (columns padded with `pad`): the GEMM's panel order."""
+    R, C = a.shape
+    n = -(-C // width)
+    full = np.full((R, n * width), pad, a.dtype)
+    full[:, :C] = a
+    return np.ascontiguousarray(full.reshape(R, n, width).transpose(1, 0, 2))
+
+
+def _mmq_supports(node):
+    from ...build.toolchain import vector_floats  # noqa: F401
+    return None
+
+
+@lowering("matmul_q", supports=_mmq_supports)
+def lower_matmul_q(em, node):
+    from ...build.toolchain import vector_floats
+    x, w = node.inputs[0], node.inputs[1]
+    bits, group = node.attrs["bits"], node.attrs["group"]
+    nr = 2 * vector_floats(em.target)
+    K = w.shape[0]
+    N = node.outputs[0].shape[-1]
+    if bits == 4:
+        wp = em.packed("q4panels", w, lambda d: _panels(d, nr // 2, 0x88), "uint8_t")
+    else:
+        wp = em.packed("qpanels", w, lambda d: _panels(d, nr, 0), "int8_t" if bits == 8 else "uint16_t")
+    sp = "0"
+    if bits != 16:
+        sp = em.packed("qscales", node.inputs[2], lambda d: _panels(d.astype(np.float32), nr, 0.0))
+    res = node.inputs[3] if len(node.inputs) > 3 else None
+    ep = "0"
+    lines = ["{"]
+    if res is not None:
+        lines.append(f"  const cuvil_epilogue ep = {{.residual = {em.ptr(res)}, .ldr = {N}, .alpha = 1.0f}};")
+        ep = "&ep"
+    M = _prod_c(x.shape[:-1])
+    lines.append(f"  cuvil_sgemm_quant({M}, {N}, {K}, {em.ptr(x)}, {K}, {wp}, {bits}, {sp}, "
+                 f"{min(group, K)}, {em.ptr(node.outputs[0])}, {N}, {ep}, NT);")
+    lines.append("}")
+    return lines
+
+
+@lowering("rope")
+def lower_rope(em, node):
+    x, pos, f = node.inputs
+    B, T, H, Dd = (D.to_c(d) for d in x.shape)
+    return [f"cuvil_rope({B}, {T}, {H}, {Dd}, {em.ptr(x)}, {em.ptr(pos)}, {em.ptr(f)}, "
+            f"{float(node.attrs['scale'])!r}f, {em.ptr(node.outputs[0])}, NT);"]
+
+
+@lowering("kv_update")
+def lower_kv_update(em, node):
+    cache, new, start = node.inputs
+    L, Bmax, Hk, S, Dd = (D.to_c(d) for d in cache.shape)
+    B, T = D.to_c(new.shape[0]), D.to_c(new.shape[1])
+    layer = node.attrs["layer"]
+    dst = f"((float *){em.ptr(cache)}) + (int64_t){layer} * {Bmax} * {Hk} * {S} * {Dd}"
+    return [f"if (cuvil_kv_update({B}, {Bmax}, {T}, {Hk}, {S}, {Dd}, {em.ptr(new)}, {em.ptr(start)}, {dst})) "
+            f"CUVIL_FAIL(\"KV cache full: a sequence would pass {S} tokens, or the batch exceeds {Bmax}\");"]
+
+
+@lowering("cached_attention")
+def lower_cached_attention(em, node):
+    q, kc, vc, start = node.inputs
+    y = node.outputs[0]
+    B, T, H, E = (D.to_c(d) for d in q.shape)
+    _, Bmax, Hk, S, _ = (D.to_c(d) for d in kc.shape)
+    Ev = D.to_c(vc.shape[-1])
+    layer = node.attrs["layer"]
+    kv_layer = f"(int64_t){layer} * {Bmax} * {Hk} * {S}"
+    init = (f"{{.B = {B}, .H = {H}, .Hk = {Hk}, .L = {T}, .S = {S}, .E = {E}, .Ev = {Ev}, "
+            f".qb = {T} * {H} * {E}, .qh = {E}, .ql = {H} * {E}, "
+            f".kb = {Hk} * {S} * {E}, .kh = {S} * {E}, .kl = {E}, "
+            f".vb = {Hk} * {S} * {Ev}, .vh = {S} * {Ev}, .vl = {Ev}, "
+            f".ob = {T} * {H} * {Ev}, .oh = {Ev}, .ol = {H} * {Ev}, "
+            f".scale = {float(node.attrs['scale'])!r}f, .causal = 1, .q_offset = {em.ptr(start)}}}")
+    return ["{", f"  const cuvil_attn at = {init};",
+            f"  cuvil_attention(&at, {em.ptr(q)}, {em.ptr(kc)} + {kv_layer} * {E}, {em.ptr(vc)} + {kv_layer} * {Ev}, "
+            f"{em.ptr(y)}, NT);", "}"]

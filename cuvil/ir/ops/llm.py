@@ -1,0 +1,135 @@
+"""Ops of the language-model path: rotary embedding, weight-only quantized matmul, the in-place
+KV cache update and attention over the cache."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import ShapeError
+from .. import dims as D
+from ..graph import TensorType
+from . import REGISTRY, OpDef, declare
+
+BITS = (4, 8, 16)
+
+
+def dequantize(q, scales, bits, group):
+    """Logical weights [K, N] (float64) of a quantized constant (see matmul_q)."""
+    if bits == 16:
+        return (q.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    if bits == 4:
+        lo = (q & 15).astype(np.int16) - 8
+        hi = (q >> 4).astype(np.int16) - 8
+        vals = np.stack([lo, hi], axis=-1).reshape(q.shape[0], -1)
+    else:
+        vals = q.astype(np.int16)
+    s = np.repeat(scales.astype(np.float64), group, axis=0)[:vals.shape[0]]
+    return vals * s
+
+
+# ---- matmul_q: x @ dequant(weight) (+ residual) ---------------------------------------------
+# weight: bits 8 -> int8 [K, N]; bits 4 -> uint8 [K, N/2] (low nibble = even column, value - 8);
+# bits 16 -> uint16 [K, N] bf16 bit patterns. scales: float32 [ceil(K/group), N] (absent for bf16).
+def _mmq_infer(types, attrs, inputs):
+    x, w = types[0], types[1]
+    bits = attrs["bits"]
+    if bits not in BITS:
+        raise ShapeError(f"matmul_q: bits {bits} not one of {BITS}")
+    want = {4: "uint8", 8: "int8", 16: "uint16"}[bits]
+    if w.dtype != want or w.rank != 2:
+        raise ShapeError(f"matmul_q: {bits}-bit weight must be {want}[K, N], got {w}")
+    K = w.shape[0]
+    N = w.shape[1] * (2 if bits == 4 else 1)
+    if x.dtype != "float32" or not D.dims_equal(x.shape[-1], K):
+        raise ShapeError(f"matmul_q: input {x} does not match weight K = {K}")
+    if bits != 16 and (len(types) < 3 or types[2] is None or types[2].shape != (-(-K // attrs["group"]), N)):
+        raise ShapeError(f"matmul_q: scales must be float32[{-(-K // attrs['group'])}, {N}]")
+    out = TensorType(x.shape[:-1] + (N,), "float32")
+    if len(types) > 3 and types[3] is not None and types[3].shape != out.shape:
+        raise ShapeError(f"matmul_q: residual {types[3]} must match the output {out}")
+    return [out]
+
+
+def _mmq_ref(xs, a):
+    w = dequantize(xs[1], xs[2] if len(xs) > 2 else None, a["bits"], a["group"])
+    y = xs[0].astype(np.float64) @ w
+    if len(xs) > 3 and xs[3] is not None:
+        y = y + xs[3]
+    return y.astype(np.float32)
+
+
+declare(OpDef("matmul_q", {"bits": 8, "group": 1 << 30}, _mmq_infer, _mmq_ref, kind="matmul"))
+
+
+# ---- rope: rotate halves of [B, T, H, D] by positions [B, T] x inv_freq [D/2] ----------------------
+def _rope_infer(types, attrs, inputs):
+    x, pos, f = types
+    if x.rank != 4 or pos.rank != 2 or pos.dtype != "int64" or f.rank != 1:
+        raise ShapeError(f"rope: expects x[B, T, H, D], int64 positions[B, T], inv_freq[D/2]; got {x}, {pos}, {f}")
+    return [x]
+
+
+def _rope_ref(xs, a):
+    x, pos, f = xs
+    ang = pos[..., None].astype(np.float64) * f.astype(np.float64)          # [B, T, D/2]
+    c, s = (np.cos(ang) * a["scale"])[:, :, None, :], (np.sin(ang) * a["scale"])[:, :, None, :]
+    h = x.shape[-1] // 2
+    x1, x2 = x[..., :h].astype(np.float64), x[..., h:].astype(np.float64)
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(x.dtype)
+
+
+declare(OpDef("rope", {"scale": 1.0}, _rope_infer, _rope_ref, kind="llm"))
+
+
+# ---- kv_update: cache[layer, b, h, start[b] + t] = new[b, t, h]; the output is the cache itself -------
+def _kv_infer(types, attrs, inputs):
+    cache, new, start = types
+    if cache.rank != 5 or new.rank != 4 or start.rank != 1 or start.dtype != "int64":
+        raise ShapeError(f"kv_update: expects cache[L, B, Hk, S, D], new[B, T, Hk, D], int64 start[B]; "
+                         f"got {cache}, {new}, {start}")
+    return [cache]
+
+
+def _kv_ref(xs, a):
+    cache, new, start = xs
+    out = cache.copy()
+    T = new.shape[1]
+    for b in range(new.shape[0]):
+        if start[b] + T > cache.shape[3]:
+            raise ShapeError(f"kv_update: sequence {b} runs past the cache ({start[b]} + {T} > {cache.shape[3]})")
+        out[a["layer"], b, :, start[b]:start[b] + T] = np.swapaxes(new[b], 0, 1)
+    return out
+
+
+declare(OpDef("kv_update", {"layer": 0}, _kv_infer, _kv_ref, kind="llm"))
+
+
+# ---- cached_attention: q[B, T, H, D] over the cache rows [0, start[b] + t] ------------------------
+def _ca_infer(types, attrs, inputs):
+    q, kc, vc, start = types
+    if q.rank != 4 or kc.rank != 5 or vc.rank != 5:
+        raise ShapeError(f"cached_attention: expects q[B, T, H, D] and caches [L, B, Hk, S, D]; got {q}, {kc}")
+    if isinstance(q.shape[2], int) and isinstance(kc.shape[2], int) and q.shape[2] % kc.shape[2]:
+        raise ShapeError("cached_attention: query heads must be a multiple of kv heads")
+    return [TensorType(q.shape[:3] + (vc.shape[-1],), "float32")]
+
+
+def _ca_ref(xs, a):
+    q, kc, vc, start = xs
+    B, T, H, _ = q.shape
+    out = np.zeros(q.shape[:3] + (vc.shape[-1],), np.float64)
+    rep = H // kc.shape[2]
+    for b in range(B):
+        k = np.repeat(kc[a["layer"], b], rep, axis=0).astype(np.float64)    # [H, S, D]
+        v = np.repeat(vc[a["layer"], b], rep, axis=0).astype(np.float64)
+        for t in range(T):
+            n = start[b] + t + 1
+            s = np.einsum("hd,hsd->hs", q[b, t].astype(np.float64), k[:, :n]) * a["scale"]
+            p = np.exp(s - s.max(-1, keepdims=True))
+            p /= p.sum(-1, keepdims=True)
+            out[b, t] = np.einsum("hs,hsd->hd", p, v[:, :n])
+    return out.astype(np.float32)
+
+
+declare(OpDef("cached_attention", {"layer": 0, "scale": 1.0}, _ca_infer, _ca_ref, kind="llm"))
+
+__all__ = ["dequantize", "REGISTRY"]

@@ -1,0 +1,122 @@
+"""from_transformers(): a transformers Llama/Mistral/Qwen2 model or checkpoint directory ->
+a compiled LLM artifact, with the measured error of lossy precisions against fp32."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..api import Progress, build_graph
+from ..build import cache
+from ..errors import CuvilError
+from ..options import make_options
+from . import quantize, sampling, weights
+from .lower import build_step_graph
+from .model import LLM, copy_tokenizer
+from .spec import LlamaSpec, rope_parameters
+
+GROUPS = (32, 64, 128)
+
+
+def _check(precision, group, max_seq_len, max_batch):
+    if precision not in quantize.PRECISIONS:
+        raise ValueError(f"option precision={precision!r} is not one of {', '.join(quantize.PRECISIONS)}")
+    if group not in GROUPS:
+        raise ValueError(f"option group={group!r} is not one of {GROUPS}")
+    for name, v in (("max_seq_len", max_seq_len), ("max_batch", max_batch)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"option {name}={v!r} must be a positive int")
+
+
+def _eos_ids(cfg, src_dir):
+    ids = set()
+    for v in (getattr(cfg, "eos_token_id", None),):
+        ids.update(v if isinstance(v, (list, tuple)) else [v] if v is not None else [])
+    if src_dir and (Path(src_dir) / "generation_config.json").exists():
+        v = json.loads((Path(src_dir) / "generation_config.json").read_text()).get("eos_token_id")
+        ids.update(v if isinstance(v, list) else [v] if v is not None else [])
+    return sorted(int(i) for i in ids)
+
+
+def from_transformers(src, *, precision="fp32", max_seq_len=2048, max_batch=1, num_threads=None, group=64,
+                      cache_dir=None, verbose=False, measure_error=True, error_prompts=None):
+    """Compile a Llama-family model (a transformers model object or a checkpoint directory of
+    config.json + safetensors) into prefill/decode code sharing weights and a KV cache."""
+    _check(precision, group, max_seq_len, max_batch)
+    t0 = time.perf_counter()
+    src_dir = None
+    if isinstance(src, (str, Path)):
+        from transformers import AutoConfig
+        src_dir = Path(src)
+        if not (src_dir / "config.json").exists():
+            raise CuvilError(f"{src} is not a checkpoint directory (no config.json)")
+        cfg = AutoConfig.from_pretrained(str(src_dir))
+        tensors = weights.from_directory(src_dir)
+    else:
+        cfg = src.config
+        tensors = weights.from_model(src)
+        p = Path(getattr(src, "name_or_path", "") or "")
+        src_dir = p if (p / "tokenizer.json").exists() else None
+    spec = LlamaSpec.from_config(cfg)
+    max_seq_len = min(max_seq_len, spec.max_positions)
+    inv_freq, rope_scale = rope_parameters(cfg)
+
+    def layer_progress(i, n):
+        if verbose:
+            print(f"\r[cuvil] converting layer {i}/{n} ({precision})", end="\n" if i == n else "", file=sys.stderr,
+                  flush=True)
+    graph = build_step_graph(spec, tensors, inv_freq, rope_scale, precision=precision, group=group,
+                             max_batch=max_batch, max_seq_len=max_seq_len, progress=layer_progress)
+    opts = make_options(num_threads=num_threads, cache_dir=cache_dir, verbose=verbose)
+    cdir = Path(cache_dir) if cache_dir else cache.default_dir()
+    cm = build_graph(graph, opts, cdir, Progress(verbose))
+    del graph
+    meta = {"arch": spec.arch, "layers": spec.layers, "heads": spec.heads, "kv_heads": spec.kv_heads,
+            "head_dim": spec.head_dim, "hidden": spec.hidden, "vocab": spec.vocab, "max_batch": max_batch,
+            "max_seq_len": max_seq_len, "precision": precision, "group": group if precision == "int4" else None,
+            "eos_token_ids": _eos_ids(cfg, src_dir), "compile_seconds": time.perf_counter() - t0}
+    path = cm.path
+    (path / "llm.json").write_text(json.dumps(meta, indent=1))
+    if src_dir:
+        copy_tokenizer(src_dir, path)
+    llm = LLM(path, num_threads=num_threads)
+    if precision != "fp32" and measure_error:
+        ref = src if not isinstance(src, (str, Path)) else _load_reference(src_dir)
+        meta["error"] = measure(llm, ref, error_prompts or _default_prompts(spec.vocab))
+        (path / "llm.json").write_text(json.dumps(meta, indent=1))
+        llm.meta = meta
+        if verbose:
+            e = meta["error"]
+            print(f"[cuvil] {precision} vs fp32: top-1 agreement {e['top1_agreement']:.3f}, "
+                  f"mean KL {e['kl_mean']:.4g}", file=sys.stderr)
+    return llm
+
+
+def _default_prompts(vocab):
+    rng = np.random.default_rng(0)
+    return [rng.integers(0, vocab, 24).tolist(), rng.integers(0, vocab, 40).tolist()]
+
+
+def _load_reference(src_dir):
+    import torch
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(str(src_dir), torch_dtype=torch.float32).eval()
+
+
+def measure(llm: LLM, reference, prompts):
+    """Top-1 agreement and KL(fp32 || compiled) of the next-token distribution at every prompt position."""
+    import torch
+    agree, kls = [], []
+    for ids in prompts:
+        ids = ids[: llm.max_seq_len]
+        got = llm.prefill(ids)
+        with torch.no_grad():
+            ref = reference(torch.tensor([ids]), use_cache=False).logits[0].float().numpy()
+        lp, lq = sampling.log_softmax(ref), sampling.log_softmax(got)
+        kls.extend((np.exp(lp) * (lp - lq)).sum(-1).tolist())
+        agree.extend((ref.argmax(-1) == got.argmax(-1)).tolist())
+    return {"top1_agreement": float(np.mean(agree)), "kl_mean": float(np.mean(kls)), "kl_max": float(np.max(kls)),
+            "positions": len(agree)}

@@ -1,0 +1,86 @@
+"""Llama-family model -> one IR graph `step(ids[B, T], start[B], k_cache, v_cache) -> logits[B, T, V]`.
+
+Prefill is a step with T prompt tokens, decode a step with T = 1 for every sequence in the batch:
+the same compiled code, the same weights, one preallocated KV cache (written in place)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import dims as D
+from ..ir.graph import Graph, TensorType, Value
+from . import quantize
+from .spec import LlamaSpec
+
+
+def _linear(g, x, w_nk: np.ndarray, precision: str, group: int, residual=None, bias=None):
+    """x @ W^T for a torch-layout weight [N, K], in the requested precision."""
+    w = np.ascontiguousarray(w_nk.T.astype(np.float32))               # [K, N]
+    if precision == "fp32":
+        y = g.add("matmul", [x, g.const(w)])
+        if bias is not None:
+            y = g.add("add", [y, g.const(bias.astype(np.float32))])
+        return g.add("add", [y, residual]) if residual is not None else y
+    if precision == "bf16":
+        ins = [x, g.const(quantize.to_bf16(w)), None]
+        attrs = {"bits": 16}
+    elif precision == "int8":
+        q, s = quantize.quantize_int8(w)
+        ins, attrs = [x, g.const(q), g.const(s)], {"bits": 8, "group": w.shape[0]}
+    else:
+        q, s = quantize.quantize_int4(w, group)
+        ins, attrs = [x, g.const(q), g.const(s)], {"bits": 4, "group": group}
+    if bias is not None:             # a bias is not fused into the quantized GEMM: add it after
+        y = g.add("matmul_q", ins, attrs)
+        y = g.add("add", [y, g.const(bias.astype(np.float32))])
+        return g.add("add", [y, residual]) if residual is not None else y
+    if residual is not None:
+        ins.append(residual)
+    return g.add("matmul_q", ins, attrs)
+
+
+def build_step_graph(spec: LlamaSpec, tensors, inv_freq, rope_scale, *, precision="fp32", group=64,
+                     max_batch=1, max_seq_len=2048, progress=None) -> Graph:
+    B, T = D.Sym("batch"), D.Sym("seq")
+    g = Graph(symbols={"batch": (1, max_batch), "seq": (1, max_seq_len)})
+    H, Hk, Dh, Hd = spec.heads, spec.kv_heads, spec.head_dim, spec.hidden
+    ids = Value(TensorType((B, T), "int64"), "input_ids")
+    start = Value(TensorType((B,), "int64"), "start")
+    cache_t = TensorType((spec.layers, max_batch, Hk, max_seq_len, Dh), "float32")
+    kc, vc = Value(cache_t, "k_cache"), Value(cache_t, "v_cache")
+    g.inputs, g.input_names = [ids, start, kc, vc], ["input_ids", "start", "k_cache", "v_cache"]
+    pos = g.add("add", [g.add("reshape", [start], {"shape": [B, 1]}),
+                        g.add("reshape", [g.add("iota", [], {"length": T})], {"shape": [1, T]})])
+    freq = g.const(inv_freq)
+    x = g.add("gather", [g.const(tensors.get("model.embed_tokens.weight").astype(np.float32)), ids], {"axis": 0})
+    p = "model.layers.{}."
+    scale = 1.0 / float(np.sqrt(Dh))
+    for i in range(spec.layers):
+        t = p.format(i)
+        h = g.add("rms_norm", [x, g.const(tensors.get(t + "input_layernorm.weight").astype(np.float32))],
+                  {"axis": 2, "eps": spec.rms_eps})
+        qkv = []
+        for name, heads in (("q", H), ("k", Hk), ("v", Hk)):
+            bias = tensors.get(t + f"self_attn.{name}_proj.bias") if spec.qkv_bias else None
+            y = _linear(g, h, tensors.get(t + f"self_attn.{name}_proj.weight"), precision, group, bias=bias)
+            qkv.append(g.add("reshape", [y], {"shape": [B, T, heads, Dh]}))
+        q = g.add("rope", [qkv[0], pos, freq], {"scale": rope_scale})
+        k = g.add("rope", [qkv[1], pos, freq], {"scale": rope_scale})
+        kc = g.add("kv_update", [kc, k, start], {"layer": i})
+        vc = g.add("kv_update", [vc, qkv[2], start], {"layer": i})
+        a = g.add("cached_attention", [q, kc, vc, start], {"layer": i, "scale": scale})
+        a = g.add("reshape", [a], {"shape": [B, T, H * Dh]})
+        x = _linear(g, a, tensors.get(t + "self_attn.o_proj.weight"), precision, group, residual=x)
+        h = g.add("rms_norm", [x, g.const(tensors.get(t + "post_attention_layernorm.weight").astype(np.float32))],
+                  {"axis": 2, "eps": spec.rms_eps})
+        gate = _linear(g, h, tensors.get(t + "mlp.gate_proj.weight"), precision, group)
+        up = _linear(g, h, tensors.get(t + "mlp.up_proj.weight"), precision, group)
+        x = _linear(g, g.add("mul", [g.add("silu", [gate]), up]), tensors.get(t + "mlp.down_proj.weight"),
+                    precision, group, residual=x)
+        if progress:
+            progress(i + 1, spec.layers)
+    x = g.add("rms_norm", [x, g.const(tensors.get("model.norm.weight").astype(np.float32))],
+              {"axis": 2, "eps": spec.rms_eps})
+    head = "lm_head.weight" if "lm_head.weight" in tensors and not spec.tie_embeddings else "model.embed_tokens.weight"
+    g.outputs = [_linear(g, x, tensors.get(head), precision, group)]
+    g.output_names = ["logits"]
+    return g

@@ -1,0 +1,39 @@
+"""Weight-only quantization of a [K, N] weight (K = input features): int8 per output channel,
+int4 in groups along K with one scale per group and column, bf16 by rounding."""
+from __future__ import annotations
+
+import numpy as np
+
+PRECISIONS = ("fp32", "bf16", "int8", "int4")
+
+
+def to_bf16(w: np.ndarray) -> np.ndarray:
+    """fp32 -> bf16 bit patterns (uint16), rounding to nearest even."""
+    u = np.ascontiguousarray(w, np.float32).view(np.uint32)
+    rounded = u + 0x7FFF + ((u >> 16) & 1)
+    return (rounded >> 16).astype(np.uint16)
+
+
+def quantize_int8(w: np.ndarray):
+    """Symmetric per output channel: returns (int8 [K, N], float32 scales [1, N])."""
+    amax = np.abs(w).max(axis=0, keepdims=True)
+    scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+    q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
+    return q, scale
+
+
+def quantize_int4(w: np.ndarray, group: int):
+    """Symmetric in groups of `group` rows of K: returns (uint8 [K, N/2] two columns per byte,
+    float32 scales [ceil(K/group), N]). Values are stored + 8 in [1, 15]."""
+    K, N = w.shape
+    if N % 2:
+        raise ValueError("int4 needs an even number of output features")
+    G = -(-K // group)
+    padded = np.zeros((G * group, N), np.float32)
+    padded[:K] = w
+    g = padded.reshape(G, group, N)
+    amax = np.abs(g).max(axis=1)
+    scale = np.where(amax > 0, amax / 7.0, 1.0).astype(np.float32)
+    q = np.clip(np.rint(g / scale[:, None, :]), -7, 7).astype(np.int16).reshape(G * group, N)[:K] + 8
+    packed = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)
+    return packed, scale

@@ -1,0 +1,56 @@
+"""Weights of a Llama-family model, one tensor at a time, from a transformers model object or
+from a checkpoint directory of safetensors shards (read lazily, so peak memory stays near the
+size of the converted weights)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CuvilError
+
+
+class TensorSource:
+    def __init__(self, get, names):
+        self._get = get
+        self.names = set(names)
+
+    def __contains__(self, name):
+        return name in self.names
+
+    def get(self, name) -> np.ndarray:
+        if name not in self.names:
+            raise CuvilError(f"checkpoint has no tensor {name!r}")
+        return self._get(name)
+
+
+def from_model(model) -> TensorSource:
+    sd = model.state_dict()
+    return TensorSource(lambda n: sd[n].detach().float().cpu().numpy(), sd.keys())
+
+
+def from_directory(path) -> TensorSource:
+    path = Path(path)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CuvilError(f"{path} has no .safetensors files (cuvil.llm reads safetensors checkpoints)")
+    from safetensors import safe_open
+    where = {}
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        for name, fname in json.loads(index.read_text())["weight_map"].items():
+            where[name] = path / fname
+    else:
+        for f in files:
+            with safe_open(str(f), framework="np") as h:
+                for name in h.keys():
+                    where[name] = f
+    handles = {}
+
+    def get(name):
+        f = where[name]
+        if f not in handles:
+            handles[f] = safe_open(str(f), framework="pt")       # "pt" reads bf16 too
+        return handles[f].get_tensor(name).float().numpy()
+    return TensorSource(get, where.keys())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
-import math
+import warnings
 
 import numpy as np
 import pytest
@@ -62,10 +62,12 @@ class Case:
         self.labels.append(label)
         return v
 
-    def check(self, rtol=1e-4, atol=1e-4, **opts):
+    def check(self, rtol=1e-4, atol=1e-4, inplace=(), **opts):
+        """inplace: indices of inputs the op updates in place (the KV cache), exempt from the no-write check."""
         assert self.g.outputs, "a case without outputs tests nothing"
         self.g.verify()
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)       # mean of an empty slice is nan, and says so
             expected = [interpreter.run(copy.deepcopy(self.g), *feeds) for feeds in self.runs]
         cm = compile_graph(self.g, **opts)
         errors = []
@@ -73,7 +75,7 @@ class Case:
             before = [np.array(a, copy=True) for a in feeds]
             got = cm.run(*feeds)
             for k, (a, b0) in enumerate(zip(feeds, before)):
-                if not np.array_equal(a, b0, equal_nan=a.dtype.kind == "f"):
+                if k not in inplace and not np.array_equal(a, b0, equal_nan=a.dtype.kind == "f"):
                     errors.append(f"[run {r}] input {k} was modified by the compiled code")
             assert len(got) == len(exp)
             for label, e, o in zip(self.labels, exp, got):
@@ -1123,6 +1125,107 @@ def attention(op):
                      c.input([f(1, 2, n, 8) for n in B_RUNS], (1, 2, B, 8))], {"causal": True}), "seq b, causal")
     c.out(c.add(op, [c.input(f(1, 2, 9, 64)), c.input(f(1, 2, 300, 64)), c.input(f(1, 2, 300, 64))], {"scale": 0.125}),
           "300 keys, head dim 64")
+    c.check()
+
+
+# ---- the language-model ops -------------------------------------------------------------------
+def _quantize(rng, K, N, bits, group):
+    """(weight, scales) in matmul_q's storage: int8 [K, N], packed int4 uint8 [K, N/2], or bf16 uint16."""
+    if bits == 16:
+        return (rand(rng, (K, N), "float32", -1, 1).view(np.uint32) >> 16).astype(np.uint16), None
+    scales = rand(rng, (-(-K // group), N), "float32", 0.001, 0.02)
+    if bits == 8:
+        return rand(rng, (K, N), "int8", -127, 127), scales
+    nib = rng.integers(0, 16, (K, N)).astype(np.uint8)
+    return (nib[:, 0::2] | (nib[:, 1::2] << 4)).astype(np.uint8), scales
+
+
+@case("matmul_q")
+def matmul_q(op):
+    """int8 / int4 (group scales, K not a multiple of the group) / bf16 weights over the tile remainders."""
+    c = Case(runs=2, symbols=SYMS)
+    r = c.rng
+    for bits, group in [(8, 1 << 30), (8, 64), (4, 32), (16, 1 << 30)]:
+        for i, (m, k) in enumerate([(1, 1), (2, 3), (5, 300), (7, 65), (6, 256)]):
+            n = (1, 15, 17, 33, 16)[i] * (2 if bits == 4 else 1)
+            w, s = _quantize(r, k, n, bits, group)
+            ins = [c.input(rand(r, (m, k), "float32", -1, 1)), c.const(w)] + ([c.const(s)] if s is not None else [])
+            c.out(c.add(op, ins, {"bits": bits, "group": group}), f"bits={bits} group={group} M={m} N={n} K={k}")
+        w, s = _quantize(r, 40, 18, bits, group)
+        sc = [c.const(s)] if s is not None else [None]
+        c.out(c.add(op, [c.input([rand(r, (n, 3, 40), "float32", -1, 1) for n in B_RUNS], (B, 3, 40)), c.const(w),
+                         *sc, c.input([rand(r, (n, 3, 18), "float32") for n in B_RUNS], (B, 3, 18))],
+                    {"bits": bits, "group": group}), f"bits={bits} [b,3,40] with residual")
+    w, s = _quantize(r, 8, 4, 8, 4)
+    c.out(c.add(op, [c.input(fortran(rand(r, (5, 8), "float32"))), c.const(w), c.const(s)], {"bits": 8, "group": 4}),
+          "transposed input")
+    c.check()
+
+
+@case("rope")
+def rope(op):
+    c = Case(runs=2, symbols=SYMS)
+    r = c.rng
+    for b, t, h, d in [(1, 1, 1, 2), (2, 3, 4, 16), (1, 5, 2, 64), (2, 1, 3, 6)]:
+        inv = (10000.0 ** (-np.arange(d // 2) * 2.0 / d)).astype(np.float32)
+        x = c.input(rand(r, (b, t, h, d), "float32"))
+        pos = c.input(rng_pos := r.integers(0, 4096, (b, t)))
+        del rng_pos
+        c.out(c.add(op, [x, pos, c.const(inv)]), f"[{b},{t},{h},{d}]")
+        c.out(c.add(op, [x, pos, c.input(inv)], {"scale": 1.25}), f"[{b},{t},{h},{d}] scale 1.25")
+    inv = (10000.0 ** (-np.arange(4) / 4.0)).astype(np.float32)
+    c.out(c.add(op, [c.input(fortran(rand(r, (1, 2, 3, 8), "float32"))), c.input(np.array([[0, 7]])), c.const(inv)]),
+          "transposed input")
+    c.out(c.add(op, [c.input(dyn(r, (1, B, 2, 8), "float32"), (1, B, 2, 8)),
+                     c.input([r.integers(0, 100, (1, n)) for n in B_RUNS], (1, B)), c.const(inv)]), "[1,b,2,8]")
+    c.check()
+
+
+def _cache(r, L, Bmax, Hk, S, Dd):
+    return rand(r, (L, Bmax, Hk, S, Dd), "float32")
+
+
+@case("kv_update")
+def kv_update(op):
+    """The cache is updated in place: the op's output is its first input's buffer."""
+    c = Case()
+    r = c.rng
+    cache = c.input(_cache(r, 2, 3, 2, 10, 4))
+    c.out(c.add(op, [cache, c.input(rand(r, (2, 3, 2, 4), "float32")), c.input(np.array([0, 7]))], {"layer": 1}),
+          "layer 1, batch 2 of 3, prefill 3 at 0 and 7")
+    c.check(inplace=(0,))
+    c = Case()
+    cache = c.input(_cache(r, 1, 2, 1, 5, 8))
+    k1 = c.add(op, [cache, c.input(rand(r, (2, 1, 1, 8), "float32")), c.input(np.array([4, 0]))])
+    c.out(c.add("neg", [k1]), "decode at 4 and 0, then used")
+    c.check(inplace=(0,))
+
+
+@case("kv_update", name="overflow")
+def kv_update_overflow(op):
+    c = Case()
+    cache = c.input(_cache(c.rng, 1, 2, 1, 5, 4))
+    new, start = c.input(rand(c.rng, (1, 2, 1, 4), "float32")), c.input(np.array([3]))
+    c.out(c.add(op, [cache, new, start]), "at 3 of 5")
+    cm = c.check(inplace=(0,))
+    with pytest.raises(ShapeError, match="KV cache"):
+        cm.run(c.runs[0][0], c.runs[0][1], np.array([4]))
+
+
+@case("cached_attention")
+def cached_attention(op):
+    """Decode (T = 1) and prefill (T > 1) over the cache rows [0, start + t], grouped kv heads."""
+    c = Case()
+    r = c.rng
+    kc, vc = c.input(_cache(r, 2, 3, 2, 12, 8)), c.input(_cache(r, 2, 3, 2, 12, 8))
+    for b, t, h, start in [(2, 1, 4, [5, 0]), (1, 4, 2, [3]), (3, 2, 2, [10, 0, 4]), (1, 12, 4, [0])]:
+        q = c.input(rand(r, (b, t, h, 8), "float32"))
+        for layer in (0, 1):
+            c.out(c.add(op, [q, kc, vc, c.input(np.array(start))], {"layer": layer, "scale": 8 ** -0.5}),
+                  f"B={b} T={t} H={h} start={start} layer={layer}")
+    kv = c.input(_cache(r, 1, 1, 1, 300, 64))
+    c.out(c.add(op, [c.input(rand(r, (1, 1, 2, 64), "float32")), kv, kv, c.input(np.array([299]))], {"scale": 0.125}),
+          "300 cached rows, head dim 64")
     c.check()
 
 

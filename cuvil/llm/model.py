@@ -132,30 +132,31 @@ class LLM:
         logits = self.prefill(ids)[-1]
         stats.prefill_seconds = time.perf_counter() - t0
         seen = list(ids)
-        text = ""
+        text, sent = "", 0
         t1 = time.perf_counter()
         for i in range(budget):
             tok = sampling.choose(logits, temperature=temperature, top_k=top_k, top_p=top_p, rng=rng, seen=seen,
                                   repetition_penalty=repetition_penalty)
             if tok in stop_ids:
                 stats.finish_reason = "stop"
+                if decoder is not None and len(text) > sent:
+                    yield text[sent:]              # what was held back for a stop string that never came
                 break
             stats.tokens.append(tok)
             seen.append(tok)
             stats.new_tokens += 1
             if decoder is not None:
-                piece = decoder.push(tok)
-                text += piece
-                hit = next((s for s in stop_strings if s in text), None)
-                if hit:
-                    cut = text.index(hit)
-                    keep = piece[: max(0, len(piece) - (len(text) - cut))]
-                    if keep:
-                        yield keep
+                text += decoder.push(tok)
+                hit = min((text.index(s) for s in stop_strings if s in text), default=None)
+                if hit is not None:
+                    if hit > sent:
+                        yield text[sent:hit]
                     stats.finish_reason = "stop"
                     break
-                if piece:
-                    yield piece
+                safe = len(text) - _held_back(text, stop_strings)   # could still become a stop string
+                if safe > sent:
+                    yield text[sent:safe]
+                    sent = safe
             else:
                 yield tok
             if i + 1 < budget:
@@ -163,9 +164,9 @@ class LLM:
         else:
             stats.finish_reason = "length"
             if decoder is not None:
-                tail = decoder.flush()
-                if tail:
-                    yield tail
+                text += decoder.flush()
+                if len(text) > sent:
+                    yield text[sent:]
         stats.decode_seconds = time.perf_counter() - t1
 
     def save(self, path):
@@ -175,6 +176,17 @@ class LLM:
             if f.is_file():
                 shutil.copyfile(f, path / f.name)
         return path
+
+
+def _held_back(text, stops):
+    """Length of the longest end of `text` that begins some stop string."""
+    best = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:n]):
+                best = n
+                break
+    return best
 
 
 def copy_tokenizer(src, dst):

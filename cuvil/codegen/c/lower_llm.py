@@ -67,8 +67,12 @@ def lower_kv_update(em, node):
     L, Bmax, Hk, S, Dd = (D.to_c(d) for d in cache.shape)
     B, T = D.to_c(new.shape[0]), D.to_c(new.shape[1])
     layer = node.attrs["layer"]
-    dst = f"((float *){em.ptr(cache)}) + (int64_t){layer} * {Bmax} * {Hk} * {S} * {Dd}"
-    return [f"if (cuvil_kv_update({B}, {Bmax}, {T}, {Hk}, {S}, {Dd}, {em.ptr(new)}, {em.ptr(start)}, {dst})) "
+    y = node.outputs[0]
+    lines = []
+    if em.plan.alias.get(y.name) is None:   # not updated in place (the result is a graph output): copy first
+        lines.append(f"memcpy({em.ptr(y)}, {em.ptr(cache)}, (size_t)({L} * {Bmax} * {Hk} * {S} * {Dd}) * sizeof(float));")
+    dst = f"((float *){em.ptr(y)}) + (int64_t){layer} * {Bmax} * {Hk} * {S} * {Dd}"
+    return lines + [f"if (cuvil_kv_update({B}, {Bmax}, {T}, {Hk}, {S}, {Dd}, {em.ptr(new)}, {em.ptr(start)}, {dst})) "
             f"CUVIL_FAIL(\"KV cache full: a sequence would pass {S} tokens, or the batch exceeds {Bmax}\");"]
 
 

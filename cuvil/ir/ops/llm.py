@@ -22,7 +22,8 @@ def dequantize(q, scales, bits, group):
         vals = np.stack([lo, hi], axis=-1).reshape(q.shape[0], -1)
     else:
         vals = q.astype(np.int16)
-    s = np.repeat(scales.astype(np.float64), group, axis=0)[:vals.shape[0]]
+    # (a group past K, e.g. the default 1 << 30 for one scale per column, repeats only K times)
+    s = np.repeat(scales.astype(np.float64), min(group, vals.shape[0]), axis=0)[:vals.shape[0]]
     return vals * s
 
 

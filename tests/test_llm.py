@@ -1,0 +1,141 @@
+"""The LLM path against transformers eager: prefill logits, 32 decode steps, greedy tokens, per
+architecture; lossy precisions report their error; text, streaming, stops and the KV cache limits."""
+import numpy as np
+import pytest
+import torch
+
+import cuvil
+import cuvil.llm
+
+from .llm_fixtures import checkpoint, small_model
+
+
+def _reference_steps(model, prompt, steps):
+    """transformers eager with its own KV cache: prefill logits, then one logits row per greedy step."""
+    with torch.no_grad():
+        out = model(torch.tensor([prompt]), use_cache=True)
+        pre = out.logits[0].numpy()
+        past, tok = out.past_key_values, int(out.logits[0, -1].argmax())
+        rows, toks = [], [tok]
+        for _ in range(steps):
+            out = model(torch.tensor([[tok]]), past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            rows.append(out.logits[0, -1].numpy())
+            tok = int(out.logits[0, -1].argmax())
+            toks.append(tok)
+    return pre, np.stack(rows), toks
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])
+def test_prefill_and_32_decode_steps_match_eager(arch):
+    model = small_model(arch)
+    llm = cuvil.llm.from_transformers(model, max_seq_len=64)
+    prompt = np.random.default_rng(1).integers(2, 300, 12).tolist()
+    pre, rows, toks = _reference_steps(model, prompt, 32)
+    got_pre = llm.prefill(prompt)
+    np.testing.assert_allclose(got_pre, pre, atol=1e-3, rtol=0)
+    tok, got_rows, got_toks = int(got_pre[-1].argmax()), [], [int(got_pre[-1].argmax())]
+    for _ in range(32):
+        r = llm.decode([tok])[0]
+        got_rows.append(r)
+        tok = int(r.argmax())
+        got_toks.append(tok)
+    np.testing.assert_allclose(np.stack(got_rows), rows, atol=1e-3, rtol=0)
+    assert got_toks == toks
+
+
+@pytest.mark.parametrize("precision, min_agree", [("bf16", 0.95), ("int8", 0.9), ("int4", 0.5)])
+def test_lossy_precisions_report_their_error(precision, min_agree):
+    model = small_model("llama")
+    llm = cuvil.llm.from_transformers(model, precision=precision, max_seq_len=64)
+    err = llm.meta["error"]
+    assert err["positions"] == 64
+    assert err["top1_agreement"] >= min_agree
+    assert 0 <= err["kl_mean"] < (0.01 if precision != "int4" else 0.1)
+    # the compiled lossy model still tracks the fp32 one on a fresh prompt
+    prompt = [5, 17, 33, 2, 99]
+    with torch.no_grad():
+        ref = model(torch.tensor([prompt])).logits[0].numpy()
+    got = llm.prefill(prompt)
+    assert np.abs(got - ref).max() < (0.05 if precision != "int4" else 0.5)
+
+
+def test_checkpoint_dir_text_streaming_and_stops(tmp_path):
+    model = checkpoint(tmp_path / "ckpt")
+    llm = cuvil.llm.from_transformers(tmp_path / "ckpt", max_seq_len=128)
+    llm.save(tmp_path / "m.cuvil")
+    llm = cuvil.llm.load(tmp_path / "m.cuvil")
+    prompt = "le café est très bon"
+    ids = llm.tokenizer.encode(prompt)
+    with torch.no_grad():
+        ref = model.generate(torch.tensor([ids]), max_new_tokens=20, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)[0, len(ids):].tolist()
+    text = llm.generate(prompt, max_new_tokens=20)
+    assert llm.last_stats.tokens == ref
+    assert text == llm.tokenizer.decode(ref)
+    pieces = list(llm.generate(prompt, max_new_tokens=20, stream=True))
+    assert "".join(pieces) == text          # (a random model emits invalid UTF-8; the text keeps U+FFFD)
+    if len(text) > 3:
+        stop = text[2:4]
+        cut = llm.generate(prompt, max_new_tokens=20, stop=[stop])
+        assert cut == text[:text.index(stop)] and llm.last_stats.finish_reason == "stop"
+    chat = llm.generate("hello", max_new_tokens=5, chat=True)
+    assert isinstance(chat, str)
+
+
+def test_multibyte_characters_stream_whole():
+    """A byte-level tokenizer splits a character across tokens: the stream must not emit halves."""
+    from cuvil.llm.tokenizer import StreamDecoder, Tokenizer
+    import tempfile
+    from pathlib import Path
+    from .llm_fixtures import tokenizer_files
+    d = Path(tempfile.mkdtemp())
+    tokenizer_files(d)
+    tok = Tokenizer(d)
+    ids = tok.encode("🙂 数据 é")
+    dec = StreamDecoder(tok)
+    pieces = [dec.push(i) for i in ids] + [dec.flush()]
+    assert "".join(pieces) == "🙂 数据 é"
+    assert all("\ufffd" not in p for p in pieces)
+
+
+def test_sampling_is_seeded_and_respects_top_k():
+    model = small_model("llama")
+    llm = cuvil.llm.from_transformers(model, max_seq_len=64)
+    a = llm.generate([3, 4, 5], max_new_tokens=10, temperature=0.8, top_k=5, top_p=0.9, seed=7)
+    b = llm.generate([3, 4, 5], max_new_tokens=10, temperature=0.8, top_k=5, top_p=0.9, seed=7)
+    assert a == b and len(a) == 10
+    from cuvil.llm.sampling import choose
+    logits = np.arange(10, dtype=np.float32)
+    picks = {choose(logits, temperature=1.0, top_k=3, rng=np.random.default_rng(i)) for i in range(50)}
+    assert picks <= {7, 8, 9}
+    assert choose(logits, repetition_penalty=100.0, seen=[9]) == 8
+
+
+def test_batched_decode_matches_single_sequences():
+    model = small_model("llama")
+    llm = cuvil.llm.from_transformers(model, max_seq_len=64, max_batch=2)
+    p1, p2 = [5, 6, 7, 8], [9, 10, 11, 12]
+    singles = []
+    for p in (p1, p2):
+        llm.reset()
+        llm.step(np.array([p]), np.array([0]))
+        singles.append(llm.step(np.array([[42]]), np.array([len(p)]))[0, 0])
+    llm.reset()
+    llm.step(np.array([p1, p2]), np.array([0, 0]))
+    both = llm.decode([42, 42])
+    np.testing.assert_allclose(both, np.stack(singles), atol=1e-4)
+
+
+def test_cache_overflow_is_a_clear_error():
+    llm = cuvil.llm.from_transformers(small_model("llama"), max_seq_len=16)
+    llm.prefill(list(range(2, 14)))
+    with pytest.raises(cuvil.ShapeError, match="holds 16"):
+        llm.step(np.array([[1] * 8]))
+
+
+def test_bad_options():
+    with pytest.raises(ValueError, match="precision"):
+        cuvil.llm.from_transformers(small_model("llama"), precision="int3")
+    with pytest.raises(ValueError, match="group"):
+        cuvil.llm.from_transformers(small_model("llama"), precision="int4", group=48)

@@ -128,6 +128,61 @@ def cmd_bench(a):
           f"({m.num_threads} threads)")
 
 
+def cmd_llm_compile(a):
+    import cuvil.llm
+    t = time.perf_counter()
+    llm = cuvil.llm.from_transformers(a.checkpoint, precision=a.precision, max_seq_len=a.max_seq_len,
+                                      max_batch=a.max_batch, group=a.group, num_threads=a.num_threads,
+                                      cache_dir=a.cache_dir, verbose=not a.quiet)
+    llm.save(a.output)
+    print(f"compiled {a.checkpoint} ({a.precision}) -> {a.output} in {time.perf_counter() - t:.1f} s")
+    if "error" in llm.meta:
+        e = llm.meta["error"]
+        print(f"  vs fp32: top-1 agreement {e['top1_agreement']:.3f}, mean KL {e['kl_mean']:.4g}")
+
+
+def cmd_llm_run(a):
+    import cuvil.llm
+    llm = cuvil.llm.load(a.artifact, num_threads=a.num_threads)
+    prompt = a.prompt if llm.tokenizer is not None else [int(t) for t in a.prompt.split()]
+    for piece in llm.generate(prompt, max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_k=a.top_k,
+                              top_p=a.top_p, repetition_penalty=a.repetition_penalty, seed=a.seed, stream=True,
+                              chat=a.chat, stop=a.stop):
+        print(piece if isinstance(piece, str) else f"{piece} ", end="", flush=True)
+    st = llm.last_stats
+    print(f"\n[{st.prompt_tokens} prompt tokens in {st.prefill_seconds * 1000:.0f} ms, {st.new_tokens} new tokens, "
+          f"{st.decode_tokens_per_second:.1f} tokens/s, finish: {st.finish_reason}]", file=sys.stderr)
+
+
+def _add_llm(sub):
+    p = sub.add_parser("llm", help="language models: compile a checkpoint, run a prompt")
+    lsub = p.add_subparsers(dest="llm_cmd", required=True)
+    c = lsub.add_parser("compile", help="compile a Llama/Mistral/Qwen2 checkpoint directory")
+    c.add_argument("checkpoint", help="directory with config.json and *.safetensors (and tokenizer.json)")
+    c.add_argument("-o", "--output", required=True)
+    c.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "int8", "int4"))
+    c.add_argument("--group", type=int, default=64, help="int4 group size along K: 32, 64 or 128")
+    c.add_argument("--max-seq-len", type=int, default=2048)
+    c.add_argument("--max-batch", type=int, default=1)
+    c.add_argument("--num-threads", type=int, default=None)
+    c.add_argument("--cache-dir", default=None)
+    c.add_argument("--quiet", action="store_true")
+    c.set_defaults(fn=cmd_llm_compile)
+    r = lsub.add_parser("run", help="generate from a prompt, streaming to the terminal")
+    r.add_argument("artifact")
+    r.add_argument("--prompt", required=True, help="text (or space-separated token ids without a tokenizer)")
+    r.add_argument("--max-new-tokens", type=int, default=128)
+    r.add_argument("--temperature", type=float, default=0.0)
+    r.add_argument("--top-k", type=int, default=0)
+    r.add_argument("--top-p", type=float, default=1.0)
+    r.add_argument("--repetition-penalty", type=float, default=1.0)
+    r.add_argument("--seed", type=int, default=None)
+    r.add_argument("--stop", action="append", default=None, help="stop string; repeat for several")
+    r.add_argument("--chat", action="store_true", help="apply the checkpoint's chat template")
+    r.add_argument("--num-threads", type=int, default=None)
+    r.set_defaults(fn=cmd_llm_run)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="cuvil", description="Ahead-of-time compiler for PyTorch and ONNX models")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -154,11 +209,12 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--num-threads", type=int, default=None)
     p.set_defaults(fn=cmd_bench)
+    _add_llm(sub)
     a = ap.parse_args(argv)
     from .errors import CuvilError
     try:
         a.fn(a)
-    except CuvilError as e:
+    except (CuvilError, ValueError, FileNotFoundError) as e:
         print(f"cuvil: error: {e}", file=sys.stderr)
         return 1
     return 0

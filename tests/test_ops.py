@@ -27,6 +27,7 @@ F64_TOL = (1e-9, 1e-9)
 B = dims.Sym("b")
 SYMS = {"b": (1, 9)}          # dynamic dim of the dynamic cases; each such case runs at b = 1 and b = 6
 B_RUNS = (1, 6)
+MM_ACTS = ("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")   # fused epilogue activations
 
 
 # ---- building and checking one graph -------------------------------------------------------
@@ -115,7 +116,9 @@ def strided(a):
 
 def fortran(a):
     """The same values as a in column-major (transposed) layout."""
-    return np.asfortranarray(a)
+    f = np.asfortranarray(a)
+    assert not f.flags.c_contiguous or a.ndim < 2 or a.size <= max(a.shape)
+    return f
 
 
 def dyn(rng, shape, dtype, lo=-4.0, hi=4.0):
@@ -249,7 +252,7 @@ def _binary_cases(op, c, dtypes):
             a, b = _binary_values(op, r, sa, sb, dt)
             c.out(c.add(op, [c.input(a), c.input(b)]), f"{dt}{list(sa)} . {dt}{list(sb)}")
     a, b = _binary_values(op, r, (13, 7), (7, 13), dtypes[0])
-    c.out(c.add(op, [c.input(fortran(a).T), c.input(strided(b))]), f"{dtypes[0]} non-contiguous inputs")
+    c.out(c.add(op, [c.input(np.ascontiguousarray(a).T), c.input(strided(b))]), f"{dtypes[0]} non-contiguous inputs")
     av = [_binary_values(op, r, (n, 5), (5,), dtypes[0]) for n in B_RUNS]
     c.out(c.add(op, [c.input([a for a, _ in av], (B, 5)), c.input(av[0][1])]), f"{dtypes[0]}[b,5] . [5]")
     av = [_binary_values(op, r, (n, 1), (1, n), dtypes[0]) for n in B_RUNS]
@@ -793,6 +796,13 @@ def conv_attrs(op):
           "width b (stride 1)", pads=((1, 1), (0, 0)))
     _conv(c, c.input([f(1, 2, n + 4, 5) for n in B_RUNS], (1, 2, B + 4, 5)), c.const(f(3, 2, 3, 3)), None,
           "height b+4, stride (2,3)", strides=(2, 3), pads=((1, 0), (1, 1)))
+    # the fused epilogue passes create: act(conv + bias + residual)
+    for act in MM_ACTS:
+        c.out(c.add("conv", [x, w, c.const(f(5)), c.input(f(2, 5, 9, 11))], {"pads": ((1, 1), (1, 1)), "act": act}),
+              f"bias, residual, act={act}")
+    c.out(c.add("conv", [x4, c.const(f(8, 1, 3, 3)), None, c.input(f(2, 8, 7, 6))],
+                {"groups": 4, "pads": ((1, 1), (1, 1)), "act": "relu"}), "depthwise, residual, relu")
+    c.out(c.add("conv", [x4, c.const(f(3, 4, 1, 1))], {"act": "gelu"}), "1x1 gelu, no bias")
     c.check()
 
 
@@ -919,7 +929,7 @@ def bitwise(op):
                 rand(r, sb, dt, max(info.min, -2**40), min(info.max, 2**40))
             c.out(c.add(op, [c.input(a), c.input(b)]), f"{dt}{list(sa)} . {list(sb)}")
     a = rand(r, (13, 7), "int64", -1000, 1000)
-    c.out(c.add(op, [c.input(fortran(a).T), c.input(rand(r, (7, 13), "int64", 0, 9))]), "transposed")
+    c.out(c.add(op, [c.input(np.ascontiguousarray(a).T), c.input(rand(r, (7, 13), "int64", 0, 9))]), "transposed")
     c.out(c.add(op, [c.input(dyn(r, (B, 3), "int32", -100, 100), (B, 3)), c.input(rand(r, (3,), "int32", 0, 5))]),
           "int32[b,3] . [3]")
     c.check()
@@ -1030,7 +1040,8 @@ def topk(op):
         xi = c.input(rand(r, (4, 9), dt, 0, 3))                 # many ties
         tk(xi, f"{dt} ties", k=5)
         tk(xi, f"{dt} ties smallest", k=5, largest=False)
-    special = c.input(np.array([[1, np.inf, -np.inf, 3, 3, -0.0, 0.0], [np.nan, 1, np.nan, 2, -np.inf, 0, 5]], np.float32))
+    special = c.input(np.array([[1, np.inf, -np.inf, 3, 3, -0.0, 0.0], [np.nan, 1, np.nan, 2, -np.inf, 0, 5]],
+                               np.float32))
     for k in (2, 7):
         tk(special, f"nan, inf, signed zeros k={k}", k=k)
         tk(special, f"nan, inf, signed zeros k={k} smallest", k=k, largest=False)
@@ -1064,8 +1075,6 @@ def fused_pointwise(op):
     c.out(c.add(op, [c.input(rand(r, (0, 3), "float32"))], {"body": body}), "[0,3]")
     c.check()
 
-
-MM_ACTS = ("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
 
 
 @case("matmul_fused")
@@ -1169,8 +1178,7 @@ def rope(op):
     for b, t, h, d in [(1, 1, 1, 2), (2, 3, 4, 16), (1, 5, 2, 64), (2, 1, 3, 6)]:
         inv = (10000.0 ** (-np.arange(d // 2) * 2.0 / d)).astype(np.float32)
         x = c.input(rand(r, (b, t, h, d), "float32"))
-        pos = c.input(rng_pos := r.integers(0, 4096, (b, t)))
-        del rng_pos
+        pos = c.input(r.integers(0, 4096, (b, t)))
         c.out(c.add(op, [x, pos, c.const(inv)]), f"[{b},{t},{h},{d}]")
         c.out(c.add(op, [x, pos, c.input(inv)], {"scale": 1.25}), f"[{b},{t},{h},{d}] scale 1.25")
     inv = (10000.0 ** (-np.arange(4) / 4.0)).astype(np.float32)
@@ -1249,11 +1257,16 @@ REJECTED = [  # (op, [(shape, dtype)], attrs): dtypes or shapes the op's declara
     ("conv", [((1, 3, 2, 2), "float32"), ((2, 3, 3, 3), "float32")], {}),
     ("gather_elements", [((3, 4), "float32"), ((4, 2), "int64")], {"axis": 1}),
     ("scatter_elements", [((2, 3), "float32"), ((3, 4), "int64"), ((3, 4), "float32")], {"axis": 0}),
+    ("rope", [((1, 2, 3, 5), "float32"), ((1, 2), "int64"), ((2,), "float32")], {}),
+    ("rope", [((1, 2, 3, 4), "float32"), ((1, 2), "int64"), ((3,), "float32")], {}),
+    ("rope", [((1, 2, 3, 4), "float32"), ((2, 1), "int64"), ((2,), "float32")], {}),
+    ("matmul_q", [((3, 4), "float32"), ((4, 5), "int8")], {"bits": 8}),
     ("gather", [((3, 4), "float32"), ((2,), "float32")], {}),
     ("matmul", [((3, 4), "float32"), ((5, 6), "float32")], {}),
     ("reshape", [((3, 4), "float32")], {"shape": (5, 2)}), ("transpose", [((3, 4), "float32")], {"perm": (0, 0)}),
     ("softmax", [((3, 4), "int64")], {}), ("bitwise_not", [((3,), "bool")], {}),
-    ("bitwise_and", [((3,), "bool"), ((3,), "bool")], {}), ("shift_left", [((3,), "float32"), ((3,), "float32")], {}), ("max_pool", [((1, 1, 2, 2), "float32")], {"kernel": (3, 3)}),
+    ("bitwise_and", [((3,), "bool"), ((3,), "bool")], {}), ("shift_left", [((3,), "float32"), ((3,), "float32")], {}),
+    ("max_pool", [((1, 1, 2, 2), "float32")], {"kernel": (3, 3)}),
 ]
 
 
@@ -1275,6 +1288,10 @@ UNSUPPORTED = [  # declared, but the C backend lowers only some dtypes or ranks:
     ("matmul", [((3, 4), "bool"), ((4, 5), "bool")], {}), ("matmul", [((3, 4), "int8"), ((4, 5), "int8")], {}),
     ("matmul_fused", [((3, 4), "float32"), ((4, 5), "float32")], {"act": "relu"}),
     ("matmul_fused", [((3, 4), "float64"), ((4, 5), "float64")], {}),
+    ("matmul_q", [((3, 4), "float32"), ((4, 5), "int8"), ((1, 5), "float32")], {}),
+    ("rope", [((1, 2, 3, 4), "float64"), ((1, 2), "int64"), ((2,), "float64")], {}),
+    ("cached_attention", [((1, 1, 2, 4), "float64"), ((1, 1, 2, 5, 4), "float64"), ((1, 1, 2, 5, 4), "float64"),
+                          ((1,), "int64")], {}),
 ]
 
 

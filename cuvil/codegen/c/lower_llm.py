@@ -21,8 +21,12 @@ def _panels(a: np.ndarray, width: int, pad) -> np.ndarray:
 
 
 def _mmq_supports(node):
-    from ...build.toolchain import vector_floats  # noqa: F401
-    return None
+    # weights and scales are packed into panels at compile time
+    return None if all(v is None or v.is_const for v in node.inputs[1:3]) else "quantized weights must be constants"
+
+
+def _f32_only(node):
+    return None if all(v.dtype in ("float32", "int64") for v in node.inputs) else "float32 tensors are supported"
 
 
 @lowering("matmul_q", supports=_mmq_supports)
@@ -53,7 +57,7 @@ def lower_matmul_q(em, node):
     return lines
 
 
-@lowering("rope")
+@lowering("rope", supports=_f32_only)
 def lower_rope(em, node):
     x, pos, f = node.inputs
     B, T, H, Dd = (D.to_c(d) for d in x.shape)
@@ -61,7 +65,7 @@ def lower_rope(em, node):
             f"{float(node.attrs['scale'])!r}f, {em.ptr(node.outputs[0])}, NT);"]
 
 
-@lowering("kv_update")
+@lowering("kv_update", supports=_f32_only)
 def lower_kv_update(em, node):
     cache, new, start = node.inputs
     L, Bmax, Hk, S, Dd = (D.to_c(d) for d in cache.shape)
@@ -76,7 +80,7 @@ def lower_kv_update(em, node):
             f"CUVIL_FAIL(\"KV cache full: a sequence would pass {S} tokens, or the batch exceeds {Bmax}\");"]
 
 
-@lowering("cached_attention")
+@lowering("cached_attention", supports=_f32_only)
 def lower_cached_attention(em, node):
     q, kc, vc, start = node.inputs
     y = node.outputs[0]

@@ -66,6 +66,10 @@ def _rope_infer(types, attrs, inputs):
     x, pos, f = types
     if x.rank != 4 or pos.rank != 2 or pos.dtype != "int64" or f.rank != 1:
         raise ShapeError(f"rope: expects x[B, T, H, D], int64 positions[B, T], inv_freq[D/2]; got {x}, {pos}, {f}")
+    half = x.shape[3] // 2 if isinstance(x.shape[3], int) else None
+    if half is not None and (x.shape[3] % 2 or not D.dims_equal(f.shape[0], half)) or not all(
+            D.dims_equal(a, b) for a, b in zip(pos.shape, x.shape[:2])):
+        raise ShapeError(f"rope: x {x} needs an even D, positions [B, T] and inv_freq [D/2]; got {pos}, {f}")
     return [x]
 
 

@@ -1,0 +1,68 @@
+"""The command line, run as a user would: compile, run, inspect, bench, llm compile/run."""
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import torch
+
+
+def cuvil(*args, cwd):
+    r = subprocess.run([sys.executable, "-m", "cuvil", *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+    return r
+
+
+NET = textwrap.dedent("""
+    import torch
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+            self.fc = torch.nn.Linear(8, 4)
+        def forward(self, x):
+            return self.fc(torch.relu(self.conv(x)).mean((2, 3)))
+""")
+
+
+def test_compile_run_inspect_bench(tmp_path):
+    (tmp_path / "net.py").write_text(NET)
+    r = cuvil("compile", "net.py::Net", "--example-input", "torch.randn(2,3,16,16)", "-o", "m.cuvil", "--verify",
+              cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "[cuvil] export" in r.stderr and "max abs err" in r.stdout
+    x = np.random.default_rng(0).standard_normal((2, 3, 16, 16)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    r = cuvil("run", "m.cuvil", "--input", "x.npy", "--output-dir", "out", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    sys.path.insert(0, str(tmp_path))
+    from net import Net
+    ref = Net().eval()(torch.from_numpy(x)).detach().numpy()
+    np.testing.assert_allclose(np.load(tmp_path / "out" / "output0.npy"), ref, rtol=1e-4, atol=1e-4)
+    for stage, needle in (("frontend", "conv("), ("passes", "matmul_fused"), ("memplan", "arena:"), ("c", "cuvil_run")):
+        r = cuvil("inspect", "net.py::Net", "--example-input", "torch.randn(2,3,16,16)", "--stage", stage, cwd=tmp_path)
+        assert r.returncode == 0 and needle in r.stdout, (stage, r.stderr[-2000:])
+    r = cuvil("bench", "m.cuvil", "--repeat", "5", cwd=tmp_path)
+    assert r.returncode == 0 and "median" in r.stdout
+
+
+def test_help_and_errors(tmp_path):
+    for cmd in (["--help"], ["compile", "--help"], ["run", "--help"], ["inspect", "--help"], ["llm", "compile", "--help"]):
+        r = cuvil(*cmd, cwd=tmp_path)
+        assert r.returncode == 0 and "usage" in r.stdout
+    r = cuvil("run", "missing.cuvil", "--input", "x.npy", cwd=tmp_path)
+    assert r.returncode != 0 and "cuvil: error" in r.stderr and "Traceback" not in r.stderr
+    r = cuvil("compile", "net.py::Net", "--example-input", "torch.randn(1,3,8,8)", "--target", "mips", "-o", "m",
+              cwd=tmp_path)
+    assert r.returncode != 0
+
+
+def test_llm_compile_and_run(tmp_path):
+    from .llm_fixtures import checkpoint
+    checkpoint(tmp_path / "ckpt")
+    r = cuvil("llm", "compile", "ckpt", "-o", "m.cuvil", "--precision", "int4", "--max-seq-len", "64", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "top-1 agreement" in r.stdout
+    r = cuvil("llm", "run", "m.cuvil", "--prompt", "le café", "--max-new-tokens", "8", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "tokens/s" in r.stderr

@@ -100,31 +100,38 @@ static inline void store_tile(float acc[CUVIL_MR][CUVIL_NR], int mr, int64_t nr,
     }
 }
 
-/* B block [kc][NR] as floats: the packed panel itself for fp32, else dequantized into buf. */
+/* B block [kc][NR] as floats: the packed panel itself for fp32, else dequantized into buf.
+ * One loop per format, K walked group by group so the scales row is fixed inside the hot loop. */
 static inline const float *b_block(const void *B, int bits, const float *scales, int64_t group, int64_t K,
                                    int64_t p, int64_t k0, int64_t kc, float *buf) {
     if (bits == 32) return (const float *)B + p * K * CUVIL_NR + k0 * CUVIL_NR;
-    const float *sc = scales ? scales + p * ((K + group - 1) / group) * CUVIL_NR : 0;
-    for (int64_t k = 0; k < kc; k++) {
-        float *d = buf + k * CUVIL_NR;
-        int64_t kk = k0 + k;
-        const float *s = sc ? sc + (kk / group) * CUVIL_NR : 0;
+    if (bits == 16) {                              /* bf16: the high half of an fp32 */
+        const uint16_t *q = (const uint16_t *)B + (p * K + k0) * CUVIL_NR;
+        uint32_t *d = (uint32_t *)buf;
+        for (int64_t i = 0; i < kc * CUVIL_NR; i++) d[i] = (uint32_t)q[i] << 16;
+        return buf;
+    }
+    const float *sc = scales + p * ((K + group - 1) / group) * CUVIL_NR;
+    for (int64_t k = 0; k < kc;) {
+        int64_t kk = k0 + k, end = (kk / group + 1) * group - k0;
+        if (end > kc) end = kc;
+        const float *s = sc + (kk / group) * CUVIL_NR;
         if (bits == 8) {
             const int8_t *q = (const int8_t *)B + (p * K + kk) * CUVIL_NR;
-            for (int j = 0; j < CUVIL_NR; j++) d[j] = (float)q[j] * s[j];
-        } else if (bits == 4) {
+            for (int64_t r = 0; r < end - k; r++)
+                for (int j = 0; j < CUVIL_NR; j++) buf[(k + r) * CUVIL_NR + j] = (float)q[r * CUVIL_NR + j] * s[j];
+        } else {                                   /* 4 bits: low nibble = even column, value - 8 */
             const uint8_t *q = (const uint8_t *)B + (p * K + kk) * (CUVIL_NR / 2);
-            for (int j = 0; j < CUVIL_NR / 2; j++) {
-                d[2 * j] = (float)((int)(q[j] & 15) - 8) * s[2 * j];
-                d[2 * j + 1] = (float)((int)(q[j] >> 4) - 8) * s[2 * j + 1];
-            }
-        } else {                                   /* bf16: the high half of an fp32 */
-            const uint16_t *q = (const uint16_t *)B + (p * K + kk) * CUVIL_NR;
-            for (int j = 0; j < CUVIL_NR; j++) {
-                uint32_t u = (uint32_t)q[j] << 16;
-                memcpy(&d[j], &u, 4);
+            for (int64_t r = 0; r < end - k; r++) {
+                float *d = buf + (k + r) * CUVIL_NR;
+                const uint8_t *qr = q + r * (CUVIL_NR / 2);
+                for (int j = 0; j < CUVIL_NR / 2; j++) {
+                    d[2 * j] = (float)((int)(qr[j] & 15) - 8) * s[2 * j];
+                    d[2 * j + 1] = (float)((int)(qr[j] >> 4) - 8) * s[2 * j + 1];
+                }
             }
         }
+        k = end;
     }
     return buf;
 }

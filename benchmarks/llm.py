@@ -1,0 +1,170 @@
+"""LLM benchmark: a TinyLlama-1.1B-shaped model (random weights, a real safetensors checkpoint):
+prefill of 128 tokens and decode tokens/s over 128 new tokens at fp32, bf16, int8, int4, against
+transformers eager and llama.cpp (llama-cpp-python on GGUF F32 / Q8_0 / Q4_0 of the same weights,
+when installed), plus the roofline: measured memory bandwidth / weight bytes read per token.
+
+    python -m benchmarks.llm [--threads 1,2] [--precisions fp32,bf16,int8,int4] [--small]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+OUT = Path(__file__).resolve().parent / "out"
+TINYLLAMA = dict(hidden_size=2048, num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,
+                 intermediate_size=5632, vocab_size=32000, max_position_embeddings=2048, rms_norm_eps=1e-5,
+                 tie_word_embeddings=False)
+SMALL = dict(TINYLLAMA, hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+             intermediate_size=1408)
+
+
+def make_checkpoint(shape, name):
+    import torch
+    import transformers as T
+    d = OUT / name
+    if (d / "config.json").exists():
+        return d
+    torch.manual_seed(0)
+    cfg = T.LlamaConfig(**shape)
+    with torch.device("cpu"):
+        m = T.LlamaForCausalLM(cfg).eval()
+    for p in m.parameters():                       # small weights keep random-model logits finite and varied
+        p.data.mul_(0.5)
+    m.save_pretrained(str(d), safe_serialization=True)
+    return d
+
+
+def weight_bytes_per_token(shape, precision, group=64):
+    h, i, v, L = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"], shape["num_hidden_layers"]
+    hd = h // shape["num_attention_heads"]
+    kv = shape["num_key_value_heads"] * hd
+    params = L * (h * h + 2 * h * kv + h * h + 3 * h * i) + h * v
+    per = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0 + 4.0 / h, "int4": 0.5 + 4.0 / group}[precision]
+    return params * per
+
+
+def memory_bandwidth(threads):
+    """Read bandwidth (bytes/s) of a compiled sum over 1 GiB, the way decode streams its weights."""
+    import cuvil
+    from cuvil.ir.graph import Graph, TensorType, Value
+    from tests.util import compile_graph
+    rows, cols = 4096, 65536
+    g = Graph()
+    x = Value(TensorType((rows, cols), "float32"), "x")
+    g.inputs = [x]
+    g.outputs = [g.add("reduce_sum", [x], {"axes": [1]})]
+    cm = compile_graph(g, num_threads=threads)
+    a = np.ones((rows, cols), np.float32)
+    cm.run(a)
+    ts = []
+    for _ in range(5):
+        t = time.perf_counter()
+        cm.run(a)
+        ts.append(time.perf_counter() - t)
+    del cuvil
+    return a.nbytes / min(ts)
+
+
+def bench_cuvil(ckpt, precision, threads, prompt, new_tokens):
+    import cuvil.llm
+    llm = cuvil.llm.from_transformers(ckpt, precision=precision, max_seq_len=512, num_threads=threads,
+                                      measure_error=False)
+    llm.prefill(prompt[:8])
+    pre = []
+    for _ in range(3):
+        t = time.perf_counter()
+        llm.prefill(prompt)
+        pre.append(time.perf_counter() - t)
+    ttft = []
+    for _ in range(3):
+        t = time.perf_counter()
+        llm.prefill(prompt[:32])
+        ttft.append(time.perf_counter() - t)
+    llm.prefill(prompt)
+    tok = 1
+    t = time.perf_counter()
+    for _ in range(new_tokens):
+        tok = int(llm.decode([tok])[0].argmax())
+    dec = new_tokens / (time.perf_counter() - t)
+    return {"prefill_ms": 1000 * statistics.median(pre), "decode_tps": dec, "ttft32_ms": 1000 * statistics.median(ttft),
+            "path": str(llm.path)}
+
+
+def bench_eager(ckpt, threads, prompt, new_tokens):
+    import torch
+    from transformers import AutoModelForCausalLM
+    torch.set_num_threads(threads)
+    m = AutoModelForCausalLM.from_pretrained(str(ckpt), torch_dtype=torch.float32).eval()
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        m(ids[:, :8])
+        pre = []
+        for _ in range(2):
+            t = time.perf_counter()
+            out = m(ids, use_cache=True)
+            pre.append(time.perf_counter() - t)
+        past, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        t = time.perf_counter()
+        for _ in range(new_tokens):
+            out = m(tok, past_key_values=past, use_cache=True)
+            past, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        dec = new_tokens / (time.perf_counter() - t)
+    return {"prefill_ms": 1000 * statistics.median(pre), "decode_tps": dec}
+
+
+def rss_of_loaded(path, threads):
+    code = (f"import cuvil.llm; m = cuvil.llm.load({str(path)!r}, num_threads={threads}); m.prefill([1, 2, 3]); "
+            "print([l for l in open('/proc/self/status') if l.startswith('VmRSS')][0].split()[1])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    return int(r.stdout.strip()) / 1024 if r.returncode == 0 else float("nan")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--precisions", default="fp32,bf16,int8,int4")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--small", action="store_true", help="a 4-layer model of the same family (quick check)")
+    ap.add_argument("--no-eager", action="store_true")
+    ap.add_argument("--output", default=str(OUT / "llm.json"))
+    a = ap.parse_args(argv)
+    shape = SMALL if a.small else TINYLLAMA
+    ckpt = make_checkpoint(shape, "llama-small" if a.small else "tinyllama-shape")
+    prompt = np.random.default_rng(0).integers(100, 30000, 128).tolist()
+    results = {"shape": shape, "machine": None, "rows": []}
+    from benchmarks.timing import machine_line
+    results["machine"] = machine_line()
+    for threads in [int(t) for t in a.threads.split(",")]:
+        bw = memory_bandwidth(threads)
+        print(f"[{threads}t] read bandwidth {bw / 1e9:.1f} GB/s", flush=True)
+        if not a.no_eager:
+            e = bench_eager(ckpt, threads, prompt, a.new_tokens)
+            print(f"[{threads}t] transformers eager: prefill {e['prefill_ms']:.0f} ms, decode {e['decode_tps']:.2f} tok/s",
+                  flush=True)
+            results["rows"].append({"system": "transformers eager", "threads": threads, **e})
+        for p in a.precisions.split(","):
+            r = bench_cuvil(ckpt, p, threads, prompt, a.new_tokens)
+            roof = bw / weight_bytes_per_token(shape, p)
+            r.update(system=f"cuvil {p}", threads=threads, roofline_tps=roof, bandwidth_gbs=bw / 1e9)
+            if p == "int4":
+                r["rss_mib"] = rss_of_loaded(r["path"], threads)
+            print(f"[{threads}t] cuvil {p}: prefill {r['prefill_ms']:.0f} ms, decode {r['decode_tps']:.2f} tok/s "
+                  f"({100 * r['decode_tps'] / roof:.0f}% of roofline {roof:.1f}), ttft(32) {r['ttft32_ms']:.0f} ms",
+                  flush=True)
+            results["rows"].append(r)
+    OUT.mkdir(exist_ok=True)
+    Path(a.output).write_text(json.dumps(results, indent=1))
+    print(f"wrote {a.output}")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()

@@ -250,6 +250,9 @@ def _lowerable(graph):
     return g, emit.unsupported(g)
 
 
+LOWP_FLOATS = ("bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float4_e2m1fn")
+
+
 def compare(expected, got, rtol, atol):
     if len(expected) != len(got):
         return f"{len(got)} outputs, expected {len(expected)}"
@@ -259,6 +262,10 @@ def compare(expected, got, rtol, atol):
             return f"output {k}: dtype {g.dtype}, expected {e.dtype}"
         if e.shape != g.shape:
             return f"output {k}: shape {g.shape}, expected {e.shape}"
+        if e.dtype.kind == "V" and e.dtype.name in LOWP_FLOATS:      # ml_dtypes: bfloat16, float8, float4
+            e, g = e.astype(np.float32), g.astype(np.float32)
+        elif e.dtype.kind == "V" and e.dtype.name in ("int4", "uint4", "int2", "uint2"):
+            e, g = e.astype(np.int64), g.astype(np.int64)
         try:
             if e.dtype.kind in "fc":
                 np.testing.assert_allclose(g, e, rtol=rtol, atol=atol, equal_nan=True)

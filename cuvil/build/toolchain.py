@@ -22,7 +22,8 @@ TARGETS = {
     "aarch64-neon": (["-march=armv8-a"], 4, []),
 }
 TARGET_NAMES = ("native", "cpu") + tuple(TARGETS)
-COMMON_FLAGS = ["-O3", "-fPIC", "-fopenmp", "-fno-math-errno", "-ffp-contract=fast", "-std=gnu11",
+# -fopenmp-simd: `omp simd` hints only; threads come from cuvil's own pool (kernels/pool.c), not OpenMP
+COMMON_FLAGS = ["-O3", "-fPIC", "-pthread", "-fopenmp-simd", "-fno-math-errno", "-ffp-contract=fast", "-std=gnu11",
                 "-Wno-unused-variable", "-Wno-unused-but-set-variable"]
 
 

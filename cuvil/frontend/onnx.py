@@ -24,7 +24,7 @@ import sympy
 
 from ..errors import CuvilError, GraphError, ShapeError, UnsupportedOpError
 from ..ir import dims as D
-from ..ir.graph import Graph, TensorType, Value
+from ..ir.graph import DTYPES, Graph, TensorType, Value
 
 DEFAULT_MAX_DIM = 4096
 MAX_TENSOR_BYTES = 1 << 34          # a declared tensor above 16 GiB is treated as hostile
@@ -35,6 +35,9 @@ MAX_NODES = 1 << 20
 # ONNX TensorProto.DataType -> IR dtype
 ONNX_DTYPES = {1: "float32", 11: "float64", 10: "float16", 7: "int64", 6: "int32", 5: "int16", 3: "int8",
                2: "uint8", 9: "bool", 4: "uint16", 12: "uint32", 13: "uint64"}
+ONNX_DTYPES.update({k: v for k, v in {16: "bfloat16", 17: "float8_e4m3fn", 18: "float8_e4m3fnuz", 19: "float8_e5m2",
+                                      20: "float8_e5m2fnuz", 21: "uint4", 22: "int4", 23: "float4_e2m1fn",
+                                      25: "uint2", 26: "int2"}.items() if v in DTYPES})
 DTYPE_NAMES = {1: "FLOAT", 2: "UINT8", 3: "INT8", 4: "UINT16", 5: "INT16", 6: "INT32", 7: "INT64", 8: "STRING",
                9: "BOOL", 10: "FLOAT16", 11: "DOUBLE", 12: "UINT32", 13: "UINT64", 14: "COMPLEX64",
                15: "COMPLEX128", 16: "BFLOAT16", 17: "FLOAT8E4M3FN", 18: "FLOAT8E4M3FNUZ", 19: "FLOAT8E5M2",

@@ -264,13 +264,13 @@ def _cast(c):
     x = c.inp(0)
     if dtype_of(x) == ONNX_DTYPES[to]:
         return x
-    return c.op("cast", [x], to=ONNX_DTYPES[to])
+    return c.op("cast", [x], to=ONNX_DTYPES[to], saturate=bool(c.attr("saturate", 1)))
 
 
 @handler("CastLike")
 def _castlike(c):
     x, t = c.inp(0), c.inp(1)
-    return x if dtype_of(x) == dtype_of(t) else c.op("cast", [x], to=dtype_of(t))
+    return x if dtype_of(x) == dtype_of(t) else c.op("cast", [x], to=dtype_of(t), saturate=bool(c.attr("saturate", 1)))
 
 
 # ---- linear algebra ---------------------------------------------------------------------------
@@ -1476,7 +1476,8 @@ def _q_param(c, p, x, axis, block):
 
 
 _QRANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767), "uint16": (0, 65535),
-           "int32": (-2**31, 2**31 - 1)}
+           "int32": (-2**31, 2**31 - 1), "int4": (-8, 7), "uint4": (0, 15), "int2": (-2, 1), "uint2": (0, 3)}
+_QFLOAT = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float4_e2m1fn")
 
 
 @handler("QuantizeLinear")
@@ -1486,12 +1487,17 @@ def _quantize(c):
     axis = c.attr("axis", 1)
     block = c.attr("block_size", 0)
     out_dt = dtype_of(zp) if zp is not None else ONNX_DTYPES.get(c.attr("output_dtype", 0) or 2)
+    dt = dtype_of(x)
+    s = _q_param(c, scale, x, axis, block)
+    if out_dt in _QFLOAT:       # x / scale (+ zero point), rounded by the cast to the float format
+        y = c.op("div", [x, c.cast(s, dt)])
+        if zp is not None:
+            y = c.op("add", [y, c.cast(_q_param(c, zp, x, axis, block), dt)])
+        return c.op("cast", [y], to=out_dt, saturate=bool(c.attr("saturate", 1)))
     if out_dt not in _QRANGE:
         raise Unsupported(f"quantize to {out_dt}")
     if not c.attr("saturate", 1):
         raise Unsupported("saturate=0")
-    dt = dtype_of(x)
-    s = _q_param(c, scale, x, axis, block)
     y = c.op("round", [c.op("div", [x, c.cast(s, dt)])])
     if zp is not None:
         y = c.op("add", [y, c.cast(_q_param(c, zp, x, axis, block), dt)])
@@ -1507,7 +1513,7 @@ def _dequantize(c):
     axis = c.attr("axis", 1)
     block = c.attr("block_size", 0)
     sdt = dtype_of(scale)
-    y = c.cast(x, "int64" if not dtype_of(x).startswith("float") else dtype_of(x))
+    y = c.cast(x, "int64" if not dtype_of(x).startswith("float") else sdt if "_" in dtype_of(x) else dtype_of(x))
     y = c.val(y) if isinstance(y, np.ndarray) else y
     if zp is not None:
         y = c.op("sub", [y, c.cast(_q_param(c, zp, x, axis, block), dtype_of(y))])
@@ -1615,3 +1621,201 @@ def _scan(c):
             seq = seq[::-1]
         res.append(_stack(c, seq, out_axes[k]))
     return res
+
+
+@handler("BitCast")
+def _bitcast(c):
+    to = c.attr("to")
+    if to not in ONNX_DTYPES:
+        raise Unsupported(f"bitcast to dtype {to}")
+    x = c.inp(0)
+    if np.dtype(dtype_of(x)).itemsize != np.dtype(ONNX_DTYPES[to]).itemsize:
+        raise Unsupported("bitcast between dtypes of different sizes")
+    return c.op("bitcast", [x], to=ONNX_DTYPES[to])
+
+
+# ---- recurrent layers: RNN, GRU, LSTM unrolled over a static sequence length -----------------
+_RNN_GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
+_RNN_ACTS = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}
+
+
+def _rnn_act(c, name, x, alpha, beta):
+    name = name.lower()
+    if name in ("tanh", "sigmoid", "relu"):
+        return c.op(name, [x])
+    dt = dtype_of(x)
+    if name == "hardsigmoid":
+        a, b = (0.2 if alpha is None else alpha), (0.5 if beta is None else beta)
+        y = c.op("add", [c.op("mul", [x, c.scalar(a, dt)]), c.scalar(b, dt)])
+        return c.op("clip", [y], min=0.0, max=1.0)
+    if name == "leakyrelu":
+        a = 0.01 if alpha is None else alpha
+        return c.op("where", [c.op("lt", [x, c.scalar(0, dt)]), c.op("mul", [x, c.scalar(a, dt)]), x])
+    if name == "affine":
+        return c.op("add", [c.op("mul", [x, c.scalar(alpha, dt)]), c.scalar(beta, dt)])
+    if name == "scaledtanh":
+        return c.op("mul", [c.op("tanh", [c.op("mul", [x, c.scalar(beta, dt)])]), c.scalar(alpha, dt)])
+    raise Unsupported(f"activation {name}")
+
+
+def _recurrent(kind):
+    def h(c):
+        x, w, r, b = c.inp(0), c.inp(1), c.inp(2), c.inp(3)
+        seq_lens, h0 = c.inp(4), c.inp(5)
+        c0 = c.inp(6) if kind == "LSTM" else None
+        p = c.inp(7) if kind == "LSTM" else None
+        G = _RNN_GATES[kind]
+        layout = c.attr("layout", 0)
+        direction = c.attr("direction", "forward")
+        if isinstance(direction, bytes):
+            direction = direction.decode()
+        ndir = 2 if direction == "bidirectional" else 1
+        H = c.attr("hidden_size") or shape_of(r)[-1]
+        clip = c.attr("clip")
+        if kind == "LSTM" and c.attr("input_forget", 0):
+            raise Unsupported("input_forget=1")
+        acts = [a.decode() if isinstance(a, bytes) else a for a in (c.attr("activations") or _RNN_ACTS[kind] * ndir)]
+        alphas, betas = c.attr("activation_alpha") or [], c.attr("activation_beta") or []
+        if layout:
+            x = c.op("transpose", [x], perm=(1, 0, 2))
+        S, B, I = shape_of(x)
+        if not isinstance(S, int):
+            raise Unsupported("symbolic sequence length")
+        if seq_lens is not None:
+            sl = c.known(4, "sequence_lens")
+            if not np.all(np.asarray(sl) == S):
+                raise Unsupported("sequence_lens shorter than the sequence")
+        dt = dtype_of(x)
+
+        def sl_(v, axis, start, length):
+            return c.op("slice", [v], axis=axis, start=start, length=length)
+
+        def add(a, b_):
+            return c.op("add", [a, b_])
+
+        def mul(a, b_):
+            return c.op("mul", [a, b_])
+
+        ys, hs, cs = [], [], []
+        for d in range(ndir):
+            reverse = direction == "reverse" or d == 1
+            na = len(_RNN_ACTS[kind])
+            act = [(acts[d * na + k], alphas[d * na + k] if d * na + k < len(alphas) else None,
+                    betas[d * na + k] if d * na + k < len(betas) else None) for k in range(na)]
+
+            def f(k, v):
+                if clip is not None:
+                    v = c.op("clip", [v], min=-float(clip), max=float(clip))
+                return _rnn_act(c, act[k][0], v, act[k][1], act[k][2])
+            wd = c.op("transpose", [c.reshape(sl_(w, 0, d, 1), (G * H, I))], perm=(1, 0))
+            rd = c.reshape(sl_(r, 0, d, 1), (G * H, H))
+            xw = c.op("matmul", [x, wd])                                       # S, B, G*H
+            if b is not None:
+                bd = c.reshape(sl_(b, 0, d, 1), (2 * G * H,))
+                wb, rb = sl_(bd, 0, 0, G * H), sl_(bd, 0, G * H, G * H)
+                xw = add(xw, wb) if kind == "GRU" else add(xw, add(wb, rb))
+            else:
+                rb = None
+            rt = c.op("transpose", [rd], perm=(1, 0))
+            hp = c.reshape(sl_(h0, 0, d, 1), (B, H)) if h0 is not None else c.op("full", [], shape=(B, H), value=0.0, dtype=dt)
+            cp = None
+            if kind == "LSTM":
+                cp = c.reshape(sl_(c0, 0, d, 1), (B, H)) if c0 is not None else c.op("full", [], shape=(B, H), value=0.0, dtype=dt)
+                pd = c.reshape(sl_(p, 0, d, 1), (3 * H,)) if p is not None else None
+            outs = [None] * S
+            for t in (range(S - 1, -1, -1) if reverse else range(S)):
+                xt = c.reshape(sl_(xw, 0, t, 1), (B, G * H))
+                if kind == "RNN":
+                    hp = f(0, add(xt, c.op("matmul", [hp, rt])))
+                elif kind == "LSTM":
+                    g = add(xt, c.op("matmul", [hp, rt]))
+                    gi, go, gf, gc = (sl_(g, 1, k * H, H) for k in range(4))
+                    if pd is not None:
+                        gi = add(gi, mul(sl_(pd, 0, 0, H), cp))
+                        gf = add(gf, mul(sl_(pd, 0, 2 * H, H), cp))
+                    it, ft, ct = f(0, gi), f(0, gf), f(1, gc)
+                    cp = add(mul(ft, cp), mul(it, ct))
+                    if pd is not None:
+                        go = add(go, mul(sl_(pd, 0, H, H), cp))
+                    hp = mul(f(0, go), f(2, cp))
+                else:   # GRU: z, r, h
+                    hr = c.op("matmul", [c.reshape(hp, (B, H)), sl_(rt, 1, 0, 2 * H)])
+                    if rb is not None:
+                        hr = add(hr, sl_(rb, 0, 0, 2 * H))
+                    zr = add(sl_(xt, 1, 0, 2 * H), hr)
+                    z, rr = f(0, sl_(zr, 1, 0, H)), f(0, sl_(zr, 1, H, H))
+                    rh = sl_(rt, 1, 2 * H, H)
+                    if c.attr("linear_before_reset", 0):
+                        hh = c.op("matmul", [hp, rh])
+                        if rb is not None:
+                            hh = add(hh, sl_(rb, 0, 2 * H, H))
+                        hh = mul(rr, hh)
+                    else:
+                        hh = c.op("matmul", [mul(rr, hp), rh])
+                        if rb is not None:
+                            hh = add(hh, sl_(rb, 0, 2 * H, H))
+                    ht = f(1, add(sl_(xt, 1, 2 * H, H), hh))
+                    one = c.scalar(1, dt)
+                    hp = add(mul(c.op("sub", [one, z]), ht), mul(z, hp))
+                outs[t] = c.reshape(hp, (1, 1, B, H))
+            ys.append(outs[0] if S == 1 else c.op("concat", outs, axis=0))
+            hs.append(c.reshape(hp, (1, B, H)))
+            if kind == "LSTM":
+                cs.append(c.reshape(cp, (1, B, H)))
+        y = ys[0] if ndir == 1 else c.op("concat", ys, axis=1)               # S, D, B, H
+        yh = hs[0] if ndir == 1 else c.op("concat", hs, axis=0)
+        res = [y, yh]
+        if kind == "LSTM":
+            res.append(cs[0] if ndir == 1 else c.op("concat", cs, axis=0))
+        if layout:
+            res = [c.op("transpose", [res[0]], perm=(2, 0, 1, 3))] + [c.op("transpose", [v], perm=(1, 0, 2)) for v in res[1:]]
+        return res
+    return h
+
+
+for _k in _RNN_GATES:
+    handler(_k)(_recurrent(_k))
+
+
+@handler("QLinearMatMul")
+def _qlinear_matmul(c):
+    """Integer matmul of the zero-point-shifted operands, requantized as onnx's reference does."""
+    a, as_, azp, b, bs, bzp, ys, yzp = (c.inp(i) for i in range(8))
+    out_dt = dtype_of(yzp) if yzp is not None else dtype_of(a)
+    if out_dt not in _QRANGE:
+        raise Unsupported(f"QLinearMatMul to {out_dt}")
+    A = c.cast(a, "int32")
+    if azp is not None:
+        A = c.op("sub", [A, c.cast(azp, "int32")])
+    B = c.cast(b, "int32")
+    if bzp is not None:
+        B = c.op("sub", [B, c.cast(bzp, "int32")])
+    acc = c.cast(c.op("matmul", [A, B]), "float64")
+    scale = c.op("div", [c.op("mul", [as_, c.cast(bs, dtype_of(as_))]), c.cast(ys, dtype_of(as_))])
+    d = c.op("mul", [acc, c.cast(scale, "float64")])
+    if yzp is not None:
+        d = c.op("add", [d, c.cast(yzp, "float64")])
+    lo, hi = _QRANGE[out_dt]
+    return c.cast(c.op("clip", [c.op("round", [d])], min=float(lo), max=float(hi)), out_dt)
+
+
+@handler("ConvInteger")
+def _conv_integer(c):
+    """Exact in float64 for 8-bit operands: conv of the zero-point-shifted inputs, cast to int32."""
+    x, w, xzp, wzp = (c.inp(i) for i in range(4))
+    xf = c.cast(x, "float64")
+    if xzp is not None:
+        xf = c.op("sub", [xf, c.cast(xzp, "float64")])
+    wf = c.cast(w, "float64")
+    if wzp is not None:
+        wz = c.cast(wzp, "float64")
+        if rank_of(wz) == 1 and shape_of(wz)[0] != 1:
+            wz = c.reshape(wz, [shape_of(wz)[0]] + [1] * (rank_of(w) - 1))
+        wf = c.op("sub", [wf, wz])
+    nsp = rank_of(x) - 2
+    kernel = c.attr("kernel_shape") or list(shape_of(w)[2:])
+    strides = c.attr("strides") or [1] * nsp
+    dil = c.attr("dilations") or [1] * nsp
+    pads = _auto_pad(c, list(shape_of(x)[2:]), kernel, strides, dil)
+    y = c.op("conv", [xf, wf], strides=tuple(strides), pads=tuple(pads), dilations=tuple(dil), groups=c.attr("group", 1))
+    return c.cast(y, "int32")

@@ -9,7 +9,15 @@ import numpy as np
 from ..errors import GraphError
 from . import dims as D
 
-DTYPES = ("float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8", "bool", "uint16", "uint32", "uint64")
+# low-precision storage dtypes (numpy names of ml_dtypes; stored raw in C, computed in float32)
+LOWP_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float4_e2m1fn",
+               "int4", "uint4", "int2", "uint2")
+try:
+    import ml_dtypes  # noqa: F401  (registers the LOWP_DTYPES names with numpy)
+except ImportError:  # pragma: no cover
+    LOWP_DTYPES = ()
+DTYPES = ("float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8", "bool", "uint16", "uint32",
+          "uint64") + LOWP_DTYPES
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,15 @@ def check_cpu(features):
                          f"this CPU lacks {', '.join(missing)}. Recompile with target='native' on this machine.")
 
 
+
+def _np_dtype(name):
+    """numpy dtype of a manifest dtype name; bfloat16, float8, int4 ... need the ml_dtypes package."""
+    try:
+        return np.dtype(name)
+    except TypeError:
+        import ml_dtypes  # noqa: F401  (registers its dtypes with numpy)
+        return np.dtype(name)
+
 class Module:
     """A loaded artifact. `run(*arrays)` returns a list of numpy arrays; calling it returns what
     the source model returned (torch in -> torch out when torch is already imported)."""
@@ -108,8 +117,8 @@ class Module:
         self._local = threading.local()
         self.inputs = m["inputs"]
         self.outputs = m["outputs"]
-        self._in_dtypes = [np.dtype(i["dtype"]) for i in self.inputs]
-        self._out_dtypes = [np.dtype(o["dtype"]) for o in self.outputs]
+        self._in_dtypes = [_np_dtype(i["dtype"]) for i in self.inputs]
+        self._out_dtypes = [_np_dtype(o["dtype"]) for o in self.outputs]
         static = not m.get("symbols") and all(isinstance(d, int) for i in self.inputs for d in i["shape"])
         # static models: shapes are checked by one tuple compare and outputs never change shape
         self._static_in = [tuple(i["shape"]) for i in self.inputs] if static else None

@@ -65,6 +65,7 @@ class Emitter:
     weights: Weights = field(default_factory=Weights)
     node_index: int = 0
     target: str = "native"
+    tasks: list = field(default_factory=list)     # outlined parallel loops (C functions)
 
     def ctype(self, v):
         return CTYPE[v.dtype]
@@ -89,6 +90,20 @@ class Emitter:
         """Pointer to a compile-time transformed copy of constant v (e.g. GEMM panels)."""
         off = self.weights.add((key, id(v)), transform(v.data))
         return f"((const {ctype} *)(W + {off}))"
+
+    def parallel(self, var, n, cost, body, prologue=()):
+        """Outline a loop `for var in [0, n)` into a task on the thread pool; returns the call site.
+        The task sees the same names as cuvil_run (buffers, inputs, outputs, symbols) via CUVIL_LOCALS."""
+        from .loops import PARALLEL_MIN
+        name = f"cuvil_task_{len(self.tasks)}"
+        fn = [f"static void {name}(void *vctx, int64_t lo_, int64_t hi_) {{",
+              "  CUVIL_LOCALS((const cuvil_ctx *)vctx)"]
+        fn += ["  " + p for p in prologue]
+        fn.append(f"  for (int64_t {var} = lo_; {var} < hi_; {var}++) {{")
+        fn += ["    " + b for b in body]
+        fn += ["  }", "}"]
+        self.tasks.append("\n".join(fn))
+        return [f"cuvil_parallel_for(({cost}) > {PARALLEL_MIN} ? NT : 1, {n}, 1, {name}, &cuvil_ctx_);"]
 
     def scratch(self, ctype="float"):
         if self.node_index not in self.plan.scratch:   # the node asked for 0 bytes (e.g. K = 0): never read

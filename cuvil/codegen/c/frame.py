@@ -71,8 +71,30 @@ def _bind(graph):
     return lines
 
 
+def _locals_macro(graph):
+    """cuvil_ctx carries what outlined parallel loops need; CUVIL_LOCALS re-creates cuvil_run's names."""
+    syms = sorted(graph.symbols)
+    struct = ["typedef struct {", "  const char *W; char *A; const void *const *inputs; void *const *outputs;",
+              f"  int64_t sym[{max(len(syms), 1)}];", "} cuvil_ctx;"]
+    decl = ["const char *W = (c)->W; char *A = (c)->A; const int NT = 1;"]
+    for i, v in enumerate(graph.inputs):
+        decl.append(f"const {CTYPE[v.dtype]} *in{i} = (const {CTYPE[v.dtype]} *)(c)->inputs[{i}];")
+    for i, v in enumerate(graph.outputs):
+        decl.append(f"{CTYPE[v.dtype]} *out{i} = ({CTYPE[v.dtype]} *)(c)->outputs[{i}];")
+    for k, name in enumerate(syms):
+        decl.append(f"const int64_t S_{name} = (c)->sym[{k}];")
+    uses = ["W", "A", "NT"] + [f"in{i}" for i in range(len(graph.inputs))] + \
+        [f"out{i}" for i in range(len(graph.outputs))] + [f"S_{n}" for n in syms]
+    decl.append(" ".join(f"(void){u};" for u in uses))
+    macro = "#define CUVIL_LOCALS(c) \\\n  " + " \\\n  ".join(decl)
+    init = (f"const cuvil_ctx cuvil_ctx_ = {{W, A, inputs, outputs, {{{', '.join('S_' + n for n in syms) or '0'}}}}};"
+            " (void)cuvil_ctx_;")
+    return "\n".join(struct) + "\n" + macro + "\n", init
+
+
 def model_c(graph, em, body, plan):
-    out = [PRELUDE]
+    locals_def, ctx_init = _locals_macro(graph)
+    out = [PRELUDE, locals_def] + em.tasks
     nin, nout = len(graph.inputs), len(graph.outputs)
     wsize = em.weights.size
     out.append(f"""
@@ -103,6 +125,7 @@ void cuvil_set_num_threads(cuvil_model *m, int n) {{ m->nthreads = n > 0 ? n : 1
                "              void *const *outputs, void *arena) {")
     out += ["  " + line for line in bind]
     out.append("  const int NT = m->nthreads; const char *W = m->W; char *A = (char *)arena; (void)A; (void)W; (void)NT;")
+    out.append("  " + ctx_init)
     for i, v in enumerate(graph.inputs):
         out.append(f"  const {CTYPE[v.dtype]} *in{i} = (const {CTYPE[v.dtype]} *)inputs[{i}]; (void)in{i};")
     for i, v in enumerate(graph.outputs):

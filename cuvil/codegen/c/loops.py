@@ -44,11 +44,12 @@ def _collapse(shape, stride_sets):
     return shape, sets
 
 
-def loop_nest(shape, out, ins, expr, nthreads="NT", parallel=True):
+def loop_nest(shape, out, ins, expr, outline=None):
     """C lines for: out[idx] = expr(in_k[idx]) over `shape`.
 
     out: (pointer C expr, strides, base offset C expr); ins: list of the same;
-    expr: callable taking the list of input element C exprs and returning the value C expr."""
+    expr: callable taking the list of input element C exprs and returning the value C expr;
+    outline: Emitter.parallel, to run large nests on the thread pool (None: one thread)."""
     shape, sets = _collapse(shape, [out[1]] + [i[1] for i in ins])
     rank = len(shape)
     idx = [f"i{k}" for k in range(rank)]
@@ -65,19 +66,23 @@ def loop_nest(shape, out, ins, expr, nthreads="NT", parallel=True):
     store = f"{out[0]}[{offset(out[2], sets[0])}] = {expr(loads)};"
     if rank == 0:
         return ["{ " + store + " }"]
-    lines = ["{"]
     total = " * ".join(f"(int64_t)({D.to_c(d)})" for d in shape)
-    if parallel and _may_be_large(shape):
-        if rank == 1:   # split a flat loop into blocks so the inner one still vectorizes
-            n = D.to_c(shape[0])
-            lines += [f"  #pragma omp parallel for num_threads({nthreads}) schedule(static) if ({total} > {PARALLEL_MIN})",
-                      f"  for (int64_t b0 = 0; b0 < {n}; b0 += 4096)",
-                      f"    for (int64_t i0 = b0; i0 < ({n} < b0 + 4096 ? {n} : b0 + 4096); i0++) {store}",
-                      "}"]
-            return lines
-        clause = f" collapse({rank - 1})" if rank > 2 else ""
-        lines.append(f"  #pragma omp parallel for{clause} num_threads({nthreads}) schedule(static) "
-                     f"if ({total} > {PARALLEL_MIN})")
+    inner = D.to_c(shape[-1])
+    if outline is not None and _may_be_large(shape):
+        if rank == 1:   # blocks of a flat loop, so the inner one still vectorizes
+            body = [f"for (int64_t i0 = blk * 4096; i0 < ({inner} < (blk + 1) * 4096 ? {inner} : (blk + 1) * 4096); "
+                    f"i0++) {store}"]
+            return outline("blk", f"({inner} + 4095) / 4096", total, body)
+        # the outer dims flattened into one parallel index, the innermost loop kept whole
+        outer = shape[:-1]
+        body, rest = [], "q"
+        for k in range(len(outer) - 1, -1, -1):
+            d = D.to_c(outer[k])
+            body.append(f"const int64_t {idx[k]} = {rest} % ({d});" if k else f"const int64_t {idx[k]} = {rest};")
+            rest = f"({rest} / ({d}))"
+        body.append(f"for (int64_t {idx[-1]} = 0; {idx[-1]} < {inner}; {idx[-1]}++) {store}")
+        return outline("q", " * ".join(f"(int64_t)({D.to_c(d)})" for d in outer), total, body)
+    lines = ["{"]
     for k, d in enumerate(shape):
         lines.append("  " * (k + 1) + f"for (int64_t {idx[k]} = 0; {idx[k]} < {D.to_c(d)}; {idx[k]}++)")
     lines.append("  " * (rank + 1) + store)

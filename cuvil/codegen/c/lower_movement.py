@@ -11,7 +11,8 @@ from .loops import broadcast_strides, contiguous_strides, loop_nest
 def _copy(em, out, src_ptr, src_strides, base="0", out_base="0", shape=None, out_strides=None):
     shape = shape if shape is not None else out.type.shape
     out_strides = out_strides if out_strides is not None else contiguous_strides(shape)
-    return loop_nest(shape, (em.ptr(out), out_strides, out_base), [(src_ptr, src_strides, base)], lambda a: a[0])
+    return loop_nest(shape, (em.ptr(out), out_strides, out_base), [(src_ptr, src_strides, base)], lambda a: a[0],
+                     em.parallel)
 
 
 def _nbytes(v):
@@ -118,14 +119,11 @@ def lower_gather(em, node):
     nidx = " * ".join(f"(int64_t)({D.to_c(d)})" for d in idx.type.shape) or "1"
     n = D.to_c(xs[ax])
     lines = _check_indices(em, idx, n, "gather")
-    lines += ["{", f"  const int64_t nO = {outer}, nI = {inner}, nQ = {nidx}, nN = {n};",
-              "  #pragma omp parallel for num_threads(NT) schedule(static) if (nO * nQ * nI > 32768)",
-              "  for (int64_t o = 0; o < nO; o++)",
-              "    for (int64_t q = 0; q < nQ; q++) {",
-              f"      int64_t j = {em.ptr(idx)}[q]; if (j < 0) j += nN;",
-              f"      memcpy({em.ptr(y)} + (o * nQ + q) * nI, {em.ptr(x)} + (o * nN + j) * nI, (size_t)nI * sizeof *{em.ptr(y)});",
-              "    }", "}"]
-    return lines
+    decl = f"const int64_t nO = {outer}, nI = {inner}, nQ = {nidx}, nN = {n};"
+    body = ["const int64_t o = oq / nQ, q = oq % nQ;",
+            f"int64_t j = {em.ptr(idx)}[q]; if (j < 0) j += nN;",
+            f"memcpy({em.ptr(y)} + (o * nQ + q) * nI, {em.ptr(x)} + (o * nN + j) * nI, (size_t)nI * sizeof *{em.ptr(y)});"]
+    return lines + ["{", "  " + decl] + ["  " + x for x in em.parallel("oq", "nO * nQ", "nO * nQ * nI", body, [decl])] + ["}"]
 
 
 @lowering("gather_elements")

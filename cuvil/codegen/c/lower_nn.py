@@ -133,8 +133,9 @@ def lower_matmul(em, node):
 
 def _conv_supports(node):
     x = node.inputs[0]
-    if x.type.rank not in (3, 4):
-        return f"{x.type.rank - 2}-d convolution (1-d and 2-d are supported)"
+    if x.type.rank not in (3, 4, 5) or (x.type.rank == 5 and not all(
+            isinstance(d, int) for v in node.inputs[:2] + node.outputs for d in v.shape)):
+        return f"{x.type.rank - 2}-d convolution (1-d, 2-d and static 3-d are supported)"
     if x.dtype != "float32":
         return f"dtype {x.dtype} (float32 is supported)"
     return None
@@ -167,6 +168,9 @@ def _shape_struct(s):
 
 @lowering("conv", scratch=_conv_scratch, supports=_conv_supports)
 def lower_conv(em, node):
+    if node.inputs[0].type.rank == 5:
+        from .lower_extra import conv_nd
+        return conv_nd(em, node)
     s, _ = _conv_shape(node, D.to_c)
     bias = em.ptr(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else "0"
     res = em.ptr(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else "0"
@@ -178,14 +182,18 @@ def lower_conv(em, node):
 
 def _pool_supports(node):
     x = node.inputs[0]
-    if x.type.rank not in (3, 4) or x.dtype != "float32":
-        return f"{x.type.rank - 2}-d {x.dtype} pooling (1-d and 2-d float32 are supported)"
+    if x.type.rank not in (3, 4, 5) or x.dtype != "float32" or (
+            x.type.rank == 5 and not all(isinstance(d, int) for d in x.shape)):
+        return f"{x.type.rank - 2}-d {x.dtype} pooling (static 1-d, 2-d and 3-d float32 are supported)"
     return None
 
 
 @lowering("max_pool", "avg_pool", supports=_pool_supports)
 def lower_pool(em, node):
     x, y, a = node.inputs[0], node.outputs[0], node.attrs
+    if x.type.rank == 5:
+        from .lower_extra import pool_nd
+        return pool_nd(em, node)
     fake = type("N", (), {})()
     fake.inputs = [x, type("W", (), {"shape": (x.shape[1], 1, *a["kernel"])})()]
     fake.outputs = [y]

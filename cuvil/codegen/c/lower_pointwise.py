@@ -1,7 +1,7 @@
 """C lowering of pointwise ops: one C expression per op, placed in a broadcast loop nest."""
 from __future__ import annotations
 
-from .ctypes_map import COMPUTE, CTYPE, is_float
+from .ctypes_map import COMPUTE, CTYPE, LOWP, is_float
 from .emit import lowering
 from .loops import broadcast_strides, contiguous_strides, loop_nest
 
@@ -73,10 +73,9 @@ def template(node):
     if op == "where":
         return "({0} ? {1} : {2})"
     if op == "cast":
-        to = node.attrs["to"]
-        if to == "bool":
-            return "({0} != 0)"
-        return f"(({COMPUTE[to]}){{0}})"
+        return _cast_template(src, node.attrs["to"], node.attrs.get("saturate", True))
+    if any(v.dtype in LOWP for v in node.inputs) and op != "where":
+        return None      # low-precision dtypes are computed in float32 (passes/legalize.py)
     if op in COMPARE:
         return f"({{0}} {COMPARE[op]} {{1}})"
     if op in LOGICAL:
@@ -95,6 +94,20 @@ def template(node):
         extra[k] = _fmt_float(v) if is_float(src) else _fmt_int(v, CTYPE[src])
     return t.replace("{T}", T).replace("{fsuf}", "f" if T == "float" else "").format(
         "{0}", "{1}", "{2}", **extra) if extra else t.replace("{T}", T).replace("{fsuf}", "f" if T == "float" else "")
+
+
+def _cast_template(src, to, sat):
+    """Cast expression; low-precision dtypes go through the conversions of kernels/lowp.h."""
+    x = "{0}"
+    if src in LOWP:
+        x = f"cv_{src}_to_i64({x})" if src.endswith(("int4", "int2")) else f"cv_{src}_to_f32({x})"
+    if to == "bool":
+        return f"({x} != 0)"
+    if to in LOWP:
+        if to.endswith(("int4", "int2")):
+            return f"cv_i64_to_{to}((int64_t)({x}))"
+        return f"cv_f32_to_{to}((float)({x}), {int(bool(sat))})"
+    return f"(({COMPUTE[to]})({x}))"
 
 
 def _supports(node):
@@ -123,7 +136,7 @@ def lower_pointwise(em, node):
             load = f"((float *){load})" if False else load
         ins.append((load, broadcast_strides(v.type.shape, shape), "0"))
     return loop_nest(shape, (em.ptr(out), contiguous_strides(shape), "0"), ins,
-                     lambda loads: substitute(tmpl, loads))
+                     lambda loads: substitute(tmpl, loads), em.parallel)
 
 
 def _step_node(op, dtypes, attrs):
@@ -163,4 +176,4 @@ def lower_fused_pointwise(em, node):
             ops = [loads[i] if kind == "in" else f"t{i}" for kind, i in args]
             parts.append(f"{COMPUTE[dt]} t{j} = {substitute(tmpl, ops)};")
         return "({ " + " ".join(parts) + f" t{len(steps) - 1}; }})"
-    return loop_nest(shape, (em.ptr(out), contiguous_strides(shape), "0"), ins, expr)
+    return loop_nest(shape, (em.ptr(out), contiguous_strides(shape), "0"), ins, expr, em.parallel)

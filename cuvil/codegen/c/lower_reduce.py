@@ -59,24 +59,28 @@ def lower_reduce(em, node):
         in_idx = f"({in_idx}) * ({D.to_c(d)}) + {iv[k]}"
         if not red:
             out_idx = f"({out_idx}) * ({D.to_c(d)}) + {iv[k]}"
+    # the first block, when it is kept, runs on the thread pool: its rows write disjoint outputs
     par = bool(loop_blocks) and not loop_blocks[0][1]
-    if par:
-        lines.append("  #pragma omp parallel for num_threads(NT) schedule(static) "
-                     f"if ({ycount} * {rcount} > 32768)")
-    depth = 1
+    nest = []
+    depth = 0
     for k, (d, red) in enumerate(loop_blocks):
-        lines.append("  " * depth + f"for (int64_t {iv[k]} = 0; {iv[k]} < {D.to_c(d)}; {iv[k]}++)")
-        depth += 1
+        if not (par and k == 0):
+            nest.append("  " * depth + f"for (int64_t {iv[k]} = 0; {iv[k]} < {D.to_c(d)}; {iv[k]}++)")
+            depth += 1
     if tail_reduced:
         k = len(blocks) - 1
         acc_init = "0" if op in ("reduce_sum", "reduce_mean") else f"{Y}[{out_idx}]"
-        lines.append("  " * depth + f"{{ {acc_t} acc = {acc_init};")
-        lines.append("  " * depth + f"  for (int64_t {iv[k]} = 0; {iv[k]} < {D.to_c(blocks[k][0])}; {iv[k]}++) "
-                     + _combine(op, "acc", f"{X}[{in_idx}]"))
+        nest.append("  " * depth + f"{{ {acc_t} acc = {acc_init};")
+        nest.append("  " * depth + f"  for (int64_t {iv[k]} = 0; {iv[k]} < {D.to_c(blocks[k][0])}; {iv[k]}++) "
+                    + _combine(op, "acc", f"{X}[{in_idx}]"))
         final = f"{Y}[{out_idx}] += ({t})acc;" if op in ("reduce_sum", "reduce_mean") else f"{Y}[{out_idx}] = acc;"
-        lines.append("  " * depth + f"  {final} }}")
+        nest.append("  " * depth + f"  {final} }}")
     else:
-        lines.append("  " * depth + _combine(op, f"{Y}[{out_idx}]", f"{X}[{in_idx}]"))
+        nest.append("  " * depth + _combine(op, f"{Y}[{out_idx}]", f"{X}[{in_idx}]"))
+    if par:
+        lines += ["  " + x for x in em.parallel(iv[0], D.to_c(loop_blocks[0][0]), f"{ycount} * {rcount}", nest)]
+    else:
+        lines += ["  " + x for x in nest]
     if op == "reduce_mean":
         lines.append(f"  {{ const {t} inv = ({t})1 / ({t})({rcount}); for (int64_t q = 0; q < {ycount}; q++) {Y}[q] *= inv; }}")
     lines.append("}")

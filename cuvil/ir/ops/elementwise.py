@@ -204,13 +204,35 @@ def _where_infer(types, attrs, inputs):
 declare(OpDef("where", {}, _where_infer, lambda xs, a: np.where(*xs).astype(xs[1].dtype), kind="where"))
 
 
+_FLOAT8 = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
+_LOWP_FLOAT = _FLOAT8 + ("bfloat16", "float4_e2m1fn")
+_LOWP_INT = ("int4", "uint4", "int2", "uint2")
+
+
 def _cast_ref(xs, attrs):
+    """numpy astype, with ONNX's rules: float -> int truncates; float -> float8 saturates to the
+    largest finite value unless saturate=False; float -> int4/int2 truncates and wraps."""
     x = xs[0]
     to = np.dtype(attrs["to"])
-    if np.issubdtype(to, np.integer) and np.issubdtype(x.dtype, np.floating):
-        with np.errstate(invalid="ignore"):
-            return np.trunc(x).astype(to)
-    return x.astype(to)
+    if str(x.dtype) in _LOWP_FLOAT:
+        x = x.astype(np.float32)
+    elif str(x.dtype) in _LOWP_INT:
+        x = x.astype(np.int64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if attrs["to"] in _FLOAT8 and attrs.get("saturate", True) and x.dtype.kind == "f":
+            import ml_dtypes
+            info = ml_dtypes.finfo(to)
+            x = np.clip(x, x.dtype.type(info.min), x.dtype.type(info.max))
+        if x.dtype.kind == "f" and (np.issubdtype(to, np.integer) or attrs["to"] in _LOWP_INT):
+            x = np.trunc(x)
+            if attrs["to"] in _LOWP_INT:
+                x = x.astype(np.int64)
+        if attrs["to"] in _LOWP_INT and x.dtype.kind in "iub":
+            bits = 4 if attrs["to"].endswith("4") else 2
+            x = x.astype(np.int64) & ((1 << bits) - 1)
+            if not attrs["to"].startswith("u"):
+                x = np.where(x >= 1 << (bits - 1), x - (1 << bits), x)
+        return x.astype(to)
 
 
-declare(OpDef("cast", {"to": None}, lambda t, a, i: [TensorType(t[0].shape, a["to"])], _cast_ref, kind="cast"))
+declare(OpDef("cast", {"to": None, "saturate": True}, lambda t, a, i: [TensorType(t[0].shape, a["to"])], _cast_ref, kind="cast"))

@@ -185,3 +185,14 @@ def _topk_ref(xs, a):
 
 declare(OpDef("topk", {"k": REQUIRED, "axis": -1, "largest": True, "sorted": True}, _topk_infer, _topk_ref,
               kind="other"))
+
+
+def _bitcast_infer(types, attrs, inputs):
+    x = types[0]
+    if np.dtype(x.dtype).itemsize != np.dtype(attrs["to"]).itemsize:
+        raise ShapeError(f"bitcast: {x.dtype} and {attrs['to']} differ in size")
+    return [TensorType(x.shape, attrs["to"])]
+
+
+# reinterpret the bytes of each element as another dtype of the same size (ONNX BitCast)
+declare(OpDef("bitcast", {"to": REQUIRED}, _bitcast_infer, lambda xs, a: xs[0].view(np.dtype(a["to"])), kind="movement"))

@@ -2,9 +2,11 @@
 #ifndef CUVIL_KERNELS_API_H
 #define CUVIL_KERNELS_API_H
 #include "common.h"
+#include "pool.h"
 #include "gemm.h"
 #include "conv.h"
 #include "norm.h"
 #include "attention.h"
 #include "llm.h"
+#include "lowp.h"
 #endif

@@ -1,9 +1,15 @@
 #include "attention.h"
+#include "pool.h"
 
-void cuvil_attention(const cuvil_attn *a, const float *q, const float *k, const float *v, float *out, int nthreads) {
-    int64_t rows = a->B * a->H * a->L, group = a->H / (a->Hk > 0 ? a->Hk : 1);
-    #pragma omp parallel for num_threads(nthreads) schedule(static) if (rows * a->S * a->E > 32768)
-    for (int64_t r = 0; r < rows; r++) {
+typedef struct { const cuvil_attn *a; const float *q, *k, *v; float *out; } attn_args;
+
+static void attention_task(void *ctx, int64_t r0, int64_t r1) {
+    const attn_args *args = ctx;
+    const cuvil_attn *a = args->a;
+    const float *q = args->q, *k = args->k, *v = args->v;
+    float *out = args->out;
+    int64_t group = a->H / (a->Hk > 0 ? a->Hk : 1);
+    for (int64_t r = r0; r < r1; r++) {
         int64_t b = r / (a->H * a->L), h = (r / a->L) % a->H, l = r % a->L, hk = h / group;
         const float *qr = q + b * a->qb + h * a->qh + l * a->ql;
         const float *kb = k + b * a->kb + hk * a->kh;
@@ -44,4 +50,10 @@ void cuvil_attention(const cuvil_attn *a, const float *q, const float *k, const 
             for (int64_t e = 0; e < a->Ev; e++) orow[e] += p * vr[e];
         }
     }
+}
+
+void cuvil_attention(const cuvil_attn *a, const float *q, const float *k, const float *v, float *out, int nthreads) {
+    int64_t rows = a->B * a->H * a->L;
+    attn_args args = {a, q, k, v, out};
+    cuvil_parallel_for(rows * a->S * a->E > 32768 ? nthreads : 1, rows, 1, attention_task, &args);
 }

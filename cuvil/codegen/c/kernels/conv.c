@@ -1,4 +1,5 @@
 #include "conv.h"
+#include "pool.h"
 
 int64_t cuvil_conv_scratch(const cuvil_conv_shape *s) {
     int64_t K = (s->C / s->groups) * s->KH * s->KW;
@@ -6,22 +7,25 @@ int64_t cuvil_conv_scratch(const cuvil_conv_shape *s) {
 }
 
 /* Bp[p][k][j] with k = (c, kh, kw) and column n = p*NR + j = (oh, ow). */
-static void im2col_packed(const cuvil_conv_shape *s, const float *x, int64_t cg, float *Bp, int nthreads) {
-    int64_t N = s->OH * s->OW, K = cg * s->KH * s->KW, np = (N + CUVIL_NR - 1) / CUVIL_NR;
-    #pragma omp parallel for num_threads(nthreads) schedule(static) if (np * K > 16384)
-    for (int64_t p = 0; p < np; p++) {
-        float *dst = Bp + p * K * CUVIL_NR;
+typedef struct { const cuvil_conv_shape *s; const float *x; int64_t cg; float *Bp; } im2col_args;
+
+static void im2col_task(void *ctx, int64_t p0, int64_t p1) {
+    const im2col_args *a = ctx;
+    const cuvil_conv_shape *s = a->s;
+    int64_t N = s->OH * s->OW, K = a->cg * s->KH * s->KW;
+    for (int64_t p = p0; p < p1; p++) {
+        float *dst = a->Bp + p * K * CUVIL_NR;
         int64_t ih0[CUVIL_NR], iw0[CUVIL_NR];
         for (int j = 0; j < CUVIL_NR; j++) {
             int64_t n = p * CUVIL_NR + j;
             ih0[j] = n < N ? (n / s->OW) * s->sh - s->ph : INT64_MIN / 4;
             iw0[j] = n < N ? (n % s->OW) * s->sw - s->pw : INT64_MIN / 4;
         }
-        for (int64_t c = 0; c < cg; c++)
+        for (int64_t c = 0; c < a->cg; c++)
             for (int64_t kh = 0; kh < s->KH; kh++)
                 for (int64_t kw = 0; kw < s->KW; kw++) {
                     float *d = dst + ((c * s->KH + kh) * s->KW + kw) * CUVIL_NR;
-                    const float *xc = x + c * s->H * s->W;
+                    const float *xc = a->x + c * s->H * s->W;
                     for (int j = 0; j < CUVIL_NR; j++) {
                         int64_t ih = ih0[j] + kh * s->dh, iw = iw0[j] + kw * s->dw;
                         d[j] = (ih >= 0 && ih < s->H && iw >= 0 && iw < s->W) ? xc[ih * s->W + iw] : 0.f;
@@ -30,16 +34,29 @@ static void im2col_packed(const cuvil_conv_shape *s, const float *x, int64_t cg,
     }
 }
 
-static void depthwise(const cuvil_conv_shape *s, const float *x, const float *w, const float *bias,
-                      const float *residual, float *y, int act, int nthreads) {
+static void im2col_packed(const cuvil_conv_shape *s, const float *x, int64_t cg, float *Bp, int nthreads) {
+    int64_t N = s->OH * s->OW, K = cg * s->KH * s->KW, np = (N + CUVIL_NR - 1) / CUVIL_NR;
+    im2col_args a = {s, x, cg, Bp};
+    cuvil_parallel_for(np * K > 16384 ? nthreads : 1, np, 1, im2col_task, &a);
+}
+
+typedef struct {
+    const cuvil_conv_shape *s;
+    const float *x, *w, *bias, *residual;
+    float *y;
+    int act;
+} direct_args;
+
+static void depthwise_task(void *ctx, int64_t nc0, int64_t nc1) {
+    const direct_args *a = ctx;
+    const cuvil_conv_shape *s = a->s;
     int64_t mult = s->O / s->C;
-    #pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int64_t nc = 0; nc < s->N * s->O; nc++) {
+    for (int64_t nc = nc0; nc < nc1; nc++) {
         int64_t n = nc / s->O, o = nc % s->O, c = o / mult;
-        const float *xc = x + (n * s->C + c) * s->H * s->W;
-        const float *wo = w + o * s->KH * s->KW;
-        float *yo = y + nc * s->OH * s->OW;
-        float b = bias ? bias[o] : 0.f;
+        const float *xc = a->x + (n * s->C + c) * s->H * s->W;
+        const float *wo = a->w + o * s->KH * s->KW;
+        float *yo = a->y + nc * s->OH * s->OW;
+        float b = a->bias ? a->bias[o] : 0.f;
         for (int64_t oh = 0; oh < s->OH; oh++)
             for (int64_t ow = 0; ow < s->OW; ow++) {
                 float acc = b;
@@ -51,10 +68,16 @@ static void depthwise(const cuvil_conv_shape *s, const float *x, const float *w,
                         if (iw >= 0 && iw < s->W) acc += xc[ih * s->W + iw] * wo[kh * s->KW + kw];
                     }
                 }
-                if (residual) acc += residual[nc * s->OH * s->OW + oh * s->OW + ow];
-                yo[oh * s->OW + ow] = cuvil_act(acc, act);
+                if (a->residual) acc += a->residual[nc * s->OH * s->OW + oh * s->OW + ow];
+                yo[oh * s->OW + ow] = cuvil_act(acc, a->act);
             }
     }
+}
+
+static void depthwise(const cuvil_conv_shape *s, const float *x, const float *w, const float *bias,
+                      const float *residual, float *y, int act, int nthreads) {
+    direct_args a = {s, x, w, bias, residual, y, act};
+    cuvil_parallel_for(nthreads, s->N * s->O, 1, depthwise_task, &a);
 }
 
 void cuvil_conv2d(const cuvil_conv_shape *s, const float *x, const float *w, const float *bias,
@@ -76,15 +99,17 @@ void cuvil_conv2d(const cuvil_conv_shape *s, const float *x, const float *w, con
         }
 }
 
-void cuvil_pool2d(const cuvil_conv_shape *s, int64_t ph1, int64_t pw1, int mode, const float *x, float *y,
-                  int nthreads) {
-    #pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int64_t nc = 0; nc < s->N * s->C; nc++) {
-        const float *xc = x + nc * s->H * s->W;
-        float *yc = y + nc * s->OH * s->OW;
+typedef struct { const cuvil_conv_shape *s; int64_t ph1, pw1; int mode; const float *x; float *y; } pool_args;
+
+static void pool_task(void *ctx, int64_t nc0, int64_t nc1) {
+    const pool_args *a = ctx;
+    const cuvil_conv_shape *s = a->s;
+    for (int64_t nc = nc0; nc < nc1; nc++) {
+        const float *xc = a->x + nc * s->H * s->W;
+        float *yc = a->y + nc * s->OH * s->OW;
         for (int64_t oh = 0; oh < s->OH; oh++)
             for (int64_t ow = 0; ow < s->OW; ow++) {
-                float acc = mode == 0 ? -INFINITY : 0.f;
+                float acc = a->mode == 0 ? -INFINITY : 0.f;
                 int64_t cnt = 0;
                 for (int64_t kh = 0; kh < s->KH; kh++) {
                     int64_t ih = oh * s->sh - s->ph + kh * s->dh;
@@ -93,15 +118,22 @@ void cuvil_pool2d(const cuvil_conv_shape *s, int64_t ph1, int64_t pw1, int mode,
                         int inside = ih >= 0 && ih < s->H && iw >= 0 && iw < s->W;
                         if (inside) {
                             float v = xc[ih * s->W + iw];
-                            if (mode == 0) acc = (v > acc || v != v) ? v : acc;
+                            if (a->mode == 0) acc = (v > acc || v != v) ? v : acc;
                             else acc += v;
                             cnt++;
-                        } else if (mode == 2 && ih >= -s->ph && ih < s->H + ph1 && iw >= -s->pw && iw < s->W + pw1) {
+                        } else if (a->mode == 2 && ih >= -s->ph && ih < s->H + a->ph1 && iw >= -s->pw &&
+                                   iw < s->W + a->pw1) {
                             cnt++;
                         }
                     }
                 }
-                yc[oh * s->OW + ow] = mode == 0 ? acc : acc / (float)(cnt > 0 ? cnt : 1);
+                yc[oh * s->OW + ow] = a->mode == 0 ? acc : acc / (float)(cnt > 0 ? cnt : 1);
             }
     }
+}
+
+void cuvil_pool2d(const cuvil_conv_shape *s, int64_t ph1, int64_t pw1, int mode, const float *x, float *y,
+                  int nthreads) {
+    pool_args a = {s, ph1, pw1, mode, x, y};
+    cuvil_parallel_for(nthreads, s->N * s->C, 1, pool_task, &a);
 }

@@ -1,14 +1,17 @@
 #include "gemm.h"
+#include "pool.h"
 
-void cuvil_pack_b(int64_t K, int64_t N, const float *B, int64_t ldb, int trans, float *Bp, int nthreads) {
-    int64_t np = (N + CUVIL_NR - 1) / CUVIL_NR;
-    #pragma omp parallel for num_threads(nthreads) schedule(static) if (np * K > 16384)
-    for (int64_t p = 0; p < np; p++) {
-        float *dst = Bp + p * K * CUVIL_NR;
+typedef struct { int64_t K, N; const float *B; int64_t ldb; int trans; float *Bp; } pack_args;
+
+static void pack_task(void *ctx, int64_t p0, int64_t p1) {
+    const pack_args *a = ctx;
+    int64_t K = a->K, N = a->N, ldb = a->ldb;
+    for (int64_t p = p0; p < p1; p++) {
+        float *dst = a->Bp + p * K * CUVIL_NR;
         int64_t n0 = p * CUVIL_NR, nr = N - n0 < CUVIL_NR ? N - n0 : CUVIL_NR;
-        if (!trans) {
+        if (!a->trans) {
             for (int64_t k = 0; k < K; k++) {
-                const float *src = B + k * ldb + n0;
+                const float *src = a->B + k * ldb + n0;
                 int64_t j = 0;
                 for (; j < nr; j++) dst[k * CUVIL_NR + j] = src[j];
                 for (; j < CUVIL_NR; j++) dst[k * CUVIL_NR + j] = 0.f;
@@ -17,11 +20,17 @@ void cuvil_pack_b(int64_t K, int64_t N, const float *B, int64_t ldb, int trans, 
             for (int64_t k = 0; k < K; k++)
                 for (int64_t j = nr; j < CUVIL_NR; j++) dst[k * CUVIL_NR + j] = 0.f;
             for (int64_t j = 0; j < nr; j++) {
-                const float *src = B + (n0 + j) * ldb;
+                const float *src = a->B + (n0 + j) * ldb;
                 for (int64_t k = 0; k < K; k++) dst[k * CUVIL_NR + j] = src[k];
             }
         }
     }
+}
+
+void cuvil_pack_b(int64_t K, int64_t N, const float *B, int64_t ldb, int trans, float *Bp, int nthreads) {
+    int64_t np = (N + CUVIL_NR - 1) / CUVIL_NR;
+    pack_args a = {K, N, B, ldb, trans, Bp};
+    cuvil_parallel_for(np * K > 16384 ? nthreads : 1, np, 1, pack_task, &a);
 }
 
 /* MR x NR register tile over one K block; rows past mr read row 0 and are not stored. */
@@ -136,7 +145,43 @@ static inline const float *b_block(const void *B, int bits, const float *scales,
     return buf;
 }
 
-/* The one GEMM driver: (M block x N panels) tasks over the threads, K blocked, epilogue on the last block. */
+typedef struct {
+    int64_t M, N, K, lda, ldc, group, np, nb, pb;
+    const float *A, *scales;
+    const void *B;
+    int bits;
+    float *C;
+    const cuvil_epilogue *ep;
+} gemm_args;
+
+/* Tasks t in [t0, t1): each one M block (MC rows) x pb panels, K blocked, epilogue on the last block. */
+static void gemm_task(void *ctx, int64_t t0, int64_t t1) {
+    const gemm_args *g = ctx;
+    float acc[CUVIL_MR][CUVIL_NR];
+    float buf[CUVIL_KC * CUVIL_NR] __attribute__((aligned(64)));
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t m0 = (t / g->nb) * CUVIL_MC, p0 = (t % g->nb) * g->pb;
+        int64_t m1 = m0 + CUVIL_MC < g->M ? m0 + CUVIL_MC : g->M, p1 = p0 + g->pb < g->np ? p0 + g->pb : g->np;
+        int64_t k0 = 0;
+        do {
+            int64_t kc = g->K - k0 < CUVIL_KC ? g->K - k0 : CUVIL_KC;
+            int first = k0 == 0, last = k0 + CUVIL_KC >= g->K;
+            for (int64_t p = p0; p < p1; p++) {
+                const float *bp = b_block(g->B, g->bits, g->scales, g->group, g->K, p, k0, kc, buf);
+                int64_t n0 = p * CUVIL_NR, nr = g->N - n0 < CUVIL_NR ? g->N - n0 : CUVIL_NR;
+                for (int64_t i0 = m0; i0 < m1; i0 += CUVIL_MR) {
+                    int mr = (int)(m1 - i0 < CUVIL_MR ? m1 - i0 : CUVIL_MR);
+                    if (kc > 0) cuvil_ukernel(mr, kc, g->A + i0 * g->lda + k0, g->lda, bp, acc);
+                    else memset(acc, 0, sizeof acc);
+                    store_tile(acc, mr, nr, g->C, g->ldc, i0, n0, first, last, g->ep);
+                }
+            }
+            k0 += CUVIL_KC;
+        } while (k0 < g->K);
+    }
+}
+
+/* The one GEMM driver: (M block x N panels) tasks over the threads. */
 static void gemm_driver(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const void *B, int bits,
                         const float *scales, int64_t group, float *C, int64_t ldc, const cuvil_epilogue *ep,
                         int nthreads) {
@@ -144,32 +189,10 @@ static void gemm_driver(int64_t M, int64_t N, int64_t K, const float *A, int64_t
     int64_t np = (N + CUVIL_NR - 1) / CUVIL_NR;
     int64_t mb = (M + CUVIL_MC - 1) / CUVIL_MC;
     /* panels per task: enough tasks for every thread, few enough to reuse A from cache */
-    int64_t pb = np * mb >= 4 * nthreads ? 4 : 1;
-    int64_t nb = (np + pb - 1) / pb, ntasks = mb * nb;
-    int64_t flops = M * N * K;
-    #pragma omp parallel for num_threads(nthreads) schedule(static) if (flops > 65536 && ntasks > 1)
-    for (int64_t t = 0; t < ntasks; t++) {
-        int64_t m0 = (t / nb) * CUVIL_MC, p0 = (t % nb) * pb;
-        int64_t m1 = m0 + CUVIL_MC < M ? m0 + CUVIL_MC : M, p1 = p0 + pb < np ? p0 + pb : np;
-        float acc[CUVIL_MR][CUVIL_NR];
-        float buf[bits == 32 ? 1 : CUVIL_KC * CUVIL_NR] __attribute__((aligned(64)));
-        int64_t k0 = 0;
-        do {
-            int64_t kc = K - k0 < CUVIL_KC ? K - k0 : CUVIL_KC;
-            int first = k0 == 0, last = k0 + CUVIL_KC >= K;
-            for (int64_t p = p0; p < p1; p++) {
-                const float *bp = b_block(B, bits, scales, group, K, p, k0, kc, buf);
-                int64_t n0 = p * CUVIL_NR, nr = N - n0 < CUVIL_NR ? N - n0 : CUVIL_NR;
-                for (int64_t i0 = m0; i0 < m1; i0 += CUVIL_MR) {
-                    int mr = (int)(m1 - i0 < CUVIL_MR ? m1 - i0 : CUVIL_MR);
-                    if (kc > 0) cuvil_ukernel(mr, kc, A + i0 * lda + k0, lda, bp, acc);
-                    else memset(acc, 0, sizeof acc);
-                    store_tile(acc, mr, nr, C, ldc, i0, n0, first, last, ep);
-                }
-            }
-            k0 += CUVIL_KC;
-        } while (k0 < K);
-    }
+    int64_t pb = np * mb >= 8 * nthreads ? 4 : 1;
+    int64_t nb = (np + pb - 1) / pb;
+    gemm_args g = {M, N, K, lda, ldc, group, np, nb, pb, A, scales, B, bits, C, ep};
+    cuvil_parallel_for(M * N * K > 65536 ? nthreads : 1, mb * nb, 1, gemm_task, &g);
 }
 
 void cuvil_sgemm_packed(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *Bp,

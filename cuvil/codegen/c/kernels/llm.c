@@ -1,20 +1,22 @@
 #include "llm.h"
+#include "pool.h"
 
-void cuvil_rope(int64_t B, int64_t T, int64_t H, int64_t D, const float *x, const int64_t *pos,
-                const float *inv_freq, float attn_scale, float *y, int nthreads) {
-    int64_t half = D / 2;
-    #pragma omp parallel for num_threads(nthreads) schedule(static) if (B * T * H * D > 32768)
-    for (int64_t bt = 0; bt < B * T; bt++) {
+typedef struct { int64_t H, D; const float *x; const int64_t *pos; const float *inv_freq; float scale; float *y; } rope_args;
+
+static void rope_task(void *ctx, int64_t bt0, int64_t bt1) {
+    const rope_args *a = ctx;
+    int64_t half = a->D / 2;
+    for (int64_t bt = bt0; bt < bt1; bt++) {
         float c[half > 0 ? half : 1], s[half > 0 ? half : 1];
-        double p = (double)pos[bt];
+        double p = (double)a->pos[bt];
         for (int64_t i = 0; i < half; i++) {
-            double a = p * (double)inv_freq[i];
-            c[i] = (float)cos(a) * attn_scale;
-            s[i] = (float)sin(a) * attn_scale;
+            double ang = p * (double)a->inv_freq[i];
+            c[i] = (float)cos(ang) * a->scale;
+            s[i] = (float)sin(ang) * a->scale;
         }
-        for (int64_t h = 0; h < H; h++) {
-            const float *xr = x + (bt * H + h) * D;
-            float *yr = y + (bt * H + h) * D;
+        for (int64_t h = 0; h < a->H; h++) {
+            const float *xr = a->x + (bt * a->H + h) * a->D;
+            float *yr = a->y + (bt * a->H + h) * a->D;
             for (int64_t i = 0; i < half; i++) {
                 float x1 = xr[i], x2 = xr[i + half];
                 yr[i] = x1 * c[i] - x2 * s[i];
@@ -22,6 +24,12 @@ void cuvil_rope(int64_t B, int64_t T, int64_t H, int64_t D, const float *x, cons
             }
         }
     }
+}
+
+void cuvil_rope(int64_t B, int64_t T, int64_t H, int64_t D, const float *x, const int64_t *pos,
+                const float *inv_freq, float attn_scale, float *y, int nthreads) {
+    rope_args a = {H, D, x, pos, inv_freq, attn_scale, y};
+    cuvil_parallel_for(B * T * H * D > 32768 ? nthreads : 1, B * T, 1, rope_task, &a);
 }
 
 int cuvil_kv_update(int64_t B, int64_t Bmax, int64_t T, int64_t Hk, int64_t S, int64_t D, const float *new_,

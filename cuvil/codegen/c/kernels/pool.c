@@ -1,0 +1,111 @@
+#define _GNU_SOURCE
+#include "pool.h"
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <time.h>
+
+#define MAX_WORKERS 63
+#define SPIN_NS 200000            /* a worker spins (yielding) this long for the next job, then sleeps */
+
+typedef struct {
+    cuvil_task_fn fn;
+    void *ctx;
+    int64_t n, chunk;
+    int helpers;                  /* workers allowed to join this job */
+    atomic_int_fast64_t next, done;
+} job_t;
+
+static pthread_mutex_t submit_lock = PTHREAD_MUTEX_INITIALIZER;   /* one job at a time */
+static pthread_mutex_t sleep_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
+static job_t *_Atomic current;
+static atomic_uint_fast64_t generation;
+static atomic_int sleepers;
+static atomic_int in_job;          /* workers that may be reading `current`: its owner waits for 0 */
+static int nworkers;
+static __thread int in_worker;
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static void run_chunks(job_t *j) {
+    for (;;) {
+        int64_t b = atomic_fetch_add(&j->next, j->chunk);
+        if (b >= j->n) return;
+        int64_t e = b + j->chunk < j->n ? b + j->chunk : j->n;
+        j->fn(j->ctx, b, e);
+        atomic_fetch_add(&j->done, e - b);
+    }
+}
+
+static void *worker(void *arg) {
+    int id = (int)(intptr_t)arg;
+    uint_fast64_t seen = 0;
+    in_worker = 1;
+    for (;;) {
+        int64_t t0 = now_ns();
+        while (atomic_load(&generation) == seen) {
+            if (now_ns() - t0 > SPIN_NS) {
+                pthread_mutex_lock(&sleep_lock);
+                atomic_fetch_add(&sleepers, 1);
+                while (atomic_load(&generation) == seen) pthread_cond_wait(&wake, &sleep_lock);
+                atomic_fetch_sub(&sleepers, 1);
+                pthread_mutex_unlock(&sleep_lock);
+                break;
+            }
+            sched_yield();
+        }
+        seen = atomic_load(&generation);
+        atomic_fetch_add(&in_job, 1);
+        job_t *j = atomic_load(&current);
+        if (j && id < j->helpers) run_chunks(j);
+        atomic_fetch_sub(&in_job, 1);
+    }
+    return 0;
+}
+
+static void ensure_workers(int want) {
+    if (want > MAX_WORKERS) want = MAX_WORKERS;
+    while (nworkers < want) {
+        pthread_t t;
+        pthread_attr_t a;
+        pthread_attr_init(&a);
+        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+        if (pthread_create(&t, &a, worker, (void *)(intptr_t)nworkers) != 0) break;
+        nworkers++;
+    }
+}
+
+void cuvil_parallel_for(int nthreads, int64_t n, int64_t grain, cuvil_task_fn fn, void *ctx) {
+    if (n <= 0) return;
+    if (grain < 1) grain = 1;
+    /* serial: one thread asked for, too little work, called from inside a task, or the pool is busy
+     * with another caller's job (two Python threads running models at once) */
+    if (nthreads <= 1 || n <= grain || in_worker || pthread_mutex_trylock(&submit_lock) != 0) {
+        fn(ctx, 0, n);
+        return;
+    }
+    ensure_workers(nthreads - 1);
+    int helpers = nthreads - 1 < nworkers ? nthreads - 1 : nworkers;
+    int64_t chunk = (n + 4 * (int64_t)nthreads - 1) / (4 * (int64_t)nthreads);   /* ~4 chunks per thread */
+    if (chunk < grain) chunk = grain;
+    job_t j = {.fn = fn, .ctx = ctx, .n = n, .chunk = chunk, .helpers = helpers};
+    atomic_init(&j.next, 0);
+    atomic_init(&j.done, 0);
+    atomic_store(&current, &j);
+    atomic_fetch_add(&generation, 1);
+    if (atomic_load(&sleepers) > 0) {
+        pthread_mutex_lock(&sleep_lock);
+        pthread_cond_broadcast(&wake);
+        pthread_mutex_unlock(&sleep_lock);
+    }
+    run_chunks(&j);
+    while (atomic_load(&j.done) < n) sched_yield();   /* only chunks already claimed are waited for */
+    atomic_store(&current, (job_t *)0);
+    while (atomic_load(&in_job) > 0) sched_yield();   /* no worker still holds a pointer to j */
+    pthread_mutex_unlock(&submit_lock);
+}

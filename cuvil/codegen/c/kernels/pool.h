@@ -1,0 +1,12 @@
+/* The thread pool every parallel loop runs on. Work is split in chunks that threads claim from a
+ * shared counter, and the caller works too: when another process holds a core, the threads that
+ * run finish the loop without waiting for the one that does not (OpenMP's barrier would). */
+#ifndef CUVIL_POOL_H
+#define CUVIL_POOL_H
+#include <stdint.h>
+
+typedef void (*cuvil_task_fn)(void *ctx, int64_t begin, int64_t end);
+
+/* Runs fn(ctx, b, e) over [0, n) in chunks of at least `grain` items on up to nthreads threads. */
+void cuvil_parallel_for(int nthreads, int64_t n, int64_t grain, cuvil_task_fn fn, void *ctx);
+#endif

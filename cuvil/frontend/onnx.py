@@ -933,7 +933,7 @@ def example_inputs(model, seed=0):
         if dt is None:
             raise UnsupportedOpError([(f"dtype {DTYPE_NAMES.get(tt.elem_type, tt.elem_type)}", f"input {vi.name!r}")])
         shape = [d.dim_value if d.HasField("dim_value") else 2 for d in tt.shape.dim]
-        if dt.startswith("float"):
+        if dt.startswith(("float", "bfloat")):
             a = rng.standard_normal(shape).astype(dt)
         elif dt == "bool":
             a = rng.random(shape) < 0.5

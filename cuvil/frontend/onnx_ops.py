@@ -222,7 +222,7 @@ def _clip(c):
     if (lo is None or isinstance(lo, np.ndarray)) and (hi is None or isinstance(hi, np.ndarray)):
         lv = -math.inf if lo is None else lo.item()
         hv = math.inf if hi is None else hi.item()
-        if not dt.startswith("float"):
+        if not dt.startswith(("float", "bfloat")):
             lv, hv = (int(lv) if lo is not None else -2**63), (int(hv) if hi is not None else 2**63 - 1)
         return c.op("clip", [x], min=lv, max=hv)
     y = x
@@ -711,14 +711,14 @@ def _reduce(kind):
             return x
         if kind in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod"):
             if any(isinstance(shape_of(x)[a], int) and shape_of(x)[a] == 0 for a in axes) and \
-                    kind in ("reduce_max", "reduce_min") and not dt.startswith("float"):
+                    kind in ("reduce_max", "reduce_min") and not dt.startswith(("float", "bfloat")):
                 raise Unsupported("empty integer max/min")
             return c.op(kind, [x], axes=axes, keepdims=kd)
         if kind == "l1":
             return c.op("reduce_sum", [c.op("abs", [x])], axes=axes, keepdims=kd)
         if kind == "l2":
             return c.op("sqrt", [c.op("reduce_sum", [c.op("mul", [x, x])], axes=axes, keepdims=kd)]) \
-                if dt.startswith("float") else _int_l2(c, x, axes, kd)
+                if dt.startswith(("float", "bfloat")) else _int_l2(c, x, axes, kd)
         if kind == "sumsq":
             return c.op("reduce_sum", [c.op("mul", [x, x])], axes=axes, keepdims=kd)
         if kind == "logsum":
@@ -1384,7 +1384,7 @@ def _resize(c):
             idx = np.where(E, 0, W.argmax(axis=1)).astype(np.int64)
             y = c.op("gather", [y, idx], axis=ax)
         else:
-            if not dt.startswith("float"):
+            if not dt.startswith(("float", "bfloat")):
                 raise Unsupported(f"{mode} resize of {dt}")
             perm = [i for i in range(r) if i != ax] + [ax]
             inv = [perm.index(i) for i in range(r)]
@@ -1513,7 +1513,7 @@ def _dequantize(c):
     axis = c.attr("axis", 1)
     block = c.attr("block_size", 0)
     sdt = dtype_of(scale)
-    y = c.cast(x, "int64" if not dtype_of(x).startswith("float") else sdt if "_" in dtype_of(x) else dtype_of(x))
+    y = c.cast(x, "int64" if not dtype_of(x).startswith(("float", "bfloat")) else sdt if "_" in dtype_of(x) else dtype_of(x))
     y = c.val(y) if isinstance(y, np.ndarray) else y
     if zp is not None:
         y = c.op("sub", [y, c.cast(_q_param(c, zp, x, axis, block), dtype_of(y))])

@@ -86,7 +86,7 @@ def _cast_bound(v, dtype):
 
 
 def _is_float(dtype):
-    return dtype.startswith("float")
+    return dtype.startswith(("float", "bfloat"))
 
 
 def _int_div(a, b):

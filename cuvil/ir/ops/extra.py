@@ -11,7 +11,7 @@ from ._shape import broadcast, norm_axis
 
 
 def _int_only(name, t):
-    if t.dtype.startswith("float") or t.dtype == "bool":   # C's ~1 is 254, not a bool: use not/and/or/xor
+    if t.dtype.startswith(("float", "bfloat")) or t.dtype == "bool":   # C's ~1 is 254, not a bool: use not/and/or/xor
         raise ShapeError(f"{name} expects integer tensors, got {t.dtype}")
 
 

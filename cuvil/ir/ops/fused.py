@@ -72,7 +72,7 @@ def _attention_infer(types, attrs, inputs):
             raise ShapeError(f"attention: {k}={attrs[k]!r} needs rank-4 operands")
     q, k, v = (_to_bhsd(t, attrs[n]) for t, n in zip(types[:3], ("layout_q", "layout_k", "layout_v")))
     for t in (q, k, v):
-        if t.rank < 2 or not t.dtype.startswith("float"):
+        if t.rank < 2 or not t.dtype.startswith(("float", "bfloat")):
             raise ShapeError(f"attention: q, k, v must be float tensors of rank >= 2, got {t}")
     if not (q.rank == k.rank == v.rank):
         raise ShapeError(f"attention: q {q}, k {k}, v {v} ranks differ")

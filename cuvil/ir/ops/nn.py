@@ -13,7 +13,7 @@ from ._shape import broadcast, norm_axis
 
 
 def _float(name, t):
-    if not t.dtype.startswith("float"):
+    if not t.dtype.startswith(("float", "bfloat")):
         raise ShapeError(f"{name} expects float tensors, got {t.dtype}")
 
 

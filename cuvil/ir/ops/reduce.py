@@ -24,7 +24,7 @@ def _reduce(name, fn):
         t = types[0]
         axes = norm_axes(attrs["axes"] if attrs["axes"] is not None else range(t.rank), t.rank)
         attrs["axes"] = axes
-        if name == "reduce_mean" and not t.dtype.startswith("float"):
+        if name == "reduce_mean" and not t.dtype.startswith(("float", "bfloat")):
             raise ShapeError(f"reduce_mean expects a float tensor, got {t.dtype}")
         if name in ("reduce_sum", "reduce_prod") and t.dtype == "bool":   # a bool sum would wrap at 256 in C
             raise ShapeError(f"{name} of a bool tensor: cast it to an integer dtype first")

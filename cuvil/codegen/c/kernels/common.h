@@ -21,7 +21,14 @@ typedef float cuvil_vf __attribute__((vector_size(CUVIL_VL * 4), aligned(4), may
 
 static inline cuvil_vf cuvil_vload(const float *p) { return *(const cuvil_vf *)p; }
 static inline void cuvil_vstore(float *p, cuvil_vf v) { *(cuvil_vf *)p = v; }
-static inline cuvil_vf cuvil_vsplat(float x) { return (cuvil_vf){0} + x; }
+/* Broadcast by initializer ({0} + x would add 0.0f first: one more instruction per use). */
+#if CUVIL_VL == 16
+static inline cuvil_vf cuvil_vsplat(float x) { return (cuvil_vf){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+#elif CUVIL_VL == 8
+static inline cuvil_vf cuvil_vsplat(float x) { return (cuvil_vf){x, x, x, x, x, x, x, x}; }
+#else
+static inline cuvil_vf cuvil_vsplat(float x) { return (cuvil_vf){x, x, x, x}; }
+#endif
 
 static inline int64_t cuvil_floordiv(int64_t a, int64_t b) { int64_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
 static inline int64_t cuvil_mod(int64_t a, int64_t b) { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }

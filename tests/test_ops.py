@@ -809,6 +809,11 @@ def conv_attrs(op):
     c.out(c.add("conv", [x4, c.const(f(8, 1, 3, 3)), None, c.input(f(2, 8, 7, 6))],
                 {"groups": 4, "pads": ((1, 1), (1, 1)), "act": "relu"}), "depthwise, residual, relu")
     c.out(c.add("conv", [x4, c.const(f(3, 4, 1, 1))], {"act": "gelu"}), "1x1 gelu, no bias")
+    x3 = c.input(f(2, 4, 5, 6, 7))
+    _conv(c, x3, c.const(f(3, 4, 3, 3, 3)), c.const(f(3)), "3-d pads 1", pads=((1, 1), (1, 1), (1, 1)))
+    _conv(c, x3, c.const(f(6, 2, 2, 3, 1)), None, "3-d groups=2 stride (2,1,3) dilation (1,2,1)", groups=2,
+          strides=(2, 1, 3), dilations=(1, 2, 1), pads=((0, 1), (2, 0), (0, 0)))
+    _conv(c, x3, c.const(f(4, 1, 3, 3, 3)), None, "3-d depthwise", groups=4, pads=((1, 1), (1, 1), (1, 1)))
     c.out(c.add("conv", [c.input(f(1, 3, 6, 5).astype("float64")), c.const(f(4, 3, 3, 3).astype("float64")),
                          c.const(f(4).astype("float64"))], {"pads": ((1, 1), (0, 1))}), "float64", LEGALIZED_F64)
     c.check()
@@ -840,6 +845,15 @@ def pool(op):
           "batch b")
     special = np.array([[np.nan, 1, 2, 3], [4, -np.inf, 6, np.inf], [1, 2, 3, 4], [-np.inf, -np.inf, 0, 0]], np.float32)
     c.out(c.add(op, [c.input(special.reshape(1, 1, 4, 4))], dict(kernel=(2, 2))), "nan/inf")
+    x3 = c.input(rand(r, (2, 3, 5, 6, 7), "float32"))
+    c.out(c.add(op, [x3], dict(kernel=(2, 2, 2))), "3-d 2x2x2")
+    c.out(c.add(op, [x3], dict(kernel=(3, 2, 3), strides=(2, 1, 2), pads=((1, 1), (0, 1), (1, 0)), ceil_mode=True)),
+          "3-d pads ceil_mode")
+    if op == "avg_pool":
+        c.out(c.add(op, [x3], dict(kernel=(3, 3, 3), strides=(2, 2, 2), pads=((1, 1), (1, 1), (1, 1)),
+                                   count_include_pad=True)), "3-d count_include_pad")
+    else:
+        c.out(c.add(op, [x3], dict(kernel=(2, 2, 2), dilations=(2, 1, 2))), "3-d dilated")
     c.out(c.add(op, [c.input(rand(r, (1, 2, 5, 6), "float64"))], dict(kernel=(2, 3), pads=((1, 0), (0, 1)))),
           "float64", LEGALIZED_F64)
     c.check()
@@ -1154,6 +1168,26 @@ def attention(op):
     c.check()
 
 
+@case("bitcast")
+def bitcast(op):
+    """The same bytes as another dtype of the same size (NaN payloads and -0.0 included)."""
+    c = Case(runs=2, symbols=SYMS)
+    r = c.rng
+    f = np.array([0.0, -0.0, 1.5, -2.25, np.inf, -np.inf, np.nan, 1e-40, 3.4e38], np.float32)
+    for src, dst, x in [("float32", "int32", f), ("float32", "uint32", f), ("float64", "int64", f.astype("float64")),
+                        ("int32", "float32", rand(r, (3, 5), "int32", -2**31, 2**31 - 1)),
+                        ("int64", "float64", rand(r, (4,), "int64", -2**40, 2**40)),
+                        ("uint8", "int8", rand(r, (2, 7), "uint8", 0, 255)),
+                        ("int8", "uint8", rand(r, (6,), "int8", -128, 127)),
+                        ("int16", "float16", rand(r, (5,), "int16", 0, 30000))]:
+        c.out(c.add(op, [c.input(x)], {"to": dst}), f"{src} -> {dst}")
+    c.out(c.add(op, [c.input(np.float32(-1.0))], {"to": "int32"}), "0-d")
+    c.out(c.add(op, [c.input(rand(r, (0, 3), "float32"))], {"to": "int32"}), "[0,3]")
+    c.out(c.add(op, [c.input(fortran(rand(r, (5, 3), "float32")))], {"to": "int32"}), "transposed")
+    c.out(c.add(op, [c.input(dyn(r, (B, 3), "int64", -9, 9), (B, 3))], {"to": "float64"}), "[b,3]")
+    c.check()
+
+
 # ---- the language-model ops -------------------------------------------------------------------
 def _quantize(rng, K, N, bits, group):
     """(weight, scales) in matmul_q's storage: int8 [K, N], packed int4 uint8 [K, N/2], or bf16 uint16."""
@@ -1299,8 +1333,9 @@ def test_declaration_rejects(op, types, attrs):
 
 
 UNSUPPORTED = [  # declared, but the C backend lowers only some dtypes or ranks: a clear UnsupportedOpError
-    ("conv", [((1, 2, 4, 4, 4), "float32"), ((3, 2, 3, 3, 3), "float32")], {}),
-    ("avg_pool", [((1, 2, 4, 4, 4), "float32")], {"kernel": (2, 2, 2)}),
+    ("conv", [((B, 2, 4, 4, 4), "float32"), ((3, 2, 3, 3, 3), "float32")], {}),
+    ("avg_pool", [((B, 2, 4, 4, 4), "float32")], {"kernel": (2, 2, 2)}),
+    ("conv", [((1, 2, 4, 4, 4, 4), "float32"), ((3, 2, 3, 3, 3, 3), "float32")], {}),
     ("layer_norm", [((3, 4, 5), "float32"), ((5,), "float32")], {"axis": 1}),
     ("matmul", [((3, 4), "bool"), ((4, 5), "bool")], {}), ("matmul", [((3, 4), "int8"), ((4, 5), "int8")], {}),
     ("matmul_fused", [((3, 4), "float32"), ((4, 5), "float32")], {"act": "relu"}),

@@ -457,9 +457,11 @@ class Converter:
     def can_handle(self, node, domain):
         if domain == "":
             return node.op_type in HANDLERS or _schema_function(node.op_type, self.opsets.get("", 1)) is not None
-        return (node.domain, node.op_type) in self.functions
+        return (node.domain, node.op_type) in self.functions or f"{node.domain}:{node.op_type}" in HANDLERS
 
     def dispatch(self, node, domain, opset):
+        if domain != "" and f"{node.domain}:{node.op_type}" in HANDLERS and opset is not None:
+            return HANDLERS[f"{node.domain}:{node.op_type}"](self)      # ops of other domains: "domain:Op"
         if domain != "":
             f = self.functions.get((node.domain, node.op_type))
             if f is None:

@@ -413,7 +413,12 @@ def _conv_transpose(c):
     ap = c.attr("auto_pad", "NOTSET")
     out_shape = c.attr("output_shape")
     eff = [(k - 1) * d + 1 for k, d in zip(kernel, dil)]
-    if out_shape or ap in ("SAME_UPPER", "SAME_LOWER"):
+    if out_shape and ap not in ("SAME_UPPER", "SAME_LOWER"):
+        # onnx's reference: the declared pads (default 0) at the start, the end cropped / extended to fit
+        p = c.attr("pads") or [0] * (2 * nsp)
+        pads = [(p[i], s * (n - 1) + op_ + e - p[i] - t)
+                for i, (n, s, e, op_, t) in enumerate(zip(insp, strides, eff, outpad, out_shape[-nsp:]))]
+    elif out_shape or ap in ("SAME_UPPER", "SAME_LOWER"):
         tgt = out_shape[-nsp:] if out_shape else [n * s for n, s in zip(insp, strides)]
         pads = []
         for n, s, e, op_, t in zip(insp, strides, eff, outpad, tgt):
@@ -491,6 +496,8 @@ def _pool(kind):
         attrs = dict(kernel=tuple(kernel), strides=tuple(strides), pads=pads, dilations=tuple(dil), ceil_mode=ceil)
         if kind == "avg_pool":
             attrs["count_include_pad"] = bool(c.attr("count_include_pad", 0))
+        if kind == "max_pool" and dtype_of(x) in ("uint8", "int8"):     # exact in float32
+            return c.cast(c.op(kind, [c.cast(x, "float32")], **attrs), dtype_of(x))
         return c.op(kind, [x], **attrs)
     return h
 
@@ -533,12 +540,32 @@ def _gpool(c):
 @handler("BatchNormalization")
 def _bn(c):
     if c.attr("training_mode", 0) or any(o for o in c.node.output[1:]):
-        raise Unsupported("training mode")
+        return _bn_training(c)
     x = c.inp(0)
     if c.opset < 7 and c.attr("is_test", 0) == 0 and False:
         raise Unsupported("training")
     params = [c.inp(i) for i in range(1, 5)]
     return c.op("batch_norm", [x] + params, eps=c.attr("epsilon", 1e-5))
+
+
+def _bn_training(c):
+    """Batch statistics normalise; the running mean / var outputs are updated with momentum."""
+    x, scale, bias, mean, var = (c.inp(i) for i in range(5))
+    if c.opset < 14:
+        raise Unsupported("training mode before opset 14")
+    r, dt = rank_of(x), dtype_of(x)
+    axes = (0,) + tuple(range(2, r))
+    m = c.op("reduce_mean", [x], axes=axes, keepdims=True)
+    d = c.op("sub", [x, m])
+    v = c.op("reduce_mean", [c.op("mul", [d, d])], axes=axes, keepdims=True)
+    ps = [shape_of(x)[1]] + [1] * (r - 2)
+    y = c.op("div", [d, c.op("sqrt", [c.op("add", [v, c.scalar(c.attr("epsilon", 1e-5), dt)])])])
+    y = c.op("add", [c.op("mul", [y, c.reshape(scale, ps)]), c.reshape(bias, ps)])
+    mom = c.attr("momentum", 0.9)
+    C = shape_of(x)[1]
+    upd = [c.op("add", [c.op("mul", [s0, c.scalar(mom, dt)]), c.op("mul", [c.reshape(s1, [C]), c.scalar(1 - mom, dt)])])
+           for s0, s1 in ((mean, m), (var, v))]
+    return [y] + upd
 
 
 @handler("InstanceNormalization")
@@ -1184,7 +1211,7 @@ def _s2d(c):
     b = c.attr("blocksize")
     N, C, H, W = shape_of(x)
     y = c.reshape(x, [N, C, H // b, b, W // b, b])
-    y = _transpose(c, y, (0, 3, 5, 1, 2, 4))
+    y = _transpose(c, y, (0, 3, 5, 1, 2, 4) if c.attr("mode", "DCR") == "DCR" else (0, 1, 3, 5, 2, 4))
     return c.reshape(y, [N, C * b * b, H // b, W // b])
 
 
@@ -1819,3 +1846,85 @@ def _conv_integer(c):
     pads = _auto_pad(c, list(shape_of(x)[2:]), kernel, strides, dil)
     y = c.op("conv", [xf, wf], strides=tuple(strides), pads=tuple(pads), dilations=tuple(dil), groups=c.attr("group", 1))
     return c.cast(y, "int32")
+
+
+# ---- ai.onnx.preview.training optimizers (one update step; the step count T must be known) ----
+def _optimizer(kind):
+    nstate = {"Adagrad": 1, "Momentum": 1, "Adam": 2}[kind]
+
+    def h(c):
+        n = (len(c.node.input) - 2) // (2 + nstate)
+        t = float(np.asarray(c.known(1, "T")).ravel()[0])
+        outs = [[] for _ in range(1 + nstate)]
+        for i in range(n):
+            x, g = c.inp(2 + i), c.inp(2 + n + i)
+            st = [c.inp(2 + (2 + k) * n + i) for k in range(nstate)]
+            dt = dtype_of(x)
+            r = c.cast(c.inp(0), dt)
+
+            def k(v):
+                return c.scalar(v, dt)
+
+            def op(name, *a):
+                return c.op(name, list(a))
+            greg = op("add", op("mul", k(c.attr("norm_coefficient", 0.0)), x), g)
+            if kind == "Adagrad":
+                r_ = op("div", r, k(1 + t * c.attr("decay_factor", 0.0)))
+                hn = op("add", st[0], op("mul", greg, greg))
+                hs = op("add", op("sqrt", hn), k(c.attr("epsilon", 1e-6)))
+                res = [op("sub", x, op("div", op("mul", r_, greg), hs)), hn]
+            elif kind == "Momentum":
+                alpha, beta = c.attr("alpha"), c.attr("beta")
+                mode = c.attr("mode", "standard")
+                mode = mode.decode() if isinstance(mode, bytes) else mode
+                vn = op("add", op("mul", k(alpha), st[0]), op("mul", k(beta if t > 0 else 1.0), greg))
+                step = vn if mode == "standard" else op("add", greg, op("mul", k(alpha), vn))
+                res = [op("sub", x, op("mul", r, step)), vn]
+            else:
+                alpha, beta = c.attr("alpha", 0.9), c.attr("beta", 0.999)
+                vn = op("add", op("mul", k(alpha), st[0]), op("mul", k(1 - alpha), greg))
+                hn = op("add", op("mul", k(beta), st[1]), op("mul", k(1 - beta), op("mul", greg, greg)))
+                hs = op("add", op("sqrt", hn), k(c.attr("epsilon", 1e-6)))
+                ra = op("mul", r, k(math.sqrt(1 - beta ** t) / (1 - alpha ** t))) if t > 0 else r
+                xn = op("sub", x, op("mul", ra, op("div", vn, hs)))
+                res = [op("mul", k(1 - c.attr("norm_coefficient_post", 0.0)), xn), vn, hn]
+            for lst, v in zip(outs, res):
+                lst.append(v)
+        return [v for lst in outs for v in lst]
+    return h
+
+
+for _k in ("Adagrad", "Momentum", "Adam"):
+    handler(f"ai.onnx.preview.training:{_k}")(_optimizer(_k))
+
+
+@handler("ReverseSequence")
+def _reverse_sequence(c):
+    """out[t, b] = x[len[b] - 1 - t, b] for t < len[b], else x[t, b]: one gather_elements over time."""
+    x, lens = c.inp(0), c.cast(c.inp(1), "int64")
+    ta, ba = c.attr("time_axis", 0), c.attr("batch_axis", 1)
+    shp = shape_of(x)
+    r = len(shp)
+    T, B = shp[ta], shp[ba]
+    tshape, bshape = [1] * r, [1] * r
+    tshape[ta], bshape[ba] = T, B
+    t = c.reshape(c.op("iota", [], length=T, dtype="int64"), tshape)
+    n = c.reshape(lens, bshape)
+    rev = c.op("sub", [c.op("sub", [n, c.scalar(1, "int64")]), t])
+    idx = c.op("where", [c.op("lt", [t, n]), rev, c.op("expand", [t], shape=tuple(
+        T if i == ta else B if i == ba else 1 for i in range(r)))])
+    idx = c.op("expand", [idx], shape=tuple(shp))
+    return c.op("gather_elements", [x, idx], axis=ta)
+
+
+@handler("MatMulInteger")
+def _matmul_integer(c):
+    a, b, azp, bzp = (c.inp(i) for i in range(4))
+    A = c.cast(a, "int32")
+    if azp is not None:
+        z = c.cast(azp, "int32")
+        A = c.op("sub", [A, c.reshape(z, [shape_of(z)[0], 1]) if rank_of(z) == 1 and shape_of(z)[0] != 1 else z])
+    B = c.cast(b, "int32")
+    if bzp is not None:
+        B = c.op("sub", [B, c.cast(bzp, "int32")])
+    return c.op("matmul", [A, B])

@@ -89,7 +89,9 @@ def lower_pad(em, node):
         terms.append(f"{src} * {D.to_c(xst[k])}")
     yt = em.ctype(y)
     load = f"{em.ptr(x)}[{' + '.join(terms) or '0'}]"
-    value = f"(({yt}){float(a['value'])!r})" if y.dtype.startswith("float") else f"(({yt}){int(a['value'])})"
+    fv = float(a["value"])
+    fs = "INFINITY" if fv == float("inf") else "(-INFINITY)" if fv == float("-inf") else "NAN" if fv != fv else repr(fv)
+    value = f"(({yt}){fs})" if y.dtype.startswith("float") else f"(({yt}){int(a['value'])})"
     expr = f"({' && '.join(conds)}) ? {load} : {value}" if conds else load
     for k in range(r):
         lines.append("  " * (k + 1) + f"for (int64_t {idx[k]} = 0; {idx[k]} < {D.to_c(ys[k])}; {idx[k]}++)")

@@ -136,7 +136,12 @@ def lower_pointwise(em, node):
             load = f"((float *){load})" if False else load
         ins.append((load, broadcast_strides(v.type.shape, shape), "0"))
     return loop_nest(shape, (em.ptr(out), contiguous_strides(shape), "0"), ins,
-                     lambda loads: substitute(tmpl, loads), em.parallel)
+                     lambda loads: substitute(tmpl, _widen(loads, node.inputs)), em.parallel)
+
+
+def _widen(loads, values):
+    """fp16 operands are computed in float (tgmath has no _Float16 overloads)."""
+    return [f"(float){ld}" if v.dtype == "float16" else ld for ld, v in zip(loads, values)]
 
 
 def _step_node(op, dtypes, attrs):
@@ -173,7 +178,7 @@ def lower_fused_pointwise(em, node):
     def expr(loads):
         parts = []
         for j, ((tmpl, dt), (_, args, _)) in enumerate(zip(steps, body)):
-            ops = [loads[i] if kind == "in" else f"t{i}" for kind, i in args]
+            ops = [_widen([loads[i]], [node.inputs[i]])[0] if kind == "in" else f"t{i}" for kind, i in args]
             parts.append(f"{COMPUTE[dt]} t{j} = {substitute(tmpl, ops)};")
         return "({ " + " ".join(parts) + f" t{len(steps) - 1}; }})"
     return loop_nest(shape, (em.ptr(out), contiguous_strides(shape), "0"), ins, expr, em.parallel)

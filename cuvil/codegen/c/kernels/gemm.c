@@ -1,5 +1,6 @@
 #include "gemm.h"
 #include "pool.h"
+#include "vmath.h"
 
 typedef struct { int64_t K, N; const float *B; int64_t ldb; int trans; float *Bp; } pack_args;
 
@@ -85,7 +86,7 @@ static inline void cuvil_ukernel(int mr, int64_t kc, const float *A, int64_t lda
     }
 }
 
-/* Writes one MR x NR tile: raw partial sums for early K blocks, the epilogue on the last. */
+/* Writes one MR x NR tile: raw partial sums for early K blocks, the epilogue (vectorized) on the last. */
 static inline void store_tile(float acc[CUVIL_MR][CUVIL_NR], int mr, int64_t nr, float *C, int64_t ldc,
                               int64_t i0, int64_t n0, int first, int last, const cuvil_epilogue *ep) {
     for (int i = 0; i < mr; i++) {
@@ -99,12 +100,23 @@ static inline void store_tile(float acc[CUVIL_MR][CUVIL_NR], int mr, int64_t nr,
         const float *rs = ep && ep->residual ? ep->residual + (i0 + i) * ep->ldr + n0 : 0;
         float br = ep && ep->bias_row ? ep->bias_row[i0 + i] : 0.f, alpha = ep ? ep->alpha : 1.f;
         int act = ep ? ep->act : 0;
-        for (int64_t j = 0; j < nr; j++) {
-            float v = (first ? 0.f : c[j]) + acc[i][j];
-            v = v * alpha + br;
-            if (bc) v += bc[j];
-            if (rs) v += rs[j];
-            c[j] = cuvil_act(v, act);
+        for (int64_t j = 0; j < CUVIL_NR; j += CUVIL_VL) {
+            float tmp[CUVIL_VL] __attribute__((aligned(64)));
+            int64_t w = nr - j < CUVIL_VL ? nr - j : CUVIL_VL;
+            if (w <= 0) break;
+            for (int64_t u = 0; u < CUVIL_VL; u++) {      /* gather the lane inputs (tail lanes padded) */
+                float v = acc[i][j + u];
+                if (u < w) {
+                    if (!first) v += c[j + u];
+                    v = v * alpha + br;
+                    if (bc) v += bc[j + u];
+                    if (rs) v += rs[j + u];
+                }
+                tmp[u] = v;
+            }
+            cuvil_vf r = act ? cuvil_vact(cuvil_vload(tmp), act) : cuvil_vload(tmp);
+            if (w == CUVIL_VL) cuvil_vstore(c + j, r);
+            else { cuvil_vstore(tmp, r); for (int64_t u = 0; u < w; u++) c[j + u] = tmp[u]; }
         }
     }
 }

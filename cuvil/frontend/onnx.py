@@ -457,13 +457,16 @@ class Converter:
     def can_handle(self, node, domain):
         if domain == "":
             return node.op_type in HANDLERS or _schema_function(node.op_type, self.opsets.get("", 1)) is not None
-        return (node.domain, node.op_type) in self.functions or f"{node.domain}:{node.op_type}" in HANDLERS
+        return (node.domain, node.op_type) in self.functions or f"{node.domain}:{node.op_type}" in HANDLERS or (
+            domain in self.opsets and _schema_function(node.op_type, self.opsets[domain], domain=domain) is not None)
 
     def dispatch(self, node, domain, opset):
         if domain != "" and f"{node.domain}:{node.op_type}" in HANDLERS and opset is not None:
             return HANDLERS[f"{node.domain}:{node.op_type}"](self)      # ops of other domains: "domain:Op"
         if domain != "":
             f = self.functions.get((node.domain, node.op_type))
+            if f is None and opset is not None:
+                f = self.function_body(node, opset)           # a schema function of another domain
             if f is None:
                 raise Unsupported(f"domain {node.domain!r} is not supported" if opset is None else "")
             return self.expand(node, f)
@@ -560,7 +563,8 @@ class Converter:
 
     # ---- function expansion -------------------------------------------------------------------
     def function_body(self, node, opset):
-        return _schema_function(node.op_type, opset, node=node, types=self._input_types(node))
+        return _schema_function(node.op_type, opset, node=node, types=self._input_types(node),
+                                domain=node.domain if node.domain != "ai.onnx" else "")
 
     def _input_types(self, node):
         from onnx import helper
@@ -734,14 +738,14 @@ def _schema_default(op_type, opset, name):
     return a.default_value
 
 
-def _schema_function(op_type, opset, node=None, types=None):
+def _schema_function(op_type, opset, node=None, types=None, domain=""):
     onnx = _onnx()
     try:
-        schema = onnx.defs.get_schema(op_type, opset, "")
+        schema = onnx.defs.get_schema(op_type, opset, domain)
     except Exception:  # noqa: BLE001 - SchemaError: unknown op or version
         return None
     if schema.has_function:
-        key = (op_type, schema.since_version)
+        key = (domain, op_type, schema.since_version)
         if key not in _SCHEMA_CACHE:
             f = None
             try:

@@ -1125,7 +1125,7 @@ def _pad(c):
             value = 0 if v is None or v.size == 0 else v.ravel()[0].item()
         a = c.known(3, "axes")
         axes = [_norm_axis(k, r) for k in _ints(a)] if a is not None else list(range(r))
-    if mode not in ("constant", "reflect", "edge"):
+    if mode not in ("constant", "reflect", "edge", "wrap"):
         raise Unsupported(f"mode {mode}")
     na = len(axes)
     if len(pads) != 2 * na:
@@ -1134,6 +1134,17 @@ def _pad(c):
     for k, ax in enumerate(axes):
         full[ax] = (pads[k], pads[k + na])
     if all(p == (0, 0) for p in full):
+        return x
+    if mode == "wrap":
+        if any(lo < 0 or hi < 0 for lo, hi in full) or any(
+                (lo or hi) and (not isinstance(shape_of(x)[k], int) or max(lo, hi) > shape_of(x)[k])
+                for k, (lo, hi) in enumerate(full)):
+            raise Unsupported("wrap padding by more than the dim, or cropping")
+        for k, (lo, hi) in enumerate(full):
+            n = shape_of(x)[k]
+            parts = ([c.op("slice", [x], axis=k, start=n - lo, length=lo)] if lo else []) + [x] + (
+                [c.op("slice", [x], axis=k, start=0, length=hi)] if hi else [])
+            x = parts[0] if len(parts) == 1 else c.op("concat", parts, axis=k)
         return x
     if isinstance(value, Value):
         if mode != "constant" or not all(isinstance(d, int) for d in shape_of(x)):
@@ -1928,3 +1939,187 @@ def _matmul_integer(c):
     if bzp is not None:
         B = c.op("sub", [B, c.cast(bzp, "int32")])
     return c.op("matmul", [A, B])
+
+
+# ---- GridSample: taps gathered from the flattened input, weights computed pointwise -------------
+def _gs_reflect(c, v, lo, hi, S):
+    def op(name, *a):
+        return c.op(name, list(a))
+    rng = S(hi - lo)
+
+    def fold(dx):
+        n = op("floor", op("div", dx, rng))
+        r = op("sub", dx, op("mul", n, rng))
+        even = op("eq", op("sub", n, op("mul", S(2), op("floor", op("div", n, S(2))))), S(0))
+        return r, even
+    rb, eb = fold(op("sub", S(lo), v))
+    ra, ea = fold(op("sub", v, S(hi)))
+    below = op("where", eb, op("add", S(lo), rb), op("sub", S(hi), rb))
+    above = op("where", ea, op("sub", S(hi), ra), op("add", S(lo), ra))
+    return op("where", op("lt", v, S(lo)), below, op("where", op("gt", v, S(hi)), above, v))
+
+
+@handler("GridSample")
+def _grid_sample(c):
+    x, grid = c.inp(0), c.inp(1)
+    mode = c.attr("mode", "linear" if c.opset >= 20 else "bilinear")
+    pad = c.attr("padding_mode", "zeros")
+    mode, pad = (m.decode() if isinstance(m, bytes) else m for m in (mode, pad))
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode)
+    ac = bool(c.attr("align_corners", 0))
+    shp = shape_of(x)
+    N, C, dims = shp[0], shp[1], list(shp[2:])
+    k = len(dims)
+    out = list(shape_of(grid)[1:-1])
+    if not all(isinstance(d, int) for d in list(shp) + out):
+        raise Unsupported("symbolic shapes")
+    P = int(np.prod(out)) if out else 1
+    dt = dtype_of(grid)
+
+    def S(v):
+        return c.scalar(v, dt)
+
+    def op(name, *a, **kw):
+        return c.op(name, list(a), **kw)
+    g = c.reshape(grid, [N, P, k])
+    taps = []          # per dim: list of (index tensor (float, integral), weight or None)
+    for i in range(k):
+        L = dims[i]
+        gi = c.reshape(op("slice", g, axis=2, start=k - 1 - i, length=1), [N, P])
+        if ac:
+            v = op("mul", op("div", op("add", gi, S(1)), S(2)), S(L - 1))
+        else:
+            v = op("div", op("sub", op("mul", op("add", gi, S(1)), S(L)), S(1)), S(2))
+        if mode == "nearest":
+            v = op("round", v)
+        lo, hi = (0.0, L - 1.0) if ac else (-0.5, L - 0.5)
+        if pad == "border":
+            oob = op("or", op("lt", v, S(lo)), op("gt", v, S(hi)))
+            v = op("where", oob, op("clip", v, min=0.0, max=float(L - 1)), v)
+        elif pad == "reflection":
+            v = _gs_reflect(c, v, lo, hi, S)
+        if mode == "nearest":
+            taps.append([(v, None)])
+            continue
+        x0 = op("floor", v)
+        f = op("sub", v, x0)
+        if mode == "linear":
+            taps.append([(x0, op("sub", S(1), f)), (op("add", x0, S(1)), f)])
+        elif mode == "cubic":
+            a = -0.75
+
+            def cub(t):     # Keys kernel on |t|, t in [0, 2]
+                t1 = op("mul", op("mul", t, t), t)
+                t2 = op("mul", t, t)
+                near = op("add", op("sub", op("mul", S(a + 2), t1), op("mul", S(a + 3), t2)), S(1))
+                far = op("sub", op("add", op("sub", op("mul", S(a), t1), op("mul", S(5 * a), t2)),
+                                   op("mul", S(8 * a), t)), S(4 * a))
+                return near, far
+            _, w0 = cub(op("add", f, S(1)))
+            w1, _ = cub(f)
+            w2, _ = cub(op("sub", S(1), f))
+            _, w3 = cub(op("sub", S(2), f))
+            taps.append([(op("add", x0, S(d)), w) for d, w in zip((-1, 0, 1, 2), (w0, w1, w2, w3))])
+        else:
+            raise Unsupported(f"mode {mode}")
+    xf = c.reshape(x, [N, C, int(np.prod(dims))])
+    xdt = dtype_of(x)
+    acc = None
+    import itertools
+    strides = [int(np.prod(dims[i + 1:])) for i in range(k)]
+    fixed = []
+    for i in range(k):
+        L = dims[i]
+        lst = []
+        for t, w in taps[i]:
+            valid = op("and", op("ge", t, S(0)), op("le", t, S(L - 1))) if pad == "zeros" else None
+            tt = t
+            if pad == "reflection":
+                lo, hi = (0.0, L - 1.0) if ac else (-0.5, L - 0.5)
+                tt = _gs_reflect(c, t, lo, hi, S)
+            idx = c.cast(op("clip", tt, min=0.0, max=float(L - 1)), "int64")
+            lst.append((idx, w, valid))
+        fixed.append(lst)
+    for combo in itertools.product(*fixed):
+        flat, w, valid = None, None, None
+        for i, (idx, wi, vi) in enumerate(combo):
+            term = op("mul", idx, c.scalar(strides[i], "int64")) if strides[i] != 1 else idx
+            flat = term if flat is None else op("add", flat, term)
+            if wi is not None:
+                w = wi if w is None else op("mul", w, wi)
+            if vi is not None:
+                valid = vi if valid is None else op("and", valid, vi)
+        idx = op("expand", c.reshape(flat, [N, 1, P]), shape=(N, C, P))
+        val = c.cast(op("gather_elements", xf, idx, axis=2), dt)
+        if valid is not None:
+            w = c.cast(valid, dt) if w is None else op("mul", w, c.cast(valid, dt))
+        if w is not None:
+            val = op("mul", val, c.reshape(w, [N, 1, P]))
+        acc = val if acc is None else op("add", acc, val)
+    return c.cast(c.reshape(acc, [N, C] + out), xdt)
+
+
+@handler("DFT")
+def _dft(c):
+    """DFT as matmuls with constant cos / sin matrices over the transformed axis (moved last)."""
+    x = c.inp(0)
+    r = rank_of(x)
+    shp = list(shape_of(x))
+    L = c.inp(1)
+    if c.opset >= 20:
+        ax = c.known(2, "axis") if c.inp(2) is not None else -2
+        ax = int(np.asarray(ax).ravel()[0])
+    else:
+        ax = c.attr("axis", 1)
+    ax = ax % r
+    inverse, onesided = bool(c.attr("inverse", 0)), bool(c.attr("onesided", 0))
+    nin = shp[ax]
+    if not isinstance(nin, int):
+        raise Unsupported("symbolic signal length")
+    if L is not None:
+        L = int(np.asarray(c.known(1, "dft_length")).ravel()[0])
+    else:
+        L = 2 * (nin - 1) if inverse and onesided else nin
+    dt = dtype_of(x)
+    comp = shp[-1]
+    perm = [i for i in range(r - 1) if i != ax] + [ax]
+
+    def part(k):
+        p = c.reshape(c.op("slice", [x], axis=r - 1, start=k, length=1), shp[:-1])
+        return c.op("transpose", [p], perm=tuple(perm)) if perm != list(range(r - 1)) else p
+    xr = part(0)
+    xi = part(1) if comp == 2 else None
+    n = np.arange(nin)[:, None].astype(np.float64)
+    if inverse and onesided:          # irfft: hermitian input of L // 2 + 1 bins -> L real samples
+        kout = L
+        theta = 2 * np.pi * n * np.arange(L)[None, :] / L
+        w = np.where((n == 0) | ((L % 2 == 0) & (n == L // 2)), 1.0, 2.0) * (n <= L // 2)
+        A, B, Cm, Dm = w * np.cos(theta) / L, -w * np.sin(theta) / L, None, None
+    else:
+        kout = L // 2 + 1 if onesided and not inverse else L
+        sgn = 1.0 if inverse else -1.0
+        theta = sgn * 2 * np.pi * n * np.arange(kout)[None, :] / L
+        keep = (n < L).astype(np.float64)
+        scale = 1.0 / L if inverse else 1.0
+        A, B = keep * np.cos(theta) * scale, -keep * np.sin(theta) * scale
+        Cm, Dm = keep * np.sin(theta) * scale, keep * np.cos(theta) * scale
+
+    def mm(v, m):
+        return c.op("matmul", [v, c.g.const(m.astype(dt))])
+    re = mm(xr, A)
+    if xi is not None:
+        re = c.op("add", [re, mm(xi, B)])
+    parts = [re]
+    if Cm is not None:
+        im = mm(xr, Cm)
+        if xi is not None:
+            im = c.op("add", [im, mm(xi, Dm)])
+        parts.append(im)
+    inv = [perm.index(i) for i in range(r - 1)]
+    oshape = [kout if i == ax else d for i, d in enumerate(shp[:-1])]
+    outs = []
+    for p in parts:
+        if perm != list(range(r - 1)):
+            p = c.op("transpose", [p], perm=tuple(inv))
+        outs.append(c.reshape(p, oshape + [1]))
+    return outs[0] if len(outs) == 1 else c.op("concat", outs, axis=r - 1)

@@ -27,6 +27,13 @@ UNARY_F = {
     "hardsigmoid": "({0} != {0} ? {0} : fmin(fmax(({T}){alpha} * {0} + ({T}){beta}, ({T})0), ({T})1))",
     "clip": "({0} != {0} ? {0} : fmin(fmax({0}, ({T}){min}), ({T}){max}))",
 }
+# float32 versions that keep a loop vectorizable (kernels/smath.h), used in place of libm calls
+FAST_F32 = {
+    "exp": "cuvil_fexp({0})", "erf": "cuvil_ferf({0})", "tanh": "cuvil_ftanh({0})",
+    "sigmoid": "(1.0f / (1.0f + cuvil_fexp(-{0})))", "silu": "({0} / (1.0f + cuvil_fexp(-{0})))",
+    "gelu": "(0.5f * {0} * (1.0f + cuvil_ferf({0} * 0.70710678118654752440f)))",
+    "gelu_tanh": "(0.5f * {0} * (1.0f + cuvil_ftanh(0.79788456080286535588f * ({0} + 0.044715f * {0} * {0} * {0}))))",
+}
 UNARY_I = {
     "neg": "(-{0})", "abs": "({0} < 0 ? -{0} : {0})", "relu": "({0} < 0 ? 0 : {0})",
     "sign": "(({T})(({0} > 0) - ({0} < 0)))", "not": "(!{0})",
@@ -83,6 +90,8 @@ def template(node):
     table = (UNARY_F if node.op in UNARY_F or node.op in UNARY_I else None)
     if node.inputs.__len__() == 1:
         table = UNARY_F if is_float(src) else UNARY_I
+        if src == "float32" and op in FAST_F32:
+            return FAST_F32[op]
     else:
         table = BINARY_F if is_float(src) else BINARY_I
     if op not in table:

@@ -22,9 +22,10 @@ TARGETS = {
     "aarch64-neon": (["-march=armv8-a"], 4, []),
 }
 TARGET_NAMES = ("native", "cpu") + tuple(TARGETS)
-# -fopenmp-simd: `omp simd` hints only; threads come from cuvil's own pool (kernels/pool.c), not OpenMP
-COMMON_FLAGS = ["-O3", "-fPIC", "-pthread", "-fopenmp-simd", "-fno-math-errno", "-ffp-contract=fast", "-std=gnu11",
-                "-Wno-unused-variable", "-Wno-unused-but-set-variable"]
+# -fopenmp-simd: `omp simd` hints only (threads come from kernels/pool.c, not OpenMP);
+# -fno-trapping-math lets loops with selects (relu, max, the NaN checks of smath.h) vectorize
+COMMON_FLAGS = ["-O3", "-fPIC", "-pthread", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math",
+                "-ffp-contract=fast", "-std=gnu11", "-Wno-unused-variable", "-Wno-unused-but-set-variable"]
 
 
 def cpu_flags() -> set:

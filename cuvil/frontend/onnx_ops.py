@@ -330,9 +330,17 @@ def _einsum(c):
     for t, x in zip(terms, xs):
         if len(t) != rank_of(x):
             raise ShapeError(f"einsum term {t} does not match rank {rank_of(x)}")
-        # repeated letters in one term (diagonal): unsupported
-        if len(set(t)) != len(t):
-            raise Unsupported("einsum diagonal")
+        while len(set(t)) != len(t):        # repeated letter: take the diagonal
+            ch = next(ch for ch in t if t.count(ch) > 1)
+            p, q = t.index(ch), t.index(ch, t.index(ch) + 1)
+            n = shape_of(x)[p]
+            if not isinstance(n, int) or shape_of(x)[q] != n:
+                raise Unsupported("einsum diagonal over symbolic or unequal dims")
+            rest = [i for i in range(len(t)) if i not in (p, q)]
+            x = c.op("transpose", [x], perm=tuple(rest + [p, q]))
+            x = c.reshape(x, [shape_of(x)[i] for i in range(len(rest))] + [n * n])
+            x = c.op("slice", [x], axis=len(rest), start=0, step=n + 1, length=n)
+            t = "".join(t[i] for i in rest) + ch
         for ch, d in zip(t, shape_of(x)):
             if not (isinstance(d, int) and d == 1):
                 sizes[ch] = d
@@ -739,7 +747,11 @@ def _reduce(kind):
         if kind in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod"):
             if any(isinstance(shape_of(x)[a], int) and shape_of(x)[a] == 0 for a in axes) and \
                     kind in ("reduce_max", "reduce_min") and not dt.startswith(("float", "bfloat")):
-                raise Unsupported("empty integer max/min")
+                if not all(isinstance(d, int) for d in shape_of(x)):
+                    raise Unsupported("empty integer max/min over symbolic dims")
+                info = (0, 1) if dt == "bool" else (int(np.iinfo(dt).min), int(np.iinfo(dt).max))
+                oshape = [1 if i in axes else d for i, d in enumerate(shape_of(x)) if kd or i not in axes]
+                return np.full(oshape, info[0] if kind == "reduce_max" else info[1], dtype=dt)
             return c.op(kind, [x], axes=axes, keepdims=kd)
         if kind == "l1":
             return c.op("reduce_sum", [c.op("abs", [x])], axes=axes, keepdims=kd)
@@ -2080,6 +2092,13 @@ def _dft(c):
         L = int(np.asarray(c.known(1, "dft_length")).ravel()[0])
     else:
         L = 2 * (nin - 1) if inverse and onesided else nin
+    return _dft_apply(c, x, ax, L, inverse, onesided)
+
+
+def _dft_apply(c, x, ax, L, inverse, onesided):
+    r = rank_of(x)
+    shp = list(shape_of(x))
+    nin = shp[ax]
     dt = dtype_of(x)
     comp = shp[-1]
     perm = [i for i in range(r - 1) if i != ax] + [ax]
@@ -2123,3 +2142,127 @@ def _dft(c):
             p = c.op("transpose", [p], perm=tuple(inv))
         outs.append(c.reshape(p, oshape + [1]))
     return outs[0] if len(outs) == 1 else c.op("concat", outs, axis=r - 1)
+
+
+@handler("Col2Im")
+def _col2im(c):
+    """Sum over kernel offsets of the column block, zero-stuffed by the strides and shifted into place."""
+    import itertools
+    x = c.inp(0)
+    img = [int(v) for v in np.asarray(c.known(1, "image_shape")).ravel()]
+    blk = [int(v) for v in np.asarray(c.known(2, "block_shape")).ravel()]
+    k = len(img)
+    dil = c.attr("dilations") or [1] * k
+    st = c.attr("strides") or [1] * k
+    p = c.attr("pads") or [0] * (2 * k)
+    N, CK, L = shape_of(x)
+    K = int(np.prod(blk))
+    C = CK // K
+    padded = [img[i] + p[i] + p[i + k] for i in range(k)]
+    outs = [(padded[i] - dil[i] * (blk[i] - 1) - 1) // st[i] + 1 for i in range(k)]
+    if int(np.prod(outs)) != L:
+        raise ShapeError(f"Col2Im: {L} blocks, the shapes imply {int(np.prod(outs))}")
+    xr = c.reshape(x, [N, C, K] + outs)
+    acc = None
+    for kf, kidx in enumerate(itertools.product(*[range(b) for b in blk])):
+        y = c.reshape(c.op("slice", [xr], axis=2, start=kf, length=1), [N, C] + outs)
+        pads = [(0, 0), (0, 0)]
+        for i in range(k):
+            if st[i] > 1:      # zero insertion along dim 2 + i
+                sh = list(shape_of(y))
+                y = c.reshape(y, sh[:2 + i + 1] + [1] + sh[2 + i + 1:])
+                y = c.op("pad", [y], pads=[(0, 0)] * (3 + i) + [(0, st[i] - 1)] + [(0, 0)] * (k - i - 1), value=0.0)
+                y = c.reshape(y, sh[:2 + i] + [sh[2 + i] * st[i]] + sh[2 + i + 1:])
+                y = c.op("slice", [y], axis=2 + i, start=0, length=(outs[i] - 1) * st[i] + 1)
+            lo = kidx[i] * dil[i]
+            pads.append((lo, padded[i] - lo - ((outs[i] - 1) * st[i] + 1)))
+        y = c.op("pad", [y], pads=pads, value=0.0)
+        acc = y if acc is None else c.op("add", [acc, y])
+    for i in range(k):
+        if p[i] or p[i + k]:
+            acc = c.op("slice", [acc], axis=2 + i, start=p[i], length=img[i])
+    return acc
+
+
+@handler("Det")
+def _det(c):
+    """Leibniz expansion over the permutations (square matrices up to 4 x 4)."""
+    import itertools
+    x = c.inp(0)
+    shp = list(shape_of(x))
+    n = shp[-1]
+    if not isinstance(n, int) or n > 4 or shp[-2] != n:
+        raise Unsupported("Det of matrices larger than 4 x 4")
+    batch = shp[:-2]
+    flat = c.reshape(x, batch + [n * n])
+    cols = [c.reshape(c.op("slice", [flat], axis=len(batch), start=i, length=1), batch) for i in range(n * n)]
+    acc = None
+    for perm in itertools.permutations(range(n)):
+        sign = 1
+        for i in range(n):
+            for j in range(i + 1, n):
+                if perm[i] > perm[j]:
+                    sign = -sign
+        term = cols[perm[0]]
+        for i in range(1, n):
+            term = c.op("mul", [term, cols[i * n + perm[i]]])
+        acc = term if acc is None else c.op("add" if sign > 0 else "sub", [acc, term])
+        if acc is term and sign < 0:
+            acc = c.op("neg", [term])
+    return acc
+
+
+@handler("ai.onnx.ml:Binarizer")
+def _binarizer(c):
+    x = c.inp(0)
+    dt = dtype_of(x)
+    return c.cast(c.op("gt", [x, c.scalar(c.attr("threshold", 0.0), dt)]), dt)
+
+
+@handler("ai.onnx.ml:ArrayFeatureExtractor")
+def _array_feature_extractor(c):
+    x, idx = c.inp(0), c.cast(c.inp(1), "int64")
+    return c.op("gather", [x, c.reshape(idx, [D.numel(shape_of(idx))]) if rank_of(idx) != 1 else idx], axis=rank_of(x) - 1)
+
+
+@handler("TensorScatter")
+def _tensor_scatter(c):
+    """present[b, .., s] = update[b, .., (s - w[b]) (mod S)] where that index is < the update length."""
+    cache, upd, w = c.inp(0), c.inp(1), c.inp(2)
+    mode = c.attr("mode", "linear")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    shp = list(shape_of(cache))
+    r = len(shp)
+    a = c.attr("axis", -2) % r
+    S, Sn = shp[a], shape_of(upd)[a]
+    if not all(isinstance(d, int) for d in shp) or not isinstance(Sn, int):
+        raise Unsupported("symbolic shapes")
+    s = c.reshape(c.op("iota", [], length=S, dtype="int64"), [S if i == a else 1 for i in range(r)])
+    w = c.cast(w, "int64") if w is not None else np.zeros([shp[0]], np.int64)
+    j = c.op("sub", [s, c.reshape(w, [shp[0]] + [1] * (r - 1))])
+    if mode == "circular":
+        j = c.op("mod", [j, c.scalar(S, "int64")])
+    valid = c.op("and", [c.op("ge", [j, c.scalar(0, "int64")]), c.op("lt", [j, c.scalar(Sn, "int64")])])
+    jc = c.op("expand", [c.op("clip", [j], min=0.0, max=float(Sn - 1))], shape=tuple(shp))
+    return c.op("where", [c.op("expand", [valid], shape=tuple(shp)), c.op("gather_elements", [upd, jc], axis=a), cache])
+
+
+@handler("STFT")
+def _stft(c):
+    x, step, window, flen = c.inp(0), c.known(1, "frame_step"), c.inp(2), c.inp(3)
+    step = int(np.asarray(step).ravel()[0])
+    if flen is not None:
+        fl = int(np.asarray(c.known(3, "frame_length")).ravel()[0])
+    elif window is not None:
+        fl = shape_of(window)[0]
+    else:
+        raise ShapeError("STFT needs a window or a frame_length")
+    B, n, comp = shape_of(x)
+    if not isinstance(n, int):
+        raise Unsupported("symbolic signal length")
+    nf = 1 + (n - fl) // step
+    frames = [c.reshape(c.op("slice", [x], axis=1, start=f * step, length=fl), [B, 1, fl, comp]) for f in range(nf)]
+    fr = frames[0] if nf == 1 else c.op("concat", frames, axis=1)
+    if window is not None:
+        fr = c.op("mul", [fr, c.reshape(c.cast(window, dtype_of(x)), [1, 1, fl, 1])])
+    return _dft_apply(c, fr, 2, fl, False, bool(c.attr("onesided", 1)))

@@ -82,12 +82,18 @@ def openvino(model, args, threads):
     return (lambda: req.infer(feed)), secs
 
 
+WARM_COMPILE = {}
+
+
 def cuvil_system(model, args, threads):
     import cuvil
     cache = tempfile.mkdtemp(prefix="cuvil-bench-cache-")
     t = time.perf_counter()
     cm = cuvil.compile(model, args, num_threads=threads, cache_dir=cache)
     secs = time.perf_counter() - t
+    t = time.perf_counter()
+    cuvil.compile(model, args, num_threads=threads, cache_dir=cache)      # a cache hit
+    WARM_COMPILE[id(model)] = time.perf_counter() - t
     arrays = [a.numpy() for a in args]
     outs = [np.empty(o.shape, o.dtype) for o in cm.run(*arrays)]
     return (lambda: cm.run(*arrays, out=outs)), secs

@@ -660,7 +660,8 @@ def _lpnorm(c):
         n = c.op("sqrt", [c.op("reduce_sum", [c.op("mul", [x, x])], axes=(axis,), keepdims=True)])
     else:
         raise Unsupported(f"p={p}")
-    return c.op("div", [x, n])
+    zero = c.op("eq", [n, c.scalar(0, dtype_of(x))])          # a zero vector stays zero (onnx's reference)
+    return c.op("div", [x, c.op("where", [zero, c.scalar(1, dtype_of(x)), n])])
 
 
 @handler("LRN")

@@ -41,6 +41,23 @@ def _other(add, v):
     return b if a is v else a
 
 
+def _residual_then_activation(uses, u, y, chain):
+    """Extend an epilogue chain ending in y (u: y's only user) with `+ residual`, then an activation.
+    Returns (residual or None, activation name, the chain's new last value)."""
+    res, act = None, "none"
+    if u is not None and u.op == "add" and _same_shape(u.outputs[0], y) and _same_shape(_other(u, y), y) \
+            and not _other(u, y).is_const:
+        res = _other(u, y)
+        chain.append(u)
+        y = u.outputs[0]
+        u = uses.only_user(y)
+    if u is not None and u.op in ACTIVATIONS:
+        act = u.op
+        chain.append(u)
+        y = u.outputs[0]
+    return res, act, y
+
+
 def fuse_matmul_epilogues(graph):
     from ..codegen.c.lower_nn import _prepacked
     uses = _Uses(graph)
@@ -51,7 +68,7 @@ def fuse_matmul_epilogues(graph):
             continue
         y, chain = n.outputs[0], [n]
         N = y.shape[-1]
-        alpha, bias, res, act = 1.0, None, None, "none"
+        alpha, bias = 1.0, None
         u = uses.only_user(y)
         if u is not None and u.op == "mul" and _other(u, y).is_const and _other(u, y).data.size == 1:
             alpha = float(_other(u, y).data.reshape(()))
@@ -65,16 +82,7 @@ def fuse_matmul_epilogues(graph):
                 chain.append(u)
                 y = u.outputs[0]
                 u = uses.only_user(y)
-        if u is not None and u.op == "add" and _same_shape(u.outputs[0], y) and _same_shape(_other(u, y), y) \
-                and not _other(u, y).is_const:
-            res = _other(u, y)
-            chain.append(u)
-            y = u.outputs[0]
-            u = uses.only_user(y)
-        if u is not None and u.op in ACTIVATIONS:
-            act = u.op
-            chain.append(u)
-            y = u.outputs[0]
+        res, act, y = _residual_then_activation(uses, u, y, chain)
         if len(chain) == 1 or any(id(c) in drop or id(c) in replace for c in chain):
             continue
         ins = list(n.inputs[:2]) + [bias, res]
@@ -94,18 +102,8 @@ def fuse_conv_epilogues(graph):
     for n in graph.nodes:
         if n.op != "conv" or n.attrs["act"] != "none" or len(n.inputs) > 3 or id(n) in drop:
             continue
-        y, chain, res, act = n.outputs[0], [n], None, "none"
-        u = uses.only_user(y)
-        if u is not None and u.op == "add" and _same_shape(u.outputs[0], y) and _same_shape(_other(u, y), y) \
-                and not _other(u, y).is_const:
-            res = _other(u, y)
-            chain.append(u)
-            y = u.outputs[0]
-            u = uses.only_user(y)
-        if u is not None and u.op in ACTIVATIONS:
-            act = u.op
-            chain.append(u)
-            y = u.outputs[0]
+        y, chain = n.outputs[0], [n]
+        res, act, y = _residual_then_activation(uses, uses.only_user(y), y, chain)
         if len(chain) == 1 or any(id(c) in drop or id(c) in replace for c in chain):
             continue
         ins = list(n.inputs)

@@ -8,7 +8,7 @@ from .loops import broadcast_strides, contiguous_strides, loop_nest
 
 _BIT = {"bitwise_and": "({0} & {1})", "bitwise_or": "({0} | {1})", "bitwise_xor": "({0} ^ {1})",
         "shift_left": "(({1}) < 0 || ({1}) >= (T)(8 * sizeof(T)) ? (T)0 : (T)((T){0} << {1}))",
-        "shift_right": "(({1}) < 0 ? (T)0 : ({1}) >= (T)(8 * sizeof(T)) ? (T)({0} < 0 ? -1 : 0) : (T)({0} >> {1}))",
+        "shift_right": "(({1}) < 0 || ({1}) >= (T)(8 * sizeof(T)) ? (T)({0} < 0 ? -1 : 0) : (T)({0} >> {1}))",
         "bitwise_not": "((T)~{0})"}
 
 

@@ -34,7 +34,7 @@ def _shift_left(a, b):
 def _shift_right(a, b):
     bits = a.dtype.itemsize * 8
     out = np.right_shift(a, np.clip(b, 0, bits - 1).astype(a.dtype))
-    return np.where(b < 0, 0, np.where(b >= bits, np.where(a < 0, -1, 0), out))
+    return np.where((b < 0) | (b >= bits), np.where(a < 0, -1, 0), out)   # a negative count acts as a huge one
 
 
 _bitwise("bitwise_and", np.bitwise_and)

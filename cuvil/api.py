@@ -128,11 +128,12 @@ def _split_inputs(example_inputs):
 
 
 def compile(model, example_inputs=(), *, target="native", precision="fp32", fusion_level=2,  # noqa: A001
-            dynamic_shapes=None, verify=False, num_threads=None, cache_dir=None, verbose=False, **unknown):
+            dynamic_shapes=None, verify=False, num_threads=None, cache_dir=None, verbose=False, profile=False,
+            **unknown):
     """Compile a torch.nn.Module (or an ONNX model) into a native artifact. See DESIGN.md."""
     opts = make_options(**unknown, target=target, precision=precision, fusion_level=fusion_level,
                         dynamic_shapes=dynamic_shapes, verify=verify, num_threads=num_threads,
-                        cache_dir=cache_dir, verbose=verbose)
+                        cache_dir=cache_dir, verbose=verbose, profile=profile)
     cdir = Path(cache_dir) if cache_dir else cache.default_dir()
     progress = Progress(verbose)
     args, kwargs = _split_inputs(example_inputs)
@@ -208,7 +209,7 @@ def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None)
     graph = optimize(graph, opts.fusion_level)
     progress("passes", f"{len(graph.nodes)} nodes after optimisation")
     target = toolchain.resolve_target(opts.target)
-    c_src, weights, plan = emit.generate(graph, target)
+    c_src, weights, plan = emit.generate(graph, target, profile=opts.profile)
     progress("codegen", f"{len(c_src) // 1024} KiB of C, {len(weights) / 2**20:.1f} MiB weights, "
                         f"arena {plan.arena_bytes / 2**20:.1f} MiB")
     key = cache.digest(str(graph), c_src, hashlib.sha256(weights).hexdigest(), opts.key(), target,
@@ -229,6 +230,7 @@ def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None)
             "arena_bytes": plan.arena_bytes, "num_threads": opts.num_threads,
             "options": {"precision": opts.precision, "fusion_level": opts.fusion_level},
             "compiler": toolchain.compiler_version(), "cache_key": key,
+            "node_ops": [n.op for n in graph.nodes],
         }
         manifest.update(extra_manifest or {})
         artifact.write_manifest(bdir, manifest)

@@ -109,6 +109,20 @@ def cmd_inspect(a):
     print(out[a.stage])
 
 
+def cmd_profile(a):
+    import cuvil
+    from . import profiler
+    model = _load_model(a.model)
+    ex = _example_inputs(a.example_input)
+    opts = _opts(a)
+    cm = cuvil.compile(model, ex, profile=True, **opts)
+    arrays = [x.numpy() if hasattr(x, "numpy") else np.asarray(x) for x in ex]
+    table, nodes = profiler.profile(cm, *arrays, runs=a.runs)
+    print(profiler.format_table(table))
+    if a.trace:
+        print(f"trace: {profiler.chrome_trace(nodes, a.trace)}")
+
+
 def cmd_bench(a):
     import cuvil
     m = cuvil.load(a.artifact, num_threads=a.num_threads)
@@ -202,6 +216,11 @@ def main(argv=None):
     _add_compile_options(p)
     p.add_argument("--stage", default="passes", choices=("frontend", "passes", "memplan", "c"))
     p.set_defaults(fn=cmd_inspect)
+    p = sub.add_parser("profile", help="time each node of a model (per op table, Chrome trace)")
+    _add_compile_options(p)
+    p.add_argument("--runs", type=int, default=10)
+    p.add_argument("--trace", help="write a Chrome trace (chrome://tracing, Perfetto) to this file")
+    p.set_defaults(fn=cmd_profile)
     p = sub.add_parser("bench", help="time an artifact")
     p.add_argument("artifact")
     p.add_argument("--input", action="append", default=[])

@@ -20,10 +20,11 @@ class Options:
     num_threads: int | None = None
     cache_dir: str | None = None
     verbose: bool = False
+    profile: bool = False          # per-node timers in the generated code (cuvil.profiler reads them)
 
     def key(self):
         d = asdict(self)
-        for k in ("verify", "num_threads", "cache_dir", "verbose"):
+        for k in ("verify", "num_threads", "cache_dir", "verbose"):  # run-time only: same artifact
             d.pop(k)
         d["dynamic_shapes"] = repr(self.dynamic_shapes)
         return repr(sorted(d.items()))

@@ -257,3 +257,15 @@ def test_unsupported_ops_listed_all_at_once_with_source_lines():
     assert "convolution" in msg and "topk" in msg
     assert "test_api.py" in msg and "conv_transpose2d" in msg and "torch.topk" in msg
     assert len(e.value.ops) == 2
+
+
+def test_profile_build_reports_every_node(mlp):
+    from cuvil import profiler
+    m, x, _ = mlp
+    cm = cuvil.compile(m, (x,), profile=True)
+    torch.testing.assert_close(cm(x), m(x).detach(), rtol=1e-4, atol=1e-4)
+    table, nodes = profiler.profile(cm, x.numpy(), runs=3)
+    assert [label.split(":", 1)[1] for label, _ in nodes] == [n.op for n in cm.graph.nodes]
+    assert all(ms >= 0 for _, ms in nodes) and sum(r[1] for r in table) > 0
+    with pytest.raises(cuvil.ArtifactError, match="profile=True"):
+        cuvil.compile(m, (x,)).module.profile_counters()

@@ -486,10 +486,7 @@ def _pool(kind):
         kernel = c.attr("kernel_shape")
         strides = c.attr("strides") or [1] * nsp
         dil = c.attr("dilations") or [1] * nsp
-        if len(c.node.output) > 1 and c.node.output[1]:
-            raise Unsupported("Indices output")
-        if c.attr("storage_order", 0):
-            pass
+        want_idx = len(c.node.output) > 1 and bool(c.node.output[1])
         ceil = bool(c.attr("ceil_mode", 0))
         ap = c.attr("auto_pad", "NOTSET")
         if ap in ("SAME_UPPER", "SAME_LOWER"):
@@ -504,6 +501,10 @@ def _pool(kind):
         attrs = dict(kernel=tuple(kernel), strides=tuple(strides), pads=pads, dilations=tuple(dil), ceil_mode=ceil)
         if kind == "avg_pool":
             attrs["count_include_pad"] = bool(c.attr("count_include_pad", 0))
+        if want_idx:
+            if kind != "max_pool" or not dtype_of(x).startswith("float"):
+                raise Unsupported("Indices output")
+            return _max_pool_with_indices(c, x, kernel, strides, pads, dil, ceil)
         if kind == "max_pool" and dtype_of(x) in ("uint8", "int8"):     # exact in float32
             return c.cast(c.op(kind, [c.cast(x, "float32")], **attrs), dtype_of(x))
         return c.op(kind, [x], **attrs)
@@ -1100,8 +1101,22 @@ def _gather_el(c):
 @handler("GatherND")
 def _gather_nd(c):
     x, idx = c.inp(0), c.inp(1)
-    if c.attr("batch_dims", 0):
-        raise Unsupported("batch_dims")
+    bd = c.attr("batch_dims", 0)
+    if bd:      # batch dims fold into the linear index: gather from x flattened over batch + indexed dims
+        xs, ishape = shape_of(x), shape_of(idx)
+        m = ishape[-1]
+        if not all(isinstance(d, int) for d in list(xs[:bd + (m if isinstance(m, int) else 0)]) + [m]):
+            raise Unsupported("symbolic batch or index dims")
+        inner = int(math.prod(xs[bd:bd + m]))
+        strides = np.array([int(math.prod(xs[bd + k + 1:bd + m])) for k in range(m)], np.int64)
+        dims = np.array(xs[bd:bd + m], np.int64)
+        idx = c.cast(idx, "int64")
+        fixed = c.op("where", [c.op("lt", [idx, c.scalar(0, "int64")]), c.op("add", [idx, dims]), idx])
+        lin = c.op("reduce_sum", [c.op("mul", [fixed, strides])], axes=(len(ishape) - 1,), keepdims=False)
+        nb = int(math.prod(xs[:bd]))
+        boff = (np.arange(nb, dtype=np.int64) * inner).reshape(list(xs[:bd]) + [1] * (len(ishape) - 1 - bd))
+        lin = c.op("add", [lin, boff])
+        return c.op("gather", [c.reshape(x, [nb * inner] + list(xs[bd + m:])), lin], axis=0)
     xs, ishape = shape_of(x), shape_of(idx)
     m = ishape[-1]
     if not isinstance(m, int) or not all(isinstance(d, int) for d in xs[:m]):
@@ -2267,3 +2282,103 @@ def _stft(c):
     if window is not None:
         fr = c.op("mul", [fr, c.reshape(c.cast(window, dtype_of(x)), [1, 1, fl, 1])])
     return _dft_apply(c, fr, 2, fl, False, bool(c.attr("onesided", 1)))
+
+
+@handler("QLinearConv")
+def _qlinear_conv(c):
+    x, xs, xzp, w, ws, wzp, ys, yzp, b = (c.inp(i) for i in range(9))
+    xf = c.cast(x, "float64")
+    if xzp is not None:
+        xf = c.op("sub", [xf, c.cast(xzp, "float64")])
+    wf = c.cast(w, "float64")
+    if wzp is not None:
+        wz = c.cast(wzp, "float64")
+        if rank_of(wz) == 1 and shape_of(wz)[0] != 1:
+            wz = c.reshape(wz, [shape_of(wz)[0]] + [1] * (rank_of(w) - 1))
+        wf = c.op("sub", [wf, wz])
+    nsp = rank_of(x) - 2
+    kernel = c.attr("kernel_shape") or list(shape_of(w)[2:])
+    strides = c.attr("strides") or [1] * nsp
+    dil = c.attr("dilations") or [1] * nsp
+    pads = _auto_pad(c, list(shape_of(x)[2:]), kernel, strides, dil)
+    ins = [xf, wf] + ([c.cast(b, "float64")] if b is not None else [])
+    acc = c.op("conv", ins, strides=tuple(strides), pads=tuple(pads), dilations=tuple(dil), groups=c.attr("group", 1))
+    scale = c.op("mul", [xs, c.cast(ws, dtype_of(xs))])
+    if rank_of(scale) == 1 and shape_of(scale)[0] != 1:
+        scale = c.reshape(scale, [1, shape_of(scale)[0]] + [1] * nsp)
+    scale = c.op("div", [scale, c.cast(ys, dtype_of(xs))])
+    d = c.op("mul", [acc, c.cast(scale, "float64")])
+    out_dt = dtype_of(yzp) if yzp is not None else "uint8"
+    if yzp is not None:
+        d = c.op("add", [d, c.cast(yzp, "float64")])
+    lo, hi = _QRANGE[out_dt]
+    return c.cast(c.op("round", [c.op("clip", [d], min=float(lo), max=float(hi))]), out_dt)
+
+
+@handler("MelWeightMatrix")
+def _mel_weight_matrix(c):
+    """Every input sizes the output: evaluated at compile time by onnx's reference."""
+    ins = [c.known(i, n) for i, n in enumerate(("num_mel_bins", "dft_length", "sample_rate", "lower_edge_hertz",
+                                                 "upper_edge_hertz"))]
+    r = c.ref_eval(c.node, ins)
+    if r is None:
+        raise Unsupported("reference evaluation failed")
+    return r
+
+
+@handler("MaxUnpool")
+def _max_unpool(c):
+    """Zeros with x scattered at its (flat, whole-tensor) indices."""
+    x, idx, oshape = c.inp(0), c.cast(c.inp(1), "int64"), c.inp(2)
+    xs = list(shape_of(x))
+    nsp = len(xs) - 2
+    k = c.attr("kernel_shape")
+    st = c.attr("strides") or [1] * nsp
+    p = c.attr("pads") or [0] * (2 * nsp)
+    inferred = xs[:2] + [(xs[2 + i] - 1) * st[i] + k[i] - p[i] - p[i + nsp] for i in range(nsp)]
+    out = [int(v) for v in np.asarray(c.known(2, "output_shape")).ravel()] if oshape is not None else inferred
+    if not all(isinstance(d, int) for d in xs + out):
+        raise Unsupported("symbolic shapes")
+    n = int(np.prod(xs))
+    zeros = np.zeros([int(np.prod(inferred))], dtype=dtype_of(x))
+    y = c.reshape(c.op("scatter_elements", [zeros, c.reshape(idx, [n]), c.reshape(x, [n])], axis=0), inferred)
+    if out != inferred:     # onnx's reference: the inferred block at the origin of a zero output
+        y = c.op("pad", [y], pads=[(0, o - i) for o, i in zip(out, inferred)], value=0.0)
+    return y
+
+
+def _max_pool_with_indices(c, x, kernel, strides, pads, dil, ceil_mode):
+    """Max over the kernel offsets of strided slices of the -inf padded input, tracking the flat index
+    of the first maximum (storage_order 0)."""
+    import itertools
+    xs = list(shape_of(x))
+    nsp = len(xs) - 2
+    if not all(isinstance(d, int) for d in xs):
+        raise Unsupported("symbolic shapes")
+    y = c.op("max_pool", [x], kernel=tuple(kernel), strides=tuple(strides), pads=pads, dilations=tuple(dil),
+             ceil_mode=ceil_mode)
+    outs = list(shape_of(y)[2:])
+    ext = [max(0, (outs[i] - 1) * strides[i] + dil[i] * (kernel[i] - 1) + 1 - (xs[2 + i] + pads[i][0]))
+           for i in range(nsp)]
+    xp = c.op("pad", [x], pads=[(0, 0), (0, 0)] + [(pads[i][0], ext[i]) for i in range(nsp)], value=float("-inf"))
+    flat = np.arange(int(np.prod(xs)), dtype=np.int64).reshape(xs)
+    if c.attr("storage_order", 0):      # column-major spatial indices
+        flat = np.arange(int(np.prod(xs)), dtype=np.int64).reshape(xs[:2] + xs[2:][::-1])
+        flat = flat.transpose([0, 1] + list(range(len(xs) - 1, 1, -1)))
+    fp = np.pad(flat, [(0, 0), (0, 0)] + [(pads[i][0], ext[i]) for i in range(nsp)], constant_values=-1)
+    best = bi = None
+    for kidx in itertools.product(*[range(k) for k in kernel]):
+        v, ind = xp, fp
+        sl = [slice(None), slice(None)]
+        for i in range(nsp):
+            start = kidx[i] * dil[i]
+            v = c.op("slice", [v], axis=2 + i, start=start, step=strides[i], length=outs[i])
+            sl.append(slice(start, start + strides[i] * (outs[i] - 1) + 1, strides[i]))
+        ind = np.ascontiguousarray(fp[tuple(sl)])
+        if best is None:
+            best, bi = v, ind
+            continue
+        upd = c.op("gt", [v, best])
+        best = c.op("where", [upd, v, best])
+        bi = c.op("where", [upd, ind, bi])
+    return [y, bi]

@@ -124,6 +124,18 @@ class Module:
         self._static_in = [tuple(i["shape"]) for i in self.inputs] if static else None
         self._static_out = self.output_shapes({}) if static else None
 
+    def profile_counters(self):
+        """[(node label, total ns)] since the last call, for an artifact compiled with profile=True."""
+        f = getattr(self._lib, "cuvil_profile", None)
+        if f is None:
+            raise ArtifactError(f"artifact {self.path} was not compiled with profile=True")
+        n = len(self.manifest.get("node_ops", [])) or 1 << 16
+        names = (ctypes.c_char_p * n)()
+        ns = (ctypes.c_int64 * n)()
+        f.restype = ctypes.c_int
+        k = f(names, ns)
+        return [(names[i].decode(), ns[i]) for i in range(k)]
+
     def set_num_threads(self, n: int):
         self.num_threads = int(n)
         self._lib.cuvil_set_num_threads(self._handle, self.num_threads)

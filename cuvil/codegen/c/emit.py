@@ -129,7 +129,7 @@ def unsupported(graph):
     return bad
 
 
-def generate(graph, target="native"):
+def generate(graph, target="native", profile=False):
     """Returns (model.c text, weights blob bytes, memory plan, io description for the manifest)."""
     from . import lower_extra, lower_llm, lower_movement, lower_nn, lower_pointwise, lower_reduce  # noqa: F401
     bad = unsupported(graph)
@@ -164,13 +164,18 @@ def generate(graph, target="native"):
     for idx, n in enumerate(graph.nodes):
         em.node_index = idx
         body.append(f"  /* {n.op}{' @ ' + n.loc.splitlines()[0] if n.loc else ''} */")
+        if profile:
+            body.append("  { const int64_t t0_ = cuvil_now_ns();")
         body += ["  " + line for line in LOWERINGS[n.op].emit(em, n)]
+        if profile:   # per-node time, summed over runs: cuvil_profile() reads it
+            body.append(f"  cuvil_prof_ns[{idx}] += cuvil_now_ns() - t0_; }}")
     for i, v in out_copies:
         nbytes = " * ".join([D.to_c(d) for d in v.type.shape] + [str(np.dtype(v.dtype).itemsize)])
         body.append(f"  memcpy(out{i}, {em.ptr(v)}, (size_t)({nbytes}));")
-    return _frame(graph, em, body, plan), em.weights.blob(), plan
+    return _frame(graph, em, body, plan, profile), em.weights.blob(), plan
 
 
-def _frame(graph, em, body, plan):
-    from .frame import model_c
-    return model_c(graph, em, body, plan)
+def _frame(graph, em, body, plan, profile):
+    from .frame import PRELUDE, model_c, profile_c
+    text = model_c(graph, em, body, plan)
+    return text.replace(PRELUDE, PRELUDE + profile_c(graph), 1) if profile else text

@@ -134,3 +134,20 @@ void cuvil_set_num_threads(cuvil_model *m, int n) {{ m->nthreads = n > 0 ? n : 1
     out += body
     out.append("  return 0;\n}\n")
     return "\n".join(out)
+
+
+def profile_c(graph):
+    """Per-node timers of a profiling build: cuvil_profile(names, ns) reports and resets them."""
+    n = len(graph.nodes)
+    names = ", ".join(f'"{i}:{nd.op}"' for i, nd in enumerate(graph.nodes)) or '""'
+    return f"""
+#include <time.h>
+static inline int64_t cuvil_now_ns(void) {{ struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t);
+  return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec; }}
+int64_t cuvil_prof_ns[{max(n, 1)}];
+static const char *cuvil_prof_names[{max(n, 1)}] = {{{names}}};
+int cuvil_profile(const char **names, int64_t *ns) {{
+  for (int i = 0; i < {n}; i++) {{ names[i] = cuvil_prof_names[i]; ns[i] = cuvil_prof_ns[i]; cuvil_prof_ns[i] = 0; }}
+  return {n};
+}}
+"""

@@ -153,3 +153,19 @@ def test_linear_dynamic_rows():
     for b in (1, 7, 50):
         cm = check_graph(g, [f32(b, 19)])
     assert ops_of(cm) == ["matmul_fused"]
+
+
+@pytest.mark.parametrize("tail", ["gelu", "residual"])
+def test_epilogue_fuses_through_a_view(tail):
+    """torch's Linear on 3-D input is addmm on a 2-D view, then a view back: the activation or the
+    residual after the view still fuses into the GEMM."""
+    g = Graph()
+    x = Value(TensorType((2, 5, 12), "float32"), "x")
+    r = Value(TensorType((2, 5, 20), "float32"), "r")
+    g.inputs = [x, r]
+    flat = g.add("reshape", [x], {"shape": [10, 12]})
+    y = g.add("add", [g.add("matmul", [flat, g.const(f32(12, 20))]), g.const(f32(20))])
+    y = g.add("reshape", [y], {"shape": [2, 5, 20]})
+    g.outputs = [g.add("gelu", [y]) if tail == "gelu" else g.add("add", [y, r])]
+    cm = check_graph(g, [f32(2, 5, 12), f32(2, 5, 20)])
+    assert [op for op in ops_of(cm) if op != "reshape"] == ["matmul_fused"]

@@ -4,6 +4,7 @@ A handler reads its node through the converter `c` (c.inp(i), c.known(i), c.attr
 its outputs: IR Values, or numpy arrays for values known at compile time."""
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -2053,7 +2054,6 @@ def _grid_sample(c):
     xf = c.reshape(x, [N, C, int(np.prod(dims))])
     xdt = dtype_of(x)
     acc = None
-    import itertools
     strides = [int(np.prod(dims[i + 1:])) for i in range(k)]
     fixed = []
     for i in range(k):
@@ -2163,7 +2163,6 @@ def _dft_apply(c, x, ax, L, inverse, onesided):
 @handler("Col2Im")
 def _col2im(c):
     """Sum over kernel offsets of the column block, zero-stuffed by the strides and shifted into place."""
-    import itertools
     x = c.inp(0)
     img = [int(v) for v in np.asarray(c.known(1, "image_shape")).ravel()]
     blk = [int(v) for v in np.asarray(c.known(2, "block_shape")).ravel()]
@@ -2203,7 +2202,6 @@ def _col2im(c):
 @handler("Det")
 def _det(c):
     """Leibniz expansion over the permutations (square matrices up to 4 x 4)."""
-    import itertools
     x = c.inp(0)
     shp = list(shape_of(x))
     n = shp[-1]
@@ -2350,7 +2348,6 @@ def _max_unpool(c):
 def _max_pool_with_indices(c, x, kernel, strides, pads, dil, ceil_mode):
     """Max over the kernel offsets of strided slices of the -inf padded input, tracking the flat index
     of the first maximum (storage_order 0)."""
-    import itertools
     xs = list(shape_of(x))
     nsp = len(xs) - 2
     if not all(isinstance(d, int) for d in xs):
@@ -2382,3 +2379,55 @@ def _max_pool_with_indices(c, x, kernel, strides, pads, dil, ceil_mode):
         best = c.op("where", [upd, v, best])
         bi = c.op("where", [upd, ind, bi])
     return [y, bi]
+
+
+@handler("DeformConv")
+def _deform_conv(c):
+    """2-d deformable conv: bilinear samples (zero outside) at the offset kernel taps, then one matmul."""
+    x, w, off, b, mask = (c.inp(i) for i in range(5))
+    if rank_of(x) != 4 or c.attr("group", 1) != 1:
+        raise Unsupported("only 2-d DeformConv with group=1")
+    N, C, H, W = shape_of(x)
+    O, _, KH, KW = shape_of(w)
+    OH, OW = shape_of(off)[2:]
+    if not all(isinstance(d, int) for d in (N, C, H, W, OH, OW)):
+        raise Unsupported("symbolic shapes")
+    G = c.attr("offset_group", 1)
+    st = c.attr("strides") or [1, 1]
+    dl = c.attr("dilations") or [1, 1]
+    p = c.attr("pads") or [0, 0, 0, 0]
+    K, P, Cg = KH * KW, OH * OW, C // G
+    dt = dtype_of(x)
+
+    def op(name, *a, **kw):
+        return c.op(name, list(a), **kw)
+    offr = c.reshape(off, [N, G, K, 2, P])
+    base = [np.array([[-p[a] + st[a] * (q // OW if a == 0 else q % OW) + (k // KW if a == 0 else k % KW) * dl[a]
+                       for q in range(P)] for k in range(K)], dtype=dt) for a in (0, 1)]    # [K, P]
+    ys = op("add", c.reshape(op("slice", offr, axis=3, start=0, length=1), [N, G, K, P]), base[0])
+    xs = op("add", c.reshape(op("slice", offr, axis=3, start=1, length=1), [N, G, K, P]), base[1])
+    y0, x0 = op("floor", ys), op("floor", xs)
+    fy, fx = op("sub", ys, y0), op("sub", xs, x0)
+    one = c.scalar(1, dt)
+    xflat = c.reshape(x, [N, G, Cg, H * W])
+    cols = None
+    for dy, wy in ((0, op("sub", one, fy)), (1, fy)):
+        for dx, wx in ((0, op("sub", one, fx)), (1, fx)):
+            yy, xx = op("add", y0, c.scalar(dy, dt)), op("add", x0, c.scalar(dx, dt))
+            ok = op("and", op("and", op("ge", yy, c.scalar(0, dt)), op("le", yy, c.scalar(H - 1, dt))),
+                    op("and", op("ge", xx, c.scalar(0, dt)), op("le", xx, c.scalar(W - 1, dt))))
+            yi = c.cast(op("clip", yy, min=0.0, max=float(H - 1)), "int64")
+            xi = c.cast(op("clip", xx, min=0.0, max=float(W - 1)), "int64")
+            flat = op("add", op("mul", yi, c.scalar(W, "int64")), xi)                     # N, G, K, P
+            idx = op("expand", c.reshape(flat, [N, G, 1, K * P]), shape=(N, G, Cg, K * P))
+            v = c.reshape(op("gather_elements", xflat, idx, axis=3), [N, G, Cg, K, P])
+            wgt = c.reshape(op("mul", op("mul", wy, wx), c.cast(ok, dt)), [N, G, 1, K, P])
+            t = op("mul", v, wgt)
+            cols = t if cols is None else op("add", cols, t)
+    if mask is not None:
+        cols = op("mul", cols, c.reshape(mask, [N, G, 1, K, P]))
+    cols = c.reshape(cols, [N, C * K, P])
+    y = op("matmul", c.reshape(w, [O, C * K]), cols)                                       # N, O, P
+    if b is not None:
+        y = op("add", y, c.reshape(b, [O, 1]))
+    return c.reshape(y, [N, O, OH, OW])

@@ -58,6 +58,56 @@ def _residual_then_activation(uses, u, y, chain):
     return res, act, y
 
 
+def _ends_epilogue(v, depth=3):
+    """v is a GEMM's output, or an add/activation chain on one (what an epilogue can absorb)."""
+    p = v.producer
+    if p is None or depth == 0:
+        return False
+    if p.op == "matmul":
+        return True
+    if p.op == "add" or p.op in ACTIVATIONS:
+        return any(i is not None and not i.is_const and _ends_epilogue(i, depth - 1) for i in p.inputs)
+    return False
+
+
+def sink_reshapes(graph):
+    """reshape(x) -> activation / + residual / + bias becomes activation / add on x, then the reshape:
+    a linear layer's epilogue then sits right after its GEMM (torch's addmm + view puts a view between).
+    The moved op stays where it was in the order, so its other operand is defined by then."""
+    for _ in range(16):
+        uses = _Uses(graph)
+        rewrites = {}
+        for n in graph.nodes:
+            if n.op != "reshape":
+                continue
+            x, y = n.inputs[0], n.outputs[0]
+            u = uses.only_user(y)
+            if u is None or x.dtype != "float32" or id(u) in rewrites or not _ends_epilogue(x):
+                continue
+            pre = []
+            if u.op in ACTIVATIONS and len(u.inputs) == 1:
+                ins = [x]
+            elif u.op == "add":
+                z = _other(u, y)
+                if _same_shape(z, y) and not z.is_const:
+                    zr = Node("reshape", [z], {"shape": tuple(x.shape)}, [Value(x.type)], n.loc)
+                    pre, ins = [zr], [x, zr.outputs[0]]
+                elif z.is_const and z.data.ndim == 1 and x.type.rank >= 1 and D.dims_equal(x.shape[-1], y.shape[-1]) \
+                        and z.data.shape[0] == y.shape[-1]:
+                    ins = [x, z]
+                else:
+                    continue
+            else:
+                continue
+            moved = Node(u.op, ins, dict(u.attrs), [Value(x.type)], u.loc)
+            rewrites[id(u)] = pre + [moved, Node("reshape", [moved.outputs[0]], dict(n.attrs), [u.outputs[0]], n.loc)]
+        if not rewrites:
+            break
+        graph.nodes = [m for n in graph.nodes for m in rewrites.get(id(n), [n])]
+        graph = dce(graph)
+    return graph
+
+
 def fuse_matmul_epilogues(graph):
     from ..codegen.c.lower_nn import _prepacked
     uses = _Uses(graph)
@@ -204,7 +254,7 @@ def fuse_pointwise_chains(graph):
 
 def run(graph, level=2):
     if level >= 1:
-        graph = fuse_conv_epilogues(fuse_matmul_epilogues(graph))
+        graph = fuse_conv_epilogues(fuse_matmul_epilogues(sink_reshapes(graph)))
     if level >= 2:
         graph = fuse_pointwise_chains(absorb_attention_layouts(graph))
     return dce(graph)

@@ -667,8 +667,8 @@ def full(op):
     c.check(fusion_level=0)
 
 
-# ---- matmul: every remainder path of the 6 x 16 register tile and the 256 K block ------------
-MS, NS, KS = range(1, 8), (1, 15, 17, 33), (1, 3, 300)
+# ---- matmul: every remainder path of the 6 x 16 register tile and the 384 K block ------------
+MS, NS, KS = range(1, 8), (1, 15, 17, 33), (1, 3, 400)
 
 
 def _matmul_tiles(const_b):
@@ -680,8 +680,8 @@ def _matmul_tiles(const_b):
             bv = c.const(b) if const_b else c.input(b)
             for m in MS:
                 c.out(c.add("matmul", [c.input(rand(r, (m, k), "float32", -1, 1)), bv]), f"M={m} N={n} K={k}")
-    # tall and wide: several M blocks of 72, threads, K blocks of 256 with a remainder
-    for m, n, k in [(75, 33, 300), (150, 70, 513), (13, 130, 257)]:
+    # tall and wide: several M blocks of 120, threads, K blocks of 384 with a remainder
+    for m, n, k in [(125, 33, 400), (250, 70, 769), (13, 130, 385)]:
         b = rand(r, (k, n), "float32", -1, 1)
         c.out(c.add("matmul", [c.input(rand(r, (m, k), "float32", -1, 1)), c.const(b) if const_b else c.input(b)]),
               f"M={m} N={n} K={k}")

@@ -7,8 +7,12 @@
 
 #define CUVIL_NR (2 * CUVIL_VL)
 #define CUVIL_MR 6
-#define CUVIL_KC 256
-#define CUVIL_MC 72
+#ifndef CUVIL_KC
+#define CUVIL_KC 384
+#endif
+#ifndef CUVIL_MC
+#define CUVIL_MC 120
+#endif
 
 /* Packed size in floats of a K x N operand. */
 static inline int64_t cuvil_packed_b_size(int64_t K, int64_t N) { return ((N + CUVIL_NR - 1) / CUVIL_NR) * CUVIL_NR * K; }

@@ -40,3 +40,7 @@ class ArtifactError(CuvilError):
 
 class GraphError(CuvilError):
     """The IR is not well formed (raised by Graph.verify)."""
+
+
+class PrecisionWarning(UserWarning):
+    """A computation runs at lower precision than its dtype says (e.g. float64 ops with no float64 kernel)."""

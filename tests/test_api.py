@@ -269,3 +269,13 @@ def test_profile_build_reports_every_node(mlp):
     assert all(ms >= 0 for _, ms in nodes) and sum(r[1] for r in table) > 0
     with pytest.raises(cuvil.ArtifactError, match="profile=True"):
         cuvil.compile(m, (x,)).module.profile_counters()
+
+
+def test_float64_without_kernel_warns_about_float32():
+    class Soft(torch.nn.Module):
+        def forward(self, x):
+            return torch.softmax(x, -1)
+    x = torch.randn(3, 5, dtype=torch.float64)
+    with pytest.warns(cuvil.PrecisionWarning, match="softmax"):
+        cm = cuvil.compile(Soft(), (x,), cache_dir=str(__import__("tempfile").mkdtemp()))
+    torch.testing.assert_close(cm(x), torch.softmax(x, -1), rtol=1e-5, atol=1e-6)

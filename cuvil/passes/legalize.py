@@ -32,6 +32,7 @@ def _needs(node, lowerings):
 def run(graph):
     from ..codegen.c import emit, lower_extra, lower_llm, lower_movement, lower_nn, lower_pointwise, lower_reduce  # noqa: F401
     nodes = []
+    narrowed = []                 # float64 ops computed in float32: lossy, so the user is told
     for n in graph.nodes:
         if not _needs(n, emit.LOWERINGS):
             nodes.append(n)
@@ -60,8 +61,16 @@ def run(graph):
             tmp = Value(t)
             outs.append(tmp)
         nodes.append(Node(n.op, ins, attrs, outs, n.loc))
+        if any(v is not None and v.dtype == "float64" for v in list(n.inputs) + list(n.outputs)):
+            narrowed.append(n.op)
         for o, tmp in zip(n.outputs, outs):
             if tmp is not o:
                 nodes.append(Node("cast", [tmp], {"to": o.dtype, "saturate": True}, [o], n.loc))
     graph.nodes = nodes
+    if narrowed:
+        import warnings
+
+        from ..errors import PrecisionWarning
+        warnings.warn(f"cuvil: {len(narrowed)} float64 op(s) have no float64 kernel and run in float32: "
+                      f"{', '.join(sorted(set(narrowed)))}", PrecisionWarning, stacklevel=2)
     return graph

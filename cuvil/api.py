@@ -148,7 +148,10 @@ def compile(model, example_inputs=(), *, target="native", precision="fp32", fusi
             cm = _compile_torch(model, args, kwargs, opts, cdir, progress, skey)
     elif kind == "onnx":
         from .frontend import onnx as onnx_frontend
-        cm = onnx_frontend.compile_onnx(model, opts, cdir, progress)
+        graph = onnx_frontend.to_graph(model, opts.dynamic_shapes)
+        progress("frontend", f"{len(graph.nodes)} IR nodes")
+        cm = build_graph(graph, opts, cdir, progress,
+                         extra_manifest={"source": "onnx", "output_names": list(graph.output_names)})
     else:
         raise CuvilError(f"cannot compile a {type(model).__name__}: pass a torch.nn.Module, an ONNX file path, "
                          "an onnx.ModelProto or ONNX bytes")
@@ -312,7 +315,7 @@ def inspect_stages(model, example_inputs=(), stages=STAGES, **options) -> dict:
                                                 opts.dynamic_shapes)
     elif kind == "onnx":
         from .frontend import onnx as onnx_frontend
-        graph = onnx_frontend.to_graph(model, opts)
+        graph = onnx_frontend.to_graph(model, opts.dynamic_shapes)
     else:
         raise CuvilError(f"cannot inspect a {type(model).__name__}")
     out = {}

@@ -917,14 +917,6 @@ def to_graph(model, dynamic_shapes=None, default_max_dim=DEFAULT_MAX_DIM):
     return g
 
 
-def compile_onnx(model, opts, cdir, progress):
-    from ..api import build_graph
-    graph = to_graph(model, opts.dynamic_shapes)
-    progress("frontend", f"{len(graph.nodes)} IR nodes")
-    return build_graph(graph, opts, cdir, progress,
-                       extra_manifest={"source": "onnx", "output_names": list(graph.output_names)})
-
-
 def example_inputs(model, seed=0):
     """Random inputs matching the model's declared input types (symbolic dims take 2)."""
     m = load_model(model)

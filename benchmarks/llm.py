@@ -173,6 +173,36 @@ def main(argv=None):
     OUT.mkdir(exist_ok=True)
     Path(a.output).write_text(json.dumps(results, indent=1))
     print(f"wrote {a.output}")
+    command = " ".join(["python -m benchmarks.llm"] + (argv if argv is not None else sys.argv[1:]))
+    write_section(Path(__file__).resolve().parent / "README.md", results, command)
+
+
+MARK_BEGIN, MARK_END = "<!-- llm results -->", "<!-- /llm results -->"
+
+
+def write_section(readme: Path, results, command):
+    """The LLM table, between markers in benchmarks/README.md (benchmarks.run keeps it)."""
+    shape = results["shape"]
+    lines = [MARK_BEGIN, "## LLM: TinyLlama-1.1B shape, random weights" if shape == TINYLLAMA else "## LLM (small shape)",
+             "", "```", command, "```", "", f"Machine: {results['machine']}", "",
+             "Prefill: 128 prompt tokens (median of 3). Decode: tokens/s over the new tokens, greedy, batch 1. "
+             "Roofline: measured read bandwidth / weight bytes per token.", "",
+             "| threads | system | prefill 128 (ms) | decode (tok/s) | % of roofline | TTFT 32 tok (ms) | RSS (MiB) |",
+             "|---|---|---|---|---|---|---|"]
+    for r in results["rows"]:
+        roof = f"{100 * r['decode_tps'] / r['roofline_tps']:.0f}% of {r['roofline_tps']:.1f}" if "roofline_tps" in r else "—"
+        ttft = f"{r['ttft32_ms']:.0f}" if "ttft32_ms" in r else "—"
+        rss = f"{r['rss_mib']:.0f}" if "rss_mib" in r else "—"
+        lines.append(f"| {r['threads']} | {r['system']} | {r['prefill_ms']:.0f} | {r['decode_tps']:.2f} | {roof} | "
+                     f"{ttft} | {rss} |")
+    lines.append(MARK_END)
+    text = readme.read_text() if readme.exists() else "# Benchmarks\n"
+    if MARK_BEGIN in text:
+        head, rest = text.split(MARK_BEGIN, 1)
+        text = head + "\n".join(lines) + rest.split(MARK_END, 1)[1]
+    else:
+        text = text.rstrip() + "\n\n" + "\n".join(lines) + "\n"
+    readme.write_text(text)
 
 
 if __name__ == "__main__":

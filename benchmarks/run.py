@@ -94,6 +94,13 @@ def write_readme(path, command, systems, rows, compile_rows, gemm, notes):
             out.append(f"| {threads} | {M} | {N} | {K} | {np_g:.1f} | {cv_g:.1f} | {cv_g / np_g:.2f} |")
     if notes:
         out += ["", "## Notes", ""] + [f"- {n}" for n in notes]
+    from benchmarks.llm import MARK_BEGIN, MARK_END
+    try:
+        old = open(path).read()
+        if MARK_BEGIN in old:                       # keep the LLM section benchmarks.llm wrote
+            out += ["", MARK_BEGIN + old.split(MARK_BEGIN, 1)[1].split(MARK_END, 1)[0] + MARK_END]
+    except OSError:
+        pass
     with open(path, "w") as f:
         f.write("\n".join(out) + "\n")
     print(f"wrote {path}")

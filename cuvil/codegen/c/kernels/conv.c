@@ -107,28 +107,42 @@ static void pool_task(void *ctx, int64_t nc0, int64_t nc1) {
     for (int64_t nc = nc0; nc < nc1; nc++) {
         const float *xc = a->x + nc * s->H * s->W;
         float *yc = a->y + nc * s->OH * s->OW;
-        for (int64_t oh = 0; oh < s->OH; oh++)
+        for (int64_t oh = 0; oh < s->OH; oh++) {
+            /* the window rows inside the input, found once per output row, not tested per element */
+            int64_t h0 = oh * s->sh - s->ph;
+            int64_t kh0 = h0 >= 0 ? 0 : (-h0 + s->dh - 1) / s->dh;
+            int64_t kh1 = s->KH;
+            while (kh1 > kh0 && h0 + (kh1 - 1) * s->dh >= s->H) kh1--;
             for (int64_t ow = 0; ow < s->OW; ow++) {
+                int64_t w0 = ow * s->sw - s->pw;
+                int64_t kw0 = w0 >= 0 ? 0 : (-w0 + s->dw - 1) / s->dw;
+                int64_t kw1 = s->KW;
+                while (kw1 > kw0 && w0 + (kw1 - 1) * s->dw >= s->W) kw1--;
                 float acc = a->mode == 0 ? -INFINITY : 0.f;
-                int64_t cnt = 0;
-                for (int64_t kh = 0; kh < s->KH; kh++) {
-                    int64_t ih = oh * s->sh - s->ph + kh * s->dh;
-                    for (int64_t kw = 0; kw < s->KW; kw++) {
-                        int64_t iw = ow * s->sw - s->pw + kw * s->dw;
-                        int inside = ih >= 0 && ih < s->H && iw >= 0 && iw < s->W;
-                        if (inside) {
-                            float v = xc[ih * s->W + iw];
-                            if (a->mode == 0) acc = (v > acc || v != v) ? v : acc;
-                            else acc += v;
-                            cnt++;
-                        } else if (a->mode == 2 && ih >= -s->ph && ih < s->H + a->ph1 && iw >= -s->pw &&
-                                   iw < s->W + a->pw1) {
-                            cnt++;
-                        }
+                for (int64_t kh = kh0; kh < kh1; kh++) {
+                    const float *row = xc + (h0 + kh * s->dh) * s->W + w0;
+                    for (int64_t kw = kw0; kw < kw1; kw++) {
+                        float v = row[kw * s->dw];
+                        if (a->mode == 0) acc = (v > acc || v != v) ? v : acc;
+                        else acc += v;
                     }
+                }
+                int64_t cnt = (kh1 - kh0) * (kw1 - kw0);
+                if (a->mode == 2) {        /* count the declared pads too, not the ceil_mode overhang */
+                    int64_t rh = 0, rw = 0;
+                    for (int64_t kh = 0; kh < s->KH; kh++) {
+                        int64_t ih = h0 + kh * s->dh;
+                        rh += ih >= -s->ph && ih < s->H + a->ph1;
+                    }
+                    for (int64_t kw = 0; kw < s->KW; kw++) {
+                        int64_t iw = w0 + kw * s->dw;
+                        rw += iw >= -s->pw && iw < s->W + a->pw1;
+                    }
+                    cnt = rh * rw;
                 }
                 yc[oh * s->OW + ow] = a->mode == 0 ? acc : acc / (float)(cnt > 0 ? cnt : 1);
             }
+        }
     }
 }
 

@@ -86,37 +86,41 @@ static inline void cuvil_ukernel(int mr, int64_t kc, const float *A, int64_t lda
     }
 }
 
-/* Writes one MR x NR tile: raw partial sums for early K blocks, the epilogue (vectorized) on the last. */
+/* Writes one MR x NR tile: raw partial sums for early K blocks, the epilogue on the last, in
+ * vectors (a scalar epilogue would cost as much as the product itself when K is small). */
 static inline void store_tile(float acc[CUVIL_MR][CUVIL_NR], int mr, int64_t nr, float *C, int64_t ldc,
                               int64_t i0, int64_t n0, int first, int last, const cuvil_epilogue *ep) {
+    const float alpha = ep ? ep->alpha : 1.f;
+    const int act = ep ? ep->act : 0;
+    const float *bc = ep && ep->bias_col ? ep->bias_col + n0 : 0;
     for (int i = 0; i < mr; i++) {
         float *c = C + (i0 + i) * ldc + n0;
-        if (!last) {
-            if (first) for (int64_t j = 0; j < nr; j++) c[j] = acc[i][j];
-            else for (int64_t j = 0; j < nr; j++) c[j] += acc[i][j];
-            continue;
-        }
-        const float *bc = ep && ep->bias_col ? ep->bias_col + n0 : 0;
-        const float *rs = ep && ep->residual ? ep->residual + (i0 + i) * ep->ldr + n0 : 0;
-        float br = ep && ep->bias_row ? ep->bias_row[i0 + i] : 0.f, alpha = ep ? ep->alpha : 1.f;
-        int act = ep ? ep->act : 0;
-        for (int64_t j = 0; j < CUVIL_NR; j += CUVIL_VL) {
-            float tmp[CUVIL_VL] __attribute__((aligned(64)));
+        const float *rs = last && ep && ep->residual ? ep->residual + (i0 + i) * ep->ldr + n0 : 0;
+        const float br = last && ep && ep->bias_row ? ep->bias_row[i0 + i] : 0.f;
+        for (int64_t j = 0; j < nr; j += CUVIL_VL) {
             int64_t w = nr - j < CUVIL_VL ? nr - j : CUVIL_VL;
-            if (w <= 0) break;
-            for (int64_t u = 0; u < CUVIL_VL; u++) {      /* gather the lane inputs (tail lanes padded) */
-                float v = acc[i][j + u];
-                if (u < w) {
-                    if (!first) v += c[j + u];
-                    v = v * alpha + br;
-                    if (bc) v += bc[j + u];
-                    if (rs) v += rs[j + u];
+            float tmp[CUVIL_VL] __attribute__((aligned(64)));
+            /* a partial vector goes through tmp: padded lanes are computed and dropped */
+            const float *cin = c + j, *bin = bc ? bc + j : 0, *rin = rs ? rs + j : 0;
+            float cbuf[CUVIL_VL], bbuf[CUVIL_VL], rbuf[CUVIL_VL];
+            if (w < CUVIL_VL) {
+                for (int64_t u = 0; u < CUVIL_VL; u++) {
+                    cbuf[u] = u < w && !first ? c[j + u] : 0.f;
+                    bbuf[u] = u < w && bc ? bc[j + u] : 0.f;
+                    rbuf[u] = u < w && rs ? rs[j + u] : 0.f;
                 }
-                tmp[u] = v;
+                cin = cbuf, bin = bc ? bbuf : 0, rin = rs ? rbuf : 0;
             }
-            cuvil_vf r = act ? cuvil_vact(cuvil_vload(tmp), act) : cuvil_vload(tmp);
-            if (w == CUVIL_VL) cuvil_vstore(c + j, r);
-            else { cuvil_vstore(tmp, r); for (int64_t u = 0; u < w; u++) c[j + u] = tmp[u]; }
+            cuvil_vf v = cuvil_vload(acc[i] + j);
+            if (!first) v += cuvil_vload(cin);
+            if (last) {
+                v = v * alpha + br;
+                if (bin) v += cuvil_vload(bin);
+                if (rin) v += cuvil_vload(rin);
+                if (act) v = cuvil_vact(v, act);
+            }
+            if (w == CUVIL_VL) cuvil_vstore(c + j, v);
+            else { cuvil_vstore(tmp, v); for (int64_t u = 0; u < w; u++) c[j + u] = tmp[u]; }
         }
     }
 }
@@ -178,6 +182,22 @@ static void gemm_task(void *ctx, int64_t t0, int64_t t1) {
         do {
             int64_t kc = g->K - k0 < CUVIL_KC ? g->K - k0 : CUVIL_KC;
             int first = k0 == 0, last = k0 + CUVIL_KC >= g->K;
+            if (g->bits == 32 && kc <= 192) {
+                /* shallow K (1x1 convs, small im2col): rows outer, so each row of C is written in one
+                 * run across the task's panels; writing C, not reading B, is what costs here */
+                for (int64_t i0 = m0; i0 < m1; i0 += CUVIL_MR) {
+                    int mr = (int)(m1 - i0 < CUVIL_MR ? m1 - i0 : CUVIL_MR);
+                    for (int64_t p = p0; p < p1; p++) {
+                        int64_t n0 = p * CUVIL_NR, nr = g->N - n0 < CUVIL_NR ? g->N - n0 : CUVIL_NR;
+                        if (kc > 0) cuvil_ukernel(mr, kc, g->A + i0 * g->lda + k0, g->lda,
+                                                  (const float *)g->B + (p * g->K + k0) * CUVIL_NR, acc);
+                        else memset(acc, 0, sizeof acc);
+                        store_tile(acc, mr, nr, g->C, g->ldc, i0, n0, first, last, g->ep);
+                    }
+                }
+                k0 += CUVIL_KC;
+                continue;
+            }
             for (int64_t p = p0; p < p1; p++) {
                 const float *bp = b_block(g->B, g->bits, g->scales, g->group, g->K, p, k0, kc, buf);
                 int64_t n0 = p * CUVIL_NR, nr = g->N - n0 < CUVIL_NR ? g->N - n0 : CUVIL_NR;
@@ -202,6 +222,7 @@ static void gemm_driver(int64_t M, int64_t N, int64_t K, const float *A, int64_t
     int64_t mb = (M + CUVIL_MC - 1) / CUVIL_MC;
     /* panels per task: enough tasks for every thread, few enough to reuse A from cache */
     int64_t pb = np * mb >= 8 * nthreads ? 4 : 1;
+    if (bits == 32 && K <= 192 && np * mb >= 32 * nthreads) pb = 16;   /* shallow K: longer runs of C rows */
     int64_t nb = (np + pb - 1) / pb;
     gemm_args g = {M, N, K, lda, ldc, group, np, nb, pb, A, scales, B, bits, C, ep};
     cuvil_parallel_for(M * N * K > 65536 ? nthreads : 1, mb * nb, 1, gemm_task, &g);

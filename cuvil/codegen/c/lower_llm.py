@@ -20,6 +20,20 @@ def _panels(a: np.ndarray, width: int, pad) -> np.ndarray:
     return np.ascontiguousarray(full.reshape(R, n, width).transpose(1, 0, 2))
 
 
+def _q4_panels(q: np.ndarray, nr: int) -> np.ndarray:
+    """int4 [K, N/2] (column pairs per byte) -> panels whose byte j holds columns j (low nibble) and
+    j + nr/2 (high nibble): the kernel dequantizes two contiguous half-panels with vector ops."""
+    K = q.shape[0]
+    vals = np.empty((K, q.shape[1] * 2), np.uint8)
+    vals[:, 0::2], vals[:, 1::2] = q & 15, q >> 4
+    n = -(-vals.shape[1] // nr)
+    full = np.full((K, n * nr), 8, np.uint8)               # 8 is zero after the - 8 offset
+    full[:, :vals.shape[1]] = vals
+    p = full.reshape(K, n, nr).transpose(1, 0, 2)          # [panel, K, nr]
+    h = nr // 2
+    return np.ascontiguousarray(p[:, :, :h] | (p[:, :, h:] << 4))
+
+
 def _mmq_supports(node):
     # weights and scales are packed into panels at compile time
     return None if all(v is None or v.is_const for v in node.inputs[1:3]) else "quantized weights must be constants"
@@ -38,7 +52,7 @@ def lower_matmul_q(em, node):
     K = w.shape[0]
     N = node.outputs[0].shape[-1]
     if bits == 4:
-        wp = em.packed("q4panels", w, lambda d: _panels(d, nr // 2, 0x88), "uint8_t")
+        wp = em.packed("q4panels", w, lambda d: _q4_panels(d, nr), "uint8_t")
     else:
         wp = em.packed("qpanels", w, lambda d: _panels(d, nr, 0), "int8_t" if bits == 8 else "uint16_t")
     sp = "0"

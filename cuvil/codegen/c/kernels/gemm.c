@@ -145,15 +145,14 @@ static inline const float *b_block(const void *B, int bits, const float *scales,
             const int8_t *q = (const int8_t *)B + (p * K + kk) * CUVIL_NR;
             for (int64_t r = 0; r < end - k; r++)
                 for (int j = 0; j < CUVIL_NR; j++) buf[(k + r) * CUVIL_NR + j] = (float)q[r * CUVIL_NR + j] * s[j];
-        } else {                                   /* 4 bits: low nibble = even column, value - 8 */
+        } else {          /* 4 bits: byte j = column j (low nibble), column j + NR/2 (high); value - 8 */
             const uint8_t *q = (const uint8_t *)B + (p * K + kk) * (CUVIL_NR / 2);
             for (int64_t r = 0; r < end - k; r++) {
                 float *d = buf + (k + r) * CUVIL_NR;
                 const uint8_t *qr = q + r * (CUVIL_NR / 2);
-                for (int j = 0; j < CUVIL_NR / 2; j++) {
-                    d[2 * j] = (float)((int)(qr[j] & 15) - 8) * s[2 * j];
-                    d[2 * j + 1] = (float)((int)(qr[j] >> 4) - 8) * s[2 * j + 1];
-                }
+                for (int j = 0; j < CUVIL_NR / 2; j++) d[j] = (float)((int)(qr[j] & 15) - 8) * s[j];
+                for (int j = 0; j < CUVIL_NR / 2; j++)
+                    d[j + CUVIL_NR / 2] = (float)((int)(qr[j] >> 4) - 8) * s[j + CUVIL_NR / 2];
             }
         }
         k = end;

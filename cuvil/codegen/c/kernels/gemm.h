@@ -34,8 +34,8 @@ void cuvil_sgemm_packed(int64_t M, int64_t N, int64_t K, const float *A, int64_t
                         float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads);
 
 /* Weight-only quantized B, dequantized inside the GEMM one K block x NR panel at a time:
- * bits 8: int8 panels [np][K][NR]; bits 4: uint8 panels [np][K][NR/2] (low nibble = even column,
- * value - 8); bits 16: bf16 panels [np][K][NR]. scales [np][K/group][NR] (NULL for bf16). */
+ * bits 8: int8 panels [np][K][NR]; bits 4: uint8 panels [np][K][NR/2] (byte j: column j in the low
+ * nibble, column j + NR/2 in the high one; value - 8); bits 16: bf16 panels [np][K][NR]. scales [np][K/group][NR] (NULL for bf16). */
 void cuvil_sgemm_quant(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const void *Bq, int bits,
                        const float *scales, int64_t group, float *C, int64_t ldc, const cuvil_epilogue *ep,
                        int nthreads);

@@ -49,8 +49,12 @@ def run_one(build, cache_dir):
     got = cm(*args)
     e, g = ref[0].numpy(), got[0].numpy()
     err = float(np.abs(e - g).max())
-    ok = np.allclose(g, e, rtol=1e-4, atol=1e-4)
-    print(f"   output check vs eager: max abs err {err:.2e} -> {'OK' if ok else 'MISMATCH'}")
+    scale = float(np.abs(e).max())
+    # fp32 summation order differs from oneDNN's; over ResNet-50's 53 convs (K up to 4608) the
+    # difference grows with the activations' scale, so the bound is relative to the output's scale
+    ok = err <= 1e-4 * max(scale, 1.0)
+    print(f"   output check vs eager: max abs err {err:.2e} (output scale {scale:.3g}, "
+          f"{err / max(scale, 1e-12):.1e} of it) -> {'OK' if ok else 'MISMATCH'}")
     arrays = [a.numpy() for a in args]
 
     def eager():

@@ -138,6 +138,9 @@ def compile(model, example_inputs=(), *, target="native", precision="fp32", fusi
     progress = Progress(verbose)
     args, kwargs = _split_inputs(example_inputs)
     kind = _source_kind(model)
+    if opts.constant_inputs and kind != "onnx":
+        raise ValueError("option constant_inputs applies to ONNX models only (a torch model's shape-deciding "
+                         "values are fixed by torch.export already)")
     if kind == "torch":
         skey = _source_key(model, (args, kwargs), opts)
         hit = cache.lookup_source(cdir, skey) if skey else None
@@ -148,18 +151,30 @@ def compile(model, example_inputs=(), *, target="native", precision="fp32", fusi
             cm = _compile_torch(model, args, kwargs, opts, cdir, progress, skey)
     elif kind == "onnx":
         from .frontend import onnx as onnx_frontend
-        graph = onnx_frontend.to_graph(model, opts.dynamic_shapes)
+        graph = onnx_frontend.to_graph(model, opts.dynamic_shapes, constant_inputs=opts.constant_inputs)
         progress("frontend", f"{len(graph.nodes)} IR nodes")
         cm = build_graph(graph, opts, cdir, progress,
-                         extra_manifest={"source": "onnx", "output_names": list(graph.output_names)})
+                         extra_manifest={"source": "onnx", "output_names": list(graph.output_names),
+                                         "constant_inputs": _describe_constants(opts.constant_inputs)})
     else:
         raise CuvilError(f"cannot compile a {type(model).__name__}: pass a torch.nn.Module, an ONNX file path, "
                          "an onnx.ModelProto or ONNX bytes")
     if opts.verify:
-        _verify(model, args, kwargs, cm, kind)
+        _verify(model, args, kwargs, cm, kind, opts.constant_inputs)
     cm.report["compile_seconds"] = progress.total
     cm.report["stages"] = progress.stages
     return cm
+
+
+def _describe_constants(values):
+    """Manifest entry for compile-time-fixed inputs: dtype, shape and (small ones) the values."""
+    import numpy as np
+    out = {}
+    for name, v in (values or {}).items():
+        a = np.asarray(v)
+        out[name] = {"dtype": str(a.dtype), "shape": list(a.shape),
+                     "values": a.ravel().tolist() if a.size <= 64 and a.dtype.kind in "biuf" else None}
+    return out
 
 
 def compile_model(model, example_inputs=(), *, enable_fusion=None, **options):
@@ -281,7 +296,7 @@ def max_errors(expected, got):
     return errs
 
 
-def _verify(model, args, kwargs, cm, kind, rtol=1e-4, atol=1e-4):
+def _verify(model, args, kwargs, cm, kind, constant_inputs=None, rtol=1e-4, atol=1e-4):
     if kind == "torch":
         import torch
         from torch.utils import _pytree
@@ -291,7 +306,7 @@ def _verify(model, args, kwargs, cm, kind, rtol=1e-4, atol=1e-4):
         flat = _pytree.tree_leaves((tuple(args), dict(kwargs)))
     else:
         from .frontend import onnx as onnx_frontend
-        expected, flat = onnx_frontend.reference_outputs(model, args)
+        expected, flat = onnx_frontend.reference_outputs(model, args, constant_inputs)
     got = cm.run(*flat)
     errs = max_errors(expected, got)
     bad = {k: v for k, v in errs.items()
@@ -315,7 +330,7 @@ def inspect_stages(model, example_inputs=(), stages=STAGES, **options) -> dict:
                                                 opts.dynamic_shapes)
     elif kind == "onnx":
         from .frontend import onnx as onnx_frontend
-        graph = onnx_frontend.to_graph(model, opts.dynamic_shapes)
+        graph = onnx_frontend.to_graph(model, opts.dynamic_shapes, constant_inputs=opts.constant_inputs)
     else:
         raise CuvilError(f"cannot inspect a {type(model).__name__}")
     out = {}

@@ -61,11 +61,30 @@ def _add_compile_options(p):
     p.add_argument("--dynamic", action="append", help="dynamic dim INPUT:AXIS:NAME:MIN:MAX, e.g. 0:0:batch:1:64")
     p.add_argument("--num-threads", type=int, default=None, help="threads at run time (default: all cores)")
     p.add_argument("--cache-dir", default=None, help="compile cache (default ~/.cache/cuvil or $CUVIL_CACHE_DIR)")
+    p.add_argument("--constant-input", action="append", default=[], metavar="NAME=VALUES",
+                   help="ONNX: fix a shape-deciding input, NAME=FILE.npy or NAME=1,2,3 (int64); repeat per input")
+
+
+def _constants(specs):
+    """--constant-input shape=6,4 or shape=shape.npy -> {name: array}."""
+    import numpy as np
+    out = {}
+    for s in specs:
+        name, sep, val = s.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"error: --constant-input wants NAME=FILE.npy or NAME=1,2,3, got {s!r}")
+        try:
+            out[name] = np.load(val) if val.endswith(".npy") else np.array(
+                [int(v) for v in val.split(",") if v.strip()], np.int64)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"error: --constant-input {s!r}: {e}") from None
+    return out or None
 
 
 def _opts(a):
     return dict(target=a.target, precision=a.precision, fusion_level=a.fusion_level,
-                dynamic_shapes=_dynamic(a.dynamic), num_threads=a.num_threads, cache_dir=a.cache_dir)
+                dynamic_shapes=_dynamic(a.dynamic), num_threads=a.num_threads, cache_dir=a.cache_dir,
+                constant_inputs=_constants(a.constant_input))
 
 
 def cmd_compile(a):

@@ -16,6 +16,20 @@ class UnsupportedOpError(CuvilError):
             f"{len(names)} unsupported op(s): {', '.join(names)}\n" + "\n".join(lines))
 
 
+class InputValuesNeededError(UnsupportedOpError):
+    """Some graph inputs decide shapes (a Reshape's target, Slice starts, ...): an ahead-of-time
+    artifact needs their values. `names` lists them; compile with constant_inputs={name: array},
+    or run through cuvil.InferenceSession, which specializes on their values at run time."""
+
+    def __init__(self, ops, names):
+        self.names = sorted(names)
+        super().__init__(ops)
+        self.args = (f"input(s) {self.names} decide shapes inside the model, so their values must be known at "
+                     f"compile time: pass constant_inputs={{name: array}} to cuvil.compile, or use "
+                     f"cuvil.InferenceSession, which compiles one specialization per distinct value\n"
+                     + str(self.args[0]),)
+
+
 class ShapeError(CuvilError, ValueError):
     """An input has the wrong shape or dtype: the message says expected vs got."""
 

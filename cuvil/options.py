@@ -21,13 +21,30 @@ class Options:
     cache_dir: str | None = None
     verbose: bool = False
     profile: bool = False          # per-node timers in the generated code (cuvil.profiler reads them)
+    constant_inputs: object = None  # ONNX: {input name: array} fixed at compile time (shape-deciding inputs)
 
     def key(self):
         d = asdict(self)
         for k in ("verify", "num_threads", "cache_dir", "verbose"):  # run-time only: same artifact
             d.pop(k)
         d["dynamic_shapes"] = repr(self.dynamic_shapes)
+        d["constant_inputs"] = _values_digest(self.constant_inputs)
         return repr(sorted(d.items()))
+
+
+def _values_digest(values):
+    """A short digest of {name: array} (dtype, shape and bytes of each) for cache keys."""
+    if not values:
+        return None
+    import hashlib
+
+    import numpy as np
+    h = hashlib.sha256()
+    for name in sorted(values):
+        a = np.ascontiguousarray(values[name])
+        h.update(f"{name}|{a.dtype}|{a.shape}|".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:24]
 
 
 def make_options(**kw) -> Options:
@@ -53,4 +70,8 @@ def make_options(**kw) -> Options:
     if o.dynamic_shapes is not None and not isinstance(o.dynamic_shapes, (dict, list, tuple)):
         raise ValueError("option dynamic_shapes must be a dict (input name -> {axis: Dim}) or a tuple per input, "
                          f"got {type(o.dynamic_shapes).__name__}")
+    if o.constant_inputs is not None and not (isinstance(o.constant_inputs, dict)
+                                               and all(isinstance(k, str) for k in o.constant_inputs)):
+        raise ValueError("option constant_inputs must be a dict of ONNX input name -> array, "
+                         f"got {type(o.constant_inputs).__name__}")
     return o

@@ -57,6 +57,26 @@ def test_help_and_errors(tmp_path):
     assert r.returncode != 0
 
 
+def test_compile_onnx_with_constant_input(tmp_path):
+    """A shape-deciding ONNX input: a clear error without its value, a working artifact with it."""
+    import onnx
+    from onnx import TensorProto, helper
+    X = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])
+    S = helper.make_tensor_value_info("shape", TensorProto.INT64, [2])
+    g = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], "g", [X, S],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "r.onnx"))
+    r = cuvil("compile", "r.onnx", "-o", "r.cuvil", cwd=tmp_path)
+    assert r.returncode != 0 and "constant_inputs" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    r = cuvil("compile", "r.onnx", "-o", "r.cuvil", "--constant-input", "shape=4,6", "--quiet", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    np.save(tmp_path / "x.npy", x)
+    r = cuvil("run", "r.cuvil", "--input", "x.npy", "--output-dir", "out", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "out" / "output0.npy"), x.reshape(4, 6))
+
+
 def test_llm_compile_and_run(tmp_path):
     from .llm_fixtures import checkpoint
     checkpoint(tmp_path / "ckpt")

@@ -226,6 +226,58 @@ def test_dim_param_symbolic_and_shape_subgraph():
         _close(cm.run(x)[0], np.tanh(x.reshape(shape[0], -1, 4)))
 
 
+def _shape_input_model():
+    """Relu -> Reshape(x, shape) -> Slice(starts): the shape and the slice start are graph inputs."""
+    X = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])
+    S = helper.make_tensor_value_info("shape", TensorProto.INT64, [2])
+    B = helper.make_tensor_value_info("start", TensorProto.INT64, [1])
+    inits = [numpy_helper.from_array(np.array([100], np.int64), "end"),
+             numpy_helper.from_array(np.array([1], np.int64), "axis")]
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "shape"], ["y0"]),
+             helper.make_node("Slice", ["y0", "start", "end", "axis"], ["y"])]
+    return helper.make_model(helper.make_graph(nodes, "g", [X, S, B], [helper.make_tensor_value_info(
+        "y", TensorProto.FLOAT, None)], inits), opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_shape_deciding_inputs_need_values():
+    m = _shape_input_model()
+    with pytest.raises(cuvil.InputValuesNeededError, match="constant_inputs") as err:
+        cuvil.compile(m)
+    assert err.value.names == ["shape"]         # the Slice start shows up once the shape is known
+    assert fo.specialize(m, {"shape": np.array([4, 6]), "start": np.array([2])})[1] == ["shape", "start"]
+    consts = {"shape": np.array([6, 4]), "start": np.array([1])}
+    cm = cuvil.compile(m, constant_inputs=consts, verify=True)
+    assert [i["name"] for i in cm.module.manifest["inputs"]] == ["x"]
+    assert cm.module.manifest["constant_inputs"]["shape"]["values"] == [6, 4]
+    with pytest.raises(cuvil.ShapeError, match="dtype int32, expected int64"):
+        cuvil.compile(m, constant_inputs={"shape": np.array([6, 4], np.int32), "start": np.array([1])})
+    with pytest.raises(cuvil.ShapeError, match="not inputs of the model"):
+        cuvil.compile(m, constant_inputs={"nope": np.array([1])})
+    with pytest.raises(ValueError, match="ONNX models only"):
+        cuvil.compile(torch.nn.ReLU(), (torch.ones(2),), constant_inputs=consts)
+
+
+def test_session_specializes_on_shape_inputs():
+    """ONNX Runtime runs such models as they are; the cuvil session compiles one artifact per value."""
+    from onnx.reference import ReferenceEvaluator
+    m = _shape_input_model()
+    sess = cuvil.InferenceSession(m, num_threads=1)
+    assert sess.specialized_inputs == ["shape"]   # "start" is found on the first run, once the shape is known
+    assert [i.name for i in sess.get_inputs()] == ["x", "shape", "start"]
+    ref = ReferenceEvaluator(m)
+    x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
+    for shape, start in (([6, 4], 1), ([4, -1], 0), ([6, 4], 1), ([3, 8], 5)):
+        feed = {"x": x, "shape": np.array(shape, np.int64), "start": np.array([start], np.int64)}
+        (got,) = sess.run(None, feed)
+        (want,) = ref.run(None, feed)
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    assert sess.specialized_inputs == ["shape", "start"]
+    assert sess._special.compiles == 3          # the repeated value reuses its artifact
+    with pytest.raises(cuvil.ShapeError, match="missing input"):
+        sess.run(None, {"x": x})
+
+
 def test_external_data(tmp_path):
     model = _mlp_model(batch=2)
     onnx.save_model(_mlp_model(batch=2), str(tmp_path / "ext.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import sympy
 
-from ..errors import CuvilError, GraphError, ShapeError, UnsupportedOpError
+from ..errors import CuvilError, GraphError, InputValuesNeededError, ShapeError, UnsupportedOpError
 from ..ir import dims as D
 from ..ir.graph import DTYPES, Graph, TensorType, Value
 
@@ -210,8 +210,9 @@ def _ints(a):
 # the converter
 # ------------------------------------------------------------------------------------------------
 class Converter:
-    def __init__(self, model, dynamic_shapes=None, default_max_dim=DEFAULT_MAX_DIM):
+    def __init__(self, model, dynamic_shapes=None, default_max_dim=DEFAULT_MAX_DIM, constant_inputs=None):
         self.model = model
+        self.constant_inputs = dict(constant_inputs or {})   # graph input name -> value fixed at compile time
         self.g = Graph()
         self.env = {}                   # onnx name -> Value | np.ndarray | None (optional absent)
         self.poison = set()
@@ -329,6 +330,9 @@ class Converter:
                 raise GraphError("a graph input has no name")
             if vi.name in self.env:
                 raise GraphError(f"graph input {vi.name!r} is declared twice")
+            if vi.name in self.constant_inputs:
+                self.env[vi.name] = self._constant_input(vi)
+                continue
             v = self._input_value(vi)
             self.env[vi.name] = v
             self.graph_inputs.add(vi.name)
@@ -336,8 +340,14 @@ class Converter:
             self.g.input_names.append(vi.name)
         if len(g.node) > MAX_NODES:
             raise GraphError(f"graph has {len(g.node)} nodes; cuvil refuses more than {MAX_NODES}")
+        unknown = sorted(set(self.constant_inputs) - {vi.name for vi in g.input} - set(inits))
+        if unknown:
+            raise ShapeError(f"constant_inputs names {unknown}, which are not inputs of the model "
+                             f"(inputs: {[vi.name for vi in g.input if vi.name not in inits]})")
         self.run_nodes(_toposort(g.node, set(self.env)), self.opsets)
         if self.unsupported:
+            if self.need_const:
+                raise InputValuesNeededError(self.unsupported, self.need_const)
             raise UnsupportedOpError(self.unsupported)
         if not g.output:
             raise GraphError("the graph has no outputs")
@@ -352,6 +362,20 @@ class Converter:
             self.g.outputs.append(self.val(x))
             self.g.output_names.append(o.name)
         return self.g
+
+    def _constant_input(self, vi):
+        """A graph input whose value is fixed at compile time: checked against its declared type."""
+        a = np.asarray(self.constant_inputs[vi.name])
+        tt = vi.type.tensor_type
+        want = ONNX_DTYPES.get(tt.elem_type)
+        if want is None or a.dtype != np.dtype(want):
+            raise ShapeError(f"constant input {vi.name!r}: dtype {a.dtype}, expected {want}")
+        if tt.HasField("shape"):
+            dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+            if len(dims) != a.ndim or any(d is not None and d != s for d, s in zip(dims, a.shape)):
+                raise ShapeError(f"constant input {vi.name!r}: shape {list(a.shape)}, expected "
+                                 f"{['?' if d is None else d for d in dims]}")
+        return a.copy()
 
     def _input_value(self, vi):
         t = vi.type
@@ -900,9 +924,42 @@ from . import onnx_ops  # noqa: E402,F401  (registers HANDLERS and SYM_FOLD)
 # ------------------------------------------------------------------------------------------------
 # public entry points
 # ------------------------------------------------------------------------------------------------
-def to_graph(model, dynamic_shapes=None, default_max_dim=DEFAULT_MAX_DIM):
-    """ONNX model (path, bytes or ModelProto) -> IR Graph."""
-    m = load_model(model)
+def to_graph(model, dynamic_shapes=None, default_max_dim=DEFAULT_MAX_DIM, constant_inputs=None):
+    """ONNX model (path, bytes or ModelProto) -> IR Graph. Inputs named in constant_inputs are fixed
+    to the given values (they are not inputs of the graph)."""
+    m = _inlined(load_model(model))
+    conv = Converter(m, dynamic_shapes, default_max_dim, constant_inputs)
+    g = conv.convert()
+    g.verify()
+    return g
+
+
+def specialize(model, feed, dynamic_shapes=None, default_max_dim=DEFAULT_MAX_DIM):
+    """-> (graph, names): the graph with every shape-deciding input fixed to its value in feed.
+    Fixing one input can expose another (a Slice's end computed from a fixed Reshape), so this
+    repeats until the model converts; names are the inputs that were fixed."""
+    m = _inlined(load_model(model))
+    fixed = {}
+    while True:
+        try:
+            return to_graph(m, dynamic_shapes, default_max_dim, fixed), sorted(fixed)
+        except InputValuesNeededError as e:
+            new = [n for n in e.names if n in feed and n not in fixed]
+            if not new:
+                raise
+            fixed.update((n, np.asarray(feed[n])) for n in new)
+
+
+def shape_deciding_inputs(model, dynamic_shapes=None):
+    """Names of the inputs whose values decide shapes ([] for a model that compiles as it is)."""
+    try:
+        to_graph(model, dynamic_shapes)
+    except InputValuesNeededError as e:
+        return e.names
+    return []
+
+
+def _inlined(m):
     if not m.HasField("graph"):
         raise GraphError("the ONNX model has no graph")
     if m.functions:
@@ -911,10 +968,7 @@ def to_graph(model, dynamic_shapes=None, default_max_dim=DEFAULT_MAX_DIM):
             m = onnx.inliner.inline_local_functions(m)
         except Exception:  # noqa: BLE001 - expansion happens node by node anyway
             pass
-    conv = Converter(m, dynamic_shapes, default_max_dim)
-    g = conv.convert()
-    g.verify()
-    return g
+    return m
 
 
 def example_inputs(model, seed=0):
@@ -941,18 +995,21 @@ def example_inputs(model, seed=0):
     return out
 
 
-def reference_outputs(model, args):
+def reference_outputs(model, args, constant_inputs=None):
     """Outputs of the source model on args (onnxruntime where installed, else onnx's reference
-    evaluator) and the flat list of numpy inputs."""
+    evaluator) and the flat list of numpy inputs (those not in constant_inputs)."""
     m = load_model(model)
+    consts = constant_inputs or {}
     inits = {t.name for t in m.graph.initializer}
-    names = [i.name for i in m.graph.input if i.name not in inits]
+    names = [i.name for i in m.graph.input if i.name not in inits and i.name not in consts]
     flat = [np.asarray(a.detach().cpu().numpy() if hasattr(a, "detach") else a) for a in args]
     if not flat and names:
-        flat = example_inputs(m)
+        flat = [a for vi, a in zip([i for i in m.graph.input if i.name not in inits], example_inputs(m))
+                if vi.name not in consts]
     if len(flat) != len(names):
         raise ShapeError(f"the model takes {len(names)} inputs ({', '.join(names)}), got {len(flat)}")
     feed = dict(zip(names, flat))
+    feed.update((k, np.asarray(v)) for k, v in consts.items())
     try:
         import onnxruntime as ort
         so = ort.SessionOptions()

@@ -35,7 +35,7 @@ class NodeArg:
 
 
 def _arg(spec, name=None):
-    shape = [d if isinstance(d, int) else str(d) for d in spec["shape"]]
+    shape = None if spec["shape"] is None else [d if isinstance(d, int) else str(d) for d in spec["shape"]]
     return NodeArg(name or spec["name"], shape, ORT_TYPES.get(spec["dtype"], f"tensor({spec['dtype']})"))
 
 
@@ -43,15 +43,20 @@ class InferenceSession:
     """ONNX Runtime's session surface over a cuvil artifact (or an ONNX file compiled on the spot)."""
 
     def __init__(self, path_or_artifact, sess_options=None, providers=None, *, num_threads=None, **compile_options):
+        self._special = None         # set for ONNX models whose inputs decide shapes (cuvil/specialize.py)
         self._module = self._open(path_or_artifact, num_threads, compile_options)
-        m = self._module.manifest
-        out_names = m.get("output_names") or [o["name"] for o in m["outputs"]]
-        self._inputs = [_arg(s) for s in m["inputs"]]
-        self._outputs = [_arg(s, n) for s, n in zip(m["outputs"], out_names)]
+        if self._special is not None:
+            ins, outs = self._special.declared()
+            self._inputs = [_arg(s) for s in ins]
+            self._outputs = [_arg(s) for s in outs]
+        else:
+            m = self._module.manifest
+            out_names = m.get("output_names") or [o["name"] for o in m["outputs"]]
+            self._inputs = [_arg(s) for s in m["inputs"]]
+            self._outputs = [_arg(s, n) for s, n in zip(m["outputs"], out_names)]
         self._out_index = {o.name: i for i, o in enumerate(self._outputs)}
 
-    @staticmethod
-    def _open(src, num_threads, compile_options):
+    def _open(self, src, num_threads, compile_options):
         if isinstance(src, Module):
             if num_threads:
                 src.set_num_threads(num_threads)
@@ -64,7 +69,13 @@ class InferenceSession:
             isinstance(src, (str, Path)) and str(src).endswith(".onnx"))
         if is_onnx:
             from ..api import compile as _compile      # the compiler, only for ONNX sources
-            cm = _compile(src, (), num_threads=num_threads, **compile_options)
+            from ..errors import InputValuesNeededError
+            try:
+                cm = _compile(src, (), num_threads=num_threads, **compile_options)
+            except InputValuesNeededError as e:
+                from ..specialize import Specialized
+                self._special = Specialized(src, e.names, num_threads, compile_options)
+                return None
             return cm.module
         if compile_options:
             raise CuvilError(f"compile options {sorted(compile_options)} only apply to ONNX sources, "
@@ -79,7 +90,7 @@ class InferenceSession:
         return list(self._outputs)
 
     def get_modelmeta(self):
-        return self._module.manifest
+        return self.module.manifest
 
     def get_providers(self):
         return ["CPUExecutionProvider"]
@@ -94,8 +105,13 @@ class InferenceSession:
         missing = [n for n in names if n not in input_feed]
         if missing:
             raise ShapeError(f"missing input(s) {missing}; the model takes {names}")
-        arrays = [input_feed[n] for n in names]
-        outs = self._module.run(*arrays)
+        if self._special is not None:
+            module = self._special.module(input_feed)
+            arrays = [input_feed[s["name"]] for s in module.manifest["inputs"]]
+        else:
+            module = self._module
+            arrays = [input_feed[n] for n in names]
+        outs = module.run(*arrays)
         if output_names is None:
             return outs
         if isinstance(output_names, str):
@@ -108,13 +124,31 @@ class InferenceSession:
         return res
 
     def set_num_threads(self, n: int):
-        self._module.set_num_threads(n)
+        if self._special is not None:
+            self._special.num_threads = n
+            for mod in self._special.loaded.values():
+                mod.set_num_threads(n)
+        else:
+            self._module.set_num_threads(n)
 
     @property
     def module(self) -> Module:
+        """The loaded artifact (for a value-specialized model: the one used last)."""
+        if self._special is not None:
+            if not self._special.loaded:
+                raise CuvilError("this session compiles on its first run (its inputs decide shapes)")
+            return next(reversed(self._special.loaded.values()))
         return self._module
 
+    @property
+    def specialized_inputs(self) -> list:
+        """Inputs whose values decide shapes: one artifact is compiled per distinct value ([] if none)."""
+        return list(self._special.names) if self._special is not None else []
+
     def __repr__(self):
+        if self._special is not None:
+            return (f"<cuvil.InferenceSession specialized on {self._special.names}, "
+                    f"{self._special.compiles} artifact(s) compiled>")
         return f"<cuvil.InferenceSession {self._module.path}>"
 
 

@@ -1222,6 +1222,29 @@ def matmul_q(op):
     c.check()
 
 
+@case("matmul_q", name="int8 activations")
+def matmul_q_int_dot(op):
+    """The integer-dot kernel (act_block > 0): int8 activations in blocks, int4 groups of 32/64/128 and
+    per-column int8, over the row/column tile remainders, a zero row (scale 0) and a residual."""
+    from cuvil.ir.ops.llm import act_block
+    c = Case(runs=2, symbols=SYMS)
+    r = c.rng
+    for bits, group, k in [(4, 32, 64), (4, 64, 192), (4, 128, 256), (8, 1 << 30, 96), (8, 1 << 30, 256)]:
+        ab = act_block(bits, k, group)
+        assert ab, (bits, group, k)
+        for m, n in [(1, 2), (1, 10), (3, 6), (4, 34), (9, 8)]:
+            w, s = _quantize(r, k, n, bits, group)
+            x = rand(r, (m, k), "float32", -1, 1)
+            x[m // 2] = 0.0
+            c.out(c.add(op, [c.input(x), c.const(w), c.const(s)], {"bits": bits, "group": group, "act_block": ab}),
+                  f"bits={bits} group={group} M={m} N={n} K={k}")
+        w, s = _quantize(r, k, 18, bits, group)
+        c.out(c.add(op, [c.input([rand(r, (n, 3, k), "float32", -2, 2) for n in B_RUNS], (B, 3, k)), c.const(w),
+                         c.const(s), c.input([rand(r, (n, 3, 18), "float32") for n in B_RUNS], (B, 3, 18))],
+                    {"bits": bits, "group": group, "act_block": ab}), f"bits={bits} [b,3,{k}] with residual")
+    c.check()
+
+
 @case("rope")
 def rope(op):
     c = Case(runs=2, symbols=SYMS)

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..ir import dims as D
 from ..ir.graph import Graph, TensorType, Value
+from ..ir.ops.llm import act_block
 from . import quantize
 from .spec import LlamaSpec
 
@@ -29,6 +30,8 @@ def _linear(g, x, w_nk: np.ndarray, precision: str, group: int, residual=None, b
     else:
         q, s = quantize.quantize_int4(w, group)
         ins, attrs = [x, g.const(q), g.const(s)], {"bits": 4, "group": group}
+    if precision in ("int8", "int4"):    # int8 activations, integer dot products (where the shape allows)
+        attrs["act_block"] = act_block(attrs["bits"], w.shape[0], attrs["group"])
     if bias is not None:             # a bias is not fused into the quantized GEMM: add it after
         y = g.add("matmul_q", ins, attrs)
         y = g.add("add", [y, g.const(bias.astype(np.float32))])

@@ -34,6 +34,33 @@ def _q4_panels(q: np.ndarray, nr: int) -> np.ndarray:
     return np.ascontiguousarray(p[:, :, :h] | (p[:, :, h:] << 4))
 
 
+def _q4_columns(q: np.ndarray) -> np.ndarray:
+    """int4 [K, N/2] (column pairs per byte) -> [N, K/2]: per column, each 64-value chunk of K is 32
+    bytes with k = t in the low nibble and k = t + 32 in the high one (cuvil_qgemm's layout)."""
+    K = q.shape[0]
+    vals = np.empty((K, q.shape[1] * 2), np.uint8)
+    vals[:, 0::2], vals[:, 1::2] = q & 15, q >> 4
+    chunks = vals.T.reshape(-1, K // 64, 2, 32)            # [N, chunk, half, t]
+    return np.ascontiguousarray((chunks[:, :, 0] | (chunks[:, :, 1] << 4)).reshape(-1, K // 2))
+
+
+def _lower_qgemm(em, node):
+    """Integer-dot kernel (act_block > 0): weights per column, K contiguous."""
+    x, w = node.inputs[0], node.inputs[1]
+    bits, ab = node.attrs["bits"], node.attrs["act_block"]
+    K, N = w.shape[0], node.outputs[0].shape[-1]
+    if bits == 4:
+        wp = em.packed("q4cols", w, _q4_columns, "uint8_t")
+        sp = em.packed("q4colscales", node.inputs[2], lambda d: np.ascontiguousarray(d.T.astype(np.float32)))
+    else:
+        wp = em.packed("q8cols", w, lambda d: np.ascontiguousarray(d.T), "int8_t")
+        sp = em.packed("q8colscales", node.inputs[2], lambda d: np.ascontiguousarray(d.reshape(-1).astype(np.float32)))
+    res = node.inputs[3] if len(node.inputs) > 3 else None
+    M = _prod_c(x.shape[:-1])
+    return [f"if (cuvil_qgemm({M}, {N}, {K}, {em.ptr(x)}, {K}, {wp}, {bits}, {sp}, {ab}, {em.ptr(node.outputs[0])}, "
+            f"{N}, {em.ptr(res) if res is not None else '0'}, NT)) CUVIL_FAIL(\"out of memory for quantized activations\");"]
+
+
 def _mmq_supports(node):
     # weights and scales are packed into panels at compile time
     return None if all(v is None or v.is_const for v in node.inputs[1:3]) else "quantized weights must be constants"
@@ -46,6 +73,8 @@ def _f32_only(node):
 @lowering("matmul_q", supports=_mmq_supports)
 def lower_matmul_q(em, node):
     from ...build.toolchain import vector_floats
+    if node.attrs.get("act_block"):
+        return _lower_qgemm(em, node)
     x, w = node.inputs[0], node.inputs[1]
     bits, group = node.attrs["bits"], node.attrs["group"]
     nr = 2 * vector_floats(em.target)

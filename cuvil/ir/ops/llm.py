@@ -27,6 +27,23 @@ def dequantize(q, scales, bits, group):
     return vals * s
 
 
+def act_block(bits, K, group):
+    """The activation block the integer-dot kernel uses for these weights, or 0 where it cannot:
+    int4 needs group in {32, 64, 128} (the block is the group) and K % 64 == 0; int8 needs one
+    scale per column and K % 32 == 0."""
+    if not isinstance(K, int):
+        return 0
+    if bits == 4:
+        return group if group in (32, 64, 128) and K % 64 == 0 and K % group == 0 else 0
+    if bits == 8 and group >= K:
+        return next((b for b in (128, 64, 32) if K % b == 0), 0)
+    return 0
+
+
+def act_block_ok(bits, K, group, ab):
+    return ab == act_block(bits, K, group)
+
+
 # ---- matmul_q: x @ dequant(weight) (+ residual) ---------------------------------------------
 # weight: bits 8 -> int8 [K, N]; bits 4 -> uint8 [K, N/2] (low nibble = even column, value - 8);
 # bits 16 -> uint16 [K, N] bf16 bit patterns. scales: float32 [ceil(K/group), N] (absent for bf16).
@@ -42,6 +59,9 @@ def _mmq_infer(types, attrs, inputs):
     N = w.shape[1] * (2 if bits == 4 else 1)
     if x.dtype != "float32" or not D.dims_equal(x.shape[-1], K):
         raise ShapeError(f"matmul_q: input {x} does not match weight K = {K}")
+    ab = attrs.get("act_block", 0)
+    if ab and not act_block_ok(bits, K, attrs["group"], ab):
+        raise ShapeError(f"matmul_q: act_block {ab} does not fit bits {bits}, K {K}, group {attrs['group']}")
     if bits != 16 and (len(types) < 3 or types[2] is None or types[2].shape != (-(-K // attrs["group"]), N)):
         raise ShapeError(f"matmul_q: scales must be float32[{-(-K // attrs['group'])}, {N}]")
     out = TensorType(x.shape[:-1] + (N,), "float32")
@@ -50,15 +70,30 @@ def _mmq_infer(types, attrs, inputs):
     return [out]
 
 
+def quantize_activations(x, block):
+    """int8 activations per `block` values along the last axis, as the kernel computes them (float32
+    scale amax / 127, round half to even) -> the dequantized values (float64)."""
+    xb = x.astype(np.float32).reshape(x.shape[:-1] + (x.shape[-1] // block, block))
+    d = np.abs(xb).max(axis=-1, keepdims=True) / np.float32(127)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, np.float32(1)), np.float32(0)).astype(np.float32)
+    q = np.rint(xb * inv)
+    return (q.astype(np.float64) * d.astype(np.float64)).reshape(x.shape)
+
+
 def _mmq_ref(xs, a):
     w = dequantize(xs[1], xs[2] if len(xs) > 2 else None, a["bits"], a["group"])
-    y = xs[0].astype(np.float64) @ w
+    x = xs[0].astype(np.float64)
+    if a.get("act_block"):
+        x = quantize_activations(xs[0], a["act_block"])
+    y = x @ w
     if len(xs) > 3 and xs[3] is not None:
         y = y + xs[3]
     return y.astype(np.float32)
 
 
-declare(OpDef("matmul_q", {"bits": 8, "group": 1 << 30}, _mmq_infer, _mmq_ref, kind="matmul"))
+# act_block > 0: activations are quantized to int8 in blocks of act_block values along K and the
+# products summed in integers (ggml's Q8 activations); 0 keeps float32 activations.
+declare(OpDef("matmul_q", {"bits": 8, "group": 1 << 30, "act_block": 0}, _mmq_infer, _mmq_ref, kind="matmul"))
 
 
 # ---- rope: rotate halves of [B, T, H, D] by positions [B, T] x inv_freq [D/2] ----------------------

@@ -4,6 +4,7 @@
 #include "common.h"
 #include "pool.h"
 #include "gemm.h"
+#include "qgemm.h"
 #include "conv.h"
 #include "norm.h"
 #include "attention.h"

@@ -1,0 +1,21 @@
+/* Integer-dot GEMM for weight-quantized language models (the scheme of ggml's Q4_0 x Q8_0):
+ * activations are quantized to int8 per block of `ablock` values along K (scale = amax / 127),
+ * products are summed in integers, and the float scales are applied once per block.
+ *
+ * Weights are stored per output column, K contiguous, so a decode step (M = 1) streams them once:
+ *   int4: uint8 [N][K/2]; each 64-value chunk of K is 32 bytes, byte t holding k = t (low nibble)
+ *         and k = t + 32 (high nibble), as value + 8 in [0, 15]; scales float [N][K/group],
+ *         group = ablock in {32, 64, 128}.
+ *   int8: int8 [N][K], one scale per column (float [N]); ablock in {32, 64, 128}.
+ * K must be a multiple of 64 (int4) or of ablock (int8). C[M,N] (ldc) = A[M,K] (lda) @ W (+ residual).
+ * Returns nonzero when the activation buffer cannot be allocated. */
+#ifndef CUVIL_QGEMM_H
+#define CUVIL_QGEMM_H
+#include "common.h"
+
+int cuvil_qgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const void *W, int bits,
+                 const float *scales, int64_t ablock, float *C, int64_t ldc, const float *residual, int nthreads);
+
+/* Activation quantization: q[M][K] int8, d[M][K/blk] scales (q * d ~ A). */
+void cuvil_quantize_rows(int64_t M, int64_t K, const float *A, int64_t lda, int64_t blk, int8_t *q, float *d);
+#endif

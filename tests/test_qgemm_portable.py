@@ -1,0 +1,45 @@
+"""The integer-dot kernel's portable C path (what a CPU without AVX2, e.g. aarch64, runs), built here
+with AVX2 switched off and checked against matmul_q's numpy reference."""
+import ctypes
+import platform
+import subprocess
+
+import numpy as np
+import pytest
+
+from cuvil.build.toolchain import KERNELS_DIR
+from cuvil.codegen.c.lower_llm import _q4_columns
+from cuvil.ir.ops import REGISTRY
+from cuvil.ir.ops.llm import act_block
+
+from .test_ops import _quantize
+
+
+@pytest.fixture(scope="module")
+def portable_lib(tmp_path_factory):
+    out = tmp_path_factory.mktemp("qgemm") / "libqgemm.so"
+    flags = ["-mno-avx2", "-mno-fma"] if platform.machine() in ("x86_64", "AMD64") else []
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-pthread", *flags, str(KERNELS_DIR / "qgemm.c"),
+                    str(KERNELS_DIR / "pool.c"), "-o", str(out), "-lm"], check=True)
+    lib = ctypes.CDLL(str(out))
+    lib.cuvil_qgemm.restype = ctypes.c_int
+    return lib
+
+
+@pytest.mark.parametrize("bits,group,m,n,k", [(4, 32, 1, 6, 64), (4, 64, 5, 10, 128), (4, 128, 3, 4, 256),
+                                              (8, 1 << 30, 1, 7, 96), (8, 1 << 30, 6, 9, 256)])
+def test_portable_qgemm_matches_reference(portable_lib, bits, group, m, n, k):
+    rng = np.random.default_rng(k + m)
+    w, s = _quantize(rng, k, n, bits, group)
+    x = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+    ab = act_block(bits, k, group)
+    want = REGISTRY["matmul_q"].ref([x, w, s], {"bits": bits, "group": group, "act_block": ab})
+    wp = _q4_columns(w) if bits == 4 else np.ascontiguousarray(w.T)
+    sp = np.ascontiguousarray(s.T if bits == 4 else s.reshape(-1), np.float32)
+    got = np.zeros((m, n), np.float32)
+    p = ctypes.c_void_p
+    rc = portable_lib.cuvil_qgemm(ctypes.c_int64(m), ctypes.c_int64(n), ctypes.c_int64(k), p(x.ctypes.data),
+                                  ctypes.c_int64(k), p(wp.ctypes.data), bits, p(sp.ctypes.data), ctypes.c_int64(ab),
+                                  p(got.ctypes.data), ctypes.c_int64(n), None, 1)
+    assert rc == 0
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

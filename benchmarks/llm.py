@@ -53,10 +53,16 @@ def weight_bytes_per_token(shape, precision, group=64):
 
 BANDWIDTH_C = r"""
 #include <stdint.h>
+typedef float v8 __attribute__((vector_size(32), aligned(4)));
+/* eight independent vector sums, so the adds' latency never limits the loads */
 float cuvil_bw_sum(const float *a, int64_t n, int threads) {
     float s = 0.f;
     #pragma omp parallel for num_threads(threads) reduction(+:s) schedule(static)
-    for (int64_t i = 0; i < n; i++) s += a[i];
+    for (int64_t b = 0; b < n / 64; b++) {
+        const v8 *p = (const v8 *)(a + b * 64);
+        v8 t = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+        s += t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
+    }
     return s;
 }
 """
@@ -130,6 +136,46 @@ def bench_eager(ckpt, threads, prompt, new_tokens):
     return {"prefill_ms": 1000 * statistics.median(pre), "decode_tps": dec}
 
 
+LLAMACPP_TYPES = {"fp32": "f32", "int8": "q8_0", "int4": "q4_0"}     # cuvil precision -> the GGUF type it faces
+
+
+def bench_llamacpp(ckpt, qtype, threads, prompt, new_tokens):
+    """llama.cpp (llama-cpp-python) on a GGUF of the same weights: same prompt, greedy decode."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    from benchmarks.gguf_export import export
+    path = OUT / f"{ckpt.name}-{qtype}.gguf"
+    if not path.exists():
+        export(ckpt, path, qtype, progress=lambda *_: None)
+    m = llama_cpp.Llama(str(path), n_ctx=512, n_batch=len(prompt), n_threads=threads, n_threads_batch=threads,
+                        verbose=False, logits_all=False)
+    m.reset()
+    m.eval(prompt[:8])
+    pre = []
+    for _ in range(3):
+        m.reset()
+        t = time.perf_counter()
+        m.eval(prompt)
+        pre.append(time.perf_counter() - t)
+    ttft = []
+    for _ in range(3):
+        m.reset()
+        t = time.perf_counter()
+        m.eval(prompt[:32])
+        ttft.append(time.perf_counter() - t)
+    m.reset()
+    m.eval(prompt)
+    tok = 1
+    t = time.perf_counter()
+    for _ in range(new_tokens):
+        m.eval([tok])
+        tok = int(np.argmax(m.scores[m.n_tokens - 1]))
+    dec = new_tokens / (time.perf_counter() - t)
+    return {"prefill_ms": 1000 * statistics.median(pre), "decode_tps": dec, "ttft32_ms": 1000 * statistics.median(ttft)}
+
+
 def rss_of_loaded(path, threads):
     code = (f"import cuvil.llm; m = cuvil.llm.load({str(path)!r}, num_threads={threads}); m.prefill([1, 2, 3]); "
             "print([l for l in open('/proc/self/status') if l.startswith('VmRSS')][0].split()[1])")
@@ -144,6 +190,7 @@ def main(argv=None):
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--small", action="store_true", help="a 4-layer model of the same family (quick check)")
     ap.add_argument("--no-eager", action="store_true")
+    ap.add_argument("--no-llamacpp", action="store_true")
     ap.add_argument("--output", default=str(OUT / "llm.json"))
     a = ap.parse_args(argv)
     shape = SMALL if a.small else TINYLLAMA
@@ -170,6 +217,18 @@ def main(argv=None):
                   f"({100 * r['decode_tps'] / roof:.0f}% of roofline {roof:.1f}), ttft(32) {r['ttft32_ms']:.0f} ms",
                   flush=True)
             results["rows"].append(r)
+            if p in LLAMACPP_TYPES and not a.no_llamacpp:
+                q = LLAMACPP_TYPES[p]
+                lc = bench_llamacpp(ckpt, q, threads, prompt, a.new_tokens)
+                if lc is None:
+                    print("llama-cpp-python is not installed: no llama.cpp rows", flush=True)
+                    a.no_llamacpp = True
+                    continue
+                lc.update(system=f"llama.cpp {q.upper()}", threads=threads, roofline_tps=roof, bandwidth_gbs=bw / 1e9)
+                print(f"[{threads}t] llama.cpp {q}: prefill {lc['prefill_ms']:.0f} ms, decode {lc['decode_tps']:.2f} "
+                      f"tok/s, ttft(32) {lc['ttft32_ms']:.0f} ms; cuvil/llama.cpp decode "
+                      f"{r['decode_tps'] / lc['decode_tps']:.2f}x", flush=True)
+                results["rows"].append(lc)
     OUT.mkdir(exist_ok=True)
     Path(a.output).write_text(json.dumps(results, indent=1))
     print(f"wrote {a.output}")

@@ -123,9 +123,9 @@ static void q4_offsets(int64_t M, int64_t K, int64_t group, const int8_t *xq, __
 }
 
 /* int8: the sign trick (|w| unsigned, x with w's sign), int32 sums per activation block. */
-static inline __attribute__((always_inline)) void q8_tile(const qargs *a, int MR, int NC, int64_t m0, int64_t n0,
-                                                          float out[4][4]) {
-    const int64_t K = a->K, nb = a->nb, spb = a->ablock / 32;
+static inline __attribute__((always_inline)) void q8_tile(const qargs *a, int MR, int NC, int SUB, int64_t m0,
+                                                          int64_t n0, float out[4][4]) {
+    const int64_t K = a->K, nb = a->nb;
     const int8_t *xr[4];
     const float *dxr[4];
     const int8_t *wc[4];
@@ -142,12 +142,13 @@ static inline __attribute__((always_inline)) void q8_tile(const qargs *a, int MR
     for (int i = 0; i < MR; i++)
         for (int j = 0; j < NC; j++) acc[i][j] = _mm256_setzero_ps();
     const __m256i ones = _mm256_set1_epi16(1);
+#pragma GCC unroll 1
     for (int64_t b = 0; b < nb; b++) {
         __m256i is[4][4];
         for (int i = 0; i < MR; i++)
             for (int j = 0; j < NC; j++) is[i][j] = _mm256_setzero_si256();
-        for (int64_t s = 0; s < spb; s++) {
-            int64_t k = (b * spb + s) * 32;
+        for (int s = 0; s < SUB; s++) {
+            int64_t k = (b * SUB + s) * 32;
             __m256i w[4], aw[4];
             for (int j = 0; j < NC; j++) {
                 w[j] = _mm256_loadu_si256((const __m256i *)(wc[j] + k));
@@ -169,6 +170,7 @@ static inline __attribute__((always_inline)) void q8_tile(const qargs *a, int MR
 }
 #endif
 
+#ifndef CUVIL_QGEMM_AVX2
 /* Portable version of both tiles: the same integer sums, one output at a time. */
 static void tile_scalar(const qargs *a, int64_t m0, int64_t n0, float out[4][4]) {
     const int64_t K = a->K, nb = a->nb, blk = a->ablock;
@@ -195,6 +197,7 @@ static void tile_scalar(const qargs *a, int64_t m0, int64_t n0, float out[4][4])
             out[i][j] = a->bits == 4 ? acc : acc * a->scales[n];
         }
 }
+#endif
 
 /* Task t: NC columns x all rows, in MR-row tiles (the columns' weights stay in L1 across rows). */
 static void qgemm_task(void *ctx, int64_t t0, int64_t t1) {
@@ -204,21 +207,15 @@ static void qgemm_task(void *ctx, int64_t t0, int64_t t1) {
         int64_t n0 = t * a->nc;
         for (int64_t m0 = 0; m0 < a->M; m0 += a->mr) {
 #ifdef CUVIL_QGEMM_AVX2
-            if (a->bits == 4) {
-                int sub = (int)(a->ablock / 32);
-                if (a->mr == 1) {
-                    if (sub == 1) q4_tile(a, 1, 4, 1, m0, n0, out);
-                    else if (sub == 2) q4_tile(a, 1, 4, 2, m0, n0, out);
-                    else q4_tile(a, 1, 4, 4, m0, n0, out);
-                } else {
-                    if (sub == 1) q4_tile(a, 4, 1, 1, m0, n0, out);
-                    else if (sub == 2) q4_tile(a, 4, 1, 2, m0, n0, out);
-                    else q4_tile(a, 4, 1, 4, m0, n0, out);
-                }
-            } else {
-                if (a->mr == 1) q8_tile(a, 1, 4, m0, n0, out);
-                else q8_tile(a, 4, 1, m0, n0, out);
-            }
+            /* the tiles take MR, NC and SUB as constants: one instance per case */
+#define CUVIL_QTILE(tile, MR, NC) switch (a->ablock) { case 32: tile(a, MR, NC, 1, m0, n0, out); break; \
+                                                 case 64: tile(a, MR, NC, 2, m0, n0, out); break;   \
+                                                 default: tile(a, MR, NC, 4, m0, n0, out); }
+            if (a->bits == 4 && a->mr == 1) CUVIL_QTILE(q4_tile, 1, 4)
+            else if (a->bits == 4) CUVIL_QTILE(q4_tile, 4, 1)
+            else if (a->mr == 1) CUVIL_QTILE(q8_tile, 1, 4)
+            else CUVIL_QTILE(q8_tile, 4, 1)
+#undef CUVIL_QTILE
 #else
             tile_scalar(a, m0, n0, out);
 #endif

@@ -171,7 +171,7 @@ def bench_llamacpp(ckpt, qtype, threads, prompt, new_tokens):
     t = time.perf_counter()
     for _ in range(new_tokens):
         m.eval([tok])
-        tok = int(np.argmax(m.scores[m.n_tokens - 1]))
+        tok = int(np.argmax(np.ctypeslib.as_array(m._ctx.get_logits(), shape=(m.n_vocab(),))))
     dec = new_tokens / (time.perf_counter() - t)
     return {"prefill_ms": 1000 * statistics.median(pre), "decode_tps": dec, "ttft32_ms": 1000 * statistics.median(ttft)}
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cuvil.build.toolchain import KERNELS_DIR
-from cuvil.codegen.c.lower_llm import _q4_columns
+from cuvil.codegen.c.lower_llm import _q4_column_scales, _q4_columns, _q8_column_scales, _q8_columns
 from cuvil.ir.ops import REGISTRY
 from cuvil.ir.ops.llm import act_block
 
@@ -34,8 +34,8 @@ def test_portable_qgemm_matches_reference(portable_lib, bits, group, m, n, k):
     x = rng.uniform(-1, 1, (m, k)).astype(np.float32)
     ab = act_block(bits, k, group)
     want = REGISTRY["matmul_q"].ref([x, w, s], {"bits": bits, "group": group, "act_block": ab})
-    wp = _q4_columns(w) if bits == 4 else np.ascontiguousarray(w.T)
-    sp = np.ascontiguousarray(s.T if bits == 4 else s.reshape(-1), np.float32)
+    wp = _q4_columns(w) if bits == 4 else _q8_columns(w)
+    sp = _q4_column_scales(s) if bits == 4 else _q8_column_scales(s)
     got = np.zeros((m, n), np.float32)
     p = ctypes.c_void_p
     rc = portable_lib.cuvil_qgemm(ctypes.c_int64(m), ctypes.c_int64(n), ctypes.c_int64(k), p(x.ctypes.data),

@@ -34,14 +34,45 @@ def _q4_panels(q: np.ndarray, nr: int) -> np.ndarray:
     return np.ascontiguousarray(p[:, :, :h] | (p[:, :, h:] << 4))
 
 
+def _interleave4(cols: np.ndarray, pad) -> np.ndarray:
+    """[N, chunks, 32] bytes -> [ceil(N/4), chunks, 4, 32]: four columns interleaved 32 bytes at a
+    time (N padded with `pad` columns), so a tile of four columns is one sequential stream."""
+    N = cols.shape[0]
+    n4 = -(-N // 4) * 4
+    full = np.full((n4,) + cols.shape[1:], pad, cols.dtype)
+    full[:N] = cols
+    return np.ascontiguousarray(full.reshape(n4 // 4, 4, *cols.shape[1:]).transpose(0, 2, 1, 3)).reshape(n4, -1)
+
+
 def _q4_columns(q: np.ndarray) -> np.ndarray:
-    """int4 [K, N/2] (column pairs per byte) -> [N, K/2]: per column, each 64-value chunk of K is 32
-    bytes with k = t in the low nibble and k = t + 32 in the high one (cuvil_qgemm's layout)."""
+    """int4 [K, N/2] (column pairs per byte) -> cuvil_qgemm's layout (kernels/qgemm.h): per column,
+    each 64-value chunk of K is 32 bytes with k = t in the low nibble and k = t + 32 in the high one."""
     K = q.shape[0]
     vals = np.empty((K, q.shape[1] * 2), np.uint8)
     vals[:, 0::2], vals[:, 1::2] = q & 15, q >> 4
     chunks = vals.T.reshape(-1, K // 64, 2, 32)            # [N, chunk, half, t]
-    return np.ascontiguousarray((chunks[:, :, 0] | (chunks[:, :, 1] << 4)).reshape(-1, K // 2))
+    return _interleave4(chunks[:, :, 0] | (chunks[:, :, 1] << 4), 0x88)   # 8 is zero after the - 8 offset
+
+
+def _q8_columns(q: np.ndarray) -> np.ndarray:
+    """int8 [K, N] -> [N/4][K/32][4][32] (kernels/qgemm.h)."""
+    return _interleave4(np.ascontiguousarray(q.T).reshape(q.shape[1], -1, 32), 0)
+
+
+def _q4_column_scales(s: np.ndarray) -> np.ndarray:
+    """[G, N] -> [N/4][G][4] (zero scales for the padding columns)."""
+    G, N = s.shape
+    n4 = -(-N // 4) * 4
+    full = np.zeros((G, n4), np.float32)
+    full[:, :N] = s
+    return np.ascontiguousarray(full.reshape(G, n4 // 4, 4).transpose(1, 0, 2))
+
+
+def _q8_column_scales(s: np.ndarray) -> np.ndarray:
+    n4 = -(-s.size // 4) * 4
+    full = np.zeros(n4, np.float32)
+    full[:s.size] = s.reshape(-1)
+    return full
 
 
 def _lower_qgemm(em, node):
@@ -51,10 +82,10 @@ def _lower_qgemm(em, node):
     K, N = w.shape[0], node.outputs[0].shape[-1]
     if bits == 4:
         wp = em.packed("q4cols", w, _q4_columns, "uint8_t")
-        sp = em.packed("q4colscales", node.inputs[2], lambda d: np.ascontiguousarray(d.T.astype(np.float32)))
+        sp = em.packed("q4colscales", node.inputs[2], _q4_column_scales)
     else:
-        wp = em.packed("q8cols", w, lambda d: np.ascontiguousarray(d.T), "int8_t")
-        sp = em.packed("q8colscales", node.inputs[2], lambda d: np.ascontiguousarray(d.reshape(-1).astype(np.float32)))
+        wp = em.packed("q8cols", w, _q8_columns, "int8_t")
+        sp = em.packed("q8colscales", node.inputs[2], _q8_column_scales)
     res = node.inputs[3] if len(node.inputs) > 3 else None
     M = _prod_c(x.shape[:-1])
     return [f"if (cuvil_qgemm({M}, {N}, {K}, {em.ptr(x)}, {K}, {wp}, {bits}, {sp}, {ab}, {em.ptr(node.outputs[0])}, "

@@ -40,7 +40,7 @@ void cuvil_quantize_rows(int64_t M, int64_t K, const float *A, int64_t lda, int6
 
 /* ---- the tiles: MR rows x NC columns, all of K ---------------------------------------------- */
 typedef struct {
-    int64_t M, N, K, ablock, ldc, nb, wstride;
+    int64_t M, N, K, ablock, ldc, nb, wstride, pf;   /* pf: prefetch distance in bytes (the next tile) */
     const int8_t *xq;
     const float *dx, *scales, *residual;
     const void *noff;             /* int4: [M][G] int16 x 16 starting partials (q4_offsets) */
@@ -48,6 +48,15 @@ typedef struct {
     int bits, mr, nc;
     float *C;
 } qargs;
+
+/* Columns are stored in groups of four, interleaved 32 bytes at a time (one int4 chunk of 64 K or
+ * one int8 block of 32 K per column), so a tile of four columns reads one sequential stream. */
+static inline const uint8_t *col_base(const qargs *a, int64_t n) {
+    return a->W + (n >> 2) * 4 * a->wstride + (n & 3) * 32;
+}
+static inline const float *col_scales(const qargs *a, int64_t n) {      /* int4: [N/4][G][4] */
+    return a->scales + (n >> 2) * 4 * a->nb + (n & 3);
+}
 
 #ifdef CUVIL_QGEMM_AVX2
 static inline float hsum8(__m256 v) {
@@ -74,7 +83,7 @@ static inline __attribute__((always_inline)) void q4_tile(const qargs *a, int MR
     }
     for (int j = 0; j < NC; j++) {
         int64_t n = n0 + j < a->N ? n0 + j : n0;
-        wc[j] = a->W + n * a->wstride, dwc[j] = a->scales + n * G;
+        wc[j] = col_base(a, n), dwc[j] = col_scales(a, n);
     }
     __m256 acc[4][4];
     for (int i = 0; i < MR; i++)
@@ -93,9 +102,11 @@ static inline __attribute__((always_inline)) void q4_tile(const qargs *a, int MR
             /* SUB >= 2: groups start on 64-value chunks, so the half is s & 1, known here */
             __m128i shift = _mm_cvtsi32_si128(SUB >= 2 ? (s & 1) * 4 : (int)(g & 1) * 4);
             __m256i w[4];
+            if (SUB < 2 || (s & 1) == 0)      /* the same bytes of the next tile's columns: one tile ahead */
+                for (int j = 0; j < NC; j++) _mm_prefetch((const char *)(wc[j] + (k >> 6) * 128 + a->pf), _MM_HINT_T0);
             for (int j = 0; j < NC; j++)
                 w[j] = _mm256_and_si256(
-                    _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(wc[j] + (k >> 6) * 32)), shift), low4);
+                    _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(wc[j] + (k >> 6) * 128)), shift), low4);
             for (int i = 0; i < MR; i++) {
                 __m256i x = _mm256_loadu_si256((const __m256i *)(xr[i] + k));
                 for (int j = 0; j < NC; j++) p[i][j] = _mm256_add_epi16(p[i][j], _mm256_maddubs_epi16(w[j], x));
@@ -104,7 +115,7 @@ static inline __attribute__((always_inline)) void q4_tile(const qargs *a, int MR
         for (int i = 0; i < MR; i++)
             for (int j = 0; j < NC; j++)
                 acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p[i][j], ones)),
-                                            _mm256_set1_ps(dwc[j][g] * dxr[i][g]), acc[i][j]);
+                                            _mm256_set1_ps(dwc[j][4 * g] * dxr[i][g]), acc[i][j]);
     }
     for (int i = 0; i < MR; i++)
         for (int j = 0; j < NC; j++) out[i][j] = hsum8(acc[i][j]);
@@ -136,7 +147,7 @@ static inline __attribute__((always_inline)) void q8_tile(const qargs *a, int MR
     }
     for (int j = 0; j < NC; j++) {
         int64_t n = n0 + j < a->N ? n0 + j : n0;
-        wc[j] = (const int8_t *)a->W + n * a->wstride, sw[j] = a->scales[n];
+        wc[j] = (const int8_t *)col_base(a, n), sw[j] = a->scales[n];
     }
     __m256 acc[4][4];
     for (int i = 0; i < MR; i++)
@@ -151,7 +162,8 @@ static inline __attribute__((always_inline)) void q8_tile(const qargs *a, int MR
             int64_t k = (b * SUB + s) * 32;
             __m256i w[4], aw[4];
             for (int j = 0; j < NC; j++) {
-                w[j] = _mm256_loadu_si256((const __m256i *)(wc[j] + k));
+                _mm_prefetch((const char *)(wc[j] + k * 4 + a->pf), _MM_HINT_T0);
+                w[j] = _mm256_loadu_si256((const __m256i *)(wc[j] + k * 4));
                 aw[j] = _mm256_sign_epi8(w[j], w[j]);
             }
             for (int i = 0; i < MR; i++) {
@@ -184,14 +196,14 @@ static void tile_scalar(const qargs *a, int64_t m0, int64_t n0, float out[4][4])
                 for (int64_t k = b * blk; k < (b + 1) * blk; k++) {
                     int w;
                     if (a->bits == 4) {
-                        uint8_t byte = a->W[n * a->wstride + (k >> 6) * 32 + (k & 31)];
+                        uint8_t byte = col_base(a, n)[(k >> 6) * 128 + (k & 31)];
                         w = (int)((k & 32) ? byte >> 4 : byte & 15) - 8;
                     } else {
-                        w = ((const int8_t *)a->W)[n * a->wstride + k];
+                        w = ((const int8_t *)col_base(a, n))[(k >> 5) * 128 + (k & 31)];
                     }
                     isum += w * x[k];
                 }
-                float sw = a->bits == 4 ? a->scales[n * nb + b] : 1.f;
+                float sw = a->bits == 4 ? col_scales(a, n)[4 * b] : 1.f;
                 acc += sw * a->dx[m * nb + b] * (float)isum;
             }
             out[i][j] = a->bits == 4 ? acc : acc * a->scales[n];
@@ -251,7 +263,8 @@ int cuvil_qgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, co
 #ifdef CUVIL_QGEMM_AVX2
     if (bits == 4) q4_offsets(M, K, ablock, xq, noff);
 #endif
-    qargs a = {M, N, K, ablock, ldc, nb, bits == 4 ? K / 2 : K, xq, dx, scales, residual, noff, W, bits,
+    int64_t wstride = bits == 4 ? K / 2 : K;
+    qargs a = {M, N, K, ablock, ldc, nb, wstride, (M == 1 ? 4 : 1) * wstride, xq, dx, scales, residual, noff, W, bits,
                M == 1 ? 1 : 4, M == 1 ? 4 : 1, C};
     int64_t ntiles = (N + a.nc - 1) / a.nc;
     /* enough columns per chunk that a thread streams long runs of weights */

@@ -2,11 +2,12 @@
  * activations are quantized to int8 per block of `ablock` values along K (scale = amax / 127),
  * products are summed in integers, and the float scales are applied once per block.
  *
- * Weights are stored per output column, K contiguous, so a decode step (M = 1) streams them once:
- *   int4: uint8 [N][K/2]; each 64-value chunk of K is 32 bytes, byte t holding k = t (low nibble)
- *         and k = t + 32 (high nibble), as value + 8 in [0, 15]; scales float [N][K/group],
- *         group = ablock in {32, 64, 128}.
- *   int8: int8 [N][K], one scale per column (float [N]); ablock in {32, 64, 128}.
+ * Weights are stored per output column, K contiguous, so a decode step (M = 1) streams them once;
+ * columns come in groups of four (N padded with zero columns), interleaved 32 bytes at a time:
+ *   int4: uint8 [N/4][K/64][4][32]; 32 bytes hold one column's 64-value chunk of K, byte t holding
+ *         k = t (low nibble) and k = t + 32 (high nibble), as value + 8 in [0, 15]; scales float
+ *         [N/4][K/group][4], group = ablock in {32, 64, 128}.
+ *   int8: int8 [N/4][K/32][4][32], one scale per column (float [N/4 * 4]); ablock in {32, 64, 128}.
  * K must be a multiple of 64 (int4) or of ablock (int8). C[M,N] (ldc) = A[M,K] (lda) @ W (+ residual).
  * Returns nonzero when the activation buffer cannot be allocated. */
 #ifndef CUVIL_QGEMM_H

@@ -100,6 +100,18 @@ def test_second_compile_is_a_cache_hit(mlp):
     assert cm.report["cache"] == "hit"
 
 
+def test_cache_evicts_least_recently_used(tmp_path, monkeypatch):
+    """Past CUVIL_CACHE_MAX_GB the oldest artifacts go; one in use keeps working."""
+    monkeypatch.setenv("CUVIL_CACHE_MAX_GB", str(1.5 * 2 ** -20))      # 1.5 MiB: room for one artifact
+    x = torch.randn(2, 256)
+    first = cuvil.compile(torch.nn.Linear(256, 256), (x,), cache_dir=str(tmp_path))
+    assert len(list((tmp_path / "artifacts").iterdir())) == 1
+    second = cuvil.compile(torch.nn.Linear(256, 512), (x,), cache_dir=str(tmp_path))
+    left = list((tmp_path / "artifacts").iterdir())
+    assert left == [second.module.path]
+    assert first.run(x.numpy())[0].shape == (2, 256)     # still mapped after its files were removed
+
+
 def test_wrong_shape_and_dtype_raise_shape_error(mlp):
     _, x, cm = mlp
     with pytest.raises(cuvil.ShapeError, match=r"expected shape \[2, 16\], got \[2, 15\]"):

@@ -1,5 +1,7 @@
 """Compile cache: artifacts keyed by the IR, weights digest, options, target, compiler and cuvil
-version; a second key from the source model itself lets a repeat compile skip the frontend."""
+version; a second key from the source model itself lets a repeat compile skip the frontend.
+The cache keeps at most CUVIL_CACHE_MAX_GB (default 20) of artifacts: a new artifact evicts the
+least recently used ones (an LLM artifact is gigabytes)."""
 from __future__ import annotations
 
 import hashlib
@@ -28,7 +30,44 @@ def artifact_dir(cache_dir: Path, key: str) -> Path:
 
 def lookup(cache_dir: Path, key: str) -> Path | None:
     d = artifact_dir(cache_dir, key)
-    return d if (d / "manifest.json").exists() and (d / "model.so").exists() else None
+    if not ((d / "manifest.json").exists() and (d / "model.so").exists()):
+        return None
+    try:
+        os.utime(d / "manifest.json")            # last use, for eviction
+    except OSError:
+        pass
+    return d
+
+
+def max_bytes() -> int:
+    try:
+        return int(float(os.environ.get("CUVIL_CACHE_MAX_GB", "20")) * (1 << 30))
+    except ValueError:
+        return 20 << 30
+
+
+def evict(cache_dir: Path, keep: Path | None = None, limit: int | None = None) -> list:
+    """Remove least recently used artifacts until the cache fits in `limit` bytes; never `keep`.
+    A loaded artifact stays usable: its mapped files outlive the unlink."""
+    limit = max_bytes() if limit is None else limit
+    entries = []
+    for d in (cache_dir / "artifacts").glob("*"):
+        try:
+            size = sum(f.stat().st_size for f in d.iterdir() if f.is_file())
+            entries.append(((d / "manifest.json").stat().st_mtime, d, size))
+        except OSError:
+            continue
+    total = sum(e[2] for e in entries)
+    removed = []
+    for _, d, size in sorted(entries, key=lambda e: e[0]):
+        if total <= limit:
+            break
+        if keep is not None and d == keep:
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        total -= size
+        removed.append(d)
+    return removed
 
 
 def lookup_source(cache_dir: Path, source_key: str) -> Path | None:
@@ -61,6 +100,7 @@ def store(cache_dir: Path, key: str, build_dir: Path) -> Path:
         if dest.exists():
             shutil.rmtree(dest)
         shutil.move(str(build_dir), str(dest))
+    evict(cache_dir, keep=dest)
     return dest
 
 

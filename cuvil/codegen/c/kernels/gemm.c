@@ -59,6 +59,7 @@ static inline void cuvil_ukernel_row(int64_t kc, const float *A, const float *Bp
     int64_t k = 0;
     for (; k + 4 <= kc; k += 4) {
         const float *b = Bp + k * CUVIL_NR;
+        for (int l = 0; l < 4 * CUVIL_NR; l += 16) __builtin_prefetch(b + 2048 + l, 0, 0);   /* 8 KiB ahead */
         for (int u = 0; u < 4; u++) {
             cuvil_vf a = cuvil_vsplat(A[k + u]);
             c[2 * u] += a * cuvil_vload(b + u * CUVIL_NR);
@@ -69,6 +70,38 @@ static inline void cuvil_ukernel_row(int64_t kc, const float *A, const float *Bp
         cuvil_vf a = cuvil_vsplat(A[k]);
         c[0] += a * cuvil_vload(Bp + k * CUVIL_NR);
         c[1] += a * cuvil_vload(Bp + k * CUVIL_NR + CUVIL_VL);
+    }
+    cuvil_vstore(acc[0], (c[0] + c[2]) + (c[4] + c[6]));
+    cuvil_vstore(acc[0] + CUVIL_VL, (c[1] + c[3]) + (c[5] + c[7]));
+}
+
+/* The same over a bf16 panel, widened in registers (bf16 is the high half of an fp32). */
+typedef uint16_t cuvil_vu16 __attribute__((vector_size(CUVIL_VL * 2), aligned(2), may_alias));
+typedef uint32_t cuvil_vu32 __attribute__((vector_size(CUVIL_VL * 4)));
+static inline cuvil_vf cuvil_vload_bf16(const uint16_t *p) {
+    return (cuvil_vf)(__builtin_convertvector(*(const cuvil_vu16 *)p, cuvil_vu32) << 16);
+}
+
+static inline void cuvil_ukernel_row_bf16(int64_t kc, const float *A, const uint16_t *Bp,
+                                          float acc[CUVIL_MR][CUVIL_NR]) {
+    cuvil_vf c[8];
+    for (int i = 0; i < 8; i++) c[i] = cuvil_vsplat(0.f);
+    int64_t k = 0;
+    for (; k + 4 <= kc; k += 4) {
+        const uint16_t *b = Bp + k * CUVIL_NR;
+        /* a weight stream read once: ask for it 4 KiB ahead (DRAM latency at this rate) */
+        __builtin_prefetch(b + 2048, 0, 0);
+        __builtin_prefetch(b + 2048 + 32, 0, 0);
+        for (int u = 0; u < 4; u++) {
+            cuvil_vf a = cuvil_vsplat(A[k + u]);
+            c[2 * u] += a * cuvil_vload_bf16(b + u * CUVIL_NR);
+            c[2 * u + 1] += a * cuvil_vload_bf16(b + u * CUVIL_NR + CUVIL_VL);
+        }
+    }
+    for (; k < kc; k++) {
+        cuvil_vf a = cuvil_vsplat(A[k]);
+        c[0] += a * cuvil_vload_bf16(Bp + k * CUVIL_NR);
+        c[1] += a * cuvil_vload_bf16(Bp + k * CUVIL_NR + CUVIL_VL);
     }
     cuvil_vstore(acc[0], (c[0] + c[2]) + (c[4] + c[6]));
     cuvil_vstore(acc[0] + CUVIL_VL, (c[1] + c[3]) + (c[5] + c[7]));
@@ -212,12 +245,30 @@ static void gemm_task(void *ctx, int64_t t0, int64_t t1) {
     }
 }
 
+/* One row (batch-1 decode) over fp32 or bf16 panels: panel by panel, all of K at once, so each
+ * thread streams whole panels in order and no partial sums of C are stored and reloaded. */
+static void gemv_task(void *ctx, int64_t p0, int64_t p1) {
+    const gemm_args *g = ctx;
+    float acc[CUVIL_MR][CUVIL_NR];
+    for (int64_t p = p0; p < p1; p++) {
+        int64_t n0 = p * CUVIL_NR, nr = g->N - n0 < CUVIL_NR ? g->N - n0 : CUVIL_NR;
+        if (g->bits == 32) cuvil_ukernel_row(g->K, g->A, (const float *)g->B + p * g->K * CUVIL_NR, acc);
+        else cuvil_ukernel_row_bf16(g->K, g->A, (const uint16_t *)g->B + p * g->K * CUVIL_NR, acc);
+        store_tile(acc, 1, nr, g->C, g->ldc, 0, n0, 1, 1, g->ep);
+    }
+}
+
 /* The one GEMM driver: (M block x N panels) tasks over the threads. */
 static void gemm_driver(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const void *B, int bits,
                         const float *scales, int64_t group, float *C, int64_t ldc, const cuvil_epilogue *ep,
                         int nthreads) {
     if (M <= 0 || N <= 0) return;
     int64_t np = (N + CUVIL_NR - 1) / CUVIL_NR;
+    if (M == 1 && K > 0 && (bits == 32 || bits == 16)) {
+        gemm_args g = {M, N, K, lda, ldc, group, np, 0, 0, A, scales, B, bits, C, ep};
+        cuvil_parallel_for(N * K > 65536 ? nthreads : 1, np, 4, gemv_task, &g);
+        return;
+    }
     int64_t mb = (M + CUVIL_MC - 1) / CUVIL_MC;
     /* panels per task: enough tasks for every thread, few enough to reuse A from cache */
     int64_t pb = np * mb >= 8 * nthreads ? 4 : 1;

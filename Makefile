@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test bench setup clean
+.PHONY: demo test bench bench-llm setup clean
 
 $(STAMP): requirements-dev.txt pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (set PY=python3.x)"; exit 1; }
@@ -25,6 +25,12 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/pip install -q -r benchmarks/requirements.txt
 	$(BIN)/python -m benchmarks.run
+
+# the LLM table: builds llama.cpp from source the first time (about 15 minutes on 2 cores)
+bench-llm: $(STAMP)
+	$(BIN)/pip install -q -r benchmarks/requirements.txt
+	CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/pip install -q -r benchmarks/requirements-llamacpp.txt
+	$(BIN)/python -m benchmarks.llm
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -197,7 +197,12 @@ def main(argv=None):
     ap.add_argument("--no-eager", action="store_true")
     ap.add_argument("--no-llamacpp", action="store_true")
     ap.add_argument("--output", default=str(OUT / "llm.json"))
+    ap.add_argument("--render", action="store_true", help="rewrite the README section from --output's JSON only")
     a = ap.parse_args(argv)
+    if a.render:
+        results = json.loads(Path(a.output).read_text())
+        write_section(Path(__file__).resolve().parent / "README.md", results, results.get("command", "python -m benchmarks.llm"))
+        return
     shape = SMALL if a.small else TINYLLAMA
     ckpt = make_checkpoint(shape, "llama-small" if a.small else "tinyllama-shape")
     prompt = np.random.default_rng(0).integers(100, 30000, 128).tolist()
@@ -235,9 +240,10 @@ def main(argv=None):
                       f"{r['decode_tps'] / lc['decode_tps']:.2f}x", flush=True)
                 results["rows"].append(lc)
     OUT.mkdir(exist_ok=True)
+    command = " ".join(["python -m benchmarks.llm"] + (argv if argv is not None else sys.argv[1:]))
+    results["command"] = command
     Path(a.output).write_text(json.dumps(results, indent=1))
     print(f"wrote {a.output}")
-    command = " ".join(["python -m benchmarks.llm"] + (argv if argv is not None else sys.argv[1:]))
     write_section(Path(__file__).resolve().parent / "README.md", results, command)
 
 
@@ -259,6 +265,15 @@ def write_section(readme: Path, results, command):
         rss = f"{r['rss_mib']:.0f}" if "rss_mib" in r else "—"
         lines.append(f"| {r['threads']} | {r['system']} | {r['prefill_ms']:.0f} | {r['decode_tps']:.2f} | {roof} | "
                      f"{ttft} | {rss} |")
+    big = OUT / "llm8b.json"
+    if big.exists():
+        b = json.loads(big.read_text())
+        lines += ["", "Llama-3-8B shape (`python -m benchmarks.llm_8b`: random bf16 checkpoint, 32 layers, hidden 4096, "
+                  "vocab 128256), built and run on this 24 GiB machine:", "",
+                  "| precision | threads | build (s) | build peak RSS (MiB) | artifact (GiB) | loaded RSS (MiB) | "
+                  "TTFT 32 tok (ms) | decode (tok/s) |", "|---|---|---|---|---|---|---|---|",
+                  f"| {b['precision']} | {b['threads']} | {b['build_s']:.0f} | {b['build_peak_rss_mib']:.0f} | "
+                  f"{b['artifact_gib']:.2f} | {b['loaded_rss_mib']:.0f} | {b['ttft32_ms']:.0f} | {b['decode_tps']:.2f} |"]
     lines.append(MARK_END)
     text = readme.read_text() if readme.exists() else "# Benchmarks\n"
     if MARK_BEGIN in text:

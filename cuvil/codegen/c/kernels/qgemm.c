@@ -45,7 +45,7 @@ typedef struct {
     const float *dx, *scales, *residual;
     const void *noff;             /* int4: [M][G] int16 x 16 starting partials (q4_offsets) */
     const uint8_t *W;
-    int bits, mr, nc;
+    int bits, mr, nc, cb;         /* tile rows, tile columns, columns per task */
     float *C;
 } qargs;
 
@@ -211,13 +211,14 @@ static void tile_scalar(const qargs *a, int64_t m0, int64_t n0, float out[4][4])
 }
 #endif
 
-/* Task t: NC columns x all rows, in MR-row tiles (the columns' weights stay in L1 across rows). */
+/* Task t: a block of cb columns x all rows. Rows go in MR-row tiles, and each tile visits every
+ * column of the block while its quantized rows sit in L1 (the block's weights stay in L1 too). */
 static void qgemm_task(void *ctx, int64_t t0, int64_t t1) {
     const qargs *a = ctx;
     float out[4][4];
-    for (int64_t t = t0; t < t1; t++) {
-        int64_t n0 = t * a->nc;
-        for (int64_t m0 = 0; m0 < a->M; m0 += a->mr) {
+    for (int64_t t = t0; t < t1; t++)
+      for (int64_t m0 = 0; m0 < a->M; m0 += a->mr)
+        for (int64_t n0 = t * a->cb; n0 < (t + 1) * a->cb && n0 < a->N; n0 += a->nc) {
 #ifdef CUVIL_QGEMM_AVX2
             /* the tiles take MR, NC and SUB as constants: one instance per case */
 #define CUVIL_QTILE(tile, MR, NC) switch (a->ablock) { case 32: tile(a, MR, NC, 1, m0, n0, out); break; \
@@ -238,7 +239,6 @@ static void qgemm_task(void *ctx, int64_t t0, int64_t t1) {
                     a->C[o] = out[i][j] + (a->residual ? a->residual[o] : 0.f);
                 }
         }
-    }
 }
 
 /* Quantized activations live in a per-thread buffer that grows and is kept: no allocation per call. */
@@ -264,10 +264,10 @@ int cuvil_qgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, co
     if (bits == 4) q4_offsets(M, K, ablock, xq, noff);
 #endif
     int64_t wstride = bits == 4 ? K / 2 : K;
-    qargs a = {M, N, K, ablock, ldc, nb, wstride, (M == 1 ? 4 : 1) * wstride, xq, dx, scales, residual, noff, W, bits,
-               M == 1 ? 1 : 4, M == 1 ? 4 : 1, C};
-    int64_t ntiles = (N + a.nc - 1) / a.nc;
+    qargs a = {M, N, K, ablock, ldc, nb, wstride, 4 * wstride, xq, dx, scales, residual, noff, W, bits,
+               M == 1 ? 1 : 4, M == 1 ? 4 : 1, M == 1 ? 4 : 16, C};
+    int64_t ntiles = (N + a.cb - 1) / a.cb;
     /* enough columns per chunk that a thread streams long runs of weights */
-    cuvil_parallel_for(M * N * K > 65536 ? nthreads : 1, ntiles, M == 1 ? 16 : 2, qgemm_task, &a);
+    cuvil_parallel_for(M * N * K > 65536 ? nthreads : 1, ntiles, M == 1 ? 16 : 1, qgemm_task, &a);
     return 0;
 }

@@ -46,11 +46,14 @@ def from_directory(path) -> TensorSource:
             with safe_open(str(f), framework="np") as h:
                 for name in h.keys():
                     where[name] = f
-    handles = {}
+    current = {}
 
     def get(name):
+        # one shard open at a time: a mapped shard's touched pages count as resident, so keeping all
+        # of them open would hold the whole checkpoint in RSS while converting layer by layer
         f = where[name]
-        if f not in handles:
-            handles[f] = safe_open(str(f), framework="pt")       # "pt" reads bf16 too
-        return handles[f].get_tensor(name).float().numpy()
+        if f not in current:
+            current.clear()
+            current[f] = safe_open(str(f), framework="pt")       # "pt" reads bf16 too
+        return current[f].get_tensor(name).float().numpy()
     return TensorSource(get, where.keys())

@@ -51,11 +51,16 @@ class Weights:
         self.size = off + a.nbytes
         return off
 
-    def blob(self) -> bytes:
+    def blob(self) -> bytearray:
+        """The blob, built in place: one buffer of the final size and no per-chunk or final copies
+        (an 8B-parameter artifact is gigabytes; each copy is one more of those in memory)."""
         buf = bytearray(self.size)
+        view = np.frombuffer(buf, np.uint8) if self.size else None
         for off, a in self.chunks:
-            buf[off:off + a.nbytes] = a.tobytes()
-        return bytes(buf)
+            if a.nbytes:
+                view[off:off + a.nbytes] = np.frombuffer(a.reshape(-1).view(np.uint8), np.uint8)
+        self.chunks = []            # the transformed copies are not needed once laid out
+        return buf
 
 
 @dataclass

@@ -54,12 +54,14 @@ class Weights:
     def blob(self) -> bytearray:
         """The blob, built in place: one buffer of the final size and no per-chunk or final copies
         (an 8B-parameter artifact is gigabytes; each copy is one more of those in memory)."""
-        buf = bytearray(self.size)
+        buf = bytearray(self.size)            # pages arrive as they are written
         view = np.frombuffer(buf, np.uint8) if self.size else None
-        for off, a in self.chunks:
+        self.chunks.reverse()
+        while self.chunks:                    # each transformed copy is dropped once laid out
+            off, a = self.chunks.pop()
             if a.nbytes:
                 view[off:off + a.nbytes] = np.frombuffer(a.reshape(-1).view(np.uint8), np.uint8)
-        self.chunks = []            # the transformed copies are not needed once laid out
+            del a
         return buf
 
 

@@ -256,7 +256,10 @@ def write_section(readme: Path, results, command):
     lines = [MARK_BEGIN, "## LLM: TinyLlama-1.1B shape, random weights" if shape == TINYLLAMA else "## LLM (small shape)",
              "", "```", command, "```", "", f"Machine: {results['machine']}", "",
              "Prefill: 128 prompt tokens (median of 3). Decode: tokens/s over the new tokens, greedy, batch 1. "
-             "Roofline: measured read bandwidth / weight bytes per token.", "",
+             "Roofline: measured read bandwidth / weight bytes per token. llama.cpp: llama-cpp-python 0.3.36 "
+             "(built from source, GGML_NATIVE: AVX2, REPACK) on GGUF F32/Q8_0/Q4_0 exports of the same checkpoint "
+             "(benchmarks/gguf_export.py), run right after the cuvil row it faces; its % of roofline uses cuvil's "
+             "bytes per token (Q8_0 and Q4_0 carry 8.5 and 4.5 bits per weight).", "",
              "| threads | system | prefill 128 (ms) | decode (tok/s) | % of roofline | TTFT 32 tok (ms) | RSS (MiB) |",
              "|---|---|---|---|---|---|---|"]
     for r in results["rows"]:

@@ -219,32 +219,34 @@ def _compile_torch(model, args, kwargs, opts, cdir, progress, skey):
     return cm
 
 
-def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None) -> CompiledModel:
-    """IR -> passes -> C -> shared library, through the cache."""
+def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None, load=True):
+    """IR -> passes -> C -> shared library, through the cache. Returns the loaded CompiledModel, or
+    with load=False only the artifact's path (a caller that frees the graph first keeps peak memory
+    at one copy of the weights)."""
     from .codegen.c import emit
     from .codegen.c.frame import API_H
     from .passes.pipeline import optimize
     graph = optimize(graph, opts.fusion_level)
     progress("passes", f"{len(graph.nodes)} nodes after optimisation")
     target = toolchain.resolve_target(opts.target)
-    c_src, weights, plan = emit.generate(graph, target, profile=opts.profile)
-    progress("codegen", f"{len(c_src) // 1024} KiB of C, {len(weights) / 2**20:.1f} MiB weights, "
+    c_src, weights, plan = emit.generate(graph, target, profile=opts.profile, weights_dir=cache.tmp_dir(cdir))
+    progress("codegen", f"{len(c_src) // 1024} KiB of C, {weights.nbytes / 2**20:.1f} MiB weights, "
                         f"arena {plan.arena_bytes / 2**20:.1f} MiB")
-    key = cache.digest(str(graph), c_src, hashlib.sha256(weights).hexdigest(), opts.key(), target,
+    key = cache.digest(str(graph), c_src, weights.sha256, opts.key(), target,
                        toolchain.compiler_version(), toolchain.cuvil_source_digest(), __version__)
     hit = cache.lookup(cdir, key)
     if hit is None:
         bdir = cache.new_build_dir(cdir)
         (bdir / "model.c").write_text(c_src)
         (bdir / "model.h").write_text(API_H)
-        (bdir / "weights.bin").write_bytes(weights)
+        weights.move_to(bdir / "weights.bin")
         manifest = {
             "cuvil_version": __version__, "target": target,
             "cpu_features": toolchain.required_features(target),
             "inputs": [_io(v, n) for v, n in zip(graph.inputs, graph.input_names or [v.name for v in graph.inputs])],
             "outputs": [_io(v, f"output{i}") for i, v in enumerate(graph.outputs)],
             "symbols": {k: list(v) for k, v in graph.symbols.items()},
-            "weights": {"bytes": len(weights), "checksum": artifact.checksum(weights)},
+            "weights": {"bytes": weights.nbytes, "checksum": weights.checksum},
             "arena_bytes": plan.arena_bytes, "num_threads": opts.num_threads,
             "options": {"precision": opts.precision, "fusion_level": opts.fusion_level},
             "compiler": toolchain.compiler_version(), "cache_key": key,
@@ -257,8 +259,11 @@ def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None)
         hit = cache.store(cdir, key, bdir)
         status = "miss"
     else:
+        weights.discard()
         progress("cache hit", str(hit))
         status = "hit"
+    if not load:
+        return hit
     return _wrap(hit, opts, graph, plan, {"cache": status, "cache_key": key})
 
 
@@ -342,7 +347,8 @@ def inspect_stages(model, example_inputs=(), stages=STAGES, **options) -> dict:
         out["passes"] = str(graph)
     if "memplan" in stages or "c" in stages:
         from .codegen.c import emit
-        c_src, _, plan = emit.generate(graph, toolchain.resolve_target(opts.target))
+        c_src, weights, plan = emit.generate(graph, toolchain.resolve_target(opts.target))
+        weights.discard()
         out["memplan"] = str(plan)
         out["c"] = c_src
     return {k: v for k, v in out.items() if k in stages}

@@ -26,9 +26,9 @@ def tokenizer_files(dest: Path, vocab_size=300):
     return tok.get_vocab_size()
 
 
-def small_model(arch="llama", vocab=300):
+def small_model(arch="llama", vocab=300, seed=0):
     import transformers as T
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     common = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   intermediate_size=128, vocab_size=vocab, max_position_embeddings=256, eos_token_id=1,
                   bos_token_id=0)
@@ -43,10 +43,10 @@ def small_model(arch="llama", vocab=300):
     raise ValueError(arch)
 
 
-def checkpoint(dest: Path, arch="llama"):
+def checkpoint(dest: Path, arch="llama", seed=0):
     """config.json + model.safetensors + tokenizer files in dest."""
     dest.mkdir(parents=True, exist_ok=True)
     vocab = tokenizer_files(dest)
-    m = small_model(arch, vocab)
+    m = small_model(arch, vocab, seed)
     m.save_pretrained(str(dest), safe_serialization=True)
     return m

@@ -139,3 +139,30 @@ def test_bad_options():
         cuvil.llm.from_transformers(small_model("llama"), precision="int3")
     with pytest.raises(ValueError, match="group"):
         cuvil.llm.from_transformers(small_model("llama"), precision="int4", group=48)
+
+
+def test_unchanged_checkpoint_is_not_converted_again(tmp_path, monkeypatch):
+    checkpoint(tmp_path / "ckpt")
+    cdir = tmp_path / "cache"
+    first = cuvil.llm.from_transformers(tmp_path / "ckpt", max_seq_len=32, cache_dir=cdir)
+    prompt = [3, 14, 15, 92, 65]
+    want = first.prefill(prompt)
+    import cuvil.llm.compile as llm_compile
+    real = llm_compile.build_step_graph
+
+    def must_not_convert(*a, **k):
+        raise AssertionError("converted an unchanged checkpoint again")
+    monkeypatch.setattr(llm_compile, "build_step_graph", must_not_convert)
+    again = cuvil.llm.from_transformers(tmp_path / "ckpt", max_seq_len=32, cache_dir=cdir)
+    assert again.path == first.path
+    np.testing.assert_array_equal(again.prefill(prompt), want)
+    with pytest.raises(AssertionError, match="converted"):      # other settings: a new artifact
+        cuvil.llm.from_transformers(tmp_path / "ckpt", max_seq_len=16, cache_dir=cdir)
+    # a rewritten checkpoint is converted again (and the build leaves no temporary files behind)
+    monkeypatch.setattr(llm_compile, "build_step_graph", real)
+    model = checkpoint(tmp_path / "ckpt", seed=1)
+    changed = cuvil.llm.from_transformers(tmp_path / "ckpt", max_seq_len=32, cache_dir=cdir)
+    with torch.no_grad():
+        ref = model(torch.tensor([prompt])).logits[0].numpy()
+    np.testing.assert_allclose(changed.prefill(prompt), ref, atol=1e-3, rtol=0)
+    assert list((cdir / "tmp").iterdir()) == []

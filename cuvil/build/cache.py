@@ -104,6 +104,11 @@ def store(cache_dir: Path, key: str, build_dir: Path) -> Path:
     return dest
 
 
-def new_build_dir(cache_dir: Path) -> Path:
+def tmp_dir(cache_dir: Path) -> Path:
+    """Builds in progress: on the cache's file system, so finished files move in without a copy."""
     (cache_dir / "tmp").mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix="build-", dir=cache_dir / "tmp"))
+    return cache_dir / "tmp"
+
+
+def new_build_dir(cache_dir: Path) -> Path:
+    return Path(tempfile.mkdtemp(prefix="build-", dir=tmp_dir(cache_dir)))

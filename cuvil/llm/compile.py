@@ -2,6 +2,8 @@
 a compiled LLM artifact, with the measured error of lossy precisions against fp32."""
 from __future__ import annotations
 
+import gc
+import hashlib
 import json
 import sys
 import time
@@ -10,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..api import Progress, build_graph
-from ..build import cache
+from ..build import cache, toolchain
 from ..errors import CuvilError
 from ..options import make_options
 from . import quantize, sampling, weights
@@ -64,6 +66,15 @@ def from_transformers(src, *, precision="fp32", max_seq_len=2048, max_batch=1, n
     max_seq_len = min(max_seq_len, spec.max_positions)
     inv_freq, rope_scale = rope_parameters(cfg)
 
+    settings = (precision, group, max_seq_len, max_batch)
+    cdir = Path(cache_dir) if cache_dir else cache.default_dir()
+    skey = _source_key(src, src_dir, settings)
+    path = cache.lookup_source(cdir, skey)
+    if path is not None and (path / "llm.json").exists():       # same checkpoint and settings: no rebuild
+        if verbose:
+            print(f"[cuvil] cache hit {path} (checkpoint unchanged)", file=sys.stderr)
+        return _finish(LLM(path, num_threads=num_threads), src, src_dir, spec, measure_error, error_prompts, verbose)
+
     def layer_progress(i, n):
         if verbose:
             print(f"\r[cuvil] converting layer {i}/{n} ({precision})", end="\n" if i == n else "", file=sys.stderr,
@@ -71,28 +82,53 @@ def from_transformers(src, *, precision="fp32", max_seq_len=2048, max_batch=1, n
     graph = build_step_graph(spec, tensors, inv_freq, rope_scale, precision=precision, group=group,
                              max_batch=max_batch, max_seq_len=max_seq_len, progress=layer_progress)
     opts = make_options(num_threads=num_threads, cache_dir=cache_dir, verbose=verbose)
-    cdir = Path(cache_dir) if cache_dir else cache.default_dir()
-    cm = build_graph(graph, opts, cdir, Progress(verbose))
-    del graph
+    path = build_graph(graph, opts, cdir, Progress(verbose), load=False)
+    del graph, tensors               # the graph's constants: free them before the artifact is loaded
+    gc.collect()                     # (the graph's nodes and values refer to each other)
     meta = {"arch": spec.arch, "layers": spec.layers, "heads": spec.heads, "kv_heads": spec.kv_heads,
             "head_dim": spec.head_dim, "hidden": spec.hidden, "vocab": spec.vocab, "max_batch": max_batch,
             "max_seq_len": max_seq_len, "precision": precision, "group": group if precision == "int4" else None,
             "eos_token_ids": _eos_ids(cfg, src_dir), "compile_seconds": time.perf_counter() - t0}
-    path = cm.path
     (path / "llm.json").write_text(json.dumps(meta, indent=1))
     if src_dir:
         copy_tokenizer(src_dir, path)
-    llm = LLM(path, num_threads=num_threads)
-    if precision != "fp32" and measure_error:
-        ref = src if not isinstance(src, (str, Path)) else _load_reference(src_dir)
-        meta["error"] = measure(llm, ref, error_prompts or _default_prompts(spec.vocab))
-        (path / "llm.json").write_text(json.dumps(meta, indent=1))
-        llm.meta = meta
-        if verbose:
-            e = meta["error"]
-            print(f"[cuvil] {precision} vs fp32: top-1 agreement {e['top1_agreement']:.3f}, "
-                  f"mean KL {e['kl_mean']:.4g}", file=sys.stderr)
+    cache.remember_source(cdir, skey, path.name)
+    return _finish(LLM(path, num_threads=num_threads), src, src_dir, spec, measure_error, error_prompts, verbose)
+
+
+def _finish(llm, src, src_dir, spec, measure_error, error_prompts, verbose):
+    """Measure a lossy precision's error against fp32 (once per artifact, unless new prompts are given)."""
+    meta = llm.meta
+    if meta["precision"] == "fp32" or not measure_error or ("error" in meta and not error_prompts):
+        return llm
+    ref = src if not isinstance(src, (str, Path)) else _load_reference(src_dir)
+    meta["error"] = measure(llm, ref, error_prompts or _default_prompts(spec.vocab))
+    (llm.path / "llm.json").write_text(json.dumps(meta, indent=1))
+    if verbose:
+        e = meta["error"]
+        print(f"[cuvil] {meta['precision']} vs fp32: top-1 agreement {e['top1_agreement']:.3f}, "
+              f"mean KL {e['kl_mean']:.4g}", file=sys.stderr)
     return llm
+
+
+def _source_key(src, src_dir, settings) -> str:
+    """What decides the artifact, read cheaply: a checkpoint directory's files by name, size and
+    modification time (re-reading gigabytes of weights to hash them would cost what it saves), a
+    model object's weights by content; plus the settings, the compiler and cuvil's own sources."""
+    h = hashlib.sha256(repr(settings).encode())
+    for f in sorted(Path(src_dir).iterdir()) if src_dir else ():     # weights, config, tokenizer
+        if f.suffix in (".json", ".safetensors"):
+            st = f.stat()
+            h.update(f"{f.name}|{st.st_size}|{st.st_mtime_ns}".encode())
+    if not isinstance(src, (str, Path)):
+        import torch
+        h.update(repr(src.config.to_dict()).encode())
+        for name, t in src.state_dict().items():
+            h.update(f"{name}|{tuple(t.shape)}|{t.dtype}".encode())
+            h.update(t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    h.update(toolchain.compiler_version().encode())
+    h.update(toolchain.cuvil_source_digest().encode())
+    return "llm-" + h.hexdigest()[:32]
 
 
 def _default_prompts(vocab):

@@ -13,25 +13,35 @@ from . import quantize
 from .spec import LlamaSpec
 
 
+def _by_columns(w_nk: np.ndarray, convert, chunk=8192):
+    """convert([K, n] fp32) over blocks of output columns, joined along N: the transposed fp32 copy
+    of a 128k-vocabulary head alone is 2 GiB, and quantizing makes several temporaries of that size."""
+    parts = [convert(np.ascontiguousarray(w_nk[n:n + chunk].T, dtype=np.float32))
+             for n in range(0, w_nk.shape[0], chunk)]
+    if isinstance(parts[0], tuple):
+        return tuple(np.concatenate(p, axis=1) for p in zip(*parts))
+    return np.concatenate(parts, axis=1)
+
+
 def _linear(g, x, w_nk: np.ndarray, precision: str, group: int, residual=None, bias=None):
     """x @ W^T for a torch-layout weight [N, K], in the requested precision."""
-    w = np.ascontiguousarray(w_nk.T.astype(np.float32))               # [K, N]
+    K = w_nk.shape[1]
     if precision == "fp32":
-        y = g.add("matmul", [x, g.const(w)])
+        y = g.add("matmul", [x, g.const(np.ascontiguousarray(w_nk.T, dtype=np.float32))])
         if bias is not None:
             y = g.add("add", [y, g.const(bias.astype(np.float32))])
         return g.add("add", [y, residual]) if residual is not None else y
     if precision == "bf16":
-        ins = [x, g.const(quantize.to_bf16(w)), None]
+        ins = [x, g.const(_by_columns(w_nk, quantize.to_bf16)), None]
         attrs = {"bits": 16}
     elif precision == "int8":
-        q, s = quantize.quantize_int8(w)
-        ins, attrs = [x, g.const(q), g.const(s)], {"bits": 8, "group": w.shape[0]}
+        q, s = _by_columns(w_nk, quantize.quantize_int8)
+        ins, attrs = [x, g.const(q), g.const(s)], {"bits": 8, "group": K}
     else:
-        q, s = quantize.quantize_int4(w, group)
+        q, s = _by_columns(w_nk, lambda w: quantize.quantize_int4(w, group))
         ins, attrs = [x, g.const(q), g.const(s)], {"bits": 4, "group": group}
     if precision in ("int8", "int4"):    # int8 activations, integer dot products (where the shape allows)
-        attrs["act_block"] = act_block(attrs["bits"], w.shape[0], attrs["group"])
+        attrs["act_block"] = act_block(attrs["bits"], K, attrs["group"])
     if bias is not None:             # a bias is not fused into the quantized GEMM: add it after
         y = g.add("matmul_q", ins, attrs)
         y = g.add("add", [y, g.const(bias.astype(np.float32))])

@@ -46,14 +46,11 @@ def from_directory(path) -> TensorSource:
             with safe_open(str(f), framework="np") as h:
                 for name in h.keys():
                     where[name] = f
-    current = {}
 
     def get(name):
-        # one shard open at a time: a mapped shard's touched pages count as resident, so keeping all
-        # of them open would hold the whole checkpoint in RSS while converting layer by layer
-        f = where[name]
-        if f not in current:
-            current.clear()
-            current[f] = safe_open(str(f), framework="pt")       # "pt" reads bf16 too
-        return current[f].get_tensor(name).float().numpy()
+        # the shard is mapped only while one tensor is read: a mapped file's touched pages count as
+        # resident, so keeping it open would hold the whole checkpoint in RSS while converting
+        import torch
+        with safe_open(str(where[name]), framework="pt") as h:      # "pt" reads bf16 too
+            return h.get_tensor(name).to(torch.float32, copy=True).numpy()     # not a view of the map
     return TensorSource(get, where.keys())

@@ -20,6 +20,10 @@ def checksum(data) -> str:
     crc = 0
     for i in range(0, len(mv), 1 << 26):
         crc = zlib.crc32(mv[i:i + (1 << 26)], crc)
+    return crc_text(crc)
+
+
+def crc_text(crc: int) -> str:
     return f"crc32:{crc:08x}"
 
 

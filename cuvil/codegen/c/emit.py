@@ -4,7 +4,12 @@ Each op's C lowering lives in lower_*.py and is registered in LOWERINGS; this fi
 context the lowerings share (buffers, dims, packed weights) and the model.c frame."""
 from __future__ import annotations
 
+import hashlib
+import shutil
+import tempfile
+import zlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -12,6 +17,7 @@ import numpy as np
 from ...errors import UnsupportedOpError
 from ...ir import dims as D
 from ...passes import memplan
+from ...runtime.artifact import crc_text
 from .ctypes_map import CTYPE
 
 WEIGHT_ALIGN = 64
@@ -36,40 +42,56 @@ def lowering(*ops, scratch=None, supports=None):
 
 
 class Weights:
-    """Constants laid out in one 64-byte aligned blob; transformed copies (packed panels) too."""
+    """Constants and their compile-time transformed copies (packed panels), 64-byte aligned, written
+    to a file as they are laid out: an 8B-parameter artifact is gigabytes, and holding the blob in
+    memory next to the graph's constants tripled the peak memory of the build."""
 
-    def __init__(self):
-        self.chunks, self.offsets, self.size = [], {}, 0
+    def __init__(self, directory=None):
+        self.offsets, self.size = {}, 0
+        self._file = tempfile.NamedTemporaryFile(dir=directory, prefix="weights-", suffix=".bin", delete=False)
+        self._sha, self._crc = hashlib.sha256(), 0
+
+    def _write(self, data):
+        self._file.write(data)
+        self._sha.update(data)
+        self._crc = zlib.crc32(data, self._crc)
 
     def add(self, key, array: np.ndarray) -> int:
         if key in self.offsets:
             return self.offsets[key]
         off = (self.size + WEIGHT_ALIGN - 1) // WEIGHT_ALIGN * WEIGHT_ALIGN
         a = np.ascontiguousarray(array)
-        self.chunks.append((off, a))
+        self._write(bytes(off - self.size))
+        self._write(memoryview(a.reshape(-1).view(np.uint8)))
         self.offsets[key] = off
         self.size = off + a.nbytes
         return off
 
-    def blob(self) -> bytearray:
-        """The blob, built in place: one buffer of the final size and no per-chunk or final copies
-        (an 8B-parameter artifact is gigabytes; each copy is one more of those in memory)."""
-        buf = bytearray(self.size)            # pages arrive as they are written
-        view = np.frombuffer(buf, np.uint8) if self.size else None
-        self.chunks.reverse()
-        while self.chunks:                    # each transformed copy is dropped once laid out
-            off, a = self.chunks.pop()
-            if a.nbytes:
-                view[off:off + a.nbytes] = np.frombuffer(a.reshape(-1).view(np.uint8), np.uint8)
-            del a
-        return buf
+    def finish(self) -> "WeightsFile":
+        self._file.close()
+        return WeightsFile(Path(self._file.name), self.size, self._sha.hexdigest(), crc_text(self._crc))
+
+
+@dataclass
+class WeightsFile:
+    """The laid-out weights on disk (a temporary file until moved into an artifact)."""
+    path: Path
+    nbytes: int
+    sha256: str
+    checksum: str
+
+    def move_to(self, dest: Path):
+        shutil.move(str(self.path), str(dest))
+
+    def discard(self):
+        self.path.unlink(missing_ok=True)
 
 
 @dataclass
 class Emitter:
     graph: object
     plan: memplan.MemoryPlan
-    weights: Weights = field(default_factory=Weights)
+    weights: Weights
     node_index: int = 0
     target: str = "native"
     tasks: list = field(default_factory=list)     # outlined parallel loops (C functions)
@@ -136,8 +158,9 @@ def unsupported(graph):
     return bad
 
 
-def generate(graph, target="native", profile=False):
-    """Returns (model.c text, weights blob bytes, memory plan, io description for the manifest)."""
+def generate(graph, target="native", profile=False, weights_dir=None):
+    """Returns (model.c text, WeightsFile, memory plan); the weights file is written in weights_dir
+    (default: the system's temporary directory) and belongs to the caller."""
     from . import lower_extra, lower_llm, lower_movement, lower_nn, lower_pointwise, lower_reduce  # noqa: F401
     bad = unsupported(graph)
     if bad:
@@ -148,7 +171,7 @@ def generate(graph, target="native", profile=False):
         return low.scratch(node, bounds) if low.scratch else 0
 
     plan = memplan.plan(graph, scratch)
-    em = Emitter(graph, plan, target=target)
+    em = Emitter(graph, plan, weights=Weights(weights_dir), target=target)
     em.by_name = {v.name: v for v in list(graph.inputs) + graph.constants()}
     for n in graph.nodes:
         for o in n.outputs:
@@ -168,6 +191,15 @@ def generate(graph, target="native", profile=False):
         if v.name in seen_out and (i, v) not in out_copies:
             out_copies.append((i, v))
         seen_out.add(v.name)
+    try:
+        _emit_body(em, graph, body, out_copies, profile)
+    except BaseException:
+        em.weights.finish().discard()
+        raise
+    return _frame(graph, em, body, plan, profile), em.weights.finish(), plan
+
+
+def _emit_body(em, graph, body, out_copies, profile):
     for idx, n in enumerate(graph.nodes):
         em.node_index = idx
         body.append(f"  /* {n.op}{' @ ' + n.loc.splitlines()[0] if n.loc else ''} */")
@@ -179,7 +211,6 @@ def generate(graph, target="native", profile=False):
     for i, v in out_copies:
         nbytes = " * ".join([D.to_c(d) for d in v.type.shape] + [str(np.dtype(v.dtype).itemsize)])
         body.append(f"  memcpy(out{i}, {em.ptr(v)}, (size_t)({nbytes}));")
-    return _frame(graph, em, body, plan, profile), em.weights.blob(), plan
 
 
 def _frame(graph, em, body, plan, profile):

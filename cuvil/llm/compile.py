@@ -2,6 +2,7 @@
 a compiled LLM artifact, with the measured error of lossy precisions against fp32."""
 from __future__ import annotations
 
+import ctypes
 import gc
 import hashlib
 import json
@@ -85,6 +86,7 @@ def from_transformers(src, *, precision="fp32", max_seq_len=2048, max_batch=1, n
     path = build_graph(graph, opts, cdir, Progress(verbose), load=False)
     del graph, tensors               # the graph's constants: free them before the artifact is loaded
     gc.collect()                     # (the graph's nodes and values refer to each other)
+    _return_freed_memory()
     meta = {"arch": spec.arch, "layers": spec.layers, "heads": spec.heads, "kv_heads": spec.kv_heads,
             "head_dim": spec.head_dim, "hidden": spec.hidden, "vocab": spec.vocab, "max_batch": max_batch,
             "max_seq_len": max_seq_len, "precision": precision, "group": group if precision == "int4" else None,
@@ -94,6 +96,15 @@ def from_transformers(src, *, precision="fp32", max_seq_len=2048, max_batch=1, n
         copy_tokenizer(src_dir, path)
     cache.remember_source(cdir, skey, path.name)
     return _finish(LLM(path, num_threads=num_threads), src, src_dir, spec, measure_error, error_prompts, verbose)
+
+
+def _return_freed_memory():
+    """glibc keeps freed heap pages (its mmap threshold grows after large frees, so gigabytes of
+    converted weights end up on the heap): hand them back before the artifact is mapped."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):       # not glibc
+        pass
 
 
 def _finish(llm, src, src_dir, spec, measure_error, error_prompts, verbose):

@@ -13,32 +13,33 @@ from . import quantize
 from .spec import LlamaSpec
 
 
-def _by_columns(w_nk: np.ndarray, convert, chunk=8192):
-    """convert([K, n] fp32) over blocks of output columns, joined along N: the transposed fp32 copy
-    of a 128k-vocabulary head alone is 2 GiB, and quantizing makes several temporaries of that size."""
-    parts = [convert(np.ascontiguousarray(w_nk[n:n + chunk].T, dtype=np.float32))
-             for n in range(0, w_nk.shape[0], chunk)]
+def _by_columns(tensors, name, convert, chunk=8192):
+    """convert([K, n] fp32) over blocks of output columns (rows of the torch-layout weight), joined
+    along N: the fp32 copy of a 128k-vocabulary head alone is 2 GiB, and quantizing it whole made
+    several temporaries of that size."""
+    parts = [convert(np.ascontiguousarray(tensors.rows(name, n, n + chunk).T, dtype=np.float32))
+             for n in range(0, tensors.shape(name)[0], chunk)]
     if isinstance(parts[0], tuple):
         return tuple(np.concatenate(p, axis=1) for p in zip(*parts))
     return np.concatenate(parts, axis=1)
 
 
-def _linear(g, x, w_nk: np.ndarray, precision: str, group: int, residual=None, bias=None):
-    """x @ W^T for a torch-layout weight [N, K], in the requested precision."""
-    K = w_nk.shape[1]
+def _linear(g, x, tensors, name, precision: str, group: int, residual=None, bias=None):
+    """x @ W^T for the torch-layout weight [N, K] `name`, in the requested precision."""
+    K = tensors.shape(name)[1]
     if precision == "fp32":
-        y = g.add("matmul", [x, g.const(np.ascontiguousarray(w_nk.T, dtype=np.float32))])
+        y = g.add("matmul", [x, g.const(np.ascontiguousarray(tensors.get(name).T, dtype=np.float32))])
         if bias is not None:
             y = g.add("add", [y, g.const(bias.astype(np.float32))])
         return g.add("add", [y, residual]) if residual is not None else y
     if precision == "bf16":
-        ins = [x, g.const(_by_columns(w_nk, quantize.to_bf16)), None]
+        ins = [x, g.const(_by_columns(tensors, name, quantize.to_bf16)), None]
         attrs = {"bits": 16}
     elif precision == "int8":
-        q, s = _by_columns(w_nk, quantize.quantize_int8)
+        q, s = _by_columns(tensors, name, quantize.quantize_int8)
         ins, attrs = [x, g.const(q), g.const(s)], {"bits": 8, "group": K}
     else:
-        q, s = _by_columns(w_nk, lambda w: quantize.quantize_int4(w, group))
+        q, s = _by_columns(tensors, name, lambda w: quantize.quantize_int4(w, group))
         ins, attrs = [x, g.const(q), g.const(s)], {"bits": 4, "group": group}
     if precision in ("int8", "int4"):    # int8 activations, integer dot products (where the shape allows)
         attrs["act_block"] = act_block(attrs["bits"], K, attrs["group"])
@@ -64,7 +65,7 @@ def build_step_graph(spec: LlamaSpec, tensors, inv_freq, rope_scale, *, precisio
     pos = g.add("add", [g.add("reshape", [start], {"shape": [B, 1]}),
                         g.add("reshape", [g.add("iota", [], {"length": T})], {"shape": [1, T]})])
     freq = g.const(inv_freq)
-    x = g.add("gather", [g.const(tensors.get("model.embed_tokens.weight").astype(np.float32)), ids], {"axis": 0})
+    x = g.add("gather", [g.const(tensors.get("model.embed_tokens.weight")), ids], {"axis": 0})
     p = "model.layers.{}."
     scale = 1.0 / float(np.sqrt(Dh))
     for i in range(spec.layers):
@@ -74,7 +75,7 @@ def build_step_graph(spec: LlamaSpec, tensors, inv_freq, rope_scale, *, precisio
         qkv = []
         for name, heads in (("q", H), ("k", Hk), ("v", Hk)):
             bias = tensors.get(t + f"self_attn.{name}_proj.bias") if spec.qkv_bias else None
-            y = _linear(g, h, tensors.get(t + f"self_attn.{name}_proj.weight"), precision, group, bias=bias)
+            y = _linear(g, h, tensors, t + f"self_attn.{name}_proj.weight", precision, group, bias=bias)
             qkv.append(g.add("reshape", [y], {"shape": [B, T, heads, Dh]}))
         q = g.add("rope", [qkv[0], pos, freq], {"scale": rope_scale})
         k = g.add("rope", [qkv[1], pos, freq], {"scale": rope_scale})
@@ -82,18 +83,18 @@ def build_step_graph(spec: LlamaSpec, tensors, inv_freq, rope_scale, *, precisio
         vc = g.add("kv_update", [vc, qkv[2], start], {"layer": i})
         a = g.add("cached_attention", [q, kc, vc, start], {"layer": i, "scale": scale})
         a = g.add("reshape", [a], {"shape": [B, T, H * Dh]})
-        x = _linear(g, a, tensors.get(t + "self_attn.o_proj.weight"), precision, group, residual=x)
+        x = _linear(g, a, tensors, t + "self_attn.o_proj.weight", precision, group, residual=x)
         h = g.add("rms_norm", [x, g.const(tensors.get(t + "post_attention_layernorm.weight").astype(np.float32))],
                   {"axis": 2, "eps": spec.rms_eps})
-        gate = _linear(g, h, tensors.get(t + "mlp.gate_proj.weight"), precision, group)
-        up = _linear(g, h, tensors.get(t + "mlp.up_proj.weight"), precision, group)
-        x = _linear(g, g.add("mul", [g.add("silu", [gate]), up]), tensors.get(t + "mlp.down_proj.weight"),
+        gate = _linear(g, h, tensors, t + "mlp.gate_proj.weight", precision, group)
+        up = _linear(g, h, tensors, t + "mlp.up_proj.weight", precision, group)
+        x = _linear(g, g.add("mul", [g.add("silu", [gate]), up]), tensors, t + "mlp.down_proj.weight",
                     precision, group, residual=x)
         if progress:
             progress(i + 1, spec.layers)
     x = g.add("rms_norm", [x, g.const(tensors.get("model.norm.weight").astype(np.float32))],
               {"axis": 2, "eps": spec.rms_eps})
     head = "lm_head.weight" if "lm_head.weight" in tensors and not spec.tie_embeddings else "model.embed_tokens.weight"
-    g.outputs = [_linear(g, x, tensors.get(head), precision, group)]
+    g.outputs = [_linear(g, x, tensors, head, precision, group)]
     g.output_names = ["logits"]
     return g

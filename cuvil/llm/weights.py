@@ -12,22 +12,37 @@ from ..errors import CuvilError
 
 
 class TensorSource:
-    def __init__(self, get, names):
-        self._get = get
+    """get(name) -> the whole tensor as float32; rows(name, start, stop) -> a slice of its first axis
+    (read alone: a 128k-vocabulary head converts in blocks without its 2 GiB fp32 copy)."""
+
+    def __init__(self, get, names, rows, shape):
+        self._get, self._rows, self._shape = get, rows, shape
         self.names = set(names)
 
     def __contains__(self, name):
         return name in self.names
 
     def get(self, name) -> np.ndarray:
+        self._check(name)
+        return self._get(name)
+
+    def rows(self, name, start, stop) -> np.ndarray:
+        self._check(name)
+        return self._rows(name, start, stop)
+
+    def shape(self, name) -> tuple:
+        self._check(name)
+        return self._shape(name)
+
+    def _check(self, name):
         if name not in self.names:
             raise CuvilError(f"checkpoint has no tensor {name!r}")
-        return self._get(name)
 
 
 def from_model(model) -> TensorSource:
     sd = model.state_dict()
-    return TensorSource(lambda n: sd[n].detach().float().cpu().numpy(), sd.keys())
+    return TensorSource(lambda n: sd[n].detach().float().cpu().numpy(), sd.keys(),
+                        lambda n, a, b: sd[n][a:b].detach().float().cpu().numpy(), lambda n: tuple(sd[n].shape))
 
 
 def from_directory(path) -> TensorSource:
@@ -46,11 +61,19 @@ def from_directory(path) -> TensorSource:
             with safe_open(str(f), framework="np") as h:
                 for name in h.keys():
                     where[name] = f
+    import torch
 
+    # the shard is mapped only while one tensor is read: a mapped file's touched pages count as
+    # resident, so keeping it open would hold the whole checkpoint in RSS while converting
     def get(name):
-        # the shard is mapped only while one tensor is read: a mapped file's touched pages count as
-        # resident, so keeping it open would hold the whole checkpoint in RSS while converting
-        import torch
         with safe_open(str(where[name]), framework="pt") as h:      # "pt" reads bf16 too
             return h.get_tensor(name).to(torch.float32, copy=True).numpy()     # not a view of the map
-    return TensorSource(get, where.keys())
+
+    def rows(name, a, b):
+        with safe_open(str(where[name]), framework="pt") as h:
+            return h.get_slice(name)[a:b].to(torch.float32, copy=True).numpy()
+
+    def shape(name):
+        with safe_open(str(where[name]), framework="pt") as h:
+            return tuple(h.get_slice(name).get_shape())
+    return TensorSource(get, where.keys(), rows, shape)

@@ -194,7 +194,7 @@ static inline const float *b_block(const void *B, int bits, const float *scales,
 }
 
 typedef struct {
-    int64_t M, N, K, lda, ldc, group, np, nb, pb;
+    int64_t M, N, K, lda, ldc, group, np, nb, pb, mc;
     const float *A, *scales;
     const void *B;
     int bits;
@@ -202,14 +202,14 @@ typedef struct {
     const cuvil_epilogue *ep;
 } gemm_args;
 
-/* Tasks t in [t0, t1): each one M block (MC rows) x pb panels, K blocked, epilogue on the last block. */
+/* Tasks t in [t0, t1): each one M block (mc rows) x pb panels, K blocked, epilogue on the last block. */
 static void gemm_task(void *ctx, int64_t t0, int64_t t1) {
     const gemm_args *g = ctx;
     float acc[CUVIL_MR][CUVIL_NR];
     float buf[CUVIL_KC * CUVIL_NR] __attribute__((aligned(64)));
     for (int64_t t = t0; t < t1; t++) {
-        int64_t m0 = (t / g->nb) * CUVIL_MC, p0 = (t % g->nb) * g->pb;
-        int64_t m1 = m0 + CUVIL_MC < g->M ? m0 + CUVIL_MC : g->M, p1 = p0 + g->pb < g->np ? p0 + g->pb : g->np;
+        int64_t m0 = (t / g->nb) * g->mc, p0 = (t % g->nb) * g->pb;
+        int64_t m1 = m0 + g->mc < g->M ? m0 + g->mc : g->M, p1 = p0 + g->pb < g->np ? p0 + g->pb : g->np;
         int64_t k0 = 0;
         do {
             int64_t kc = g->K - k0 < CUVIL_KC ? g->K - k0 : CUVIL_KC;
@@ -265,16 +265,19 @@ static void gemm_driver(int64_t M, int64_t N, int64_t K, const float *A, int64_t
     if (M <= 0 || N <= 0) return;
     int64_t np = (N + CUVIL_NR - 1) / CUVIL_NR;
     if (M == 1 && K > 0 && (bits == 32 || bits == 16)) {
-        gemm_args g = {M, N, K, lda, ldc, group, np, 0, 0, A, scales, B, bits, C, ep};
+        gemm_args g = {M, N, K, lda, ldc, group, np, 0, 0, 1, A, scales, B, bits, C, ep};
         cuvil_parallel_for(N * K > 65536 ? nthreads : 1, np, 4, gemv_task, &g);
         return;
     }
-    int64_t mb = (M + CUVIL_MC - 1) / CUVIL_MC;
+    /* M blocks of equal size, up to 1.5 MC rows (the A block stays in L2): 128 rows were a block of
+     * 120 and one of 8, which streamed every weight twice, the second time for 8 rows */
+    int64_t mb = (M + CUVIL_MC * 3 / 2 - 1) / (CUVIL_MC * 3 / 2);
+    int64_t mc = ((M + mb - 1) / mb + CUVIL_MR - 1) / CUVIL_MR * CUVIL_MR;
     /* panels per task: enough tasks for every thread, few enough to reuse A from cache */
     int64_t pb = np * mb >= 8 * nthreads ? 4 : 1;
     if (bits == 32 && K <= 192 && np * mb >= 32 * nthreads) pb = 16;   /* shallow K: longer runs of C rows */
     int64_t nb = (np + pb - 1) / pb;
-    gemm_args g = {M, N, K, lda, ldc, group, np, nb, pb, A, scales, B, bits, C, ep};
+    gemm_args g = {M, N, K, lda, ldc, group, np, nb, pb, mc, A, scales, B, bits, C, ep};
     cuvil_parallel_for(M * N * K > 65536 ? nthreads : 1, mb * nb, 1, gemm_task, &g);
 }
 

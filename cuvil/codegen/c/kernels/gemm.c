@@ -34,22 +34,23 @@ void cuvil_pack_b(int64_t K, int64_t N, const float *B, int64_t ldb, int trans, 
     cuvil_parallel_for(np * K > 16384 ? nthreads : 1, np, 1, pack_task, &a);
 }
 
-/* MR x NR register tile over one K block; rows past mr read row 0 and are not stored. */
+/* MR x NR register tile over one K block of packed A ([k][MR], see pack_a); rows past mr are
+ * copies of the tile's first row, computed and not stored. */
 #define CUVIL_UKERNEL(MRV)                                                                        \
-static inline void cuvil_ukernel_##MRV(int64_t kc, const float *A, int64_t lda, const float *Bp,  \
+static inline void cuvil_ukernel_##MRV(int64_t kc, const float *Ap, const float *Bp,              \
                                         float acc[CUVIL_MR][CUVIL_NR]) {                          \
     cuvil_vf c0[MRV], c1[MRV];                                                                     \
     for (int i = 0; i < MRV; i++) { c0[i] = cuvil_vsplat(0.f); c1[i] = cuvil_vsplat(0.f); }       \
     for (int64_t k = 0; k < kc; k++) {                                                             \
         cuvil_vf b0 = cuvil_vload(Bp + k * CUVIL_NR), b1 = cuvil_vload(Bp + k * CUVIL_NR + CUVIL_VL); \
         for (int i = 0; i < MRV; i++) {                                                            \
-            cuvil_vf a = cuvil_vsplat(A[i * lda + k]);                                             \
+            cuvil_vf a = cuvil_vsplat(Ap[k * CUVIL_MR + i]);                                       \
             c0[i] += a * b0; c1[i] += a * b1;                                                      \
         }                                                                                          \
     }                                                                                              \
     for (int i = 0; i < MRV; i++) { cuvil_vstore(acc[i], c0[i]); cuvil_vstore(acc[i] + CUVIL_VL, c1[i]); } \
 }
-CUVIL_UKERNEL(2) CUVIL_UKERNEL(3) CUVIL_UKERNEL(4) CUVIL_UKERNEL(5) CUVIL_UKERNEL(6)
+CUVIL_UKERNEL(1) CUVIL_UKERNEL(2) CUVIL_UKERNEL(3) CUVIL_UKERNEL(4) CUVIL_UKERNEL(5) CUVIL_UKERNEL(6)
 
 /* One row (GEMV, batch-1 inference): memory bound, so four independent accumulator pairs hide
  * the FMA latency instead of waiting on one chain. */
@@ -107,16 +108,26 @@ static inline void cuvil_ukernel_row_bf16(int64_t kc, const float *A, const uint
     cuvil_vstore(acc[0] + CUVIL_VL, (c[1] + c[3]) + (c[5] + c[7]));
 }
 
-static inline void cuvil_ukernel(int mr, int64_t kc, const float *A, int64_t lda, const float *Bp,
+static inline void cuvil_ukernel(int mr, int64_t kc, const float *Ap, const float *Bp,
                                  float acc[CUVIL_MR][CUVIL_NR]) {
     switch (mr) {
-    case 1: cuvil_ukernel_row(kc, A, Bp, acc); break;
-    case 2: cuvil_ukernel_2(kc, A, lda, Bp, acc); break;
-    case 3: cuvil_ukernel_3(kc, A, lda, Bp, acc); break;
-    case 4: cuvil_ukernel_4(kc, A, lda, Bp, acc); break;
-    case 5: cuvil_ukernel_5(kc, A, lda, Bp, acc); break;
-    default: cuvil_ukernel_6(kc, A, lda, Bp, acc); break;
+    case 1: cuvil_ukernel_1(kc, Ap, Bp, acc); break;
+    case 2: cuvil_ukernel_2(kc, Ap, Bp, acc); break;
+    case 3: cuvil_ukernel_3(kc, Ap, Bp, acc); break;
+    case 4: cuvil_ukernel_4(kc, Ap, Bp, acc); break;
+    case 5: cuvil_ukernel_5(kc, Ap, Bp, acc); break;
+    default: cuvil_ukernel_6(kc, Ap, Bp, acc); break;
     }
+}
+
+/* Rows [i0, i1) (at most MR) x columns [k0, k0 + kc) of A as one tile [kc][MR] (rows past i1
+ * repeat row i0): the micro-kernel then reads A in one sequential stream instead of MR rows lda
+ * apart, which alias in L1 when lda is a multiple of 1024 floats. */
+static void pack_a(const float *A, int64_t lda, int64_t i0, int64_t i1, int64_t k0, int64_t kc, float *Ap) {
+    const float *rows[CUVIL_MR];
+    for (int i = 0; i < CUVIL_MR; i++) rows[i] = A + (i0 + i < i1 ? i0 + i : i0) * lda + k0;
+    for (int64_t k = 0; k < kc; k++)
+        for (int i = 0; i < CUVIL_MR; i++) Ap[k * CUVIL_MR + i] = rows[i][k];
 }
 
 /* Writes one MR x NR tile: raw partial sums for early K blocks, the epilogue on the last, in
@@ -196,6 +207,7 @@ static inline const float *b_block(const void *B, int bits, const float *scales,
 typedef struct {
     int64_t M, N, K, lda, ldc, group, np, nb, pb, mc;
     const float *A, *scales;
+    float *ap;                    /* A packed in MR-row tiles, or 0 (each task packs its own tiles) */
     const void *B;
     int bits;
     float *C;
@@ -203,10 +215,45 @@ typedef struct {
 } gemm_args;
 
 /* Tasks t in [t0, t1): each one M block (mc rows) x pb panels, K blocked, epilogue on the last block. */
+/* A packed once per call, before the tasks run, into the calling thread's buffer (grown on demand
+ * and kept): K block kb, row tile ti at (kb * KC * tiles + ti * kc) * MR. Every task of an M block
+ * reads the same tiles, so packing inside the tasks would repeat it for each of them. */
+static __thread float *apack;
+static __thread int64_t apack_cap;
+
+static float *apack_buffer(int64_t n) {
+    if (n > apack_cap) {
+        free(apack);
+        apack = malloc((size_t)n * sizeof(float));
+        apack_cap = apack ? n : 0;
+    }
+    return apack;
+}
+
+static void pack_a_task(void *ctx, int64_t t0, int64_t t1) {
+    const gemm_args *g = ctx;
+    int64_t tiles = (g->M + CUVIL_MR - 1) / CUVIL_MR;
+    for (int64_t ti = t0; ti < t1; ti++)
+        for (int64_t k0 = 0; k0 < g->K; k0 += CUVIL_KC) {
+            int64_t kc = g->K - k0 < CUVIL_KC ? g->K - k0 : CUVIL_KC, i0 = ti * CUVIL_MR;
+            pack_a(g->A, g->lda, i0, i0 + CUVIL_MR < g->M ? i0 + CUVIL_MR : g->M, k0, kc,
+                   g->ap + (k0 * tiles + ti * kc) * CUVIL_MR);
+        }
+}
+
+/* The packed tile of rows [i0, i0 + MR) for the K block at k0; packed now into `tile` when the
+ * buffer could not be allocated. */
+static inline const float *a_tile(const gemm_args *g, int64_t i0, int64_t k0, int64_t kc, float *tile) {
+    if (g->ap) return g->ap + (k0 * ((g->M + CUVIL_MR - 1) / CUVIL_MR) + i0 / CUVIL_MR * kc) * CUVIL_MR;
+    pack_a(g->A, g->lda, i0, i0 + CUVIL_MR < g->M ? i0 + CUVIL_MR : g->M, k0, kc, tile);
+    return tile;
+}
+
 static void gemm_task(void *ctx, int64_t t0, int64_t t1) {
     const gemm_args *g = ctx;
     float acc[CUVIL_MR][CUVIL_NR];
     float buf[CUVIL_KC * CUVIL_NR] __attribute__((aligned(64)));
+    float tile[CUVIL_KC * CUVIL_MR] __attribute__((aligned(64)));
     for (int64_t t = t0; t < t1; t++) {
         int64_t m0 = (t / g->nb) * g->mc, p0 = (t % g->nb) * g->pb;
         int64_t m1 = m0 + g->mc < g->M ? m0 + g->mc : g->M, p1 = p0 + g->pb < g->np ? p0 + g->pb : g->np;
@@ -219,10 +266,10 @@ static void gemm_task(void *ctx, int64_t t0, int64_t t1) {
                  * run across the task's panels; writing C, not reading B, is what costs here */
                 for (int64_t i0 = m0; i0 < m1; i0 += CUVIL_MR) {
                     int mr = (int)(m1 - i0 < CUVIL_MR ? m1 - i0 : CUVIL_MR);
+                    const float *ap = kc > 0 ? a_tile(g, i0, k0, kc, tile) : 0;
                     for (int64_t p = p0; p < p1; p++) {
                         int64_t n0 = p * CUVIL_NR, nr = g->N - n0 < CUVIL_NR ? g->N - n0 : CUVIL_NR;
-                        if (kc > 0) cuvil_ukernel(mr, kc, g->A + i0 * g->lda + k0, g->lda,
-                                                  (const float *)g->B + (p * g->K + k0) * CUVIL_NR, acc);
+                        if (kc > 0) cuvil_ukernel(mr, kc, ap, (const float *)g->B + (p * g->K + k0) * CUVIL_NR, acc);
                         else memset(acc, 0, sizeof acc);
                         store_tile(acc, mr, nr, g->C, g->ldc, i0, n0, first, last, g->ep);
                     }
@@ -235,7 +282,7 @@ static void gemm_task(void *ctx, int64_t t0, int64_t t1) {
                 int64_t n0 = p * CUVIL_NR, nr = g->N - n0 < CUVIL_NR ? g->N - n0 : CUVIL_NR;
                 for (int64_t i0 = m0; i0 < m1; i0 += CUVIL_MR) {
                     int mr = (int)(m1 - i0 < CUVIL_MR ? m1 - i0 : CUVIL_MR);
-                    if (kc > 0) cuvil_ukernel(mr, kc, g->A + i0 * g->lda + k0, g->lda, bp, acc);
+                    if (kc > 0) cuvil_ukernel(mr, kc, a_tile(g, i0, k0, kc, tile), bp, acc);
                     else memset(acc, 0, sizeof acc);
                     store_tile(acc, mr, nr, g->C, g->ldc, i0, n0, first, last, g->ep);
                 }
@@ -265,7 +312,7 @@ static void gemm_driver(int64_t M, int64_t N, int64_t K, const float *A, int64_t
     if (M <= 0 || N <= 0) return;
     int64_t np = (N + CUVIL_NR - 1) / CUVIL_NR;
     if (M == 1 && K > 0 && (bits == 32 || bits == 16)) {
-        gemm_args g = {M, N, K, lda, ldc, group, np, 0, 0, 1, A, scales, B, bits, C, ep};
+        gemm_args g = {M, N, K, lda, ldc, group, np, 0, 0, 1, A, scales, 0, B, bits, C, ep};
         cuvil_parallel_for(N * K > 65536 ? nthreads : 1, np, 4, gemv_task, &g);
         return;
     }
@@ -277,7 +324,10 @@ static void gemm_driver(int64_t M, int64_t N, int64_t K, const float *A, int64_t
     int64_t pb = np * mb >= 8 * nthreads ? 4 : 1;
     if (bits == 32 && K <= 192 && np * mb >= 32 * nthreads) pb = 16;   /* shallow K: longer runs of C rows */
     int64_t nb = (np + pb - 1) / pb;
-    gemm_args g = {M, N, K, lda, ldc, group, np, nb, pb, mc, A, scales, B, bits, C, ep};
+    int64_t tiles = (M + CUVIL_MR - 1) / CUVIL_MR;
+    gemm_args g = {M, N, K, lda, ldc, group, np, nb, pb, mc, A, scales, apack_buffer(tiles * CUVIL_MR * K), B, bits,
+                   C, ep};
+    if (g.ap) cuvil_parallel_for(M * K > 65536 ? nthreads : 1, tiles, 1, pack_a_task, &g);
     cuvil_parallel_for(M * N * K > 65536 ? nthreads : 1, mb * nb, 1, gemm_task, &g);
 }
 

@@ -42,3 +42,13 @@ def run(thread_counts):
             rows.append((threads, M, N, K, flop / med["numpy"] / 1e9, flop / med["cuvil"] / 1e9))
             print(f"[{threads}t] gemm {M}x{N}x{K}: numpy {rows[-1][4]:.1f} GFLOP/s, cuvil {rows[-1][5]:.1f}", flush=True)
     return rows
+
+
+if __name__ == "__main__":     # python -m benchmarks.gemm_sweep [--threads 1,2]: the sweep alone
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--threads", default="1,2")
+    result = run([int(t) for t in ap.parse_args().threads.split(",")])
+    print("| threads | M | N | K | numpy/OpenBLAS | cuvil | ratio |\n|---|---|---|---|---|---|---|")
+    for threads, M, N, K, np_g, cv_g in result:
+        print(f"| {threads} | {M} | {N} | {K} | {np_g:.1f} | {cv_g:.1f} | {cv_g / np_g:.2f} |")

@@ -760,7 +760,9 @@ def conv_tiles(op):
     f = lambda *s: rand(r, s, "float32", -1, 1)  # noqa: E731
     spatial = {1: (1, 1), 15: (3, 5), 17: (1, 17), 33: (3, 11)}
     for o in MS:
-        for (cin, kh, kw), n in [((1, 1, 1), 1), ((3, 1, 1), 15), ((300, 1, 1), 17), ((12, 3, 3), 33), ((2, 5, 5), 17)]:
+        # K = 405: the prepacked filters span two K blocks of the micro-kernel
+        for (cin, kh, kw), n in [((1, 1, 1), 1), ((3, 1, 1), 15), ((300, 1, 1), 17), ((12, 3, 3), 33), ((2, 5, 5), 17),
+                                 ((45, 3, 3), 15)]:
             oh, ow = spatial[n]
             x = c.input(f(1, cin, oh + kh - 1, ow + kw - 1))
             _conv(c, x, c.const(f(o, cin, kh, kw)), c.const(f(o)) if o % 2 else None,
@@ -836,6 +838,10 @@ def pool(op):
     x1 = c.input(rand(r, (2, 3, 11), "float32"))
     c.out(c.add(op, [x1], dict(kernel=(3,), strides=(2,), ceil_mode=True)), "1-d ceil_mode")
     c.out(c.add(op, [x1], dict(kernel=(4,), pads=((2, 1),), strides=(3,))), "1-d pads")
+    # rows wider than the kernel's 2048-column row buffer: split in strips; a window wider than it
+    xw = c.input(rand(r, (1, 2, 3, 4500), "float32"))
+    c.out(c.add(op, [xw], dict(kernel=(2, 3), strides=(1, 2), pads=((0, 0), (1, 1)))), "4500 columns")
+    c.out(c.add(op, [xw], dict(kernel=(1, 2100), strides=(1, 700))), "window of 2100 columns")
     if op == "avg_pool":
         c.out(c.add(op, [x1], dict(kernel=(4,), pads=((2, 1),), strides=(3,), ceil_mode=True, count_include_pad=True)),
               "1-d pads ceil_mode count_include_pad")

@@ -28,6 +28,22 @@ def pack_b(b: np.ndarray, nr: int) -> np.ndarray:
     return out
 
 
+# kernels/gemm.h's register tile rows and K block: the layout of a prepacked A operand
+GEMM_MR, GEMM_KC = 6, 384
+
+
+def pack_a(a: np.ndarray) -> np.ndarray:
+    """[M, K] -> the tiles cuvil_sgemm_packed_ab reads: per K block of GEMM_KC, per tile of GEMM_MR
+    rows, [kc][MR] (zero rows past M)."""
+    M, K = a.shape
+    tiles = -(-M // GEMM_MR)
+    padded = np.zeros((tiles * GEMM_MR, K), np.float32)
+    padded[:M] = a
+    blocks = [padded[:, k0:k0 + GEMM_KC].reshape(tiles, GEMM_MR, -1).transpose(0, 2, 1).ravel()
+              for k0 in range(0, K, GEMM_KC)]
+    return np.concatenate(blocks) if blocks else np.zeros(0, np.float32)
+
+
 def _mat_dims(v, is_b):
     s = v.type.shape
     if len(s) == 1:
@@ -175,8 +191,17 @@ def lower_conv(em, node):
     bias = em.ptr(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else "0"
     res = em.ptr(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else "0"
     act = ACT_CODES[node.attrs["act"]]
+    w, groups = node.inputs[1], node.attrs.get("groups", 1)
+    depthwise = groups > 1 and w.shape[1] == 1          # the direct kernel reads w as it is
+    wp, wptr = "0", None
+    if w.is_const and not depthwise:     # filters packed at compile time into the GEMM's A tiles only
+        og = w.shape[0] // groups
+        wp = em.packed("conv_a", w, lambda d: np.concatenate(
+            [pack_a(g.reshape(og, -1)) for g in np.split(d.astype(np.float32), groups)]))
+        wptr = "0"
     return ["{", f"  const cuvil_conv_shape s = {_shape_struct(s)};",
-            f"  cuvil_conv2d(&s, {em.ptr(node.inputs[0])}, {em.ptr(node.inputs[1])}, {bias}, {res}, "
+            f"  _Static_assert(CUVIL_MR == {GEMM_MR} && CUVIL_KC == {GEMM_KC}, \"conv filters packed for another tile\");",
+            f"  cuvil_conv2d(&s, {em.ptr(node.inputs[0])}, {wptr or em.ptr(w)}, {wp}, {bias}, {res}, "
             f"{em.ptr(node.outputs[0])}, {act}, {em.scratch()}, NT);", "}"]
 
 

@@ -15,21 +15,37 @@ static void im2col_task(void *ctx, int64_t p0, int64_t p1) {
     int64_t N = s->OH * s->OW, K = a->cg * s->KH * s->KW;
     for (int64_t p = p0; p < p1; p++) {
         float *dst = a->Bp + p * K * CUVIL_NR;
-        int64_t ih0[CUVIL_NR], iw0[CUVIL_NR];
-        for (int j = 0; j < CUVIL_NR; j++) {
-            int64_t n = p * CUVIL_NR + j;
-            ih0[j] = n < N ? (n / s->OW) * s->sh - s->ph : INT64_MIN / 4;
-            iw0[j] = n < N ? (n % s->OW) * s->sw - s->pw : INT64_MIN / 4;
+        /* the panel's columns as runs along one output row: inside a run the input columns are
+         * evenly spaced, so bounds are found once per run, not tested per element */
+        int64_t run_oh[CUVIL_NR], run_ow[CUVIL_NR], run_len[CUVIL_NR], runs = 0, filled = 0;
+        for (int64_t n = p * CUVIL_NR, end = n + CUVIL_NR < N ? n + CUVIL_NR : N; n < end; runs++) {
+            run_oh[runs] = n / s->OW, run_ow[runs] = n % s->OW;
+            run_len[runs] = s->OW - run_ow[runs] < end - n ? s->OW - run_ow[runs] : end - n;
+            n += run_len[runs], filled += run_len[runs];
         }
         for (int64_t c = 0; c < a->cg; c++)
             for (int64_t kh = 0; kh < s->KH; kh++)
                 for (int64_t kw = 0; kw < s->KW; kw++) {
                     float *d = dst + ((c * s->KH + kh) * s->KW + kw) * CUVIL_NR;
                     const float *xc = a->x + c * s->H * s->W;
-                    for (int j = 0; j < CUVIL_NR; j++) {
-                        int64_t ih = ih0[j] + kh * s->dh, iw = iw0[j] + kw * s->dw;
-                        d[j] = (ih >= 0 && ih < s->H && iw >= 0 && iw < s->W) ? xc[ih * s->W + iw] : 0.f;
+                    for (int64_t r = 0; r < runs; r++) {
+                        int64_t len = run_len[r], ih = run_oh[r] * s->sh - s->ph + kh * s->dh;
+                        int64_t iw0 = run_ow[r] * s->sw - s->pw + kw * s->dw;
+                        /* no divisions for stride 1: they would cost more than the copy */
+                        int64_t lo = iw0 >= 0 ? 0 : s->sw == 1 ? -iw0 : (-iw0 + s->sw - 1) / s->sw;
+                        int64_t hi = ih < 0 || ih >= s->H || iw0 >= s->W ? 0
+                                   : s->sw == 1 ? s->W - iw0 : (s->W - 1 - iw0) / s->sw + 1;
+                        if (hi > len) hi = len;
+                        if (lo > hi) lo = hi;
+                        const float *row = xc + ih * s->W + iw0;
+                        int64_t t = 0;
+                        for (; t < lo; t++) d[t] = 0.f;
+                        if (s->sw == 1) for (; t < hi; t++) d[t] = row[t];
+                        else for (; t < hi; t++) d[t] = row[t * s->sw];
+                        for (; t < len; t++) d[t] = 0.f;
+                        d += len;
                     }
+                    for (int64_t j = filled; j < CUVIL_NR; j++) d[j - filled] = 0.f;
                 }
     }
 }
@@ -80,7 +96,7 @@ static void depthwise(const cuvil_conv_shape *s, const float *x, const float *w,
     cuvil_parallel_for(nthreads, s->N * s->O, 1, depthwise_task, &a);
 }
 
-void cuvil_conv2d(const cuvil_conv_shape *s, const float *x, const float *w, const float *bias,
+void cuvil_conv2d(const cuvil_conv_shape *s, const float *x, const float *w, const float *wp, const float *bias,
                   const float *residual, float *y, int act, float *scratch, int nthreads) {
     if (s->groups == s->C && s->O % s->C == 0 && s->groups > 1) {
         depthwise(s, x, w, bias, residual, y, act, nthreads);
@@ -95,55 +111,111 @@ void cuvil_conv2d(const cuvil_conv_shape *s, const float *x, const float *w, con
             else im2col_packed(s, xg, cg, scratch, nthreads);
             cuvil_epilogue ep = {bias ? bias + g * og : 0, 0, residual ? residual + (n * s->O + g * og) * N : 0,
                                  N, 1.f, act};
-            cuvil_sgemm_packed(og, N, K, w + g * og * K, K, scratch, y + (n * s->O + g * og) * N, N, &ep, nthreads);
+            float *yg = y + (n * s->O + g * og) * N;
+            if (wp) cuvil_sgemm_packed_ab(og, N, K, wp + g * cuvil_packed_a_size(og, K), scratch, yg, N, &ep, nthreads);
+            else cuvil_sgemm_packed(og, N, K, w + g * og * K, K, scratch, yg, N, &ep, nthreads);
         }
 }
 
 typedef struct { const cuvil_conv_shape *s; int64_t ph1, pw1; int mode; const float *x; float *y; } pool_args;
 
+static inline float pool_combine(int mode, float acc, float v) {
+    return mode == 0 ? ((v > acc || v != v) ? v : acc) : acc + v;     /* max propagates NaN, as torch */
+}
+
+/* Window positions [k0, k1) of one axis that fall inside the input, for the output at o. */
+static inline void pool_window(int64_t o, int64_t stride, int64_t pad, int64_t dil, int64_t k, int64_t size,
+                               int64_t *start, int64_t *k0, int64_t *k1) {
+    *start = o * stride - pad;
+    *k0 = *start >= 0 ? 0 : (-*start + dil - 1) / dil;
+    *k1 = k;
+    while (*k1 > *k0 && *start + (*k1 - 1) * dil >= size) (*k1)--;
+}
+
+/* The divisor of an average: the window's positions inside the input, or for mode 2 inside the
+ * declared pads too (not the ceil_mode overhang). */
+static int64_t pool_count(const pool_args *a, int64_t h0, int64_t kh0, int64_t kh1, int64_t w0, int64_t kw0,
+                          int64_t kw1) {
+    const cuvil_conv_shape *s = a->s;
+    if (a->mode != 2) return (kh1 - kh0) * (kw1 - kw0);
+    int64_t rh = 0, rw = 0;
+    for (int64_t kh = 0; kh < s->KH; kh++) rh += h0 + kh * s->dh >= -s->ph && h0 + kh * s->dh < s->H + a->ph1;
+    for (int64_t kw = 0; kw < s->KW; kw++) rw += w0 + kw * s->dw >= -s->pw && w0 + kw * s->dw < s->W + a->pw1;
+    return rh * rw;
+}
+
+static inline float pool_finish(const pool_args *a, float acc, int64_t h0, int64_t kh0, int64_t kh1, int64_t w0,
+                                int64_t kw0, int64_t kw1) {
+    if (a->mode == 0) return acc;
+    int64_t cnt = pool_count(a, h0, kh0, kh1, w0, kw0, kw1);
+    return acc / (float)(cnt > 0 ? cnt : 1);
+}
+
+/* Output columns [o0, o1) of one output row: the window's input rows are combined first over the
+ * input columns those outputs read, in one vectorizable pass, then each output reads KW values of
+ * that combined row instead of KH x KW. */
+#define POOL_ROW_MAX 2048
+static void pool_row_strip(const pool_args *a, const float *xc, float *yr, int64_t oh, int64_t o0, int64_t o1) {
+    const cuvil_conv_shape *s = a->s;
+    float row[POOL_ROW_MAX];
+    int64_t h0, kh0, kh1;
+    pool_window(oh, s->sh, s->ph, s->dh, s->KH, s->H, &h0, &kh0, &kh1);
+    int64_t c0 = o0 * s->sw - s->pw, c1 = (o1 - 1) * s->sw - s->pw + (s->KW - 1) * s->dw + 1;
+    if (c0 < 0) c0 = 0;
+    if (c1 > s->W) c1 = s->W;
+    const float init = a->mode == 0 ? -INFINITY : 0.f;
+    for (int64_t w = c0; w < c1; w++) row[w - c0] = init;
+    for (int64_t kh = kh0; kh < kh1; kh++) {
+        const float *in = xc + (h0 + kh * s->dh) * s->W;
+        if (a->mode == 0) for (int64_t w = c0; w < c1; w++) row[w - c0] = pool_combine(0, row[w - c0], in[w]);
+        else for (int64_t w = c0; w < c1; w++) row[w - c0] += in[w];
+    }
+    for (int64_t ow = o0; ow < o1; ow++) {
+        int64_t w0, kw0, kw1;
+        pool_window(ow, s->sw, s->pw, s->dw, s->KW, s->W, &w0, &kw0, &kw1);
+        const float *r = row + w0 - c0;
+        float acc = init;
+        int nan = 0;
+        /* branch-free (a data-dependent branch per element mispredicts half the time on real data);
+         * NaN, which the max instruction would drop, is tracked on the side */
+        if (a->mode == 0) for (int64_t kw = kw0; kw < kw1; kw++) {
+            float v = r[kw * s->dw];
+            acc = v > acc ? v : acc;
+            nan |= v != v;
+        }
+        else for (int64_t kw = kw0; kw < kw1; kw++) acc += r[kw * s->dw];
+        yr[ow] = nan ? NAN : pool_finish(a, acc, h0, kh0, kh1, w0, kw0, kw1);
+    }
+}
+
+/* A window wider than the row buffer: each output combines its KH x KW inputs directly. */
+static void pool_wide(const pool_args *a, const float *xc, float *yr, int64_t oh) {
+    const cuvil_conv_shape *s = a->s;
+    int64_t h0, kh0, kh1;
+    pool_window(oh, s->sh, s->ph, s->dh, s->KH, s->H, &h0, &kh0, &kh1);
+    for (int64_t ow = 0; ow < s->OW; ow++) {
+        int64_t w0, kw0, kw1;
+        pool_window(ow, s->sw, s->pw, s->dw, s->KW, s->W, &w0, &kw0, &kw1);
+        float acc = a->mode == 0 ? -INFINITY : 0.f;
+        for (int64_t kh = kh0; kh < kh1; kh++)
+            for (int64_t kw = kw0; kw < kw1; kw++)
+                acc = pool_combine(a->mode, acc, xc[(h0 + kh * s->dh) * s->W + w0 + kw * s->dw]);
+        yr[ow] = pool_finish(a, acc, h0, kh0, kh1, w0, kw0, kw1);
+    }
+}
+
 static void pool_task(void *ctx, int64_t nc0, int64_t nc1) {
     const pool_args *a = ctx;
     const cuvil_conv_shape *s = a->s;
-    for (int64_t nc = nc0; nc < nc1; nc++) {
-        const float *xc = a->x + nc * s->H * s->W;
-        float *yc = a->y + nc * s->OH * s->OW;
-        for (int64_t oh = 0; oh < s->OH; oh++) {
-            /* the window rows inside the input, found once per output row, not tested per element */
-            int64_t h0 = oh * s->sh - s->ph;
-            int64_t kh0 = h0 >= 0 ? 0 : (-h0 + s->dh - 1) / s->dh;
-            int64_t kh1 = s->KH;
-            while (kh1 > kh0 && h0 + (kh1 - 1) * s->dh >= s->H) kh1--;
-            for (int64_t ow = 0; ow < s->OW; ow++) {
-                int64_t w0 = ow * s->sw - s->pw;
-                int64_t kw0 = w0 >= 0 ? 0 : (-w0 + s->dw - 1) / s->dw;
-                int64_t kw1 = s->KW;
-                while (kw1 > kw0 && w0 + (kw1 - 1) * s->dw >= s->W) kw1--;
-                float acc = a->mode == 0 ? -INFINITY : 0.f;
-                for (int64_t kh = kh0; kh < kh1; kh++) {
-                    const float *row = xc + (h0 + kh * s->dh) * s->W + w0;
-                    for (int64_t kw = kw0; kw < kw1; kw++) {
-                        float v = row[kw * s->dw];
-                        if (a->mode == 0) acc = (v > acc || v != v) ? v : acc;
-                        else acc += v;
-                    }
-                }
-                int64_t cnt = (kh1 - kh0) * (kw1 - kw0);
-                if (a->mode == 2) {        /* count the declared pads too, not the ceil_mode overhang */
-                    int64_t rh = 0, rw = 0;
-                    for (int64_t kh = 0; kh < s->KH; kh++) {
-                        int64_t ih = h0 + kh * s->dh;
-                        rh += ih >= -s->ph && ih < s->H + a->ph1;
-                    }
-                    for (int64_t kw = 0; kw < s->KW; kw++) {
-                        int64_t iw = w0 + kw * s->dw;
-                        rw += iw >= -s->pw && iw < s->W + a->pw1;
-                    }
-                    cnt = rh * rw;
-                }
-                yc[oh * s->OW + ow] = a->mode == 0 ? acc : acc / (float)(cnt > 0 ? cnt : 1);
-            }
-        }
-    }
+    /* outputs per strip so that the input columns they read fit the row buffer */
+    int64_t span = (s->KW - 1) * s->dw + 1, step = span <= POOL_ROW_MAX ? (POOL_ROW_MAX - span) / s->sw + 1 : 0;
+    for (int64_t nc = nc0; nc < nc1 && !step; nc++)
+        for (int64_t oh = 0; oh < s->OH; oh++) pool_wide(a, a->x + nc * s->H * s->W, a->y + (nc * s->OH + oh) * s->OW, oh);
+    for (int64_t nc = nc0; nc < nc1 && step; nc++)
+        for (int64_t oh = 0; oh < s->OH; oh++)
+            for (int64_t o0 = 0; o0 < s->OW; o0 += step)
+                pool_row_strip(a, a->x + nc * s->H * s->W, a->y + (nc * s->OH + oh) * s->OW, oh, o0,
+                               o0 + step < s->OW ? o0 + step : s->OW);
 }
 
 void cuvil_pool2d(const cuvil_conv_shape *s, int64_t ph1, int64_t pw1, int mode, const float *x, float *y,

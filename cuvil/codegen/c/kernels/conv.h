@@ -11,8 +11,9 @@ typedef struct {
 
 /* Scratch floats the conv needs (packed im2col of one image and group). */
 int64_t cuvil_conv_scratch(const cuvil_conv_shape *s);
-/* y = act(conv(x, w) + bias + residual); bias and residual (shaped like y) may be NULL. */
-void cuvil_conv2d(const cuvil_conv_shape *s, const float *x, const float *w, const float *bias,
+/* y = act(conv(x, w) + bias + residual); bias and residual (shaped like y) may be NULL. wp: the filters
+ * packed ahead as GEMM A operands, one cuvil_packed_a_size(O / groups, K) block per group, or NULL. */
+void cuvil_conv2d(const cuvil_conv_shape *s, const float *x, const float *w, const float *wp, const float *bias,
                   const float *residual, float *y, int act, float *scratch, int nthreads);
 
 /* mode 0: max, 1: avg excluding pads, 2: avg including declared pads (ph1, pw1 = bottom/right pads) */

@@ -207,7 +207,7 @@ static inline const float *b_block(const void *B, int bits, const float *scales,
 typedef struct {
     int64_t M, N, K, lda, ldc, group, np, nb, pb, mc;
     const float *A, *scales;
-    float *ap;                    /* A packed in MR-row tiles, or 0 (each task packs its own tiles) */
+    const float *ap;              /* A packed in MR-row tiles, or 0 (each task packs its own tiles) */
     const void *B;
     int bits;
     float *C;
@@ -232,12 +232,13 @@ static float *apack_buffer(int64_t n) {
 
 static void pack_a_task(void *ctx, int64_t t0, int64_t t1) {
     const gemm_args *g = ctx;
+    float *ap = (float *)g->ap;
     int64_t tiles = (g->M + CUVIL_MR - 1) / CUVIL_MR;
     for (int64_t ti = t0; ti < t1; ti++)
         for (int64_t k0 = 0; k0 < g->K; k0 += CUVIL_KC) {
             int64_t kc = g->K - k0 < CUVIL_KC ? g->K - k0 : CUVIL_KC, i0 = ti * CUVIL_MR;
             pack_a(g->A, g->lda, i0, i0 + CUVIL_MR < g->M ? i0 + CUVIL_MR : g->M, k0, kc,
-                   g->ap + (k0 * tiles + ti * kc) * CUVIL_MR);
+                   ap + (k0 * tiles + ti * kc) * CUVIL_MR);
         }
 }
 
@@ -306,12 +307,12 @@ static void gemv_task(void *ctx, int64_t p0, int64_t p1) {
 }
 
 /* The one GEMM driver: (M block x N panels) tasks over the threads. */
-static void gemm_driver(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const void *B, int bits,
-                        const float *scales, int64_t group, float *C, int64_t ldc, const cuvil_epilogue *ep,
-                        int nthreads) {
+static void gemm_driver(int64_t M, int64_t N, int64_t K, const float *A, const float *Ap, int64_t lda,
+                        const void *B, int bits, const float *scales, int64_t group, float *C, int64_t ldc,
+                        const cuvil_epilogue *ep, int nthreads) {
     if (M <= 0 || N <= 0) return;
     int64_t np = (N + CUVIL_NR - 1) / CUVIL_NR;
-    if (M == 1 && K > 0 && (bits == 32 || bits == 16)) {
+    if (M == 1 && A && K > 0 && (bits == 32 || bits == 16)) {
         gemm_args g = {M, N, K, lda, ldc, group, np, 0, 0, 1, A, scales, 0, B, bits, C, ep};
         cuvil_parallel_for(N * K > 65536 ? nthreads : 1, np, 4, gemv_task, &g);
         return;
@@ -325,21 +326,26 @@ static void gemm_driver(int64_t M, int64_t N, int64_t K, const float *A, int64_t
     if (bits == 32 && K <= 192 && np * mb >= 32 * nthreads) pb = 16;   /* shallow K: longer runs of C rows */
     int64_t nb = (np + pb - 1) / pb;
     int64_t tiles = (M + CUVIL_MR - 1) / CUVIL_MR;
-    gemm_args g = {M, N, K, lda, ldc, group, np, nb, pb, mc, A, scales, apack_buffer(tiles * CUVIL_MR * K), B, bits,
-                   C, ep};
-    if (g.ap) cuvil_parallel_for(M * K > 65536 ? nthreads : 1, tiles, 1, pack_a_task, &g);
+    gemm_args g = {M, N, K, lda, ldc, group, np, nb, pb, mc, A, scales, Ap ? Ap : apack_buffer(tiles * CUVIL_MR * K),
+                   B, bits, C, ep};
+    if (g.ap && !Ap) cuvil_parallel_for(M * K > 65536 ? nthreads : 1, tiles, 1, pack_a_task, &g);
     cuvil_parallel_for(M * N * K > 65536 ? nthreads : 1, mb * nb, 1, gemm_task, &g);
 }
 
 void cuvil_sgemm_packed(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *Bp,
                         float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads) {
-    gemm_driver(M, N, K, A, lda, Bp, 32, 0, 1, C, ldc, ep, nthreads);
+    gemm_driver(M, N, K, A, 0, lda, Bp, 32, 0, 1, C, ldc, ep, nthreads);
+}
+
+void cuvil_sgemm_packed_ab(int64_t M, int64_t N, int64_t K, const float *Ap, const float *Bp,
+                           float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads) {
+    gemm_driver(M, N, K, 0, Ap, K, Bp, 32, 0, 1, C, ldc, ep, nthreads);
 }
 
 void cuvil_sgemm_quant(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const void *Bq, int bits,
                        const float *scales, int64_t group, float *C, int64_t ldc, const cuvil_epilogue *ep,
                        int nthreads) {
-    gemm_driver(M, N, K, A, lda, Bq, bits, scales, group > 0 ? group : K, C, ldc, ep, nthreads);
+    gemm_driver(M, N, K, A, 0, lda, Bq, bits, scales, group > 0 ? group : K, C, ldc, ep, nthreads);
 }
 
 #define CUVIL_NAIVE_MATMUL(T, NAME)                                                                 \

@@ -33,6 +33,14 @@ typedef struct {
 void cuvil_sgemm_packed(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *Bp,
                         float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads);
 
+/* The same with A also packed ahead (constant weights as the left operand, e.g. conv filters):
+ * Ap laid out as cuvil_pack_a_size describes, zero rows past M. */
+static inline int64_t cuvil_packed_a_size(int64_t M, int64_t K) { return ((M + CUVIL_MR - 1) / CUVIL_MR) * CUVIL_MR * K; }
+/* Ap: for each K block k0 (KC deep, kc = its depth), for each tile of MR rows ti:
+ * Ap[(k0 * tiles + ti * kc) * MR + k * MR + i] = A[ti * MR + i][k0 + k]. */
+void cuvil_sgemm_packed_ab(int64_t M, int64_t N, int64_t K, const float *Ap, const float *Bp,
+                           float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads);
+
 /* Weight-only quantized B, dequantized inside the GEMM one K block x NR panel at a time:
  * bits 8: int8 panels [np][K][NR]; bits 4: uint8 panels [np][K][NR/2] (byte j: column j in the low
  * nibble, column j + NR/2 in the high one; value - 8); bits 16: bf16 panels [np][K][NR]. scales [np][K/group][NR] (NULL for bf16). */

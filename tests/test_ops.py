@@ -1235,10 +1235,12 @@ def matmul_q_int_dot(op):
     from cuvil.ir.ops.llm import act_block
     c = Case(runs=2, symbols=SYMS)
     r = c.rng
-    for bits, group, k in [(4, 32, 64), (4, 64, 192), (4, 128, 256), (8, 1 << 30, 96), (8, 1 << 30, 256)]:
+    for bits, group, k in [(4, 32, 64), (4, 64, 192), (4, 128, 256), (4, 32, 448), (8, 1 << 30, 96),
+                           (8, 1 << 30, 256)]:    # K 448: two K blocks of the fp32 GEMM
         ab = act_block(bits, k, group)
         assert ab, (bits, group, k)
-        for m, n in [(1, 2), (1, 10), (3, 6), (4, 34), (9, 8)]:
+        # 20 rows: int4 takes the dequantize-into-fp32-GEMM path (float activations)
+        for m, n in [(1, 2), (1, 10), (3, 6), (4, 34), (9, 8), (20, 38)]:
             w, s = _quantize(r, k, n, bits, group)
             x = rand(r, (m, k), "float32", -1, 1)
             x[m // 2] = 0.0

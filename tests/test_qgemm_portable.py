@@ -20,13 +20,14 @@ def portable_lib(tmp_path_factory):
     out = tmp_path_factory.mktemp("qgemm") / "libqgemm.so"
     flags = ["-mno-avx2", "-mno-fma"] if platform.machine() in ("x86_64", "AMD64") else []
     subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-pthread", *flags, str(KERNELS_DIR / "qgemm.c"),
-                    str(KERNELS_DIR / "pool.c"), "-o", str(out), "-lm"], check=True)
+                    str(KERNELS_DIR / "gemm.c"), str(KERNELS_DIR / "pool.c"), "-o", str(out), "-lm"], check=True)
     lib = ctypes.CDLL(str(out))
     lib.cuvil_qgemm.restype = ctypes.c_int
     return lib
 
 
 @pytest.mark.parametrize("bits,group,m,n,k", [(4, 32, 1, 6, 64), (4, 64, 5, 10, 128), (4, 128, 3, 4, 256),
+                                              (4, 32, 17, 22, 448),      # prefill rows: dequantized into fp32
                                               (8, 1 << 30, 1, 7, 96), (8, 1 << 30, 6, 9, 256)])
 def test_portable_qgemm_matches_reference(portable_lib, bits, group, m, n, k):
     rng = np.random.default_rng(k + m)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ir import dims as D
+from ...ir.ops.llm import Q4_DEQUANT_ROWS
 from .emit import lowering
 
 
@@ -88,7 +89,8 @@ def _lower_qgemm(em, node):
         sp = em.packed("q8colscales", node.inputs[2], _q8_column_scales)
     res = node.inputs[3] if len(node.inputs) > 3 else None
     M = _prod_c(x.shape[:-1])
-    return [f"if (cuvil_qgemm({M}, {N}, {K}, {em.ptr(x)}, {K}, {wp}, {bits}, {sp}, {ab}, {em.ptr(node.outputs[0])}, "
+    return [f"_Static_assert(CUVIL_QGEMM_DEQUANT_ROWS == {Q4_DEQUANT_ROWS}, \"the reference's int4 prefill rows\");",
+            f"if (cuvil_qgemm({M}, {N}, {K}, {em.ptr(x)}, {K}, {wp}, {bits}, {sp}, {ab}, {em.ptr(node.outputs[0])}, "
             f"{N}, {em.ptr(res) if res is not None else '0'}, NT)) CUVIL_FAIL(\"out of memory for quantized activations\");"]
 
 

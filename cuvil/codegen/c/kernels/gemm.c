@@ -169,10 +169,98 @@ static inline void store_tile(float acc[CUVIL_MR][CUVIL_NR], int mr, int64_t nr,
     }
 }
 
+/* Panel p's K block [k0, k0 + kc) of int4 weights stored for cuvil_qgemm (kernels/qgemm.h: per
+ * column, each 64-value chunk of K is 32 bytes, k = t in the low nibble and t + 32 in the high one,
+ * value + 8; columns interleaved in fours) as fp32 rows [k][NR]. Columns past the stored ones (N
+ * padded to 4) read as a zero column. */
+static const uint8_t q4_zero_column[32] __attribute__((aligned(32))) = {
+    0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88,
+    0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88};
+
+typedef struct { const uint8_t *q[CUVIL_NR]; float slo[CUVIL_NR], shi[CUVIL_NR]; } q4_chunk;
+
+/* The panel's 32-byte column rows and scales for chunk c. */
+static inline void q4_chunk_of(const uint8_t *W, const float *scales, int64_t group, int64_t N, int64_t K,
+                               int64_t p, int64_t c, q4_chunk *ch) {
+    int64_t n4 = (N + 3) / 4 * 4, chunks = K / 64, groups = K / group;
+    for (int j = 0; j < CUVIL_NR; j++) {
+        int64_t n = p * CUVIL_NR + j;
+        if (n >= n4) { ch->q[j] = q4_zero_column; ch->slo[j] = ch->shi[j] = 0.f; continue; }
+        ch->q[j] = W + ((n / 4 * chunks + c) * 4 + n % 4) * 32;
+        const float *sc = scales + (n / 4 * groups) * 4 + n % 4;
+        ch->slo[j] = sc[(c * 64) / group * 4], ch->shi[j] = sc[(c * 64 + 32) / group * 4];
+    }
+}
+
+#if defined(__AVX2__) && CUVIL_NR == 16
+#include <immintrin.h>
+/* 16 rows of 16 bytes transposed in place: four rounds of interleaving row i with row i + 8. */
+static inline void transpose16x16_u8(__m128i r[16]) {
+    for (int round = 0; round < 4; round++) {
+        __m128i t[16];
+        for (int i = 0; i < 8; i++) {
+            t[2 * i] = _mm_unpacklo_epi8(r[i], r[i + 8]);
+            t[2 * i + 1] = _mm_unpackhi_epi8(r[i], r[i + 8]);
+        }
+        for (int i = 0; i < 16; i++) r[i] = t[i];
+    }
+}
+
+/* 16 nibbles (one per column) -> two rows of 8 floats, (v - 8) * scale. */
+static inline void q4_row_store(__m128i nib, __m256 s0, __m256 s1, float *d) {
+    __m256 v0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(nib));
+    __m256 v1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(nib, 8)));
+    const __m256 eight = _mm256_set1_ps(8.f);
+    _mm256_storeu_ps(d, _mm256_mul_ps(_mm256_sub_ps(v0, eight), s0));
+    _mm256_storeu_ps(d + 8, _mm256_mul_ps(_mm256_sub_ps(v1, eight), s1));
+}
+
+/* Bytes are transposed, not floats: one 16 x 16 byte transpose yields 32 rows of the panel. */
+static void dequant_q4_columns(const uint8_t *W, const float *scales, int64_t group, int64_t N, int64_t K,
+                               int64_t p, int64_t k0, int64_t kc, float *buf) {
+    const __m128i low = _mm_set1_epi8(15);
+    for (int64_t c = k0 / 64; c < (k0 + kc) / 64; c++) {
+        q4_chunk ch;
+        q4_chunk_of(W, scales, group, N, K, p, c, &ch);
+        __m256 slo0 = _mm256_loadu_ps(ch.slo), slo1 = _mm256_loadu_ps(ch.slo + 8);
+        __m256 shi0 = _mm256_loadu_ps(ch.shi), shi1 = _mm256_loadu_ps(ch.shi + 8);
+        float *d = buf + (c * 64 - k0) * CUVIL_NR;
+        for (int h = 0; h < 2; h++) {                 /* bytes t in [16h, 16h + 16) */
+            __m128i r[16];
+            for (int j = 0; j < 16; j++) r[j] = _mm_loadu_si128((const __m128i *)(ch.q[j] + 16 * h));
+            transpose16x16_u8(r);                     /* r[t]: byte 16h + t of the 16 columns */
+            for (int t = 0; t < 16; t++) {
+                int64_t k = 16 * h + t;
+                q4_row_store(_mm_and_si128(r[t], low), slo0, slo1, d + k * CUVIL_NR);
+                q4_row_store(_mm_and_si128(_mm_srli_epi16(r[t], 4), low), shi0, shi1, d + (k + 32) * CUVIL_NR);
+            }
+        }
+    }
+}
+#else
+static void dequant_q4_columns(const uint8_t *W, const float *scales, int64_t group, int64_t N, int64_t K,
+                               int64_t p, int64_t k0, int64_t kc, float *buf) {
+    for (int64_t c = k0 / 64; c < (k0 + kc) / 64; c++) {
+        q4_chunk ch;
+        q4_chunk_of(W, scales, group, N, K, p, c, &ch);
+        float *d = buf + (c * 64 - k0) * CUVIL_NR;
+        for (int t = 0; t < 32; t++)
+            for (int j = 0; j < CUVIL_NR; j++) {
+                d[t * CUVIL_NR + j] = (float)((int)(ch.q[j][t] & 15) - 8) * ch.slo[j];
+                d[(t + 32) * CUVIL_NR + j] = (float)((int)(ch.q[j][t] >> 4) - 8) * ch.shi[j];
+            }
+    }
+}
+#endif
+
 /* B block [kc][NR] as floats: the packed panel itself for fp32, else dequantized into buf.
  * One loop per format, K walked group by group so the scales row is fixed inside the hot loop. */
-static inline const float *b_block(const void *B, int bits, const float *scales, int64_t group, int64_t K,
-                                   int64_t p, int64_t k0, int64_t kc, float *buf) {
+static inline const float *b_block(const void *B, int bits, const float *scales, int64_t group, int64_t N,
+                                   int64_t K, int64_t p, int64_t k0, int64_t kc, float *buf) {
+    if (bits == CUVIL_B_Q4_COLUMNS) {
+        dequant_q4_columns(B, scales, group, N, K, p, k0, kc, buf);
+        return buf;
+    }
     if (bits == 32) return (const float *)B + p * K * CUVIL_NR + k0 * CUVIL_NR;
     if (bits == 16) {                              /* bf16: the high half of an fp32 */
         const uint16_t *q = (const uint16_t *)B + (p * K + k0) * CUVIL_NR;
@@ -279,7 +367,7 @@ static void gemm_task(void *ctx, int64_t t0, int64_t t1) {
                 continue;
             }
             for (int64_t p = p0; p < p1; p++) {
-                const float *bp = b_block(g->B, g->bits, g->scales, g->group, g->K, p, k0, kc, buf);
+                const float *bp = b_block(g->B, g->bits, g->scales, g->group, g->N, g->K, p, k0, kc, buf);
                 int64_t n0 = p * CUVIL_NR, nr = g->N - n0 < CUVIL_NR ? g->N - n0 : CUVIL_NR;
                 for (int64_t i0 = m0; i0 < m1; i0 += CUVIL_MR) {
                     int mr = (int)(m1 - i0 < CUVIL_MR ? m1 - i0 : CUVIL_MR);
@@ -346,6 +434,12 @@ void cuvil_sgemm_quant(int64_t M, int64_t N, int64_t K, const float *A, int64_t 
                        const float *scales, int64_t group, float *C, int64_t ldc, const cuvil_epilogue *ep,
                        int nthreads) {
     gemm_driver(M, N, K, A, 0, lda, Bq, bits, scales, group > 0 ? group : K, C, ldc, ep, nthreads);
+}
+
+void cuvil_sgemm_q4_columns(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const void *W,
+                            const float *scales, int64_t group, float *C, int64_t ldc, const cuvil_epilogue *ep,
+                            int nthreads) {
+    gemm_driver(M, N, K, A, 0, lda, W, CUVIL_B_Q4_COLUMNS, scales, group, C, ldc, ep, nthreads);
 }
 
 #define CUVIL_NAIVE_MATMUL(T, NAME)                                                                 \

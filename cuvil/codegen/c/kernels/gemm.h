@@ -48,6 +48,14 @@ void cuvil_sgemm_quant(int64_t M, int64_t N, int64_t K, const float *A, int64_t 
                        const float *scales, int64_t group, float *C, int64_t ldc, const cuvil_epilogue *ep,
                        int nthreads);
 
+/* int4 weights in cuvil_qgemm's column layout (kernels/qgemm.h), dequantized into the fp32 micro-kernel
+ * one K block x NR panel at a time: the prefill path of quantized LLMs, where M rows share each
+ * dequantized block. K a multiple of 64, group in {32, 64, 128}. */
+#define CUVIL_B_Q4_COLUMNS (-4)
+void cuvil_sgemm_q4_columns(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const void *W,
+                            const float *scales, int64_t group, float *C, int64_t ldc, const cuvil_epilogue *ep,
+                            int nthreads);
+
 /* Generic strided matmul for dtypes without a fast path (double, integers). */
 #define CUVIL_NAIVE_MATMUL_DECL(T, NAME) \
     void NAME(int64_t M, int64_t N, int64_t K, const T *A, int64_t lda, const T *B, int64_t ldb, T *C, int64_t ldc);

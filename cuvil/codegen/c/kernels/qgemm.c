@@ -1,4 +1,5 @@
 #include "qgemm.h"
+#include "gemm.h"
 #include "pool.h"
 #include <stdlib.h>
 #if defined(__AVX2__) && defined(__FMA__)
@@ -248,6 +249,11 @@ static __thread size_t scratch_cap;
 int cuvil_qgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const void *W, int bits,
                 const float *scales, int64_t ablock, float *C, int64_t ldc, const float *residual, int nthreads) {
     if (M <= 0 || N <= 0) return 0;
+    if (bits == 4 && M >= CUVIL_QGEMM_DEQUANT_ROWS) {
+        cuvil_epilogue ep = {0, 0, residual, ldc, 1.f, 0};
+        cuvil_sgemm_q4_columns(M, N, K, A, lda, W, scales, ablock, C, ldc, &ep, nthreads);
+        return 0;
+    }
     int64_t nb = K / ablock;
     size_t need = (size_t)(M * K + 64) + sizeof(float) * (size_t)(M * nb) + 32 * (size_t)(M * nb) + 128;
     if (need > scratch_cap) {

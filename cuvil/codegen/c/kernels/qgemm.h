@@ -14,6 +14,11 @@
 #define CUVIL_QGEMM_H
 #include "common.h"
 
+/* From this many rows on (prefill), int4 weights are dequantized into the fp32 GEMM instead: each
+ * dequantized block serves all the rows, where the integer tiles redo per-group float work per row. */
+#ifndef CUVIL_QGEMM_DEQUANT_ROWS
+#define CUVIL_QGEMM_DEQUANT_ROWS 16
+#endif
 int cuvil_qgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const void *W, int bits,
                  const float *scales, int64_t ablock, float *C, int64_t ldc, const float *residual, int nthreads);
 

@@ -52,7 +52,8 @@ def test_linear_scale_bias_residual_batched(M, N, K):
 
 
 @pytest.mark.parametrize("groups,cin,cout,k,stride,pad", [(1, 3, 8, 3, 1, 1), (1, 16, 17, 1, 1, 0), (2, 6, 4, 3, 2, 1),
-                                                           (5, 5, 5, 3, 1, 1), (1, 7, 33, 7, 2, 3)])
+                                                           (5, 5, 5, 3, 1, 1), (1, 7, 33, 7, 2, 3),
+                                                           (1, 17, 19, 3, 1, 1)])   # the last: Winograd
 def test_conv_bias_residual_relu(groups, cin, cout, k, stride, pad):
     g = Graph()
     x = Value(TensorType((2, cin, 11, 9), "float32"), "x")

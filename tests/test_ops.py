@@ -784,6 +784,14 @@ def conv_attrs(op):
     _conv(c, x, c.const(f(4, 3, 1, 1)), None, "1x1 pad 1", pads=((1, 1), (1, 1)))
     _conv(c, x, c.const(f(2, 3, 9, 11)), None, "kernel = input")
     _conv(c, x, c.const(f(2, 3, 5, 5)), None, "kernel larger than input with pads", pads=((3, 3), (0, 0)))
+    # 3x3 stride 1 with >= 16 channels each way: Winograd F(2x2, 3x3); odd sizes leave partial tiles
+    x16 = c.input(f(2, 16, 7, 9))
+    w16 = c.const(f(17, 16, 3, 3))
+    _conv(c, x16, w16, c.const(f(17)), "winograd pad 1", pads=((1, 1), (1, 1)))
+    _conv(c, x16, w16, None, "winograd no pads")
+    _conv(c, x16, w16, None, "winograd asymmetric pads", pads=((0, 2), (2, 1)))
+    _conv(c, c.input(f(1, 40, 3, 35)), c.const(f(16, 40, 3, 3)), c.const(f(16)), "winograd 35 wide, tiles over panels",
+          pads=((1, 1), (1, 1)))
     x4 = c.input(f(2, 4, 7, 6))
     _conv(c, x4, c.const(f(6, 2, 3, 3)), c.const(f(6)), "groups=2", groups=2, pads=((1, 1), (1, 1)))
     _conv(c, x4, c.const(f(8, 1, 3, 3)), c.const(f(8)), "depthwise x2", groups=4, strides=(2, 2),

@@ -171,8 +171,33 @@ def _conv_shape(node, spatial_of):
     return {k: spatial_of(v) for k, v in vals.items()}, (pads[0][1], pads[1][1])
 
 
+WINOGRAD_MAX_W = 1024    # kernels/winograd.h: the widest row its stack buffers take
+# F(2x2, 3x3) filter transform: U = G g G^T
+WINOGRAD_G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]])
+
+
+def _winograd(node):
+    """3x3 stride-1 convs with a constant filter and enough channels to fill the 16 GEMMs take
+    Winograd F(2x2, 3x3) (kernels/winograd.h): 16 multiplies per output tile and channel pair, not 36."""
+    x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    a = node.attrs
+    return (x.type.rank == 4 and w.is_const and tuple(w.shape[2:]) == (3, 3) and a.get("groups", 1) == 1
+            and tuple(a["strides"]) == (1, 1) and tuple(a["dilations"]) == (1, 1)
+            and w.shape[0] >= 16 and w.shape[1] >= 16 and isinstance(y.shape[3], int)
+            and y.shape[3] + 3 <= WINOGRAD_MAX_W)
+
+
+def winograd_filters(w: np.ndarray) -> np.ndarray:
+    """[O, C, 3, 3] -> the 16 transformed filter matrices U[i][j] (O x C), each packed as a GEMM A."""
+    u = np.einsum("ik,ockl,jl->ijoc", WINOGRAD_G, w.astype(np.float64), WINOGRAD_G).astype(np.float32)
+    return np.concatenate([pack_a(u[i, j]) for i in range(4) for j in range(4)])
+
+
 def _conv_scratch(node, bounds):
     s, _ = _conv_shape(node, lambda d: D.upper_bound(d, bounds))
+    if _winograd(node):
+        tiles = -(-s["OH"] // 2) * -(-s["OW"] // 2)
+        return 16 * ((-(-tiles // 64) * 64 * s["C"]) + s["O"] * tiles) * 4
     K = (s["C"] // s["groups"]) * s["KH"] * s["KW"]
     N = s["OH"] * s["OW"]
     return (-(-N // 64) * 64 * K) * 4
@@ -192,6 +217,13 @@ def lower_conv(em, node):
     res = em.ptr(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else "0"
     act = ACT_CODES[node.attrs["act"]]
     w, groups = node.inputs[1], node.attrs.get("groups", 1)
+    if _winograd(node):
+        up = em.packed("winograd_a", w, winograd_filters)
+        return ["{", f"  const cuvil_conv_shape s = {_shape_struct(s)};",
+                f"  _Static_assert(CUVIL_MR == {GEMM_MR} && CUVIL_KC == {GEMM_KC} && CUVIL_WINOGRAD_MAX_W == "
+                f"{WINOGRAD_MAX_W}, \"winograd filters packed for another kernel\");",
+                f"  cuvil_conv3x3_winograd(&s, {em.ptr(node.inputs[0])}, {up}, {bias}, {res}, "
+                f"{em.ptr(node.outputs[0])}, {act}, {em.scratch()}, NT);", "}"]
     depthwise = groups > 1 and w.shape[1] == 1          # the direct kernel reads w as it is
     wp, wptr = "0", None
     if w.is_const and not depthwise:     # filters packed at compile time into the GEMM's A tiles only

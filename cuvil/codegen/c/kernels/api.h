@@ -6,6 +6,7 @@
 #include "gemm.h"
 #include "qgemm.h"
 #include "conv.h"
+#include "winograd.h"
 #include "norm.h"
 #include "attention.h"
 #include "llm.h"

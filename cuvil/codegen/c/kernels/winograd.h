@@ -1,0 +1,21 @@
+/* 3x3 stride-1 convolution by Winograd F(2x2, 3x3), NCHW: each 2x2 output tile comes from a 4x4
+ * input patch with 16 multiplies per (in, out) channel pair instead of 36. The 16 elementwise
+ * products of transformed tiles are 16 GEMMs (M = out channels, K = in channels, N = tiles) on the
+ * packed GEMM; the filters are transformed (U = G g G^T) and packed at compile time
+ * (codegen/c/lower_nn.py). */
+#ifndef CUVIL_WINOGRAD_H
+#define CUVIL_WINOGRAD_H
+#include "conv.h"
+
+/* The widest input row the transforms take (their row buffers live on the stack). */
+#define CUVIL_WINOGRAD_MAX_W 1024
+
+/* Scratch floats: the transformed input (16 packed B operands) and the 16 products. */
+int64_t cuvil_winograd_scratch(const cuvil_conv_shape *s);
+
+/* y = act(conv(x, w) + bias + residual) for KH = KW = 3, strides and dilations 1, groups 1,
+ * W <= CUVIL_WINOGRAD_MAX_W. up: 16 A operands (O x C), cuvil_packed_a_size(O, C) floats apart,
+ * the one at xi = 4 * i + j holding U[i][j] of every (o, c). */
+void cuvil_conv3x3_winograd(const cuvil_conv_shape *s, const float *x, const float *up, const float *bias,
+                            const float *residual, float *y, int act, float *scratch, int nthreads);
+#endif

@@ -68,18 +68,19 @@ def test_conv_bias_residual_relu(groups, cin, cout, k, stride, pad):
     assert ops_of(cm) == ["conv"] and cm.graph.nodes[0].attrs["act"] == "relu"
 
 
-def _attention_graph(B, H, Hk, L, S, E, mask=None, causal=False, layouts=False):
+def _attention_graph(B, H, Hk, L, S, E, mask=None, causal=False, layouts=False, Ev=None):
     g = Graph()
+    Ev = E + 1 if Ev is None else Ev
     if layouts:   # q, k, v arrive as [b, s, h, d] and go through transposes the pass absorbs
         q = Value(TensorType((B, L, H, E), "float32"), "q")
         k = Value(TensorType((B, S, Hk, E), "float32"), "k")
-        v = Value(TensorType((B, S, Hk, E + 1), "float32"), "v")
+        v = Value(TensorType((B, S, Hk, Ev), "float32"), "v")
         g.inputs = [q, k, v]
         qt, kt, vt = (g.add("transpose", [t], {"perm": [0, 2, 1, 3]}) for t in (q, k, v))
     else:
         qt = Value(TensorType((B, H, L, E), "float32"), "q")
         kt = Value(TensorType((B, Hk, S, E), "float32"), "k")
-        vt = Value(TensorType((B, Hk, S, E + 1), "float32"), "v")
+        vt = Value(TensorType((B, Hk, S, Ev), "float32"), "v")
         g.inputs = [qt, kt, vt]
     ins = [qt, kt, vt]
     if mask is not None:
@@ -93,9 +94,10 @@ def _attention_graph(B, H, Hk, L, S, E, mask=None, causal=False, layouts=False):
     return g
 
 
+@pytest.mark.parametrize("head_dim", [5, 24])   # 24: the register-tiled path (head dims a multiple of the vector)
 @pytest.mark.parametrize("case", ["plain", "bool_mask", "float_mask", "causal", "gqa", "layouts", "masked_row"])
-def test_attention(case):
-    B, H, Hk, L, S, E = 2, 4, 4, 7, 9, 5
+def test_attention(case, head_dim):
+    B, H, Hk, L, S, E = 2, 4, 4, 7, 9, head_dim
     mask, causal, layouts = None, False, False
     if case == "bool_mask":
         mask = rng.random((B, 1, 1, S)) > 0.3
@@ -112,7 +114,7 @@ def test_attention(case):
     elif case == "masked_row":
         mask = np.ones((B, H, L, S), bool)
         mask[1, 2, 3] = False
-    g = _attention_graph(B, H, Hk, L, S, E, mask, causal, layouts)
+    g = _attention_graph(B, H, Hk, L, S, E, mask, causal, layouts, Ev=E if E % 8 == 0 else E + 1)
     ins = [f32(*[int(d) for d in v.shape]) if v.dtype == "float32" else mask for v in g.inputs]
     cm = check_graph(g, ins)
     assert ops_of(cm) == ["attention"]

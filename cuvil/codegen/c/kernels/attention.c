@@ -5,7 +5,7 @@
 
 typedef struct { const cuvil_attn *a; const float *q, *k, *v; float *out; int64_t blocks; } attn_args;
 
-#define QB 32                      /* query rows per task: they share one transposed copy of K */
+#define QB 48                      /* query rows per task: they share one transposed copy of K */
 #define KT_MAX_FLOATS (1 << 17)    /* 512 KiB of K^T on the task's stack at most */
 
 /* One query row against keys [0, S): scores from K^T (vectorized over keys), softmax, then P V. */
@@ -35,11 +35,14 @@ static void attend_row(const cuvil_attn *a, int64_t b, int64_t h, int64_t l, con
         for (int64_t s = 0; s < S; s++) sc[s] += mk[s * a->ms];
     }
     float m = -INFINITY;
+    #pragma omp simd reduction(max:m)
     for (int64_t s = 0; s < S; s++) m = sc[s] > m ? sc[s] : m;
     for (int64_t e = 0; e < a->Ev; e++) orow[e] = 0.f;
     if (m == -INFINITY) return;                  /* a fully masked row attends to nothing */
     float sum = 0.f;
-    for (int64_t s = 0; s < S; s++) { sc[s] = cuvil_fexp(sc[s] - m); sum += sc[s]; }
+    for (int64_t s = 0; s < S; s++) sc[s] = cuvil_fexp(sc[s] - m);     /* apart from the sum: vectorizes */
+    #pragma omp simd reduction(+:sum)
+    for (int64_t s = 0; s < S; s++) sum += sc[s];
     const float inv = 1.f / sum;
     for (int64_t s = 0; s < S; s++) {
         const float p = sc[s] * inv;
@@ -47,6 +50,80 @@ static void attend_row(const cuvil_attn *a, int64_t b, int64_t h, int64_t l, con
         const float *vr = vb + s * a->vl;
         #pragma omp simd
         for (int64_t e = 0; e < a->Ev; e++) orow[e] += p * vr[e];
+    }
+}
+
+/* Rows [l, l + rb) (rb <= RB) of one (batch, head) together: scores and P V as register tiles of RB
+ * rows x 2 vectors, so each loaded K^T or V vector feeds RB FMAs instead of one row's round trip
+ * through its score or output row in L1. Needs K^T (keys padded to a multiple of 2 VL) and Ev a
+ * multiple of VL. */
+#define RB 6
+static void attend_rows(const cuvil_attn *a, int64_t b, int64_t h, int64_t l, int rb, int64_t off,
+                        const float *const qr[RB], const float *kt, int64_t Sp, const float *vb, float *const orow[RB],
+                        float *sc) {
+    int64_t Sr[RB], Smax = 0;
+    for (int r = 0; r < RB; r++) {
+        int64_t pos = l + (r < rb ? r : rb - 1) + off;
+        Sr[r] = a->causal && pos + 1 < a->S ? pos + 1 : a->S;
+        Smax = Sr[r] > Smax ? Sr[r] : Smax;
+    }
+    for (int64_t s0 = 0; s0 < Smax; s0 += 2 * CUVIL_VL) {          /* scores: Q K^T * scale */
+        cuvil_vf acc[RB][2];
+        for (int r = 0; r < RB; r++) acc[r][0] = acc[r][1] = cuvil_vsplat(0.f);
+        for (int64_t e = 0; e < a->E; e++) {
+            cuvil_vf k0 = cuvil_vload(kt + e * Sp + s0), k1 = cuvil_vload(kt + e * Sp + s0 + CUVIL_VL);
+            for (int r = 0; r < RB; r++) {
+                cuvil_vf q = cuvil_vsplat(qr[r][e]);
+                acc[r][0] += q * k0, acc[r][1] += q * k1;
+            }
+        }
+        for (int r = 0; r < RB; r++) {
+            cuvil_vstore(sc + r * Sp + s0, acc[r][0] * a->scale);
+            cuvil_vstore(sc + r * Sp + s0 + CUVIL_VL, acc[r][1] * a->scale);
+        }
+    }
+    for (int r = 0; r < RB; r++) {                                  /* mask and softmax, row by row */
+        float *p = sc + r * Sp;
+        const int64_t mo = b * a->mb + h * a->mh + (l + (r < rb ? r : rb - 1)) * a->ml;
+        if (a->mask_kind == 1) {
+            const uint8_t *mk = (const uint8_t *)a->mask + mo;
+            for (int64_t s = 0; s < Sr[r]; s++) p[s] = mk[s * a->ms] ? p[s] : -INFINITY;
+        } else if (a->mask_kind == 2) {
+            const float *mk = (const float *)a->mask + mo;
+            for (int64_t s = 0; s < Sr[r]; s++) p[s] += mk[s * a->ms];
+        }
+        /* max, exp and sum as separate loops: each vectorizes (a sum folded into the exp loop is
+         * a float reduction that keeps the whole loop scalar) */
+        float m = -INFINITY, sum = 0.f;
+        #pragma omp simd reduction(max:m)
+        for (int64_t s = 0; s < Sr[r]; s++) m = p[s] > m ? p[s] : m;
+        if (m == -INFINITY) {                    /* a fully masked row attends to nothing */
+            for (int64_t s = 0; s < Smax; s++) p[s] = 0.f;
+            continue;
+        }
+        for (int64_t s = 0; s < Sr[r]; s++) p[s] = cuvil_fexp(p[s] - m);
+        #pragma omp simd reduction(+:sum)
+        for (int64_t s = 0; s < Sr[r]; s++) sum += p[s];
+        const float inv = 1.f / sum;
+        for (int64_t s = 0; s < Sr[r]; s++) p[s] *= inv;
+        for (int64_t s = Sr[r]; s < Smax; s++) p[s] = 0.f;           /* past a causal row's position */
+    }
+    for (int64_t e0 = 0; e0 < a->Ev; e0 += 2 * CUVIL_VL) {           /* P V */
+        int two = e0 + 2 * CUVIL_VL <= a->Ev;
+        cuvil_vf acc[RB][2];
+        for (int r = 0; r < RB; r++) acc[r][0] = acc[r][1] = cuvil_vsplat(0.f);
+        for (int64_t s = 0; s < Smax; s++) {
+            const float *vr = vb + s * a->vl + e0;
+            cuvil_vf v0 = cuvil_vload(vr), v1 = two ? cuvil_vload(vr + CUVIL_VL) : v0;
+            for (int r = 0; r < RB; r++) {
+                cuvil_vf pr = cuvil_vsplat(sc[r * Sp + s]);
+                acc[r][0] += pr * v0, acc[r][1] += pr * v1;
+            }
+        }
+        for (int r = 0; r < rb; r++) {
+            cuvil_vstore(orow[r] + e0, acc[r][0]);
+            if (two) cuvil_vstore(orow[r] + e0 + CUVIL_VL, acc[r][1]);
+        }
     }
 }
 
@@ -62,7 +139,7 @@ static void attention_task(void *ctx, int64_t t0, int64_t t1) {
         int64_t off = a->q_offset ? a->q_offset[b] : 0;
         /* keys this block can see: all, or up to its last row's position when causal */
         int64_t S = a->causal && off + l1 < a->S ? off + l1 : a->S;
-        int64_t Sp = (S + 15) & ~(int64_t)15;
+        int64_t Sp = (S + 2 * CUVIL_VL - 1) / (2 * CUVIL_VL) * (2 * CUVIL_VL);
         const float *kb = args->k + b * a->kb + hk * a->kh;
         const float *vb = args->v + b * a->vb + hk * a->vh;
         int use_kt = a->E * Sp <= KT_MAX_FLOATS && (l1 - l0) > 1;
@@ -70,8 +147,24 @@ static void attention_task(void *ctx, int64_t t0, int64_t t1) {
         if (use_kt)
             for (int64_t s = 0; s < S; s++)
                 for (int64_t e = 0; e < a->E; e++) kt[e * Sp + s] = kb[s * a->kl + e];
-        float sc[S > 0 ? S : 1] __attribute__((aligned(64)));
-        for (int64_t l = l0; l < l1; l++) {
+        if (use_kt)          /* the padding keys: computed by the score tiles, never NaN */
+            for (int64_t e = 0; e < a->E; e++)
+                for (int64_t s = S; s < Sp; s++) kt[e * Sp + s] = 0.f;
+        float sc[use_kt ? RB * Sp + 1 : S + 1] __attribute__((aligned(64)));
+        int64_t l = l0;
+        if (use_kt && a->Ev % CUVIL_VL == 0 && S > 0)
+            for (; l < l1; l += RB) {
+                int rb = l1 - l < RB ? (int)(l1 - l) : RB;
+                const float *qr[RB];
+                float *orow[RB];
+                for (int r = 0; r < RB; r++) {
+                    int64_t lr = l + (r < rb ? r : rb - 1);    /* rows past rb repeat the last: not stored */
+                    qr[r] = args->q + b * a->qb + h * a->qh + lr * a->ql;
+                    orow[r] = args->out + b * a->ob + h * a->oh + lr * a->ol;
+                }
+                attend_rows(a, b, h, l, rb, off, qr, kt, Sp, vb, orow, sc);
+            }
+        for (; l < l1; l++) {
             int64_t pos = l + off;
             int64_t Sr = a->causal && pos + 1 < a->S ? pos + 1 : a->S;   /* causal rows stop at their position */
             attend_row(a, b, h, l, args->q + b * a->qb + h * a->qh + l * a->ql, use_kt ? kt : 0, Sp, kb, vb,

@@ -45,10 +45,13 @@ static void norm_task(void *ctx, int64_t r0, int64_t r1) {
         /* sums and the centring in double: a float sum over thousands of elements, or a mean
          * rounded to float when it is large against the spread, costs more than 1e-4 */
         double mean = 0.0, ss = 0.0;
+        /* omp simd: the double sums may be reassociated across lanes, so the loops vectorize */
         if (!a->rms) {
+            #pragma omp simd reduction(+:mean)
             for (int64_t k = 0; k < n; k++) mean += xr[k];
             mean = n ? mean / n : 0.0;
         }
+        #pragma omp simd reduction(+:ss)
         for (int64_t k = 0; k < n; k++) { double d = xr[k] - mean; ss += d * d; }
         double inv = 1.0 / sqrt((n ? ss / n : 0.0) + a->eps);
         for (int64_t k = 0; k < n; k++) {

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -12,6 +11,7 @@ import torch
 
 import cuvil
 from benchmarks.timing import interleaved, machine_line
+from benchmarks.scratch import temp_dir
 
 THREADS = 2
 
@@ -70,7 +70,7 @@ def run_one(build, cache_dir):
 def main():
     torch.set_num_threads(THREADS)
     print("machine:", machine_line())
-    cache_dir = tempfile.mkdtemp(prefix="cuvil-demo-cache-")   # cold cache: real compile times
+    cache_dir = temp_dir("cuvil-demo-cache-")   # cold cache: real compile times
     ok = all([run_one(minilm, cache_dir), run_one(resnet50, cache_dir)])
     return 0 if ok else 1
 

@@ -1,11 +1,11 @@
 """GEMM sweep: cuvil's packed GEMM (weights prepacked) against numpy/OpenBLAS, GFLOP/s."""
 from __future__ import annotations
 
-import tempfile
 
 import numpy as np
 
 from benchmarks.timing import interleaved
+from benchmarks.scratch import temp_dir
 
 SHAPES = [(m, n, k) for m in (1, 16, 128, 1024) for n in (1024, 4096) for k in (1024, 4096)]
 
@@ -24,7 +24,7 @@ def run(thread_counts):
 
     from cuvil.api import Progress, build_graph
     from cuvil.options import make_options
-    cache = tempfile.mkdtemp(prefix="cuvil-gemm-")
+    cache = temp_dir("cuvil-gemm-")
     rows = []
     rng = np.random.default_rng(0)
     for M, N, K in SHAPES:

@@ -3,11 +3,11 @@ Baselines (ONNX Runtime, OpenVINO, torch.compile) are optional; a missing one is
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 
 import numpy as np
 import torch
+from benchmarks.scratch import temp_dir
 
 
 def eager(model, args, threads):
@@ -41,7 +41,7 @@ _ONNX_CACHE = {}
 def export_onnx(model, args):
     key = id(model)
     if key not in _ONNX_CACHE:
-        d = tempfile.mkdtemp(prefix="cuvil-bench-onnx-")
+        d = temp_dir("cuvil-bench-onnx-")
         path = os.path.join(d, "model.onnx")
         t = time.perf_counter()
         names = [f"input{i}" for i in range(len(args))]
@@ -87,7 +87,7 @@ WARM_COMPILE = {}
 
 def cuvil_system(model, args, threads):
     import cuvil
-    cache = tempfile.mkdtemp(prefix="cuvil-bench-cache-")
+    cache = temp_dir("cuvil-bench-cache-")
     t = time.perf_counter()
     cm = cuvil.compile(model, args, num_threads=threads, cache_dir=cache)
     secs = time.perf_counter() - t

@@ -1,11 +1,16 @@
 """Shared test fixtures: a per-session compile cache so tests never touch the user's cache."""
+import atexit
 import os
+import shutil
 import tempfile
 
 import pytest
 
-_CACHE = tempfile.mkdtemp(prefix="cuvil-test-cache-")
-os.environ.setdefault("CUVIL_CACHE_DIR", _CACHE)
+# made once, by the process that starts the run (xdist workers inherit it), and removed when that
+# process exits: every run used to leave its compiled artifacts in /tmp
+if "CUVIL_CACHE_DIR" not in os.environ:
+    os.environ["CUVIL_CACHE_DIR"] = tempfile.mkdtemp(prefix="cuvil-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["CUVIL_CACHE_DIR"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -126,6 +126,26 @@ def bench_cuvil(ckpt, precision, threads, prompt, new_tokens):
             "path": str(llm.path)}
 
 
+def prefill_ab(ckpt, threads, prompt, rounds=7, precisions=("fp32", "int4")):
+    """Prefill of the same prompt at each precision, interleaved round by round (median ms): the rows of
+    the main table are measured minutes apart, and this machine drifts by more than the difference."""
+    import cuvil.llm
+    llms = {p: cuvil.llm.from_transformers(ckpt, precision=p, max_seq_len=512, num_threads=threads,
+                                           measure_error=False) for p in precisions}
+    for llm in llms.values():
+        llm.prefill(prompt)
+    times = {p: [] for p in llms}
+    for _ in range(rounds):
+        for p, llm in llms.items():
+            time.sleep(0.2)
+            t = time.perf_counter()
+            llm.prefill(prompt)
+            times[p].append(time.perf_counter() - t)
+    out = {p: 1000 * statistics.median(v) for p, v in times.items()}
+    print(f"[{threads}t] prefill 128, interleaved: " + ", ".join(f"{p} {ms:.0f} ms" for p, ms in out.items()), flush=True)
+    return out
+
+
 def bench_eager(ckpt, threads, prompt, new_tokens):
     import torch
     from transformers import AutoModelForCausalLM
@@ -205,7 +225,18 @@ def main(argv=None):
     ap.add_argument("--no-llamacpp", action="store_true")
     ap.add_argument("--output", default=str(OUT / "llm.json"))
     ap.add_argument("--render", action="store_true", help="rewrite the README section from --output's JSON only")
+    ap.add_argument("--prefill-ab", action="store_true",
+                    help="only time fp32 against int4 prefill, interleaved, into --output's JSON and the README")
     a = ap.parse_args(argv)
+    if a.prefill_ab:
+        results = json.loads(Path(a.output).read_text())
+        shape = SMALL if a.small else TINYLLAMA
+        ckpt = make_checkpoint(shape, "llama-small" if a.small else "tinyllama-shape")
+        prompt = np.random.default_rng(0).integers(100, 30000, 128).tolist()
+        results["prefill_ab"] = {t: prefill_ab(ckpt, int(t), prompt) for t in a.threads.split(",")}
+        Path(a.output).write_text(json.dumps(results, indent=1))
+        write_section(Path(__file__).resolve().parent / "README.md", results, results.get("command", "python -m benchmarks.llm"))
+        return
     if a.render:
         results = json.loads(Path(a.output).read_text())
         write_section(Path(__file__).resolve().parent / "README.md", results, results.get("command", "python -m benchmarks.llm"))
@@ -284,6 +315,11 @@ def write_section(readme: Path, results, command):
         rss = f"{r['rss_mib']:.0f}" if "rss_mib" in r else "—"
         lines.append(f"| {r['threads']} | {r['system']} | {r['prefill_ms']:.0f} | {r['decode_tps']:.2f} | {roof} | "
                      f"{ttft} | {rss} |")
+    for threads, ms in results.get("prefill_ab", {}).items():
+        lines += ["", f"Prefill of the 128-token prompt at {threads} thread(s), precisions interleaved round by round "
+                  f"(`python -m benchmarks.llm --prefill-ab`, median of 7): "
+                  + ", ".join(f"{p} {v:.0f} ms" for p, v in ms.items())
+                  + (f" (int4 / fp32 = {ms['int4'] / ms['fp32']:.2f})" if "int4" in ms and "fp32" in ms else "") + "."]
     big = OUT / "llm8b.json"
     if big.exists():
         b = json.loads(big.read_text())

@@ -31,12 +31,12 @@ static void im2col_task(void *ctx, int64_t p0, int64_t p1) {
                     for (int64_t r = 0; r < runs; r++) {
                         int64_t len = run_len[r], ih = run_oh[r] * s->sh - s->ph + kh * s->dh;
                         int64_t iw0 = run_ow[r] * s->sw - s->pw + kw * s->dw;
-                        /* no divisions for stride 1: they would cost more than the copy */
-                        int64_t lo = iw0 >= 0 ? 0 : s->sw == 1 ? -iw0 : (-iw0 + s->sw - 1) / s->sw;
-                        int64_t hi = ih < 0 || ih >= s->H || iw0 >= s->W ? 0
-                                   : s->sw == 1 ? s->W - iw0 : (s->W - 1 - iw0) / s->sw + 1;
-                        if (hi > len) hi = len;
-                        if (lo > hi) lo = hi;
+                        /* the run's elements inside the row, found by stepping in from its ends: only
+                         * runs at the image border step more than once, and a division per run would
+                         * cost more than the copy */
+                        int64_t lo = 0, hi = ih < 0 || ih >= s->H ? 0 : len;
+                        while (lo < hi && iw0 + lo * s->sw < 0) lo++;
+                        while (hi > lo && iw0 + (hi - 1) * s->sw >= s->W) hi--;
                         const float *row = xc + ih * s->W + iw0;
                         int64_t t = 0;
                         for (; t < lo; t++) d[t] = 0.f;

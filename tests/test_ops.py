@@ -780,6 +780,8 @@ def conv_attrs(op):
     _conv(c, x, w, c.const(f(5)), "3x3 pad 1", pads=((1, 1), (1, 1)))
     _conv(c, x, w, None, "3x3 stride 2 asymmetric pads", strides=(2, 2), pads=((0, 1), (2, 1)))
     _conv(c, x, w, None, "3x3 dilation (2,1) stride (1,3)", dilations=(2, 1), strides=(1, 3))
+    _conv(c, x, c.const(f(190, 3, 3, 3)), c.const(f(190)), "190 filters: several M blocks, im2col whole",
+          strides=(2, 1), pads=((1, 1), (0, 2)))
     _conv(c, x, c.const(f(4, 3, 1, 1)), c.const(f(4)), "1x1 stride 2", strides=(2, 2))
     _conv(c, x, c.const(f(4, 3, 1, 1)), None, "1x1 pad 1", pads=((1, 1), (1, 1)))
     _conv(c, x, c.const(f(2, 3, 9, 11)), None, "kernel = input")

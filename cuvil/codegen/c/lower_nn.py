@@ -28,8 +28,9 @@ def pack_b(b: np.ndarray, nr: int) -> np.ndarray:
     return out
 
 
-# kernels/gemm.h's register tile rows and K block: the layout of a prepacked A operand
-GEMM_MR, GEMM_KC = 6, 384
+# kernels/gemm.h's register tile rows, K block and M block: the layout of a prepacked A operand, and
+# the M blocks a conv's GEMM runs in (one: im2col inside the GEMM; several: im2col once, whole)
+GEMM_MR, GEMM_KC, GEMM_MC = 6, 384, 120
 
 
 def pack_a(a: np.ndarray) -> np.ndarray:
@@ -198,6 +199,9 @@ def _conv_scratch(node, bounds):
     if _winograd(node):
         tiles = -(-s["OH"] // 2) * -(-s["OW"] // 2)
         return 16 * ((-(-tiles // 64) * 64 * s["C"]) + s["O"] * tiles) * 4
+    direct = (s["KH"], s["KW"], s["sh"], s["sw"], s["ph"], s["pw"]) == (1, 1, 1, 1, 0, 0)
+    if not direct and s["O"] // s["groups"] <= GEMM_MC * 3 // 2:
+        return 0          # one M block: im2col runs inside the GEMM (kernels/conv.c)
     K = (s["C"] // s["groups"]) * s["KH"] * s["KW"]
     N = s["OH"] * s["OW"]
     return (-(-N // 64) * 64 * K) * 4
@@ -232,7 +236,8 @@ def lower_conv(em, node):
             [pack_a(g.reshape(og, -1)) for g in np.split(d.astype(np.float32), groups)]))
         wptr = "0"
     return ["{", f"  const cuvil_conv_shape s = {_shape_struct(s)};",
-            f"  _Static_assert(CUVIL_MR == {GEMM_MR} && CUVIL_KC == {GEMM_KC}, \"conv filters packed for another tile\");",
+            f"  _Static_assert(CUVIL_MR == {GEMM_MR} && CUVIL_KC == {GEMM_KC} && CUVIL_MC == {GEMM_MC}, "
+            "\"conv filters packed for another tile\");",
             f"  cuvil_conv2d(&s, {em.ptr(node.inputs[0])}, {wptr or em.ptr(w)}, {wp}, {bias}, {res}, "
             f"{em.ptr(node.outputs[0])}, {act}, {em.scratch()}, NT);", "}"]
 

@@ -6,54 +6,56 @@ int64_t cuvil_conv_scratch(const cuvil_conv_shape *s) {
     return cuvil_packed_b_size(K, s->OH * s->OW);
 }
 
-/* Bp[p][k][j] with k = (c, kh, kw) and column n = p*NR + j = (oh, ow). */
-typedef struct { const cuvil_conv_shape *s; const float *x; int64_t cg; float *Bp; } im2col_args;
+/* B of the conv's GEMM, never materialized whole: rows k = (c, kh, kw), columns n = (oh, ow). */
+typedef struct { const cuvil_conv_shape *s; const float *x; } im2col_src;
 
-static void im2col_task(void *ctx, int64_t p0, int64_t p1) {
-    const im2col_args *a = ctx;
+/* Panel p's rows [k0, k0 + kc) into buf [kc][NR] (the cuvil_b_producer of the conv's GEMM). The
+ * panel's columns go as runs along one output row: inside a run the input columns are evenly spaced,
+ * so bounds are found once per run, not tested per element. */
+static const float *im2col_block(const void *ctx, int64_t p, int64_t k0, int64_t kc, float *buf) {
+    const im2col_src *a = ctx;
     const cuvil_conv_shape *s = a->s;
-    int64_t N = s->OH * s->OW, K = a->cg * s->KH * s->KW;
-    for (int64_t p = p0; p < p1; p++) {
-        float *dst = a->Bp + p * K * CUVIL_NR;
-        /* the panel's columns as runs along one output row: inside a run the input columns are
-         * evenly spaced, so bounds are found once per run, not tested per element */
-        int64_t run_oh[CUVIL_NR], run_ow[CUVIL_NR], run_len[CUVIL_NR], runs = 0, filled = 0;
-        for (int64_t n = p * CUVIL_NR, end = n + CUVIL_NR < N ? n + CUVIL_NR : N; n < end; runs++) {
-            run_oh[runs] = n / s->OW, run_ow[runs] = n % s->OW;
-            run_len[runs] = s->OW - run_ow[runs] < end - n ? s->OW - run_ow[runs] : end - n;
-            n += run_len[runs], filled += run_len[runs];
-        }
-        for (int64_t c = 0; c < a->cg; c++)
-            for (int64_t kh = 0; kh < s->KH; kh++)
-                for (int64_t kw = 0; kw < s->KW; kw++) {
-                    float *d = dst + ((c * s->KH + kh) * s->KW + kw) * CUVIL_NR;
-                    const float *xc = a->x + c * s->H * s->W;
-                    for (int64_t r = 0; r < runs; r++) {
-                        int64_t len = run_len[r], ih = run_oh[r] * s->sh - s->ph + kh * s->dh;
-                        int64_t iw0 = run_ow[r] * s->sw - s->pw + kw * s->dw;
-                        /* the run's elements inside the row, found by stepping in from its ends: only
-                         * runs at the image border step more than once, and a division per run would
-                         * cost more than the copy */
-                        int64_t lo = 0, hi = ih < 0 || ih >= s->H ? 0 : len;
-                        while (lo < hi && iw0 + lo * s->sw < 0) lo++;
-                        while (hi > lo && iw0 + (hi - 1) * s->sw >= s->W) hi--;
-                        const float *row = xc + ih * s->W + iw0;
-                        int64_t t = 0;
-                        for (; t < lo; t++) d[t] = 0.f;
-                        if (s->sw == 1) for (; t < hi; t++) d[t] = row[t];
-                        else for (; t < hi; t++) d[t] = row[t * s->sw];
-                        for (; t < len; t++) d[t] = 0.f;
-                        d += len;
-                    }
-                    for (int64_t j = filled; j < CUVIL_NR; j++) d[j - filled] = 0.f;
-                }
+    int64_t N = s->OH * s->OW;
+    int64_t run_oh[CUVIL_NR], run_ow[CUVIL_NR], run_len[CUVIL_NR], runs = 0, filled = 0;
+    for (int64_t n = p * CUVIL_NR, end = n + CUVIL_NR < N ? n + CUVIL_NR : N; n < end; runs++) {
+        run_oh[runs] = n / s->OW, run_ow[runs] = n % s->OW;
+        run_len[runs] = s->OW - run_ow[runs] < end - n ? s->OW - run_ow[runs] : end - n;
+        n += run_len[runs], filled += run_len[runs];
     }
+    int64_t taps = s->KH * s->KW, c = k0 / taps, kh = k0 % taps / s->KW, kw = k0 % s->KW;
+    for (int64_t k = 0; k < kc; k++) {
+        float *d = buf + k * CUVIL_NR;
+        const float *xc = a->x + c * s->H * s->W;
+        for (int64_t r = 0; r < runs; r++) {
+            int64_t len = run_len[r], ih = run_oh[r] * s->sh - s->ph + kh * s->dh;
+            int64_t iw0 = run_ow[r] * s->sw - s->pw + kw * s->dw;
+            /* the run's elements inside the row, found by stepping in from its ends: only runs at
+             * the image border step more than once, and a division per run costs more than the copy */
+            int64_t lo = 0, hi = ih < 0 || ih >= s->H ? 0 : len;
+            while (lo < hi && iw0 + lo * s->sw < 0) lo++;
+            while (hi > lo && iw0 + (hi - 1) * s->sw >= s->W) hi--;
+            const float *row = xc + ih * s->W + iw0;
+            int64_t t = 0;
+            for (; t < lo; t++) d[t] = 0.f;
+            if (s->sw == 1) for (; t < hi; t++) d[t] = row[t];
+            else for (; t < hi; t++) d[t] = row[t * s->sw];
+            for (; t < len; t++) d[t] = 0.f;
+            d += len;
+        }
+        for (int64_t j = filled; j < CUVIL_NR; j++) d[j - filled] = 0.f;
+        if (++kw == s->KW) {              /* next (c, kh, kw) without dividing */
+            kw = 0;
+            if (++kh == s->KH) kh = 0, c++;
+        }
+    }
+    return buf;
 }
 
-static void im2col_packed(const cuvil_conv_shape *s, const float *x, int64_t cg, float *Bp, int nthreads) {
-    int64_t N = s->OH * s->OW, K = cg * s->KH * s->KW, np = (N + CUVIL_NR - 1) / CUVIL_NR;
-    im2col_args a = {s, x, cg, Bp};
-    cuvil_parallel_for(np * K > 16384 ? nthreads : 1, np, 1, im2col_task, &a);
+typedef struct { im2col_src src; int64_t K; float *Bp; } im2col_whole;
+
+static void im2col_task(void *ctx, int64_t p0, int64_t p1) {
+    const im2col_whole *a = ctx;
+    for (int64_t p = p0; p < p1; p++) im2col_block(&a->src, p, 0, a->K, a->Bp + p * a->K * CUVIL_NR);
 }
 
 typedef struct {
@@ -107,13 +109,24 @@ void cuvil_conv2d(const cuvil_conv_shape *s, const float *x, const float *w, con
     for (int64_t n = 0; n < s->N; n++)
         for (int64_t g = 0; g < s->groups; g++) {
             const float *xg = x + (n * s->C + g * cg) * s->H * s->W;
-            if (direct) cuvil_pack_b(K, N, xg, N, 0, scratch, nthreads);
-            else im2col_packed(s, xg, cg, scratch, nthreads);
             cuvil_epilogue ep = {bias ? bias + g * og : 0, 0, residual ? residual + (n * s->O + g * og) * N : 0,
                                  N, 1.f, act};
             float *yg = y + (n * s->O + g * og) * N;
-            if (wp) cuvil_sgemm_packed_ab(og, N, K, wp + g * cuvil_packed_a_size(og, K), scratch, yg, N, &ep, nthreads);
-            else cuvil_sgemm_packed(og, N, K, w + g * og * K, K, scratch, yg, N, &ep, nthreads);
+            const float *wg = w ? w + g * og * K : 0, *wpg = wp ? wp + g * cuvil_packed_a_size(og, K) : 0;
+            im2col_src src = {s, xg};
+            if (!direct && !scratch) {   /* implicit GEMM: im2col block by block inside the GEMM */
+                cuvil_b_source b = {im2col_block, &src};
+                cuvil_sgemm_produced_b(og, N, K, wg, wpg, &b, yg, N, &ep, nthreads);
+                continue;
+            }
+            if (direct) cuvil_pack_b(K, N, xg, N, 0, scratch, nthreads);
+            else {                       /* im2col whole, once: several M blocks would each redo it */
+                im2col_whole whole = {src, K, scratch};
+                int64_t np = (N + CUVIL_NR - 1) / CUVIL_NR;
+                cuvil_parallel_for(np * K > 16384 ? nthreads : 1, np, 1, im2col_task, &whole);
+            }
+            if (wp) cuvil_sgemm_packed_ab(og, N, K, wpg, scratch, yg, N, &ep, nthreads);
+            else cuvil_sgemm_packed(og, N, K, wg, K, scratch, yg, N, &ep, nthreads);
         }
 }
 

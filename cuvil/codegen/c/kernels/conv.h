@@ -1,6 +1,7 @@
-/* 2-D convolution and pooling, NCHW (1-D runs as H = 1). General convs are im2col written
- * straight into the GEMM's packed panel layout, then the packed GEMM with a per-channel bias;
- * depthwise convs have a direct kernel. */
+/* 2-D convolution and pooling, NCHW (1-D runs as H = 1). General convs are implicit GEMMs: the
+ * GEMM asks for each K block of each panel of im2col as it needs it, so the im2col matrix never
+ * exists whole; 1x1 stride-1 convs pack their input as the GEMM's B; depthwise convs have a direct
+ * kernel; 3x3 stride-1 ones with enough channels go to winograd.h. */
 #ifndef CUVIL_CONV_H
 #define CUVIL_CONV_H
 #include "gemm.h"
@@ -9,7 +10,9 @@ typedef struct {
     int64_t N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, groups;
 } cuvil_conv_shape;
 
-/* Scratch floats the conv needs (packed im2col of one image and group). */
+/* Scratch floats for a packed B of one image and group: a 1x1 conv's input, or the whole im2col
+ * (codegen passes it only when the filters span several M blocks of the GEMM, which would each
+ * redo an implicit im2col; without scratch the conv is an implicit GEMM). */
 int64_t cuvil_conv_scratch(const cuvil_conv_shape *s);
 /* y = act(conv(x, w) + bias + residual); bias and residual (shaped like y) may be NULL. wp: the filters
  * packed ahead as GEMM A operands, one cuvil_packed_a_size(O / groups, K) block per group, or NULL. */

@@ -257,6 +257,10 @@ static void dequant_q4_columns(const uint8_t *W, const float *scales, int64_t gr
  * One loop per format, K walked group by group so the scales row is fixed inside the hot loop. */
 static inline const float *b_block(const void *B, int bits, const float *scales, int64_t group, int64_t N,
                                    int64_t K, int64_t p, int64_t k0, int64_t kc, float *buf) {
+    if (bits == CUVIL_B_PRODUCED) {
+        const cuvil_b_source *src = B;
+        return src->fn(src->ctx, p, k0, kc, buf);
+    }
     if (bits == CUVIL_B_Q4_COLUMNS) {
         dequant_q4_columns(B, scales, group, N, K, p, k0, kc, buf);
         return buf;
@@ -428,6 +432,12 @@ void cuvil_sgemm_packed(int64_t M, int64_t N, int64_t K, const float *A, int64_t
 void cuvil_sgemm_packed_ab(int64_t M, int64_t N, int64_t K, const float *Ap, const float *Bp,
                            float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads) {
     gemm_driver(M, N, K, 0, Ap, K, Bp, 32, 0, 1, C, ldc, ep, nthreads);
+}
+
+void cuvil_sgemm_produced_b(int64_t M, int64_t N, int64_t K, const float *A, const float *Ap,
+                            const cuvil_b_source *src, float *C, int64_t ldc, const cuvil_epilogue *ep,
+                            int nthreads) {
+    gemm_driver(M, N, K, Ap ? 0 : A, Ap, K, src, CUVIL_B_PRODUCED, 0, 1, C, ldc, ep, nthreads);
 }
 
 void cuvil_sgemm_quant(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const void *Bq, int bits,

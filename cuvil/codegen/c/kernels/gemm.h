@@ -56,6 +56,18 @@ void cuvil_sgemm_q4_columns(int64_t M, int64_t N, int64_t K, const float *A, int
                             const float *scales, int64_t group, float *C, int64_t ldc, const cuvil_epilogue *ep,
                             int nthreads);
 
+/* B produced block by block by the caller instead of read from memory (implicit GEMM: a conv's
+ * im2col written straight into the micro-kernel's L1 buffer, never into a whole packed copy):
+ * fn fills buf with panel p's rows [k0, k0 + kc) as [kc][NR] (zero past N) and returns it. */
+typedef const float *(*cuvil_b_producer)(const void *ctx, int64_t p, int64_t k0, int64_t kc, float *buf);
+typedef struct { cuvil_b_producer fn; const void *ctx; } cuvil_b_source;
+#define CUVIL_B_PRODUCED (-1)
+/* C = epilogue(A @ B), A given row-major (lda = K) or packed ahead (Ap, as cuvil_sgemm_packed_ab;
+ * A is then NULL), B from src. */
+void cuvil_sgemm_produced_b(int64_t M, int64_t N, int64_t K, const float *A, const float *Ap,
+                            const cuvil_b_source *src, float *C, int64_t ldc, const cuvil_epilogue *ep,
+                            int nthreads);
+
 /* Generic strided matmul for dtypes without a fast path (double, integers). */
 #define CUVIL_NAIVE_MATMUL_DECL(T, NAME) \
     void NAME(int64_t M, int64_t N, int64_t K, const T *A, int64_t lda, const T *B, int64_t ldb, T *C, int64_t ldc);

@@ -109,8 +109,8 @@ def _source_key(model, example_inputs, opts: Options) -> str | None:
     for name, t in list(model.state_dict(keep_vars=False).items()):
         h.update(name.encode())
         h.update(str((tuple(t.shape), t.dtype)).encode())
-        h.update(t.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy().tobytes()
-                 if t.numel() else b"")
+        if t.numel():    # the tensor's own bytes, not a copy: the copy cost more than the hash
+            h.update(t.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy())
     from torch.utils import _pytree
     for leaf in _pytree.tree_leaves(example_inputs):
         h.update(repr((tuple(getattr(leaf, "shape", ())), str(getattr(leaf, "dtype", type(leaf))))).encode())

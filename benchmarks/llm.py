@@ -56,19 +56,25 @@ def weight_bytes_per_token(shape, precision, group=64):
 BANDWIDTH_C = r"""
 #include <stdint.h>
 typedef float v8 __attribute__((vector_size(32), aligned(4)));
-/* eight independent vector sums, so the adds' latency never limits the loads; software prefetch,
-   so the probe reads as fast as the best kernel can (a roofline must not be beatable) */
-float cuvil_bw_sum(const float *a, int64_t n, int threads) {
+/* Each thread sums its share as `streams` adjacent 128 KiB panels read side by side (one stream read
+   11-12 GB/s on one core here, four 16-19: the decode GEMV reads four panels at once), with or
+   without software prefetch; the probe reports the best pattern, so a kernel cannot beat the roofline. */
+float cuvil_bw_sum(const float *a, int64_t n, int threads, int streams, int prefetch) {
+    const int64_t panel = 2048;                  /* 64-byte lines: 128 KiB, a K = 2048 fp32 panel */
     float s = 0.f;
     #pragma omp parallel for num_threads(threads) reduction(+:s) schedule(static)
-    for (int64_t b = 0; b < n / 64; b++) {
-        const v8 *p = (const v8 *)(a + b * 64);
-        __builtin_prefetch(a + b * 64 + 2048, 0, 0);   /* 8 KiB ahead, as the decode kernels do */
-        __builtin_prefetch(a + b * 64 + 2048 + 16, 0, 0);
-        __builtin_prefetch(a + b * 64 + 2048 + 32, 0, 0);
-        __builtin_prefetch(a + b * 64 + 2048 + 48, 0, 0);
-        v8 t = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
-        s += t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
+    for (int64_t g = 0; g < n / 16 / panel / streams; g++) {
+        v8 t[2] = {{0}, {0}};
+        for (int64_t b = 0; b < panel; b += 2)
+            for (int j = 0; j < streams; j++) {  /* a line of each panel in turn, as the GEMV reads */
+                const float *q = a + ((g * streams + j) * panel + b) * 16;
+                const v8 *p = (const v8 *)q;
+                if (prefetch) __builtin_prefetch(q + 2048, 0, 0), __builtin_prefetch(q + 2048 + 16, 0, 0);
+                t[0] += p[0] + p[1];
+                t[1] += p[2] + p[3];
+            }
+        v8 u = t[0] + t[1];
+        s += u[0] + u[1] + u[2] + u[3] + u[4] + u[5] + u[6] + u[7];
     }
     return s;
 }
@@ -84,24 +90,57 @@ def _bandwidth_lib():
                     "-o", str(d / "bw.so")], check=True)
     lib = ctypes.CDLL(str(d / "bw.so"))
     lib.cuvil_bw_sum.restype = ctypes.c_float
-    lib.cuvil_bw_sum.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+    lib.cuvil_bw_sum.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int]
     return lib
 
 
-def memory_bandwidth(threads):
-    """Read bandwidth (bytes/s): a vectorized OpenMP sum over 1 GiB, the way decode streams its weights."""
-    lib = _bandwidth_lib()
-    a = np.ones(1 << 28, np.float32)
-    lib.cuvil_bw_sum(a.ctypes.data, a.size, threads)
-    ts = []
-    for _ in range(5):
+# (streams per thread, software prefetch): the access patterns the probe tries
+BANDWIDTH_PATTERNS = ((1, 1), (1, 0), (4, 0), (8, 0))
+
+
+@functools.lru_cache(None)
+def _probe_buffer():
+    return np.ones(1 << 28, np.float32)
+
+
+def memory_bandwidth(threads, rounds=3):
+    """Read bandwidth (bytes/s): vectorized OpenMP sums over 1 GiB in each pattern of
+    BANDWIDTH_PATTERNS, `rounds` rounds interleaved; the best reading."""
+    lib, a = _bandwidth_lib(), _probe_buffer()
+    lib.cuvil_bw_sum(a.ctypes.data, a.size, threads, 1, 0)
+    best = 0.0
+    for _ in range(rounds):
+        for streams, prefetch in BANDWIDTH_PATTERNS:
+            t = time.perf_counter()
+            lib.cuvil_bw_sum(a.ctypes.data, a.size, threads, streams, prefetch)
+            best = max(best, a.nbytes / (time.perf_counter() - t))
+    return best
+
+
+DECODE_CHUNKS = 4
+
+
+def timed_decode(step, new_tokens, threads, bytes_per_token):
+    """Greedy decode of new_tokens in DECODE_CHUNKS chunks, a bandwidth probe right before each: this
+    machine's bandwidth drifts by 2x within minutes, so each chunk is set against its own probe.
+    Returns tokens/s over all chunks, the median per-chunk fraction of the roofline, the median probe."""
+    tok, total, fractions, probes = 1, 0.0, [], []
+    per = max(1, new_tokens // DECODE_CHUNKS)
+    for c in range(DECODE_CHUNKS):
+        n = per if c < DECODE_CHUNKS - 1 else new_tokens - per * (DECODE_CHUNKS - 1)
+        bw = memory_bandwidth(threads, rounds=1)
         t = time.perf_counter()
-        lib.cuvil_bw_sum(a.ctypes.data, a.size, threads)
-        ts.append(time.perf_counter() - t)
-    return a.nbytes / min(ts)
+        for _ in range(n):
+            tok = step(tok)
+        dt = time.perf_counter() - t
+        total += dt
+        probes.append(bw)
+        fractions.append(n / dt * bytes_per_token / bw)
+    return {"decode_tps": new_tokens / total, "roofline_fraction": statistics.median(fractions),
+            "bandwidth_gbs": statistics.median(probes) / 1e9}
 
 
-def bench_cuvil(ckpt, precision, threads, prompt, new_tokens):
+def bench_cuvil(ckpt, precision, threads, prompt, new_tokens, bytes_per_token):
     import cuvil.llm
     llm = cuvil.llm.from_transformers(ckpt, precision=precision, max_seq_len=512, num_threads=threads,
                                       measure_error=False)
@@ -117,13 +156,9 @@ def bench_cuvil(ckpt, precision, threads, prompt, new_tokens):
         llm.prefill(prompt[:32])
         ttft.append(time.perf_counter() - t)
     llm.prefill(prompt)
-    tok = 1
-    t = time.perf_counter()
-    for _ in range(new_tokens):
-        tok = int(llm.decode([tok])[0].argmax())
-    dec = new_tokens / (time.perf_counter() - t)
-    return {"prefill_ms": 1000 * statistics.median(pre), "decode_tps": dec, "ttft32_ms": 1000 * statistics.median(ttft),
-            "path": str(llm.path)}
+    dec = timed_decode(lambda tok: int(llm.decode([tok])[0].argmax()), new_tokens, threads, bytes_per_token)
+    return {"prefill_ms": 1000 * statistics.median(pre), "ttft32_ms": 1000 * statistics.median(ttft),
+            "path": str(llm.path), **dec}
 
 
 def prefill_ab(ckpt, threads, prompt, rounds=7, precisions=("fp32", "int4")):
@@ -171,7 +206,7 @@ def bench_eager(ckpt, threads, prompt, new_tokens):
 LLAMACPP_TYPES = {"fp32": "f32", "int8": "q8_0", "int4": "q4_0"}     # cuvil precision -> the GGUF type it faces
 
 
-def bench_llamacpp(ckpt, qtype, threads, prompt, new_tokens):
+def bench_llamacpp(ckpt, qtype, threads, prompt, new_tokens, bytes_per_token):
     """llama.cpp (llama-cpp-python) on a GGUF of the same weights: same prompt, greedy decode."""
     try:
         import llama_cpp
@@ -199,13 +234,12 @@ def bench_llamacpp(ckpt, qtype, threads, prompt, new_tokens):
         ttft.append(time.perf_counter() - t)
     m.reset()
     m.eval(prompt)
-    tok = 1
-    t = time.perf_counter()
-    for _ in range(new_tokens):
+
+    def step(tok):
         m.eval([tok])
-        tok = int(np.argmax(np.ctypeslib.as_array(m._ctx.get_logits(), shape=(m.n_vocab(),))))
-    dec = new_tokens / (time.perf_counter() - t)
-    return {"prefill_ms": 1000 * statistics.median(pre), "decode_tps": dec, "ttft32_ms": 1000 * statistics.median(ttft)}
+        return int(np.argmax(np.ctypeslib.as_array(m._ctx.get_logits(), shape=(m.n_vocab(),))))
+    dec = timed_decode(step, new_tokens, threads, bytes_per_token)
+    return {"prefill_ms": 1000 * statistics.median(pre), "ttft32_ms": 1000 * statistics.median(ttft), **dec}
 
 
 def rss_of_loaded(path, threads):
@@ -248,44 +282,34 @@ def main(argv=None):
     from benchmarks.timing import machine_line
     results["machine"] = machine_line()
     for threads in [int(t) for t in a.threads.split(",")]:
-        bw = memory_bandwidth(threads)
-        print(f"[{threads}t] read bandwidth {bw / 1e9:.1f} GB/s", flush=True)
+        print(f"[{threads}t] read bandwidth {memory_bandwidth(threads) / 1e9:.1f} GB/s", flush=True)
         if not a.no_eager:
             e = bench_eager(ckpt, threads, prompt, a.new_tokens)
             print(f"[{threads}t] transformers eager: prefill {e['prefill_ms']:.0f} ms, decode {e['decode_tps']:.2f} tok/s",
                   flush=True)
             results["rows"].append({"system": "transformers eager", "threads": threads, **e})
         for p in a.precisions.split(","):
-            # the probe again before each row: on a shared machine one early reading can be far off
-            # the bandwidth the rows later get (a model streamed 132% of it); the best reading counts
-            bw = max(bw, memory_bandwidth(threads))
-            r = bench_cuvil(ckpt, p, threads, prompt, a.new_tokens)
-            roof = bw / weight_bytes_per_token(shape, p)
-            r.update(system=f"cuvil {p}", precision=p, threads=threads, roofline_tps=roof, bandwidth_gbs=bw / 1e9)
+            nbytes = weight_bytes_per_token(shape, p)
+            r = bench_cuvil(ckpt, p, threads, prompt, a.new_tokens, nbytes)
+            r.update(system=f"cuvil {p}", precision=p, threads=threads)
             if p == "int4":
                 r["rss_mib"] = rss_of_loaded(r["path"], threads)
             print(f"[{threads}t] cuvil {p}: prefill {r['prefill_ms']:.0f} ms, decode {r['decode_tps']:.2f} tok/s "
-                  f"({100 * r['decode_tps'] / roof:.0f}% of roofline {roof:.1f}), ttft(32) {r['ttft32_ms']:.0f} ms",
-                  flush=True)
+                  f"({100 * r['roofline_fraction']:.0f}% of roofline at {r['bandwidth_gbs']:.1f} GB/s), "
+                  f"ttft(32) {r['ttft32_ms']:.0f} ms", flush=True)
             results["rows"].append(r)
             if p in LLAMACPP_TYPES and not a.no_llamacpp:
                 q = LLAMACPP_TYPES[p]
-                lc = bench_llamacpp(ckpt, q, threads, prompt, a.new_tokens)
+                lc = bench_llamacpp(ckpt, q, threads, prompt, a.new_tokens, nbytes)
                 if lc is None:
                     print("llama-cpp-python is not installed: no llama.cpp rows", flush=True)
                     a.no_llamacpp = True
                     continue
-                lc.update(system=f"llama.cpp {q.upper()}", precision=p, threads=threads, roofline_tps=roof,
-                          bandwidth_gbs=bw / 1e9)
+                lc.update(system=f"llama.cpp {q.upper()}", precision=p, threads=threads)
                 print(f"[{threads}t] llama.cpp {q}: prefill {lc['prefill_ms']:.0f} ms, decode {lc['decode_tps']:.2f} "
-                      f"tok/s, ttft(32) {lc['ttft32_ms']:.0f} ms; cuvil/llama.cpp decode "
-                      f"{r['decode_tps'] / lc['decode_tps']:.2f}x", flush=True)
+                      f"tok/s ({100 * lc['roofline_fraction']:.0f}% of roofline), ttft(32) {lc['ttft32_ms']:.0f} ms; "
+                      f"cuvil/llama.cpp decode {r['decode_tps'] / lc['decode_tps']:.2f}x", flush=True)
                 results["rows"].append(lc)
-        print(f"[{threads}t] best read bandwidth {bw / 1e9:.1f} GB/s: the roofline of every {threads}-thread row",
-              flush=True)
-        for r in results["rows"]:
-            if r["threads"] == threads and "precision" in r:
-                r.update(roofline_tps=bw / weight_bytes_per_token(shape, r["precision"]), bandwidth_gbs=bw / 1e9)
     OUT.mkdir(exist_ok=True)
     command = " ".join(["python -m benchmarks.llm"] + (argv if argv is not None else sys.argv[1:]))
     results["command"] = command
@@ -303,14 +327,17 @@ def write_section(readme: Path, results, command):
     lines = [MARK_BEGIN, "## LLM: TinyLlama-1.1B shape, random weights" if shape == TINYLLAMA else "## LLM (small shape)",
              "", "```", command, "```", "", f"Machine: {results['machine']}", "",
              "Prefill: 128 prompt tokens (median of 3). Decode: tokens/s over the new tokens, greedy, batch 1. "
-             "Roofline: measured read bandwidth (the best of the probes run before each cuvil row at that thread count) / weight bytes per token. llama.cpp: llama-cpp-python 0.3.36 "
+             "% of roofline: decode runs in 4 chunks with a read-bandwidth probe (the best of single- and "
+             "multi-stream sums over 1 GiB) right before each; each chunk's weight bytes per second over its probe, "
+             "median of the 4 (the probe's median in brackets): this machine's bandwidth drifts 2x within minutes. llama.cpp: llama-cpp-python 0.3.36 "
              "(built from source, GGML_NATIVE: AVX2, REPACK) on GGUF F32/Q8_0/Q4_0 exports of the same checkpoint "
              "(benchmarks/gguf_export.py), run right after the cuvil row it faces; its % of roofline uses cuvil's "
              "bytes per token (Q8_0 and Q4_0 carry 8.5 and 4.5 bits per weight).", "",
-             "| threads | system | prefill 128 (ms) | decode (tok/s) | % of roofline | TTFT 32 tok (ms) | RSS (MiB) |",
+             "| threads | system | prefill 128 (ms) | decode (tok/s) | % of roofline (bandwidth) | TTFT 32 tok (ms) | RSS (MiB) |",
              "|---|---|---|---|---|---|---|"]
     for r in results["rows"]:
-        roof = f"{100 * r['decode_tps'] / r['roofline_tps']:.0f}% of {r['roofline_tps']:.1f}" if "roofline_tps" in r else "—"
+        roof = (f"{100 * r['roofline_fraction']:.0f}% ({r['bandwidth_gbs']:.1f} GB/s)" if "roofline_fraction" in r
+                else "—")
         ttft = f"{r['ttft32_ms']:.0f}" if "ttft32_ms" in r else "—"
         rss = f"{r['rss_mib']:.0f}" if "rss_mib" in r else "—"
         lines.append(f"| {r['threads']} | {r['system']} | {r['prefill_ms']:.0f} | {r['decode_tps']:.2f} | {roof} | "

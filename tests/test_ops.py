@@ -717,6 +717,10 @@ def matmul_shapes(op):
     mm(c.input(f(2, 3, 4)), c.const(f(2, 4, 6)), "[2,3,4] @ const[2,4,6]")
     mm(c.input(f(1, 3, 4)), c.const(f(4, 5)), "[1,3,4] @ const[4,5]")
     mm(c.input(f(3, 0)), c.const(f(0, 5)), "K=0 const")
+    # one row: the GEMV streams up to 4 panels of 16 columns at once; 7 and 13 panels leave 3 and 1
+    mm(c.input(f(1, 70)), c.const(f(70, 101)), "[1,70] @ const[70,101]")
+    mm(c.input(f(1, 40)), c.const(f(40, 200)), "[1,40] @ const[40,200]")
+    mm(c.input(f(1, 300)), c.const(f(300, 250)), "[1,300] @ const[300,250] (threaded)")
     mm(c.input(fortran(f(7, 5))), c.input(strided(f(5, 9))), "non-contiguous operands")
     mm(c.input(fortran(f(4, 5))), c.const(f(5, 3)), "transposed activations, const weights")
     mm(c.input([f(n, 5) for n in B_RUNS], (B, 5)), c.input(f(5, 17)), "[b,5] @ [5,17]")
@@ -1222,8 +1226,8 @@ def matmul_q(op):
     c = Case(runs=2, symbols=SYMS)
     r = c.rng
     for bits, group in [(8, 1 << 30), (8, 64), (4, 32), (16, 1 << 30)]:
-        for i, (m, k) in enumerate([(1, 1), (2, 3), (5, 300), (7, 65), (6, 256)]):
-            n = (1, 15, 17, 33, 16)[i] * (2 if bits == 4 else 1)
+        for i, (m, k) in enumerate([(1, 1), (2, 3), (5, 300), (7, 65), (6, 256), (1, 70), (1, 300)]):
+            n = (1, 15, 17, 33, 16, 101, 250)[i] * (2 if bits == 4 else 1)
             w, s = _quantize(r, k, n, bits, group)
             ins = [c.input(rand(r, (m, k), "float32", -1, 1)), c.const(w)] + ([c.const(s)] if s is not None else [])
             c.out(c.add(op, ins, {"bits": bits, "group": group}), f"bits={bits} group={group} M={m} N={n} K={k}")

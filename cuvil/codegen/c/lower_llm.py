@@ -35,6 +35,15 @@ def _q4_panels(q: np.ndarray, nr: int) -> np.ndarray:
     return np.ascontiguousarray(p[:, :, :h] | (p[:, :, h:] << 4))
 
 
+def _bf16_panels(q: np.ndarray, nr: int) -> np.ndarray:
+    """bf16 [K, N] -> panels whose 32-bit lane e holds column e (low half) and column e + nr/2 (high
+    half): the kernel widens a whole panel row with one load, a shift and a mask."""
+    p = _panels(q, nr, 0)
+    h = nr // 2
+    order = np.stack([np.arange(h), np.arange(h, nr)], 1).reshape(-1)
+    return np.ascontiguousarray(p[:, :, order])
+
+
 def _interleave4(cols: np.ndarray, pad) -> np.ndarray:
     """[N, chunks, 32] bytes -> [ceil(N/4), chunks, 4, 32]: four columns interleaved 32 bytes at a
     time (N padded with `pad` columns), so a tile of four columns is one sequential stream."""
@@ -115,8 +124,10 @@ def lower_matmul_q(em, node):
     N = node.outputs[0].shape[-1]
     if bits == 4:
         wp = em.packed("q4panels", w, lambda d: _q4_panels(d, nr), "uint8_t")
+    elif bits == 16:
+        wp = em.packed("bf16panels", w, lambda d: _bf16_panels(d, nr), "uint16_t")
     else:
-        wp = em.packed("qpanels", w, lambda d: _panels(d, nr, 0), "int8_t" if bits == 8 else "uint16_t")
+        wp = em.packed("qpanels", w, lambda d: _panels(d, nr, 0), "int8_t")
     sp = "0"
     if bits != 16:
         sp = em.packed("qscales", node.inputs[2], lambda d: _panels(d.astype(np.float32), nr, 0.0))

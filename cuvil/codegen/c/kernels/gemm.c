@@ -52,60 +52,38 @@ static inline void cuvil_ukernel_##MRV(int64_t kc, const float *Ap, const float 
 }
 CUVIL_UKERNEL(1) CUVIL_UKERNEL(2) CUVIL_UKERNEL(3) CUVIL_UKERNEL(4) CUVIL_UKERNEL(5) CUVIL_UKERNEL(6)
 
-/* One row (GEMV, batch-1 inference): memory bound, so four independent accumulator pairs hide
- * the FMA latency instead of waiting on one chain. */
-static inline void cuvil_ukernel_row(int64_t kc, const float *A, const float *Bp, float acc[CUVIL_MR][CUVIL_NR]) {
-    cuvil_vf c[8];
-    for (int i = 0; i < 8; i++) c[i] = cuvil_vsplat(0.f);
-    int64_t k = 0;
-    for (; k + 4 <= kc; k += 4) {
-        const float *b = Bp + k * CUVIL_NR;
-        for (int l = 0; l < 4 * CUVIL_NR; l += 16) __builtin_prefetch(b + 2048 + l, 0, 0);   /* 8 KiB ahead */
-        for (int u = 0; u < 4; u++) {
-            cuvil_vf a = cuvil_vsplat(A[k + u]);
-            c[2 * u] += a * cuvil_vload(b + u * CUVIL_NR);
-            c[2 * u + 1] += a * cuvil_vload(b + u * CUVIL_NR + CUVIL_VL);
-        }
-    }
-    for (; k < kc; k++) {
-        cuvil_vf a = cuvil_vsplat(A[k]);
-        c[0] += a * cuvil_vload(Bp + k * CUVIL_NR);
-        c[1] += a * cuvil_vload(Bp + k * CUVIL_NR + CUVIL_VL);
-    }
-    cuvil_vstore(acc[0], (c[0] + c[2]) + (c[4] + c[6]));
-    cuvil_vstore(acc[0] + CUVIL_VL, (c[1] + c[3]) + (c[5] + c[7]));
+/* One row (GEMV, batch-1 decode) over S panels at once, fp32 or bf16 (bf16 is the high half of an
+ * fp32, widened in registers). Memory bound: S concurrent sequential streams keep more DRAM reads in
+ * flight than one (1 thread, 512 MB of weights: one stream 11-12 GB/s, four 16-19 GB/s; software
+ * prefetch on top of them measured slower, so there is none). */
+typedef uint32_t cuvil_vu32 __attribute__((vector_size(CUVIL_VL * 4), aligned(4), may_alias));
+/* A bf16 panel row of NR columns, packed so 32-bit lane e holds column e (low half) and column
+ * e + VL (high half): one load and two bit operations give both fp32 vectors. */
+static inline void cuvil_vload_bf16_pair(const uint16_t *p, cuvil_vf *lo, cuvil_vf *hi) {
+    cuvil_vu32 w = *(const cuvil_vu32 *)p;
+    *lo = (cuvil_vf)(w << 16);
+    *hi = (cuvil_vf)(w & 0xffff0000u);
+}
+static inline void gemv_load(const void *B, int bits, int64_t i, cuvil_vf *lo, cuvil_vf *hi) {
+    if (bits == 16) cuvil_vload_bf16_pair((const uint16_t *)B + i, lo, hi);
+    else *lo = cuvil_vload((const float *)B + i), *hi = cuvil_vload((const float *)B + i + CUVIL_VL);
 }
 
-/* The same over a bf16 panel, widened in registers (bf16 is the high half of an fp32). */
-typedef uint16_t cuvil_vu16 __attribute__((vector_size(CUVIL_VL * 2), aligned(2), may_alias));
-typedef uint32_t cuvil_vu32 __attribute__((vector_size(CUVIL_VL * 4)));
-static inline cuvil_vf cuvil_vload_bf16(const uint16_t *p) {
-    return (cuvil_vf)(__builtin_convertvector(*(const cuvil_vu16 *)p, cuvil_vu32) << 16);
-}
-
-static inline void cuvil_ukernel_row_bf16(int64_t kc, const float *A, const uint16_t *Bp,
-                                          float acc[CUVIL_MR][CUVIL_NR]) {
-    cuvil_vf c[8];
-    for (int i = 0; i < 8; i++) c[i] = cuvil_vsplat(0.f);
-    int64_t k = 0;
-    for (; k + 4 <= kc; k += 4) {
-        const uint16_t *b = Bp + k * CUVIL_NR;
-        /* a weight stream read once: ask for it 4 KiB ahead (DRAM latency at this rate) */
-        __builtin_prefetch(b + 2048, 0, 0);
-        __builtin_prefetch(b + 2048 + 32, 0, 0);
-        for (int u = 0; u < 4; u++) {
-            cuvil_vf a = cuvil_vsplat(A[k + u]);
-            c[2 * u] += a * cuvil_vload_bf16(b + u * CUVIL_NR);
-            c[2 * u + 1] += a * cuvil_vload_bf16(b + u * CUVIL_NR + CUVIL_VL);
+#define CUVIL_GEMV_STREAMS 4
+static inline __attribute__((always_inline)) void gemv_panels(int S, int bits, int64_t K, const float *A,
+                                                              const void *B, float acc[][CUVIL_MR][CUVIL_NR]) {
+    cuvil_vf c[CUVIL_GEMV_STREAMS][2];
+    for (int s = 0; s < S; s++) c[s][0] = c[s][1] = cuvil_vsplat(0.f);
+    for (int64_t k = 0; k < K; k++) {
+        cuvil_vf a = cuvil_vsplat(A[k]);
+        for (int s = 0; s < S; s++) {
+            cuvil_vf lo, hi;
+            gemv_load(B, bits, (s * K + k) * CUVIL_NR, &lo, &hi);
+            c[s][0] += a * lo;
+            c[s][1] += a * hi;
         }
     }
-    for (; k < kc; k++) {
-        cuvil_vf a = cuvil_vsplat(A[k]);
-        c[0] += a * cuvil_vload_bf16(Bp + k * CUVIL_NR);
-        c[1] += a * cuvil_vload_bf16(Bp + k * CUVIL_NR + CUVIL_VL);
-    }
-    cuvil_vstore(acc[0], (c[0] + c[2]) + (c[4] + c[6]));
-    cuvil_vstore(acc[0] + CUVIL_VL, (c[1] + c[3]) + (c[5] + c[7]));
+    for (int s = 0; s < S; s++) { cuvil_vstore(acc[s][0], c[s][0]); cuvil_vstore(acc[s][0] + CUVIL_VL, c[s][1]); }
 }
 
 static inline void cuvil_ukernel(int mr, int64_t kc, const float *Ap, const float *Bp,
@@ -268,8 +246,12 @@ static inline const float *b_block(const void *B, int bits, const float *scales,
     if (bits == 32) return (const float *)B + p * K * CUVIL_NR + k0 * CUVIL_NR;
     if (bits == 16) {                              /* bf16: the high half of an fp32 */
         const uint16_t *q = (const uint16_t *)B + (p * K + k0) * CUVIL_NR;
-        uint32_t *d = (uint32_t *)buf;
-        for (int64_t i = 0; i < kc * CUVIL_NR; i++) d[i] = (uint32_t)q[i] << 16;
+        for (int64_t k = 0; k < kc; k++) {
+            cuvil_vf lo, hi;
+            cuvil_vload_bf16_pair(q + k * CUVIL_NR, &lo, &hi);
+            cuvil_vstore(buf + k * CUVIL_NR, lo);
+            cuvil_vstore(buf + k * CUVIL_NR + CUVIL_VL, hi);
+        }
         return buf;
     }
     const float *sc = scales + p * ((K + group - 1) / group) * CUVIL_NR;
@@ -385,16 +367,29 @@ static void gemm_task(void *ctx, int64_t t0, int64_t t1) {
     }
 }
 
-/* One row (batch-1 decode) over fp32 or bf16 panels: panel by panel, all of K at once, so each
- * thread streams whole panels in order and no partial sums of C are stored and reloaded. */
+/* One row (batch-1 decode) over fp32 or bf16 panels: all of K at once, so no partial sums of C
+ * are stored and reloaded; CUVIL_GEMV_STREAMS panels side by side. */
 static void gemv_task(void *ctx, int64_t p0, int64_t p1) {
     const gemm_args *g = ctx;
-    float acc[CUVIL_MR][CUVIL_NR];
-    for (int64_t p = p0; p < p1; p++) {
-        int64_t n0 = p * CUVIL_NR, nr = g->N - n0 < CUVIL_NR ? g->N - n0 : CUVIL_NR;
-        if (g->bits == 32) cuvil_ukernel_row(g->K, g->A, (const float *)g->B + p * g->K * CUVIL_NR, acc);
-        else cuvil_ukernel_row_bf16(g->K, g->A, (const uint16_t *)g->B + p * g->K * CUVIL_NR, acc);
-        store_tile(acc, 1, nr, g->C, g->ldc, 0, n0, 1, 1, g->ep);
+    float acc[CUVIL_GEMV_STREAMS][CUVIL_MR][CUVIL_NR];
+    int esize = g->bits / 8;
+    for (int64_t p = p0; p < p1; p += CUVIL_GEMV_STREAMS) {
+        int S = p1 - p < CUVIL_GEMV_STREAMS ? (int)(p1 - p) : CUVIL_GEMV_STREAMS;
+        const void *b = (const char *)g->B + p * g->K * CUVIL_NR * esize;
+        switch (S * 100 + g->bits) {     /* constants for the compiler: the loops unroll per case */
+        case 432: gemv_panels(4, 32, g->K, g->A, b, acc); break;
+        case 332: gemv_panels(3, 32, g->K, g->A, b, acc); break;
+        case 232: gemv_panels(2, 32, g->K, g->A, b, acc); break;
+        case 132: gemv_panels(1, 32, g->K, g->A, b, acc); break;
+        case 416: gemv_panels(4, 16, g->K, g->A, b, acc); break;
+        case 316: gemv_panels(3, 16, g->K, g->A, b, acc); break;
+        case 216: gemv_panels(2, 16, g->K, g->A, b, acc); break;
+        default: gemv_panels(1, 16, g->K, g->A, b, acc); break;
+        }
+        for (int s = 0; s < S; s++) {
+            int64_t n0 = (p + s) * CUVIL_NR, nr = g->N - n0 < CUVIL_NR ? g->N - n0 : CUVIL_NR;
+            store_tile(acc[s], 1, nr, g->C, g->ldc, 0, n0, 1, 1, g->ep);
+        }
     }
 }
 

@@ -315,7 +315,8 @@ def main(argv=None):
     results["command"] = command
     Path(a.output).write_text(json.dumps(results, indent=1))
     print(f"wrote {a.output}")
-    write_section(Path(__file__).resolve().parent / "README.md", results, command)
+    if Path(a.output) == OUT / "llm.json":          # a run to another file is a side experiment
+        write_section(Path(__file__).resolve().parent / "README.md", results, command)
 
 
 MARK_BEGIN, MARK_END = "<!-- llm results -->", "<!-- /llm results -->"

@@ -45,9 +45,10 @@ def _eos_ids(cfg, src_dir):
 
 
 def from_transformers(src, *, precision="fp32", max_seq_len=2048, max_batch=1, num_threads=None, group=64,
-                      cache_dir=None, verbose=False, measure_error=True, error_prompts=None):
+                      cache_dir=None, verbose=False, measure_error=True, error_prompts=None, profile=False):
     """Compile a Llama-family model (a transformers model object or a checkpoint directory of
-    config.json + safetensors) into prefill/decode code sharing weights and a KV cache."""
+    config.json + safetensors) into prefill/decode code sharing weights and a KV cache.
+    profile=True times every node (`llm.module.profile_counters()`), as cuvil.compile's does."""
     _check(precision, group, max_seq_len, max_batch)
     t0 = time.perf_counter()
     src_dir = None
@@ -67,7 +68,7 @@ def from_transformers(src, *, precision="fp32", max_seq_len=2048, max_batch=1, n
     max_seq_len = min(max_seq_len, spec.max_positions)
     inv_freq, rope_scale = rope_parameters(cfg)
 
-    settings = (precision, group, max_seq_len, max_batch)
+    settings = (precision, group, max_seq_len, max_batch, profile)
     cdir = Path(cache_dir) if cache_dir else cache.default_dir()
     skey = _source_key(src, src_dir, settings)
     path = cache.lookup_source(cdir, skey)
@@ -82,7 +83,7 @@ def from_transformers(src, *, precision="fp32", max_seq_len=2048, max_batch=1, n
                   flush=True)
     graph = build_step_graph(spec, tensors, inv_freq, rope_scale, precision=precision, group=group,
                              max_batch=max_batch, max_seq_len=max_seq_len, progress=layer_progress)
-    opts = make_options(num_threads=num_threads, cache_dir=cache_dir, verbose=verbose)
+    opts = make_options(num_threads=num_threads, cache_dir=cache_dir, verbose=verbose, profile=profile)
     path = build_graph(graph, opts, cdir, Progress(verbose), load=False)
     del graph, tensors               # the graph's constants: free them before the artifact is loaded
     gc.collect()                     # (the graph's nodes and values refer to each other)

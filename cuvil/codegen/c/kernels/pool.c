@@ -81,18 +81,22 @@ static void ensure_workers(int want) {
 }
 
 void cuvil_parallel_for(int nthreads, int64_t n, int64_t grain, cuvil_task_fn fn, void *ctx) {
-    if (n <= 0) return;
     if (grain < 1) grain = 1;
+    int64_t chunk = (n + 4 * (int64_t)nthreads - 1) / (4 * (int64_t)nthreads);   /* ~4 chunks per thread */
+    cuvil_parallel_chunks(nthreads, n, chunk < grain ? grain : chunk, fn, ctx);
+}
+
+void cuvil_parallel_chunks(int nthreads, int64_t n, int64_t chunk, cuvil_task_fn fn, void *ctx) {
+    if (n <= 0) return;
+    if (chunk < 1) chunk = 1;
     /* serial: one thread asked for, too little work, called from inside a task, or the pool is busy
      * with another caller's job (two Python threads running models at once) */
-    if (nthreads <= 1 || n <= grain || in_worker || pthread_mutex_trylock(&submit_lock) != 0) {
+    if (nthreads <= 1 || n <= chunk || in_worker || pthread_mutex_trylock(&submit_lock) != 0) {
         fn(ctx, 0, n);
         return;
     }
     ensure_workers(nthreads - 1);
     int helpers = nthreads - 1 < nworkers ? nthreads - 1 : nworkers;
-    int64_t chunk = (n + 4 * (int64_t)nthreads - 1) / (4 * (int64_t)nthreads);   /* ~4 chunks per thread */
-    if (chunk < grain) chunk = grain;
     job_t j = {.fn = fn, .ctx = ctx, .n = n, .chunk = chunk, .helpers = helpers};
     atomic_init(&j.next, 0);
     atomic_init(&j.done, 0);

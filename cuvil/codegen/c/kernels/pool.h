@@ -9,4 +9,8 @@ typedef void (*cuvil_task_fn)(void *ctx, int64_t begin, int64_t end);
 
 /* Runs fn(ctx, b, e) over [0, n) in chunks of at least `grain` items on up to nthreads threads. */
 void cuvil_parallel_for(int nthreads, int64_t n, int64_t grain, cuvil_task_fn fn, void *ctx);
+
+/* The same in chunks of exactly `chunk` items (the last may be short): memory-bound loops whose
+ * threads finish together only if the chunks are small next to the whole. */
+void cuvil_parallel_chunks(int nthreads, int64_t n, int64_t chunk, cuvil_task_fn fn, void *ctx);
 #endif

@@ -1329,6 +1329,10 @@ def cached_attention(op):
         for layer in (0, 1):
             c.out(c.add(op, [q, kc, vc, c.input(np.array(start))], {"layer": layer, "scale": 8 ** -0.5}),
                   f"B={b} T={t} H={h} start={start} layer={layer}")
+    # prefill of 30 rows x 2 query heads per kv head: the 48-row blocks span two heads
+    kv2 = c.input(_cache(r, 1, 1, 2, 40, 16))
+    c.out(c.add(op, [c.input(rand(r, (1, 30, 4, 16), "float32")), kv2, kv2, c.input(np.array([6]))], {"scale": 0.25}),
+          "T=30, blocks across heads")
     kv = c.input(_cache(r, 1, 1, 1, 300, 64))
     c.out(c.add(op, [c.input(rand(r, (1, 1, 2, 64), "float32")), kv, kv, c.input(np.array([299]))], {"scale": 0.125}),
           "300 cached rows, head dim 64")

@@ -53,17 +53,17 @@ static void attend_row(const cuvil_attn *a, int64_t b, int64_t h, int64_t l, con
     }
 }
 
-/* Rows [l, l + rb) (rb <= RB) of one (batch, head) together: scores and P V as register tiles of RB
- * rows x 2 vectors, so each loaded K^T or V vector feeds RB FMAs instead of one row's round trip
- * through its score or output row in L1. Needs K^T (keys padded to a multiple of 2 VL) and Ev a
- * multiple of VL. */
+/* RB query rows (head hr[r], position lr[r]) sharing one KV head, together: scores and P V as
+ * register tiles of RB rows x 2 vectors, so each loaded K^T or V vector feeds RB FMAs instead of one
+ * row's round trip through its score or output row in L1. Rows past rb repeat the last (computed,
+ * not stored). Needs K^T (keys padded to a multiple of 2 VL) and Ev a multiple of VL. */
 #define RB 6
-static void attend_rows(const cuvil_attn *a, int64_t b, int64_t h, int64_t l, int rb, int64_t off,
-                        const float *const qr[RB], const float *kt, int64_t Sp, const float *vb, float *const orow[RB],
-                        float *sc) {
+static void attend_rows(const cuvil_attn *a, int64_t b, const int64_t hr[RB], const int64_t lr[RB], int rb,
+                        int64_t off, const float *const qr[RB], const float *kt, int64_t Sp, const float *vb,
+                        float *const orow[RB], float *sc) {
     int64_t Sr[RB], Smax = 0;
     for (int r = 0; r < RB; r++) {
-        int64_t pos = l + (r < rb ? r : rb - 1) + off;
+        int64_t pos = lr[r] + off;
         Sr[r] = a->causal && pos + 1 < a->S ? pos + 1 : a->S;
         Smax = Sr[r] > Smax ? Sr[r] : Smax;
     }
@@ -84,7 +84,7 @@ static void attend_rows(const cuvil_attn *a, int64_t b, int64_t h, int64_t l, in
     }
     for (int r = 0; r < RB; r++) {                                  /* mask and softmax, row by row */
         float *p = sc + r * Sp;
-        const int64_t mo = b * a->mb + h * a->mh + (l + (r < rb ? r : rb - 1)) * a->ml;
+        const int64_t mo = b * a->mb + hr[r] * a->mh + lr[r] * a->ml;
         if (a->mask_kind == 1) {
             const uint8_t *mk = (const uint8_t *)a->mask + mo;
             for (int64_t s = 0; s < Sr[r]; s++) p[s] = mk[s * a->ms] ? p[s] : -INFINITY;
@@ -127,22 +127,25 @@ static void attend_rows(const cuvil_attn *a, int64_t b, int64_t h, int64_t l, in
     }
 }
 
-/* Task t: batch b, head h, query rows [l0, l0 + QB). */
+/* Task t: batch b, KV head hk, rows [i0, i0 + QB) of the rows that read it: row i is query head
+ * hk * group + i / L at position i % L. The query heads of a KV group share one K^T, so a decode
+ * step (L = 1) attends for all of a group's heads at once. */
 static void attention_task(void *ctx, int64_t t0, int64_t t1) {
     const attn_args *args = ctx;
     const cuvil_attn *a = args->a;
-    int64_t group = a->H / (a->Hk > 0 ? a->Hk : 1);
+    const int64_t Hk = a->Hk > 0 ? a->Hk : 1, group = a->H / Hk, rows = group * a->L;
     for (int64_t t = t0; t < t1; t++) {
-        int64_t bh = t / args->blocks, l0 = (t % args->blocks) * QB;
-        int64_t b = bh / a->H, h = bh % a->H, hk = h / group;
-        int64_t l1 = l0 + QB < a->L ? l0 + QB : a->L;
+        int64_t bh = t / args->blocks, i0 = (t % args->blocks) * QB;
+        int64_t b = bh / Hk, hk = bh % Hk;
+        int64_t i1 = i0 + QB < rows ? i0 + QB : rows;
         int64_t off = a->q_offset ? a->q_offset[b] : 0;
-        /* keys this block can see: all, or up to its last row's position when causal */
-        int64_t S = a->causal && off + l1 < a->S ? off + l1 : a->S;
+        /* keys this block can see: all, or up to its last position when causal */
+        int64_t lmax = i0 / a->L == (i1 - 1) / a->L ? (i1 - 1) % a->L : a->L - 1;
+        int64_t S = a->causal && off + lmax + 1 < a->S ? off + lmax + 1 : a->S;
         int64_t Sp = (S + 2 * CUVIL_VL - 1) / (2 * CUVIL_VL) * (2 * CUVIL_VL);
         const float *kb = args->k + b * a->kb + hk * a->kh;
         const float *vb = args->v + b * a->vb + hk * a->vh;
-        int use_kt = a->E * Sp <= KT_MAX_FLOATS && (l1 - l0) > 1;
+        int use_kt = a->E * Sp <= KT_MAX_FLOATS && (i1 - i0) > 1;
         float kt[use_kt ? a->E * Sp : 1] __attribute__((aligned(64)));
         if (use_kt)
             for (int64_t s = 0; s < S; s++)
@@ -151,21 +154,23 @@ static void attention_task(void *ctx, int64_t t0, int64_t t1) {
             for (int64_t e = 0; e < a->E; e++)
                 for (int64_t s = S; s < Sp; s++) kt[e * Sp + s] = 0.f;
         float sc[use_kt ? RB * Sp + 1 : S + 1] __attribute__((aligned(64)));
-        int64_t l = l0;
+        int64_t i = i0;
         if (use_kt && a->Ev % CUVIL_VL == 0 && S > 0)
-            for (; l < l1; l += RB) {
-                int rb = l1 - l < RB ? (int)(l1 - l) : RB;
+            for (; i < i1; i += RB) {
+                int rb = i1 - i < RB ? (int)(i1 - i) : RB;
+                int64_t hr[RB], lr[RB];
                 const float *qr[RB];
                 float *orow[RB];
                 for (int r = 0; r < RB; r++) {
-                    int64_t lr = l + (r < rb ? r : rb - 1);    /* rows past rb repeat the last: not stored */
-                    qr[r] = args->q + b * a->qb + h * a->qh + lr * a->ql;
-                    orow[r] = args->out + b * a->ob + h * a->oh + lr * a->ol;
+                    int64_t ir = i + (r < rb ? r : rb - 1);
+                    hr[r] = hk * group + ir / a->L, lr[r] = ir % a->L;
+                    qr[r] = args->q + b * a->qb + hr[r] * a->qh + lr[r] * a->ql;
+                    orow[r] = args->out + b * a->ob + hr[r] * a->oh + lr[r] * a->ol;
                 }
-                attend_rows(a, b, h, l, rb, off, qr, kt, Sp, vb, orow, sc);
+                attend_rows(a, b, hr, lr, rb, off, qr, kt, Sp, vb, orow, sc);
             }
-        for (; l < l1; l++) {
-            int64_t pos = l + off;
+        for (; i < i1; i++) {
+            int64_t h = hk * group + i / a->L, l = i % a->L, pos = l + off;
             int64_t Sr = a->causal && pos + 1 < a->S ? pos + 1 : a->S;   /* causal rows stop at their position */
             attend_row(a, b, h, l, args->q + b * a->qb + h * a->qh + l * a->ql, use_kt ? kt : 0, Sp, kb, vb,
                        args->out + b * a->ob + h * a->oh + l * a->ol, Sr, sc);
@@ -174,8 +179,8 @@ static void attention_task(void *ctx, int64_t t0, int64_t t1) {
 }
 
 void cuvil_attention(const cuvil_attn *a, const float *q, const float *k, const float *v, float *out, int nthreads) {
-    int64_t blocks = (a->L + QB - 1) / QB;
+    int64_t Hk = a->Hk > 0 ? a->Hk : 1, blocks = (a->H / Hk * a->L + QB - 1) / QB;
     attn_args args = {a, q, k, v, out, blocks};
-    int64_t tasks = a->B * a->H * blocks;
+    int64_t tasks = a->B * Hk * blocks;
     cuvil_parallel_for(a->B * a->H * a->L * a->S * a->E > 32768 ? nthreads : 1, tasks, 1, attention_task, &args);
 }

@@ -2,11 +2,14 @@
 runtime, the compile cache and verification against the source model."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
+import os
 import shutil
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -102,21 +105,35 @@ def _source_key(model, example_inputs, opts: Options) -> str | None:
     h = hashlib.sha256()
     cls = type(model)
     h.update(f"{cls.__module__}.{cls.__qualname__}|{model!r}|{opts.key()}|{__version__}".encode())
-    try:
-        h.update(inspect.getsource(cls).encode())
-    except (OSError, TypeError):
-        pass
-    for name, t in list(model.state_dict(keep_vars=False).items()):
+    h.update(_class_source(cls).encode())
+    state = list(model.state_dict(keep_vars=False).items())
+    # each tensor's own bytes (not a copy: the copy cost more than the hash) in 64 MiB slices,
+    # hashed on all cores: hashlib releases the GIL on big buffers
+    views = [t.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy() if t.numel() else b"" for _, t in state]
+    slices = [(i, v[j:j + (1 << 26)]) for i, v in enumerate(views) for j in range(0, len(v), 1 << 26)]
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        digests = list(pool.map(lambda s: hashlib.sha256(s[1]).digest(), slices))
+    for name, t in state:
         h.update(name.encode())
         h.update(str((tuple(t.shape), t.dtype)).encode())
-        if t.numel():    # the tensor's own bytes, not a copy: the copy cost more than the hash
-            h.update(t.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy())
+    for (i, _), d in zip(slices, digests):
+        h.update(i.to_bytes(8, "little") + d)
     from torch.utils import _pytree
     for leaf in _pytree.tree_leaves(example_inputs):
         h.update(repr((tuple(getattr(leaf, "shape", ())), str(getattr(leaf, "dtype", type(leaf))))).encode())
     h.update(toolchain.compiler_version().encode())
     h.update(toolchain.cuvil_source_digest().encode())
     return h.hexdigest()[:32]
+
+
+@functools.lru_cache(maxsize=256)
+def _class_source(cls) -> str:
+    """A model class's source, read once per class object (inspect parses the whole module: 30 ms
+    for transformers' BERT, a sixth of a warm compile)."""
+    try:
+        return inspect.getsource(cls)
+    except (OSError, TypeError):
+        return ""
 
 
 def _split_inputs(example_inputs):

@@ -173,6 +173,30 @@ def test_corrupt_artifacts_raise_artifact_error(mlp, tmp_path):
         cuvil.load(d5)
 
 
+def test_checksum_slices_join_to_one_crc32(monkeypatch):
+    """The parallel checksum (slices on threads, joined) is the crc32 of the whole buffer."""
+    import zlib
+    from cuvil.runtime import artifact
+    monkeypatch.setattr(artifact, "SLICE", 1000)
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 999, 1000, 1001, 5000, 12345):
+        data = rng.integers(0, 256, n, dtype=np.uint8)
+        assert artifact.checksum(data) == artifact.crc_text(zlib.crc32(data)), n
+
+
+def test_a_modified_artifact_is_checked_again_after_a_clean_load(mlp, tmp_path):
+    """Loads of an unchanged, already checked weights.bin skip the checksum; a write to it does not."""
+    _, x, cm = mlp
+    d = cm.save(tmp_path / "a")
+    cuvil.load(d)
+    cuvil.load(d)
+    w = bytearray((d / "weights.bin").read_bytes())
+    w[10] ^= 0xFF
+    (d / "weights.bin").write_bytes(bytes(w))
+    with pytest.raises(cuvil.ArtifactError, match="checksum"):
+        cuvil.load(d)
+
+
 def test_gil_released_while_native_code_runs():
     """While one thread is inside the compiled code, another Python thread keeps running, and two
     threads running the same model concurrently each get correct results (per-thread arenas)."""

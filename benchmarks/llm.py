@@ -162,21 +162,33 @@ def bench_cuvil(ckpt, precision, threads, prompt, new_tokens, bytes_per_token):
 
 
 def prefill_ab(ckpt, threads, prompt, rounds=7, precisions=("fp32", "int4")):
-    """Prefill of the same prompt at each precision, interleaved round by round (median ms): the rows of
-    the main table are measured minutes apart, and this machine drifts by more than the difference."""
+    """Prefill of the same prompt by transformers eager and by cuvil at each precision, interleaved
+    round by round (median ms): the rows of the main table are measured minutes apart, and this
+    machine drifts by more than the differences asked about (fp32 / eager, int4 / fp32)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     import cuvil.llm
+    torch.set_num_threads(threads)
+    eager = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=torch.float32).eval()
+    ids = torch.tensor([prompt])
     llms = {p: cuvil.llm.from_transformers(ckpt, precision=p, max_seq_len=512, num_threads=threads,
                                            measure_error=False) for p in precisions}
-    for llm in llms.values():
-        llm.prefill(prompt)
-    times = {p: [] for p in llms}
+
+    def run_eager():
+        with torch.no_grad():
+            eager(ids, use_cache=True)
+    runs = {"eager": run_eager, **{p: (lambda llm: lambda: llm.prefill(prompt))(llm) for p, llm in llms.items()}}
+    for fn in runs.values():
+        fn()
+    times = {name: [] for name in runs}
     for _ in range(rounds):
-        for p, llm in llms.items():
+        for name, fn in runs.items():
             time.sleep(0.2)
             t = time.perf_counter()
-            llm.prefill(prompt)
-            times[p].append(time.perf_counter() - t)
-    out = {p: 1000 * statistics.median(v) for p, v in times.items()}
+            fn()
+            times[name].append(time.perf_counter() - t)
+    out = {name: 1000 * statistics.median(v) for name, v in times.items()}
     print(f"[{threads}t] prefill 128, interleaved: " + ", ".join(f"{p} {ms:.0f} ms" for p, ms in out.items()), flush=True)
     return out
 
@@ -344,10 +356,10 @@ def write_section(readme: Path, results, command):
         lines.append(f"| {r['threads']} | {r['system']} | {r['prefill_ms']:.0f} | {r['decode_tps']:.2f} | {roof} | "
                      f"{ttft} | {rss} |")
     for threads, ms in results.get("prefill_ab", {}).items():
-        lines += ["", f"Prefill of the 128-token prompt at {threads} thread(s), precisions interleaved round by round "
-                  f"(`python -m benchmarks.llm --prefill-ab`, median of 7): "
-                  + ", ".join(f"{p} {v:.0f} ms" for p, v in ms.items())
-                  + (f" (int4 / fp32 = {ms['int4'] / ms['fp32']:.2f})" if "int4" in ms and "fp32" in ms else "") + "."]
+        ratios = [f"{a} / {b} = {ms[a] / ms[b]:.2f}" for a, b in (("fp32", "eager"), ("int4", "fp32")) if a in ms and b in ms]
+        lines += ["", f"Prefill of the 128-token prompt at {threads} thread(s), transformers eager and cuvil's precisions "
+                  f"interleaved round by round (`python -m benchmarks.llm --prefill-ab`, median of 7): "
+                  + ", ".join(f"{p} {v:.0f} ms" for p, v in ms.items()) + (f" ({', '.join(ratios)})" if ratios else "") + "."]
     big = OUT / "llm8b.json"
     if big.exists():
         b = json.loads(big.read_text())

@@ -82,6 +82,7 @@ static void ensure_workers(int want) {
 
 void cuvil_parallel_for(int nthreads, int64_t n, int64_t grain, cuvil_task_fn fn, void *ctx) {
     if (grain < 1) grain = 1;
+    if (nthreads < 1) nthreads = 1;
     int64_t chunk = (n + 4 * (int64_t)nthreads - 1) / (4 * (int64_t)nthreads);   /* ~4 chunks per thread */
     cuvil_parallel_chunks(nthreads, n, chunk < grain ? grain : chunk, fn, ctx);
 }

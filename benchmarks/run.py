@@ -87,20 +87,25 @@ def write_readme(path, command, systems, rows, compile_rows, gemm, notes):
     for w, csecs in compile_rows:
         ccols = [c for c in cols if c != "eager"] + ["cuvil (warm)"]
         out.append(f"| {w} | " + " | ".join(f"{csecs[c]:.2f}" if c in csecs else "—" for c in ccols) + " |")
+    try:
+        old = open(path).read()
+    except OSError:
+        old = ""
+    gemm_head = "## GEMM sweep (GFLOP/s, B is a constant weight, fp32)"
     if gemm:
-        out += ["", "## GEMM sweep (GFLOP/s, B is a constant weight, fp32)", "",
+        out += ["", gemm_head, "", "`python -m benchmarks.gemm_sweep` alone, or this command without `--no-gemm`.", "",
                 "| threads | M | N | K | numpy/OpenBLAS | cuvil | ratio |", "|---|---|---|---|---|---|---|"]
         for threads, M, N, K, np_g, cv_g in gemm:
             out.append(f"| {threads} | {M} | {N} | {K} | {np_g:.1f} | {cv_g:.1f} | {cv_g / np_g:.2f} |")
+    elif gemm_head in old:                          # --no-gemm: keep the last sweep, marked as earlier
+        kept = old.split(gemm_head, 1)[1].split("\n## ", 1)[0].split("<!--", 1)[0].rstrip()
+        earlier = "" if kept.startswith(" (an earlier run)") else " (an earlier run)"
+        out += ["", gemm_head + earlier + kept]
     if notes:
         out += ["", "## Notes", ""] + [f"- {n}" for n in notes]
     from benchmarks.llm import MARK_BEGIN, MARK_END
-    try:
-        old = open(path).read()
-        if MARK_BEGIN in old:                       # keep the LLM section benchmarks.llm wrote
-            out += ["", MARK_BEGIN + old.split(MARK_BEGIN, 1)[1].split(MARK_END, 1)[0] + MARK_END]
-    except OSError:
-        pass
+    if MARK_BEGIN in old:                           # keep the LLM section benchmarks.llm wrote
+        out += ["", MARK_BEGIN + old.split(MARK_BEGIN, 1)[1].split(MARK_END, 1)[0] + MARK_END]
     with open(path, "w") as f:
         f.write("\n".join(out) + "\n")
     print(f"wrote {path}")

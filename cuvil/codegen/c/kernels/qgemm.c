@@ -273,7 +273,10 @@ int cuvil_qgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, co
     qargs a = {M, N, K, ablock, ldc, nb, wstride, 4 * wstride, xq, dx, scales, residual, noff, W, bits,
                M == 1 ? 1 : 4, M == 1 ? 4 : 1, M == 1 ? 4 : 16, C};
     int64_t ntiles = (N + a.cb - 1) / a.cb;
-    /* enough columns per chunk that a thread streams long runs of weights */
-    cuvil_parallel_for(M * N * K > 65536 ? nthreads : 1, ntiles, M == 1 ? 16 : 1, qgemm_task, &a);
+    /* one row (decode, memory bound): chunks of 16 tiles (64 columns) claimed one at a time, so
+     * the threads finish together (~4 chunks per thread left one idle for up to a chunk's stream at
+     * the end of each projection); more rows: ~4 chunks per thread */
+    if (M == 1) cuvil_parallel_chunks(N * K > 65536 ? nthreads : 1, ntiles, 16, qgemm_task, &a);
+    else cuvil_parallel_for(M * N * K > 65536 ? nthreads : 1, ntiles, 1, qgemm_task, &a);
     return 0;
 }

@@ -33,7 +33,7 @@ def test_linear_bias_activation(M, N, K, act):
     assert ops_of(cm) == ["matmul_fused"]
 
 
-@pytest.mark.parametrize("M,N,K", [(3, 17, 33), (130, 20, 70)])
+@pytest.mark.parametrize("M,N,K", [(3, 17, 33), (130, 20, 70), (12, 33, 400)])   # the last: full tiles over two K blocks
 def test_linear_scale_bias_residual_batched(M, N, K):
     g = Graph()
     x = Value(TensorType((2, M, K), "float32"), "x")

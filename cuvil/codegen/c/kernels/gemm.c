@@ -34,20 +34,25 @@ void cuvil_pack_b(int64_t K, int64_t N, const float *B, int64_t ldb, int trans, 
     cuvil_parallel_for(np * K > 16384 ? nthreads : 1, np, 1, pack_task, &a);
 }
 
-/* MR x NR register tile over one K block of packed A ([k][MR], see pack_a); rows past mr are
- * copies of the tile's first row, computed and not stored. */
+/* MR x NR register tile over one K block of packed A ([k][MR], see pack_a), left in registers c0/c1
+ * (columns [0, VL) and [VL, NR)); rows past mr are copies of the tile's first row. */
+static inline __attribute__((always_inline)) void ukernel_loop(int mr, int64_t kc, const float *Ap, const float *Bp,
+                                                                cuvil_vf c0[CUVIL_MR], cuvil_vf c1[CUVIL_MR]) {
+    for (int i = 0; i < mr; i++) { c0[i] = cuvil_vsplat(0.f); c1[i] = cuvil_vsplat(0.f); }
+    for (int64_t k = 0; k < kc; k++) {
+        cuvil_vf b0 = cuvil_vload(Bp + k * CUVIL_NR), b1 = cuvil_vload(Bp + k * CUVIL_NR + CUVIL_VL);
+        for (int i = 0; i < mr; i++) {
+            cuvil_vf a = cuvil_vsplat(Ap[k * CUVIL_MR + i]);
+            c0[i] += a * b0; c1[i] += a * b1;
+        }
+    }
+}
+
+/* A tile of mr rows into acc, for store_tile (edge tiles). */
 #define CUVIL_UKERNEL(MRV)                                                                        \
-static inline void cuvil_ukernel_##MRV(int64_t kc, const float *Ap, const float *Bp,              \
-                                        float acc[CUVIL_MR][CUVIL_NR]) {                          \
-    cuvil_vf c0[MRV], c1[MRV];                                                                     \
-    for (int i = 0; i < MRV; i++) { c0[i] = cuvil_vsplat(0.f); c1[i] = cuvil_vsplat(0.f); }       \
-    for (int64_t k = 0; k < kc; k++) {                                                             \
-        cuvil_vf b0 = cuvil_vload(Bp + k * CUVIL_NR), b1 = cuvil_vload(Bp + k * CUVIL_NR + CUVIL_VL); \
-        for (int i = 0; i < MRV; i++) {                                                            \
-            cuvil_vf a = cuvil_vsplat(Ap[k * CUVIL_MR + i]);                                       \
-            c0[i] += a * b0; c1[i] += a * b1;                                                      \
-        }                                                                                          \
-    }                                                                                              \
+static void cuvil_ukernel_##MRV(int64_t kc, const float *Ap, const float *Bp, float acc[CUVIL_MR][CUVIL_NR]) { \
+    cuvil_vf c0[CUVIL_MR], c1[CUVIL_MR];                                                           \
+    ukernel_loop(MRV, kc, Ap, Bp, c0, c1);                                                         \
     for (int i = 0; i < MRV; i++) { cuvil_vstore(acc[i], c0[i]); cuvil_vstore(acc[i] + CUVIL_VL, c1[i]); } \
 }
 CUVIL_UKERNEL(1) CUVIL_UKERNEL(2) CUVIL_UKERNEL(3) CUVIL_UKERNEL(4) CUVIL_UKERNEL(5) CUVIL_UKERNEL(6)
@@ -108,43 +113,84 @@ static void pack_a(const float *A, int64_t lda, int64_t i0, int64_t i1, int64_t 
         for (int i = 0; i < CUVIL_MR; i++) Ap[k * CUVIL_MR + i] = rows[i][k];
 }
 
+/* One vector of a finished tile: the partial sums plus what C holds (after the first K block), and
+ * on the last K block the epilogue. */
+static inline cuvil_vf tile_vector(cuvil_vf v, const float *cin, const float *bin, const float *rin, int first,
+                                   int last, float alpha, float br, int act) {
+    if (!first) v += cuvil_vload(cin);
+    if (last) {
+        v = v * alpha + br;
+        if (bin) v += cuvil_vload(bin);
+        if (rin) v += cuvil_vload(rin);
+        if (act) v = cuvil_vact(v, act);
+    }
+    return v;
+}
+
 /* Writes one MR x NR tile: raw partial sums for early K blocks, the epilogue on the last, in
  * vectors (a scalar epilogue would cost as much as the product itself when K is small). */
 static inline void store_tile(float acc[CUVIL_MR][CUVIL_NR], int mr, int64_t nr, float *C, int64_t ldc,
                               int64_t i0, int64_t n0, int first, int last, const cuvil_epilogue *ep) {
     const float alpha = ep ? ep->alpha : 1.f;
     const int act = ep ? ep->act : 0;
-    const float *bc = ep && ep->bias_col ? ep->bias_col + n0 : 0;
+    const float *bc = last && ep && ep->bias_col ? ep->bias_col + n0 : 0;
     for (int i = 0; i < mr; i++) {
         float *c = C + (i0 + i) * ldc + n0;
         const float *rs = last && ep && ep->residual ? ep->residual + (i0 + i) * ep->ldr + n0 : 0;
         const float br = last && ep && ep->bias_row ? ep->bias_row[i0 + i] : 0.f;
         for (int64_t j = 0; j < nr; j += CUVIL_VL) {
             int64_t w = nr - j < CUVIL_VL ? nr - j : CUVIL_VL;
-            float tmp[CUVIL_VL] __attribute__((aligned(64)));
-            /* a partial vector goes through tmp: padded lanes are computed and dropped */
             const float *cin = c + j, *bin = bc ? bc + j : 0, *rin = rs ? rs + j : 0;
-            float cbuf[CUVIL_VL], bbuf[CUVIL_VL], rbuf[CUVIL_VL];
-            if (w < CUVIL_VL) {
-                for (int64_t u = 0; u < CUVIL_VL; u++) {
-                    cbuf[u] = u < w && !first ? c[j + u] : 0.f;
-                    bbuf[u] = u < w && bc ? bc[j + u] : 0.f;
-                    rbuf[u] = u < w && rs ? rs[j + u] : 0.f;
-                }
-                cin = cbuf, bin = bc ? bbuf : 0, rin = rs ? rbuf : 0;
-            }
             cuvil_vf v = cuvil_vload(acc[i] + j);
-            if (!first) v += cuvil_vload(cin);
-            if (last) {
-                v = v * alpha + br;
-                if (bin) v += cuvil_vload(bin);
-                if (rin) v += cuvil_vload(rin);
-                if (act) v = cuvil_vact(v, act);
+            if (w == CUVIL_VL) {
+                cuvil_vstore(c + j, tile_vector(v, cin, bin, rin, first, last, alpha, br, act));
+                continue;
             }
-            if (w == CUVIL_VL) cuvil_vstore(c + j, v);
-            else { cuvil_vstore(tmp, v); for (int64_t u = 0; u < w; u++) c[j + u] = tmp[u]; }
+            /* a partial vector goes through buffers: padded lanes are computed and dropped */
+            float cbuf[CUVIL_VL], bbuf[CUVIL_VL], rbuf[CUVIL_VL], tmp[CUVIL_VL] __attribute__((aligned(64)));
+            for (int64_t u = 0; u < CUVIL_VL; u++) {
+                cbuf[u] = u < w && !first ? c[j + u] : 0.f;
+                bbuf[u] = u < w && bc ? bc[j + u] : 0.f;
+                rbuf[u] = u < w && rs ? rs[j + u] : 0.f;
+            }
+            cuvil_vstore(tmp, tile_vector(v, cbuf, bin ? bbuf : 0, rin ? rbuf : 0, first, last, alpha, br, act));
+            for (int64_t u = 0; u < w; u++) c[j + u] = tmp[u];
         }
     }
+}
+
+/* A full MR x NR tile finished straight from the registers: the round trip of the partial sums
+ * through acc and store_tile cost ~10% of a 1024^3 GEMM (its C loads wait on the acc stores). */
+static void ukernel_full_tile(int64_t kc, const float *Ap, const float *Bp, float *C, int64_t ldc, int64_t i0,
+                              int64_t n0, int first, int last, const cuvil_epilogue *ep) {
+    cuvil_vf c0[CUVIL_MR], c1[CUVIL_MR];
+    ukernel_loop(CUVIL_MR, kc, Ap, Bp, c0, c1);
+    const float alpha = ep ? ep->alpha : 1.f;
+    const int act = ep ? ep->act : 0;
+    const float *bc = last && ep && ep->bias_col ? ep->bias_col + n0 : 0;
+    for (int i = 0; i < CUVIL_MR; i++) {
+        float *c = C + (i0 + i) * ldc + n0;
+        const float *rs = last && ep && ep->residual ? ep->residual + (i0 + i) * ep->ldr + n0 : 0;
+        const float br = last && ep && ep->bias_row ? ep->bias_row[i0 + i] : 0.f;
+        cuvil_vf v0 = tile_vector(c0[i], c, bc, rs, first, last, alpha, br, act);
+        cuvil_vf v1 = tile_vector(c1[i], c + CUVIL_VL, bc ? bc + CUVIL_VL : 0, rs ? rs + CUVIL_VL : 0, first, last,
+                                  alpha, br, act);
+        cuvil_vstore(c, v0);
+        cuvil_vstore(c + CUVIL_VL, v1);
+    }
+}
+
+/* One tile of mr rows x nr columns over a K block, finished into C. */
+static inline void ukernel_tile(int mr, int64_t nr, int64_t kc, const float *Ap, const float *Bp, float *C,
+                                int64_t ldc, int64_t i0, int64_t n0, int first, int last, const cuvil_epilogue *ep) {
+    if (kc > 0 && mr == CUVIL_MR && nr == CUVIL_NR) {
+        ukernel_full_tile(kc, Ap, Bp, C, ldc, i0, n0, first, last, ep);
+        return;
+    }
+    float acc[CUVIL_MR][CUVIL_NR];
+    if (kc > 0) cuvil_ukernel(mr, kc, Ap, Bp, acc);
+    else memset(acc, 0, sizeof acc);
+    store_tile(acc, mr, nr, C, ldc, i0, n0, first, last, ep);
 }
 
 /* Panel p's K block [k0, k0 + kc) of int4 weights stored for cuvil_qgemm (kernels/qgemm.h: per
@@ -326,7 +372,6 @@ static inline const float *a_tile(const gemm_args *g, int64_t i0, int64_t k0, in
 
 static void gemm_task(void *ctx, int64_t t0, int64_t t1) {
     const gemm_args *g = ctx;
-    float acc[CUVIL_MR][CUVIL_NR];
     float buf[CUVIL_KC * CUVIL_NR] __attribute__((aligned(64)));
     float tile[CUVIL_KC * CUVIL_MR] __attribute__((aligned(64)));
     for (int64_t t = t0; t < t1; t++) {
@@ -344,9 +389,8 @@ static void gemm_task(void *ctx, int64_t t0, int64_t t1) {
                     const float *ap = kc > 0 ? a_tile(g, i0, k0, kc, tile) : 0;
                     for (int64_t p = p0; p < p1; p++) {
                         int64_t n0 = p * CUVIL_NR, nr = g->N - n0 < CUVIL_NR ? g->N - n0 : CUVIL_NR;
-                        if (kc > 0) cuvil_ukernel(mr, kc, ap, (const float *)g->B + (p * g->K + k0) * CUVIL_NR, acc);
-                        else memset(acc, 0, sizeof acc);
-                        store_tile(acc, mr, nr, g->C, g->ldc, i0, n0, first, last, g->ep);
+                        ukernel_tile(mr, nr, kc, ap, (const float *)g->B + (p * g->K + k0) * CUVIL_NR, g->C, g->ldc,
+                                     i0, n0, first, last, g->ep);
                     }
                 }
                 k0 += CUVIL_KC;
@@ -357,9 +401,8 @@ static void gemm_task(void *ctx, int64_t t0, int64_t t1) {
                 int64_t n0 = p * CUVIL_NR, nr = g->N - n0 < CUVIL_NR ? g->N - n0 : CUVIL_NR;
                 for (int64_t i0 = m0; i0 < m1; i0 += CUVIL_MR) {
                     int mr = (int)(m1 - i0 < CUVIL_MR ? m1 - i0 : CUVIL_MR);
-                    if (kc > 0) cuvil_ukernel(mr, kc, a_tile(g, i0, k0, kc, tile), bp, acc);
-                    else memset(acc, 0, sizeof acc);
-                    store_tile(acc, mr, nr, g->C, g->ldc, i0, n0, first, last, g->ep);
+                    ukernel_tile(mr, nr, kc, kc > 0 ? a_tile(g, i0, k0, kc, tile) : 0, bp, g->C, g->ldc, i0, n0,
+                                 first, last, g->ep);
                 }
             }
             k0 += CUVIL_KC;

@@ -22,6 +22,8 @@ def eager(model, args, threads):
 def torch_compile(model, args, threads):
     torch.set_num_threads(threads)
     import torch._dynamo as dynamo
+    import torch._inductor.config as inductor_config
+    inductor_config.force_disable_caches = True      # a cold first call, like cuvil's empty cache
     dynamo.reset()
     cm = torch.compile(model)
     t = time.perf_counter()

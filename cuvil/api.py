@@ -221,8 +221,9 @@ def _compile_torch(model, args, kwargs, opts, cdir, progress, skey):
     from .frontend import torch as torch_frontend
     ep = torch_frontend.export(model, args, kwargs, opts.dynamic_shapes)
     progress("export", f"{len(ep.graph.nodes)} fx nodes")
-    graph, out_spec = torch_frontend.from_exported(ep, opts.dynamic_shapes)
-    progress("frontend", f"{len(graph.nodes)} IR nodes")
+    graph, out_spec, decomposed = torch_frontend.from_exported(ep, opts.dynamic_shapes)
+    progress("frontend", f"{len(graph.nodes)} IR nodes"
+             + (" (after core ATen decompositions)" if decomposed else " (from export's graph directly)"))
     from torch.utils import _pytree
     treespec = None
     try:
@@ -348,8 +349,8 @@ def inspect_stages(model, example_inputs=(), stages=STAGES, **options) -> dict:
     kind = _source_kind(model)
     if kind == "torch":
         from .frontend import torch as torch_frontend
-        graph, _ = torch_frontend.from_exported(torch_frontend.export(model, args, kwargs, opts.dynamic_shapes),
-                                                opts.dynamic_shapes)
+        graph = torch_frontend.from_exported(torch_frontend.export(model, args, kwargs, opts.dynamic_shapes),
+                                             opts.dynamic_shapes)[0]
     elif kind == "onnx":
         from .frontend import onnx as onnx_frontend
         graph = onnx_frontend.to_graph(model, opts.dynamic_shapes, constant_inputs=opts.constant_inputs)

@@ -113,11 +113,27 @@ def _run(cmd, cwd):
         raise CompileError(f"C compiler failed ({' '.join(cmd)}):\n{r.stderr[-4000:]}")
 
 
+def _kernels_root(cache_dir: Path) -> Path:
+    """Where kernel libraries live: one per machine and user ($CUVIL_KERNEL_CACHE, else the default
+    cache's kernels/), shared by every model cache, since the library depends only on the target,
+    the compiler and cuvil's kernel sources (its 4-5 s build used to repeat for each new cache
+    directory); the model's own cache when that location is not writable."""
+    from .cache import default_dir
+    root = Path(os.environ.get("CUVIL_KERNEL_CACHE") or default_dir() / "kernels")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if os.access(root, os.W_OK):
+            return root
+    except OSError:
+        pass
+    return cache_dir / "kernels"
+
+
 def kernels_object(target: str, cache_dir: Path) -> Path:
-    """kernels.a for this target and compiler, built once and kept in the cache."""
+    """kernels.a for this target and compiler, built once per machine and kept (see _kernels_root)."""
     key = hashlib.sha256(f"{target}|{compiler_version()}|{kernel_sources_digest()}|"
                          f"{' '.join(target_flags(target))}".encode()).hexdigest()[:20]
-    dest = cache_dir / "kernels" / key / "libcuvil_kernels.a"
+    dest = _kernels_root(cache_dir) / key / "libcuvil_kernels.a"
     if dest.exists():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
-"""PyTorch frontend: torch.export (non-strict) -> core ATen decompositions -> cuvil IR.
+"""PyTorch frontend: torch.export (non-strict) -> cuvil IR, straight from export's graph when
+every op in it is known (aten_export.py), else after core ATen decompositions.
 
 Each ATen op maps onto IR ops in aten.py; SymInt arithmetic becomes symbolic dims; every op
 the IR cannot express is collected with the user's source line and reported all at once."""
@@ -152,9 +153,8 @@ def export(model, args, kwargs=None, dynamic_shapes=None):
     model = model.eval()
     try:
         with torch.no_grad():
-            ep = torch.export.export(model, tuple(args), kwargs=kwargs or None,
-                                     dynamic_shapes=to_torch_dynamic_shapes(dynamic_shapes), strict=False)
-            return ep.run_decompositions(decomposition_table())
+            return torch.export.export(model, tuple(args), kwargs=kwargs or None,
+                                       dynamic_shapes=to_torch_dynamic_shapes(dynamic_shapes), strict=False)
     except CuvilError:
         raise
     except Exception as e:  # noqa: BLE001 - torch.export raises many types
@@ -196,9 +196,43 @@ def _user_dim_names(ep, dynamic_shapes):
     return rename
 
 
-def from_exported(ep, dynamic_shapes=None) -> tuple[Graph, object]:
-    """ExportedProgram -> (Graph, output treespec)."""
-    from . import aten
+class _NeedsDecomposition(Exception):
+    """The export graph holds an op (or a mutation) the direct conversion does not take."""
+
+
+def from_exported(ep, dynamic_shapes=None) -> tuple[Graph, object, bool]:
+    """ExportedProgram (as torch.export returns it) -> (Graph, output treespec, decomposed): converted
+    directly when it can be, else after core ATen decompositions."""
+    try:
+        return (*_convert(ep, dynamic_shapes, direct=True), False)
+    except _NeedsDecomposition:
+        pass
+    try:
+        with torch.no_grad():
+            ep = ep.run_decompositions(decomposition_table())
+    except Exception as e:  # noqa: BLE001 - torch raises many types
+        raise CuvilError(f"torch.export could not decompose the model: {type(e).__name__}: {str(e)[:2000]}") from e
+    return (*_convert(ep, dynamic_shapes, direct=False), True)
+
+
+def _mutation(node, target):
+    """The functional op for an in-place node whose effect is a plain rebinding of its first
+    argument (an intermediate no view aliases); raises _NeedsDecomposition otherwise."""
+    from . import aten_export
+    functional = aten_export.inplace_counterpart(target)
+    src = node.args[0] if node.args else None
+    if (functional is None or not isinstance(src, torch.fx.Node) or src.op != "call_function"
+            or aten_export.is_view(src.target)
+            or any(u is not node and aten_export.is_view(u.target) for u in src.users if u.op == "call_function")):
+        raise _NeedsDecomposition(str(target))
+    return functional
+
+
+def _convert(ep, dynamic_shapes, direct) -> tuple[Graph, object]:
+    from . import aten, aten_export  # noqa: F401 - aten_export registers its handlers
+    if direct and any(s.kind != torch.export.graph_signature.OutputKind.USER_OUTPUT
+                      for s in ep.graph_signature.output_specs):
+        raise _NeedsDecomposition("the program mutates a buffer or an input")
     rename = _user_dim_names(ep, dynamic_shapes)
     g = Graph(symbols=_bounds(ep, rename))
     ctx = Ctx(g, rename)
@@ -235,7 +269,10 @@ def from_exported(ep, dynamic_shapes=None) -> tuple[Graph, object]:
                     ctx.unsupported.append((f"{node.args[0].target} output {node.args[1]}", ctx.loc))
                 ctx.env[node.name] = item
                 continue
-            handler = aten.HANDLERS.get(node.target)
+            target = node.target
+            if direct and target not in aten.HANDLERS:
+                target = _mutation(node, target)
+            handler = aten.HANDLERS.get(target)
             if handler is None:
                 ctx.unsupported.append((str(node.target), ctx.loc))
                 ctx.env[node.name] = _placeholder_for(ctx, node)
@@ -246,8 +283,21 @@ def from_exported(ep, dynamic_shapes=None) -> tuple[Graph, object]:
             except aten.Unsupported as e:
                 ctx.unsupported.append((f"{node.target} ({e})", ctx.loc))
                 out = _placeholder_for(ctx, node)
+            except Exception as e:  # noqa: BLE001 - a handler meeting export's graph: use the decomposed one
+                if direct:
+                    raise _NeedsDecomposition(f"{node.target}: {e}") from e
+                raise
+            if direct and ctx.unsupported:
+                raise _NeedsDecomposition(ctx.unsupported[0][0])
             ctx.env[node.name] = out
-            _check_against_meta(node, out)
+            if target is not node.target:                 # in place: later readers see the result
+                ctx.env[node.args[0].name] = out
+            try:
+                _check_against_meta(node, out)
+            except CuvilError as e:
+                if direct:
+                    raise _NeedsDecomposition(str(e)) from None
+                raise
         elif node.op == "output":
             outs = _pytree.tree_leaves(node.args[0])
             for o in outs:
@@ -258,6 +308,8 @@ def from_exported(ep, dynamic_shapes=None) -> tuple[Graph, object]:
                     raise CuvilError(f"model output {o} is not a tensor; cuvil returns tensors only")
             g.output_names = [getattr(o, "name", f"output{i}") for i, o in enumerate(outs)]
     if ctx.unsupported:
+        if direct:
+            raise _NeedsDecomposition(ctx.unsupported[0][0])
         raise UnsupportedOpError(ctx.unsupported)
     return g, ep.call_spec.out_spec
 

@@ -370,20 +370,36 @@ static inline const float *a_tile(const gemm_args *g, int64_t i0, int64_t k0, in
     return tile;
 }
 
-/* The packed fp32 B block the task reads after panel p's block at k0: the next panel's, or the
- * first panel's of the next K block; 0 at the task's end. */
-static inline const char *next_b_block(const gemm_args *g, int64_t p, int64_t p0, int64_t p1, int64_t k0) {
-    if (p + 1 < p1) return (const char *)((const float *)g->B + ((p + 1) * g->K + k0) * CUVIL_NR);
-    if (k0 + CUVIL_KC < g->K) return (const char *)((const float *)g->B + (p0 * g->K + k0 + CUVIL_KC) * CUVIL_NR);
-    return 0;
+/* The bytes of B the task reads after panel p's block at k0 (the next panel's block, or the first
+ * panel's of the next K block), as up to 4 runs: one for fp32 panels, one per 4-column group for
+ * int4 columns; 0 runs at the task's end and for the other formats. */
+typedef struct { const char *p; int64_t n; } byte_run;
+
+static int next_b_runs(const gemm_args *g, int64_t p, int64_t p0, int64_t p1, int64_t k0, byte_run runs[4]) {
+    int64_t pn = p + 1 < p1 ? p + 1 : p0, kn = p + 1 < p1 ? k0 : k0 + CUVIL_KC;
+    if (kn >= g->K) return 0;
+    int64_t kc = g->K - kn < CUVIL_KC ? g->K - kn : CUVIL_KC;
+    if (g->bits == 32) {
+        runs[0] = (byte_run){(const char *)((const float *)g->B + (pn * g->K + kn) * CUVIL_NR), kc * CUVIL_NR * 4};
+        return 1;
+    }
+    if (g->bits != CUVIL_B_Q4_COLUMNS) return 0;
+    int n = 0;
+    for (int64_t gi = pn * (CUVIL_NR / 4); gi < (pn + 1) * (CUVIL_NR / 4) && gi * 4 < g->N; gi++)
+        runs[n++] = (byte_run){(const char *)g->B + (gi * (g->K / 64) + kn / 64) * 128, kc / 64 * 128};
+    return n;
 }
 
-/* Lines [p, p + n) (before end) toward L2, spread over the row tiles of the current block: a B block
- * left to the first tile that reads it arrived from DRAM at ~7 GB/s and made that tile 3-4x slower
- * than the rest (1024^3: 0.83 -> 0.88-0.92x OpenBLAS; M = 64: 0.91 -> 1.03). The T2 hint: T0 pulled
- * the next block into L1, over the block in use, and gained nothing. */
-static inline void prefetch_l2(const char *p, int64_t n, const char *end) {
-    for (int64_t b = 0; b < n && p + b < end; b += 64) __builtin_prefetch(p + b, 0, 1);   /* locality 1: prefetcht2 on x86 */
+/* Slice `part` of `parts` of each run toward L2, one slice per row tile of the current block: a B
+ * block left to the first tile that reads it arrived from DRAM at ~7 GB/s and made that tile 3-4x
+ * slower than the rest (fp32, 1024^3: 0.83 -> 0.88-0.92x OpenBLAS; M = 64: 0.91 -> 1.03). Locality 1
+ * is prefetcht2: T0 pulled the next block into L1, over the block in use, and gained nothing. */
+static inline void prefetch_runs(const byte_run *runs, int nruns, int64_t part, int64_t parts) {
+    for (int r = 0; r < nruns; r++) {
+        int64_t slice = (runs[r].n / parts + 63) & ~(int64_t)63;
+        for (int64_t b = part * slice; b < (part + 1) * slice && b < runs[r].n; b += 64)
+            __builtin_prefetch(runs[r].p + b, 0, 1);
+    }
 }
 
 static void gemm_task(void *ctx, int64_t t0, int64_t t1) {
@@ -415,11 +431,12 @@ static void gemm_task(void *ctx, int64_t t0, int64_t t1) {
             for (int64_t p = p0; p < p1; p++) {
                 const float *bp = b_block(g->B, g->bits, g->scales, g->group, g->N, g->K, p, k0, kc, buf);
                 int64_t n0 = p * CUVIL_NR, nr = g->N - n0 < CUVIL_NR ? g->N - n0 : CUVIL_NR;
-                const char *next = g->bits == 32 ? next_b_block(g, p, p0, p1, k0) : 0;
-                int64_t slice = next ? (CUVIL_KC * CUVIL_NR * 4 / ((m1 - m0 + CUVIL_MR - 1) / CUVIL_MR) + 63) & ~63 : 0;
+                byte_run next[4];
+                int nnext = next_b_runs(g, p, p0, p1, k0, next);
+                int64_t ntiles = (m1 - m0 + CUVIL_MR - 1) / CUVIL_MR;
                 for (int64_t i0 = m0; i0 < m1; i0 += CUVIL_MR) {
                     int mr = (int)(m1 - i0 < CUVIL_MR ? m1 - i0 : CUVIL_MR);
-                    if (next) prefetch_l2(next + (i0 - m0) / CUVIL_MR * slice, slice, next + CUVIL_KC * CUVIL_NR * 4);
+                    prefetch_runs(next, nnext, (i0 - m0) / CUVIL_MR, ntiles);
                     ukernel_tile(mr, nr, kc, kc > 0 ? a_tile(g, i0, k0, kc, tile) : 0, bp, g->C, g->ldc, i0, n0,
                                  first, last, g->ep);
                 }

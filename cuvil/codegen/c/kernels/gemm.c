@@ -34,25 +34,42 @@ void cuvil_pack_b(int64_t K, int64_t N, const float *B, int64_t ldb, int trans, 
     cuvil_parallel_for(np * K > 16384 ? nthreads : 1, np, 1, pack_task, &a);
 }
 
+/* A span of bytes (the part of B to prefetch while a tile computes). */
+typedef struct { const char *p; int64_t n; } byte_run;
+
 /* MR x NR register tile over one K block of packed A ([k][MR], see pack_a), left in registers c0/c1
  * (columns [0, VL) and [VL, NR)); rows past mr are copies of the tile's first row. */
-static inline __attribute__((always_inline)) void ukernel_loop(int mr, int64_t kc, const float *Ap, const float *Bp,
+static inline __attribute__((always_inline)) void ukernel_step(int mr, int64_t k, const float *Ap, const float *Bp,
                                                                 cuvil_vf c0[CUVIL_MR], cuvil_vf c1[CUVIL_MR]) {
-    for (int i = 0; i < mr; i++) { c0[i] = cuvil_vsplat(0.f); c1[i] = cuvil_vsplat(0.f); }
-    for (int64_t k = 0; k < kc; k++) {
-        cuvil_vf b0 = cuvil_vload(Bp + k * CUVIL_NR), b1 = cuvil_vload(Bp + k * CUVIL_NR + CUVIL_VL);
-        for (int i = 0; i < mr; i++) {
-            cuvil_vf a = cuvil_vsplat(Ap[k * CUVIL_MR + i]);
-            c0[i] += a * b0; c1[i] += a * b1;
-        }
+    cuvil_vf b0 = cuvil_vload(Bp + k * CUVIL_NR), b1 = cuvil_vload(Bp + k * CUVIL_NR + CUVIL_VL);
+    for (int i = 0; i < mr; i++) {
+        cuvil_vf a = cuvil_vsplat(Ap[k * CUVIL_MR + i]);
+        c0[i] += a * b0; c1[i] += a * b1;
     }
+}
+
+static inline __attribute__((always_inline)) void ukernel_loop(int mr, int64_t kc, const float *Ap, const float *Bp,
+                                                                cuvil_vf c0[CUVIL_MR], cuvil_vf c1[CUVIL_MR],
+                                                                const char *pf, int64_t pf_bytes) {
+    for (int i = 0; i < mr; i++) { c0[i] = cuvil_vsplat(0.f); c1[i] = cuvil_vsplat(0.f); }
+    int64_t k = 0;
+    /* one line of pf toward L2 per 8 steps: spread out, the prefetches of the next B block reach
+     * DRAM; issued as one burst before the tile, most of them were lost (M = 64: 0.85 -> 0.93-0.96x
+     * OpenBLAS with the weights out of cache). Steps in eights keep the test out of the inner loop. */
+    for (; k + 8 <= kc; k += 8) {
+        if ((k << 3) < pf_bytes) __builtin_prefetch(pf + (k << 3), 0, 1);
+        #pragma GCC unroll 8
+        for (int u = 0; u < 8; u++) ukernel_step(mr, k + u, Ap, Bp, c0, c1);
+    }
+    for (; k < kc; k++) ukernel_step(mr, k, Ap, Bp, c0, c1);
+    for (int64_t b = (kc + 7) / 8 * 64; b < pf_bytes; b += 64) __builtin_prefetch(pf + b, 0, 1);  /* shallow K */
 }
 
 /* A tile of mr rows into acc, for store_tile (edge tiles). */
 #define CUVIL_UKERNEL(MRV)                                                                        \
 static void cuvil_ukernel_##MRV(int64_t kc, const float *Ap, const float *Bp, float acc[CUVIL_MR][CUVIL_NR]) { \
     cuvil_vf c0[CUVIL_MR], c1[CUVIL_MR];                                                           \
-    ukernel_loop(MRV, kc, Ap, Bp, c0, c1);                                                         \
+    ukernel_loop(MRV, kc, Ap, Bp, c0, c1, 0, 0);                                                       \
     for (int i = 0; i < MRV; i++) { cuvil_vstore(acc[i], c0[i]); cuvil_vstore(acc[i] + CUVIL_VL, c1[i]); } \
 }
 CUVIL_UKERNEL(1) CUVIL_UKERNEL(2) CUVIL_UKERNEL(3) CUVIL_UKERNEL(4) CUVIL_UKERNEL(5) CUVIL_UKERNEL(6)
@@ -162,9 +179,9 @@ static inline void store_tile(float acc[CUVIL_MR][CUVIL_NR], int mr, int64_t nr,
 /* A full MR x NR tile finished straight from the registers: the round trip of the partial sums
  * through acc and store_tile cost ~10% of a 1024^3 GEMM (its C loads wait on the acc stores). */
 static void ukernel_full_tile(int64_t kc, const float *Ap, const float *Bp, float *C, int64_t ldc, int64_t i0,
-                              int64_t n0, int first, int last, const cuvil_epilogue *ep) {
+                              int64_t n0, int first, int last, const cuvil_epilogue *ep, byte_run pf) {
     cuvil_vf c0[CUVIL_MR], c1[CUVIL_MR];
-    ukernel_loop(CUVIL_MR, kc, Ap, Bp, c0, c1);
+    ukernel_loop(CUVIL_MR, kc, Ap, Bp, c0, c1, pf.p, pf.n);
     const float alpha = ep ? ep->alpha : 1.f;
     const int act = ep ? ep->act : 0;
     const float *bc = last && ep && ep->bias_col ? ep->bias_col + n0 : 0;
@@ -182,11 +199,13 @@ static void ukernel_full_tile(int64_t kc, const float *Ap, const float *Bp, floa
 
 /* One tile of mr rows x nr columns over a K block, finished into C. */
 static inline void ukernel_tile(int mr, int64_t nr, int64_t kc, const float *Ap, const float *Bp, float *C,
-                                int64_t ldc, int64_t i0, int64_t n0, int first, int last, const cuvil_epilogue *ep) {
+                                int64_t ldc, int64_t i0, int64_t n0, int first, int last, const cuvil_epilogue *ep,
+                                byte_run pf) {
     if (kc > 0 && mr == CUVIL_MR && nr == CUVIL_NR) {
-        ukernel_full_tile(kc, Ap, Bp, C, ldc, i0, n0, first, last, ep);
+        ukernel_full_tile(kc, Ap, Bp, C, ldc, i0, n0, first, last, ep, pf);
         return;
     }
+    for (int64_t b = 0; b < pf.n; b += 64) __builtin_prefetch(pf.p + b, 0, 1);
     float acc[CUVIL_MR][CUVIL_NR];
     if (kc > 0) cuvil_ukernel(mr, kc, Ap, Bp, acc);
     else memset(acc, 0, sizeof acc);
@@ -373,8 +392,6 @@ static inline const float *a_tile(const gemm_args *g, int64_t i0, int64_t k0, in
 /* The bytes of B the task reads after panel p's block at k0 (the next panel's block, or the first
  * panel's of the next K block), as up to 4 runs: one for fp32 panels, one per 4-column group for
  * int4 columns; 0 runs at the task's end and for the other formats. */
-typedef struct { const char *p; int64_t n; } byte_run;
-
 static int next_b_runs(const gemm_args *g, int64_t p, int64_t p0, int64_t p1, int64_t k0, byte_run runs[4]) {
     int64_t pn = p + 1 < p1 ? p + 1 : p0, kn = p + 1 < p1 ? k0 : k0 + CUVIL_KC;
     if (kn >= g->K) return 0;
@@ -390,16 +407,20 @@ static int next_b_runs(const gemm_args *g, int64_t p, int64_t p0, int64_t p1, in
     return n;
 }
 
-/* Slice `part` of `parts` of each run toward L2, one slice per row tile of the current block: a B
- * block left to the first tile that reads it arrived from DRAM at ~7 GB/s and made that tile 3-4x
- * slower than the rest (fp32, 1024^3: 0.83 -> 0.88-0.92x OpenBLAS; M = 64: 0.91 -> 1.03). Locality 1
- * is prefetcht2: T0 pulled the next block into L1, over the block in use, and gained nothing. */
-static inline void prefetch_runs(const byte_run *runs, int nruns, int64_t part, int64_t parts) {
+/* Slice `part` of `parts` of the runs, to prefetch toward L2 while row tile `part` of the current block
+ * computes: a B block left to the first tile that reads it arrived from DRAM at ~7 GB/s and made
+ * that tile 3-4x slower than the rest (fp32, 1024^3: 0.83 -> 0.88-0.92x OpenBLAS). Locality 1
+ * (prefetcht2): T0 pulled the next block into L1, over the block in use. Runs after the first
+ * (int4's column groups) are short: prefetched here at once. */
+static inline byte_run prefetch_slice(const byte_run *runs, int nruns, int64_t part, int64_t parts) {
+    byte_run first = {0, 0};
     for (int r = 0; r < nruns; r++) {
-        int64_t slice = (runs[r].n / parts + 63) & ~(int64_t)63;
-        for (int64_t b = part * slice; b < (part + 1) * slice && b < runs[r].n; b += 64)
-            __builtin_prefetch(runs[r].p + b, 0, 1);
+        int64_t slice = (runs[r].n / parts + 63) & ~(int64_t)63, b0 = part * slice;
+        int64_t n = b0 >= runs[r].n ? 0 : runs[r].n - b0 < slice ? runs[r].n - b0 : slice;
+        if (r == 0) { first = (byte_run){runs[r].p + b0, n}; continue; }
+        for (int64_t b = 0; b < n; b += 64) __builtin_prefetch(runs[r].p + b0 + b, 0, 1);
     }
+    return first;
 }
 
 static void gemm_task(void *ctx, int64_t t0, int64_t t1) {
@@ -422,7 +443,7 @@ static void gemm_task(void *ctx, int64_t t0, int64_t t1) {
                     for (int64_t p = p0; p < p1; p++) {
                         int64_t n0 = p * CUVIL_NR, nr = g->N - n0 < CUVIL_NR ? g->N - n0 : CUVIL_NR;
                         ukernel_tile(mr, nr, kc, ap, (const float *)g->B + (p * g->K + k0) * CUVIL_NR, g->C, g->ldc,
-                                     i0, n0, first, last, g->ep);
+                                     i0, n0, first, last, g->ep, (byte_run){0, 0});
                     }
                 }
                 k0 += CUVIL_KC;
@@ -436,9 +457,8 @@ static void gemm_task(void *ctx, int64_t t0, int64_t t1) {
                 int64_t ntiles = (m1 - m0 + CUVIL_MR - 1) / CUVIL_MR;
                 for (int64_t i0 = m0; i0 < m1; i0 += CUVIL_MR) {
                     int mr = (int)(m1 - i0 < CUVIL_MR ? m1 - i0 : CUVIL_MR);
-                    prefetch_runs(next, nnext, (i0 - m0) / CUVIL_MR, ntiles);
                     ukernel_tile(mr, nr, kc, kc > 0 ? a_tile(g, i0, k0, kc, tile) : 0, bp, g->C, g->ldc, i0, n0,
-                                 first, last, g->ep);
+                                 first, last, g->ep, prefetch_slice(next, nnext, (i0 - m0) / CUVIL_MR, ntiles));
                 }
             }
             k0 += CUVIL_KC;

@@ -37,8 +37,7 @@ void cuvil_pack_b(int64_t K, int64_t N, const float *B, int64_t ldb, int trans, 
 /* A span of bytes (the part of B to prefetch while a tile computes). */
 typedef struct { const char *p; int64_t n; } byte_run;
 
-/* MR x NR register tile over one K block of packed A ([k][MR], see pack_a), left in registers c0/c1
- * (columns [0, VL) and [VL, NR)); rows past mr are copies of the tile's first row. */
+/* One K step of the register tile: row i of packed A ([k][MR]) times the two B vectors. */
 static inline __attribute__((always_inline)) void ukernel_step(int mr, int64_t k, const float *Ap, const float *Bp,
                                                                 cuvil_vf c0[CUVIL_MR], cuvil_vf c1[CUVIL_MR]) {
     cuvil_vf b0 = cuvil_vload(Bp + k * CUVIL_NR), b1 = cuvil_vload(Bp + k * CUVIL_NR + CUVIL_VL);
@@ -48,6 +47,8 @@ static inline __attribute__((always_inline)) void ukernel_step(int mr, int64_t k
     }
 }
 
+/* MR x NR register tile over one K block of packed A ([k][MR], see pack_a), left in registers c0/c1
+ * (columns [0, VL) and [VL, NR)); rows past mr are copies of the tile's first row. */
 static inline __attribute__((always_inline)) void ukernel_loop(int mr, int64_t kc, const float *Ap, const float *Bp,
                                                                 cuvil_vf c0[CUVIL_MR], cuvil_vf c1[CUVIL_MR],
                                                                 const char *pf, int64_t pf_bytes) {

@@ -9,6 +9,7 @@ import argparse
 import sys
 import time
 import traceback
+from pathlib import Path
 
 import numpy as np
 
@@ -78,7 +79,7 @@ def build_kernel_library():
     from cuvil.build import toolchain
     os.environ["CUVIL_KERNEL_CACHE"] = temp_dir("cuvil-bench-kernels-")
     t = time.perf_counter()
-    toolchain.kernels_object(toolchain.resolve_target("native"), __import__("pathlib").Path(temp_dir()))
+    toolchain.kernels_object(toolchain.resolve_target("native"), Path(temp_dir()))
     secs = time.perf_counter() - t
     print(f"cuvil kernel library (once per machine): {secs:.2f} s", flush=True)
     return secs

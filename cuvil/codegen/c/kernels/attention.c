@@ -126,6 +126,43 @@ static void attend_rows(const cuvil_attn *a, int64_t b, const int64_t hr[RB], co
     }
 }
 
+/* kt[e * Sp + s] = k[s * kl + e] for s < S, e < E: in 8 x 8 blocks of vectors where AVX2 has them
+ * (element by element it was 15% of MiniLM's attention). */
+#if defined(__AVX2__)
+#include <immintrin.h>
+static void transpose_keys(const float *k, int64_t kl, int64_t S, int64_t E, float *kt, int64_t Sp) {
+    int64_t s8 = S / 8 * 8, e8 = E / 8 * 8;
+    for (int64_t s = 0; s < s8; s += 8)
+        for (int64_t e = 0; e < e8; e += 8) {
+            __m256 r[8], t[8];
+            for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(k + (s + i) * kl + e);
+            for (int i = 0; i < 8; i += 2) {
+                t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+                t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+            }
+            for (int i = 0; i < 8; i += 4)
+                for (int j = 0; j < 2; j++) {
+                    r[i + j] = _mm256_shuffle_ps(t[i + j], t[i + j + 2], 0x44);
+                    r[i + j + 2] = _mm256_shuffle_ps(t[i + j], t[i + j + 2], 0xEE);
+                }
+            for (int i = 0; i < 4; i++) {
+                t[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
+                t[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
+            }
+            /* t[i] now holds column e + c(i) with c = 0, 2, 1, 3, 4, 6, 5, 7 */
+            static const int col[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+            for (int i = 0; i < 8; i++) _mm256_storeu_ps(kt + (e + col[i]) * Sp + s, t[i]);
+        }
+    for (int64_t s = 0; s < S; s++)                       /* the edges */
+        for (int64_t e = s < s8 ? e8 : 0; e < E; e++) kt[e * Sp + s] = k[s * kl + e];
+}
+#else
+static void transpose_keys(const float *k, int64_t kl, int64_t S, int64_t E, float *kt, int64_t Sp) {
+    for (int64_t s = 0; s < S; s++)
+        for (int64_t e = 0; e < E; e++) kt[e * Sp + s] = k[s * kl + e];
+}
+#endif
+
 /* Task t: batch b, KV head hk, rows [i0, i0 + qb) of the rows that read it: row i is query head
  * hk * group + i / L at position i % L. The query heads of a KV group share one K^T, so a decode
  * step (L = 1) attends for all of a group's heads at once. */
@@ -146,9 +183,7 @@ static void attention_task(void *ctx, int64_t t0, int64_t t1) {
         const float *vb = args->v + b * a->vb + hk * a->vh;
         int use_kt = a->E * Sp <= KT_MAX_FLOATS && (i1 - i0) > 1;
         float kt[use_kt ? a->E * Sp : 1] __attribute__((aligned(64)));
-        if (use_kt)
-            for (int64_t s = 0; s < S; s++)
-                for (int64_t e = 0; e < a->E; e++) kt[e * Sp + s] = kb[s * a->kl + e];
+        if (use_kt) transpose_keys(kb, a->kl, S, a->E, kt, Sp);
         if (use_kt)          /* the padding keys: computed by the score tiles, never NaN */
             for (int64_t e = 0; e < a->E; e++)
                 for (int64_t s = S; s < Sp; s++) kt[e * Sp + s] = 0.f;

@@ -1,5 +1,5 @@
-"""The integer-dot kernel's portable C path (what a CPU without AVX2, e.g. aarch64, runs), built here
-with AVX2 switched off and checked against matmul_q's numpy reference."""
+"""The integer-dot kernel, built with AVX2 switched off (the portable C path a CPU without it, e.g.
+aarch64, runs) and for this machine, each checked against matmul_q's numpy reference."""
 import ctypes
 import platform
 import subprocess
@@ -8,17 +8,19 @@ import numpy as np
 import pytest
 
 from cuvil.build.toolchain import KERNELS_DIR
-from cuvil.codegen.c.lower_llm import _q4_column_scales, _q4_columns, _q8_column_scales, _q8_columns
+from cuvil.codegen.c.lower_llm import _q4_block_scales, _q4_blocks, _q8_column_scales, _q8_columns
 from cuvil.ir.ops import REGISTRY
 from cuvil.ir.ops.llm import act_block
 
 from .test_ops import _quantize
 
 
-@pytest.fixture(scope="module")
-def portable_lib(tmp_path_factory):
+@pytest.fixture(scope="module", params=["portable", "native"])
+def portable_lib(request, tmp_path_factory):
+    """The kernel built without AVX2 (the portable C tiles) and for this machine (its vector tiles)."""
     out = tmp_path_factory.mktemp("qgemm") / "libqgemm.so"
-    flags = ["-mno-avx2", "-mno-fma"] if platform.machine() in ("x86_64", "AMD64") else []
+    flags = ["-march=native"] if request.param == "native" else (
+        ["-mno-avx2", "-mno-fma"] if platform.machine() in ("x86_64", "AMD64") else [])
     subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-pthread", *flags, str(KERNELS_DIR / "qgemm.c"),
                     str(KERNELS_DIR / "gemm.c"), str(KERNELS_DIR / "pool.c"), "-o", str(out), "-lm"], check=True)
     lib = ctypes.CDLL(str(out))
@@ -27,7 +29,8 @@ def portable_lib(tmp_path_factory):
 
 
 @pytest.mark.parametrize("bits,group,m,n,k", [(4, 32, 1, 6, 64), (4, 64, 5, 10, 128), (4, 128, 3, 4, 256),
-                                              (4, 32, 17, 22, 448),      # prefill rows: dequantized into fp32
+                                              (4, 32, 17, 22, 448),      # prefill rows, a partial block of columns
+                                              (4, 128, 7, 14, 512), (4, 64, 2, 42, 64),
                                               (8, 1 << 30, 1, 7, 96), (8, 1 << 30, 6, 9, 256)])
 def test_portable_qgemm_matches_reference(portable_lib, bits, group, m, n, k):
     rng = np.random.default_rng(k + m)
@@ -35,8 +38,8 @@ def test_portable_qgemm_matches_reference(portable_lib, bits, group, m, n, k):
     x = rng.uniform(-1, 1, (m, k)).astype(np.float32)
     ab = act_block(bits, k, group)
     want = REGISTRY["matmul_q"].ref([x, w, s], {"bits": bits, "group": group, "act_block": ab})
-    wp = _q4_columns(w) if bits == 4 else _q8_columns(w)
-    sp = _q4_column_scales(s) if bits == 4 else _q8_column_scales(s)
+    wp = _q4_blocks(w) if bits == 4 else _q8_columns(w)
+    sp = _q4_block_scales(s) if bits == 4 else _q8_column_scales(s)
     got = np.zeros((m, n), np.float32)
     p = ctypes.c_void_p
     rc = portable_lib.cuvil_qgemm(ctypes.c_int64(m), ctypes.c_int64(n), ctypes.c_int64(k), p(x.ctypes.data),

@@ -4,7 +4,6 @@ from __future__ import annotations
 import numpy as np
 
 from ...ir import dims as D
-from ...ir.ops.llm import Q4_DEQUANT_ROWS
 from .emit import lowering
 
 
@@ -54,14 +53,17 @@ def _interleave4(cols: np.ndarray, pad) -> np.ndarray:
     return np.ascontiguousarray(full.reshape(n4 // 4, 4, *cols.shape[1:]).transpose(0, 2, 1, 3)).reshape(n4, -1)
 
 
-def _q4_columns(q: np.ndarray) -> np.ndarray:
-    """int4 [K, N/2] (column pairs per byte) -> cuvil_qgemm's layout (kernels/qgemm.h): per column,
-    each 64-value chunk of K is 32 bytes with k = t in the low nibble and k = t + 32 in the high one."""
+def _q4_blocks(q: np.ndarray) -> np.ndarray:
+    """int4 [K, N/2] (column pairs per byte) -> cuvil_qgemm's layout (kernels/qgemm.h): [N/8][K/8][32],
+    byte 4j + i of chunk c holding k = 8c + i (low nibble) and 8c + 4 + i (high nibble) of column j."""
     K = q.shape[0]
     vals = np.empty((K, q.shape[1] * 2), np.uint8)
     vals[:, 0::2], vals[:, 1::2] = q & 15, q >> 4
-    chunks = vals.T.reshape(-1, K // 64, 2, 32)            # [N, chunk, half, t]
-    return _interleave4(chunks[:, :, 0] | (chunks[:, :, 1] << 4), 0x88)   # 8 is zero after the - 8 offset
+    n8 = -(-vals.shape[1] // 8) * 8
+    full = np.full((K, n8), 8, np.uint8)                   # 8 is zero after the - 8 offset
+    full[:, :vals.shape[1]] = vals
+    c = full.reshape(K // 8, 2, 4, n8 // 8, 8)             # [chunk, half, i, block, j]
+    return np.ascontiguousarray((c[:, 0] | (c[:, 1] << 4)).transpose(2, 0, 3, 1)).reshape(n8 // 8, -1)
 
 
 def _q8_columns(q: np.ndarray) -> np.ndarray:
@@ -69,13 +71,13 @@ def _q8_columns(q: np.ndarray) -> np.ndarray:
     return _interleave4(np.ascontiguousarray(q.T).reshape(q.shape[1], -1, 32), 0)
 
 
-def _q4_column_scales(s: np.ndarray) -> np.ndarray:
-    """[G, N] -> [N/4][G][4] (zero scales for the padding columns)."""
+def _q4_block_scales(s: np.ndarray) -> np.ndarray:
+    """[G, N] -> [N/8][G][8] (zero scales for the padding columns)."""
     G, N = s.shape
-    n4 = -(-N // 4) * 4
-    full = np.zeros((G, n4), np.float32)
+    n8 = -(-N // 8) * 8
+    full = np.zeros((G, n8), np.float32)
     full[:, :N] = s
-    return np.ascontiguousarray(full.reshape(G, n4 // 4, 4).transpose(1, 0, 2))
+    return np.ascontiguousarray(full.reshape(G, n8 // 8, 8).transpose(1, 0, 2))
 
 
 def _q8_column_scales(s: np.ndarray) -> np.ndarray:
@@ -86,20 +88,19 @@ def _q8_column_scales(s: np.ndarray) -> np.ndarray:
 
 
 def _lower_qgemm(em, node):
-    """Integer-dot kernel (act_block > 0): weights per column, K contiguous."""
+    """Integer-dot kernel (act_block > 0): weights in column blocks, K contiguous (kernels/qgemm.h)."""
     x, w = node.inputs[0], node.inputs[1]
     bits, ab = node.attrs["bits"], node.attrs["act_block"]
     K, N = w.shape[0], node.outputs[0].shape[-1]
     if bits == 4:
-        wp = em.packed("q4cols", w, _q4_columns, "uint8_t")
-        sp = em.packed("q4colscales", node.inputs[2], _q4_column_scales)
+        wp = em.packed("q4blocks", w, _q4_blocks, "uint8_t")
+        sp = em.packed("q4blockscales", node.inputs[2], _q4_block_scales)
     else:
         wp = em.packed("q8cols", w, _q8_columns, "int8_t")
         sp = em.packed("q8colscales", node.inputs[2], _q8_column_scales)
     res = node.inputs[3] if len(node.inputs) > 3 else None
     M = _prod_c(x.shape[:-1])
-    return [f"_Static_assert(CUVIL_QGEMM_DEQUANT_ROWS == {Q4_DEQUANT_ROWS}, \"the reference's int4 prefill rows\");",
-            f"if (cuvil_qgemm({M}, {N}, {K}, {em.ptr(x)}, {K}, {wp}, {bits}, {sp}, {ab}, {em.ptr(node.outputs[0])}, "
+    return [f"if (cuvil_qgemm({M}, {N}, {K}, {em.ptr(x)}, {K}, {wp}, {bits}, {sp}, {ab}, {em.ptr(node.outputs[0])}, "
             f"{N}, {em.ptr(res) if res is not None else '0'}, NT)) CUVIL_FAIL(\"out of memory for quantized activations\");"]
 
 

@@ -80,20 +80,10 @@ def quantize_activations(x, block):
     return (q.astype(np.float64) * d.astype(np.float64)).reshape(x.shape)
 
 
-# int4 with act_block: from this many rows (prefill) the kernel dequantizes the weights into its fp32
-# GEMM and keeps the activations float (kernels/qgemm.h, CUVIL_QGEMM_DEQUANT_ROWS)
-Q4_DEQUANT_ROWS = 16
-
-
-def int8_activations(bits, act_block, rows):
-    """Whether matmul_q quantizes these activations to int8 (decode-sized int4 and every int8 call)."""
-    return bool(act_block) and not (bits == 4 and rows >= Q4_DEQUANT_ROWS)
-
-
 def _mmq_ref(xs, a):
     w = dequantize(xs[1], xs[2] if len(xs) > 2 else None, a["bits"], a["group"])
     x = xs[0].astype(np.float64)
-    if int8_activations(a["bits"], a.get("act_block"), int(np.prod(xs[0].shape[:-1]))):
+    if a.get("act_block"):
         x = quantize_activations(xs[0], a["act_block"])
     y = x @ w
     if len(xs) > 3 and xs[3] is not None:
@@ -102,8 +92,8 @@ def _mmq_ref(xs, a):
 
 
 # act_block > 0: activations are quantized to int8 in blocks of act_block values along K and the
-# products summed in integers (ggml's Q8 activations), except int4 over Q4_DEQUANT_ROWS rows or more;
-# 0 keeps float32 activations.
+# products summed in integers (ggml's Q8 activations), at every number of rows; 0 keeps float32
+# activations.
 declare(OpDef("matmul_q", {"bits": 8, "group": 1 << 30, "act_block": 0}, _mmq_infer, _mmq_ref, kind="matmul"))
 
 

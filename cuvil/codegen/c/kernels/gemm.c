@@ -213,90 +213,6 @@ static inline void ukernel_tile(int mr, int64_t nr, int64_t kc, const float *Ap,
     store_tile(acc, mr, nr, C, ldc, i0, n0, first, last, ep);
 }
 
-/* Panel p's K block [k0, k0 + kc) of int4 weights stored for cuvil_qgemm (kernels/qgemm.h: per
- * column, each 64-value chunk of K is 32 bytes, k = t in the low nibble and t + 32 in the high one,
- * value + 8; columns interleaved in fours) as fp32 rows [k][NR]. Columns past the stored ones (N
- * padded to 4) read as a zero column. */
-static const uint8_t q4_zero_column[32] __attribute__((aligned(32))) = {
-    0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88,
-    0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88};
-
-typedef struct { const uint8_t *q[CUVIL_NR]; float slo[CUVIL_NR], shi[CUVIL_NR]; } q4_chunk;
-
-/* The panel's 32-byte column rows and scales for chunk c. */
-static inline void q4_chunk_of(const uint8_t *W, const float *scales, int64_t group, int64_t N, int64_t K,
-                               int64_t p, int64_t c, q4_chunk *ch) {
-    int64_t n4 = (N + 3) / 4 * 4, chunks = K / 64, groups = K / group;
-    for (int j = 0; j < CUVIL_NR; j++) {
-        int64_t n = p * CUVIL_NR + j;
-        if (n >= n4) { ch->q[j] = q4_zero_column; ch->slo[j] = ch->shi[j] = 0.f; continue; }
-        ch->q[j] = W + ((n / 4 * chunks + c) * 4 + n % 4) * 32;
-        const float *sc = scales + (n / 4 * groups) * 4 + n % 4;
-        ch->slo[j] = sc[(c * 64) / group * 4], ch->shi[j] = sc[(c * 64 + 32) / group * 4];
-    }
-}
-
-#if defined(__AVX2__) && CUVIL_NR == 16
-#include <immintrin.h>
-/* 16 rows of 16 bytes transposed in place: four rounds of interleaving row i with row i + 8. */
-static inline void transpose16x16_u8(__m128i r[16]) {
-    for (int round = 0; round < 4; round++) {
-        __m128i t[16];
-        for (int i = 0; i < 8; i++) {
-            t[2 * i] = _mm_unpacklo_epi8(r[i], r[i + 8]);
-            t[2 * i + 1] = _mm_unpackhi_epi8(r[i], r[i + 8]);
-        }
-        for (int i = 0; i < 16; i++) r[i] = t[i];
-    }
-}
-
-/* 16 nibbles (one per column) -> two rows of 8 floats, (v - 8) * scale. */
-static inline void q4_row_store(__m128i nib, __m256 s0, __m256 s1, float *d) {
-    __m256 v0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(nib));
-    __m256 v1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(nib, 8)));
-    const __m256 eight = _mm256_set1_ps(8.f);
-    _mm256_storeu_ps(d, _mm256_mul_ps(_mm256_sub_ps(v0, eight), s0));
-    _mm256_storeu_ps(d + 8, _mm256_mul_ps(_mm256_sub_ps(v1, eight), s1));
-}
-
-/* Bytes are transposed, not floats: one 16 x 16 byte transpose yields 32 rows of the panel. */
-static void dequant_q4_columns(const uint8_t *W, const float *scales, int64_t group, int64_t N, int64_t K,
-                               int64_t p, int64_t k0, int64_t kc, float *buf) {
-    const __m128i low = _mm_set1_epi8(15);
-    for (int64_t c = k0 / 64; c < (k0 + kc) / 64; c++) {
-        q4_chunk ch;
-        q4_chunk_of(W, scales, group, N, K, p, c, &ch);
-        __m256 slo0 = _mm256_loadu_ps(ch.slo), slo1 = _mm256_loadu_ps(ch.slo + 8);
-        __m256 shi0 = _mm256_loadu_ps(ch.shi), shi1 = _mm256_loadu_ps(ch.shi + 8);
-        float *d = buf + (c * 64 - k0) * CUVIL_NR;
-        for (int h = 0; h < 2; h++) {                 /* bytes t in [16h, 16h + 16) */
-            __m128i r[16];
-            for (int j = 0; j < 16; j++) r[j] = _mm_loadu_si128((const __m128i *)(ch.q[j] + 16 * h));
-            transpose16x16_u8(r);                     /* r[t]: byte 16h + t of the 16 columns */
-            for (int t = 0; t < 16; t++) {
-                int64_t k = 16 * h + t;
-                q4_row_store(_mm_and_si128(r[t], low), slo0, slo1, d + k * CUVIL_NR);
-                q4_row_store(_mm_and_si128(_mm_srli_epi16(r[t], 4), low), shi0, shi1, d + (k + 32) * CUVIL_NR);
-            }
-        }
-    }
-}
-#else
-static void dequant_q4_columns(const uint8_t *W, const float *scales, int64_t group, int64_t N, int64_t K,
-                               int64_t p, int64_t k0, int64_t kc, float *buf) {
-    for (int64_t c = k0 / 64; c < (k0 + kc) / 64; c++) {
-        q4_chunk ch;
-        q4_chunk_of(W, scales, group, N, K, p, c, &ch);
-        float *d = buf + (c * 64 - k0) * CUVIL_NR;
-        for (int t = 0; t < 32; t++)
-            for (int j = 0; j < CUVIL_NR; j++) {
-                d[t * CUVIL_NR + j] = (float)((int)(ch.q[j][t] & 15) - 8) * ch.slo[j];
-                d[(t + 32) * CUVIL_NR + j] = (float)((int)(ch.q[j][t] >> 4) - 8) * ch.shi[j];
-            }
-    }
-}
-#endif
-
 /* B block [kc][NR] as floats: the packed panel itself for fp32, else dequantized into buf.
  * One loop per format, K walked group by group so the scales row is fixed inside the hot loop. */
 static inline const float *b_block(const void *B, int bits, const float *scales, int64_t group, int64_t N,
@@ -304,10 +220,6 @@ static inline const float *b_block(const void *B, int bits, const float *scales,
     if (bits == CUVIL_B_PRODUCED) {
         const cuvil_b_source *src = B;
         return src->fn(src->ctx, p, k0, kc, buf);
-    }
-    if (bits == CUVIL_B_Q4_COLUMNS) {
-        dequant_q4_columns(B, scales, group, N, K, p, k0, kc, buf);
-        return buf;
     }
     if (bits == 32) return (const float *)B + p * K * CUVIL_NR + k0 * CUVIL_NR;
     if (bits == 16) {                              /* bf16: the high half of an fp32 */
@@ -391,37 +303,22 @@ static inline const float *a_tile(const gemm_args *g, int64_t i0, int64_t k0, in
 }
 
 /* The bytes of B the task reads after panel p's block at k0 (the next panel's block, or the first
- * panel's of the next K block), as up to 4 runs: one for fp32 panels, one per 4-column group for
- * int4 columns; 0 runs at the task's end and for the other formats. */
-static int next_b_runs(const gemm_args *g, int64_t p, int64_t p0, int64_t p1, int64_t k0, byte_run runs[4]) {
+ * panel's of the next K block); none at the task's end and for the formats dequantized into buf. */
+static byte_run next_b_block(const gemm_args *g, int64_t p, int64_t p0, int64_t p1, int64_t k0) {
     int64_t pn = p + 1 < p1 ? p + 1 : p0, kn = p + 1 < p1 ? k0 : k0 + CUVIL_KC;
-    if (kn >= g->K) return 0;
+    if (kn >= g->K || g->bits != 32) return (byte_run){0, 0};
     int64_t kc = g->K - kn < CUVIL_KC ? g->K - kn : CUVIL_KC;
-    if (g->bits == 32) {
-        runs[0] = (byte_run){(const char *)((const float *)g->B + (pn * g->K + kn) * CUVIL_NR), kc * CUVIL_NR * 4};
-        return 1;
-    }
-    if (g->bits != CUVIL_B_Q4_COLUMNS) return 0;
-    int n = 0;
-    for (int64_t gi = pn * (CUVIL_NR / 4); gi < (pn + 1) * (CUVIL_NR / 4) && gi * 4 < g->N; gi++)
-        runs[n++] = (byte_run){(const char *)g->B + (gi * (g->K / 64) + kn / 64) * 128, kc / 64 * 128};
-    return n;
+    return (byte_run){(const char *)((const float *)g->B + (pn * g->K + kn) * CUVIL_NR), kc * CUVIL_NR * 4};
 }
 
-/* Slice `part` of `parts` of the runs, to prefetch toward L2 while row tile `part` of the current block
- * computes: a B block left to the first tile that reads it arrived from DRAM at ~7 GB/s and made
+/* Slice `part` of `parts` of the next block, to prefetch toward L2 while row tile `part` of the current
+ * block computes: a B block left to the first tile that reads it arrived from DRAM at ~7 GB/s and made
  * that tile 3-4x slower than the rest (fp32, 1024^3: 0.83 -> 0.88-0.92x OpenBLAS). Locality 1
- * (prefetcht2): T0 pulled the next block into L1, over the block in use. Runs after the first
- * (int4's column groups) are short: prefetched here at once. */
-static inline byte_run prefetch_slice(const byte_run *runs, int nruns, int64_t part, int64_t parts) {
-    byte_run first = {0, 0};
-    for (int r = 0; r < nruns; r++) {
-        int64_t slice = (runs[r].n / parts + 63) & ~(int64_t)63, b0 = part * slice;
-        int64_t n = b0 >= runs[r].n ? 0 : runs[r].n - b0 < slice ? runs[r].n - b0 : slice;
-        if (r == 0) { first = (byte_run){runs[r].p + b0, n}; continue; }
-        for (int64_t b = 0; b < n; b += 64) __builtin_prefetch(runs[r].p + b0 + b, 0, 1);
-    }
-    return first;
+ * (prefetcht2): T0 pulled the next block into L1, over the block in use. */
+static inline byte_run prefetch_slice(byte_run next, int64_t part, int64_t parts) {
+    int64_t slice = (next.n / parts + 63) & ~(int64_t)63, b0 = part * slice;
+    int64_t n = b0 >= next.n ? 0 : next.n - b0 < slice ? next.n - b0 : slice;
+    return (byte_run){next.p + b0, n};
 }
 
 static void gemm_task(void *ctx, int64_t t0, int64_t t1) {
@@ -453,13 +350,12 @@ static void gemm_task(void *ctx, int64_t t0, int64_t t1) {
             for (int64_t p = p0; p < p1; p++) {
                 const float *bp = b_block(g->B, g->bits, g->scales, g->group, g->N, g->K, p, k0, kc, buf);
                 int64_t n0 = p * CUVIL_NR, nr = g->N - n0 < CUVIL_NR ? g->N - n0 : CUVIL_NR;
-                byte_run next[4];
-                int nnext = next_b_runs(g, p, p0, p1, k0, next);
+                byte_run next = next_b_block(g, p, p0, p1, k0);
                 int64_t ntiles = (m1 - m0 + CUVIL_MR - 1) / CUVIL_MR;
                 for (int64_t i0 = m0; i0 < m1; i0 += CUVIL_MR) {
                     int mr = (int)(m1 - i0 < CUVIL_MR ? m1 - i0 : CUVIL_MR);
                     ukernel_tile(mr, nr, kc, kc > 0 ? a_tile(g, i0, k0, kc, tile) : 0, bp, g->C, g->ldc, i0, n0,
-                                 first, last, g->ep, prefetch_slice(next, nnext, (i0 - m0) / CUVIL_MR, ntiles));
+                                 first, last, g->ep, prefetch_slice(next, (i0 - m0) / CUVIL_MR, ntiles));
                 }
             }
             k0 += CUVIL_KC;
@@ -541,12 +437,6 @@ void cuvil_sgemm_quant(int64_t M, int64_t N, int64_t K, const float *A, int64_t 
                        const float *scales, int64_t group, float *C, int64_t ldc, const cuvil_epilogue *ep,
                        int nthreads) {
     gemm_driver(M, N, K, A, 0, lda, Bq, bits, scales, group > 0 ? group : K, C, ldc, ep, nthreads);
-}
-
-void cuvil_sgemm_q4_columns(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const void *W,
-                            const float *scales, int64_t group, float *C, int64_t ldc, const cuvil_epilogue *ep,
-                            int nthreads) {
-    gemm_driver(M, N, K, A, 0, lda, W, CUVIL_B_Q4_COLUMNS, scales, group, C, ldc, ep, nthreads);
 }
 
 #define CUVIL_NAIVE_MATMUL(T, NAME)                                                                 \

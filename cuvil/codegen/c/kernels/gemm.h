@@ -48,14 +48,6 @@ void cuvil_sgemm_quant(int64_t M, int64_t N, int64_t K, const float *A, int64_t 
                        const float *scales, int64_t group, float *C, int64_t ldc, const cuvil_epilogue *ep,
                        int nthreads);
 
-/* int4 weights in cuvil_qgemm's column layout (kernels/qgemm.h), dequantized into the fp32 micro-kernel
- * one K block x NR panel at a time: the prefill path of quantized LLMs, where M rows share each
- * dequantized block. K a multiple of 64, group in {32, 64, 128}. */
-#define CUVIL_B_Q4_COLUMNS (-4)
-void cuvil_sgemm_q4_columns(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const void *W,
-                            const float *scales, int64_t group, float *C, int64_t ldc, const cuvil_epilogue *ep,
-                            int nthreads);
-
 /* B produced block by block by the caller instead of read from memory (implicit GEMM: a conv's
  * im2col written straight into the micro-kernel's L1 buffer, never into a whole packed copy):
  * fn fills buf with panel p's rows [k0, k0 + kc) as [kc][NR] (zero past N) and returns it. */

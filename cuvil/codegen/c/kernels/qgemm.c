@@ -42,21 +42,25 @@ void cuvil_quantize_rows(int64_t M, int64_t K, const float *A, int64_t lda, int6
 /* ---- the tiles: MR rows x NC columns, all of K ---------------------------------------------- */
 typedef struct {
     int64_t M, N, K, ablock, ldc, nb, wstride, pf;   /* pf: prefetch distance in bytes (the next tile) */
+    int64_t nblocks;              /* int4: blocks of eight columns */
     const int8_t *xq;
     const float *dx, *scales, *residual;
-    const void *noff;             /* int4: [M][G] int16 x 16 starting partials (q4_offsets) */
+    const void *noff;             /* int4: [M][K / run] int16 x 16 starting partials (q4_offsets) */
     const uint8_t *W;
     int bits, mr, nc, cb;         /* tile rows, tile columns, columns per task */
     float *C;
 } qargs;
 
-/* Columns are stored in groups of four, interleaved 32 bytes at a time (one int4 chunk of 64 K or
- * one int8 block of 32 K per column), so a tile of four columns reads one sequential stream. */
+/* int8 columns are stored in groups of four, interleaved 32 bytes (one block of 32 K) at a time,
+ * so a tile of four columns reads one sequential stream. */
 static inline const uint8_t *col_base(const qargs *a, int64_t n) {
     return a->W + (n >> 2) * 4 * a->wstride + (n & 3) * 32;
 }
-static inline const float *col_scales(const qargs *a, int64_t n) {      /* int4: [N/4][G][4] */
-    return a->scales + (n >> 2) * 4 * a->nb + (n & 3);
+
+/* int4 weight (k, n) of the eight-column layout, without the + 8. */
+static inline int q4_value(const qargs *a, int64_t k, int64_t n) {
+    uint8_t byte = a->W[((n >> 3) * (a->K / 8) + (k >> 3)) * 32 + 4 * (n & 7) + (k & 3)];
+    return (int)((k & 4) ? byte >> 4 : byte & 15) - 8;
 }
 
 #ifdef CUVIL_QGEMM_AVX2
@@ -67,70 +71,87 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* int4: unsigned nibbles times int8 activations (maddubs), int16 partials summed over the group
- * (at most 4 x 3810). Each partial starts at -maddubs(8, x) summed over the group (noff, made once
- * per row when the activations are quantized), which takes off the + 8 of the nibbles; the sum
- * stays within +-30480, no saturation. SUB = group / 32 is a compile-time constant. */
-static inline __attribute__((always_inline)) void q4_tile(const qargs *a, int MR, int NC, int SUB, int64_t m0,
-                                                          int64_t n0, float out[4][4]) {
-    const int64_t K = a->K, G = a->nb;
+/* int4, eight columns per vector (layout in qgemm.h): a 32-bit lane is one column, so the integer
+ * sums come out as a vector of eight columns (no horizontal sums) and the group's float scaling is
+ * one multiply-add per eight columns. maddubs multiplies the unsigned nibbles by four activation bytes
+ * broadcast to every lane; int16 partials run over at most 64 values of K (32 products per lane),
+ * starting at -8 x the activations they meet (noff, made once per row): the sum is then of
+ * (nibble - 8) x activation, within +-8 x 127 x 32, no saturation. MR rows x NB column blocks, all
+ * compile-time constants; U = chunks of eight K per int16 run, UPG = runs per group. */
+static inline __attribute__((always_inline)) void q4_tile(const qargs *a, int MR, int NB, int U, int UPG, int64_t m0,
+                                                          int64_t b0, __m256 acc[4][4]) {
+    const int64_t K = a->K, G = a->nb, runs = K / (8 * U);
     const int8_t *xr[4];
-    const float *dxr[4], *dwc[4];
+    const float *dxr[4];
     const __m256i *nor[4];
     const uint8_t *wc[4];
+    const float *sc[4];
     for (int i = 0; i < MR; i++) {           /* rows past M repeat row m0: computed, not stored */
         int64_t m = m0 + i < a->M ? m0 + i : m0;
-        xr[i] = a->xq + m * K, dxr[i] = a->dx + m * G, nor[i] = (const __m256i *)a->noff + m * G;
+        xr[i] = a->xq + m * K, dxr[i] = a->dx + m * G, nor[i] = (const __m256i *)a->noff + m * runs;
     }
-    for (int j = 0; j < NC; j++) {
-        int64_t n = n0 + j < a->N ? n0 + j : n0;
-        wc[j] = col_base(a, n), dwc[j] = col_scales(a, n);
+    for (int j = 0; j < NB; j++) {
+        int64_t b = b0 + j < a->nblocks ? b0 + j : b0;
+        wc[j] = a->W + b * (K / 8) * 32, sc[j] = a->scales + b * G * 8;
     }
-    __m256 acc[4][4];
     for (int i = 0; i < MR; i++)
-        for (int j = 0; j < NC; j++) acc[i][j] = _mm256_setzero_ps();
-    const __m256i low4 = _mm256_set1_epi8(15);
-    const __m256i ones = _mm256_set1_epi16(1);
+        for (int j = 0; j < NB; j++) acc[i][j] = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
 #pragma GCC unroll 1
-    for (int64_t g = 0; g < G; g++) {      /* (unrolling this spills the partials) */
-        __m256i p[4][4];
-        for (int i = 0; i < MR; i++) {
-            __m256i no = _mm256_load_si256(nor[i] + g);
-            for (int j = 0; j < NC; j++) p[i][j] = no;
-        }
-        for (int s = 0; s < SUB; s++) {
-            const int64_t k = (g * SUB + s) * 32;
-            /* SUB >= 2: groups start on 64-value chunks, so the half is s & 1, known here */
-            __m128i shift = _mm_cvtsi32_si128(SUB >= 2 ? (s & 1) * 4 : (int)(g & 1) * 4);
-            __m256i w[4];
-            if (SUB < 2 || (s & 1) == 0)      /* the same bytes of the next tile's columns: one tile ahead */
-                for (int j = 0; j < NC; j++) _mm_prefetch((const char *)(wc[j] + (k >> 6) * 128 + a->pf), _MM_HINT_T0);
-            for (int j = 0; j < NC; j++)
-                w[j] = _mm256_and_si256(
-                    _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(wc[j] + (k >> 6) * 128)), shift), low4);
+    for (int64_t g = 0; g < G; g++) {
+        __m256i sum[4][4];
+        for (int u = 0; u < UPG; u++) {
+            const int64_t run = g * UPG + u;
+            __m256i p[4][4];
             for (int i = 0; i < MR; i++) {
-                __m256i x = _mm256_loadu_si256((const __m256i *)(xr[i] + k));
-                for (int j = 0; j < NC; j++) p[i][j] = _mm256_add_epi16(p[i][j], _mm256_maddubs_epi16(w[j], x));
+                __m256i no = _mm256_load_si256(nor[i] + run);
+                for (int j = 0; j < NB; j++) p[i][j] = no;
             }
+            for (int c = 0; c < U; c++) {
+                const int64_t kc = run * U + c;      /* chunk: K values 8kc .. 8kc + 7 */
+                __m256i wl[4], wh[4];
+                for (int j = 0; j < NB; j++) {
+                    _mm_prefetch((const char *)(wc[j] + kc * 32 + a->pf), _MM_HINT_T0);
+                    __m256i w = _mm256_loadu_si256((const __m256i *)(wc[j] + kc * 32));
+                    wl[j] = _mm256_and_si256(w, low4);
+                    wh[j] = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
+                }
+                for (int i = 0; i < MR; i++) {
+                    const __m256i xl = _mm256_set1_epi32(*(const int32_t *)(xr[i] + kc * 8));
+                    const __m256i xh = _mm256_set1_epi32(*(const int32_t *)(xr[i] + kc * 8 + 4));
+                    for (int j = 0; j < NB; j++)
+                        p[i][j] = _mm256_add_epi16(_mm256_add_epi16(p[i][j], _mm256_maddubs_epi16(wl[j], xl)),
+                                                   _mm256_maddubs_epi16(wh[j], xh));
+                }
+            }
+            for (int i = 0; i < MR; i++)
+                for (int j = 0; j < NB; j++) {
+                    __m256i s32 = _mm256_madd_epi16(p[i][j], ones);
+                    sum[i][j] = u ? _mm256_add_epi32(sum[i][j], s32) : s32;
+                }
         }
-        for (int i = 0; i < MR; i++)
-            for (int j = 0; j < NC; j++)
-                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p[i][j], ones)),
-                                            _mm256_set1_ps(dwc[j][4 * g] * dxr[i][g]), acc[i][j]);
+        for (int j = 0; j < NB; j++) {
+            const __m256 sw = _mm256_loadu_ps(sc[j] + g * 8);
+            for (int i = 0; i < MR; i++)
+                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[i][j]), _mm256_mul_ps(sw, _mm256_set1_ps(dxr[i][g])),
+                                            acc[i][j]);
+        }
     }
-    for (int i = 0; i < MR; i++)
-        for (int j = 0; j < NC; j++) out[i][j] = hsum8(acc[i][j]);
 }
 
-/* -maddubs(8, x) summed over each group of each row: the starting value of q4_tile's partials. */
-static void q4_offsets(int64_t M, int64_t K, int64_t group, const int8_t *xq, __m256i *noff) {
+/* -8 x the activations each int16 lane of q4_tile meets in one run (U chunks of eight K): its
+ * partials' starting values, per row and run. */
+static void q4_offsets(int64_t M, int64_t K, int64_t U, const int8_t *xq, __m256i *noff) {
     const __m256i eight = _mm256_set1_epi8(8);
     for (int64_t m = 0; m < M; m++)
-        for (int64_t g = 0; g < K / group; g++) {
+        for (int64_t r = 0; r < K / (8 * U); r++) {
             __m256i o = _mm256_setzero_si256();
-            for (int64_t k = g * group; k < (g + 1) * group; k += 32)
-                o = _mm256_sub_epi16(o, _mm256_maddubs_epi16(eight, _mm256_loadu_si256((const __m256i *)(xq + m * K + k))));
-            noff[m * (K / group) + g] = o;
+            for (int64_t kc = r * U; kc < (r + 1) * U; kc++) {
+                const int8_t *x = xq + m * K + kc * 8;
+                o = _mm256_sub_epi16(o, _mm256_maddubs_epi16(eight, _mm256_set1_epi32(*(const int32_t *)x)));
+                o = _mm256_sub_epi16(o, _mm256_maddubs_epi16(eight, _mm256_set1_epi32(*(const int32_t *)(x + 4))));
+            }
+            noff[m * (K / (8 * U)) + r] = o;
         }
 }
 
@@ -184,37 +205,53 @@ static inline __attribute__((always_inline)) void q8_tile(const qargs *a, int MR
 #endif
 
 #ifndef CUVIL_QGEMM_AVX2
-/* Portable version of both tiles: the same integer sums, one output at a time. */
-static void tile_scalar(const qargs *a, int64_t m0, int64_t n0, float out[4][4]) {
+/* Portable versions of the tiles: the same integer sums, one output at a time. */
+static void q8_tile_scalar(const qargs *a, int64_t m0, int64_t n0, float out[4][4]) {
     const int64_t K = a->K, nb = a->nb, blk = a->ablock;
     for (int i = 0; i < a->mr; i++)
         for (int j = 0; j < a->nc; j++) {
             int64_t m = m0 + i < a->M ? m0 + i : m0, n = n0 + j < a->N ? n0 + j : n0;
-            const int8_t *x = a->xq + m * K;
+            const int8_t *x = a->xq + m * K, *w = (const int8_t *)col_base(a, n);
             float acc = 0.f;
             for (int64_t b = 0; b < nb; b++) {
                 int32_t isum = 0;
-                for (int64_t k = b * blk; k < (b + 1) * blk; k++) {
-                    int w;
-                    if (a->bits == 4) {
-                        uint8_t byte = col_base(a, n)[(k >> 6) * 128 + (k & 31)];
-                        w = (int)((k & 32) ? byte >> 4 : byte & 15) - 8;
-                    } else {
-                        w = ((const int8_t *)col_base(a, n))[(k >> 5) * 128 + (k & 31)];
-                    }
-                    isum += w * x[k];
-                }
-                float sw = a->bits == 4 ? col_scales(a, n)[4 * b] : 1.f;
-                acc += sw * a->dx[m * nb + b] * (float)isum;
+                for (int64_t k = b * blk; k < (b + 1) * blk; k++) isum += w[(k >> 5) * 128 + (k & 31)] * x[k];
+                acc += a->dx[m * nb + b] * (float)isum;
             }
-            out[i][j] = a->bits == 4 ? acc : acc * a->scales[n];
+            out[i][j] = acc * a->scales[n];
+        }
+}
+
+static void q4_tile_scalar(const qargs *a, int64_t m0, int64_t b0, float out[4][32]) {
+    const int64_t K = a->K, G = a->nb, blk = a->ablock;
+    for (int i = 0; i < a->mr; i++)
+        for (int64_t n = b0 * 8; n < (b0 + a->nc) * 8 && n < a->nblocks * 8; n++) {
+            int64_t m = m0 + i < a->M ? m0 + i : m0;
+            const int8_t *x = a->xq + m * K;
+            float acc = 0.f;
+            for (int64_t g = 0; g < G; g++) {
+                int32_t isum = 0;
+                for (int64_t k = g * blk; k < (g + 1) * blk; k++) isum += q4_value(a, k, n) * x[k];
+                acc += a->scales[((n >> 3) * G + g) * 8 + (n & 7)] * a->dx[m * G + g] * (float)isum;
+            }
+            out[i][n - b0 * 8] = acc;
         }
 }
 #endif
 
-/* Task t: a block of cb columns x all rows. Rows go in MR-row tiles, and each tile visits every
+/* Rows [m0, m0 + mr) x columns [n0, n0 + nc) of C from out (row stride ostride), plus the residual. */
+static inline void store_out(const qargs *a, const float *out, int64_t ostride, int64_t m0, int64_t mr, int64_t n0,
+                             int64_t nc) {
+    for (int64_t i = 0; i < mr; i++)
+        for (int64_t j = 0; j < nc; j++) {
+            int64_t o = (m0 + i) * a->ldc + n0 + j;
+            a->C[o] = out[i * ostride + j] + (a->residual ? a->residual[o] : 0.f);
+        }
+}
+
+/* int8 task t: a block of cb columns x all rows. Rows go in MR-row tiles, and each tile visits every
  * column of the block while its quantized rows sit in L1 (the block's weights stay in L1 too). */
-static void qgemm_task(void *ctx, int64_t t0, int64_t t1) {
+static void q8_task(void *ctx, int64_t t0, int64_t t1) {
     const qargs *a = ctx;
     float out[4][4];
     for (int64_t t = t0; t < t1; t++)
@@ -222,23 +259,43 @@ static void qgemm_task(void *ctx, int64_t t0, int64_t t1) {
         for (int64_t n0 = t * a->cb; n0 < (t + 1) * a->cb && n0 < a->N; n0 += a->nc) {
 #ifdef CUVIL_QGEMM_AVX2
             /* the tiles take MR, NC and SUB as constants: one instance per case */
-#define CUVIL_QTILE(tile, MR, NC) switch (a->ablock) { case 32: tile(a, MR, NC, 1, m0, n0, out); break; \
-                                                 case 64: tile(a, MR, NC, 2, m0, n0, out); break;   \
-                                                 default: tile(a, MR, NC, 4, m0, n0, out); }
-            if (a->bits == 4 && a->mr == 1) CUVIL_QTILE(q4_tile, 1, 4)
-            else if (a->bits == 4) CUVIL_QTILE(q4_tile, 4, 1)
-            else if (a->mr == 1) CUVIL_QTILE(q8_tile, 1, 4)
-            else CUVIL_QTILE(q8_tile, 4, 1)
+#define CUVIL_QTILE(MR, NC) switch (a->ablock) { case 32: q8_tile(a, MR, NC, 1, m0, n0, out); break; \
+                                           case 64: q8_tile(a, MR, NC, 2, m0, n0, out); break;   \
+                                           default: q8_tile(a, MR, NC, 4, m0, n0, out); }
+            if (a->mr == 1) CUVIL_QTILE(1, 4)
+            else CUVIL_QTILE(4, 1)
 #undef CUVIL_QTILE
 #else
-            tile_scalar(a, m0, n0, out);
+            q8_tile_scalar(a, m0, n0, out);
 #endif
-            int64_t mr = a->M - m0 < a->mr ? a->M - m0 : a->mr, nc = a->N - n0 < a->nc ? a->N - n0 : a->nc;
-            for (int64_t i = 0; i < mr; i++)
-                for (int64_t j = 0; j < nc; j++) {
-                    int64_t o = (m0 + i) * a->ldc + n0 + j;
-                    a->C[o] = out[i][j] + (a->residual ? a->residual[o] : 0.f);
-                }
+            store_out(a, &out[0][0], 4, m0, a->M - m0 < a->mr ? a->M - m0 : a->mr, n0,
+                      a->N - n0 < a->nc ? a->N - n0 : a->nc);
+        }
+}
+
+/* int4 task t: column blocks [t cb, (t + 1) cb) x all rows, a tile of nc blocks at a time; the rows
+ * run inside, so the tile's weights are read from memory once and then from L1. */
+static void q4_task(void *ctx, int64_t t0, int64_t t1) {
+    const qargs *a = ctx;
+    float out[4][32] __attribute__((aligned(32)));
+    for (int64_t t = t0; t < t1; t++)
+      for (int64_t b0 = t * a->cb; b0 < (t + 1) * a->cb && b0 < a->nblocks; b0 += a->nc)
+        for (int64_t m0 = 0; m0 < a->M; m0 += a->mr) {
+#ifdef CUVIL_QGEMM_AVX2
+            __m256 acc[4][4];
+            /* MR, NB, U and UPG as constants: one instance per case */
+#define CUVIL_Q4TILE(MR, NB) switch (a->ablock) { case 32: q4_tile(a, MR, NB, 4, 1, m0, b0, acc); break;  \
+                                            case 64: q4_tile(a, MR, NB, 8, 1, m0, b0, acc); break;  \
+                                            default: q4_tile(a, MR, NB, 8, 2, m0, b0, acc); }       \
+            for (int i = 0; i < MR; i++) for (int j = 0; j < NB; j++) _mm256_store_ps(out[i] + 8 * j, acc[i][j]);
+            if (a->mr == 1) { CUVIL_Q4TILE(1, 4) }
+            else { CUVIL_Q4TILE(4, 1) }
+#undef CUVIL_Q4TILE
+#else
+            q4_tile_scalar(a, m0, b0, out);
+#endif
+            int64_t n0 = b0 * 8, nc = a->N - n0 < a->nc * 8 ? a->N - n0 : a->nc * 8;
+            store_out(a, &out[0][0], 32, m0, a->M - m0 < a->mr ? a->M - m0 : a->mr, n0, nc);
         }
 }
 
@@ -249,13 +306,8 @@ static __thread size_t scratch_cap;
 int cuvil_qgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const void *W, int bits,
                 const float *scales, int64_t ablock, float *C, int64_t ldc, const float *residual, int nthreads) {
     if (M <= 0 || N <= 0) return 0;
-    if (bits == 4 && M >= CUVIL_QGEMM_DEQUANT_ROWS) {
-        cuvil_epilogue ep = {0, 0, residual, ldc, 1.f, 0};
-        cuvil_sgemm_q4_columns(M, N, K, A, lda, W, scales, ablock, C, ldc, &ep, nthreads);
-        return 0;
-    }
-    int64_t nb = K / ablock;
-    size_t need = (size_t)(M * K + 64) + sizeof(float) * (size_t)(M * nb) + 32 * (size_t)(M * nb) + 128;
+    int64_t nb = K / ablock, run = ablock < 64 ? ablock : 64;      /* int4: K values per int16 run */
+    size_t need = (size_t)(M * K + 64) + sizeof(float) * (size_t)(M * nb) + 32 * (size_t)(M * (K / run)) + 128;
     if (need > scratch_cap) {
         free(scratch);
         scratch_cap = need + need / 4;
@@ -266,17 +318,28 @@ int cuvil_qgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, co
     float *dx = (float *)(((uintptr_t)(xq + M * K) + 63) & ~(uintptr_t)63);
     void *noff = (void *)(((uintptr_t)(dx + M * nb) + 63) & ~(uintptr_t)63);
     cuvil_quantize_rows(M, K, A, lda, ablock, xq, dx);
+    int64_t work = N * K > 65536 || M * N * K > 65536 * 16;
+    if (bits == 4) {
 #ifdef CUVIL_QGEMM_AVX2
-    if (bits == 4) q4_offsets(M, K, ablock, xq, noff);
+        q4_offsets(M, K, run / 8, xq, noff);
 #endif
-    int64_t wstride = bits == 4 ? K / 2 : K;
-    qargs a = {M, N, K, ablock, ldc, nb, wstride, 4 * wstride, xq, dx, scales, residual, noff, W, bits,
+        /* one row (decode): tiles of four blocks (32 columns), claimed 8 tiles at a time so the threads
+         * finish together; more rows (prefill): tiles of one block x 4 rows, a block per task */
+        int64_t nblocks = (N + 7) / 8, nc = M == 1 ? 4 : 1;
+        qargs a = {M, N, K, ablock, ldc, nb, K / 2, nc * K * 4, nblocks, xq, dx, scales, residual, noff, W, bits,
+                   M == 1 ? 1 : 4, (int)nc, (int)nc, C};
+        int64_t ntiles = (nblocks + nc - 1) / nc;
+        if (M == 1) cuvil_parallel_chunks(work ? nthreads : 1, ntiles, 2, q4_task, &a);
+        else cuvil_parallel_for(work ? nthreads : 1, ntiles, 1, q4_task, &a);
+        return 0;
+    }
+    qargs a = {M, N, K, ablock, ldc, nb, K, 4 * K, 0, xq, dx, scales, residual, noff, W, bits,
                M == 1 ? 1 : 4, M == 1 ? 4 : 1, M == 1 ? 4 : 16, C};
     int64_t ntiles = (N + a.cb - 1) / a.cb;
     /* one row (decode, memory bound): chunks of 16 tiles (64 columns) claimed one at a time, so
      * the threads finish together (~4 chunks per thread left one idle for up to a chunk's stream at
      * the end of each projection); more rows: ~4 chunks per thread */
-    if (M == 1) cuvil_parallel_chunks(N * K > 65536 ? nthreads : 1, ntiles, 16, qgemm_task, &a);
-    else cuvil_parallel_for(M * N * K > 65536 ? nthreads : 1, ntiles, 1, qgemm_task, &a);
+    if (M == 1) cuvil_parallel_chunks(N * K > 65536 ? nthreads : 1, ntiles, 16, q8_task, &a);
+    else cuvil_parallel_for(M * N * K > 65536 ? nthreads : 1, ntiles, 1, q8_task, &a);
     return 0;
 }

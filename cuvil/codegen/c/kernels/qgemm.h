@@ -2,23 +2,21 @@
  * activations are quantized to int8 per block of `ablock` values along K (scale = amax / 127),
  * products are summed in integers, and the float scales are applied once per block.
  *
- * Weights are stored per output column, K contiguous, so a decode step (M = 1) streams them once;
- * columns come in groups of four (N padded with zero columns), interleaved 32 bytes at a time:
- *   int4: uint8 [N/4][K/64][4][32]; 32 bytes hold one column's 64-value chunk of K, byte t holding
- *         k = t (low nibble) and k = t + 32 (high nibble), as value + 8 in [0, 15]; scales float
- *         [N/4][K/group][4], group = ablock in {32, 64, 128}.
- *   int8: int8 [N/4][K/32][4][32], one scale per column (float [N/4 * 4]); ablock in {32, 64, 128}.
+ * Weights are stored so that a decode step (M = 1) streams them once, K contiguous per column block:
+ *   int4: uint8 [N/8][K/8][32], blocks of eight columns (N padded with zero columns): chunk c of a
+ *         block holds K values 8c .. 8c + 7 of its columns, byte 4j + i holding k = 8c + i (low
+ *         nibble) and k = 8c + 4 + i (high nibble) of column j, as value + 8 in [0, 15]; a 32-bit
+ *         lane is one column, so the integer dot products come out eight columns to a vector.
+ *         Scales float [N/8][K/group][8], group = ablock in {32, 64, 128}.
+ *   int8: per output column, columns in groups of four (N padded with zero columns) interleaved 32
+ *         bytes at a time: int8 [N/4][K/32][4][32], one scale per column (float [N/4 * 4]); ablock
+ *         in {32, 64, 128}.
  * K must be a multiple of 64 (int4) or of ablock (int8). C[M,N] (ldc) = A[M,K] (lda) @ W (+ residual).
  * Returns nonzero when the activation buffer cannot be allocated. */
 #ifndef CUVIL_QGEMM_H
 #define CUVIL_QGEMM_H
 #include "common.h"
 
-/* From this many rows on (prefill), int4 weights are dequantized into the fp32 GEMM instead: each
- * dequantized block serves all the rows, where the integer tiles redo per-group float work per row. */
-#ifndef CUVIL_QGEMM_DEQUANT_ROWS
-#define CUVIL_QGEMM_DEQUANT_ROWS 16
-#endif
 int cuvil_qgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const void *W, int bits,
                  const float *scales, int64_t ablock, float *C, int64_t ldc, const float *residual, int nthreads);
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cuvil.build.toolchain import KERNELS_DIR
-from cuvil.codegen.c.lower_llm import _q4_block_scales, _q4_blocks, _q8_column_scales, _q8_columns
+from cuvil.codegen.c.lower_llm import _q4_block_scales, _q4_blocks, _q8_block_scales, _q8_blocks
 from cuvil.ir.ops import REGISTRY
 from cuvil.ir.ops.llm import act_block
 
@@ -31,15 +31,16 @@ def portable_lib(request, tmp_path_factory):
 @pytest.mark.parametrize("bits,group,m,n,k", [(4, 32, 1, 6, 64), (4, 64, 5, 10, 128), (4, 128, 3, 4, 256),
                                               (4, 32, 17, 22, 448),      # prefill rows, a partial block of columns
                                               (4, 128, 7, 14, 512), (4, 64, 2, 42, 64),
-                                              (8, 1 << 30, 1, 7, 96), (8, 1 << 30, 6, 9, 256)])
+                                              (8, 1 << 30, 1, 7, 96), (8, 1 << 30, 6, 9, 256),
+                                              (8, 1 << 30, 1, 40, 192), (8, 1 << 30, 9, 17, 128)])
 def test_portable_qgemm_matches_reference(portable_lib, bits, group, m, n, k):
     rng = np.random.default_rng(k + m)
     w, s = _quantize(rng, k, n, bits, group)
     x = rng.uniform(-1, 1, (m, k)).astype(np.float32)
     ab = act_block(bits, k, group)
     want = REGISTRY["matmul_q"].ref([x, w, s], {"bits": bits, "group": group, "act_block": ab})
-    wp = _q4_blocks(w) if bits == 4 else _q8_columns(w)
-    sp = _q4_block_scales(s) if bits == 4 else _q8_column_scales(s)
+    wp = _q4_blocks(w) if bits == 4 else _q8_blocks(w)
+    sp = _q4_block_scales(s) if bits == 4 else _q8_block_scales(s)
     got = np.zeros((m, n), np.float32)
     p = ctypes.c_void_p
     rc = portable_lib.cuvil_qgemm(ctypes.c_int64(m), ctypes.c_int64(n), ctypes.c_int64(k), p(x.ctypes.data),

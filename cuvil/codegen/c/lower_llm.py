@@ -43,16 +43,6 @@ def _bf16_panels(q: np.ndarray, nr: int) -> np.ndarray:
     return np.ascontiguousarray(p[:, :, order])
 
 
-def _interleave4(cols: np.ndarray, pad) -> np.ndarray:
-    """[N, chunks, 32] bytes -> [ceil(N/4), chunks, 4, 32]: four columns interleaved 32 bytes at a
-    time (N padded with `pad` columns), so a tile of four columns is one sequential stream."""
-    N = cols.shape[0]
-    n4 = -(-N // 4) * 4
-    full = np.full((n4,) + cols.shape[1:], pad, cols.dtype)
-    full[:N] = cols
-    return np.ascontiguousarray(full.reshape(n4 // 4, 4, *cols.shape[1:]).transpose(0, 2, 1, 3)).reshape(n4, -1)
-
-
 def _q4_blocks(q: np.ndarray) -> np.ndarray:
     """int4 [K, N/2] (column pairs per byte) -> cuvil_qgemm's layout (kernels/qgemm.h): [N/8][K/8][32],
     byte 4j + i of chunk c holding k = 8c + i (low nibble) and 8c + 4 + i (high nibble) of column j."""
@@ -66,9 +56,13 @@ def _q4_blocks(q: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray((c[:, 0] | (c[:, 1] << 4)).transpose(2, 0, 3, 1)).reshape(n8 // 8, -1)
 
 
-def _q8_columns(q: np.ndarray) -> np.ndarray:
-    """int8 [K, N] -> [N/4][K/32][4][32] (kernels/qgemm.h)."""
-    return _interleave4(np.ascontiguousarray(q.T).reshape(q.shape[1], -1, 32), 0)
+def _q8_blocks(q: np.ndarray) -> np.ndarray:
+    """int8 [K, N] -> [N/8][K/4][32] (kernels/qgemm.h): byte 4j + i of chunk c holds k = 4c + i of column j."""
+    K, N = q.shape
+    n8 = -(-N // 8) * 8
+    full = np.zeros((K, n8), np.int8)
+    full[:, :N] = q
+    return np.ascontiguousarray(full.reshape(K // 4, 4, n8 // 8, 8).transpose(2, 0, 3, 1)).reshape(n8 // 8, -1)
 
 
 def _q4_block_scales(s: np.ndarray) -> np.ndarray:
@@ -80,9 +74,10 @@ def _q4_block_scales(s: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(full.reshape(G, n8 // 8, 8).transpose(1, 0, 2))
 
 
-def _q8_column_scales(s: np.ndarray) -> np.ndarray:
-    n4 = -(-s.size // 4) * 4
-    full = np.zeros(n4, np.float32)
+def _q8_block_scales(s: np.ndarray) -> np.ndarray:
+    """[1, N] -> [N/8 * 8] (zero scales for the padding columns)."""
+    n8 = -(-s.size // 8) * 8
+    full = np.zeros(n8, np.float32)
     full[:s.size] = s.reshape(-1)
     return full
 
@@ -96,8 +91,8 @@ def _lower_qgemm(em, node):
         wp = em.packed("q4blocks", w, _q4_blocks, "uint8_t")
         sp = em.packed("q4blockscales", node.inputs[2], _q4_block_scales)
     else:
-        wp = em.packed("q8cols", w, _q8_columns, "int8_t")
-        sp = em.packed("q8colscales", node.inputs[2], _q8_column_scales)
+        wp = em.packed("q8blocks", w, _q8_blocks, "int8_t")
+        sp = em.packed("q8blockscales", node.inputs[2], _q8_block_scales)
     res = node.inputs[3] if len(node.inputs) > 3 else None
     M = _prod_c(x.shape[:-1])
     return [f"if (cuvil_qgemm({M}, {N}, {K}, {em.ptr(x)}, {K}, {wp}, {bits}, {sp}, {ab}, {em.ptr(node.outputs[0])}, "

@@ -1,6 +1,7 @@
 #include "gemm.h"
 #include "pool.h"
 #include "vmath.h"
+#include <stdlib.h>
 
 typedef struct { int64_t K, N; const float *B; int64_t ldb; int trans; float *Bp; } pack_args;
 

@@ -39,38 +39,26 @@ void cuvil_quantize_rows(int64_t M, int64_t K, const float *A, int64_t lda, int6
     }
 }
 
-/* ---- the tiles: MR rows x NC columns, all of K ---------------------------------------------- */
+/* ---- the tiles: MR rows x NB blocks of eight columns, all of K ------------------------------ */
 typedef struct {
-    int64_t M, N, K, ablock, ldc, nb, wstride, pf;   /* pf: prefetch distance in bytes (the next tile) */
-    int64_t nblocks;              /* int4: blocks of eight columns */
+    int64_t M, N, K, ablock, ldc, nb, pf;   /* nb: activation blocks per row; pf: prefetch distance (bytes) */
+    int64_t nblocks;              /* blocks of eight columns */
     const int8_t *xq;
     const float *dx, *scales, *residual;
     const void *noff;             /* int4: [M][K / run] int16 x 16 starting partials (q4_offsets) */
     const uint8_t *W;
-    int bits, mr, nc, cb;         /* tile rows, tile columns, columns per task */
+    int bits, mr, nc, cb;         /* tile rows, tile blocks, blocks per task */
     float *C;
 } qargs;
 
-/* int8 columns are stored in groups of four, interleaved 32 bytes (one block of 32 K) at a time,
- * so a tile of four columns reads one sequential stream. */
-static inline const uint8_t *col_base(const qargs *a, int64_t n) {
-    return a->W + (n >> 2) * 4 * a->wstride + (n & 3) * 32;
-}
-
-/* int4 weight (k, n) of the eight-column layout, without the + 8. */
-static inline int q4_value(const qargs *a, int64_t k, int64_t n) {
+/* Weight (k, n) of the eight-column layout (qgemm.h), int4 without its + 8. */
+static inline int q_value(const qargs *a, int64_t k, int64_t n) {
+    if (a->bits == 8) return ((const int8_t *)a->W)[((n >> 3) * (a->K / 4) + (k >> 2)) * 32 + 4 * (n & 7) + (k & 3)];
     uint8_t byte = a->W[((n >> 3) * (a->K / 8) + (k >> 3)) * 32 + 4 * (n & 7) + (k & 3)];
     return (int)((k & 4) ? byte >> 4 : byte & 15) - 8;
 }
 
 #ifdef CUVIL_QGEMM_AVX2
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* int4, eight columns per vector (layout in qgemm.h): a 32-bit lane is one column, so the integer
  * sums come out as a vector of eight columns (no horizontal sums) and the group's float scaling is
  * one multiply-add per eight columns. maddubs multiplies the unsigned nibbles by four activation bytes
@@ -155,127 +143,75 @@ static void q4_offsets(int64_t M, int64_t K, int64_t U, const int8_t *xq, __m256
         }
 }
 
-/* int8: the sign trick (|w| unsigned, x with w's sign), int32 sums per activation block. */
-static inline __attribute__((always_inline)) void q8_tile(const qargs *a, int MR, int NC, int SUB, int64_t m0,
-                                                          int64_t n0, float out[4][4]) {
+/* int8, eight columns per vector (chunks of four K): the sign trick (|w| unsigned, x with w's sign)
+ * against four activation bytes broadcast to every lane, int32 sums per activation block, the
+ * activation scale per block and the column scales once at the end. SUB = chunks per block. */
+static inline __attribute__((always_inline)) void q8_tile(const qargs *a, int MR, int NB, int SUB, int64_t m0,
+                                                          int64_t b0, __m256 acc[4][4]) {
     const int64_t K = a->K, nb = a->nb;
-    const int8_t *xr[4];
+    const int8_t *xr[4], *wc[4];
     const float *dxr[4];
-    const int8_t *wc[4];
-    float sw[4];
     for (int i = 0; i < MR; i++) {
         int64_t m = m0 + i < a->M ? m0 + i : m0;
         xr[i] = a->xq + m * K, dxr[i] = a->dx + m * nb;
     }
-    for (int j = 0; j < NC; j++) {
-        int64_t n = n0 + j < a->N ? n0 + j : n0;
-        wc[j] = (const int8_t *)col_base(a, n), sw[j] = a->scales[n];
+    for (int j = 0; j < NB; j++) {
+        int64_t b = b0 + j < a->nblocks ? b0 + j : b0;
+        wc[j] = (const int8_t *)a->W + b * (K / 4) * 32;
     }
-    __m256 acc[4][4];
     for (int i = 0; i < MR; i++)
-        for (int j = 0; j < NC; j++) acc[i][j] = _mm256_setzero_ps();
+        for (int j = 0; j < NB; j++) acc[i][j] = _mm256_setzero_ps();
     const __m256i ones = _mm256_set1_epi16(1);
 #pragma GCC unroll 1
-    for (int64_t b = 0; b < nb; b++) {
+    for (int64_t blk = 0; blk < nb; blk++) {
         __m256i is[4][4];
         for (int i = 0; i < MR; i++)
-            for (int j = 0; j < NC; j++) is[i][j] = _mm256_setzero_si256();
-        for (int s = 0; s < SUB; s++) {
-            int64_t k = (b * SUB + s) * 32;
-            __m256i w[4], aw[4];
-            for (int j = 0; j < NC; j++) {
-                _mm_prefetch((const char *)(wc[j] + k * 4 + a->pf), _MM_HINT_T0);
-                w[j] = _mm256_loadu_si256((const __m256i *)(wc[j] + k * 4));
-                aw[j] = _mm256_sign_epi8(w[j], w[j]);
-            }
-            for (int i = 0; i < MR; i++) {
-                __m256i x = _mm256_loadu_si256((const __m256i *)(xr[i] + k));
-                for (int j = 0; j < NC; j++)
+            for (int j = 0; j < NB; j++) is[i][j] = _mm256_setzero_si256();
+        for (int c = 0; c < SUB; c++) {
+            const int64_t kc = blk * SUB + c;         /* chunk: K values 4kc .. 4kc + 3 */
+            for (int j = 0; j < NB; j++) {
+                if ((c & 1) == 0) _mm_prefetch((const char *)(wc[j] + kc * 32 + a->pf), _MM_HINT_T0);
+                const __m256i w = _mm256_loadu_si256((const __m256i *)(wc[j] + kc * 32)), aw = _mm256_sign_epi8(w, w);
+                for (int i = 0; i < MR; i++) {
+                    const __m256i x = _mm256_set1_epi32(*(const int32_t *)(xr[i] + kc * 4));
                     is[i][j] = _mm256_add_epi32(is[i][j], _mm256_madd_epi16(
-                        _mm256_maddubs_epi16(aw[j], _mm256_sign_epi8(x, w[j])), ones));
+                        _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), ones));
+                }
             }
         }
         for (int i = 0; i < MR; i++)
-            for (int j = 0; j < NC; j++)
-                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[i][j]), _mm256_set1_ps(dxr[i][b]), acc[i][j]);
+            for (int j = 0; j < NB; j++)
+                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[i][j]), _mm256_set1_ps(dxr[i][blk]), acc[i][j]);
     }
-    for (int i = 0; i < MR; i++)
-        for (int j = 0; j < NC; j++) out[i][j] = hsum8(acc[i][j]) * sw[j];
+    for (int j = 0; j < NB; j++) {
+        int64_t b = b0 + j < a->nblocks ? b0 + j : b0;
+        const __m256 sw = _mm256_loadu_ps(a->scales + b * 8);
+        for (int i = 0; i < MR; i++) acc[i][j] = _mm256_mul_ps(acc[i][j], sw);
+    }
 }
-#endif
-
-#ifndef CUVIL_QGEMM_AVX2
-/* Portable versions of the tiles: the same integer sums, one output at a time. */
-static void q8_tile_scalar(const qargs *a, int64_t m0, int64_t n0, float out[4][4]) {
-    const int64_t K = a->K, nb = a->nb, blk = a->ablock;
-    for (int i = 0; i < a->mr; i++)
-        for (int j = 0; j < a->nc; j++) {
-            int64_t m = m0 + i < a->M ? m0 + i : m0, n = n0 + j < a->N ? n0 + j : n0;
-            const int8_t *x = a->xq + m * K, *w = (const int8_t *)col_base(a, n);
-            float acc = 0.f;
-            for (int64_t b = 0; b < nb; b++) {
-                int32_t isum = 0;
-                for (int64_t k = b * blk; k < (b + 1) * blk; k++) isum += w[(k >> 5) * 128 + (k & 31)] * x[k];
-                acc += a->dx[m * nb + b] * (float)isum;
-            }
-            out[i][j] = acc * a->scales[n];
-        }
-}
-
-static void q4_tile_scalar(const qargs *a, int64_t m0, int64_t b0, float out[4][32]) {
-    const int64_t K = a->K, G = a->nb, blk = a->ablock;
+#else
+/* The portable tile: the same integer sums, one output at a time. */
+static void tile_scalar(const qargs *a, int64_t m0, int64_t b0, float out[4][32]) {
+    const int64_t K = a->K, nb = a->nb, blk = a->ablock, G = K / a->ablock;
     for (int i = 0; i < a->mr; i++)
         for (int64_t n = b0 * 8; n < (b0 + a->nc) * 8 && n < a->nblocks * 8; n++) {
             int64_t m = m0 + i < a->M ? m0 + i : m0;
             const int8_t *x = a->xq + m * K;
             float acc = 0.f;
-            for (int64_t g = 0; g < G; g++) {
+            for (int64_t b = 0; b < nb; b++) {
                 int32_t isum = 0;
-                for (int64_t k = g * blk; k < (g + 1) * blk; k++) isum += q4_value(a, k, n) * x[k];
-                acc += a->scales[((n >> 3) * G + g) * 8 + (n & 7)] * a->dx[m * G + g] * (float)isum;
+                for (int64_t k = b * blk; k < (b + 1) * blk; k++) isum += q_value(a, k, n) * x[k];
+                float sw = a->bits == 4 ? a->scales[((n >> 3) * G + b) * 8 + (n & 7)] : 1.f;
+                acc += sw * a->dx[m * nb + b] * (float)isum;
             }
-            out[i][n - b0 * 8] = acc;
+            out[i][n - b0 * 8] = a->bits == 4 ? acc : acc * a->scales[n];
         }
 }
 #endif
 
-/* Rows [m0, m0 + mr) x columns [n0, n0 + nc) of C from out (row stride ostride), plus the residual. */
-static inline void store_out(const qargs *a, const float *out, int64_t ostride, int64_t m0, int64_t mr, int64_t n0,
-                             int64_t nc) {
-    for (int64_t i = 0; i < mr; i++)
-        for (int64_t j = 0; j < nc; j++) {
-            int64_t o = (m0 + i) * a->ldc + n0 + j;
-            a->C[o] = out[i * ostride + j] + (a->residual ? a->residual[o] : 0.f);
-        }
-}
-
-/* int8 task t: a block of cb columns x all rows. Rows go in MR-row tiles, and each tile visits every
- * column of the block while its quantized rows sit in L1 (the block's weights stay in L1 too). */
-static void q8_task(void *ctx, int64_t t0, int64_t t1) {
-    const qargs *a = ctx;
-    float out[4][4];
-    for (int64_t t = t0; t < t1; t++)
-      for (int64_t m0 = 0; m0 < a->M; m0 += a->mr)
-        for (int64_t n0 = t * a->cb; n0 < (t + 1) * a->cb && n0 < a->N; n0 += a->nc) {
-#ifdef CUVIL_QGEMM_AVX2
-            /* the tiles take MR, NC and SUB as constants: one instance per case */
-#define CUVIL_QTILE(MR, NC) switch (a->ablock) { case 32: q8_tile(a, MR, NC, 1, m0, n0, out); break; \
-                                           case 64: q8_tile(a, MR, NC, 2, m0, n0, out); break;   \
-                                           default: q8_tile(a, MR, NC, 4, m0, n0, out); }
-            if (a->mr == 1) CUVIL_QTILE(1, 4)
-            else CUVIL_QTILE(4, 1)
-#undef CUVIL_QTILE
-#else
-            q8_tile_scalar(a, m0, n0, out);
-#endif
-            store_out(a, &out[0][0], 4, m0, a->M - m0 < a->mr ? a->M - m0 : a->mr, n0,
-                      a->N - n0 < a->nc ? a->N - n0 : a->nc);
-        }
-}
-
-/* int4 task t: column blocks [t cb, (t + 1) cb) x all rows, a tile of nc blocks at a time; the rows
- * run inside, so the tile's weights are read from memory once and then from L1. */
-static void q4_task(void *ctx, int64_t t0, int64_t t1) {
+/* Task t: blocks [t cb, (t + 1) cb) x all rows, a tile of nc blocks at a time; the rows run inside,
+ * so the tile's weights are read from memory once and then from L1. */
+static void q_task(void *ctx, int64_t t0, int64_t t1) {
     const qargs *a = ctx;
     float out[4][32] __attribute__((aligned(32)));
     for (int64_t t = t0; t < t1; t++)
@@ -283,19 +219,29 @@ static void q4_task(void *ctx, int64_t t0, int64_t t1) {
         for (int64_t m0 = 0; m0 < a->M; m0 += a->mr) {
 #ifdef CUVIL_QGEMM_AVX2
             __m256 acc[4][4];
-            /* MR, NB, U and UPG as constants: one instance per case */
-#define CUVIL_Q4TILE(MR, NB) switch (a->ablock) { case 32: q4_tile(a, MR, NB, 4, 1, m0, b0, acc); break;  \
-                                            case 64: q4_tile(a, MR, NB, 8, 1, m0, b0, acc); break;  \
-                                            default: q4_tile(a, MR, NB, 8, 2, m0, b0, acc); }       \
-            for (int i = 0; i < MR; i++) for (int j = 0; j < NB; j++) _mm256_store_ps(out[i] + 8 * j, acc[i][j]);
-            if (a->mr == 1) { CUVIL_Q4TILE(1, 4) }
-            else { CUVIL_Q4TILE(4, 1) }
-#undef CUVIL_Q4TILE
+            /* the tiles take their shape and K steps as constants: one instance per case */
+#define CUVIL_QTILE(MR, NB) do {                                                                            \
+                if (a->bits == 4) switch (a->ablock) { case 32: q4_tile(a, MR, NB, 4, 1, m0, b0, acc); break;  \
+                                                      case 64: q4_tile(a, MR, NB, 8, 1, m0, b0, acc); break;  \
+                                                      default: q4_tile(a, MR, NB, 8, 2, m0, b0, acc); }       \
+                else switch (a->ablock) { case 32: q8_tile(a, MR, NB, 8, m0, b0, acc); break;                 \
+                                          case 64: q8_tile(a, MR, NB, 16, m0, b0, acc); break;                \
+                                          default: q8_tile(a, MR, NB, 32, m0, b0, acc); }                     \
+                for (int i = 0; i < MR; i++)                                                                \
+                    for (int j = 0; j < NB; j++) _mm256_store_ps(out[i] + 8 * j, acc[i][j]);                 \
+            } while (0)
+            if (a->mr == 1) CUVIL_QTILE(1, 4);
+            else CUVIL_QTILE(4, 1);
+#undef CUVIL_QTILE
 #else
-            q4_tile_scalar(a, m0, b0, out);
+            tile_scalar(a, m0, b0, out);
 #endif
             int64_t n0 = b0 * 8, nc = a->N - n0 < a->nc * 8 ? a->N - n0 : a->nc * 8;
-            store_out(a, &out[0][0], 32, m0, a->M - m0 < a->mr ? a->M - m0 : a->mr, n0, nc);
+            for (int64_t i = 0; i < (a->M - m0 < a->mr ? a->M - m0 : a->mr); i++)
+                for (int64_t j = 0; j < nc; j++) {
+                    int64_t o = (m0 + i) * a->ldc + n0 + j;
+                    a->C[o] = out[i][j] + (a->residual ? a->residual[o] : 0.f);
+                }
         }
 }
 
@@ -318,28 +264,17 @@ int cuvil_qgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, co
     float *dx = (float *)(((uintptr_t)(xq + M * K) + 63) & ~(uintptr_t)63);
     void *noff = (void *)(((uintptr_t)(dx + M * nb) + 63) & ~(uintptr_t)63);
     cuvil_quantize_rows(M, K, A, lda, ablock, xq, dx);
-    int64_t work = N * K > 65536 || M * N * K > 65536 * 16;
-    if (bits == 4) {
 #ifdef CUVIL_QGEMM_AVX2
-        q4_offsets(M, K, run / 8, xq, noff);
+    if (bits == 4) q4_offsets(M, K, run / 8, xq, noff);
 #endif
-        /* one row (decode): tiles of four blocks (32 columns), claimed 8 tiles at a time so the threads
-         * finish together; more rows (prefill): tiles of one block x 4 rows, a block per task */
-        int64_t nblocks = (N + 7) / 8, nc = M == 1 ? 4 : 1;
-        qargs a = {M, N, K, ablock, ldc, nb, K / 2, nc * K * 4, nblocks, xq, dx, scales, residual, noff, W, bits,
-                   M == 1 ? 1 : 4, (int)nc, (int)nc, C};
-        int64_t ntiles = (nblocks + nc - 1) / nc;
-        if (M == 1) cuvil_parallel_chunks(work ? nthreads : 1, ntiles, 2, q4_task, &a);
-        else cuvil_parallel_for(work ? nthreads : 1, ntiles, 1, q4_task, &a);
-        return 0;
-    }
-    qargs a = {M, N, K, ablock, ldc, nb, K, 4 * K, 0, xq, dx, scales, residual, noff, W, bits,
-               M == 1 ? 1 : 4, M == 1 ? 4 : 1, M == 1 ? 4 : 16, C};
-    int64_t ntiles = (N + a.cb - 1) / a.cb;
-    /* one row (decode, memory bound): chunks of 16 tiles (64 columns) claimed one at a time, so
-     * the threads finish together (~4 chunks per thread left one idle for up to a chunk's stream at
-     * the end of each projection); more rows: ~4 chunks per thread */
-    if (M == 1) cuvil_parallel_chunks(N * K > 65536 ? nthreads : 1, ntiles, 16, q8_task, &a);
-    else cuvil_parallel_for(M * N * K > 65536 ? nthreads : 1, ntiles, 1, q8_task, &a);
+    /* one row (decode, memory bound): tiles of four blocks (32 columns, four weight streams side by
+     * side), claimed two tiles at a time so the threads finish together; more rows (prefill): tiles
+     * of one block x 4 rows, a block per task. Prefetch: one tile ahead. */
+    int64_t nblocks = (N + 7) / 8, nc = M == 1 ? 4 : 1, block_bytes = K * 8 * bits / 8;
+    qargs a = {M, N, K, ablock, ldc, nb, nc * block_bytes, nblocks, xq, dx, scales, residual, noff, W, bits,
+               M == 1 ? 1 : 4, (int)nc, (int)nc, C};
+    int64_t ntiles = (nblocks + nc - 1) / nc, work = M * N * K > 65536;
+    if (M == 1) cuvil_parallel_chunks(work ? nthreads : 1, ntiles, 2, q_task, &a);
+    else cuvil_parallel_for(work ? nthreads : 1, ntiles, 1, q_task, &a);
     return 0;
 }

@@ -2,15 +2,14 @@
  * activations are quantized to int8 per block of `ablock` values along K (scale = amax / 127),
  * products are summed in integers, and the float scales are applied once per block.
  *
- * Weights are stored so that a decode step (M = 1) streams them once, K contiguous per column block:
- *   int4: uint8 [N/8][K/8][32], blocks of eight columns (N padded with zero columns): chunk c of a
- *         block holds K values 8c .. 8c + 7 of its columns, byte 4j + i holding k = 8c + i (low
- *         nibble) and k = 8c + 4 + i (high nibble) of column j, as value + 8 in [0, 15]; a 32-bit
- *         lane is one column, so the integer dot products come out eight columns to a vector.
+ * Weights are stored in blocks of eight columns (N padded with zero columns), K contiguous in each
+ * block, so a decode step (M = 1) streams them once; a 32-bit lane is one column, so the integer dot
+ * products come out eight columns to a vector:
+ *   int4: uint8 [N/8][K/8][32]: chunk c holds K values 8c .. 8c + 7, byte 4j + i holding k = 8c + i
+ *         (low nibble) and k = 8c + 4 + i (high nibble) of column j, as value + 8 in [0, 15].
  *         Scales float [N/8][K/group][8], group = ablock in {32, 64, 128}.
- *   int8: per output column, columns in groups of four (N padded with zero columns) interleaved 32
- *         bytes at a time: int8 [N/4][K/32][4][32], one scale per column (float [N/4 * 4]); ablock
- *         in {32, 64, 128}.
+ *   int8: int8 [N/8][K/4][32]: chunk c holds K values 4c .. 4c + 3, byte 4j + i holding k = 4c + i
+ *         of column j. One scale per column (float [N/8 * 8]); ablock in {32, 64, 128}.
  * K must be a multiple of 64 (int4) or of ablock (int8). C[M,N] (ldc) = A[M,K] (lda) @ W (+ residual).
  * Returns nonzero when the activation buffer cannot be allocated. */
 #ifndef CUVIL_QGEMM_H

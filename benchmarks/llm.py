@@ -218,18 +218,59 @@ def bench_eager(ckpt, threads, prompt, new_tokens):
 LLAMACPP_TYPES = {"fp32": "f32", "int8": "q8_0", "int4": "q4_0"}     # cuvil precision -> the GGUF type it faces
 
 
+def _llamacpp_model(llama_cpp, ckpt, qtype, threads, n_batch):
+    from benchmarks.gguf_export import export
+    path = OUT / f"{ckpt.name}-{qtype}.gguf"
+    if not path.exists():
+        export(ckpt, path, qtype, progress=lambda *_: None)
+    return llama_cpp.Llama(str(path), n_ctx=512, n_batch=n_batch, n_threads=threads, n_threads_batch=threads,
+                           verbose=False, logits_all=False)
+
+
+def _llamacpp_step(m, tok):
+    m.eval([tok])
+    return int(np.argmax(np.ctypeslib.as_array(m._ctx.get_logits(), shape=(m.n_vocab(),))))
+
+
+def decode_ab(ckpt, threads, prompt, precision, rounds=8, chunk=12):
+    """Decode by cuvil and by llama.cpp on the same weights, interleaved chunk by chunk after the same
+    prompt (so both decode at the same context lengths): tokens/s per chunk, the medians, and the
+    median of the per-round ratios. The main table's rows run minutes apart, and this machine's
+    bandwidth drifts by more than the ratios asked about."""
+    import llama_cpp
+
+    import cuvil.llm
+    llm = cuvil.llm.from_transformers(ckpt, precision=precision, max_seq_len=512, num_threads=threads,
+                                      measure_error=False)
+    m = _llamacpp_model(llama_cpp, ckpt, LLAMACPP_TYPES[precision], threads, len(prompt))
+    steps = {"cuvil": lambda tok: int(llm.decode([tok])[0].argmax()), "llama.cpp": lambda tok: _llamacpp_step(m, tok)}
+    llm.prefill(prompt)
+    m.reset()
+    m.eval(prompt)
+    tps = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            tok = 1
+            t = time.perf_counter()
+            for _ in range(chunk):
+                tok = step(tok)
+            tps[name].append(chunk / (time.perf_counter() - t))
+    out = {name: statistics.median(v) for name, v in tps.items()}
+    out["ratio"] = statistics.median(a / b for a, b in zip(tps["cuvil"], tps["llama.cpp"]))
+    out["rounds"], out["chunk"] = rounds, chunk
+    print(f"[{threads}t] decode {precision} vs llama.cpp {LLAMACPP_TYPES[precision]}, interleaved: cuvil "
+          f"{out['cuvil']:.2f} tok/s, llama.cpp {out['llama.cpp']:.2f}, ratio {out['ratio']:.2f}x", flush=True)
+    del llm, m
+    return out
+
+
 def bench_llamacpp(ckpt, qtype, threads, prompt, new_tokens, bytes_per_token):
     """llama.cpp (llama-cpp-python) on a GGUF of the same weights: same prompt, greedy decode."""
     try:
         import llama_cpp
     except ImportError:
         return None
-    from benchmarks.gguf_export import export
-    path = OUT / f"{ckpt.name}-{qtype}.gguf"
-    if not path.exists():
-        export(ckpt, path, qtype, progress=lambda *_: None)
-    m = llama_cpp.Llama(str(path), n_ctx=512, n_batch=len(prompt), n_threads=threads, n_threads_batch=threads,
-                        verbose=False, logits_all=False)
+    m = _llamacpp_model(llama_cpp, ckpt, qtype, threads, len(prompt))
     m.reset()
     m.eval(prompt[:8])
     pre = []
@@ -247,10 +288,7 @@ def bench_llamacpp(ckpt, qtype, threads, prompt, new_tokens, bytes_per_token):
     m.reset()
     m.eval(prompt)
 
-    def step(tok):
-        m.eval([tok])
-        return int(np.argmax(np.ctypeslib.as_array(m._ctx.get_logits(), shape=(m.n_vocab(),))))
-    dec = timed_decode(step, new_tokens, threads, bytes_per_token)
+    dec = timed_decode(lambda tok: _llamacpp_step(m, tok), new_tokens, threads, bytes_per_token)
     return {"prefill_ms": 1000 * statistics.median(pre), "ttft32_ms": 1000 * statistics.median(ttft), **dec}
 
 
@@ -259,6 +297,14 @@ def rss_of_loaded(path, threads):
             "print([l for l in open('/proc/self/status') if l.startswith('VmRSS')][0].split()[1])")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     return int(r.stdout.strip()) / 1024 if r.returncode == 0 else float("nan")
+
+
+def _save(output, results):
+    """Results into `output`, and into benchmarks/README.md when that is the main results file (a run to
+    another file is a side experiment)."""
+    Path(output).write_text(json.dumps(results, indent=1))
+    if Path(output) == OUT / "llm.json":
+        write_section(Path(__file__).resolve().parent / "README.md", results, results.get("command", "python -m benchmarks.llm"))
 
 
 def main(argv=None):
@@ -271,6 +317,9 @@ def main(argv=None):
     ap.add_argument("--no-llamacpp", action="store_true")
     ap.add_argument("--output", default=str(OUT / "llm.json"))
     ap.add_argument("--render", action="store_true", help="rewrite the README section from --output's JSON only")
+    ap.add_argument("--decode-ab", action="store_true",
+                    help="only time decode against llama.cpp (int8, int4), interleaved chunk by chunk, into --output's "
+                         "JSON and the README")
     ap.add_argument("--prefill-ab", action="store_true",
                     help="only time fp32 against int4 prefill, interleaved, into --output's JSON and the README")
     a = ap.parse_args(argv)
@@ -280,8 +329,16 @@ def main(argv=None):
         ckpt = make_checkpoint(shape, "llama-small" if a.small else "tinyllama-shape")
         prompt = np.random.default_rng(0).integers(100, 30000, 128).tolist()
         results["prefill_ab"] = {t: prefill_ab(ckpt, int(t), prompt) for t in a.threads.split(",")}
-        Path(a.output).write_text(json.dumps(results, indent=1))
-        write_section(Path(__file__).resolve().parent / "README.md", results, results.get("command", "python -m benchmarks.llm"))
+        _save(a.output, results)
+        return
+    if a.decode_ab:
+        results = json.loads(Path(a.output).read_text())
+        ckpt = make_checkpoint(SMALL if a.small else TINYLLAMA, "llama-small" if a.small else "tinyllama-shape")
+        prompt = np.random.default_rng(0).integers(100, 30000, 128).tolist()
+        precisions = [p for p in a.precisions.split(",") if p in LLAMACPP_TYPES]
+        results["decode_ab"] = {t: {p: decode_ab(ckpt, int(t), prompt, p) for p in precisions}
+                                for t in a.threads.split(",")}
+        _save(a.output, results)
         return
     if a.render:
         results = json.loads(Path(a.output).read_text())
@@ -360,6 +417,16 @@ def write_section(readme: Path, results, command):
         lines += ["", f"Prefill of the 128-token prompt at {threads} thread(s), transformers eager and cuvil's precisions "
                   f"interleaved round by round (`python -m benchmarks.llm --prefill-ab`, median of 7): "
                   + ", ".join(f"{p} {v:.0f} ms" for p, v in ms.items()) + (f" ({', '.join(ratios)})" if ratios else "") + "."]
+    ab = results.get("decode_ab", {})
+    if ab:
+        lines += ["", "Decode against llama.cpp on the same weights, interleaved chunk by chunk after the same prompt "
+                  "(`python -m benchmarks.llm --decode-ab --precisions int8,int4`; rounds of 12 tokens each, medians; "
+                  "ratio: median of the per-round ratios):", "",
+                  "| threads | cuvil | tok/s | llama.cpp | tok/s | ratio |", "|---|---|---|---|---|---|"]
+        for threads, per in ab.items():
+            for p, r in per.items():
+                lines.append(f"| {threads} | {p} | {r['cuvil']:.2f} | {LLAMACPP_TYPES[p].upper()} | {r['llama.cpp']:.2f} | "
+                             f"{r['ratio']:.2f}x |")
     big = OUT / "llm8b.json"
     if big.exists():
         b = json.loads(big.read_text())

@@ -67,6 +67,11 @@ static void attend_rows(const cuvil_attn *a, int64_t b, const int64_t hr[RB], co
         Smax = Sr[r] > Smax ? Sr[r] : Smax;
     }
     for (int64_t s0 = 0; s0 < Smax; s0 += 2 * CUVIL_VL) {          /* scores: Q K^T * scale */
+        /* the V rows of these keys toward the cache, for P V below: read there one vector column at
+         * a time down a KV cache just streamed in from memory, each pass waited on every row (a
+         * decode step: 35% of attention stalled on those loads) */
+        for (int64_t s = s0; s < s0 + 2 * CUVIL_VL && s < Smax; s++)
+            for (int64_t e = 0; e < a->Ev; e += 64 / sizeof(float)) __builtin_prefetch(vb + s * a->vl + e, 0, 2);
         cuvil_vf acc[RB][2];
         for (int r = 0; r < RB; r++) acc[r][0] = acc[r][1] = cuvil_vsplat(0.f);
         for (int64_t e = 0; e < a->E; e++) {
@@ -132,7 +137,11 @@ static void attend_rows(const cuvil_attn *a, int64_t b, const int64_t hr[RB], co
 #include <immintrin.h>
 static void transpose_keys(const float *k, int64_t kl, int64_t S, int64_t E, float *kt, int64_t Sp) {
     int64_t s8 = S / 8 * 8, e8 = E / 8 * 8;
-    for (int64_t s = 0; s < s8; s += 8)
+    for (int64_t s = 0; s < s8; s += 8) {
+        /* the next eight keys toward L1: a KV cache comes from memory, and the 8 x 8 blocks read it
+         * in an order the hardware prefetcher does not follow */
+        for (int64_t r = s + 8; r < s + 16 && r < S; r++)
+            for (int64_t e = 0; e < E; e += 64 / sizeof(float)) __builtin_prefetch(k + r * kl + e, 0, 3);
         for (int64_t e = 0; e < e8; e += 8) {
             __m256 r[8], t[8];
             for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(k + (s + i) * kl + e);
@@ -153,6 +162,7 @@ static void transpose_keys(const float *k, int64_t kl, int64_t S, int64_t E, flo
             static const int col[8] = {0, 2, 1, 3, 4, 6, 5, 7};
             for (int i = 0; i < 8; i++) _mm256_storeu_ps(kt + (e + col[i]) * Sp + s, t[i]);
         }
+    }
     for (int64_t s = 0; s < S; s++)                       /* the edges */
         for (int64_t e = s < s8 ? e8 : 0; e < E; e++) kt[e * Sp + s] = k[s * kl + e];
 }
@@ -213,11 +223,14 @@ static void attention_task(void *ctx, int64_t t0, int64_t t1) {
 }
 
 /* Rows of a KV head are split into as few blocks as keep every thread busy (about 3 tasks per
- * thread): each block transposes K once, so 48-row blocks made MiniLM (12 heads, 128 rows) transpose
- * every head's K three times at one thread, 15% of its attention time. */
+ * thread, 1 for a decode step): each block transposes K once, so 48-row blocks made MiniLM (12
+ * heads, 128 rows) transpose every head's K three times at one thread, 15% of its attention time. */
 void cuvil_attention(const cuvil_attn *a, const float *q, const float *k, const float *v, float *out, int nthreads) {
     int64_t Hk = a->Hk > 0 ? a->Hk : 1, rows = a->H / Hk * a->L, heads = a->B * Hk;
-    int64_t blocks = (3 * (nthreads > 1 ? nthreads : 1) + heads - 1) / heads, most = (rows + RB - 1) / RB;
+    /* a decode step (one row per query head) only as many blocks as give every thread a task: each
+     * further block reads the head's K and V from memory once more (2 threads, 4 KV heads: 0.75x) */
+    int64_t per_thread = a->L == 1 ? 1 : 3, nt = nthreads > 1 ? nthreads : 1;
+    int64_t blocks = (per_thread * nt + heads - 1) / heads, most = (rows + RB - 1) / RB;
     blocks = blocks < 1 ? 1 : blocks > most ? most : blocks;
     int64_t qb = ((rows + blocks - 1) / blocks + RB - 1) / RB * RB;
     blocks = qb > 0 ? (rows + qb - 1) / qb : 1;

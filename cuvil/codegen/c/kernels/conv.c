@@ -9,6 +9,14 @@ int64_t cuvil_conv_scratch(const cuvil_conv_shape *s) {
 /* B of the conv's GEMM, never materialized whole: rows k = (c, kh, kw), columns n = (oh, ow). */
 typedef struct { const cuvil_conv_shape *s; const float *x; } im2col_src;
 
+/* d[t] = row[t * stride] for t < n: stride 2 (strided convs) as a constant, so it copies in vectors
+ * (with the stride a variable it went element by element: a 1x1 stride-2 conv 0.74x the time). */
+static inline void copy_run(float *d, const float *row, int64_t n, int64_t stride) {
+    if (stride == 1) for (int64_t t = 0; t < n; t++) d[t] = row[t];
+    else if (stride == 2) for (int64_t t = 0; t < n; t++) d[t] = row[2 * t];
+    else for (int64_t t = 0; t < n; t++) d[t] = row[t * stride];
+}
+
 /* Panel p's rows [k0, k0 + kc) into buf [kc][NR] (the cuvil_b_producer of the conv's GEMM). The
  * panel's columns go as runs along one output row: inside a run the input columns are evenly spaced,
  * so bounds are found once per run, not tested per element. */
@@ -37,9 +45,8 @@ static const float *im2col_block(const void *ctx, int64_t p, int64_t k0, int64_t
             const float *row = xc + ih * s->W + iw0;
             int64_t t = 0;
             for (; t < lo; t++) d[t] = 0.f;
-            if (s->sw == 1) for (; t < hi; t++) d[t] = row[t];
-            else for (; t < hi; t++) d[t] = row[t * s->sw];
-            for (; t < len; t++) d[t] = 0.f;
+            copy_run(d + lo, row + lo * s->sw, hi - lo, s->sw);
+            for (t = hi; t < len; t++) d[t] = 0.f;
             d += len;
         }
         for (int64_t j = filled; j < CUVIL_NR; j++) d[j - filled] = 0.f;

@@ -49,7 +49,7 @@ def weight_bytes_per_token(shape, precision, group=64):
     hd = h // shape["num_attention_heads"]
     kv = shape["num_key_value_heads"] * hd
     params = L * (h * h + 2 * h * kv + h * h + 3 * h * i) + h * v
-    per = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0 + 4.0 / h, "int4": 0.5 + 4.0 / group}[precision]
+    per = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0 + 4.0 / h, "int4": 0.5 + 2.0 / group}[precision]
     return params * per
 
 
@@ -402,7 +402,8 @@ def write_section(readme: Path, results, command):
              "median of the 4 (the probe's median in brackets): this machine's bandwidth drifts 2x within minutes. llama.cpp: llama-cpp-python 0.3.36 "
              "(built from source, GGML_NATIVE: AVX2, REPACK) on GGUF F32/Q8_0/Q4_0 exports of the same checkpoint "
              "(benchmarks/gguf_export.py), run right after the cuvil row it faces; its % of roofline uses cuvil's "
-             "bytes per token (Q8_0 and Q4_0 carry 8.5 and 4.5 bits per weight).", "",
+             "bytes per token (Q8_0 and Q4_0 carry 8.5 and 4.5 bits per weight; cuvil int8 8 plus a float scale per "
+             "column, int4 4.25 at group 64: float16 scales).", "",
              "| threads | system | prefill 128 (ms) | decode (tok/s) | % of roofline (bandwidth) | TTFT 32 tok (ms) | RSS (MiB) |",
              "|---|---|---|---|---|---|---|"]
     for r in results["rows"]:

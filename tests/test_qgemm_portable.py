@@ -36,7 +36,20 @@ def portable_lib(request, tmp_path_factory):
 def test_portable_qgemm_matches_reference(portable_lib, bits, group, m, n, k):
     rng = np.random.default_rng(k + m)
     w, s = _quantize(rng, k, n, bits, group)
-    x = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+    _check(portable_lib, bits, group, w, s, rng.uniform(-1, 1, (m, k)).astype(np.float32), atol=1e-4)
+
+
+def test_int4_scales_below_float16_normals(portable_lib):
+    """int4 scales are stored as float16: ones in its subnormal range (< 6.1e-5) keep their value."""
+    rng = np.random.default_rng(7)
+    w, s = _quantize(rng, 128, 16, 4, 64)
+    s = (s * 3e-3).astype(np.float32)          # 3e-6 .. 6e-5
+    _check(portable_lib, 4, 64, w, s, rng.uniform(-1, 1, (3, 128)).astype(np.float32), atol=1e-9)
+
+
+def _check(portable_lib, bits, group, w, s, x, atol):
+    m, k = x.shape
+    n = w.shape[1] * (2 if bits == 4 else 1)
     ab = act_block(bits, k, group)
     want = REGISTRY["matmul_q"].ref([x, w, s], {"bits": bits, "group": group, "act_block": ab})
     wp = _q4_blocks(w) if bits == 4 else _q8_blocks(w)
@@ -47,4 +60,4 @@ def test_portable_qgemm_matches_reference(portable_lib, bits, group, m, n, k):
                                   ctypes.c_int64(k), p(wp.ctypes.data), bits, p(sp.ctypes.data), ctypes.c_int64(ab),
                                   p(got.ctypes.data), ctypes.c_int64(n), None, 1)
     assert rc == 0
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=atol)

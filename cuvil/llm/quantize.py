@@ -24,7 +24,7 @@ def quantize_int8(w: np.ndarray):
 
 def quantize_int4(w: np.ndarray, group: int):
     """Symmetric in groups of `group` rows of K: returns (uint8 [K, N/2] two columns per byte,
-    float32 scales [ceil(K/group), N]). Values are stored + 8 in [1, 15]."""
+    float32 scales [ceil(K/group), N] holding float16 values). Values are stored + 8 in [1, 15]."""
     K, N = w.shape
     if N % 2:
         raise ValueError("int4 needs an even number of output features")
@@ -33,7 +33,14 @@ def quantize_int4(w: np.ndarray, group: int):
     padded[:K] = w
     g = padded.reshape(G, group, N)
     amax = np.abs(g).max(axis=1)
-    scale = np.where(amax > 0, amax / 7.0, 1.0).astype(np.float32)
+    # scales are stored as float16 (matmul_q's int4 contract): the values are quantized against the
+    # rounded scale, so the rounding costs nothing beyond it
+    with np.errstate(over="ignore"):
+        scale = np.where(amax > 0, amax / 7.0, 1.0).astype(np.float16)
+    if not np.isfinite(scale).all():
+        raise ValueError(f"int4: a weight of magnitude {float(amax.max()):.4g} exceeds what float16 scales hold "
+                         f"(|w| <= {7 * 65504})")
+    scale = np.where(scale > 0, scale, np.float16(1)).astype(np.float32)   # below float16's range: all zeros
     q = np.clip(np.rint(g / scale[:, None, :]), -7, 7).astype(np.int16).reshape(G * group, N)[:K] + 8
     packed = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)
     return packed, scale

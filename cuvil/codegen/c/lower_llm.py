@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ir import dims as D
+from ...ir.ops.llm import int4_scales
 from .emit import lowering
 
 
@@ -66,11 +67,11 @@ def _q8_blocks(q: np.ndarray) -> np.ndarray:
 
 
 def _q4_block_scales(s: np.ndarray) -> np.ndarray:
-    """[G, N] -> [N/8][G][8] (zero scales for the padding columns)."""
+    """[G, N] -> float16 [N/8][G][8] (zero scales for the padding columns)."""
     G, N = s.shape
     n8 = -(-N // 8) * 8
-    full = np.zeros((G, n8), np.float32)
-    full[:, :N] = s
+    full = np.zeros((G, n8), np.float16)
+    full[:, :N] = int4_scales(s)
     return np.ascontiguousarray(full.reshape(G, n8 // 8, 8).transpose(1, 0, 2))
 
 
@@ -89,7 +90,7 @@ def _lower_qgemm(em, node):
     K, N = w.shape[0], node.outputs[0].shape[-1]
     if bits == 4:
         wp = em.packed("q4blocks", w, _q4_blocks, "uint8_t")
-        sp = em.packed("q4blockscales", node.inputs[2], _q4_block_scales)
+        sp = em.packed("q4blockscales", node.inputs[2], _q4_block_scales, "uint16_t")
     else:
         wp = em.packed("q8blocks", w, _q8_blocks, "int8_t")
         sp = em.packed("q8blockscales", node.inputs[2], _q8_block_scales)
@@ -126,7 +127,8 @@ def lower_matmul_q(em, node):
         wp = em.packed("qpanels", w, lambda d: _panels(d, nr, 0), "int8_t")
     sp = "0"
     if bits != 16:
-        sp = em.packed("qscales", node.inputs[2], lambda d: _panels(d.astype(np.float32), nr, 0.0))
+        scales = int4_scales if bits == 4 else (lambda d: d.astype(np.float32))
+        sp = em.packed("qscales", node.inputs[2], lambda d: _panels(scales(d), nr, 0.0))
     res = node.inputs[3] if len(node.inputs) > 3 else None
     ep = "0"
     lines = ["{"]

@@ -12,6 +12,13 @@ from . import REGISTRY, OpDef, declare
 BITS = (4, 8, 16)
 
 
+def int4_scales(scales):
+    """int4 scales are float16 values (the kernels store them in half the bytes): float32 ones are
+    rounded to the nearest."""
+    with np.errstate(over="ignore"):
+        return np.asarray(scales, np.float32).astype(np.float16).astype(np.float32)
+
+
 def dequantize(q, scales, bits, group):
     """Logical weights [K, N] (float64) of a quantized constant (see matmul_q)."""
     if bits == 16:
@@ -22,6 +29,8 @@ def dequantize(q, scales, bits, group):
         vals = np.stack([lo, hi], axis=-1).reshape(q.shape[0], -1)
     else:
         vals = q.astype(np.int16)
+    if bits == 4:
+        scales = int4_scales(scales)
     # (a group past K, e.g. the default 1 << 30 for one scale per column, repeats only K times)
     s = np.repeat(scales.astype(np.float64), min(group, vals.shape[0]), axis=0)[:vals.shape[0]]
     return vals * s
@@ -46,7 +55,8 @@ def act_block_ok(bits, K, group, ab):
 
 # ---- matmul_q: x @ dequant(weight) (+ residual) ---------------------------------------------
 # weight: bits 8 -> int8 [K, N]; bits 4 -> uint8 [K, N/2] (low nibble = even column, value - 8);
-# bits 16 -> uint16 [K, N] bf16 bit patterns. scales: float32 [ceil(K/group), N] (absent for bf16).
+# bits 16 -> uint16 [K, N] bf16 bit patterns. scales: float32 [ceil(K/group), N] (absent for bf16);
+# int4 scales act as float16 values (int4_scales), the precision the kernels store.
 def _mmq_infer(types, attrs, inputs):
     x, w = types[0], types[1]
     bits = attrs["bits"]

@@ -2,7 +2,7 @@
 #include "gemm.h"
 #include "pool.h"
 #include <stdlib.h>
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define CUVIL_QGEMM_AVX2 1
 #endif
@@ -44,7 +44,9 @@ typedef struct {
     int64_t M, N, K, ablock, ldc, nb, pf;   /* nb: activation blocks per row; pf: prefetch distance (bytes) */
     int64_t nblocks;              /* blocks of eight columns */
     const int8_t *xq;
-    const float *dx, *scales, *residual;
+    const float *dx;
+    const void *scales;           /* int4: float16 [N/8][G][8]; int8: float [N/8 * 8] */
+    const float *residual;
     const void *noff;             /* int4: [M][K / run] int16 x 16 starting partials (q4_offsets) */
     const uint8_t *W;
     int bits, mr, nc, cb;         /* tile rows, tile blocks, blocks per task */
@@ -73,14 +75,14 @@ static inline __attribute__((always_inline)) void q4_tile(const qargs *a, int MR
     const float *dxr[4];
     const __m256i *nor[4];
     const uint8_t *wc[4];
-    const float *sc[4];
+    const uint16_t *sc[4];
     for (int i = 0; i < MR; i++) {           /* rows past M repeat row m0: computed, not stored */
         int64_t m = m0 + i < a->M ? m0 + i : m0;
         xr[i] = a->xq + m * K, dxr[i] = a->dx + m * G, nor[i] = (const __m256i *)a->noff + m * runs;
     }
     for (int j = 0; j < NB; j++) {
         int64_t b = b0 + j < a->nblocks ? b0 + j : b0;
-        wc[j] = a->W + b * (K / 8) * 32, sc[j] = a->scales + b * G * 8;
+        wc[j] = a->W + b * (K / 8) * 32, sc[j] = (const uint16_t *)a->scales + b * G * 8;
     }
     for (int i = 0; i < MR; i++)
         for (int j = 0; j < NB; j++) acc[i][j] = _mm256_setzero_ps();
@@ -119,7 +121,7 @@ static inline __attribute__((always_inline)) void q4_tile(const qargs *a, int MR
                 }
         }
         for (int j = 0; j < NB; j++) {
-            const __m256 sw = _mm256_loadu_ps(sc[j] + g * 8);
+            const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc[j] + g * 8)));
             for (int i = 0; i < MR; i++)
                 acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[i][j]), _mm256_mul_ps(sw, _mm256_set1_ps(dxr[i][g])),
                                             acc[i][j]);
@@ -185,11 +187,18 @@ static inline __attribute__((always_inline)) void q8_tile(const qargs *a, int MR
     }
     for (int j = 0; j < NB; j++) {
         int64_t b = b0 + j < a->nblocks ? b0 + j : b0;
-        const __m256 sw = _mm256_loadu_ps(a->scales + b * 8);
+        const __m256 sw = _mm256_loadu_ps((const float *)a->scales + b * 8);
         for (int i = 0; i < MR; i++) acc[i][j] = _mm256_mul_ps(acc[i][j], sw);
     }
 }
 #else
+/* IEEE half -> float (the int4 scales), subnormals included. */
+static float half_to_float(uint16_t h) {
+    int e = (h >> 10) & 31, m = h & 1023;
+    float v = e == 0 ? ldexpf((float)m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexpf((float)(m + 1024), e - 25);
+    return h >> 15 ? -v : v;
+}
+
 /* The portable tile: the same integer sums, one output at a time. */
 static void tile_scalar(const qargs *a, int64_t m0, int64_t b0, float out[4][32]) {
     const int64_t K = a->K, nb = a->nb, blk = a->ablock, G = K / a->ablock;
@@ -201,10 +210,10 @@ static void tile_scalar(const qargs *a, int64_t m0, int64_t b0, float out[4][32]
             for (int64_t b = 0; b < nb; b++) {
                 int32_t isum = 0;
                 for (int64_t k = b * blk; k < (b + 1) * blk; k++) isum += q_value(a, k, n) * x[k];
-                float sw = a->bits == 4 ? a->scales[((n >> 3) * G + b) * 8 + (n & 7)] : 1.f;
+                float sw = a->bits == 4 ? half_to_float(((const uint16_t *)a->scales)[((n >> 3) * G + b) * 8 + (n & 7)]) : 1.f;
                 acc += sw * a->dx[m * nb + b] * (float)isum;
             }
-            out[i][n - b0 * 8] = a->bits == 4 ? acc : acc * a->scales[n];
+            out[i][n - b0 * 8] = a->bits == 4 ? acc : acc * ((const float *)a->scales)[n];
         }
 }
 #endif
@@ -250,7 +259,7 @@ static __thread void *scratch;
 static __thread size_t scratch_cap;
 
 int cuvil_qgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const void *W, int bits,
-                const float *scales, int64_t ablock, float *C, int64_t ldc, const float *residual, int nthreads) {
+                const void *scales, int64_t ablock, float *C, int64_t ldc, const float *residual, int nthreads) {
     if (M <= 0 || N <= 0) return 0;
     int64_t nb = K / ablock, run = ablock < 64 ? ablock : 64;      /* int4: K values per int16 run */
     size_t need = (size_t)(M * K + 64) + sizeof(float) * (size_t)(M * nb) + 32 * (size_t)(M * (K / run)) + 128;

@@ -7,7 +7,8 @@
  * products come out eight columns to a vector:
  *   int4: uint8 [N/8][K/8][32]: chunk c holds K values 8c .. 8c + 7, byte 4j + i holding k = 8c + i
  *         (low nibble) and k = 8c + 4 + i (high nibble) of column j, as value + 8 in [0, 15].
- *         Scales float [N/8][K/group][8], group = ablock in {32, 64, 128}.
+ *         Scales float16 [N/8][K/group][8], group = ablock in {32, 64, 128} (half the bytes of float
+ *         ones: 4.25 bits per weight at group 64, where ggml's Q4_0 carries 4.5).
  *   int8: int8 [N/8][K/4][32]: chunk c holds K values 4c .. 4c + 3, byte 4j + i holding k = 4c + i
  *         of column j. One scale per column (float [N/8 * 8]); ablock in {32, 64, 128}.
  * K must be a multiple of 64 (int4) or of ablock (int8). C[M,N] (ldc) = A[M,K] (lda) @ W (+ residual).
@@ -17,7 +18,7 @@
 #include "common.h"
 
 int cuvil_qgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const void *W, int bits,
-                 const float *scales, int64_t ablock, float *C, int64_t ldc, const float *residual, int nthreads);
+                 const void *scales, int64_t ablock, float *C, int64_t ldc, const float *residual, int nthreads);
 
 /* Activation quantization: q[M][K] int8, d[M][K/blk] scales (q * d ~ A). */
 void cuvil_quantize_rows(int64_t M, int64_t K, const float *A, int64_t lda, int64_t blk, int8_t *q, float *d);

@@ -53,6 +53,9 @@ static inline __attribute__((always_inline)) void ukernel_step(int mr, int64_t k
 static inline __attribute__((always_inline)) void ukernel_loop(int mr, int64_t kc, const float *Ap, const float *Bp,
                                                                 cuvil_vf c0[CUVIL_MR], cuvil_vf c1[CUVIL_MR],
                                                                 const char *pf, int64_t pf_bytes) {
+    /* unrolled here, or GCC turns the zeroing into memset calls on a stack copy it never reads
+     * (two calls per tile: 2-3% of a 1024^3 GEMM) */
+    #pragma GCC unroll 8
     for (int i = 0; i < mr; i++) { c0[i] = cuvil_vsplat(0.f); c1[i] = cuvil_vsplat(0.f); }
     int64_t k = 0;
     /* one line of pf toward L2 per 8 steps: spread out, the prefetches of the next B block reach

@@ -1,7 +1,7 @@
 """Cuvil: an ahead-of-time inference compiler. `compile` needs the compiler parts;
 `load` and `InferenceSession` on a saved artifact need only numpy."""
 from .errors import (ArtifactError, CompileError, CuvilError, GraphError, InputValuesNeededError, PrecisionWarning,
-                     ShapeError, UnsupportedOpError, VerificationError)
+                     QuantizationError, ShapeError, UnsupportedOpError, VerificationError)
 from .runtime.module import load
 from .runtime.session import InferenceSession
 
@@ -20,4 +20,5 @@ def compile_model(model, example_inputs=(), **options):
 
 __all__ = ["compile", "compile_model", "load", "InferenceSession", "CuvilError",
            "UnsupportedOpError", "ShapeError", "VerificationError", "CompileError",
-           "ArtifactError", "GraphError", "InputValuesNeededError", "PrecisionWarning", "__version__"]
+           "ArtifactError", "GraphError", "InputValuesNeededError", "PrecisionWarning", "QuantizationError",
+           "__version__"]

@@ -44,6 +44,10 @@ class VerificationError(CuvilError):
                          + "\n".join(lines))
 
 
+class QuantizationError(CuvilError, ValueError):
+    """A weight cannot be stored in the precision asked for (the message names it and why)."""
+
+
 class CompileError(CuvilError):
     """The C toolchain failed or is missing."""
 

@@ -141,6 +141,15 @@ def test_bad_options():
         cuvil.llm.from_transformers(small_model("llama"), precision="int4", group=48)
 
 
+def test_int4_weight_past_float16_scales_is_named():
+    """int4 scales are float16: a weight whose group scale overflows it is refused by name."""
+    model = small_model("llama")
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight[3, 5] = 1e7
+    with pytest.raises(cuvil.QuantizationError, match=r"layers\.1\.mlp\.down_proj.*float16"):
+        cuvil.llm.from_transformers(model, precision="int4", measure_error=False)
+
+
 def test_unchanged_checkpoint_is_not_converted_again(tmp_path, monkeypatch):
     checkpoint(tmp_path / "ckpt")
     cdir = tmp_path / "cache"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import QuantizationError
 from ..ir import dims as D
 from ..ir.graph import Graph, TensorType, Value
 from ..ir.ops.llm import act_block
@@ -17,8 +18,11 @@ def _by_columns(tensors, name, convert, chunk=8192):
     """convert([K, n] fp32) over blocks of output columns (rows of the torch-layout weight), joined
     along N: the fp32 copy of a 128k-vocabulary head alone is 2 GiB, and quantizing it whole made
     several temporaries of that size."""
-    parts = [convert(np.ascontiguousarray(tensors.rows(name, n, n + chunk).T, dtype=np.float32))
-             for n in range(0, tensors.shape(name)[0], chunk)]
+    try:
+        parts = [convert(np.ascontiguousarray(tensors.rows(name, n, n + chunk).T, dtype=np.float32))
+                 for n in range(0, tensors.shape(name)[0], chunk)]
+    except QuantizationError as e:
+        raise QuantizationError(f"{name}: {e}") from None
     if isinstance(parts[0], tuple):
         return tuple(np.concatenate(p, axis=1) for p in zip(*parts))
     return np.concatenate(parts, axis=1)

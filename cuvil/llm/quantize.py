@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import QuantizationError
+
 PRECISIONS = ("fp32", "bf16", "int8", "int4")
 
 
@@ -27,7 +29,7 @@ def quantize_int4(w: np.ndarray, group: int):
     float32 scales [ceil(K/group), N] holding float16 values). Values are stored + 8 in [1, 15]."""
     K, N = w.shape
     if N % 2:
-        raise ValueError("int4 needs an even number of output features")
+        raise QuantizationError("int4 needs an even number of output features")
     G = -(-K // group)
     padded = np.zeros((G * group, N), np.float32)
     padded[:K] = w
@@ -38,7 +40,7 @@ def quantize_int4(w: np.ndarray, group: int):
     with np.errstate(over="ignore"):
         scale = np.where(amax > 0, amax / 7.0, 1.0).astype(np.float16)
     if not np.isfinite(scale).all():
-        raise ValueError(f"int4: a weight of magnitude {float(amax.max()):.4g} exceeds what float16 scales hold "
+        raise QuantizationError(f"int4: a weight of magnitude {float(amax.max()):.4g} exceeds what float16 scales hold "
                          f"(|w| <= {7 * 65504})")
     scale = np.where(scale > 0, scale, np.float16(1)).astype(np.float32)   # below float16's range: all zeros
     q = np.clip(np.rint(g / scale[:, None, :]), -7, 7).astype(np.int16).reshape(G * group, N)[:K] + 8

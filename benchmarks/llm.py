@@ -232,7 +232,7 @@ def _llamacpp_step(m, tok):
     return int(np.argmax(np.ctypeslib.as_array(m._ctx.get_logits(), shape=(m.n_vocab(),))))
 
 
-def decode_ab(ckpt, threads, prompt, precision, rounds=8, chunk=12):
+def decode_ab(ckpt, threads, prompt, precision, rounds=8, chunk=12, group=64):
     """Decode by cuvil and by llama.cpp on the same weights, interleaved chunk by chunk after the same
     prompt (so both decode at the same context lengths): tokens/s per chunk, the medians, and the
     median of the per-round ratios. The main table's rows run minutes apart, and this machine's
@@ -241,7 +241,7 @@ def decode_ab(ckpt, threads, prompt, precision, rounds=8, chunk=12):
 
     import cuvil.llm
     llm = cuvil.llm.from_transformers(ckpt, precision=precision, max_seq_len=512, num_threads=threads,
-                                      measure_error=False)
+                                      measure_error=False, group=group)
     m = _llamacpp_model(llama_cpp, ckpt, LLAMACPP_TYPES[precision], threads, len(prompt))
     steps = {"cuvil": lambda tok: int(llm.decode([tok])[0].argmax()), "llama.cpp": lambda tok: _llamacpp_step(m, tok)}
     llm.prefill(prompt)
@@ -320,6 +320,8 @@ def main(argv=None):
     ap.add_argument("--decode-ab", action="store_true",
                     help="only time decode against llama.cpp (int8, int4), interleaved chunk by chunk, into --output's "
                          "JSON and the README")
+    ap.add_argument("--group", type=int, default=64,
+                    help="int4 group size for --decode-ab (32: the bits per weight of llama.cpp's Q4_0)")
     ap.add_argument("--prefill-ab", action="store_true",
                     help="only time fp32 against int4 prefill, interleaved, into --output's JSON and the README")
     a = ap.parse_args(argv)
@@ -336,8 +338,11 @@ def main(argv=None):
         ckpt = make_checkpoint(SMALL if a.small else TINYLLAMA, "llama-small" if a.small else "tinyllama-shape")
         prompt = np.random.default_rng(0).integers(100, 30000, 128).tolist()
         precisions = [p for p in a.precisions.split(",") if p in LLAMACPP_TYPES]
-        results["decode_ab"] = {t: {p: decode_ab(ckpt, int(t), prompt, p) for p in precisions}
-                                for t in a.threads.split(",")}
+        ab = results.setdefault("decode_ab", {})
+        for t in a.threads.split(","):
+            for p in precisions:       # int4 at another group size is a row of its own
+                label = p if p != "int4" or a.group == 64 else f"int4 group {a.group}"
+                ab.setdefault(t, {})[label] = decode_ab(ckpt, int(t), prompt, p, group=a.group)
         _save(a.output, results)
         return
     if a.render:
@@ -421,12 +426,13 @@ def write_section(readme: Path, results, command):
     ab = results.get("decode_ab", {})
     if ab:
         lines += ["", "Decode against llama.cpp on the same weights, interleaved chunk by chunk after the same prompt "
-                  "(`python -m benchmarks.llm --decode-ab --precisions int8,int4`; rounds of 12 tokens each, medians; "
+                  "(`python -m benchmarks.llm --decode-ab --precisions int8,int4`, then `--precisions int4 --group 32`, "
+                  "whose 4.5 bits per weight are Q4_0's; rounds of 12 tokens each, medians; "
                   "ratio: median of the per-round ratios):", "",
                   "| threads | cuvil | tok/s | llama.cpp | tok/s | ratio |", "|---|---|---|---|---|---|"]
         for threads, per in ab.items():
             for p, r in per.items():
-                lines.append(f"| {threads} | {p} | {r['cuvil']:.2f} | {LLAMACPP_TYPES[p].upper()} | {r['llama.cpp']:.2f} | "
+                lines.append(f"| {threads} | {p} | {r['cuvil']:.2f} | {LLAMACPP_TYPES[p.split()[0]].upper()} | {r['llama.cpp']:.2f} | "
                              f"{r['ratio']:.2f}x |")
     big = OUT / "llm8b.json"
     if big.exists():

@@ -67,12 +67,12 @@ def _q8_blocks(q: np.ndarray) -> np.ndarray:
 
 
 def _q4_block_scales(s: np.ndarray) -> np.ndarray:
-    """[G, N] -> float16 [N/8][G][8] (zero scales for the padding columns)."""
+    """[G, N] -> float16 [N/32][G][32] (kernels/qgemm.h; zero scales for the padding columns)."""
     G, N = s.shape
-    n8 = -(-N // 8) * 8
-    full = np.zeros((G, n8), np.float16)
+    n32 = -(-N // 32) * 32
+    full = np.zeros((G, n32), np.float16)
     full[:, :N] = int4_scales(s)
-    return np.ascontiguousarray(full.reshape(G, n8 // 8, 8).transpose(1, 0, 2))
+    return np.ascontiguousarray(full.reshape(G, n32 // 32, 32).transpose(1, 0, 2))
 
 
 def _q8_block_scales(s: np.ndarray) -> np.ndarray:

@@ -45,7 +45,7 @@ typedef struct {
     int64_t nblocks;              /* blocks of eight columns */
     const int8_t *xq;
     const float *dx;
-    const void *scales;           /* int4: float16 [N/8][G][8]; int8: float [N/8 * 8] */
+    const void *scales;           /* int4: float16 [N/32][G][32]; int8: float [N/8 * 8] */
     const float *residual;
     const void *noff;             /* int4: [M][K / run] int16 x 16 starting partials (q4_offsets) */
     const uint8_t *W;
@@ -82,7 +82,7 @@ static inline __attribute__((always_inline)) void q4_tile(const qargs *a, int MR
     }
     for (int j = 0; j < NB; j++) {
         int64_t b = b0 + j < a->nblocks ? b0 + j : b0;
-        wc[j] = a->W + b * (K / 8) * 32, sc[j] = (const uint16_t *)a->scales + b * G * 8;
+        wc[j] = a->W + b * (K / 8) * 32, sc[j] = (const uint16_t *)a->scales + (b >> 2) * G * 32 + (b & 3) * 8;
     }
     for (int i = 0; i < MR; i++)
         for (int j = 0; j < NB; j++) acc[i][j] = _mm256_setzero_ps();
@@ -121,7 +121,7 @@ static inline __attribute__((always_inline)) void q4_tile(const qargs *a, int MR
                 }
         }
         for (int j = 0; j < NB; j++) {
-            const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc[j] + g * 8)));
+            const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc[j] + g * 32)));
             for (int i = 0; i < MR; i++)
                 acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[i][j]), _mm256_mul_ps(sw, _mm256_set1_ps(dxr[i][g])),
                                             acc[i][j]);
@@ -210,7 +210,7 @@ static void tile_scalar(const qargs *a, int64_t m0, int64_t b0, float out[4][32]
             for (int64_t b = 0; b < nb; b++) {
                 int32_t isum = 0;
                 for (int64_t k = b * blk; k < (b + 1) * blk; k++) isum += q_value(a, k, n) * x[k];
-                float sw = a->bits == 4 ? half_to_float(((const uint16_t *)a->scales)[((n >> 3) * G + b) * 8 + (n & 7)]) : 1.f;
+                float sw = a->bits == 4 ? half_to_float(((const uint16_t *)a->scales)[((n >> 5) * G + b) * 32 + (n & 31)]) : 1.f;
                 acc += sw * a->dx[m * nb + b] * (float)isum;
             }
             out[i][n - b0 * 8] = a->bits == 4 ? acc : acc * ((const float *)a->scales)[n];

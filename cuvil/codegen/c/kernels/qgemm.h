@@ -7,8 +7,10 @@
  * products come out eight columns to a vector:
  *   int4: uint8 [N/8][K/8][32]: chunk c holds K values 8c .. 8c + 7, byte 4j + i holding k = 8c + i
  *         (low nibble) and k = 8c + 4 + i (high nibble) of column j, as value + 8 in [0, 15].
- *         Scales float16 [N/8][K/group][8], group = ablock in {32, 64, 128} (half the bytes of float
- *         ones: 4.25 bits per weight at group 64, where ggml's Q4_0 carries 4.5).
+ *         Scales float16 [N/32][K/group][32], group = ablock in {32, 64, 128} (half the bytes of float
+ *         ones: 4.25 bits per weight at group 64, where ggml's Q4_0 carries 4.5); the scales of the
+ *         four blocks a decode tile reads side by side are one stream, not four (0.8x the time at
+ *         group 32, 0.9x at 64).
  *   int8: int8 [N/8][K/4][32]: chunk c holds K values 4c .. 4c + 3, byte 4j + i holding k = 4c + i
  *         of column j. One scale per column (float [N/8 * 8]); ablock in {32, 64, 128}.
  * K must be a multiple of 64 (int4) or of ablock (int8). C[M,N] (ldc) = A[M,K] (lda) @ W (+ residual).

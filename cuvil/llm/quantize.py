@@ -40,8 +40,8 @@ def quantize_int4(w: np.ndarray, group: int):
     with np.errstate(over="ignore"):
         scale = np.where(amax > 0, amax / 7.0, 1.0).astype(np.float16)
     if not np.isfinite(scale).all():
-        raise QuantizationError(f"int4: a weight of magnitude {float(amax.max()):.4g} exceeds what float16 scales hold "
-                         f"(|w| <= {7 * 65504})")
+        raise QuantizationError(f"int4: a weight of magnitude {float(amax.max()):.4g} exceeds what float16 "
+                                f"scales hold (|w| <= {7 * 65504})")
     scale = np.where(scale > 0, scale, np.float16(1)).astype(np.float32)   # below float16's range: all zeros
     q = np.clip(np.rint(g / scale[:, None, :]), -7, 7).astype(np.int16).reshape(G * group, N)[:K] + 8
     packed = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)

@@ -426,7 +426,7 @@ def write_section(readme: Path, results, command):
     ab = results.get("decode_ab", {})
     if ab:
         lines += ["", "Decode against llama.cpp on the same weights, interleaved chunk by chunk after the same prompt "
-                  "(`python -m benchmarks.llm --decode-ab --precisions int8,int4`, then `--precisions int4 --group 32`, "
+                  "(`python -m benchmarks.llm --decode-ab --precisions fp32,int8,int4`, then `--precisions int4 --group 32`, "
                   "whose 4.5 bits per weight are Q4_0's; rounds of 12 tokens each, medians; "
                   "ratio: median of the per-round ratios):", "",
                   "| threads | cuvil | tok/s | llama.cpp | tok/s | ratio |", "|---|---|---|---|---|---|"]

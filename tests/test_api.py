@@ -44,6 +44,26 @@ def test_torch_in_torch_out_numpy_in_numpy_out(mlp):
     np.testing.assert_allclose(r, yn)
 
 
+def test_out_buffers_reused_switched_and_dropped(mlp):
+    """run(out=...) writes into the caller's buffer: the same buffer again (its pointer is kept
+    between calls), another one, then none; a kept buffer cannot be resized under the runtime."""
+    m, x, cm = mlp
+    xs = [torch.randn(2, 16) for _ in range(3)]
+    a, b = np.full((2, 4), np.nan, np.float32), np.full((2, 4), np.nan, np.float32)
+    for xi, buf in zip(xs, (a, a, b)):
+        (r,) = cm.run(xi.numpy(), out=[buf])
+        assert r is buf
+        np.testing.assert_allclose(buf, m(xi).detach().numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(a, m(xs[1]).detach().numpy(), rtol=1e-4, atol=1e-4)   # b's call left a alone
+    (fresh,) = cm.run(xs[0].numpy())
+    assert fresh is not a and fresh is not b
+    np.testing.assert_allclose(fresh, m(xs[0]).detach().numpy(), rtol=1e-4, atol=1e-4)
+    del r, buf                                # only b itself and the runtime now reference it
+    cm.run(xs[2].numpy(), out=[b])
+    with pytest.raises(ValueError, match="resize"):
+        b.resize((4, 4))
+
+
 def test_nested_outputs_rebuilt():
     torch.manual_seed(0)
     m = TwoHeads().eval()

@@ -177,10 +177,15 @@ class Module:
         if st is None:
             n_in, n_out = max(len(self.inputs), 1), max(len(self.outputs), 1)
             shapes = [(ctypes.c_int64 * max(len(i["shape"]), 1))() for i in self.inputs]
+            arena = aligned_empty(max(self.arena_bytes, 64))
             st = self._local.state = {
-                "arena": aligned_empty(max(self.arena_bytes, 64)),
+                "arena": arena, "arena_ptr": arena.ctypes.data,
                 "in": (_P * n_in)(), "out": (_P * n_out)(), "shapes": shapes,
                 "shape_ptrs": (_I64P * n_in)(*[ctypes.cast(s, _I64P) for s in shapes]),
+                # the out= buffers of the last call, held: a buffer passed again keeps its data
+                # pointer (numpy refuses to resize an array something else references), and reading
+                # a pointer through .ctypes costs more than the rest of a small model's call
+                "out_held": [None] * n_out,
             }
         return st
 
@@ -213,9 +218,12 @@ class Module:
             buf = st["shapes"][i]
             for j, n in enumerate(a.shape):
                 buf[j] = n
+        held = st["out_held"]
         for i, o in enumerate(outs):
-            out_ptrs[i] = o.ctypes.data
-        rc = self._lib.cuvil_run(self._handle, in_ptrs, st["shape_ptrs"], out_ptrs, st["arena"].ctypes.data)
+            if o is not held[i]:
+                out_ptrs[i] = o.ctypes.data
+                held[i] = o if out is not None else None
+        rc = self._lib.cuvil_run(self._handle, in_ptrs, st["shape_ptrs"], out_ptrs, st["arena_ptr"])
         if rc:
             raise ShapeError(f"cuvil run failed: {self._lib.cuvil_last_error().decode()}")
         return outs

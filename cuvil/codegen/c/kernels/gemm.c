@@ -11,7 +11,13 @@ static void pack_task(void *ctx, int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; p++) {
         float *dst = a->Bp + p * K * CUVIL_NR;
         int64_t n0 = p * CUVIL_NR, nr = N - n0 < CUVIL_NR ? N - n0 : CUVIL_NR;
-        if (!a->trans) {
+        if (!a->trans && nr == CUVIL_NR) {     /* a whole panel in vectors: the element loop ran at ~3 GB/s */
+            for (int64_t k = 0; k < K; k++) {
+                const float *src = a->B + k * ldb + n0;
+                cuvil_vstore(dst + k * CUVIL_NR, cuvil_vload(src));
+                cuvil_vstore(dst + k * CUVIL_NR + CUVIL_VL, cuvil_vload(src + CUVIL_VL));
+            }
+        } else if (!a->trans) {
             for (int64_t k = 0; k < K; k++) {
                 const float *src = a->B + k * ldb + n0;
                 int64_t j = 0;

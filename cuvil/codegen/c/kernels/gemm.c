@@ -141,15 +141,34 @@ static void pack_a(const float *A, int64_t lda, int64_t i0, int64_t i1, int64_t 
         for (int i = 0; i < CUVIL_MR; i++) Ap[k * CUVIL_MR + i] = rows[i][k];
 }
 
-/* One vector of a finished tile: the partial sums plus what C holds (after the first K block), and
- * on the last K block the epilogue. */
+/* The first n lanes of p (0 <= n <= VL), the rest 0, without touching memory past them; and the
+ * matching store. The edge panel of a GEMM whose N is not a multiple of NR (a 14x14 conv's 196
+ * columns) stays on the register path with these instead of going round through a buffer. */
+#if defined(__AVX2__) && CUVIL_VL == 8
+#include <immintrin.h>
+static const int32_t lane_mask_table[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+static inline __m256i lane_mask(int64_t n) { return _mm256_loadu_si256((const __m256i *)(lane_mask_table + 8 - n)); }
+static inline cuvil_vf vload_first(const float *p, int64_t n) { return (cuvil_vf)_mm256_maskload_ps(p, lane_mask(n)); }
+static inline void vstore_first(float *p, cuvil_vf v, int64_t n) { _mm256_maskstore_ps(p, lane_mask(n), (__m256)v); }
+#else
+static inline cuvil_vf vload_first(const float *p, int64_t n) {
+    cuvil_vf v = cuvil_vsplat(0.f);
+    for (int64_t u = 0; u < n; u++) v[u] = p[u];
+    return v;
+}
+static inline void vstore_first(float *p, cuvil_vf v, int64_t n) { for (int64_t u = 0; u < n; u++) p[u] = v[u]; }
+#endif
+static inline cuvil_vf load_n(const float *p, int64_t n) { return n >= CUVIL_VL ? cuvil_vload(p) : vload_first(p, n); }
+
+/* One vector of a finished tile (its first n lanes real): the partial sums plus what C holds (after
+ * the first K block), and on the last K block the epilogue. */
 static inline cuvil_vf tile_vector(cuvil_vf v, const float *cin, const float *bin, const float *rin, int first,
-                                   int last, float alpha, float br, int act) {
-    if (!first) v += cuvil_vload(cin);
+                                   int last, float alpha, float br, int act, int64_t n) {
+    if (!first) v += load_n(cin, n);
     if (last) {
         v = v * alpha + br;
-        if (bin) v += cuvil_vload(bin);
-        if (rin) v += cuvil_vload(rin);
+        if (bin) v += load_n(bin, n);
+        if (rin) v += load_n(rin, n);
         if (act) v = cuvil_vact(v, act);
     }
     return v;
@@ -171,7 +190,7 @@ static inline void store_tile(float acc[CUVIL_MR][CUVIL_NR], int mr, int64_t nr,
             const float *cin = c + j, *bin = bc ? bc + j : 0, *rin = rs ? rs + j : 0;
             cuvil_vf v = cuvil_vload(acc[i] + j);
             if (w == CUVIL_VL) {
-                cuvil_vstore(c + j, tile_vector(v, cin, bin, rin, first, last, alpha, br, act));
+                cuvil_vstore(c + j, tile_vector(v, cin, bin, rin, first, last, alpha, br, act, CUVIL_VL));
                 continue;
             }
             /* a partial vector goes through buffers: padded lanes are computed and dropped */
@@ -181,31 +200,36 @@ static inline void store_tile(float acc[CUVIL_MR][CUVIL_NR], int mr, int64_t nr,
                 bbuf[u] = u < w && bc ? bc[j + u] : 0.f;
                 rbuf[u] = u < w && rs ? rs[j + u] : 0.f;
             }
-            cuvil_vstore(tmp, tile_vector(v, cbuf, bin ? bbuf : 0, rin ? rbuf : 0, first, last, alpha, br, act));
+            cuvil_vstore(tmp, tile_vector(v, cbuf, bin ? bbuf : 0, rin ? rbuf : 0, first, last, alpha, br, act, CUVIL_VL));
             for (int64_t u = 0; u < w; u++) c[j + u] = tmp[u];
         }
     }
 }
 
-/* The registers of a full tile into C; always inlined with first, last and act as constants, so
- * that the tests and the activation's switch leave the per-vector code (for shallow K, a 1x1 conv's
- * 64-deep tile, the generic form of this store was 30% of the conv's time). */
+/* The registers of an MR-row tile into C, its first nr columns; always inlined with first, last,
+ * act and nr as constants where they are known, so that the tests and the activation's switch leave
+ * the per-vector code (for shallow K, a 1x1 conv's 64-deep tile, the generic form of this store was
+ * 30% of the conv's time). */
 static inline __attribute__((always_inline)) void finish_full_tile(cuvil_vf c0[CUVIL_MR], cuvil_vf c1[CUVIL_MR],
                                                                    float *C, int64_t ldc, int64_t i0, int64_t n0,
                                                                    int first, int last, const cuvil_epilogue *ep,
-                                                                   int act) {
+                                                                   int act, int64_t nr) {
     const float alpha = last && ep ? ep->alpha : 1.f;
     const float *bc = last && ep && ep->bias_col ? ep->bias_col + n0 : 0;
     const float *res = last && ep ? ep->residual : 0, *brow = last && ep ? ep->bias_row : 0;
+    const int64_t n1 = nr < CUVIL_VL ? nr : CUVIL_VL, n2 = nr - n1;
     for (int i = 0; i < CUVIL_MR; i++) {
         float *c = C + (i0 + i) * ldc + n0;
         const float *rs = res ? res + (i0 + i) * ep->ldr + n0 : 0;
         const float br = brow ? brow[i0 + i] : 0.f;
-        cuvil_vf v0 = tile_vector(c0[i], c, bc, rs, first, last, alpha, br, act);
+        cuvil_vf v0 = tile_vector(c0[i], c, bc, rs, first, last, alpha, br, act, n1);
+        if (n1 == CUVIL_VL) cuvil_vstore(c, v0);
+        else vstore_first(c, v0, n1);
+        if (n2 <= 0) continue;
         cuvil_vf v1 = tile_vector(c1[i], c + CUVIL_VL, bc ? bc + CUVIL_VL : 0, rs ? rs + CUVIL_VL : 0, first, last,
-                                  alpha, br, act);
-        cuvil_vstore(c, v0);
-        cuvil_vstore(c + CUVIL_VL, v1);
+                                  alpha, br, act, n2);
+        if (n2 == CUVIL_VL) cuvil_vstore(c + CUVIL_VL, v1);
+        else vstore_first(c + CUVIL_VL, v1, n2);
     }
 }
 
@@ -216,11 +240,20 @@ static void ukernel_full_tile(int64_t kc, const float *Ap, const float *Bp, floa
     cuvil_vf c0[CUVIL_MR], c1[CUVIL_MR];
     ukernel_loop(CUVIL_MR, kc, Ap, Bp, c0, c1, pf.p, pf.n);
     int act = last && ep ? ep->act : 0;
-    if (!last && first) finish_full_tile(c0, c1, C, ldc, i0, n0, 1, 0, ep, 0);
-    else if (!last) finish_full_tile(c0, c1, C, ldc, i0, n0, 0, 0, ep, 0);
-    else if (act == CUVIL_ACT_NONE && first) finish_full_tile(c0, c1, C, ldc, i0, n0, 1, 1, ep, CUVIL_ACT_NONE);
-    else if (act == CUVIL_ACT_RELU && first) finish_full_tile(c0, c1, C, ldc, i0, n0, 1, 1, ep, CUVIL_ACT_RELU);
-    else finish_full_tile(c0, c1, C, ldc, i0, n0, first, 1, ep, act);
+    if (!last && first) finish_full_tile(c0, c1, C, ldc, i0, n0, 1, 0, ep, 0, CUVIL_NR);
+    else if (!last) finish_full_tile(c0, c1, C, ldc, i0, n0, 0, 0, ep, 0, CUVIL_NR);
+    else if (act == CUVIL_ACT_NONE && first) finish_full_tile(c0, c1, C, ldc, i0, n0, 1, 1, ep, CUVIL_ACT_NONE, CUVIL_NR);
+    else if (act == CUVIL_ACT_RELU && first) finish_full_tile(c0, c1, C, ldc, i0, n0, 1, 1, ep, CUVIL_ACT_RELU, CUVIL_NR);
+    else finish_full_tile(c0, c1, C, ldc, i0, n0, first, 1, ep, act, CUVIL_NR);
+}
+
+/* The same for MR rows of the edge panel (nr < NR columns), its own function so the full tile's
+ * code stays as it was (sharing one, the 1x1 conv at 56x56, which has no edge panel, took 1.03x). */
+static void ukernel_edge_tile(int64_t kc, const float *Ap, const float *Bp, float *C, int64_t ldc, int64_t i0,
+                              int64_t n0, int64_t nr, int first, int last, const cuvil_epilogue *ep) {
+    cuvil_vf c0[CUVIL_MR], c1[CUVIL_MR];
+    ukernel_loop(CUVIL_MR, kc, Ap, Bp, c0, c1, 0, 0);
+    finish_full_tile(c0, c1, C, ldc, i0, n0, first, last, ep, last && ep ? ep->act : 0, nr);
 }
 
 /* One tile of mr rows x nr columns over a K block, finished into C. */
@@ -232,6 +265,10 @@ static inline void ukernel_tile(int mr, int64_t nr, int64_t kc, const float *Ap,
         return;
     }
     for (int64_t b = 0; b < pf.n; b += 64) __builtin_prefetch(pf.p + b, 0, 1);
+    if (kc > 0 && mr == CUVIL_MR) {
+        ukernel_edge_tile(kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep);
+        return;
+    }
     float acc[CUVIL_MR][CUVIL_NR];
     if (kc > 0) cuvil_ukernel(mr, kc, Ap, Bp, acc);
     else memset(acc, 0, sizeof acc);

@@ -76,15 +76,6 @@ static inline __attribute__((always_inline)) void ukernel_loop(int mr, int64_t k
     for (int64_t b = (kc + 7) / 8 * 64; b < pf_bytes; b += 64) __builtin_prefetch(pf + b, 0, 1);  /* shallow K */
 }
 
-/* A tile of mr rows into acc, for store_tile (edge tiles). */
-#define CUVIL_UKERNEL(MRV)                                                                        \
-static void cuvil_ukernel_##MRV(int64_t kc, const float *Ap, const float *Bp, float acc[CUVIL_MR][CUVIL_NR]) { \
-    cuvil_vf c0[CUVIL_MR], c1[CUVIL_MR];                                                           \
-    ukernel_loop(MRV, kc, Ap, Bp, c0, c1, 0, 0);                                                       \
-    for (int i = 0; i < MRV; i++) { cuvil_vstore(acc[i], c0[i]); cuvil_vstore(acc[i] + CUVIL_VL, c1[i]); } \
-}
-CUVIL_UKERNEL(1) CUVIL_UKERNEL(2) CUVIL_UKERNEL(3) CUVIL_UKERNEL(4) CUVIL_UKERNEL(5) CUVIL_UKERNEL(6)
-
 /* One row (GEMV, batch-1 decode) over S panels at once, fp32 or bf16 (bf16 is the high half of an
  * fp32, widened in registers). Memory bound: S concurrent sequential streams keep more DRAM reads in
  * flight than one (1 thread, 512 MB of weights: one stream 11-12 GB/s, four 16-19 GB/s; software
@@ -117,18 +108,6 @@ static inline __attribute__((always_inline)) void gemv_panels(int S, int bits, i
         }
     }
     for (int s = 0; s < S; s++) { cuvil_vstore(acc[s][0], c[s][0]); cuvil_vstore(acc[s][0] + CUVIL_VL, c[s][1]); }
-}
-
-static inline void cuvil_ukernel(int mr, int64_t kc, const float *Ap, const float *Bp,
-                                 float acc[CUVIL_MR][CUVIL_NR]) {
-    switch (mr) {
-    case 1: cuvil_ukernel_1(kc, Ap, Bp, acc); break;
-    case 2: cuvil_ukernel_2(kc, Ap, Bp, acc); break;
-    case 3: cuvil_ukernel_3(kc, Ap, Bp, acc); break;
-    case 4: cuvil_ukernel_4(kc, Ap, Bp, acc); break;
-    case 5: cuvil_ukernel_5(kc, Ap, Bp, acc); break;
-    default: cuvil_ukernel_6(kc, Ap, Bp, acc); break;
-    }
 }
 
 /* Rows [i0, i1) (at most MR) x columns [k0, k0 + kc) of A as one tile [kc][MR] (rows past i1
@@ -206,19 +185,19 @@ static inline void store_tile(float acc[CUVIL_MR][CUVIL_NR], int mr, int64_t nr,
     }
 }
 
-/* The registers of an MR-row tile into C, its first nr columns; always inlined with first, last,
+/* The registers of a tile into C, its first mr rows and nr columns; always inlined with first, last,
  * act and nr as constants where they are known, so that the tests and the activation's switch leave
  * the per-vector code (for shallow K, a 1x1 conv's 64-deep tile, the generic form of this store was
  * 30% of the conv's time). */
-static inline __attribute__((always_inline)) void finish_full_tile(cuvil_vf c0[CUVIL_MR], cuvil_vf c1[CUVIL_MR],
-                                                                   float *C, int64_t ldc, int64_t i0, int64_t n0,
-                                                                   int first, int last, const cuvil_epilogue *ep,
-                                                                   int act, int64_t nr) {
+static inline __attribute__((always_inline)) void finish_tile(int mr, cuvil_vf c0[CUVIL_MR], cuvil_vf c1[CUVIL_MR],
+                                                              float *C, int64_t ldc, int64_t i0, int64_t n0,
+                                                              int first, int last, const cuvil_epilogue *ep, int act,
+                                                              int64_t nr) {
     const float alpha = last && ep ? ep->alpha : 1.f;
     const float *bc = last && ep && ep->bias_col ? ep->bias_col + n0 : 0;
     const float *res = last && ep ? ep->residual : 0, *brow = last && ep ? ep->bias_row : 0;
     const int64_t n1 = nr < CUVIL_VL ? nr : CUVIL_VL, n2 = nr - n1;
-    for (int i = 0; i < CUVIL_MR; i++) {
+    for (int i = 0; i < mr; i++) {
         float *c = C + (i0 + i) * ldc + n0;
         const float *rs = res ? res + (i0 + i) * ep->ldr + n0 : 0;
         const float br = brow ? brow[i0 + i] : 0.f;
@@ -240,20 +219,36 @@ static void ukernel_full_tile(int64_t kc, const float *Ap, const float *Bp, floa
     cuvil_vf c0[CUVIL_MR], c1[CUVIL_MR];
     ukernel_loop(CUVIL_MR, kc, Ap, Bp, c0, c1, pf.p, pf.n);
     int act = last && ep ? ep->act : 0;
-    if (!last && first) finish_full_tile(c0, c1, C, ldc, i0, n0, 1, 0, ep, 0, CUVIL_NR);
-    else if (!last) finish_full_tile(c0, c1, C, ldc, i0, n0, 0, 0, ep, 0, CUVIL_NR);
-    else if (act == CUVIL_ACT_NONE && first) finish_full_tile(c0, c1, C, ldc, i0, n0, 1, 1, ep, CUVIL_ACT_NONE, CUVIL_NR);
-    else if (act == CUVIL_ACT_RELU && first) finish_full_tile(c0, c1, C, ldc, i0, n0, 1, 1, ep, CUVIL_ACT_RELU, CUVIL_NR);
-    else finish_full_tile(c0, c1, C, ldc, i0, n0, first, 1, ep, act, CUVIL_NR);
+    if (!last && first) finish_tile(CUVIL_MR, c0, c1, C, ldc, i0, n0, 1, 0, ep, 0, CUVIL_NR);
+    else if (!last) finish_tile(CUVIL_MR, c0, c1, C, ldc, i0, n0, 0, 0, ep, 0, CUVIL_NR);
+    else if (act == CUVIL_ACT_NONE && first) finish_tile(CUVIL_MR, c0, c1, C, ldc, i0, n0, 1, 1, ep, CUVIL_ACT_NONE, CUVIL_NR);
+    else if (act == CUVIL_ACT_RELU && first) finish_tile(CUVIL_MR, c0, c1, C, ldc, i0, n0, 1, 1, ep, CUVIL_ACT_RELU, CUVIL_NR);
+    else finish_tile(CUVIL_MR, c0, c1, C, ldc, i0, n0, first, 1, ep, act, CUVIL_NR);
 }
 
-/* The same for MR rows of the edge panel (nr < NR columns), its own function so the full tile's
- * code stays as it was (sharing one, the 1x1 conv at 56x56, which has no edge panel, took 1.03x). */
-static void ukernel_edge_tile(int64_t kc, const float *Ap, const float *Bp, float *C, int64_t ldc, int64_t i0,
-                              int64_t n0, int64_t nr, int first, int last, const cuvil_epilogue *ep) {
+/* The same for the tiles at the edges (mr < MR rows or nr < NR columns), in their own function so
+ * the full tile's code stays as it was (sharing one, a 1x1 conv at 56x56, which has no edge panel,
+ * took 1.03x); through a buffer and store_tile element by element, they had been 8% of a 64-channel
+ * Winograd conv's time. */
+static inline __attribute__((always_inline)) void edge_tile_rows(int mr, int64_t kc, const float *Ap, const float *Bp,
+                                                                 float *C, int64_t ldc, int64_t i0, int64_t n0,
+                                                                 int64_t nr, int first, int last,
+                                                                 const cuvil_epilogue *ep) {
     cuvil_vf c0[CUVIL_MR], c1[CUVIL_MR];
-    ukernel_loop(CUVIL_MR, kc, Ap, Bp, c0, c1, 0, 0);
-    finish_full_tile(c0, c1, C, ldc, i0, n0, first, last, ep, last && ep ? ep->act : 0, nr);
+    ukernel_loop(mr, kc, Ap, Bp, c0, c1, 0, 0);
+    finish_tile(mr, c0, c1, C, ldc, i0, n0, first, last, ep, last && ep ? ep->act : 0, nr);
+}
+
+static void ukernel_edge_tile(int mr, int64_t kc, const float *Ap, const float *Bp, float *C, int64_t ldc, int64_t i0,
+                              int64_t n0, int64_t nr, int first, int last, const cuvil_epilogue *ep) {
+    switch (mr) {          /* constants for the compiler: the register tile unrolls per case */
+    case 1: edge_tile_rows(1, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep); break;
+    case 2: edge_tile_rows(2, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep); break;
+    case 3: edge_tile_rows(3, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep); break;
+    case 4: edge_tile_rows(4, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep); break;
+    case 5: edge_tile_rows(5, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep); break;
+    default: edge_tile_rows(CUVIL_MR, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep); break;
+    }
 }
 
 /* The lines of C and of the residual that the tile's store will touch, requested before its K loop
@@ -284,14 +279,16 @@ static inline void ukernel_tile(int mr, int64_t nr, int64_t kc, const float *Ap,
         ukernel_full_tile(kc, Ap, Bp, C, ldc, i0, n0, first, last, ep, pf);
         return;
     }
-    for (int64_t b = 0; b < pf.n; b += 64) __builtin_prefetch(pf.p + b, 0, 1);
-    if (kc > 0 && mr == CUVIL_MR) {
-        ukernel_edge_tile(kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep);
+    for (int64_t b = 0; b < pf.n; b += 64) {
+        __asm__ volatile("");
+        __builtin_prefetch(pf.p + b, 0, 1);
+    }
+    if (kc > 0) {
+        ukernel_edge_tile(mr, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep);
         return;
     }
-    float acc[CUVIL_MR][CUVIL_NR];
-    if (kc > 0) cuvil_ukernel(mr, kc, Ap, Bp, acc);
-    else memset(acc, 0, sizeof acc);
+    float acc[CUVIL_MR][CUVIL_NR];          /* K = 0: the epilogue alone */
+    memset(acc, 0, sizeof acc);
     store_tile(acc, mr, nr, C, ldc, i0, n0, first, last, ep);
 }
 

@@ -787,6 +787,11 @@ def conv_attrs(op):
     _conv(c, x, c.const(f(190, 3, 3, 3)), c.const(f(190)), "190 filters: several M blocks, im2col whole",
           strides=(2, 1), pads=((1, 1), (0, 2)))
     _conv(c, x, c.const(f(4, 3, 1, 1)), c.const(f(4)), "1x1 stride 2", strides=(2, 2))
+    # 38 columns: whole panels of 16 inside the image take the vector im2col rows (stride 2: even lanes),
+    # the rest the general path; two groups, so the read-ahead bound is the group's
+    _conv(c, c.input(f(1, 4, 11, 79)), c.const(f(6, 2, 7, 7)), c.const(f(6)), "7x7 stride 2 groups 2, 37 wide",
+          strides=(2, 2), pads=((3, 3), (2, 3)), groups=2)
+    _conv(c, c.input(f(1, 3, 5, 40)), c.const(f(5, 3, 3, 3)), None, "3x3 stride 1, 38 wide", pads=((1, 1), (0, 0)))
     _conv(c, x, c.const(f(4, 3, 1, 1)), None, "1x1 pad 1", pads=((1, 1), (1, 1)))
     _conv(c, x, c.const(f(2, 3, 9, 11)), None, "kernel = input")
     _conv(c, x, c.const(f(2, 3, 5, 5)), None, "kernel larger than input with pads", pads=((3, 3), (0, 0)))

@@ -1,5 +1,6 @@
 #include "conv.h"
 #include "pool.h"
+#include "vmath.h"
 
 int64_t cuvil_conv_scratch(const cuvil_conv_shape *s) {
     int64_t K = (s->C / s->groups) * s->KH * s->KW;
@@ -17,6 +18,37 @@ static inline void copy_run(float *d, const float *row, int64_t n, int64_t strid
     else for (int64_t t = 0; t < n; t++) d[t] = row[t * stride];
 }
 
+/* Lanes 0, 2, 4, ... of the 2 VL floats at p: one output vector of a stride-2 conv's im2col row. */
+static inline cuvil_vf even_lanes(const float *p) {
+#if CUVIL_VL == 16
+    const cuvil_vi even = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+#elif CUVIL_VL == 8
+    const cuvil_vi even = {0, 2, 4, 6, 8, 10, 12, 14};
+#else
+    const cuvil_vi even = {0, 2, 4, 6};
+#endif
+    return __builtin_shuffle(cuvil_vload(p), cuvil_vload(p + CUVIL_VL), even);
+}
+
+/* Row k of a panel whose NR columns are one run inside the image (and whose reads, 2 NR floats at
+ * stride 2, stay inside the input): two vectors, no bounds. The stem conv (7x7, stride 2, 112
+ * columns: every panel one run) spent as long in the general path's per-row bookkeeping as in
+ * its GEMM. Returns 0 where the row needs the general path. */
+static inline int inner_row(const cuvil_conv_shape *s, const float *x, int64_t c, int64_t ih, int64_t iw0, float *d) {
+    if (ih < 0 || ih >= s->H || iw0 < 0 || iw0 + (CUVIL_NR - 1) * s->sw >= s->W) return 0;
+    const float *row = x + (c * s->H + ih) * s->W + iw0;
+    if (s->sw == 1) {
+        cuvil_vstore(d, cuvil_vload(row));
+        cuvil_vstore(d + CUVIL_VL, cuvil_vload(row + CUVIL_VL));
+        return 1;
+    }
+    /* x is this group's input: reading past the row stays inside it unless this is its last row */
+    if (s->sw != 2 || (c * s->H + ih) * s->W + iw0 + 4 * CUVIL_VL > s->C / s->groups * s->H * s->W) return 0;
+    cuvil_vstore(d, even_lanes(row));
+    cuvil_vstore(d + CUVIL_VL, even_lanes(row + 2 * CUVIL_VL));
+    return 1;
+}
+
 /* Panel p's rows [k0, k0 + kc) into buf [kc][NR] (the cuvil_b_producer of the conv's GEMM). The
  * panel's columns go as runs along one output row: inside a run the input columns are evenly spaced,
  * so bounds are found once per run, not tested per element. */
@@ -31,9 +63,13 @@ static const float *im2col_block(const void *ctx, int64_t p, int64_t k0, int64_t
         n += run_len[runs], filled += run_len[runs];
     }
     int64_t taps = s->KH * s->KW, c = k0 / taps, kh = k0 % taps / s->KW, kw = k0 % s->KW;
+    int whole = runs == 1 && filled == CUVIL_NR;
     for (int64_t k = 0; k < kc; k++) {
         float *d = buf + k * CUVIL_NR;
         const float *xc = a->x + c * s->H * s->W;
+        if (whole && inner_row(s, a->x, c, run_oh[0] * s->sh - s->ph + kh * s->dh,
+                               run_ow[0] * s->sw - s->pw + kw * s->dw, d))
+            goto next;
         for (int64_t r = 0; r < runs; r++) {
             int64_t len = run_len[r], ih = run_oh[r] * s->sh - s->ph + kh * s->dh;
             int64_t iw0 = run_ow[r] * s->sw - s->pw + kw * s->dw;
@@ -50,6 +86,7 @@ static const float *im2col_block(const void *ctx, int64_t p, int64_t k0, int64_t
             d += len;
         }
         for (int64_t j = filled; j < CUVIL_NR; j++) d[j - filled] = 0.f;
+    next:
         if (++kw == s->KW) {              /* next (c, kh, kw) without dividing */
             kw = 0;
             if (++kh == s->KH) kh = 0, c++;

@@ -483,12 +483,18 @@ static void gemm_driver(int64_t M, int64_t N, int64_t K, const float *A, const f
     }
     /* M blocks of equal size, up to 1.5 MC rows (the A block stays in L2): 128 rows were a block of
      * 120 and one of 8, which streamed every weight twice, the second time for 8 rows */
-    int64_t mb = (M + CUVIL_MC * 3 / 2 - 1) / (CUVIL_MC * 3 / 2);
+    int64_t mb = (M + CUVIL_MC * 3 / 2 - 1) / (CUVIL_MC * 3 / 2), pb, nb;
+    for (;;) {
+        /* panels per task: enough tasks for every thread, few enough to reuse A from cache */
+        pb = np * mb >= 8 * nthreads ? 4 : 1;
+        if (bits == 32 && K <= 192 && np * mb >= 32 * nthreads) pb = 16;   /* shallow K: longer runs of C rows */
+        nb = (np + pb - 1) / pb;
+        /* few tasks: one more M block until they split evenly over the threads (3 tasks on 2 threads
+         * left one idle a third of the time: the Winograd products of a 512-channel conv at 7x7) */
+        if (nthreads <= 1 || mb * nb >= 8 * nthreads || mb * nb % nthreads == 0 || mb * CUVIL_MR >= M) break;
+        mb++;
+    }
     int64_t mc = ((M + mb - 1) / mb + CUVIL_MR - 1) / CUVIL_MR * CUVIL_MR;
-    /* panels per task: enough tasks for every thread, few enough to reuse A from cache */
-    int64_t pb = np * mb >= 8 * nthreads ? 4 : 1;
-    if (bits == 32 && K <= 192 && np * mb >= 32 * nthreads) pb = 16;   /* shallow K: longer runs of C rows */
-    int64_t nb = (np + pb - 1) / pb;
     int64_t tiles = (M + CUVIL_MR - 1) / CUVIL_MR;
     gemm_args g = {M, N, K, lda, ldc, group, np, nb, pb, mc, A, scales, Ap ? Ap : apack_buffer(tiles * CUVIL_MR * K),
                    B, bits, C, ep};

@@ -44,19 +44,21 @@ void cuvil_pack_b(int64_t K, int64_t N, const float *B, int64_t ldb, int trans, 
 /* A span of bytes (the part of B to prefetch while a tile computes). */
 typedef struct { const char *p; int64_t n; } byte_run;
 
-/* One K step of the register tile: row i of packed A ([k][MR]) times the two B vectors. */
-static inline __attribute__((always_inline)) void ukernel_step(int mr, int64_t k, const float *Ap, const float *Bp,
-                                                                cuvil_vf c0[CUVIL_MR], cuvil_vf c1[CUVIL_MR]) {
-    cuvil_vf b0 = cuvil_vload(Bp + k * CUVIL_NR), b1 = cuvil_vload(Bp + k * CUVIL_NR + CUVIL_VL);
+/* One K step of the register tile: row i of packed A ([k][MR]) times the nv (1 or 2) B vectors. */
+static inline __attribute__((always_inline)) void ukernel_step(int mr, int nv, int64_t k, const float *Ap,
+                                                                const float *Bp, cuvil_vf c0[CUVIL_MR],
+                                                                cuvil_vf c1[CUVIL_MR]) {
+    cuvil_vf b0 = cuvil_vload(Bp + k * CUVIL_NR), b1 = nv > 1 ? cuvil_vload(Bp + k * CUVIL_NR + CUVIL_VL) : b0;
     for (int i = 0; i < mr; i++) {
         cuvil_vf a = cuvil_vsplat(Ap[k * CUVIL_MR + i]);
-        c0[i] += a * b0; c1[i] += a * b1;
+        c0[i] += a * b0;
+        if (nv > 1) c1[i] += a * b1;
     }
 }
 
 /* MR x NR register tile over one K block of packed A ([k][MR], see pack_a), left in registers c0/c1
  * (columns [0, VL) and [VL, NR)); rows past mr are copies of the tile's first row. */
-static inline __attribute__((always_inline)) void ukernel_loop(int mr, int64_t kc, const float *Ap, const float *Bp,
+static inline __attribute__((always_inline)) void ukernel_loop(int mr, int nv, int64_t kc, const float *Ap, const float *Bp,
                                                                 cuvil_vf c0[CUVIL_MR], cuvil_vf c1[CUVIL_MR],
                                                                 const char *pf, int64_t pf_bytes) {
     /* unrolled here, or GCC turns the zeroing into memset calls on a stack copy it never reads
@@ -70,9 +72,9 @@ static inline __attribute__((always_inline)) void ukernel_loop(int mr, int64_t k
     for (; k + 8 <= kc; k += 8) {
         if ((k << 3) < pf_bytes) __builtin_prefetch(pf + (k << 3), 0, 1);
         #pragma GCC unroll 8
-        for (int u = 0; u < 8; u++) ukernel_step(mr, k + u, Ap, Bp, c0, c1);
+        for (int u = 0; u < 8; u++) ukernel_step(mr, nv, k + u, Ap, Bp, c0, c1);
     }
-    for (; k < kc; k++) ukernel_step(mr, k, Ap, Bp, c0, c1);
+    for (; k < kc; k++) ukernel_step(mr, nv, k, Ap, Bp, c0, c1);
     for (int64_t b = (kc + 7) / 8 * 64; b < pf_bytes; b += 64) __builtin_prefetch(pf + b, 0, 1);  /* shallow K */
 }
 
@@ -217,7 +219,7 @@ static inline __attribute__((always_inline)) void finish_tile(int mr, cuvil_vf c
 static void ukernel_full_tile(int64_t kc, const float *Ap, const float *Bp, float *C, int64_t ldc, int64_t i0,
                               int64_t n0, int first, int last, const cuvil_epilogue *ep, byte_run pf) {
     cuvil_vf c0[CUVIL_MR], c1[CUVIL_MR];
-    ukernel_loop(CUVIL_MR, kc, Ap, Bp, c0, c1, pf.p, pf.n);
+    ukernel_loop(CUVIL_MR, 2, kc, Ap, Bp, c0, c1, pf.p, pf.n);
     int act = last && ep ? ep->act : 0;
     if (!last && first) finish_tile(CUVIL_MR, c0, c1, C, ldc, i0, n0, 1, 0, ep, 0, CUVIL_NR);
     else if (!last) finish_tile(CUVIL_MR, c0, c1, C, ldc, i0, n0, 0, 0, ep, 0, CUVIL_NR);
@@ -230,24 +232,32 @@ static void ukernel_full_tile(int64_t kc, const float *Ap, const float *Bp, floa
  * the full tile's code stays as it was (sharing one, a 1x1 conv at 56x56, which has no edge panel,
  * took 1.03x); through a buffer and store_tile element by element, they had been 8% of a 64-channel
  * Winograd conv's time. */
-static inline __attribute__((always_inline)) void edge_tile_rows(int mr, int64_t kc, const float *Ap, const float *Bp,
+static inline __attribute__((always_inline)) void edge_tile_rows(int mr, int nv, int64_t kc, const float *Ap, const float *Bp,
                                                                  float *C, int64_t ldc, int64_t i0, int64_t n0,
                                                                  int64_t nr, int first, int last,
                                                                  const cuvil_epilogue *ep) {
     cuvil_vf c0[CUVIL_MR], c1[CUVIL_MR];
-    ukernel_loop(mr, kc, Ap, Bp, c0, c1, 0, 0);
+    ukernel_loop(mr, nv, kc, Ap, Bp, c0, c1, 0, 0);
     finish_tile(mr, c0, c1, C, ldc, i0, n0, first, last, ep, last && ep ? ep->act : 0, nr);
 }
 
 static void ukernel_edge_tile(int mr, int64_t kc, const float *Ap, const float *Bp, float *C, int64_t ldc, int64_t i0,
                               int64_t n0, int64_t nr, int first, int last, const cuvil_epilogue *ep) {
-    switch (mr) {          /* constants for the compiler: the register tile unrolls per case */
-    case 1: edge_tile_rows(1, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep); break;
-    case 2: edge_tile_rows(2, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep); break;
-    case 3: edge_tile_rows(3, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep); break;
-    case 4: edge_tile_rows(4, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep); break;
-    case 5: edge_tile_rows(5, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep); break;
-    default: edge_tile_rows(CUVIL_MR, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep); break;
+    /* constants for the compiler: the register tile unrolls per case; a panel of at most VL columns
+     * (the last of a 7x7 conv's 49) multiplies one B vector, not two */
+    switch (mr * 2 + (nr <= CUVIL_VL)) {
+    case 2: edge_tile_rows(1, 2, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep); break;
+    case 3: edge_tile_rows(1, 1, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep); break;
+    case 4: edge_tile_rows(2, 2, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep); break;
+    case 5: edge_tile_rows(2, 1, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep); break;
+    case 6: edge_tile_rows(3, 2, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep); break;
+    case 7: edge_tile_rows(3, 1, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep); break;
+    case 8: edge_tile_rows(4, 2, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep); break;
+    case 9: edge_tile_rows(4, 1, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep); break;
+    case 10: edge_tile_rows(5, 2, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep); break;
+    case 11: edge_tile_rows(5, 1, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep); break;
+    case 13: edge_tile_rows(CUVIL_MR, 1, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep); break;
+    default: edge_tile_rows(CUVIL_MR, 2, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep); break;
     }
 }
 

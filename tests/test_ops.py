@@ -803,6 +803,12 @@ def conv_attrs(op):
     _conv(c, x16, w16, None, "winograd asymmetric pads", pads=((0, 2), (2, 1)))
     _conv(c, c.input(f(1, 40, 3, 35)), c.const(f(16, 40, 3, 3)), c.const(f(16)), "winograd 35 wide, tiles over panels",
           pads=((1, 1), (1, 1)))
+    # from 24x24 outputs F(4x4, 3x3): 4x4 tiles over panels and tile rows, partial tiles at both edges,
+    # asymmetric pads, input columns at the image border, 40 channels = two channel blocks
+    _conv(c, c.input(f(1, 40, 26, 31)), c.const(f(17, 40, 3, 3)), c.const(f(17)), "winograd F(4x4) 26x29",
+          pads=((1, 1), (0, 0)))
+    _conv(c, c.input(f(2, 16, 25, 27)), c.const(f(16, 16, 3, 3)), None, "winograd F(4x4) asymmetric pads",
+          pads=((0, 2), (2, 1)))
     x4 = c.input(f(2, 4, 7, 6))
     _conv(c, x4, c.const(f(6, 2, 3, 3)), c.const(f(6)), "groups=2", groups=2, pads=((1, 1), (1, 1)))
     _conv(c, x4, c.const(f(8, 1, 3, 3)), c.const(f(8)), "depthwise x2", groups=4, strides=(2, 2),

@@ -173,32 +173,45 @@ def _conv_shape(node, spatial_of):
 
 
 WINOGRAD_MAX_W = 1024    # kernels/winograd.h: the widest row its stack buffers take
-# F(2x2, 3x3) filter transform: U = G g G^T
-WINOGRAD_G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]])
+# filter transforms U = G g G^T: F(2x2, 3x3) and F(4x4, 3x3) (Lavin & Gray)
+WINOGRAD_G = {2: np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]]),
+              4: np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
+                           [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]])}
+# outputs per image from which F(4x4) replaces F(2x2). ResNet-50's 3x3 convs, interleaved A/B (1 / 2
+# threads): 64 channels at 56x56 0.91 / 0.68x the time, 128 at 28x28 0.76 / 0.74x, 256 at 14x14
+# 0.87 / 0.74x; 512 at 7x7 2.0x (its 4x4 tiles overhang the image by 30% and its filters, 2.25x the
+# size, are read per call for 4 tiles)
+WINOGRAD4_MIN_OUTPUTS = 12 * 12
 
 
 def _winograd(node):
-    """3x3 stride-1 convs with a constant filter and enough channels to fill the 16 GEMMs take
-    Winograd F(2x2, 3x3) (kernels/winograd.h): 16 multiplies per output tile and channel pair, not 36."""
+    """The output tile size of the Winograd conv this node takes (kernels/winograd.h), or 0: 3x3 stride-1
+    convs with a constant filter and enough channels to fill the GEMMs. F(2x2, 3x3) spends 16 multiplies
+    per 4 outputs and channel pair, F(4x4, 3x3) 36 per 16 (direct: 9 per output)."""
     x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
     a = node.attrs
-    return (x.type.rank == 4 and w.is_const and tuple(w.shape[2:]) == (3, 3) and a.get("groups", 1) == 1
+    if not (x.type.rank == 4 and w.is_const and tuple(w.shape[2:]) == (3, 3) and a.get("groups", 1) == 1
             and tuple(a["strides"]) == (1, 1) and tuple(a["dilations"]) == (1, 1)
             and w.shape[0] >= 16 and w.shape[1] >= 16 and isinstance(y.shape[3], int)
-            and y.shape[3] + 3 <= WINOGRAD_MAX_W)
+            and y.shape[3] + 3 <= WINOGRAD_MAX_W):
+        return 0
+    oh = y.shape[2]
+    return 4 if isinstance(oh, int) and oh * y.shape[3] >= WINOGRAD4_MIN_OUTPUTS else 2
 
 
-def winograd_filters(w: np.ndarray) -> np.ndarray:
-    """[O, C, 3, 3] -> the 16 transformed filter matrices U[i][j] (O x C), each packed as a GEMM A."""
-    u = np.einsum("ik,ockl,jl->ijoc", WINOGRAD_G, w.astype(np.float64), WINOGRAD_G).astype(np.float32)
-    return np.concatenate([pack_a(u[i, j]) for i in range(4) for j in range(4)])
+def winograd_filters(w: np.ndarray, m: int = 2) -> np.ndarray:
+    """[O, C, 3, 3] -> the (m + 2)^2 transformed filter matrices U[i][j] (O x C), each packed as a GEMM A."""
+    g = WINOGRAD_G[m]
+    u = np.einsum("ik,ockl,jl->ijoc", g, w.astype(np.float64), g).astype(np.float32)
+    return np.concatenate([pack_a(u[i, j]) for i in range(m + 2) for j in range(m + 2)])
 
 
 def _conv_scratch(node, bounds):
     s, _ = _conv_shape(node, lambda d: D.upper_bound(d, bounds))
-    if _winograd(node):
-        tiles = -(-s["OH"] // 2) * -(-s["OW"] // 2)
-        return 16 * ((-(-tiles // 64) * 64 * s["C"]) + s["O"] * tiles) * 4
+    m = _winograd(node)
+    if m:
+        tiles, alpha2 = -(-s["OH"] // m) * -(-s["OW"] // m), (m + 2) ** 2
+        return alpha2 * ((-(-tiles // 64) * 64 * s["C"]) + s["O"] * tiles) * 4
     direct = (s["KH"], s["KW"], s["sh"], s["sw"], s["ph"], s["pw"]) == (1, 1, 1, 1, 0, 0)
     if not direct and s["O"] // s["groups"] <= GEMM_MC * 3 // 2:
         return 0          # one M block: im2col runs inside the GEMM (kernels/conv.c)
@@ -221,12 +234,13 @@ def lower_conv(em, node):
     res = em.ptr(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else "0"
     act = ACT_CODES[node.attrs["act"]]
     w, groups = node.inputs[1], node.attrs.get("groups", 1)
-    if _winograd(node):
-        up = em.packed("winograd_a", w, winograd_filters)
+    m = _winograd(node)
+    if m:
+        up = em.packed(f"winograd{m}_a", w, lambda d: winograd_filters(d, m))
         return ["{", f"  const cuvil_conv_shape s = {_shape_struct(s)};",
                 f"  _Static_assert(CUVIL_MR == {GEMM_MR} && CUVIL_KC == {GEMM_KC} && CUVIL_WINOGRAD_MAX_W == "
                 f"{WINOGRAD_MAX_W}, \"winograd filters packed for another kernel\");",
-                f"  cuvil_conv3x3_winograd(&s, {em.ptr(node.inputs[0])}, {up}, {bias}, {res}, "
+                f"  cuvil_conv3x3_winograd{'4' if m == 4 else ''}(&s, {em.ptr(node.inputs[0])}, {up}, {bias}, {res}, "
                 f"{em.ptr(node.outputs[0])}, {act}, {em.scratch()}, NT);", "}"]
     depthwise = groups > 1 and w.shape[1] == 1          # the direct kernel reads w as it is
     wp, wptr = "0", None

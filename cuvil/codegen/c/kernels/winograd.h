@@ -18,4 +18,10 @@ int64_t cuvil_winograd_scratch(const cuvil_conv_shape *s);
  * the one at xi = 4 * i + j holding U[i][j] of every (o, c). */
 void cuvil_conv3x3_winograd(const cuvil_conv_shape *s, const float *x, const float *up, const float *bias,
                             const float *residual, float *y, int act, float *scratch, int nthreads);
+/* The same by F(4x4, 3x3) (winograd4.c): 4x4 output tiles from 6x6 patches, 36 multiplies per tile
+ * and channel pair where F(2x2) spends 64 on the same 16 outputs; 36 GEMMs on tiles a quarter as
+ * many, and filters 2.25x the size. up: 36 A operands, U[i][j] at xi = 6 * i + j. */
+int64_t cuvil_winograd4_scratch(const cuvil_conv_shape *s);
+void cuvil_conv3x3_winograd4(const cuvil_conv_shape *s, const float *x, const float *up, const float *bias,
+                             const float *residual, float *y, int act, float *scratch, int nthreads);
 #endif

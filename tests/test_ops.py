@@ -876,6 +876,13 @@ def pool(op):
           "batch b")
     special = np.array([[np.nan, 1, 2, 3], [4, -np.inf, 6, np.inf], [1, 2, 3, 4], [-np.inf, -np.inf, 0, 0]], np.float32)
     c.out(c.add(op, [c.input(special.reshape(1, 1, 4, 4))], dict(kernel=(2, 2))), "nan/inf")
+    # the same inside rows wide enough for the vector path of max (stride 1 and 2, dilated)
+    wide = rand(r, (1, 2, 3, 41), "float32")
+    wide[0, 0, 1, [5, 17, 30]] = np.nan
+    wide[0, 1, 0, [8, 9, 22]] = [np.inf, -np.inf, np.nan]
+    xn = c.input(wide)
+    c.out(c.add(op, [xn], dict(kernel=(3, 3), strides=(2, 2), pads=((1, 1), (1, 1)))), "nan/inf 41 wide stride 2")
+    c.out(c.add(op, [xn], dict(kernel=(2, 3), dilations=(1, 2))), "nan/inf 41 wide dilated")
     x3 = c.input(rand(r, (2, 3, 5, 6, 7), "float32"))
     c.out(c.add(op, [x3], dict(kernel=(2, 2, 2))), "3-d 2x2x2")
     c.out(c.add(op, [x3], dict(kernel=(3, 2, 3), strides=(2, 1, 2), pads=((1, 1), (0, 1), (1, 0)), ceil_mode=True)),

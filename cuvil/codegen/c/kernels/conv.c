@@ -214,7 +214,7 @@ static inline float pool_finish(const pool_args *a, float acc, int64_t h0, int64
 #define POOL_ROW_MAX 2048
 static void pool_row_strip(const pool_args *a, const float *xc, float *yr, int64_t oh, int64_t o0, int64_t o1) {
     const cuvil_conv_shape *s = a->s;
-    float row[POOL_ROW_MAX];
+    float row[POOL_ROW_MAX + 2 * CUVIL_VL];   /* the vector path's stride-2 loads read past the last column */
     int64_t h0, kh0, kh1;
     pool_window(oh, s->sh, s->ph, s->dh, s->KH, s->H, &h0, &kh0, &kh1);
     int64_t c0 = o0 * s->sw - s->pw, c1 = (o1 - 1) * s->sw - s->pw + (s->KW - 1) * s->dw + 1;
@@ -227,7 +227,25 @@ static void pool_row_strip(const pool_args *a, const float *xc, float *yr, int64
         if (a->mode == 0) for (int64_t w = c0; w < c1; w++) row[w - c0] = pool_combine(0, row[w - c0], in[w]);
         else for (int64_t w = c0; w < c1; w++) row[w - c0] += in[w];
     }
+    /* max over windows inside the image, VL outputs at a time (stride 1 or 2): ResNet's 3x3 stride-2
+     * pool after the stem took 2.2 ms output by output */
+    int vec = a->mode == 0 && (s->sw == 1 || s->sw == 2);
+    int64_t in_lo = (s->pw + s->sw - 1) / s->sw, in_hi = s->W + s->pw - (s->KW - 1) * s->dw;
+    in_hi = in_hi > 0 ? (in_hi - 1) / s->sw + 1 : 0;     /* outputs [in_lo, in_hi) see no pad */
     for (int64_t ow = o0; ow < o1; ow++) {
+        if (vec && ow >= in_lo && ow + CUVIL_VL <= in_hi && ow + CUVIL_VL <= o1) {
+            const float *r = row + ow * s->sw - s->pw - c0;
+            cuvil_vf acc = cuvil_vsplat(-INFINITY);
+            cuvil_vi nan = {0};
+            for (int64_t kw = 0; kw < s->KW; kw++) {
+                cuvil_vf v = s->sw == 1 ? cuvil_vload(r + kw * s->dw) : even_lanes(r + kw * s->dw);
+                acc = cuvil_vsel(v > acc, v, acc);
+                nan |= v != v;
+            }
+            cuvil_vstore(yr + ow, cuvil_vsel(nan, cuvil_vsplat(NAN), acc));
+            ow += CUVIL_VL - 1;
+            continue;
+        }
         int64_t w0, kw0, kw1;
         pool_window(ow, s->sw, s->pw, s->dw, s->KW, s->W, &w0, &kw0, &kw1);
         const float *r = row + w0 - c0;

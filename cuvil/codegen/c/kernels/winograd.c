@@ -13,6 +13,7 @@ int64_t cuvil_winograd_scratch(const cuvil_conv_shape *s) {
 typedef struct {
     const cuvil_conv_shape *s;
     const float *x, *bias, *residual;
+    const float *up;           /* the 16 transformed filters (packed A operands) */
     float *v, *m, *y;          /* transformed input (16 packed B operands), products [16][O][T], output */
     int act;
 } wg_args;
@@ -77,6 +78,18 @@ static void input_task(void *ctx, int64_t k0, int64_t k1) {
     }
 }
 
+/* The 16 products, one GEMM per task on one thread: evenly split over the threads with one
+ * synchronization, where a parallel region per GEMM split each small one (M = 512, N = 16 at 7x7)
+ * into a handful of tasks. */
+static void product_task(void *ctx, int64_t x0, int64_t x1) {
+    const wg_args *a = ctx;
+    const cuvil_conv_shape *s = a->s;
+    int64_t T = tiles_h(s) * tiles_w(s), vstride = cuvil_packed_b_size(s->C, T);
+    int64_t astride = cuvil_packed_a_size(s->O, s->C);
+    for (int64_t xi = x0; xi < x1; xi++)
+        cuvil_sgemm_packed_ab(s->O, T, s->C, a->up + xi * astride, a->v + xi * vstride, a->m + xi * s->O * T, T, 0, 1);
+}
+
 /* Y = A^T M A per tile for output channels [o0, o1), then bias, residual and activation: each step a
  * loop over a whole row of tiles, so all of it runs in vectors (per tile it was scalar). */
 static void output_task(void *ctx, int64_t o0, int64_t o1) {
@@ -123,15 +136,13 @@ static void output_task(void *ctx, int64_t o0, int64_t o1) {
 void cuvil_conv3x3_winograd(const cuvil_conv_shape *s, const float *x, const float *up, const float *bias,
                             const float *residual, float *y, int act, float *scratch, int nthreads) {
     int64_t T = tiles_h(s) * tiles_w(s), vstride = cuvil_packed_b_size(s->C, T);
-    int64_t astride = cuvil_packed_a_size(s->O, s->C), in = s->C * s->H * s->W, out = s->O * s->OH * s->OW;
+    int64_t in = s->C * s->H * s->W, out = s->O * s->OH * s->OW;
     for (int64_t n = 0; n < s->N; n++) {
-        wg_args a = {s, x + n * in, bias, residual ? residual + n * out : 0, scratch, scratch + 16 * vstride,
-                     y + n * out, act};
+        wg_args a = {.s = s, .x = x + n * in, .bias = bias, .residual = residual ? residual + n * out : 0, .up = up,
+                     .v = scratch, .m = scratch + 16 * vstride, .y = y + n * out, .act = act};
         int64_t np = (T + CUVIL_NR - 1) / CUVIL_NR, cblocks = (s->C + WG_CBLOCK - 1) / WG_CBLOCK;
         cuvil_parallel_for(nthreads, np * cblocks, 1, input_task, &a);
-        for (int xi = 0; xi < 16; xi++)
-            cuvil_sgemm_packed_ab(s->O, T, s->C, up + xi * astride, a.v + xi * vstride, a.m + xi * s->O * T, T, 0,
-                                  nthreads);
+        cuvil_parallel_chunks(nthreads, 16, 1, product_task, &a);
         cuvil_parallel_for(nthreads, s->O, 1, output_task, &a);
     }
 }

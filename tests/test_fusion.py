@@ -33,6 +33,20 @@ def test_linear_bias_activation(M, N, K, act):
     assert ops_of(cm) == ["matmul_fused"]
 
 
+@pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "silu", "sigmoid", "tanh"])
+def test_epilogue_activation_accuracy(act):
+    """The vector exp/erf/tanh of the GEMM epilogue (kernels/vmath.h) over [-9, 9] and near 0, against
+    float64 references to ~1e-6: through an identity weight, so the epilogue sees x exactly."""
+    x = np.concatenate([np.linspace(-9, 9, 6000), [0.0, 1e-6, -1e-6, 0.03, -0.03]]).astype(np.float32)
+    x = np.concatenate([x, np.zeros(-len(x) % 16, np.float32)]).reshape(-1, 16)
+    g = Graph()
+    xv = Value(TensorType(x.shape, "float32"), "x")
+    g.inputs = [xv]
+    g.outputs = [g.add(act, [g.add("matmul", [xv, g.const(np.eye(16, dtype=np.float32))])])]
+    cm = check_graph(g, [x], rtol=2e-6, atol=1e-6)
+    assert ops_of(cm) == ["matmul_fused"]
+
+
 @pytest.mark.parametrize("M,N,K", [(3, 17, 33), (130, 20, 70), (12, 33, 400)])   # the last: full tiles over two K blocks
 def test_linear_scale_bias_residual_batched(M, N, K):
     g = Graph()

@@ -20,7 +20,8 @@ def ops_of(cm):
     return [n.op for n in cm.graph.nodes]
 
 
-@pytest.mark.parametrize("M,N,K", [(1, 1, 1), (5, 15, 3), (7, 17, 385), (13, 33, 257), (6, 16, 384), (2, 40, 769), (125, 17, 40)])
+@pytest.mark.parametrize("M,N,K", [(1, 1, 1), (5, 15, 3), (7, 17, 385), (13, 33, 257), (6, 16, 384), (2, 40, 769), (125, 17, 40),
+                                   (29, 35, 1003)])   # the last: A packed 8 columns at a time, by both threads
 @pytest.mark.parametrize("act", ["gelu", "relu", "silu", "gelu_tanh"])
 def test_linear_bias_activation(M, N, K, act):
     g = Graph()

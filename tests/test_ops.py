@@ -795,6 +795,7 @@ def conv_attrs(op):
     _conv(c, x, c.const(f(4, 3, 1, 1)), None, "1x1 pad 1", pads=((1, 1), (1, 1)))
     _conv(c, x, c.const(f(2, 3, 9, 11)), None, "kernel = input")
     _conv(c, x, c.const(f(2, 3, 5, 5)), None, "kernel larger than input with pads", pads=((3, 3), (0, 0)))
+    _conv(c, x, c.const(f(3, 3, 9, 9)), None, "9x9 with pads: 81 taps, gathers redone per row", pads=((4, 4), (3, 5)))
     # 3x3 stride 1 with >= 16 channels each way: Winograd F(2x2, 3x3); odd sizes leave partial tiles
     x16 = c.input(f(2, 16, 7, 9))
     w16 = c.const(f(17, 16, 3, 3))

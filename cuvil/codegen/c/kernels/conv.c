@@ -10,14 +10,6 @@ int64_t cuvil_conv_scratch(const cuvil_conv_shape *s) {
 /* B of the conv's GEMM, never materialized whole: rows k = (c, kh, kw), columns n = (oh, ow). */
 typedef struct { const cuvil_conv_shape *s; const float *x; } im2col_src;
 
-/* d[t] = row[t * stride] for t < n: stride 2 (strided convs) as a constant, so it copies in vectors
- * (with the stride a variable it went element by element: a 1x1 stride-2 conv 0.74x the time). */
-static inline void copy_run(float *d, const float *row, int64_t n, int64_t stride) {
-    if (stride == 1) for (int64_t t = 0; t < n; t++) d[t] = row[t];
-    else if (stride == 2) for (int64_t t = 0; t < n; t++) d[t] = row[2 * t];
-    else for (int64_t t = 0; t < n; t++) d[t] = row[t * stride];
-}
-
 /* Lanes 0, 2, 4, ... of the 2 VL floats at p: one output vector of a stride-2 conv's im2col row. */
 static inline cuvil_vf even_lanes(const float *p) {
 #if CUVIL_VL == 16
@@ -49,61 +41,57 @@ static inline int inner_row(const cuvil_conv_shape *s, const float *x, int64_t c
     return 1;
 }
 
-/* Panel p's rows [k0, k0 + kc) into buf [kc][NR] (the cuvil_b_producer of the conv's GEMM). The
- * panel's columns go as runs along one output row: inside a run the input columns are evenly spaced,
- * so bounds are found once per run, not tested per element. */
+/* Where a panel's columns read for one tap (kh, kw) of the kernel, relative to the channel's
+ * plane: the columns inside the image (lane[m], off[m] for m < inside); the rest are padding.
+ * Found once per panel, K block and tap, so a row of B is then NR loads at most. */
+typedef struct { int32_t off[CUVIL_NR]; int8_t lane[CUVIL_NR]; int8_t inside; } tap_gather;
+#define TAPS_MAX 64               /* taps whose gathers a block keeps (7x7 is 49); more are redone per row */
+
+static void tap_of(const cuvil_conv_shape *s, const int64_t *ih0, const int64_t *iw0, int64_t filled,
+                   int64_t kh, int64_t kw, tap_gather *t) {
+    t->inside = 0;
+    for (int64_t j = 0; j < filled; j++) {
+        int64_t ih = ih0[j] + kh * s->dh, iw = iw0[j] + kw * s->dw;
+        if (ih < 0 || ih >= s->H || iw < 0 || iw >= s->W) continue;
+        t->lane[t->inside] = (int8_t)j;
+        t->off[t->inside++] = (int32_t)(ih * s->W + iw);
+    }
+}
+
+/* Panel p's rows [k0, k0 + kc) into buf [kc][NR] (the cuvil_b_producer of the conv's GEMM): rows
+ * k = (c, kh, kw). A panel that is one run inside the image takes each row in two vector loads;
+ * the others gather each row through the panel's tap offsets (the run-by-run copy they replace
+ * found each run's bounds again for every row: 1.9 ns a float in the 3x3 stride-2 convs, whose
+ * 28-, 14- and 7-wide rows split nearly every panel). */
 static const float *im2col_block(const void *ctx, int64_t p, int64_t k0, int64_t kc, float *buf) {
     const im2col_src *a = ctx;
     const cuvil_conv_shape *s = a->s;
-    int64_t N = s->OH * s->OW;
-    int64_t run_oh[CUVIL_NR], run_ow[CUVIL_NR], run_len[CUVIL_NR], runs = 0, filled = 0;
-    for (int64_t n = p * CUVIL_NR, end = n + CUVIL_NR < N ? n + CUVIL_NR : N; n < end; runs++) {
-        run_oh[runs] = n / s->OW, run_ow[runs] = n % s->OW;
-        run_len[runs] = s->OW - run_ow[runs] < end - n ? s->OW - run_ow[runs] : end - n;
-        n += run_len[runs], filled += run_len[runs];
-    }
+    int64_t N = s->OH * s->OW, n0 = p * CUVIL_NR, filled = N - n0 < CUVIL_NR ? N - n0 : CUVIL_NR;
     int64_t taps = s->KH * s->KW, c = k0 / taps, kh = k0 % taps / s->KW, kw = k0 % s->KW;
-    if (taps == 1 && s->ph == 0 && s->pw == 0) {
-        /* a strided 1x1 conv reads every panel column inside the image: the column offsets once per
-         * panel, then one gather per row (the run bookkeeping below was 29% of a 512x256 stride-2
-         * conv at 28x28) */
-        int32_t off[CUVIL_NR];
-        for (int64_t j = 0; j < filled; j++) {
-            int64_t n = p * CUVIL_NR + j;
-            off[j] = (int32_t)(n / s->OW * s->sh * s->W + n % s->OW * s->sw);
-        }
-        for (int64_t k = 0; k < kc; k++) {
-            const float *xc = a->x + (c + k) * s->H * s->W;
-            float *d = buf + k * CUVIL_NR;
-            for (int64_t j = 0; j < filled; j++) d[j] = xc[off[j]];
-            for (int64_t j = filled; j < CUVIL_NR; j++) d[j] = 0.f;
-        }
-        return buf;
-    }
-    int whole = runs == 1 && filled == CUVIL_NR;
+    int64_t oh0 = n0 / s->OW, ow0 = n0 % s->OW;
+    int whole = filled == CUVIL_NR && s->OW - ow0 >= CUVIL_NR;    /* one run along one output row */
+    int64_t ih0[CUVIL_NR], iw0[CUVIL_NR];        /* each column's input position at tap (0, 0) */
+    for (int64_t j = 0; j < filled; j++)
+        ih0[j] = (n0 + j) / s->OW * s->sh - s->ph, iw0[j] = (n0 + j) % s->OW * s->sw - s->pw;
+    tap_gather g[TAPS_MAX], one;
+    uint8_t ready[TAPS_MAX] = {0};
     for (int64_t k = 0; k < kc; k++) {
         float *d = buf + k * CUVIL_NR;
         const float *xc = a->x + c * s->H * s->W;
-        if (whole && inner_row(s, a->x, c, run_oh[0] * s->sh - s->ph + kh * s->dh,
-                               run_ow[0] * s->sw - s->pw + kw * s->dw, d))
-            goto next;
-        for (int64_t r = 0; r < runs; r++) {
-            int64_t len = run_len[r], ih = run_oh[r] * s->sh - s->ph + kh * s->dh;
-            int64_t iw0 = run_ow[r] * s->sw - s->pw + kw * s->dw;
-            /* the run's elements inside the row, found by stepping in from its ends: only runs at
-             * the image border step more than once, and a division per run costs more than the copy */
-            int64_t lo = 0, hi = ih < 0 || ih >= s->H ? 0 : len;
-            while (lo < hi && iw0 + lo * s->sw < 0) lo++;
-            while (hi > lo && iw0 + (hi - 1) * s->sw >= s->W) hi--;
-            const float *row = xc + ih * s->W + iw0;
-            int64_t t = 0;
-            for (; t < lo; t++) d[t] = 0.f;
-            copy_run(d + lo, row + lo * s->sw, hi - lo, s->sw);
-            for (t = hi; t < len; t++) d[t] = 0.f;
-            d += len;
+        if (!(whole && inner_row(s, a->x, c, oh0 * s->sh - s->ph + kh * s->dh, ow0 * s->sw - s->pw + kw * s->dw, d))) {
+            int64_t ti = kh * s->KW + kw;
+            tap_gather *t = ti < TAPS_MAX ? g + ti : &one;
+            if (ti >= TAPS_MAX || !ready[ti]) {
+                tap_of(s, ih0, iw0, filled, kh, kw, t);
+                if (ti < TAPS_MAX) ready[ti] = 1;
+            }
+            if (t->inside == CUVIL_NR) {
+                for (int j = 0; j < CUVIL_NR; j++) d[j] = xc[t->off[j]];
+            } else {
+                for (int j = 0; j < CUVIL_NR; j++) d[j] = 0.f;
+                for (int m = 0; m < t->inside; m++) d[t->lane[m]] = xc[t->off[m]];
+            }
         }
-        for (int64_t j = filled; j < CUVIL_NR; j++) d[j - filled] = 0.f;
-    next:
         if (++kw == s->KW) {              /* next (c, kh, kw) without dividing */
             kw = 0;
             if (++kh == s->KH) kh = 0, c++;

@@ -21,7 +21,8 @@ def ops_of(cm):
 
 
 @pytest.mark.parametrize("M,N,K", [(1, 1, 1), (5, 15, 3), (7, 17, 385), (13, 33, 257), (6, 16, 384), (2, 40, 769), (125, 17, 40),
-                                   (29, 35, 1003)])   # the last: A packed 8 columns at a time, by both threads
+                                   (29, 35, 1003), (1, 170, 400)])   # (29, ...): A packed 8 columns at a time, by both threads;
+# (1, 170, 400): the GEMV, its 11 panels as a group of 6 streams and one of 5
 @pytest.mark.parametrize("act", ["gelu", "relu", "silu", "gelu_tanh"])
 def test_linear_bias_activation(M, N, K, act):
     g = Graph()

@@ -335,3 +335,20 @@ def test_float64_without_kernel_warns_about_float32():
     with pytest.warns(cuvil.PrecisionWarning, match="softmax"):
         cm = cuvil.compile(Soft(), (x,), cache_dir=str(__import__("tempfile").mkdtemp()))
     torch.testing.assert_close(cm(x), torch.softmax(x, -1), rtol=1e-5, atol=1e-6)
+
+
+def test_full_disk_while_writing_weights_is_a_compile_error(tmp_path, monkeypatch):
+    """ENOSPC from the weights file: a CompileError naming the file, and the partial file removed."""
+    import errno
+
+    from cuvil.codegen.c.emit import Weights
+    from cuvil.errors import CompileError
+    w = Weights(tmp_path)
+    w.add("a", np.ones(16, np.float32))
+
+    def full(data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(w._file, "write", full)
+    with pytest.raises(CompileError, match="No space left on device") as e:
+        w.add("b", np.ones(16, np.float32))
+    assert "weights-" in str(e.value) and not list(tmp_path.iterdir())

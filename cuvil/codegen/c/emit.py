@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from ...errors import UnsupportedOpError
+from ...errors import CompileError, UnsupportedOpError
 from ...ir import dims as D
 from ...passes import memplan
 from ...runtime.artifact import crc_text
@@ -52,7 +52,13 @@ class Weights:
         self._sha, self._crc = hashlib.sha256(), 0
 
     def _write(self, data):
-        self._file.write(data)
+        try:
+            self._file.write(data)
+        except OSError as e:        # a full disk: say so, and leave no partial file behind
+            self._file.close()
+            Path(self._file.name).unlink(missing_ok=True)
+            raise CompileError(f"writing the weights to {self._file.name} ({self.size} bytes written): "
+                               f"{e.strerror or e}") from e
         self._sha.update(data)
         self._crc = zlib.crc32(data, self._crc)
 

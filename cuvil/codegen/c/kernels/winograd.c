@@ -44,12 +44,14 @@ static void input_task(void *ctx, int64_t k0, int64_t k1) {
     int64_t TW = tiles_w(s), T = tiles_h(s) * TW, vstride = cuvil_packed_b_size(s->C, T);
     int64_t cblocks = (s->C + WG_CBLOCK - 1) / WG_CBLOCK;
     float d[4][2 * CUVIL_NR + 2], te[4][CUVIL_NR + 1], to[4][CUVIL_NR + 1];
-    float vals[16][CUVIL_NR] __attribute__((aligned(64)));
+    float held[CUVIL_WINOGRAD_HELD][16][CUVIL_NR] __attribute__((aligned(64)));
     for (int64_t k = k0; k < k1; k++) {
         int64_t p = k / cblocks, c0 = k % cblocks * WG_CBLOCK, c1 = c0 + WG_CBLOCK < s->C ? c0 + WG_CBLOCK : s->C;
         int64_t t0 = p * CUVIL_NR, t1 = t0 + CUVIL_NR < T ? t0 + CUVIL_NR : T;
-        memset(vals, 0, sizeof vals);          /* lanes past T: computed by the GEMM and dropped */
+        memset(held, 0, sizeof held);          /* lanes past T: computed by the GEMM and dropped */
         for (int64_t c = c0; c < c1; c++) {
+            int64_t j = (c - c0) % CUVIL_WINOGRAD_HELD;
+            float (*vals)[CUVIL_NR] = held[j];
             const float *xc = a->x + c * s->H * s->W;
             for (int64_t t = t0; t < t1;) {    /* the panel's tiles, one run per tile row */
                 int64_t th = t / TW, tw0 = t % TW, n = TW - tw0 < t1 - t ? TW - tw0 : t1 - t, lane = t - t0;
@@ -69,11 +71,8 @@ static void input_task(void *ctx, int64_t k0, int64_t k1) {
                     }
                 t += n;
             }
-            for (int xi = 0; xi < 16; xi++) {
-                float *row = a->v + xi * vstride + (p * s->C + c) * CUVIL_NR;
-                cuvil_vstore(row, cuvil_vload(vals[xi]));
-                cuvil_vstore(row + CUVIL_VL, cuvil_vload(vals[xi] + CUVIL_VL));
-            }
+            if (j == CUVIL_WINOGRAD_HELD - 1 || c == c1 - 1)
+                cuvil_winograd_store_held(a->v, vstride, 16, p * s->C + c - j, j + 1, &held[0][0][0]);
         }
     }
 }

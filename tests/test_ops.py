@@ -810,6 +810,11 @@ def conv_attrs(op):
           pads=((1, 1), (0, 0)))
     _conv(c, c.input(f(2, 16, 25, 27)), c.const(f(16, 16, 3, 3)), None, "winograd F(4x4) asymmetric pads",
           pads=((0, 2), (2, 1)))
+    # channel counts that end in a partial run of the rows the input transforms hold (4 channels)
+    _conv(c, c.input(f(1, 18, 24, 24)), c.const(f(16, 18, 3, 3)), None, "winograd F(4x4) 18 channels",
+          pads=((1, 1), (1, 1)))
+    _conv(c, c.input(f(1, 19, 6, 9)), c.const(f(16, 19, 3, 3)), None, "winograd F(2x2) 19 channels",
+          pads=((1, 1), (1, 1)))
     x4 = c.input(f(2, 4, 7, 6))
     _conv(c, x4, c.const(f(6, 2, 3, 3)), c.const(f(6)), "groups=2", groups=2, pads=((1, 1), (1, 1)))
     _conv(c, x4, c.const(f(8, 1, 3, 3)), c.const(f(8)), "depthwise x2", groups=4, strides=(2, 2),

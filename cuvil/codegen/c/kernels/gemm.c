@@ -49,6 +49,10 @@ static inline __attribute__((always_inline)) void ukernel_step(int mr, int nv, i
                                                                 const float *Bp, cuvil_vf c0[CUVIL_MR],
                                                                 cuvil_vf c1[CUVIL_MR]) {
     cuvil_vf b0 = cuvil_vload(Bp + k * CUVIL_NR), b1 = nv > 1 ? cuvil_vload(Bp + k * CUVIL_NR + CUVIL_VL) : b0;
+    /* unrolled early (with finish_tile's row loop), so GCC keeps the tile in 12 registers: left to
+     * its late unroller, it rotated accumulators through 10 moves and re-read B 18 times per 8 steps
+     * (64x1024x1024 0.94-0.96x the time, 128x384x1536 0.95-0.97x, 1x1 convs 0.94-0.97x) */
+    #pragma GCC unroll 8
     for (int i = 0; i < mr; i++) {
         cuvil_vf a = cuvil_vsplat(Ap[k * CUVIL_MR + i]);
         c0[i] += a * b0;
@@ -245,6 +249,7 @@ static inline __attribute__((always_inline)) void finish_tile(int mr, cuvil_vf c
     const float *bc = last && ep && ep->bias_col ? ep->bias_col + n0 : 0;
     const float *res = last && ep ? ep->residual : 0, *brow = last && ep ? ep->bias_row : 0;
     const int64_t n1 = nr < CUVIL_VL ? nr : CUVIL_VL, n2 = nr - n1;
+    #pragma GCC unroll 8
     for (int i = 0; i < mr; i++) {
         float *c = C + (i0 + i) * ldc + n0;
         const float *rs = res ? res + (i0 + i) * ep->ldr + n0 : 0;

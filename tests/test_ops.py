@@ -762,11 +762,13 @@ def conv_tiles(op):
     c = Case()
     r = c.rng
     f = lambda *s: rand(r, s, "float32", -1, 1)  # noqa: E731
-    spatial = {1: (1, 1), 15: (3, 5), 17: (1, 17), 33: (3, 11)}
+    spatial = {1: (1, 1), 15: (3, 5), 17: (1, 17), 33: (3, 11), 32: (4, 8), 48: (3, 16)}
     for o in MS:
-        # K = 405: the prepacked filters span two K blocks of the micro-kernel
+        # K = 405: the prepacked filters span two K blocks of the micro-kernel. N = 32, 48: whole panels,
+        # so a 1x1 conv with no more filters than channels reads its input in place (cuvil_sgemm_strided_b),
+        # over two K blocks at 400 channels
         for (cin, kh, kw), n in [((1, 1, 1), 1), ((3, 1, 1), 15), ((300, 1, 1), 17), ((12, 3, 3), 33), ((2, 5, 5), 17),
-                                 ((45, 3, 3), 15)]:
+                                 ((45, 3, 3), 15), ((400, 1, 1), 32), ((20, 1, 1), 48)]:
             oh, ow = spatial[n]
             x = c.input(f(1, cin, oh + kh - 1, ow + kw - 1))
             _conv(c, x, c.const(f(o, cin, kh, kw)), c.const(f(o)) if o % 2 else None,

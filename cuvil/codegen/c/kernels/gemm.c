@@ -46,9 +46,9 @@ typedef struct { const char *p; int64_t n; } byte_run;
 
 /* One K step of the register tile: row i of packed A ([k][MR]) times the nv (1 or 2) B vectors. */
 static inline __attribute__((always_inline)) void ukernel_step(int mr, int nv, int64_t k, const float *Ap,
-                                                                const float *Bp, cuvil_vf c0[CUVIL_MR],
+                                                                const float *Bp, int64_t ldb, cuvil_vf c0[CUVIL_MR],
                                                                 cuvil_vf c1[CUVIL_MR]) {
-    cuvil_vf b0 = cuvil_vload(Bp + k * CUVIL_NR), b1 = nv > 1 ? cuvil_vload(Bp + k * CUVIL_NR + CUVIL_VL) : b0;
+    cuvil_vf b0 = cuvil_vload(Bp + k * ldb), b1 = nv > 1 ? cuvil_vload(Bp + k * ldb + CUVIL_VL) : b0;
     /* unrolled early (with finish_tile's row loop), so GCC keeps the tile in 12 registers: left to
      * its late unroller, it rotated accumulators through 10 moves and re-read B 18 times per 8 steps
      * (64x1024x1024 0.94-0.96x the time, 128x384x1536 0.95-0.97x, 1x1 convs 0.94-0.97x) */
@@ -62,7 +62,7 @@ static inline __attribute__((always_inline)) void ukernel_step(int mr, int nv, i
 
 /* MR x NR register tile over one K block of packed A ([k][MR], see pack_a), left in registers c0/c1
  * (columns [0, VL) and [VL, NR)); rows past mr are copies of the tile's first row. */
-static inline __attribute__((always_inline)) void ukernel_loop(int mr, int nv, int64_t kc, const float *Ap, const float *Bp,
+static inline __attribute__((always_inline)) void ukernel_loop(int mr, int nv, int64_t kc, const float *Ap, const float *Bp, int64_t ldb,
                                                                 cuvil_vf c0[CUVIL_MR], cuvil_vf c1[CUVIL_MR],
                                                                 const char *pf, int64_t pf_bytes, int spread) {
     /* unrolled here, or GCC turns the zeroing into memset calls on a stack copy it never reads
@@ -83,16 +83,16 @@ static inline __attribute__((always_inline)) void ukernel_loop(int mr, int nv, i
         for (; k + 8 <= kc; k += 8) {
             if ((k << 3) < pf_bytes) __builtin_prefetch(pf + (k << 3), 0, 1);
             #pragma GCC unroll 8
-            for (int u = 0; u < 8; u++) ukernel_step(mr, nv, k + u, Ap, Bp, c0, c1);
+            for (int u = 0; u < 8; u++) ukernel_step(mr, nv, k + u, Ap, Bp, ldb, c0, c1);
         }
     else
         for (; k + 8 <= kc; k += 8) {
             for (int64_t u = 0, b = (k / 8) * per * 64; u < per && b < pf_bytes; u++, b += 64)
                 __builtin_prefetch(pf + b, 0, 1);
             #pragma GCC unroll 8
-            for (int u = 0; u < 8; u++) ukernel_step(mr, nv, k + u, Ap, Bp, c0, c1);
+            for (int u = 0; u < 8; u++) ukernel_step(mr, nv, k + u, Ap, Bp, ldb, c0, c1);
         }
-    for (; k < kc; k++) ukernel_step(mr, nv, k, Ap, Bp, c0, c1);
+    for (; k < kc; k++) ukernel_step(mr, nv, k, Ap, Bp, ldb, c0, c1);
     for (int64_t b = (kc / 8) * per * 64; b < pf_bytes; b += 64) __builtin_prefetch(pf + b, 0, 1);  /* the rest */
 }
 
@@ -267,11 +267,11 @@ static inline __attribute__((always_inline)) void finish_tile(int mr, cuvil_vf c
 
 /* A full MR x NR tile finished straight from the registers: the round trip of the partial sums
  * through acc and store_tile cost ~10% of a 1024^3 GEMM (its C loads wait on the acc stores). */
-static inline __attribute__((always_inline)) void full_tile(int64_t kc, const float *Ap, const float *Bp, float *C,
+static inline __attribute__((always_inline)) void full_tile(int64_t kc, const float *Ap, const float *Bp, int64_t ldb, float *C,
                                                            int64_t ldc, int64_t i0, int64_t n0, int first, int last,
                                                            const cuvil_epilogue *ep, byte_run pf, int spread) {
     cuvil_vf c0[CUVIL_MR], c1[CUVIL_MR];
-    ukernel_loop(CUVIL_MR, 2, kc, Ap, Bp, c0, c1, pf.p, pf.n, spread);
+    ukernel_loop(CUVIL_MR, 2, kc, Ap, Bp, ldb, c0, c1, pf.p, pf.n, spread);
     int act = last && ep ? ep->act : 0;
     if (!last && first) finish_tile(CUVIL_MR, c0, c1, C, ldc, i0, n0, 1, 0, ep, 0, CUVIL_NR);
     else if (!last) finish_tile(CUVIL_MR, c0, c1, C, ldc, i0, n0, 0, 0, ep, 0, CUVIL_NR);
@@ -281,43 +281,50 @@ static inline __attribute__((always_inline)) void full_tile(int64_t kc, const fl
 }
 static void ukernel_full_tile(int64_t kc, const float *Ap, const float *Bp, float *C, int64_t ldc, int64_t i0,
                               int64_t n0, int first, int last, const cuvil_epilogue *ep, byte_run pf) {
-    full_tile(kc, Ap, Bp, C, ldc, i0, n0, first, last, ep, pf, 0);
+    full_tile(kc, Ap, Bp, CUVIL_NR, C, ldc, i0, n0, first, last, ep, pf, 0);
 }
 static void ukernel_full_tile_spread(int64_t kc, const float *Ap, const float *Bp, float *C, int64_t ldc, int64_t i0,
                                      int64_t n0, int first, int last, const cuvil_epilogue *ep, byte_run pf) {
-    full_tile(kc, Ap, Bp, C, ldc, i0, n0, first, last, ep, pf, 1);
+    full_tile(kc, Ap, Bp, CUVIL_NR, C, ldc, i0, n0, first, last, ep, pf, 1);
+}
+/* B read in place, ldb floats between its rows (cuvil_sgemm_strided_b): its own copy, so the packed
+ * tiles keep their constant stride. */
+static void ukernel_full_tile_strided(int64_t kc, const float *Ap, const float *Bp, int64_t ldb, float *C,
+                                      int64_t ldc, int64_t i0, int64_t n0, int first, int last,
+                                      const cuvil_epilogue *ep) {
+    full_tile(kc, Ap, Bp, ldb, C, ldc, i0, n0, first, last, ep, (byte_run){0, 0}, 0);
 }
 
 /* The same for the tiles at the edges (mr < MR rows or nr < NR columns), in their own function so
  * the full tile's code stays as it was (sharing one, a 1x1 conv at 56x56, which has no edge panel,
  * took 1.03x); through a buffer and store_tile element by element, they had been 8% of a 64-channel
  * Winograd conv's time. */
-static inline __attribute__((always_inline)) void edge_tile_rows(int mr, int nv, int64_t kc, const float *Ap, const float *Bp,
+static inline __attribute__((always_inline)) void edge_tile_rows(int mr, int nv, int64_t kc, const float *Ap, const float *Bp, int64_t ldb,
                                                                  float *C, int64_t ldc, int64_t i0, int64_t n0,
                                                                  int64_t nr, int first, int last,
                                                                  const cuvil_epilogue *ep, byte_run pf) {
     cuvil_vf c0[CUVIL_MR], c1[CUVIL_MR];
-    ukernel_loop(mr, nv, kc, Ap, Bp, c0, c1, pf.p, pf.n, 1);
+    ukernel_loop(mr, nv, kc, Ap, Bp, ldb, c0, c1, pf.p, pf.n, 1);
     finish_tile(mr, c0, c1, C, ldc, i0, n0, first, last, ep, last && ep ? ep->act : 0, nr);
 }
 
-static void ukernel_edge_tile(int mr, int64_t kc, const float *Ap, const float *Bp, float *C, int64_t ldc, int64_t i0,
+static void ukernel_edge_tile(int mr, int64_t kc, const float *Ap, const float *Bp, int64_t ldb, float *C, int64_t ldc, int64_t i0,
                               int64_t n0, int64_t nr, int first, int last, const cuvil_epilogue *ep, byte_run pf) {
     /* constants for the compiler: the register tile unrolls per case; a panel of at most VL columns
      * (the last of a 7x7 conv's 49) multiplies one B vector, not two */
     switch (mr * 2 + (nr <= CUVIL_VL)) {
-    case 2: edge_tile_rows(1, 2, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep, pf); break;
-    case 3: edge_tile_rows(1, 1, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep, pf); break;
-    case 4: edge_tile_rows(2, 2, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep, pf); break;
-    case 5: edge_tile_rows(2, 1, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep, pf); break;
-    case 6: edge_tile_rows(3, 2, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep, pf); break;
-    case 7: edge_tile_rows(3, 1, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep, pf); break;
-    case 8: edge_tile_rows(4, 2, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep, pf); break;
-    case 9: edge_tile_rows(4, 1, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep, pf); break;
-    case 10: edge_tile_rows(5, 2, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep, pf); break;
-    case 11: edge_tile_rows(5, 1, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep, pf); break;
-    case 13: edge_tile_rows(CUVIL_MR, 1, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep, pf); break;
-    default: edge_tile_rows(CUVIL_MR, 2, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep, pf); break;
+    case 2: edge_tile_rows(1, 2, kc, Ap, Bp, ldb, C, ldc, i0, n0, nr, first, last, ep, pf); break;
+    case 3: edge_tile_rows(1, 1, kc, Ap, Bp, ldb, C, ldc, i0, n0, nr, first, last, ep, pf); break;
+    case 4: edge_tile_rows(2, 2, kc, Ap, Bp, ldb, C, ldc, i0, n0, nr, first, last, ep, pf); break;
+    case 5: edge_tile_rows(2, 1, kc, Ap, Bp, ldb, C, ldc, i0, n0, nr, first, last, ep, pf); break;
+    case 6: edge_tile_rows(3, 2, kc, Ap, Bp, ldb, C, ldc, i0, n0, nr, first, last, ep, pf); break;
+    case 7: edge_tile_rows(3, 1, kc, Ap, Bp, ldb, C, ldc, i0, n0, nr, first, last, ep, pf); break;
+    case 8: edge_tile_rows(4, 2, kc, Ap, Bp, ldb, C, ldc, i0, n0, nr, first, last, ep, pf); break;
+    case 9: edge_tile_rows(4, 1, kc, Ap, Bp, ldb, C, ldc, i0, n0, nr, first, last, ep, pf); break;
+    case 10: edge_tile_rows(5, 2, kc, Ap, Bp, ldb, C, ldc, i0, n0, nr, first, last, ep, pf); break;
+    case 11: edge_tile_rows(5, 1, kc, Ap, Bp, ldb, C, ldc, i0, n0, nr, first, last, ep, pf); break;
+    case 13: edge_tile_rows(CUVIL_MR, 1, kc, Ap, Bp, ldb, C, ldc, i0, n0, nr, first, last, ep, pf); break;
+    default: edge_tile_rows(CUVIL_MR, 2, kc, Ap, Bp, ldb, C, ldc, i0, n0, nr, first, last, ep, pf); break;
     }
 }
 
@@ -341,17 +348,18 @@ static inline void prefetch_tile_output(int mr, int64_t nr, float *C, int64_t ld
 }
 
 /* One tile of mr rows x nr columns over a K block, finished into C. */
-static inline void ukernel_tile(int mr, int64_t nr, int64_t kc, const float *Ap, const float *Bp, float *C,
+static inline void ukernel_tile(int mr, int64_t nr, int64_t kc, const float *Ap, const float *Bp, int64_t ldb, float *C,
                                 int64_t ldc, int64_t i0, int64_t n0, int first, int last, const cuvil_epilogue *ep,
                                 byte_run pf) {
     prefetch_tile_output(mr, nr, C, ldc, i0, n0, last, ep);
     if (kc > 0 && mr == CUVIL_MR && nr == CUVIL_NR) {
-        if (pf.n > (kc / 8) * 64) ukernel_full_tile_spread(kc, Ap, Bp, C, ldc, i0, n0, first, last, ep, pf);
+        if (ldb != CUVIL_NR) ukernel_full_tile_strided(kc, Ap, Bp, ldb, C, ldc, i0, n0, first, last, ep);
+        else if (pf.n > (kc / 8) * 64) ukernel_full_tile_spread(kc, Ap, Bp, C, ldc, i0, n0, first, last, ep, pf);
         else ukernel_full_tile(kc, Ap, Bp, C, ldc, i0, n0, first, last, ep, pf);
         return;
     }
     if (kc > 0) {                      /* the edge tiles prefetch their slice spread out too */
-        ukernel_edge_tile(mr, kc, Ap, Bp, C, ldc, i0, n0, nr, first, last, ep, pf);
+        ukernel_edge_tile(mr, kc, Ap, Bp, ldb, C, ldc, i0, n0, nr, first, last, ep, pf);
         return;
     }
     for (int64_t b = 0; b < pf.n; b += 64) {
@@ -408,6 +416,7 @@ static inline const float *b_block(const void *B, int bits, const float *scales,
 
 typedef struct {
     int64_t M, N, K, lda, ldc, group, np, nb, pb, mc;
+    int64_t ldb;                  /* floats between the rows of a B block: NR packed, the row stride strided */
     const float *A, *scales;
     const float *ap;              /* A packed in MR-row tiles, or 0 (each task packs its own tiles) */
     const void *B;
@@ -452,6 +461,12 @@ static inline const float *a_tile(const gemm_args *g, int64_t i0, int64_t k0, in
     return tile;
 }
 
+/* Panel p's block at k0 of an fp32 B read in place: packed, or strided (its rows ldb apart). */
+static inline const float *b_panel(const gemm_args *g, int64_t p, int64_t k0) {
+    if (g->bits == CUVIL_B_STRIDED) return (const float *)g->B + k0 * g->ldb + p * CUVIL_NR;
+    return (const float *)g->B + (p * g->K + k0) * CUVIL_NR;
+}
+
 /* The bytes of B the task reads after panel p's block at k0 (the next panel's block, or the first
  * panel's of the next K block); none at the task's end and for the formats dequantized into buf. */
 static byte_run next_b_block(const gemm_args *g, int64_t p, int64_t p0, int64_t p1, int64_t k0) {
@@ -482,7 +497,7 @@ static void gemm_task(void *ctx, int64_t t0, int64_t t1) {
         do {
             int64_t kc = g->K - k0 < CUVIL_KC ? g->K - k0 : CUVIL_KC;
             int first = k0 == 0, last = k0 + CUVIL_KC >= g->K;
-            if (g->bits == 32 && kc <= 192) {
+            if ((g->bits == 32 || g->bits == CUVIL_B_STRIDED) && kc <= 192) {
                 /* shallow K (1x1 convs, small im2col): rows outer, so each row of C is written in one
                  * run across the task's panels; writing C, not reading B, is what costs here */
                 for (int64_t i0 = m0; i0 < m1; i0 += CUVIL_MR) {
@@ -490,21 +505,22 @@ static void gemm_task(void *ctx, int64_t t0, int64_t t1) {
                     const float *ap = kc > 0 ? a_tile(g, i0, k0, kc, tile) : 0;
                     for (int64_t p = p0; p < p1; p++) {
                         int64_t n0 = p * CUVIL_NR, nr = g->N - n0 < CUVIL_NR ? g->N - n0 : CUVIL_NR;
-                        ukernel_tile(mr, nr, kc, ap, (const float *)g->B + (p * g->K + k0) * CUVIL_NR, g->C, g->ldc,
-                                     i0, n0, first, last, g->ep, (byte_run){0, 0});
+                        ukernel_tile(mr, nr, kc, ap, b_panel(g, p, k0), g->ldb, g->C, g->ldc, i0, n0, first, last,
+                                     g->ep, (byte_run){0, 0});
                     }
                 }
                 k0 += CUVIL_KC;
                 continue;
             }
             for (int64_t p = p0; p < p1; p++) {
-                const float *bp = b_block(g->B, g->bits, g->scales, g->group, g->N, g->K, p, k0, kc, buf);
+                const float *bp = g->bits == CUVIL_B_STRIDED ? b_panel(g, p, k0)
+                                  : b_block(g->B, g->bits, g->scales, g->group, g->N, g->K, p, k0, kc, buf);
                 int64_t n0 = p * CUVIL_NR, nr = g->N - n0 < CUVIL_NR ? g->N - n0 : CUVIL_NR;
                 byte_run next = next_b_block(g, p, p0, p1, k0);
                 int64_t ntiles = (m1 - m0 + CUVIL_MR - 1) / CUVIL_MR;
                 for (int64_t i0 = m0; i0 < m1; i0 += CUVIL_MR) {
                     int mr = (int)(m1 - i0 < CUVIL_MR ? m1 - i0 : CUVIL_MR);
-                    ukernel_tile(mr, nr, kc, kc > 0 ? a_tile(g, i0, k0, kc, tile) : 0, bp, g->C, g->ldc, i0, n0,
+                    ukernel_tile(mr, nr, kc, kc > 0 ? a_tile(g, i0, k0, kc, tile) : 0, bp, g->ldb, g->C, g->ldc, i0, n0,
                                  first, last, g->ep, prefetch_slice(next, (i0 - m0) / CUVIL_MR, ntiles));
                 }
             }
@@ -545,12 +561,12 @@ static void gemv_task(void *ctx, int64_t p0, int64_t p1) {
 
 /* The one GEMM driver: (M block x N panels) tasks over the threads. */
 static void gemm_driver(int64_t M, int64_t N, int64_t K, const float *A, const float *Ap, int64_t lda,
-                        const void *B, int bits, const float *scales, int64_t group, float *C, int64_t ldc,
-                        const cuvil_epilogue *ep, int nthreads) {
+                        const void *B, int64_t ldb, int bits, const float *scales, int64_t group, float *C,
+                        int64_t ldc, const cuvil_epilogue *ep, int nthreads) {
     if (M <= 0 || N <= 0) return;
     int64_t np = (N + CUVIL_NR - 1) / CUVIL_NR;
     if (M == 1 && A && K > 0 && (bits == 32 || bits == 16)) {
-        gemm_args g = {M, N, K, lda, ldc, group, np, 0, 0, 1, A, scales, 0, B, bits, C, ep};
+        gemm_args g = {M, N, K, lda, ldc, group, np, 0, 0, 1, ldb, A, scales, 0, B, bits, C, ep};
         /* one stream group per chunk: ~4 chunks per thread left one thread idle for up to half a
          * chunk at the end of each GEMV (a 46 MB projection: 5.6 MB chunks) */
         cuvil_parallel_chunks(N * K > 65536 ? nthreads : 1, np, CUVIL_GEMV_STREAMS, gemv_task, &g);
@@ -562,7 +578,8 @@ static void gemm_driver(int64_t M, int64_t N, int64_t K, const float *A, const f
     for (;;) {
         /* panels per task: enough tasks for every thread, few enough to reuse A from cache */
         pb = np * mb >= 8 * nthreads ? 4 : 1;
-        if (bits == 32 && K <= 192 && np * mb >= 32 * nthreads) pb = 16;   /* shallow K: longer runs of C rows */
+        if ((bits == 32 || bits == CUVIL_B_STRIDED) && K <= 192 && np * mb >= 32 * nthreads)
+            pb = 16;                                  /* shallow K: longer runs of C rows */
         nb = (np + pb - 1) / pb;
         /* few tasks: one more M block until they split evenly over the threads (3 tasks on 2 threads
          * left one idle a third of the time: the Winograd products of a 512-channel conv at 7x7) */
@@ -571,7 +588,7 @@ static void gemm_driver(int64_t M, int64_t N, int64_t K, const float *A, const f
     }
     int64_t mc = ((M + mb - 1) / mb + CUVIL_MR - 1) / CUVIL_MR * CUVIL_MR;
     int64_t tiles = (M + CUVIL_MR - 1) / CUVIL_MR;
-    gemm_args g = {M, N, K, lda, ldc, group, np, nb, pb, mc, A, scales, Ap ? Ap : apack_buffer(tiles * CUVIL_MR * K),
+    gemm_args g = {M, N, K, lda, ldc, group, np, nb, pb, mc, ldb, A, scales, Ap ? Ap : apack_buffer(tiles * CUVIL_MR * K),
                    B, bits, C, ep};
     /* in parallel from small sizes on: the rows were mostly just written, half by the other core */
     if (g.ap && !Ap) cuvil_parallel_for(M * K > 8192 ? nthreads : 1, tiles, 1, pack_a_task, &g);
@@ -580,24 +597,29 @@ static void gemm_driver(int64_t M, int64_t N, int64_t K, const float *A, const f
 
 void cuvil_sgemm_packed(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *Bp,
                         float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads) {
-    gemm_driver(M, N, K, A, 0, lda, Bp, 32, 0, 1, C, ldc, ep, nthreads);
+    gemm_driver(M, N, K, A, 0, lda, Bp, CUVIL_NR, 32, 0, 1, C, ldc, ep, nthreads);
 }
 
 void cuvil_sgemm_packed_ab(int64_t M, int64_t N, int64_t K, const float *Ap, const float *Bp,
                            float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads) {
-    gemm_driver(M, N, K, 0, Ap, K, Bp, 32, 0, 1, C, ldc, ep, nthreads);
+    gemm_driver(M, N, K, 0, Ap, K, Bp, CUVIL_NR, 32, 0, 1, C, ldc, ep, nthreads);
+}
+
+void cuvil_sgemm_strided_b(int64_t M, int64_t N, int64_t K, const float *A, const float *Ap, const float *B,
+                           int64_t ldb, float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads) {
+    gemm_driver(M, N, K, Ap ? 0 : A, Ap, K, B, ldb, CUVIL_B_STRIDED, 0, 1, C, ldc, ep, nthreads);
 }
 
 void cuvil_sgemm_produced_b(int64_t M, int64_t N, int64_t K, const float *A, const float *Ap,
                             const cuvil_b_source *src, float *C, int64_t ldc, const cuvil_epilogue *ep,
                             int nthreads) {
-    gemm_driver(M, N, K, Ap ? 0 : A, Ap, K, src, CUVIL_B_PRODUCED, 0, 1, C, ldc, ep, nthreads);
+    gemm_driver(M, N, K, Ap ? 0 : A, Ap, K, src, CUVIL_NR, CUVIL_B_PRODUCED, 0, 1, C, ldc, ep, nthreads);
 }
 
 void cuvil_sgemm_quant(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const void *Bq, int bits,
                        const float *scales, int64_t group, float *C, int64_t ldc, const cuvil_epilogue *ep,
                        int nthreads) {
-    gemm_driver(M, N, K, A, 0, lda, Bq, bits, scales, group > 0 ? group : K, C, ldc, ep, nthreads);
+    gemm_driver(M, N, K, A, 0, lda, Bq, CUVIL_NR, bits, scales, group > 0 ? group : K, C, ldc, ep, nthreads);
 }
 
 #define CUVIL_NAIVE_MATMUL(T, NAME)                                                                 \

@@ -60,6 +60,14 @@ void cuvil_sgemm_produced_b(int64_t M, int64_t N, int64_t K, const float *A, con
                             const cuvil_b_source *src, float *C, int64_t ldc, const cuvil_epilogue *ep,
                             int nthreads);
 
+/* C = epilogue(A @ B) with B read in place, row-major, ldb floats between its rows: no packed copy;
+ * A row-major (lda = K) or packed ahead (Ap, A NULL) as in cuvil_sgemm_produced_b.
+ * N must be a multiple of CUVIL_NR (every panel whole, so no read past a row's end). A 1x1 conv's
+ * input is its B: packing it had been 10-30% of such a conv (the less, the more filters share it). */
+#define CUVIL_B_STRIDED (-2)
+void cuvil_sgemm_strided_b(int64_t M, int64_t N, int64_t K, const float *A, const float *Ap, const float *B,
+                           int64_t ldb, float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads);
+
 /* Generic strided matmul for dtypes without a fast path (double, integers). */
 #define CUVIL_NAIVE_MATMUL_DECL(T, NAME) \
     void NAME(int64_t M, int64_t N, int64_t K, const T *A, int64_t lda, const T *B, int64_t ldb, T *C, int64_t ldc);

@@ -1257,6 +1257,10 @@ def matmul_q(op):
             w, s = _quantize(r, k, n, bits, group)
             ins = [c.input(rand(r, (m, k), "float32", -1, 1)), c.const(w)] + ([c.const(s)] if s is not None else [])
             c.out(c.add(op, ins, {"bits": bits, "group": group}), f"bits={bits} group={group} M={m} N={n} K={k}")
+        if bits == 16:     # one row, odd K: the GEMV's two-step rounds and then its single last step
+            w, _ = _quantize(r, 71, 200, bits, group)
+            c.out(c.add(op, [c.input(rand(r, (1, 71), "float32", -1, 1)), c.const(w)], {"bits": 16, "group": group}),
+                  "bits=16 M=1 N=200 K=71")
         w, s = _quantize(r, 40, 18, bits, group)
         sc = [c.const(s)] if s is not None else [None]
         c.out(c.add(op, [c.input([rand(r, (n, 3, 40), "float32", -1, 1) for n in B_RUNS], (B, 3, 40)), c.const(w),

@@ -126,7 +126,7 @@ static inline __attribute__((always_inline)) void gemv_panels(int S, int bits, i
      * costs 2 per 64, so the out-of-order window held a quarter of the bytes in flight, and bf16 read
      * 1.19x slower than fp32 over the same bytes; now 1.02x (1 thread: a TinyLlama decode step's
      * GEMVs 0.90x the time, 97% of the read probe; 2 threads 0.97-0.98x). Further ahead or into L1
-     * was slower (1 KB: 1.06-1.15x), as is prefetching fp32, whose window already covers it. */
+     * was slower (1 KB: 1.06-1.15x). fp32 already reads at the probe's rate and is left as it was. */
     if (bits == 16)
         for (; k + 2 <= K; k += 2) {
             for (int s = 0; s < S; s++) __builtin_prefetch((const uint16_t *)B + (s * K + k) * CUVIL_NR + 128, 0, 1);

@@ -136,6 +136,16 @@ def test_attention(case, head_dim):
     assert ops_of(cm) == ["attention"]
 
 
+@pytest.mark.parametrize("rows", [2, 3, 6, 8, 13, 25])
+def test_attention_row_tiles(rows):
+    """Rows per KV head split into tiles of even size (8 as 4 + 4, 13 as 5 + 4 + 4), each size its own
+    register tile: every size from 2 to 6 runs, causal, with grouped heads."""
+    g = _attention_graph(1, 4, 2, rows, rows + 3, 24, causal=True)
+    ins = [f32(*[int(d) for d in v.shape]) for v in g.inputs]
+    cm = check_graph(g, ins)
+    assert ops_of(cm) == ["attention"]
+
+
 def test_pointwise_chain_is_one_loop():
     """GPT-2's tanh-GELU as torch decomposes it, with a broadcast input and a value used twice."""
     g = Graph()

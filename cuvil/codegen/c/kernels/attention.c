@@ -52,16 +52,17 @@ static void attend_row(const cuvil_attn *a, int64_t b, int64_t h, int64_t l, con
     }
 }
 
-/* RB query rows (head hr[r], position lr[r]) sharing one KV head, together: scores and P V as
- * register tiles of RB rows x 2 vectors, so each loaded K^T or V vector feeds RB FMAs instead of one
- * row's round trip through its score or output row in L1. Rows past rb repeat the last (computed,
- * not stored). Needs K^T (keys padded to a multiple of 2 VL) and Ev a multiple of VL. */
+/* N query rows (head hr[r], position lr[r]) sharing one KV head, together: scores and P V as
+ * register tiles of N rows x 2 vectors, so each loaded K^T or V vector feeds N FMAs instead of one
+ * row's round trip through its score or output row in L1. N is a constant per call site (see
+ * attend_rows), so the row loops unroll. Needs K^T (keys padded to a multiple of 2 VL) and Ev a
+ * multiple of VL. */
 #define RB 6
-static void attend_rows(const cuvil_attn *a, int64_t b, const int64_t hr[RB], const int64_t lr[RB], int rb,
-                        int64_t off, const float *const qr[RB], const float *kt, int64_t Sp, const float *vb,
-                        float *const orow[RB], float *sc) {
+static inline __attribute__((always_inline)) void attend_rows_n(
+        const int N, const cuvil_attn *a, int64_t b, const int64_t hr[RB], const int64_t lr[RB], int64_t off,
+        const float *const qr[RB], const float *kt, int64_t Sp, const float *vb, float *const orow[RB], float *sc) {
     int64_t Sr[RB], Smax = 0;
-    for (int r = 0; r < RB; r++) {
+    for (int r = 0; r < N; r++) {
         int64_t pos = lr[r] + off;
         Sr[r] = a->causal && pos + 1 < a->S ? pos + 1 : a->S;
         Smax = Sr[r] > Smax ? Sr[r] : Smax;
@@ -73,20 +74,20 @@ static void attend_rows(const cuvil_attn *a, int64_t b, const int64_t hr[RB], co
         for (int64_t s = s0; s < s0 + 2 * CUVIL_VL && s < Smax; s++)
             for (int64_t e = 0; e < a->Ev; e += 64 / sizeof(float)) __builtin_prefetch(vb + s * a->vl + e, 0, 2);
         cuvil_vf acc[RB][2];
-        for (int r = 0; r < RB; r++) acc[r][0] = acc[r][1] = cuvil_vsplat(0.f);
+        for (int r = 0; r < N; r++) acc[r][0] = acc[r][1] = cuvil_vsplat(0.f);
         for (int64_t e = 0; e < a->E; e++) {
             cuvil_vf k0 = cuvil_vload(kt + e * Sp + s0), k1 = cuvil_vload(kt + e * Sp + s0 + CUVIL_VL);
-            for (int r = 0; r < RB; r++) {
+            for (int r = 0; r < N; r++) {
                 cuvil_vf q = cuvil_vsplat(qr[r][e]);
                 acc[r][0] += q * k0, acc[r][1] += q * k1;
             }
         }
-        for (int r = 0; r < RB; r++) {
+        for (int r = 0; r < N; r++) {
             cuvil_vstore(sc + r * Sp + s0, acc[r][0] * a->scale);
             cuvil_vstore(sc + r * Sp + s0 + CUVIL_VL, acc[r][1] * a->scale);
         }
     }
-    for (int r = 0; r < RB; r++) {                                  /* mask and softmax, row by row */
+    for (int r = 0; r < N; r++) {                                  /* mask and softmax, row by row */
         float *p = sc + r * Sp;
         const int64_t mo = b * a->mb + hr[r] * a->mh + lr[r] * a->ml;
         if (a->mask_kind == 1) {
@@ -115,19 +116,34 @@ static void attend_rows(const cuvil_attn *a, int64_t b, const int64_t hr[RB], co
     for (int64_t e0 = 0; e0 < a->Ev; e0 += 2 * CUVIL_VL) {           /* P V */
         int two = e0 + 2 * CUVIL_VL <= a->Ev;
         cuvil_vf acc[RB][2];
-        for (int r = 0; r < RB; r++) acc[r][0] = acc[r][1] = cuvil_vsplat(0.f);
+        for (int r = 0; r < N; r++) acc[r][0] = acc[r][1] = cuvil_vsplat(0.f);
         for (int64_t s = 0; s < Smax; s++) {
             const float *vr = vb + s * a->vl + e0;
             cuvil_vf v0 = cuvil_vload(vr), v1 = two ? cuvil_vload(vr + CUVIL_VL) : v0;
-            for (int r = 0; r < RB; r++) {
+            for (int r = 0; r < N; r++) {
                 cuvil_vf pr = cuvil_vsplat(sc[r * Sp + s]);
                 acc[r][0] += pr * v0, acc[r][1] += pr * v1;
             }
         }
-        for (int r = 0; r < rb; r++) {
+        for (int r = 0; r < N; r++) {
             cuvil_vstore(orow[r] + e0, acc[r][0]);
             if (two) cuvil_vstore(orow[r] + e0 + CUVIL_VL, acc[r][1]);
         }
+    }
+}
+
+/* rb rows with the tile of exactly rb rows: a decode step's 8 query heads per KV head (TinyLlama,
+ * Llama-3-8B: 8 and 4) went as 6 + 6, the second tile computing 4 rows only to drop them. */
+static void attend_rows(const cuvil_attn *a, int64_t b, const int64_t hr[RB], const int64_t lr[RB], int rb,
+                        int64_t off, const float *const qr[RB], const float *kt, int64_t Sp, const float *vb,
+                        float *const orow[RB], float *sc) {
+    switch (rb) {
+    case 1: attend_rows_n(1, a, b, hr, lr, off, qr, kt, Sp, vb, orow, sc); break;
+    case 2: attend_rows_n(2, a, b, hr, lr, off, qr, kt, Sp, vb, orow, sc); break;
+    case 3: attend_rows_n(3, a, b, hr, lr, off, qr, kt, Sp, vb, orow, sc); break;
+    case 4: attend_rows_n(4, a, b, hr, lr, off, qr, kt, Sp, vb, orow, sc); break;
+    case 5: attend_rows_n(5, a, b, hr, lr, off, qr, kt, Sp, vb, orow, sc); break;
+    default: attend_rows_n(RB, a, b, hr, lr, off, qr, kt, Sp, vb, orow, sc); break;
     }
 }
 
@@ -173,6 +189,9 @@ static void transpose_keys(const float *k, int64_t kl, int64_t S, int64_t E, flo
 }
 #endif
 
+/* Rows of the next tile when `rows` rows are left for `tiles` tiles. */
+static inline int rb_of(int64_t rows, int64_t tiles) { return (int)((rows + tiles - 1) / tiles); }
+
 /* Task t: batch b, KV head hk, rows [i0, i0 + qb) of the rows that read it: row i is query head
  * hk * group + i / L at position i % L. The query heads of a KV group share one K^T, so a decode
  * step (L = 1) attends for all of a group's heads at once. */
@@ -200,18 +219,20 @@ static void attention_task(void *ctx, int64_t t0, int64_t t1) {
         float sc[use_kt ? RB * Sp + 1 : S + 1] __attribute__((aligned(64)));
         int64_t i = i0;
         if (use_kt && a->Ev % CUVIL_VL == 0 && S > 0)
-            for (; i < i1; i += RB) {
-                int rb = i1 - i < RB ? (int)(i1 - i) : RB;
+            /* as few tiles as RB allows, of even rows: 8 rows as 4 + 4, not 6 + 2 */
+            for (int64_t tiles = (i1 - i + RB - 1) / RB; tiles > 0; tiles--) {
+                int rb = rb_of(i1 - i, tiles);
                 int64_t hr[RB], lr[RB];
                 const float *qr[RB];
                 float *orow[RB];
-                for (int r = 0; r < RB; r++) {
-                    int64_t ir = i + (r < rb ? r : rb - 1);
+                for (int r = 0; r < rb; r++) {
+                    int64_t ir = i + r;
                     hr[r] = hk * group + ir / a->L, lr[r] = ir % a->L;
                     qr[r] = args->q + b * a->qb + hr[r] * a->qh + lr[r] * a->ql;
                     orow[r] = args->out + b * a->ob + hr[r] * a->oh + lr[r] * a->ol;
                 }
                 attend_rows(a, b, hr, lr, rb, off, qr, kt, Sp, vb, orow, sc);
+                i += rb;
             }
         for (; i < i1; i++) {
             int64_t h = hk * group + i / a->L, l = i % a->L, pos = l + off;

@@ -64,6 +64,25 @@ def test_out_buffers_reused_switched_and_dropped(mlp):
         b.resize((4, 4))
 
 
+def test_input_array_passed_again_is_read_again(mlp):
+    """The same input array in consecutive calls (its pointer and shape are kept between them):
+    changed in place, then another batch size, then reshaped in place; held, it cannot be resized."""
+    m, x, _ = mlp
+    cm = cuvil.compile(m, (x,), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=8)},))
+    ref = lambda arr: m(torch.from_numpy(arr.copy())).detach().numpy()
+    a = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)
+    b = a[:3].copy()
+    for arr in (a, a, b, a):
+        (r,) = cm.run(arr)
+        np.testing.assert_allclose(r, ref(arr), rtol=1e-4, atol=1e-4)
+        a *= -2.0
+    with pytest.raises(ValueError, match="resize"):
+        a.resize((4, 16))
+    a.shape = (16, 8)
+    with pytest.raises(cuvil.ShapeError, match="expected shape"):
+        cm.run(a)
+
+
 def test_nested_outputs_rebuilt():
     torch.manual_seed(0)
     m = TwoHeads().eval()

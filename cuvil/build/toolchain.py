@@ -25,7 +25,7 @@ TARGET_NAMES = ("native", "cpu") + tuple(TARGETS)
 # -fopenmp-simd: `omp simd` hints only (threads come from kernels/pool.c, not OpenMP);
 # -fno-trapping-math lets loops with selects (relu, max, the NaN checks of smath.h) vectorize
 COMMON_FLAGS = ["-O3", "-fPIC", "-pthread", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math",
-                "-ffp-contract=fast", "-std=gnu11", "-Wno-unused-variable", "-Wno-unused-but-set-variable"]
+                "-ffp-contract=fast", "-std=gnu11", "-falign-functions=64", "-falign-loops=64", "-Wno-unused-variable", "-Wno-unused-but-set-variable"]
 
 
 def cpu_flags() -> set:
@@ -132,7 +132,7 @@ def _kernels_root(cache_dir: Path) -> Path:
 def kernels_object(target: str, cache_dir: Path) -> Path:
     """kernels.a for this target and compiler, built once per machine and kept (see _kernels_root)."""
     key = hashlib.sha256(f"{target}|{compiler_version()}|{kernel_sources_digest()}|"
-                         f"{' '.join(target_flags(target))}".encode()).hexdigest()[:20]
+                         f"{' '.join(COMMON_FLAGS + target_flags(target))}".encode()).hexdigest()[:20]
     dest = _kernels_root(cache_dir) / key / "libcuvil_kernels.a"
     if dest.exists():
         return dest

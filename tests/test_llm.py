@@ -175,3 +175,17 @@ def test_unchanged_checkpoint_is_not_converted_again(tmp_path, monkeypatch):
         ref = model(torch.tensor([prompt])).logits[0].numpy()
     np.testing.assert_allclose(changed.prefill(prompt), ref, atol=1e-3, rtol=0)
     assert list((cdir / "tmp").iterdir()) == []
+
+
+def test_stacked_weights_read_part_by_part():
+    """A stacked tensor (q, k and v; gate and up) reads as the concatenation, whole or by rows across
+    the parts' boundaries, as the converter reads a head in blocks of rows."""
+    from cuvil.llm.weights import TensorSource
+    parts = {n: np.arange(r * 3, dtype=np.float32).reshape(r, 3) + 100 * i for i, (n, r) in enumerate([("a", 4), ("b", 2), ("c", 5)])}
+    src = TensorSource(lambda n: parts[n], parts, lambda n, a, b: parts[n][a:b], lambda n: parts[n].shape)
+    name = src.stacked(["a", "b", "c"])
+    whole = np.concatenate([parts["a"], parts["b"], parts["c"]])
+    assert src.shape(name) == (11, 3)
+    np.testing.assert_array_equal(src.get(name), whole)
+    for lo, hi in [(0, 11), (3, 7), (4, 6), (5, 11), (0, 8192)]:
+        np.testing.assert_array_equal(src.rows(name, lo, hi), whole[lo:hi])

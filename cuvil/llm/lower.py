@@ -56,6 +56,15 @@ def _linear(g, x, tensors, name, precision: str, group: int, residual=None, bias
     return g.add("matmul_q", ins, attrs)
 
 
+def _split_last(g, y, sizes):
+    """y[..., n] -> its consecutive pieces of `sizes` along the last axis."""
+    parts, start = [], 0
+    for n in sizes:
+        parts.append(g.add("slice", [y], {"axis": -1, "start": start, "length": n}))
+        start += n
+    return parts
+
+
 def build_step_graph(spec: LlamaSpec, tensors, inv_freq, rope_scale, *, precision="fp32", group=64,
                      max_batch=1, max_seq_len=2048, progress=None) -> Graph:
     B, T = D.Sym("batch"), D.Sym("seq")
@@ -76,11 +85,13 @@ def build_step_graph(spec: LlamaSpec, tensors, inv_freq, rope_scale, *, precisio
         t = p.format(i)
         h = g.add("rms_norm", [x, g.const(tensors.get(t + "input_layernorm.weight").astype(np.float32))],
                   {"axis": 2, "eps": spec.rms_eps})
-        qkv = []
-        for name, heads in (("q", H), ("k", Hk), ("v", Hk)):
-            bias = tensors.get(t + f"self_attn.{name}_proj.bias") if spec.qkv_bias else None
-            y = _linear(g, h, tensors, t + f"self_attn.{name}_proj.weight", precision, group, bias=bias)
-            qkv.append(g.add("reshape", [y], {"shape": [B, T, heads, Dh]}))
+        # q, k and v as one GEMM over the stacked weights, then split
+        names = [t + f"self_attn.{n}_proj.weight" for n in "qkv"]
+        bias = (np.concatenate([tensors.get(t + f"self_attn.{n}_proj.bias") for n in "qkv"])
+                if spec.qkv_bias else None)
+        y = _linear(g, h, tensors, tensors.stacked(names), precision, group, bias=bias)
+        qkv = [g.add("reshape", [part], {"shape": [B, T, heads, Dh]})
+               for part, heads in zip(_split_last(g, y, [H * Dh, Hk * Dh, Hk * Dh]), (H, Hk, Hk))]
         q = g.add("rope", [qkv[0], pos, freq], {"scale": rope_scale})
         k = g.add("rope", [qkv[1], pos, freq], {"scale": rope_scale})
         kc = g.add("kv_update", [kc, k, start], {"layer": i})
@@ -90,8 +101,8 @@ def build_step_graph(spec: LlamaSpec, tensors, inv_freq, rope_scale, *, precisio
         x = _linear(g, a, tensors, t + "self_attn.o_proj.weight", precision, group, residual=x)
         h = g.add("rms_norm", [x, g.const(tensors.get(t + "post_attention_layernorm.weight").astype(np.float32))],
                   {"axis": 2, "eps": spec.rms_eps})
-        gate = _linear(g, h, tensors, t + "mlp.gate_proj.weight", precision, group)
-        up = _linear(g, h, tensors, t + "mlp.up_proj.weight", precision, group)
+        gate_up = tensors.stacked([t + "mlp.gate_proj.weight", t + "mlp.up_proj.weight"])
+        gate, up = _split_last(g, _linear(g, h, tensors, gate_up, precision, group), [spec.intermediate] * 2)
         x = _linear(g, g.add("mul", [g.add("silu", [gate]), up]), tensors, t + "mlp.down_proj.weight",
                     precision, group, residual=x)
         if progress:

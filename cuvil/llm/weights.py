@@ -18,20 +18,47 @@ class TensorSource:
     def __init__(self, get, names, rows, shape):
         self._get, self._rows, self._shape = get, rows, shape
         self.names = set(names)
+        self._stacks = {}            # joined name -> the tensors stacked along the first axis
+
+    def stacked(self, names) -> str:
+        """The first-axis concatenation of `names` as one more tensor, read part by part like the
+        others; returns its name. Projections that read the same input (q, k and v; gate and up)
+        become one GEMM: a decode step then streams them in one pass over the threads, where three
+        small ones each ended on a thread waiting for the other's last chunk."""
+        for n in names:
+            self._check(n)
+        name = "+".join(names)
+        self._stacks[name] = list(names)
+        self.names.add(name)
+        return name
 
     def __contains__(self, name):
         return name in self.names
 
     def get(self, name) -> np.ndarray:
         self._check(name)
+        if name in self._stacks:
+            return np.concatenate([self._get(n) for n in self._stacks[name]])
         return self._get(name)
 
     def rows(self, name, start, stop) -> np.ndarray:
         self._check(name)
-        return self._rows(name, start, stop)
+        if name not in self._stacks:
+            return self._rows(name, start, stop)
+        parts, base = [], 0
+        for n in self._stacks[name]:
+            count = self._shape(n)[0]
+            lo, hi = max(start - base, 0), min(stop - base, count)
+            if lo < hi:
+                parts.append(self._rows(n, lo, hi))
+            base += count
+        return np.concatenate(parts)
 
     def shape(self, name) -> tuple:
         self._check(name)
+        if name in self._stacks:
+            shapes = [self._shape(n) for n in self._stacks[name]]
+            return (sum(s[0] for s in shapes), *shapes[0][1:])
         return self._shape(name)
 
     def _check(self, name):

@@ -26,10 +26,15 @@ bench: $(STAMP)
 	$(BIN)/pip install -q -r benchmarks/requirements.txt
 	$(BIN)/python -m benchmarks.run
 
-# the LLM table: builds llama.cpp from source the first time (about 15 minutes on 2 cores)
+# the LLM table: builds llama.cpp from source the first time (about 15 minutes on 2 cores). Without
+# its AMX backend: on this project's Sapphire-Rapids-class VMs it segfaults in the first quantized
+# matmul (ggml-org/llama.cpp#20824); the AVX-512 VNNI kernels are what it runs instead. GGML_AMX_*=OFF
+# does not do it: -march=native turns AMX back on, and an explicit -mno-amx-* outranks -march
+NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+LLAMACPP_CMAKE := -DGGML_NATIVE=ON -DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'
 bench-llm: $(STAMP)
 	$(BIN)/pip install -q -r benchmarks/requirements.txt
-	CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/pip install -q -r benchmarks/requirements-llamacpp.txt
+	CMAKE_ARGS="$(LLAMACPP_CMAKE)" $(BIN)/pip install -q -r benchmarks/requirements-llamacpp.txt
 	$(BIN)/python -m benchmarks.llm
 
 clean:

@@ -218,6 +218,17 @@ def bench_eager(ckpt, threads, prompt, new_tokens):
 LLAMACPP_TYPES = {"fp32": "f32", "int8": "q8_0", "int4": "q4_0"}     # cuvil precision -> the GGUF type it faces
 
 
+def llamacpp_features():
+    """The CPU features llama.cpp was built with ("AVX2, AVX512, ..., REPACK"), or None when it is missing."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    info = llama_cpp.llama_print_system_info().decode()
+    return ", ".join(k.strip() for k, v in (f.split("=") for f in info.split(":", 1)[-1].split("|") if "=" in f)
+                     if v.strip() == "1" and k.strip() not in ("SSE3", "SSSE3", "AVX", "F16C", "FMA", "BMI2"))
+
+
 def _llamacpp_model(llama_cpp, ckpt, qtype, threads, n_batch):
     from benchmarks.gguf_export import export
     path = OUT / f"{ckpt.name}-{qtype}.gguf"
@@ -355,6 +366,7 @@ def main(argv=None):
     results = {"shape": shape, "machine": None, "rows": []}
     from benchmarks.timing import machine_line
     results["machine"] = machine_line()
+    results["llamacpp_features"] = llamacpp_features()
     for threads in [int(t) for t in a.threads.split(",")]:
         print(f"[{threads}t] read bandwidth {memory_bandwidth(threads) / 1e9:.1f} GB/s", flush=True)
         if not a.no_eager:
@@ -405,7 +417,7 @@ def write_section(readme: Path, results, command):
              "% of roofline: decode runs in 4 chunks with a read-bandwidth probe (the best of single- and "
              "multi-stream sums over 1 GiB) right before each; each chunk's weight bytes per second over its probe, "
              "median of the 4 (the probe's median in brackets): this machine's bandwidth drifts 2x within minutes. llama.cpp: llama-cpp-python 0.3.36 "
-             "(built from source, GGML_NATIVE: AVX2, REPACK) on GGUF F32/Q8_0/Q4_0 exports of the same checkpoint "
+             f"(built from source with {results.get('llamacpp_features') or 'its native CPU features'}) on GGUF F32/Q8_0/Q4_0 exports of the same checkpoint "
              "(benchmarks/gguf_export.py), run right after the cuvil row it faces; its % of roofline uses cuvil's "
              "bytes per token (Q8_0 and Q4_0 carry 8.5 and 4.5 bits per weight; cuvil int8 8 plus a float scale per "
              "column, int4 4.25 at group 64: float16 scales).", "",

@@ -153,9 +153,9 @@ static inline __attribute__((always_inline)) void gemv_panels(int S, int bits, i
     for (int s = 0; s < S; s++) { cuvil_vstore(acc[s][0], c[s][0]); cuvil_vstore(acc[s][0] + CUVIL_VL, c[s][1]); }
 }
 
-#if defined(__AVX2__) && CUVIL_VL == 8 && CUVIL_MR == 6
+#if defined(__AVX2__) && CUVIL_MR == 6
 #include <immintrin.h>
-/* Eight columns k..k+7 of six rows into [8][6]: two unpacks and a shuffle put rows 0-3 of column k
+/* Eight columns k..k+7 of six rows into [8][6] (AVX2 instructions: AVX-512 targets have them too): two unpacks and a shuffle put rows 0-3 of column k
  * in one 128-bit half, an unpack pairs rows 4-5; a 16- and an 8-byte store per column. */
 static inline void pack_a_8k(const float *const rows[6], int64_t k, float *dst) {
     __m256 r[6];
@@ -196,7 +196,12 @@ static void pack_a(const float *A, int64_t lda, int64_t i0, int64_t i1, int64_t 
 /* The first n lanes of p (0 <= n <= VL), the rest 0, without touching memory past them; and the
  * matching store. The edge panel of a GEMM whose N is not a multiple of NR (a 14x14 conv's 196
  * columns) stays on the register path with these instead of going round through a buffer. */
-#if defined(__AVX2__) && CUVIL_VL == 8
+#if defined(__AVX512F__) && CUVIL_VL == 16
+#include <immintrin.h>
+/* AVX-512 masks lanes itself (the element loops below cost ResNet's 7x7 and 14x14 edge panels) */
+static inline cuvil_vf vload_first(const float *p, int64_t n) { return (cuvil_vf)_mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p); }
+static inline void vstore_first(float *p, cuvil_vf v, int64_t n) { _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1), (__m512)v); }
+#elif defined(__AVX2__) && CUVIL_VL == 8
 #include <immintrin.h>
 static const int32_t lane_mask_table[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
 static inline __m256i lane_mask(int64_t n) { return _mm256_loadu_si256((const __m256i *)(lane_mask_table + 8 - n)); }

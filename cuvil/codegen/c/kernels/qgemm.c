@@ -5,6 +5,20 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define CUVIL_QGEMM_AVX2 1
+/* acc + the sums of four u8 x s8 products per 32-bit lane: one VNNI instruction where the target has
+ * it (as ggml's Q4_0 x Q8_0), else maddubs and a widening madd. The same integers either way: maddubs
+ * cannot saturate here (u <= 128, |s| <= 127: a pair is at most 32512). */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define CUVIL_VNNI 1
+static inline __m256i dot4_add(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
+#elif defined(__AVXVNNI__)
+#define CUVIL_VNNI 1
+static inline __m256i dot4_add(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_avx_epi32(acc, u, s); }
+#else
+static inline __m256i dot4_add(__m256i acc, __m256i u, __m256i s) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+#endif
 #endif
 
 /* ---- activation quantization ------------------------------------------------------------ */
@@ -66,8 +80,9 @@ static inline int q_value(const qargs *a, int64_t k, int64_t n) {
  * one multiply-add per eight columns. maddubs multiplies the unsigned nibbles by four activation bytes
  * broadcast to every lane; int16 partials run over at most 64 values of K (32 products per lane),
  * starting at -8 x the activations they meet (noff, made once per row): the sum is then of
- * (nibble - 8) x activation, within +-8 x 127 x 32, no saturation. MR rows x NB column blocks, all
- * compile-time constants; U = chunks of eight K per int16 run, UPG = runs per group. */
+ * (nibble - 8) x activation, within +-8 x 127 x 32, no saturation. With VNNI the partials are int32
+ * and each pair of maddubs and adds is one dpbusd. MR rows x NB column blocks, all compile-time
+ * constants; U = chunks of eight K per int16 run, UPG = runs per group. */
 static inline __attribute__((always_inline)) void q4_tile(const qargs *a, int MR, int NB, int U, int UPG, int64_t m0,
                                                           int64_t b0, __m256 acc[4][4]) {
     const int64_t K = a->K, G = a->nb, runs = K / (8 * U);
@@ -95,6 +110,9 @@ static inline __attribute__((always_inline)) void q4_tile(const qargs *a, int MR
             __m256i p[4][4];
             for (int i = 0; i < MR; i++) {
                 __m256i no = _mm256_load_si256(nor[i] + run);
+#ifdef CUVIL_VNNI
+                no = _mm256_madd_epi16(no, ones);      /* VNNI: the partials are int32 from the start */
+#endif
                 for (int j = 0; j < NB; j++) p[i][j] = no;
             }
             for (int c = 0; c < U; c++) {
@@ -110,13 +128,21 @@ static inline __attribute__((always_inline)) void q4_tile(const qargs *a, int MR
                     const __m256i xl = _mm256_set1_epi32(*(const int32_t *)(xr[i] + kc * 8));
                     const __m256i xh = _mm256_set1_epi32(*(const int32_t *)(xr[i] + kc * 8 + 4));
                     for (int j = 0; j < NB; j++)
+#ifdef CUVIL_VNNI
+                        p[i][j] = dot4_add(dot4_add(p[i][j], wl[j], xl), wh[j], xh);
+#else
                         p[i][j] = _mm256_add_epi16(_mm256_add_epi16(p[i][j], _mm256_maddubs_epi16(wl[j], xl)),
                                                    _mm256_maddubs_epi16(wh[j], xh));
+#endif
                 }
             }
             for (int i = 0; i < MR; i++)
                 for (int j = 0; j < NB; j++) {
+#ifdef CUVIL_VNNI
+                    __m256i s32 = p[i][j];
+#else
                     __m256i s32 = _mm256_madd_epi16(p[i][j], ones);
+#endif
                     sum[i][j] = u ? _mm256_add_epi32(sum[i][j], s32) : s32;
                 }
         }
@@ -163,7 +189,6 @@ static inline __attribute__((always_inline)) void q8_tile(const qargs *a, int MR
     }
     for (int i = 0; i < MR; i++)
         for (int j = 0; j < NB; j++) acc[i][j] = _mm256_setzero_ps();
-    const __m256i ones = _mm256_set1_epi16(1);
 #pragma GCC unroll 1
     for (int64_t blk = 0; blk < nb; blk++) {
         __m256i is[4][4];
@@ -176,8 +201,7 @@ static inline __attribute__((always_inline)) void q8_tile(const qargs *a, int MR
                 const __m256i w = _mm256_loadu_si256((const __m256i *)(wc[j] + kc * 32)), aw = _mm256_sign_epi8(w, w);
                 for (int i = 0; i < MR; i++) {
                     const __m256i x = _mm256_set1_epi32(*(const int32_t *)(xr[i] + kc * 4));
-                    is[i][j] = _mm256_add_epi32(is[i][j], _mm256_madd_epi16(
-                        _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), ones));
+                    is[i][j] = dot4_add(is[i][j], aw, _mm256_sign_epi8(x, w));
                 }
             }
         }

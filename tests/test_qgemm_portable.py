@@ -1,5 +1,6 @@
 """The integer-dot kernel, built with AVX2 switched off (the portable C path a CPU without it, e.g.
-aarch64, runs) and for this machine, each checked against matmul_q's numpy reference."""
+aarch64, runs), for plain AVX2 (maddubs: the path of a CPU without VNNI, whatever this one has) and for
+this machine (VNNI dpbusd where it has it), each checked against matmul_q's numpy reference."""
 import ctypes
 import platform
 import subprocess
@@ -7,7 +8,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from cuvil.build.toolchain import KERNELS_DIR
+from cuvil.build.toolchain import KERNELS_DIR, cpu_flags
 from cuvil.codegen.c.lower_llm import _q4_block_scales, _q4_blocks, _q8_block_scales, _q8_blocks
 from cuvil.ir.ops import REGISTRY
 from cuvil.ir.ops.llm import act_block
@@ -15,12 +16,15 @@ from cuvil.ir.ops.llm import act_block
 from .test_ops import _quantize
 
 
-@pytest.fixture(scope="module", params=["portable", "native"])
+@pytest.fixture(scope="module", params=["portable", "avx2", "native"])
 def portable_lib(request, tmp_path_factory):
-    """The kernel built without AVX2 (the portable C tiles) and for this machine (its vector tiles)."""
+    """The kernel built without AVX2 (the portable C tiles), for Haswell's AVX2 and for this machine."""
     out = tmp_path_factory.mktemp("qgemm") / "libqgemm.so"
-    flags = ["-march=native"] if request.param == "native" else (
-        ["-mno-avx2", "-mno-fma"] if platform.machine() in ("x86_64", "AMD64") else [])
+    x86 = platform.machine() in ("x86_64", "AMD64")
+    if request.param == "avx2" and not (x86 and "avx2" in cpu_flags()):
+        pytest.skip("the AVX2 tiles need an x86-64 CPU with AVX2 to run")
+    flags = {"native": ["-march=native"], "avx2": ["-march=haswell"]}.get(
+        request.param, ["-mno-avx2", "-mno-fma"] if x86 else [])
     subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-pthread", *flags, str(KERNELS_DIR / "qgemm.c"),
                     str(KERNELS_DIR / "gemm.c"), str(KERNELS_DIR / "pool.c"), "-o", str(out), "-lm"], check=True)
     lib = ctypes.CDLL(str(out))

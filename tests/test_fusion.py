@@ -84,6 +84,32 @@ def test_conv_bias_residual_relu(groups, cin, cout, k, stride, pad):
     assert ops_of(cm) == ["conv"] and cm.graph.nodes[0].attrs["act"] == "relu"
 
 
+@pytest.mark.parametrize("n,cin,cout,h,w,residual", [
+    (2, 300, 40, 7, 7, True),      # 49 pixels: two panels a quarter empty
+    (1, 100, 33, 1, 5, False),     # 33 channels: a partial block of the transpose back to NCHW
+    (2, 200, 17, 3, 3, True),      # fewer pixels than a vector
+    (2, 300, 40, 1, 1, False),     # one pixel (a squeeze-excite block's conv): the GEMV path
+    (1, 1400, 20, 17, 17, True)])  # 289 pixels: more than one span of the transpose
+def test_conv1x1_swapped(n, cin, cout, h, w, residual):
+    """1x1 convs whose pixels would leave many of the GEMM's panel lanes empty run with the pixels as its
+    rows (cuvil_conv1x1_swapped: filters packed as B, the input read as a transposed A), then turn the
+    product back to NCHW with bias, residual and ReLU."""
+    g = Graph()
+    x = Value(TensorType((n, cin, h, w), "float32"), "x")
+    g.inputs = [x]
+    y = g.add("conv", [x, g.const(f32(cout, cin, 1, 1)), g.const(f32(cout))],
+              {"strides": [1, 1], "pads": [(0, 0), (0, 0)]})
+    inputs = [f32(n, cin, h, w)]
+    if residual:
+        r = Value(TensorType(y.shape, "float32"), "r")
+        g.inputs.append(r)
+        inputs.append(f32(n, cout, h, w))
+        y = g.add("add", [y, r])
+    g.outputs = [g.add("relu", [y])]
+    cm = check_graph(g, inputs)
+    assert ops_of(cm) == ["conv"] and "cuvil_conv1x1_swapped(" in cm.c_source
+
+
 def _attention_graph(B, H, Hk, L, S, E, mask=None, causal=False, layouts=False, Ev=None):
     g = Graph()
     Ev = E + 1 if Ev is None else Ev

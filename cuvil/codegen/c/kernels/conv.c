@@ -224,6 +224,109 @@ void cuvil_conv2d(const cuvil_conv_shape *s, const float *x, const float *w, con
         }
 }
 
+typedef struct { const cuvil_conv_shape *s; const float *c, *bias, *residual; float *y; int act; int64_t ldc; } unswap_args;
+
+#if defined(__AVX2__) && (CUVIL_VL == 8 || (CUVIL_VL == 16 && defined(__AVX512F__)))
+#include <immintrin.h>
+/* out[j][i] = src[i][j] for an 8 x 8 block (rows lds floats apart), in registers */
+static inline void transpose8(const float *src, int64_t lds, __m256 out[8]) {
+    __m256 r[8], u[8], v[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + i * lds);
+    for (int i = 0; i < 8; i += 2) u[i] = _mm256_unpacklo_ps(r[i], r[i + 1]), u[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    for (int i = 0; i < 8; i += 4)
+        for (int h = 0; h < 2; h++) {
+            v[i + 2 * h] = _mm256_shuffle_ps(u[i + h], u[i + h + 2], 0x44);
+            v[i + 2 * h + 1] = _mm256_shuffle_ps(u[i + h], u[i + h + 2], 0xee);
+        }
+    for (int j = 0; j < 4; j++) {
+        out[j] = _mm256_permute2f128_ps(v[j], v[j + 4], 0x20);
+        out[j + 4] = _mm256_permute2f128_ps(v[j], v[j + 4], 0x31);
+    }
+}
+
+/* t[j * ldt + i] = cb[i * ldc + j] for a whole VL x VL block, by 8 x 8 transposes in registers (element by
+ * element, turning a 256 -> 1024-channel conv's 14x14 product to NCHW took a third of the GEMM's
+ * time). Each row of t is stored as one vector: two 8-float halves, stored apart, stalled the vector
+ * load that read them back on store forwarding. */
+static inline void transpose_block(const float *cb, int64_t ldc, float *t, int64_t ldt) {
+    for (int jb = 0; jb < CUVIL_VL; jb += 8) {
+        __m256 lo[8];
+        transpose8(cb + jb, ldc, lo);
+#if CUVIL_VL == 16
+        __m256 hi[8];
+        transpose8(cb + 8 * ldc + jb, ldc, hi);
+        for (int j = 0; j < 8; j++)
+            _mm512_store_ps(t + (jb + j) * ldt, _mm512_castpd_ps(_mm512_insertf64x4(
+                                           _mm512_castps_pd(_mm512_castps256_ps512(lo[j])), _mm256_castps_pd(hi[j]), 1)));
+#else
+        for (int j = 0; j < 8; j++) _mm256_store_ps(t + (jb + j) * ldt, lo[j]);
+#endif
+    }
+}
+#define CUVIL_TRANSPOSE_BLOCK 1
+#endif
+
+/* Pixels per pass of the transpose: one channel block's rows of y over them stay in L1 (16 KB) */
+#define UNSWAP_SPAN 256
+
+/* y[o][p] = act(c[p][o] + bias[o] + residual[o][p]), output channels in blocks of VL. A block's rows
+ * over a span of pixels are transposed into t first, then finished row by row, so that residual and
+ * y are read and written in runs along their rows (finished tile by tile, VL rows at a time a VL
+ * floats each, the residual's loads missed cache: a 256 -> 1024 conv at 14x14 spent 17% of its
+ * time here). */
+static void unswap_task(void *ctx, int64_t b0, int64_t b1) {
+    const unswap_args *a = ctx;
+    int64_t O = a->s->O, P = a->s->OH * a->s->OW, ldc = a->ldc;
+    float t[CUVIL_VL][UNSWAP_SPAN] __attribute__((aligned(64)));
+    for (int64_t b = b0; b < b1; b++) {
+        int64_t o0 = b * CUVIL_VL, no = O - o0 < CUVIL_VL ? O - o0 : CUVIL_VL;
+        for (int64_t s0 = 0; s0 < P; s0 += UNSWAP_SPAN) {
+            int64_t ns = P - s0 < UNSWAP_SPAN ? P - s0 : UNSWAP_SPAN;
+            for (int64_t i0 = 0; i0 < ns; i0 += CUVIL_VL) {
+                int64_t np = ns - i0 < CUVIL_VL ? ns - i0 : CUVIL_VL;
+                const float *cb = a->c + (s0 + i0) * ldc + o0;
+#ifdef CUVIL_TRANSPOSE_BLOCK
+                if (np == CUVIL_VL && no == CUVIL_VL) {
+                    transpose_block(cb, ldc, &t[0][i0], UNSWAP_SPAN);
+                    continue;
+                }
+#endif
+                for (int64_t i = 0; i < np; i++)
+                    for (int64_t j = 0; j < no; j++) t[j][i0 + i] = cb[i * ldc + j];
+            }
+            for (int64_t j = 0; j < no; j++) {
+                float *yr = a->y + (o0 + j) * P + s0;
+                const float *rr = a->residual ? a->residual + (o0 + j) * P + s0 : 0;
+                const float bj = a->bias ? a->bias[o0 + j] : 0.f;
+                int64_t i = 0;
+                for (; i + CUVIL_VL <= ns; i += CUVIL_VL) {
+                    cuvil_vf v = cuvil_vload(t[j] + i) + bj;
+                    if (rr) v += cuvil_vload(rr + i);
+                    cuvil_vstore(yr + i, cuvil_vact(v, a->act));
+                }
+                for (; i < ns; i++) yr[i] = cuvil_act(t[j][i] + bj + (rr ? rr[i] : 0.f), a->act);
+            }
+        }
+    }
+}
+
+/* The product's rows: a vector more than the channels, so that the 8 rows a transpose reads do not
+ * share one L1 set when the channels are a power of two (as in most nets) */
+static inline int64_t swapped_ldc(const cuvil_conv_shape *s) { return s->O + CUVIL_VL; }
+
+int64_t cuvil_conv1x1_swapped_scratch(const cuvil_conv_shape *s) { return swapped_ldc(s) * s->OH * s->OW; }
+
+void cuvil_conv1x1_swapped(const cuvil_conv_shape *s, const float *x, const float *wb, const float *bias,
+                           const float *residual, float *y, int act, float *scratch, int nthreads) {
+    int64_t P = s->OH * s->OW, ldc = swapped_ldc(s);
+    for (int64_t n = 0; n < s->N; n++) {
+        cuvil_sgemm_at_packed(P, s->O, s->C, x + n * s->C * P, P, wb, scratch, ldc, 0, nthreads);
+        unswap_args a = {s, scratch, bias, residual ? residual + n * s->O * P : 0, y + n * s->O * P, act, ldc};
+        int64_t blocks = (s->O + CUVIL_VL - 1) / CUVIL_VL;
+        cuvil_parallel_for(blocks * P > 4096 ? nthreads : 1, blocks, 1, unswap_task, &a);
+    }
+}
+
 typedef struct { const cuvil_conv_shape *s; int64_t ph1, pw1; int mode; const float *x; float *y; } pool_args;
 
 static inline float pool_combine(int mode, float acc, float v) {

@@ -193,6 +193,20 @@ static void pack_a(const float *A, int64_t lda, int64_t i0, int64_t i1, int64_t 
         for (int i = 0; i < CUVIL_MR; i++) Ap[k * CUVIL_MR + i] = rows[i][k];
 }
 
+/* The same tile from A given transposed (A[m][k] = At[k * lda + m]): each K step copies MR consecutive
+ * floats, so a 1x1 conv's NCHW input serves as the A of (pixels x channels) with no transpose first. */
+static void pack_at(const float *At, int64_t lda, int64_t i0, int64_t i1, int64_t k0, int64_t kc, float *Ap) {
+    int mr = (int)(i1 - i0);
+    for (int64_t k = 0; k < kc; k++) {
+        const float *src = At + (k0 + k) * lda + i0;
+        float *d = Ap + k * CUVIL_MR;
+        if (mr == CUVIL_MR)
+            for (int i = 0; i < CUVIL_MR; i++) d[i] = src[i];
+        else
+            for (int i = 0; i < CUVIL_MR; i++) d[i] = src[i < mr ? i : 0];
+    }
+}
+
 /* The first n lanes of p (0 <= n <= VL), the rest 0, without touching memory past them; and the
  * matching store. The edge panel of a GEMM whose N is not a multiple of NR (a 14x14 conv's 196
  * columns) stays on the register path with these instead of going round through a buffer. */
@@ -449,6 +463,7 @@ typedef struct {
     int bits;
     float *C;
     const cuvil_epilogue *ep;
+    int a_trans;                  /* A given transposed (pack_at) */
 } gemm_args;
 
 /* Tasks t in [t0, t1): each one M block (mc rows) x pb panels, K blocked, epilogue on the last block. */
@@ -474,8 +489,8 @@ static void pack_a_task(void *ctx, int64_t t0, int64_t t1) {
     for (int64_t ti = t0; ti < t1; ti++)
         for (int64_t k0 = 0; k0 < g->K; k0 += CUVIL_KC) {
             int64_t kc = g->K - k0 < CUVIL_KC ? g->K - k0 : CUVIL_KC, i0 = ti * CUVIL_MR;
-            pack_a(g->A, g->lda, i0, i0 + CUVIL_MR < g->M ? i0 + CUVIL_MR : g->M, k0, kc,
-                   ap + (k0 * tiles + ti * kc) * CUVIL_MR);
+            (g->a_trans ? pack_at : pack_a)(g->A, g->lda, i0, i0 + CUVIL_MR < g->M ? i0 + CUVIL_MR : g->M, k0, kc,
+                                            ap + (k0 * tiles + ti * kc) * CUVIL_MR);
         }
 }
 
@@ -483,7 +498,7 @@ static void pack_a_task(void *ctx, int64_t t0, int64_t t1) {
  * buffer could not be allocated. */
 static inline const float *a_tile(const gemm_args *g, int64_t i0, int64_t k0, int64_t kc, float *tile) {
     if (g->ap) return g->ap + (k0 * ((g->M + CUVIL_MR - 1) / CUVIL_MR) + i0 / CUVIL_MR * kc) * CUVIL_MR;
-    pack_a(g->A, g->lda, i0, i0 + CUVIL_MR < g->M ? i0 + CUVIL_MR : g->M, k0, kc, tile);
+    (g->a_trans ? pack_at : pack_a)(g->A, g->lda, i0, i0 + CUVIL_MR < g->M ? i0 + CUVIL_MR : g->M, k0, kc, tile);
     return tile;
 }
 
@@ -615,13 +630,13 @@ static void gemv_task(void *ctx, int64_t p0, int64_t p1) {
 }
 
 /* The one GEMM driver: (M block x N panels) tasks over the threads. */
-static void gemm_driver(int64_t M, int64_t N, int64_t K, const float *A, const float *Ap, int64_t lda,
+static void gemm_driver(int64_t M, int64_t N, int64_t K, const float *A, const float *Ap, int64_t lda, int a_trans,
                         const void *B, int64_t ldb, int bits, const float *scales, int64_t group, float *C,
                         int64_t ldc, const cuvil_epilogue *ep, int nthreads) {
     if (M <= 0 || N <= 0) return;
     int64_t np = (N + CUVIL_NR - 1) / CUVIL_NR;
-    if (M == 1 && A && K > 0 && (bits == 32 || bits == 16)) {
-        gemm_args g = {M, N, K, lda, ldc, group, np, 0, 0, 1, ldb, A, scales, 0, B, bits, C, ep};
+    if (M == 1 && A && K > 0 && (bits == 32 || bits == 16) && (!a_trans || lda == 1)) {
+        gemm_args g = {M, N, K, lda, ldc, group, np, 0, 0, 1, ldb, A, scales, 0, B, bits, C, ep, 0};
         /* one stream group per chunk: ~4 chunks per thread left one thread idle for up to half a
          * chunk at the end of each GEMV (a 46 MB projection: 5.6 MB chunks) */
         cuvil_parallel_chunks(N * K > 65536 ? nthreads : 1, np, CUVIL_GEMV_STREAMS, gemv_task, &g);
@@ -644,7 +659,7 @@ static void gemm_driver(int64_t M, int64_t N, int64_t K, const float *A, const f
     int64_t mc = ((M + mb - 1) / mb + CUVIL_MR - 1) / CUVIL_MR * CUVIL_MR;
     int64_t tiles = (M + CUVIL_MR - 1) / CUVIL_MR;
     gemm_args g = {M, N, K, lda, ldc, group, np, nb, pb, mc, ldb, A, scales, Ap ? Ap : apack_buffer(tiles * CUVIL_MR * K),
-                   B, bits, C, ep};
+                   B, bits, C, ep, a_trans};
     /* in parallel from small sizes on: the rows were mostly just written, half by the other core */
     if (g.ap && !Ap) cuvil_parallel_for(M * K > 8192 ? nthreads : 1, tiles, 1, pack_a_task, &g);
     cuvil_parallel_for(M * N * K > 65536 ? nthreads : 1, mb * nb, 1, gemm_task, &g);
@@ -652,29 +667,34 @@ static void gemm_driver(int64_t M, int64_t N, int64_t K, const float *A, const f
 
 void cuvil_sgemm_packed(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *Bp,
                         float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads) {
-    gemm_driver(M, N, K, A, 0, lda, Bp, CUVIL_NR, 32, 0, 1, C, ldc, ep, nthreads);
+    gemm_driver(M, N, K, A, 0, lda, 0, Bp, CUVIL_NR, 32, 0, 1, C, ldc, ep, nthreads);
+}
+
+void cuvil_sgemm_at_packed(int64_t M, int64_t N, int64_t K, const float *At, int64_t lda, const float *Bp,
+                           float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads) {
+    gemm_driver(M, N, K, At, 0, lda, 1, Bp, CUVIL_NR, 32, 0, 1, C, ldc, ep, nthreads);
 }
 
 void cuvil_sgemm_packed_ab(int64_t M, int64_t N, int64_t K, const float *Ap, const float *Bp,
                            float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads) {
-    gemm_driver(M, N, K, 0, Ap, K, Bp, CUVIL_NR, 32, 0, 1, C, ldc, ep, nthreads);
+    gemm_driver(M, N, K, 0, Ap, K, 0, Bp, CUVIL_NR, 32, 0, 1, C, ldc, ep, nthreads);
 }
 
 void cuvil_sgemm_strided_b(int64_t M, int64_t N, int64_t K, const float *A, const float *Ap, const float *B,
                            int64_t ldb, float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads) {
-    gemm_driver(M, N, K, Ap ? 0 : A, Ap, K, B, ldb, CUVIL_B_STRIDED, 0, 1, C, ldc, ep, nthreads);
+    gemm_driver(M, N, K, Ap ? 0 : A, Ap, K, 0, B, ldb, CUVIL_B_STRIDED, 0, 1, C, ldc, ep, nthreads);
 }
 
 void cuvil_sgemm_produced_b(int64_t M, int64_t N, int64_t K, const float *A, const float *Ap,
                             const cuvil_b_source *src, float *C, int64_t ldc, const cuvil_epilogue *ep,
                             int nthreads) {
-    gemm_driver(M, N, K, Ap ? 0 : A, Ap, K, src, CUVIL_NR, CUVIL_B_PRODUCED, 0, 1, C, ldc, ep, nthreads);
+    gemm_driver(M, N, K, Ap ? 0 : A, Ap, K, 0, src, CUVIL_NR, CUVIL_B_PRODUCED, 0, 1, C, ldc, ep, nthreads);
 }
 
 void cuvil_sgemm_quant(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const void *Bq, int bits,
                        const float *scales, int64_t group, float *C, int64_t ldc, const cuvil_epilogue *ep,
                        int nthreads) {
-    gemm_driver(M, N, K, A, 0, lda, Bq, CUVIL_NR, bits, scales, group > 0 ? group : K, C, ldc, ep, nthreads);
+    gemm_driver(M, N, K, A, 0, lda, 0, Bq, CUVIL_NR, bits, scales, group > 0 ? group : K, C, ldc, ep, nthreads);
 }
 
 #define CUVIL_NAIVE_MATMUL(T, NAME)                                                                 \

@@ -98,8 +98,8 @@ static inline __attribute__((always_inline)) void ukernel_loop(int mr, int nv, i
 
 /* One row (GEMV, batch-1 decode) over S panels at once, fp32 or bf16 (bf16 is the high half of an
  * fp32, widened in registers). Memory bound: S concurrent sequential streams keep more DRAM reads in
- * flight than one (1 thread, 512 MB of weights: one stream 11-12 GB/s, four 16-19 GB/s; software
- * prefetch on top of them measured slower, so there is none). Six, the most whose 12 accumulators
+ * flight than one (Zen 3, 1 thread, 512 MB of weights: one stream 11-12 GB/s, four 16-19 GB/s;
+ * where software prefetch pays on top of them, gemv_panels says). Six, the most whose 12 accumulators
  * stay in AVX2 registers: against four, a 16 MB GEMV held in L3 0.89x the time, 64 MB 0.96x,
  * MLP b1 0.95x; a decode step's GEMVs 0.99x. */
 typedef uint32_t cuvil_vu32 __attribute__((vector_size(CUVIL_VL * 4), aligned(4), may_alias));
@@ -116,20 +116,33 @@ static inline void gemv_load(const void *B, int bits, int64_t i, cuvil_vf *lo, c
 }
 
 #define CUVIL_GEMV_STREAMS 6
+#if CUVIL_VL == 16              /* software prefetch: bytes ahead, locality hint, fp32 too (see below) */
+#define CUVIL_GEMV_PREFETCH 2048
+#define CUVIL_GEMV_PREFETCH_HINT 3
+#define CUVIL_GEMV_PREFETCH_FP32 1
+#else
+#define CUVIL_GEMV_PREFETCH 256
+#define CUVIL_GEMV_PREFETCH_HINT 1
+#define CUVIL_GEMV_PREFETCH_FP32 0
+#endif
 static inline __attribute__((always_inline)) void gemv_panels(int S, int bits, int64_t K, const float *A,
                                                               const void *B, float acc[][CUVIL_MR][CUVIL_NR]) {
     cuvil_vf c[CUVIL_GEMV_STREAMS][2];
     for (int s = 0; s < S; s++) c[s][0] = c[s][1] = cuvil_vsplat(0.f);
     int64_t k = 0;
-    /* bf16: two K steps (one 64-byte line of each stream) per round, and each stream's line 256 bytes
-     * ahead requested toward L2. A bf16 step costs ~6 vector instructions per 32 bytes where fp32's
-     * costs 2 per 64, so the out-of-order window held a quarter of the bytes in flight, and bf16 read
-     * 1.19x slower than fp32 over the same bytes; now 1.02x (1 thread: a TinyLlama decode step's
-     * GEMVs 0.90x the time, 97% of the read probe; 2 threads 0.97-0.98x). Further ahead or into L1
-     * was slower (1 KB: 1.06-1.15x). fp32 already reads at the probe's rate and is left as it was. */
-    if (bits == 16)
+    /* Two K steps per round, and a software prefetch of each stream's lines some way ahead. bf16
+     * costs ~6 vector instructions per 32 bytes where fp32's costs 2 per 64, so the out-of-order
+     * window alone held a quarter of the bytes in flight. Zen 3 (AVX2): bf16 one line 256 bytes ahead
+     * toward L2 went from 1.19x fp32's time per byte to 1.02x; further or into L1 was slower, and fp32
+     * gained nothing. Intel with AVX-512 (1 thread, 8 TinyLlama layers' GEMVs, out of L3): 2 KB ahead
+     * into L1 took bf16 to 0.83-0.92x the time of 256 bytes toward L2, fp32 to 0.93-0.97x; toward L2
+     * instead was 0.91-0.99x; 1 to 4 KB ahead all alike; weights held in L3 (MLP b1) unchanged. */
+    if (bits == 16 || CUVIL_GEMV_PREFETCH_FP32)
         for (; k + 2 <= K; k += 2) {
-            for (int s = 0; s < S; s++) __builtin_prefetch((const uint16_t *)B + (s * K + k) * CUVIL_NR + 128, 0, 1);
+            for (int s = 0; s < S; s++)
+                for (int line = 0; line < 2 * CUVIL_NR * bits / 8; line += 64)
+                    __builtin_prefetch((const char *)B + (s * K + k) * CUVIL_NR * (bits / 8) + line + CUVIL_GEMV_PREFETCH,
+                                       0, CUVIL_GEMV_PREFETCH_HINT);
             #pragma GCC unroll 2
             for (int u = 0; u < 2; u++) {
                 cuvil_vf a = cuvil_vsplat(A[k + u]);

@@ -683,6 +683,13 @@ static void gemm_driver(int64_t M, int64_t N, int64_t K, const float *A, const f
         if ((bits == 32 || bits == CUVIL_B_STRIDED) && K <= 192 && np * mb >= 32 * nthreads)
             pb = 16;                                  /* shallow K: longer runs of C rows */
         nb = (np + pb - 1) / pb;
+        /* B produced inside the tasks (a conv's implicit im2col): every M block produces it again, so
+         * single panels per task come first, and M is split only for want of tasks (128 -> 128 3x3
+         * stride 2 at 28x28, 2 threads: 14 tasks of half the filters each took 1.12-1.28x the time of 25 single panels) */
+        if (bits == CUVIL_B_PRODUCED && nthreads > 1 && pb > 1 && mb * nb < 8 * nthreads && mb * nb % nthreads) {
+            pb = 1, nb = np;
+            if (mb * nb >= 4 * nthreads) break;
+        }
         /* few tasks: one more M block until they split evenly over the threads (3 tasks on 2 threads
          * left one idle a third of the time: the Winograd products of a 512-channel conv at 7x7) */
         if (nthreads <= 1 || mb * nb >= 8 * nthreads || mb * nb % nthreads == 0 || mb * CUVIL_MR >= M) break;

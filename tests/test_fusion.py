@@ -84,30 +84,40 @@ def test_conv_bias_residual_relu(groups, cin, cout, k, stride, pad):
     assert ops_of(cm) == ["conv"] and cm.graph.nodes[0].attrs["act"] == "relu"
 
 
-@pytest.mark.parametrize("n,cin,cout,h,w,residual", [
-    (2, 300, 40, 7, 7, True),      # 49 pixels: two panels a quarter empty
-    (1, 100, 33, 1, 5, False),     # 33 channels: a partial block of the transpose back to NCHW
-    (2, 200, 17, 3, 3, True),      # fewer pixels than a vector
-    (2, 300, 40, 1, 1, False),     # one pixel (a squeeze-excite block's conv): the GEMV path
-    (1, 1400, 20, 17, 17, True)])  # 289 pixels: more than one span of the transpose
-def test_conv1x1_swapped(n, cin, cout, h, w, residual):
-    """1x1 convs whose pixels would leave many of the GEMM's panel lanes empty run with the pixels as its
-    rows (cuvil_conv1x1_swapped: filters packed as B, the input read as a transposed A), then turn the
-    product back to NCHW with bias, residual and ReLU."""
+@pytest.mark.parametrize("n,cin,cout,h,w,kernel,stride,pads,dil,residual", [
+    (2, 300, 40, 7, 7, (1, 1), 1, 0, 1, True),     # 49 pixels: two panels a quarter empty
+    (1, 100, 33, 1, 5, (1, 1), 1, 0, 1, False),    # 33 channels: a partial block of the transpose back
+    (2, 200, 17, 3, 3, (1, 1), 1, 0, 1, True),     # fewer pixels than a vector
+    (2, 300, 40, 1, 1, (1, 1), 1, 0, 1, False),    # one pixel (a squeeze-excite block's conv): the GEMV path
+    (1, 1400, 20, 17, 17, (1, 1), 1, 0, 1, True),  # 289 pixels: more than one span of the transpose
+    (2, 300, 40, 13, 13, (1, 1), 2, 0, 1, True),   # a stride-2 1x1 (ResNet's downsample): im2col rows
+    (1, 64, 24, 14, 14, (3, 3), 2, 1, 1, True),    # 3x3 stride 2 to 7x7 (ResNet's last stage)
+    (2, 40, 20, 12, 9, (3, 5), (2, 1), ((1, 0), (2, 1)), 1, False),  # uneven pads, a row past the input
+    (1, 60, 24, 9, 9, (3, 3), 1, 2, 2, True)])     # dilated: Winograd does not take it
+def test_conv_swapped(n, cin, cout, h, w, kernel, stride, pads, dil, residual):
+    """Convs whose pixels would leave many of the GEMM's panel lanes empty run with the pixels as its
+    rows (cuvil_conv_swapped: filters packed as B, the input read as a transposed A, in place for a 1x1
+    stride-1 conv and through im2col rows otherwise), then turn the product back to NCHW with bias,
+    residual and ReLU."""
+    stride = stride if isinstance(stride, tuple) else (stride, stride)
+    pads = pads if isinstance(pads, tuple) else ((pads, pads), (pads, pads))
+    oh = (h + sum(pads[0]) - dil * (kernel[0] - 1) - 1) // stride[0] + 1
+    ow = (w + sum(pads[1]) - dil * (kernel[1] - 1) - 1) // stride[1] + 1
     g = Graph()
     x = Value(TensorType((n, cin, h, w), "float32"), "x")
     g.inputs = [x]
-    y = g.add("conv", [x, g.const(f32(cout, cin, 1, 1)), g.const(f32(cout))],
-              {"strides": [1, 1], "pads": [(0, 0), (0, 0)]})
+    y = g.add("conv", [x, g.const(f32(cout, cin, *kernel)), g.const(f32(cout))],
+              {"strides": list(stride), "pads": list(pads), "dilations": [dil, dil]})
+    assert tuple(y.shape) == (n, cout, oh, ow)
     inputs = [f32(n, cin, h, w)]
     if residual:
         r = Value(TensorType(y.shape, "float32"), "r")
         g.inputs.append(r)
-        inputs.append(f32(n, cout, h, w))
+        inputs.append(f32(n, cout, oh, ow))
         y = g.add("add", [y, r])
     g.outputs = [g.add("relu", [y])]
     cm = check_graph(g, inputs)
-    assert ops_of(cm) == ["conv"] and "cuvil_conv1x1_swapped(" in cm.c_source
+    assert ops_of(cm) == ["conv"] and "cuvil_conv_swapped(" in cm.c_source
 
 
 def _attention_graph(B, H, Hk, L, S, E, mask=None, causal=False, layouts=False, Ev=None):

@@ -207,37 +207,47 @@ def winograd_filters(w: np.ndarray, m: int = 2) -> np.ndarray:
 
 
 def _pointwise_conv(node):
-    """A 2-d 1x1 conv, stride 1, unpadded, ungrouped, with constant filters and a static output size:
-    a plain GEMM of (pixels x in channels) @ (in x out channels)."""
-    x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    """A 2-d 1x1 conv, stride 1, unpadded: its input is already the (transposed) A of its GEMM."""
     a = node.attrs
-    return (x.type.rank == 4 and w.is_const and tuple(w.shape[2:]) == (1, 1) and a.get("groups", 1) == 1
-            and tuple(a["strides"]) == (1, 1) and tuple(a["dilations"]) == (1, 1)
-            and all(p == 0 for pair in a["pads"] for p in pair) and all(isinstance(d, int) for d in y.shape[2:]))
+    return (tuple(node.inputs[1].shape[2:]) == (1, 1) and tuple(a["strides"]) == (1, 1)
+            and tuple(a["dilations"]) == (1, 1) and all(p == 0 for pair in a["pads"] for p in pair))
 
 
-# when a 1x1 conv's GEMM takes its pixels as rows (cuvil_conv1x1_swapped): the empty share of the last
-# panel's lanes that the pixels leave as columns, times the input channels, at least this. The swap
-# saves the empty lanes' multiply-adds (each K deep) and costs one more pass over the product (the
-# transpose to NCHW), whatever K. ResNet-50's 1x1 convs in a C harness, swapped / as they were (1
-# thread): 2048 -> 512 at 7x7 (23% empty, K = 2048) 0.80x the time, 512 -> 2048 (K = 512) 0.85x,
-# 1024 -> 256 at 14x14 (12.5%, K = 1024) 0.95x, 256 -> 1024 (K = 256) 1.0x
+def _swappable_conv(node):
+    """A 2-d ungrouped conv with constant filters and a static output size that Winograd does not take:
+    a GEMM of (pixels x in-channel taps) @ (taps x out channels), its input read through im2col rows
+    unless _pointwise_conv."""
+    x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    return (x.type.rank == 4 and w.is_const and node.attrs.get("groups", 1) == 1
+            and all(isinstance(d, int) for d in y.shape[2:]) and not _winograd(node))
+
+
+# when a conv's GEMM takes its pixels as rows (cuvil_conv_swapped): the empty share of the panel lanes
+# that the pixels leave as columns, times K (in channels x taps), at least this. The swap saves the
+# empty lanes' multiply-adds (each K deep) and costs one more pass over the product (the transpose to
+# NCHW), whatever K. ResNet-50's 1x1 convs in a C harness, swapped / as they were (1 thread): 2048 ->
+# 512 at 7x7 (23% empty, K = 2048) 0.80x the time, 512 -> 2048 (K = 512) 0.85x, 1024 -> 256 at 14x14
+# (12.5%, K = 1024) 0.95x, 256 -> 1024 (K = 256) 1.0x
 SWAP_MIN_EMPTY_K = 64
 
 
-def _swapped_1x1(node, nr):
-    """Whether this conv runs as cuvil_conv1x1_swapped (kernels/conv.h), its pixels as the GEMM's rows."""
-    if not _pointwise_conv(node):
+def _swapped(node, nr):
+    """Whether this conv runs as cuvil_conv_swapped (kernels/conv.h), its pixels as the GEMM's rows."""
+    if not _swappable_conv(node):
         return False
     pixels = node.outputs[0].shape[2] * node.outputs[0].shape[3]
     lanes = -(-pixels // nr) * nr
-    return (lanes - pixels) / lanes * node.inputs[1].shape[1] >= SWAP_MIN_EMPTY_K
+    return (lanes - pixels) / lanes * int(np.prod(node.inputs[1].shape[1:])) >= SWAP_MIN_EMPTY_K
 
 
 def _conv_scratch(node, bounds):
     s, _ = _conv_shape(node, lambda d: D.upper_bound(d, bounds))
-    # the swapped form's pixel-major product (whether it is taken depends on the target's panel width)
-    swapped = (s["O"] + 16) * s["OH"] * s["OW"] * 4 if _pointwise_conv(node) else 0   # conv.c: swapped_ldc
+    # the swapped form's pixel-major product (conv.c: swapped_ldc) and im2col rows; whether it is taken
+    # depends on the target's panel width
+    swapped = 0
+    if _swappable_conv(node):
+        rows = 0 if _pointwise_conv(node) else s["C"] * s["KH"] * s["KW"]
+        swapped = ((s["O"] + 16) + rows) * s["OH"] * s["OW"] * 4
     return max(swapped, _gemm_conv_scratch(node, s))
 
 
@@ -277,11 +287,11 @@ def lower_conv(em, node):
                 f"  cuvil_conv3x3_winograd{'4' if m == 4 else ''}(&s, {em.ptr(node.inputs[0])}, {up}, {bias}, {res}, "
                 f"{em.ptr(node.outputs[0])}, {act}, {em.scratch()}, NT);", "}"]
     nr = panel_width(em)
-    if _swapped_1x1(node, nr):
+    if _swapped(node, nr):
         wb = em.packed("conv_b", w, lambda d: pack_b(d.reshape(d.shape[0], -1).T.astype(np.float32), nr))
         return ["{", f"  const cuvil_conv_shape s = {_shape_struct(s)};",
                 f"  _Static_assert(CUVIL_NR == {nr}, \"conv filters packed for another panel width\");",
-                f"  cuvil_conv1x1_swapped(&s, {em.ptr(node.inputs[0])}, {wb}, {bias}, {res}, "
+                f"  cuvil_conv_swapped(&s, {em.ptr(node.inputs[0])}, {wb}, {bias}, {res}, "
                 f"{em.ptr(node.outputs[0])}, {act}, {em.scratch()}, NT);", "}"]
     depthwise = groups > 1 and w.shape[1] == 1          # the direct kernel reads w as it is
     wp, wptr = "0", None

@@ -314,13 +314,62 @@ static void unswap_task(void *ctx, int64_t b0, int64_t b1) {
  * share one L1 set when the channels are a power of two (as in most nets) */
 static inline int64_t swapped_ldc(const cuvil_conv_shape *s) { return s->O + CUVIL_VL; }
 
-int64_t cuvil_conv1x1_swapped_scratch(const cuvil_conv_shape *s) { return swapped_ldc(s) * s->OH * s->OW; }
+/* A 1x1, stride-1, unpadded conv reads its input in place as the transposed A; any other takes its
+ * im2col rows first, [K][pixels] after the product in scratch. */
+static inline int swapped_in_place(const cuvil_conv_shape *s) {
+    return s->KH == 1 && s->KW == 1 && s->sh == 1 && s->sw == 1 && s->ph == 0 && s->pw == 0;
+}
 
-void cuvil_conv1x1_swapped(const cuvil_conv_shape *s, const float *x, const float *wb, const float *bias,
-                           const float *residual, float *y, int act, float *scratch, int nthreads) {
-    int64_t P = s->OH * s->OW, ldc = swapped_ldc(s);
+int64_t cuvil_conv_swapped_scratch(const cuvil_conv_shape *s) {
+    int64_t P = s->OH * s->OW;
+    return swapped_ldc(s) * P + (swapped_in_place(s) ? 0 : s->C * s->KH * s->KW * P);
+}
+
+typedef struct { const cuvil_conv_shape *s; const float *x; float *rows; } im2col_rows_args;
+
+/* im2col rows [k0, k1), k = (c, kh, kw): row k holds tap (kh, kw) of channel c for every output
+ * pixel, zero where it falls in the padding. Row by row, so the GEMM's transposed pack reads them
+ * in order (pack_at_task). */
+static void im2col_rows_task(void *ctx, int64_t k0, int64_t k1) {
+    const im2col_rows_args *a = ctx;
+    const cuvil_conv_shape *s = a->s;
+    int64_t P = s->OH * s->OW;
+    for (int64_t k = k0; k < k1; k++) {
+        int64_t c = k / (s->KH * s->KW), kh = k / s->KW % s->KH, kw = k % s->KW;
+        int64_t iw0 = kw * s->dw - s->pw;          /* the input column of output column 0 */
+        /* output columns [lo, hi) read inside the row */
+        int64_t lo = iw0 >= 0 ? 0 : (-iw0 + s->sw - 1) / s->sw;
+        int64_t hi = s->W - iw0 <= 0 ? 0 : (s->W - iw0 + s->sw - 1) / s->sw;
+        hi = hi < s->OW ? hi : s->OW;
+        lo = lo < hi ? lo : hi;
+        const float *xc = a->x + c * s->H * s->W;
+        float *d = a->rows + k * P;
+        for (int64_t oh = 0; oh < s->OH; oh++, d += s->OW) {
+            int64_t ih = oh * s->sh - s->ph + kh * s->dh;
+            if (ih < 0 || ih >= s->H) {
+                memset(d, 0, s->OW * sizeof(float));
+                continue;
+            }
+            const float *xr = xc + ih * s->W + iw0;
+            for (int64_t ow = 0; ow < lo; ow++) d[ow] = 0.f;
+            for (int64_t ow = lo; ow < hi; ow++) d[ow] = xr[ow * s->sw];
+            for (int64_t ow = hi; ow < s->OW; ow++) d[ow] = 0.f;
+        }
+    }
+}
+
+void cuvil_conv_swapped(const cuvil_conv_shape *s, const float *x, const float *wb, const float *bias,
+                        const float *residual, float *y, int act, float *scratch, int nthreads) {
+    int64_t P = s->OH * s->OW, ldc = swapped_ldc(s), K = s->C * s->KH * s->KW;
+    float *rows = scratch + ldc * P;
     for (int64_t n = 0; n < s->N; n++) {
-        cuvil_sgemm_at_packed(P, s->O, s->C, x + n * s->C * P, P, wb, scratch, ldc, 0, nthreads);
+        const float *at = x + n * s->C * s->H * s->W;
+        if (!swapped_in_place(s)) {
+            im2col_rows_args r = {s, at, rows};
+            cuvil_parallel_for(K * P > 16384 ? nthreads : 1, K, 16, im2col_rows_task, &r);
+            at = rows;
+        }
+        cuvil_sgemm_at_packed(P, s->O, K, at, P, wb, scratch, ldc, 0, nthreads);
         unswap_args a = {s, scratch, bias, residual ? residual + n * s->O * P : 0, y + n * s->O * P, act, ldc};
         int64_t blocks = (s->O + CUVIL_VL - 1) / CUVIL_VL;
         cuvil_parallel_for(blocks * P > 4096 ? nthreads : 1, blocks, 1, unswap_task, &a);

@@ -19,14 +19,15 @@ int64_t cuvil_conv_scratch(const cuvil_conv_shape *s);
 void cuvil_conv2d(const cuvil_conv_shape *s, const float *x, const float *w, const float *wp, const float *bias,
                   const float *residual, float *y, int act, float *scratch, int nthreads);
 
-/* A 1x1, stride-1, unpadded, ungrouped conv as the GEMM (pixels x in channels) @ (in x out channels),
- * the input read in place as a transposed A and the filters packed ahead as the GEMM's B panels
- * (cuvil_pack_b of w as [O][C], trans): its product comes out pixel-major in scratch
- * (cuvil_conv1x1_swapped_scratch floats) and is turned to NCHW with the epilogue. With the pixels as N
- * instead, a 7x7 map's 49 columns fill two 32-wide panels to 77%, a 14x14's 196 seven to 88%. */
-int64_t cuvil_conv1x1_swapped_scratch(const cuvil_conv_shape *s);
-void cuvil_conv1x1_swapped(const cuvil_conv_shape *s, const float *x, const float *wb, const float *bias,
-                           const float *residual, float *y, int act, float *scratch, int nthreads);
+/* An ungrouped conv as the GEMM (pixels x in-channel taps) @ (taps x out channels): the filters packed
+ * ahead as the GEMM's B panels (cuvil_pack_b of w as [O][C * KH * KW], trans), the input read as a
+ * transposed A, in place for a 1x1 stride-1 unpadded conv and through im2col rows [taps][pixels]
+ * otherwise. Its product comes out pixel-major in scratch (cuvil_conv_swapped_scratch floats, the
+ * rows after it) and is turned to NCHW with the epilogue. With the pixels as N instead, a 7x7 map's
+ * 49 columns fill two 32-wide panels to 77%, a 14x14's 196 seven to 88%. */
+int64_t cuvil_conv_swapped_scratch(const cuvil_conv_shape *s);
+void cuvil_conv_swapped(const cuvil_conv_shape *s, const float *x, const float *wb, const float *bias,
+                        const float *residual, float *y, int act, float *scratch, int nthreads);
 
 /* mode 0: max, 1: avg excluding pads, 2: avg including declared pads (ph1, pw1 = bottom/right pads) */
 void cuvil_pool2d(const cuvil_conv_shape *s, int64_t ph1, int64_t pw1, int mode, const float *x, float *y,

@@ -34,7 +34,7 @@ void cuvil_sgemm_packed(int64_t M, int64_t N, int64_t K, const float *A, int64_t
                         float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads);
 
 /* The same with A given transposed: A[m][k] = At[k * lda + m] (a 1x1 conv's NCHW input as the A of
- * pixels x channels, conv.h's cuvil_conv1x1_swapped). */
+ * pixels x channels, conv.h's cuvil_conv_swapped). */
 void cuvil_sgemm_at_packed(int64_t M, int64_t N, int64_t K, const float *At, int64_t lda, const float *Bp,
                            float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads);
 

@@ -84,6 +84,19 @@ def test_conv_bias_residual_relu(groups, cin, cout, k, stride, pad):
     assert ops_of(cm) == ["conv"] and cm.graph.nodes[0].attrs["act"] == "relu"
 
 
+def test_conv_not_swapped_keeps_implicit_im2col():
+    """A conv the swapped form could take but does not (few empty lanes x K) still runs its im2col inside
+    the GEMM: the scratch reserved for the swapped form is not passed to it (cuvil_conv2d reads a
+    scratch as room for a whole im2col)."""
+    g = Graph()
+    x = Value(TensorType((1, 8, 12, 12), "float32"), "x")
+    g.inputs = [x]
+    g.outputs = [g.add("conv", [x, g.const(f32(8, 8, 3, 3)), g.const(f32(8))],
+                       {"strides": [2, 2], "pads": [(1, 1), (1, 1)]})]
+    cm = check_graph(g, [f32(1, 8, 12, 12)])
+    assert "cuvil_conv2d(" in cm.c_source and "cuvil_conv_swapped(" not in cm.c_source
+
+
 @pytest.mark.parametrize("n,cin,cout,h,w,kernel,stride,pads,dil,residual", [
     (2, 300, 40, 7, 7, (1, 1), 1, 0, 1, True),     # 49 pixels: two panels a quarter empty
     (1, 100, 33, 1, 5, (1, 1), 1, 0, 1, False),    # 33 channels: a partial block of the transpose back
@@ -93,7 +106,8 @@ def test_conv_bias_residual_relu(groups, cin, cout, k, stride, pad):
     (2, 300, 40, 13, 13, (1, 1), 2, 0, 1, True),   # a stride-2 1x1 (ResNet's downsample): im2col rows
     (1, 64, 24, 14, 14, (3, 3), 2, 1, 1, True),    # 3x3 stride 2 to 7x7 (ResNet's last stage)
     (2, 40, 20, 12, 9, (3, 5), (2, 1), ((1, 0), (2, 1)), 1, False),  # uneven pads, a row past the input
-    (1, 60, 24, 9, 9, (3, 3), 1, 2, 2, True)])     # dilated: Winograd does not take it
+    (1, 60, 24, 9, 9, (3, 3), 1, 2, 2, True),      # dilated: Winograd does not take it
+    (1, 12, 12, 6, 6, (3, 3), 2, 1, 1, False)])    # 9 pixels, 12 channels (a small ResNet's last stage)
 def test_conv_swapped(n, cin, cout, h, w, kernel, stride, pads, dil, residual):
     """Convs whose pixels would leave many of the GEMM's panel lanes empty run with the pixels as its
     rows (cuvil_conv_swapped: filters packed as B, the input read as a transposed A, in place for a 1x1

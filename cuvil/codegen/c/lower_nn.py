@@ -251,14 +251,23 @@ def _conv_scratch(node, bounds):
     return max(swapped, _gemm_conv_scratch(node, s))
 
 
+def _implicit_im2col(node):
+    """Whether cuvil_conv2d runs this conv's im2col inside its GEMM (one M block, kernels/conv.c), which
+    it does when given no scratch: the swapped form's scratch, reserved whether or not the target's
+    panel width takes it, must not reach it. "direct" as conv.c has it (top and left pads only)."""
+    w, a = node.inputs[1], node.attrs
+    direct = (all(k == 1 for k in w.shape[2:]) and all(st == 1 for st in a["strides"])
+              and all(pair[0] == 0 for pair in a["pads"]))
+    return not direct and w.shape[0] // a.get("groups", 1) <= GEMM_MC * 3 // 2
+
+
 def _gemm_conv_scratch(node, s):
     m = _winograd(node)
     if m:
         tiles, alpha2 = -(-s["OH"] // m) * -(-s["OW"] // m), (m + 2) ** 2
         return alpha2 * ((-(-tiles // 64) * 64 * s["C"]) + s["O"] * tiles) * 4
-    direct = (s["KH"], s["KW"], s["sh"], s["sw"], s["ph"], s["pw"]) == (1, 1, 1, 1, 0, 0)
-    if not direct and s["O"] // s["groups"] <= GEMM_MC * 3 // 2:
-        return 0          # one M block: im2col runs inside the GEMM (kernels/conv.c)
+    if _implicit_im2col(node):
+        return 0
     K = (s["C"] // s["groups"]) * s["KH"] * s["KW"]
     N = s["OH"] * s["OW"]
     return (-(-N // 64) * 64 * K) * 4
@@ -304,7 +313,7 @@ def lower_conv(em, node):
             f"  _Static_assert(CUVIL_MR == {GEMM_MR} && CUVIL_KC == {GEMM_KC} && CUVIL_MC == {GEMM_MC}, "
             "\"conv filters packed for another tile\");",
             f"  cuvil_conv2d(&s, {em.ptr(node.inputs[0])}, {wptr or em.ptr(w)}, {wp}, {bias}, {res}, "
-            f"{em.ptr(node.outputs[0])}, {act}, {em.scratch()}, NT);", "}"]
+            f"{em.ptr(node.outputs[0])}, {act}, {'0' if _implicit_im2col(node) else em.scratch()}, NT);", "}"]
 
 
 def _pool_supports(node):

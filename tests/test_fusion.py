@@ -105,14 +105,15 @@ def test_conv_not_swapped_keeps_implicit_im2col():
     (1, 1400, 20, 17, 17, (1, 1), 1, 0, 1, True),  # 289 pixels: more than one span of the transpose
     (2, 300, 40, 13, 13, (1, 1), 2, 0, 1, True),   # a stride-2 1x1 (ResNet's downsample): im2col rows
     (1, 64, 24, 14, 14, (3, 3), 2, 1, 1, True),    # 3x3 stride 2 to 7x7 (ResNet's last stage)
-    (2, 40, 20, 12, 9, (3, 5), (2, 1), ((1, 0), (2, 1)), 1, False),  # uneven pads, a row past the input
+    (2, 40, 20, 14, 9, (3, 5), (2, 1), ((1, 0), (2, 1)), 1, False),  # uneven pads, a row past the input
     (1, 60, 24, 9, 9, (3, 3), 1, 2, 2, True),      # dilated: Winograd does not take it
-    (1, 12, 12, 6, 6, (3, 3), 2, 1, 1, False)])    # 9 pixels, 12 channels (a small ResNet's last stage)
+    (1, 20, 12, 6, 6, (3, 3), 2, 1, 1, False)])    # 9 pixels, 12 filters (a small ResNet's last stage)
 def test_conv_swapped(n, cin, cout, h, w, kernel, stride, pads, dil, residual):
     """Convs whose pixels would leave many of the GEMM's panel lanes empty run with the pixels as its
     rows (cuvil_conv_swapped: filters packed as B, the input read as a transposed A, in place for a 1x1
     stride-1 conv and through im2col rows otherwise), then turn the product back to NCHW with bias,
-    residual and ReLU."""
+    residual and ReLU. Every case leaves enough lanes empty with 16- and 32-wide panels alike (AVX2 and
+    AVX-512), so the swapped kernel is taken on either."""
     stride = stride if isinstance(stride, tuple) else (stride, stride)
     pads = pads if isinstance(pads, tuple) else ((pads, pads), (pads, pads))
     oh = (h + sum(pads[0]) - dil * (kernel[0] - 1) - 1) // stride[0] + 1

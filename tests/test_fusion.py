@@ -84,6 +84,32 @@ def test_conv_bias_residual_relu(groups, cin, cout, k, stride, pad):
     assert ops_of(cm) == ["conv"] and cm.graph.nodes[0].attrs["act"] == "relu"
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_conv_swapped_random_geometry(seed):
+    """The im2col rows' bounds over random kernels, strides, uneven pads and dilations against the
+    reference interpreter. Maps of at most 9 output pixels and K >= 160 leave enough lanes empty that
+    the swapped kernel takes every draw, with 16- or 32-wide panels."""
+    rng = np.random.default_rng(seed)
+    while True:                    # draw until the output map is small and the input not empty
+        kh, kw, sh, sw = (int(v) for v in rng.integers(1, [6, 6, 4, 4]))
+        dh, dw = (int(v) for v in rng.integers(1, 3, 2))
+        pads = [tuple(int(v) for v in rng.integers(0, 3, 2)) for _ in range(2)]
+        h, w = (int(v) for v in rng.integers(1, 12, 2))
+        oh = (h + sum(pads[0]) - dh * (kh - 1) - 1) // sh + 1
+        ow = (w + sum(pads[1]) - dw * (kw - 1) - 1) // sw + 1
+        if 1 <= oh and 1 <= ow and oh * ow <= 9:
+            break
+    cin = int(rng.integers(160, 240))
+    g = Graph()
+    x = Value(TensorType((2, cin, h, w), "float32"), "x")
+    g.inputs = [x]
+    g.outputs = [g.add("conv", [x, g.const(f32(20, cin, kh, kw)), g.const(f32(20))],
+                       {"strides": [sh, sw], "pads": pads, "dilations": [dh, dw]})]
+    assert tuple(g.outputs[0].shape) == (2, 20, oh, ow)
+    cm = check_graph(g, [f32(2, cin, h, w)])
+    assert "cuvil_conv_swapped(" in cm.c_source
+
+
 def test_conv_not_swapped_keeps_implicit_im2col():
     """A conv the swapped form could take but does not (few empty lanes x K) still runs its im2col inside
     the GEMM: the scratch reserved for the swapped form is not passed to it (cuvil_conv2d reads a

@@ -49,7 +49,8 @@ def test_epilogue_activation_accuracy(act):
     assert ops_of(cm) == ["matmul_fused"]
 
 
-@pytest.mark.parametrize("M,N,K", [(3, 17, 33), (130, 20, 70), (12, 33, 400)])   # the last: full tiles over two K blocks
+@pytest.mark.parametrize("M,N,K", [(3, 17, 33), (130, 20, 70), (12, 33, 400),   # full tiles over two K blocks
+                                   (1003, 100, 400)])   # A past 1 MB: each task packs its own M block of it
 def test_linear_scale_bias_residual_batched(M, N, K):
     g = Graph()
     x = Value(TensorType((2, M, K), "float32"), "x")

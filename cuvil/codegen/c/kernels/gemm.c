@@ -477,6 +477,7 @@ typedef struct {
     float *C;
     const cuvil_epilogue *ep;
     int a_trans;                  /* A given transposed (pack_at) */
+    int pack_in_task;             /* each task packs its own M block of A, K block by K block (ap is 0) */
 } gemm_args;
 
 /* Tasks t in [t0, t1): each one M block (mc rows) x pb panels, K blocked, epilogue on the last block. */
@@ -526,12 +527,23 @@ static void pack_at_task(void *ctx, int64_t k0, int64_t k1) {
     }
 }
 
-/* The packed tile of rows [i0, i0 + MR) for the K block at k0; packed now into `tile` when the
- * buffer could not be allocated. */
-static inline const float *a_tile(const gemm_args *g, int64_t i0, int64_t k0, int64_t kc, float *tile) {
+/* The packed tile of rows [i0, i0 + MR) for the K block at k0: in the task's block (packed from row m0)
+ * or the call's, or packed now into `tile` when no buffer could be allocated. */
+static inline const float *a_tile(const gemm_args *g, const float *block, int64_t m0, int64_t i0, int64_t k0,
+                                  int64_t kc, float *tile) {
+    if (block) return block + (i0 - m0) / CUVIL_MR * kc * CUVIL_MR;
     if (g->ap) return g->ap + (k0 * ((g->M + CUVIL_MR - 1) / CUVIL_MR) + i0 / CUVIL_MR * kc) * CUVIL_MR;
     (g->a_trans ? pack_at : pack_a)(g->A, g->lda, i0, i0 + CUVIL_MR < g->M ? i0 + CUVIL_MR : g->M, k0, kc, tile);
     return tile;
+}
+
+/* Rows [m0, m1) x the K block at k0 of A, packed tile after tile into this thread's buffer (the call's
+ * whole-A buffer is not used when tasks pack their own); 0 if it could not be allocated. */
+static const float *pack_a_block(const gemm_args *g, int64_t m0, int64_t m1, int64_t k0, int64_t kc) {
+    float *block = apack_buffer((m1 - m0 + CUVIL_MR - 1) / CUVIL_MR * CUVIL_MR * kc);
+    for (int64_t i0 = m0; block && i0 < m1; i0 += CUVIL_MR)
+        pack_a(g->A, g->lda, i0, i0 + CUVIL_MR < m1 ? i0 + CUVIL_MR : m1, k0, kc, block + (i0 - m0) * kc);
+    return block;
 }
 
 /* Panel p's block at k0 of an fp32 B read in place: packed, or strided (its rows ldb apart). */
@@ -598,12 +610,13 @@ static void gemm_task(void *ctx, int64_t t0, int64_t t1) {
         do {
             int64_t kc = g->K - k0 < CUVIL_KC ? g->K - k0 : CUVIL_KC;
             int first = k0 == 0, last = k0 + CUVIL_KC >= g->K;
+            const float *block = g->pack_in_task && kc > 0 ? pack_a_block(g, m0, m1, k0, kc) : 0;
             if ((g->bits == 32 || g->bits == CUVIL_B_STRIDED) && kc <= 192) {
                 /* shallow K (1x1 convs, small im2col): rows outer, so each row of C is written in one
                  * run across the task's panels; writing C, not reading B, is what costs here */
                 for (int64_t i0 = m0; i0 < m1; i0 += CUVIL_MR) {
                     int mr = (int)(m1 - i0 < CUVIL_MR ? m1 - i0 : CUVIL_MR);
-                    const float *ap = kc > 0 ? a_tile(g, i0, k0, kc, tile) : 0;
+                    const float *ap = kc > 0 ? a_tile(g, block, m0, i0, k0, kc, tile) : 0;
                     for (int64_t p = p0; p < p1; p++) {
                         int64_t n0 = p * CUVIL_NR, nr = g->N - n0 < CUVIL_NR ? g->N - n0 : CUVIL_NR;
                         ukernel_tile(mr, nr, kc, ap, b_panel(g, p, k0), g->ldb, g->C, g->ldc, i0, n0, first, last,
@@ -621,7 +634,7 @@ static void gemm_task(void *ctx, int64_t t0, int64_t t1) {
                 int64_t ntiles = (m1 - m0 + CUVIL_MR - 1) / CUVIL_MR;
                 for (int64_t i0 = m0; i0 < m1; i0 += CUVIL_MR) {
                     int mr = (int)(m1 - i0 < CUVIL_MR ? m1 - i0 : CUVIL_MR);
-                    ukernel_tile(mr, nr, kc, kc > 0 ? a_tile(g, i0, k0, kc, tile) : 0, bp, g->ldb, g->C, g->ldc, i0, n0,
+                    ukernel_tile(mr, nr, kc, kc > 0 ? a_tile(g, block, m0, i0, k0, kc, tile) : 0, bp, g->ldb, g->C, g->ldc, i0, n0,
                                  first, last, ep, prefetch_slice(next, (i0 - m0) / CUVIL_MR, ntiles));
                 }
             }
@@ -677,7 +690,20 @@ static void gemm_driver(int64_t M, int64_t N, int64_t K, const float *A, const f
     /* M blocks of equal size, up to 1.5 MC rows (the A block stays in L2): 128 rows were a block of
      * 120 and one of 8, which streamed every weight twice, the second time for 8 rows */
     int64_t mb = (M + CUVIL_MC * 3 / 2 - 1) / (CUVIL_MC * 3 / 2), pb, nb;
-    for (;;) {
+    int64_t tiles = (M + CUVIL_MR - 1) / CUVIL_MR;
+    /* A larger than L2 and at most 32 panels (MiniLM at batch 32: 4096 rows by 384 or 1536 columns):
+     * one task per M block takes every panel and packs the block's A itself, K block by K block,
+     * where it stays in L2. Packed whole ahead, A went out to L3 and back: pack_a was 9% of a
+     * 4096 x 1536 x 384 GEMM. C harness, interleaved, new time / old: 4096 x 1536 x 384 0.91-0.96
+     * (1 thread), 0.93-0.94 (2); 4096 x 384 x 384 0.94 / 0.94-0.95; 1024^3 0.98 / 0.99. Over more
+     * panels (2048 x 768 x 3072: 1.01) each task streams too much of B from L3 */
+    int in_task = !Ap && !a_trans && A && bits == 32 && tiles * CUVIL_MR * K * 4 > (1 << 20) && np <= 32 &&
+                  mb >= 2 * nthreads;
+    if (in_task) {
+        pb = np, nb = 1;
+        while (mb < 8 * nthreads && mb % nthreads) mb++;   /* even over the threads */
+    }
+    else for (;;) {
         /* panels per task: enough tasks for every thread, few enough to reuse A from cache */
         pb = np * mb >= 8 * nthreads ? 4 : 1;
         if ((bits == 32 || bits == CUVIL_B_STRIDED) && K <= 192 && np * mb >= 32 * nthreads)
@@ -696,9 +722,8 @@ static void gemm_driver(int64_t M, int64_t N, int64_t K, const float *A, const f
         mb++;
     }
     int64_t mc = ((M + mb - 1) / mb + CUVIL_MR - 1) / CUVIL_MR * CUVIL_MR;
-    int64_t tiles = (M + CUVIL_MR - 1) / CUVIL_MR;
-    gemm_args g = {M, N, K, lda, ldc, group, np, nb, pb, mc, ldb, A, scales, Ap ? Ap : apack_buffer(tiles * CUVIL_MR * K),
-                   B, bits, C, ep, a_trans};
+    gemm_args g = {M, N, K, lda, ldc, group, np, nb, pb, mc, ldb, A, scales,
+                   Ap ? Ap : in_task ? 0 : apack_buffer(tiles * CUVIL_MR * K), B, bits, C, ep, a_trans, in_task};
     /* in parallel from small sizes on: the rows were mostly just written, half by the other core */
     if (g.ap && !Ap && a_trans) cuvil_parallel_for(M * K > 8192 ? nthreads : 1, K, 16, pack_at_task, &g);
     else if (g.ap && !Ap) cuvil_parallel_for(M * K > 8192 ? nthreads : 1, tiles, 1, pack_a_task, &g);

@@ -716,14 +716,18 @@ static void gemm_driver(int64_t M, int64_t N, int64_t K, const float *A, const f
     int64_t np = (N + CUVIL_NR - 1) / CUVIL_NR;
     if (M == 1 && A && K > 0 && (bits == 32 || bits == 16) && (!a_trans || lda == 1)) {
         gemv_parts v = {{M, N, K, lda, ldc, group, np, 0, 0, 1, ldb, A, scales, 0, B, bits, C, ep, 0}, 1};
-        /* equal parts, 1 to 3 per thread, each at least a stream group. Chunks of one stream group
-         * (6 panels) left a thread with one more: 2048 -> 256 (8 panels) went as 6 + 2, 1024 -> 1024
-         * as 18 + 14; 2 threads, new/old time 0.71-0.75 and 0.95. ~4 chunks per thread had left one
-         * idle for up to half a chunk at the end of each GEMV (a 46 MB projection: 5.6 MB chunks) */
         int nt = N * K > 65536 && nthreads > 1 ? nthreads : 1;
-        int64_t per = np / (CUVIL_GEMV_STREAMS * nt);
-        v.parts = nt * (per < 1 ? 1 : per > 3 ? 3 : per);
-        cuvil_parallel_chunks(nt, v.parts, 1, gemv_part_task, &v);
+        /* up to 4 stream groups a thread: equal parts, one a thread. Chunks of one stream group (6
+         * panels) left a thread with one more: 2048 -> 256 (8 panels) went as 6 + 2, 1024 -> 1024 as
+         * 18 + 14 (2 threads, new/old time 0.71-0.75 and 0.91-0.92; MLP b1 0.93-0.96). Larger ones
+         * keep the chunks, claimed as threads come free: equal parts made a decode step 1.02x the time,
+         * and ~4 chunks per thread had left one idle for up to half a chunk at the end of each GEMV
+         * (a 46 MB projection: 5.6 MB chunks) */
+        if (np <= 4 * CUVIL_GEMV_STREAMS * nt) {
+            v.parts = nt;
+            cuvil_parallel_chunks(nt, nt, 1, gemv_part_task, &v);
+        } else
+            cuvil_parallel_chunks(nt, np, CUVIL_GEMV_STREAMS, gemv_task, &v.g);
         return;
     }
     /* M blocks of equal size, up to 1.5 MC rows (the A block stays in L2): 128 rows were a block of

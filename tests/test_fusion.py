@@ -124,6 +124,25 @@ def test_conv_not_swapped_keeps_implicit_im2col():
     assert "cuvil_conv2d(" in cm.c_source and "cuvil_conv_swapped(" not in cm.c_source
 
 
+@pytest.mark.parametrize("cin,h,w,kernel,stride,pads,dil", [
+    (3, 8, 8, (9, 11), 1, ((4, 4), (5, 5)), 1),    # 11 kernel columns: past the runs' kept bounds
+    (5, 16, 16, (3, 3), 2, ((1, 1), (1, 1)), 1),   # 8-wide rows: four runs a panel, left pads
+    (3, 64, 64, (7, 7), 2, ((3, 3), (3, 3)), 1),   # the stem's geometry: one run a panel, pads at the edges
+    (4, 20, 20, (3, 3), 3, ((2, 2), (2, 2)), 2),   # stride 3, dilated: 7-wide rows
+    (2, 9, 40, (3, 5), (1, 2), ((0, 2), (1, 3)), 1)])   # uneven pads, rows split across panels
+def test_conv_implicit_im2col_runs(cin, h, w, kernel, stride, pads, dil):
+    """Convs the GEMM takes with im2col produced panel by panel (not Winograd, not swapped): each
+    panel row is copied run by run (a run: the panel's pixels in one output row), pads left zero."""
+    stride = stride if isinstance(stride, tuple) else (stride, stride)
+    g = Graph()
+    x = Value(TensorType((2, cin, h, w), "float32"), "x")
+    g.inputs = [x]
+    g.outputs = [g.add("conv", [x, g.const(f32(6, cin, *kernel)), g.const(f32(6))],
+                       {"strides": list(stride), "pads": list(pads), "dilations": [dil, dil]})]
+    cm = check_graph(g, [f32(2, cin, h, w)])
+    assert "cuvil_conv2d(" in cm.c_source and "cuvil_conv_swapped(" not in cm.c_source
+
+
 @pytest.mark.parametrize("n,cin,cout,h,w,kernel,stride,pads,dil,residual", [
     (2, 300, 40, 7, 7, (1, 1), 1, 0, 1, True),     # 49 pixels: two panels a quarter empty
     (1, 100, 33, 1, 5, (1, 1), 1, 0, 1, False),    # 33 channels: a partial block of the transpose back

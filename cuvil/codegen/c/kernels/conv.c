@@ -22,25 +22,6 @@ static inline cuvil_vf even_lanes(const float *p) {
     return __builtin_shuffle(cuvil_vload(p), cuvil_vload(p + CUVIL_VL), even);
 }
 
-/* Row k of a panel whose NR columns are one run inside the image (and whose reads, 2 NR floats at
- * stride 2, stay inside the input): two vectors, no bounds. The stem conv (7x7, stride 2, 112
- * columns: every panel one run) spent as long in the general path's per-row bookkeeping as in
- * its GEMM. Returns 0 where the row needs the general path. */
-static inline int inner_row(const cuvil_conv_shape *s, const float *x, int64_t c, int64_t ih, int64_t iw0, float *d) {
-    if (ih < 0 || ih >= s->H || iw0 < 0 || iw0 + (CUVIL_NR - 1) * s->sw >= s->W) return 0;
-    const float *row = x + (c * s->H + ih) * s->W + iw0;
-    if (s->sw == 1) {
-        cuvil_vstore(d, cuvil_vload(row));
-        cuvil_vstore(d + CUVIL_VL, cuvil_vload(row + CUVIL_VL));
-        return 1;
-    }
-    /* x is this group's input: reading past the row stays inside it unless this is its last row */
-    if (s->sw != 2 || (c * s->H + ih) * s->W + iw0 + 4 * CUVIL_VL > s->C / s->groups * s->H * s->W) return 0;
-    cuvil_vstore(d, even_lanes(row));
-    cuvil_vstore(d + CUVIL_VL, even_lanes(row + 2 * CUVIL_VL));
-    return 1;
-}
-
 /* Whether every tap of a one-run panel reads inside the image, so that each row of B is two vector
  * loads with no bounds at all (stride 1 or 2). A stride-2 row reads 2 NR floats, one past its last
  * column: inside the plane unless the panel's taps reach its last row. */
@@ -75,60 +56,75 @@ static void inside_block(const cuvil_conv_shape *s, const float *x, int64_t oh0,
     }
 }
 
-/* Where a panel's columns read for one tap (kh, kw) of the kernel, relative to the channel's
- * plane: the columns inside the image (lane[m], off[m] for m < inside); the rest are padding.
- * Found once per panel, K block and tap, so a row of B is then NR loads at most. */
-typedef struct { int32_t off[CUVIL_NR]; int8_t lane[CUVIL_NR]; int8_t inside; } tap_gather;
-#define TAPS_MAX 64               /* taps whose gathers a block keeps (7x7 is 49); more are redone per row */
+/* A panel as runs of consecutive pixels, each within one output row: lanes [lane, lane + len) are
+ * output row oh, columns ow.. For the first RUN_KW kernel columns, what each reads is kept: lanes
+ * lane + [lo, hi) from input columns iw + j * sw (the rest of the run reads pads). */
+#define RUN_KW 8
+typedef struct { int32_t oh, ow, lane, len, iw[RUN_KW], lo[RUN_KW], hi[RUN_KW]; } pixel_run;
 
-static void tap_of(const cuvil_conv_shape *s, const int64_t *ih0, const int64_t *iw0, int64_t filled,
-                   int64_t kh, int64_t kw, tap_gather *t) {
-    t->inside = 0;
-    for (int64_t j = 0; j < filled; j++) {
-        int64_t ih = ih0[j] + kh * s->dh, iw = iw0[j] + kw * s->dw;
-        if (ih < 0 || ih >= s->H || iw < 0 || iw >= s->W) continue;
-        t->lane[t->inside] = (int8_t)j;
-        t->off[t->inside++] = (int32_t)(ih * s->W + iw);
+static void run_columns(const cuvil_conv_shape *s, const pixel_run *r, int64_t kw, int64_t *iw, int64_t *lo,
+                        int64_t *hi) {
+    *iw = r->ow * s->sw - s->pw + kw * s->dw;
+    *lo = *iw >= 0 ? 0 : (-*iw + s->sw - 1) / s->sw;
+    *hi = s->W - *iw <= 0 ? 0 : (s->W - *iw + s->sw - 1) / s->sw;
+    *hi = *hi < r->len ? *hi : r->len;
+    *hi = *hi > *lo ? *hi : *lo;
+}
+
+static int panel_runs(const cuvil_conv_shape *s, int64_t n0, int64_t filled, pixel_run *runs) {
+    int nr = 0;
+    for (int64_t j = 0; j < filled;) {
+        int64_t n = n0 + j, ow = n % s->OW, len = s->OW - ow < filled - j ? s->OW - ow : filled - j;
+        pixel_run *r = runs + nr++;
+        *r = (pixel_run){.oh = (int32_t)(n / s->OW), .ow = (int32_t)ow, .lane = (int32_t)j, .len = (int32_t)len};
+        for (int64_t kw = 0; kw < s->KW && kw < RUN_KW; kw++) {
+            int64_t iw, lo, hi;
+            run_columns(s, r, kw, &iw, &lo, &hi);
+            r->iw[kw] = (int32_t)iw, r->lo[kw] = (int32_t)lo, r->hi[kw] = (int32_t)hi;
+        }
+        j += len;
     }
+    return nr;
 }
 
 /* Panel p's rows [k0, k0 + kc) into buf [kc][NR] (the cuvil_b_producer of the conv's GEMM): rows
  * k = (c, kh, kw). A panel that is one run inside the image takes each row in two vector loads;
- * the others gather each row through the panel's tap offsets (the run-by-run copy they replace
- * found each run's bounds again for every row: 1.9 ns a float in the 3x3 stride-2 convs, whose
- * 28-, 14- and 7-wide rows split nearly every panel). */
+ * any other is copied run by run, each run's inside part at the conv's stride (a loop per stride,
+ * so that 1 and 2 vectorize), its pads left zero. Gathered element by element through per-tap
+ * offsets instead, as before, C harness new/old time: the stem (7x7 stride 2) 0.94-0.95, 3x3
+ * stride 1 on 56- and 20-wide maps 0.86-0.92, 3x3 stride 2 to 28x28 0.98, to 14x14 1.02-1.04 (a
+ * conv ResNet-50 runs with its pixels as rows instead). */
 static const float *im2col_block(const void *ctx, int64_t p, int64_t k0, int64_t kc, float *buf) {
     const im2col_src *a = ctx;
     const cuvil_conv_shape *s = a->s;
     int64_t N = s->OH * s->OW, n0 = p * CUVIL_NR, filled = N - n0 < CUVIL_NR ? N - n0 : CUVIL_NR;
     int64_t taps = s->KH * s->KW, c = k0 / taps, kh = k0 % taps / s->KW, kw = k0 % s->KW;
     int64_t oh0 = n0 / s->OW, ow0 = n0 % s->OW;
-    int whole = filled == CUVIL_NR && s->OW - ow0 >= CUVIL_NR;    /* one run along one output row */
-    if (whole && panel_inside(s, oh0, ow0)) {
+    if (filled == CUVIL_NR && s->OW - ow0 >= CUVIL_NR && panel_inside(s, oh0, ow0)) {
         inside_block(s, a->x, oh0, ow0, k0, kc, buf);
         return buf;
     }
-    int64_t ih0[CUVIL_NR], iw0[CUVIL_NR];        /* each column's input position at tap (0, 0) */
-    for (int64_t j = 0; j < filled; j++)
-        ih0[j] = (n0 + j) / s->OW * s->sh - s->ph, iw0[j] = (n0 + j) % s->OW * s->sw - s->pw;
-    tap_gather g[TAPS_MAX], one;
-    uint8_t ready[TAPS_MAX] = {0};
+    pixel_run runs[CUVIL_NR];
+    int nruns = panel_runs(s, n0, filled, runs);
     for (int64_t k = 0; k < kc; k++) {
         float *d = buf + k * CUVIL_NR;
         const float *xc = a->x + c * s->H * s->W;
-        if (!(whole && inner_row(s, a->x, c, oh0 * s->sh - s->ph + kh * s->dh, ow0 * s->sw - s->pw + kw * s->dw, d))) {
-            int64_t ti = kh * s->KW + kw;
-            tap_gather *t = ti < TAPS_MAX ? g + ti : &one;
-            if (ti >= TAPS_MAX || !ready[ti]) {
-                tap_of(s, ih0, iw0, filled, kh, kw, t);
-                if (ti < TAPS_MAX) ready[ti] = 1;
-            }
-            if (t->inside == CUVIL_NR) {
-                for (int j = 0; j < CUVIL_NR; j++) d[j] = xc[t->off[j]];
-            } else {
-                for (int j = 0; j < CUVIL_NR; j++) d[j] = 0.f;
-                for (int m = 0; m < t->inside; m++) d[t->lane[m]] = xc[t->off[m]];
-            }
+        cuvil_vstore(d, cuvil_vsplat(0.f));
+        cuvil_vstore(d + CUVIL_VL, cuvil_vsplat(0.f));
+        for (int r = 0; r < nruns; r++) {
+            const pixel_run *u = runs + r;
+            int64_t ih = u->oh * s->sh - s->ph + kh * s->dh, iw, lo, hi;
+            if (ih < 0 || ih >= s->H) continue;
+            if (kw < RUN_KW) iw = u->iw[kw], lo = u->lo[kw], hi = u->hi[kw];
+            else run_columns(s, u, kw, &iw, &lo, &hi);
+            const float *src = xc + ih * s->W + iw;
+            float *dst = d + u->lane;
+            if (s->sw == 1)
+                for (int64_t j = lo; j < hi; j++) dst[j] = src[j];
+            else if (s->sw == 2)
+                for (int64_t j = lo; j < hi; j++) dst[j] = src[2 * j];
+            else
+                for (int64_t j = lo; j < hi; j++) dst[j] = src[j * s->sw];
         }
         if (++kw == s->KW) {              /* next (c, kh, kw) without dividing */
             kw = 0;

@@ -1,6 +1,7 @@
 """Fused kernels vs the reference interpreter on the unfused graph: GEMM/conv epilogues,
 attention (masks, causal, grouped heads, layouts) and pointwise chains, at odd sizes that
-exercise every remainder path of the 6 x 16 micro-kernel, the 384-deep K blocks and 120-row M blocks."""
+exercise every remainder path of the micro-kernel (8 x 32 on AVX-512, 6 x 16 on AVX2), the
+384-deep K blocks and 120-row M blocks."""
 import numpy as np
 import pytest
 
@@ -33,6 +34,29 @@ def test_linear_bias_activation(M, N, K, act):
     g.outputs = [g.add(act, [y])]
     cm = check_graph(g, [f32(M, K)])
     assert ops_of(cm) == ["matmul_fused"]
+
+
+@pytest.mark.parametrize("target", ["native", "x86_64-avx2"])
+def test_gemm_tiles_of_each_target(target):
+    """Both register tiles (8 rows on AVX-512, 6 on AVX2) with every row remainder, and the A operands
+    packed at compile time for them (conv filters through im2col and Winograd): an AVX-512 machine
+    builds the AVX2 tile too."""
+    from cuvil.build.toolchain import cpu_flags
+    if target != "native" and "avx2" not in cpu_flags():
+        pytest.skip(f"this CPU cannot run {target} code")
+    for M in range(1, 18):
+        g = Graph()
+        x = Value(TensorType((M, 40), "float32"), "x")
+        g.inputs = [x]
+        g.outputs = [g.add("relu", [g.add("matmul", [x, g.const(f32(40, 37))])])]
+        check_graph(g, [f32(M, 40)], target=target)
+    for cout, k in [(19, 5), (21, 3)]:        # im2col inside the GEMM, then Winograd: filters as packed A
+        g = Graph()
+        x = Value(TensorType((1, 17, 12, 12), "float32"), "x")
+        g.inputs = [x]
+        g.outputs = [g.add("conv", [x, g.const(f32(cout, 17, k, k))], {"strides": [1, 1], "pads": [(1, 1), (1, 1)]})]
+        cm = check_graph(g, [f32(1, 17, 12, 12)], target=target)
+        assert ("winograd" in cm.c_source) == (k == 3)
 
 
 @pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "silu", "sigmoid", "tanh"])

@@ -17,6 +17,11 @@ def panel_width(em):
     return 2 * vector_floats(em.target)
 
 
+def tile_rows(em):
+    """Rows of the GEMM's register tile for this build's target (CUVIL_MR): see kernels/gemm.h."""
+    return 8 if panel_width(em) == 32 else 6
+
+
 def pack_b(b: np.ndarray, nr: int) -> np.ndarray:
     """[K, N] -> panels [ceil(N/nr), K, nr], zero padded (the layout cuvil_sgemm_packed reads)."""
     K, N = b.shape
@@ -28,19 +33,20 @@ def pack_b(b: np.ndarray, nr: int) -> np.ndarray:
     return out
 
 
-# kernels/gemm.h's register tile rows, K block and M block: the layout of a prepacked A operand, and
-# the M blocks a conv's GEMM runs in (one: im2col inside the GEMM; several: im2col once, whole)
-GEMM_MR, GEMM_KC, GEMM_MC = 6, 384, 120
+# kernels/gemm.h's K block and M block: with the target's tile rows (tile_rows), the layout of a
+# prepacked A operand, and the M blocks a conv's GEMM runs in (one: im2col inside the GEMM; several:
+# im2col once, whole)
+GEMM_KC, GEMM_MC = 384, 120
 
 
-def pack_a(a: np.ndarray) -> np.ndarray:
-    """[M, K] -> the tiles cuvil_sgemm_packed_ab reads: per K block of GEMM_KC, per tile of GEMM_MR
-    rows, [kc][MR] (zero rows past M)."""
+def pack_a(a: np.ndarray, mr: int) -> np.ndarray:
+    """[M, K] -> the tiles cuvil_sgemm_packed_ab reads: per K block of GEMM_KC, per tile of mr
+    rows, [kc][mr] (zero rows past M)."""
     M, K = a.shape
-    tiles = -(-M // GEMM_MR)
-    padded = np.zeros((tiles * GEMM_MR, K), np.float32)
+    tiles = -(-M // mr)
+    padded = np.zeros((tiles * mr, K), np.float32)
     padded[:M] = a
-    blocks = [padded[:, k0:k0 + GEMM_KC].reshape(tiles, GEMM_MR, -1).transpose(0, 2, 1).ravel()
+    blocks = [padded[:, k0:k0 + GEMM_KC].reshape(tiles, mr, -1).transpose(0, 2, 1).ravel()
               for k0 in range(0, K, GEMM_KC)]
     return np.concatenate(blocks) if blocks else np.zeros(0, np.float32)
 
@@ -199,11 +205,11 @@ def _winograd(node):
     return 4 if isinstance(oh, int) and oh * y.shape[3] >= WINOGRAD4_MIN_OUTPUTS else 2
 
 
-def winograd_filters(w: np.ndarray, m: int = 2) -> np.ndarray:
+def winograd_filters(w: np.ndarray, m: int, mr: int) -> np.ndarray:
     """[O, C, 3, 3] -> the (m + 2)^2 transformed filter matrices U[i][j] (O x C), each packed as a GEMM A."""
     g = WINOGRAD_G[m]
     u = np.einsum("ik,ockl,jl->ijoc", g, w.astype(np.float64), g).astype(np.float32)
-    return np.concatenate([pack_a(u[i, j]) for i in range(m + 2) for j in range(m + 2)])
+    return np.concatenate([pack_a(u[i, j], mr) for i in range(m + 2) for j in range(m + 2)])
 
 
 def _pointwise_conv(node):
@@ -287,11 +293,11 @@ def lower_conv(em, node):
     res = em.ptr(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else "0"
     act = ACT_CODES[node.attrs["act"]]
     w, groups = node.inputs[1], node.attrs.get("groups", 1)
-    m = _winograd(node)
+    m, mr = _winograd(node), tile_rows(em)
     if m:
-        up = em.packed(f"winograd{m}_a", w, lambda d: winograd_filters(d, m))
+        up = em.packed(f"winograd{m}_a", w, lambda d: winograd_filters(d, m, mr))
         return ["{", f"  const cuvil_conv_shape s = {_shape_struct(s)};",
-                f"  _Static_assert(CUVIL_MR == {GEMM_MR} && CUVIL_KC == {GEMM_KC} && CUVIL_WINOGRAD_MAX_W == "
+                f"  _Static_assert(CUVIL_MR == {mr} && CUVIL_KC == {GEMM_KC} && CUVIL_WINOGRAD_MAX_W == "
                 f"{WINOGRAD_MAX_W}, \"winograd filters packed for another kernel\");",
                 f"  cuvil_conv3x3_winograd{'4' if m == 4 else ''}(&s, {em.ptr(node.inputs[0])}, {up}, {bias}, {res}, "
                 f"{em.ptr(node.outputs[0])}, {act}, {em.scratch()}, NT);", "}"]
@@ -307,10 +313,10 @@ def lower_conv(em, node):
     if w.is_const and not depthwise:     # filters packed at compile time into the GEMM's A tiles only
         og = w.shape[0] // groups
         wp = em.packed("conv_a", w, lambda d: np.concatenate(
-            [pack_a(g.reshape(og, -1)) for g in np.split(d.astype(np.float32), groups)]))
+            [pack_a(g.reshape(og, -1), mr) for g in np.split(d.astype(np.float32), groups)]))
         wptr = "0"
     return ["{", f"  const cuvil_conv_shape s = {_shape_struct(s)};",
-            f"  _Static_assert(CUVIL_MR == {GEMM_MR} && CUVIL_KC == {GEMM_KC} && CUVIL_MC == {GEMM_MC}, "
+            f"  _Static_assert(CUVIL_MR == {mr} && CUVIL_KC == {GEMM_KC} && CUVIL_MC == {GEMM_MC}, "
             "\"conv filters packed for another tile\");",
             f"  cuvil_conv2d(&s, {em.ptr(node.inputs[0])}, {wptr or em.ptr(w)}, {wp}, {bias}, {res}, "
             f"{em.ptr(node.outputs[0])}, {act}, {'0' if _implicit_im2col(node) else em.scratch()}, NT);", "}"]

@@ -168,7 +168,7 @@ static inline __attribute__((always_inline)) void gemv_panels(int S, int bits, i
 
 #if defined(__AVX2__) && CUVIL_MR == 6
 #include <immintrin.h>
-/* Eight columns k..k+7 of six rows into [8][6] (AVX2 instructions: AVX-512 targets have them too): two unpacks and a shuffle put rows 0-3 of column k
+/* Eight columns k..k+7 of six rows into [8][6] (AVX2 targets): two unpacks and a shuffle put rows 0-3 of column k
  * in one 128-bit half, an unpack pairs rows 4-5; a 16- and an 8-byte store per column. */
 static inline void pack_a_8k(const float *const rows[6], int64_t k, float *dst) {
     __m256 r[6];
@@ -190,27 +190,24 @@ static inline void pack_a_8k(const float *const rows[6], int64_t k, float *dst) 
 #define CUVIL_PACK_A_8K 1
 #endif
 
-#if defined(__AVX512F__) && CUVIL_VL == 16 && CUVIL_MR == 6
-/* Sixteen columns k..k+15 of six rows into [16][6]: 96 floats, six whole-vector stores. Lane l of
- * output vector j is element f = 16 j + l, row f % 6 of column f / 6: one two-source permute per
- * row pair (the same indices serve the three pairs) and two blends by pair. The 8-column AVX2 path
- * took 16 stores and 18 shuffles per 48 floats (pack_a: 8.5% of a 4096 x 384 x 384 GEMM). */
-static inline void pack_a_16k(const float *const rows[6], int64_t k, float *dst) {
-    static const int32_t idx[3][16] = {{0, 16, 0, 16, 0, 16, 1, 17, 1, 17, 1, 17, 2, 18, 2, 18},
-                                       {2, 18, 3, 19, 3, 19, 3, 19, 4, 20, 4, 20, 4, 20, 5, 21},
-                                       {5, 21, 5, 21, 6, 22, 6, 22, 6, 22, 7, 23, 7, 23, 7, 23}};
-    static const __mmask16 pair1[3] = {0xc30c, 0x0c30, 0x30c3}, pair2[3] = {0x0c30, 0x30c3, 0xc30c};
-    __m512 r[6];
-    for (int i = 0; i < 6; i++) r[i] = _mm512_loadu_ps(rows[i] + k);
-    for (int j = 0; j < 6; j++) {          /* outputs 3..5 are 0..2 eight columns on */
-        __m512i ix = _mm512_add_epi32(_mm512_loadu_si512(idx[j % 3]), _mm512_set1_epi32(j < 3 ? 0 : 8));
-        __m512 o = _mm512_permutex2var_ps(r[0], ix, r[1]);
-        o = _mm512_mask_blend_ps(pair1[j % 3], o, _mm512_permutex2var_ps(r[2], ix, r[3]));
-        o = _mm512_mask_blend_ps(pair2[j % 3], o, _mm512_permutex2var_ps(r[4], ix, r[5]));
-        _mm512_storeu_ps(dst + 16 * j, o);
+#if defined(__AVX2__) && CUVIL_MR == 8
+#include <immintrin.h>
+/* Eight columns k..k+7 of eight rows into [8][8]: the 8x8 transpose of unpacks, shuffles and 128-bit
+ * lane swaps, one whole-vector store per column. */
+static inline void pack_a_8x8(const float *const rows[8], int64_t k, float *dst) {
+    __m256 r[8], t[8], s[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(rows[i] + k);
+    for (int i = 0; i < 8; i += 2) t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    for (int h = 0; h < 8; h += 4) {       /* rows h..h+3 of columns 0|4, 1|5, 2|6, 3|7 */
+        s[h] = _mm256_shuffle_ps(t[h], t[h + 2], 0x44), s[h + 1] = _mm256_shuffle_ps(t[h], t[h + 2], 0xee);
+        s[h + 2] = _mm256_shuffle_ps(t[h + 1], t[h + 3], 0x44), s[h + 3] = _mm256_shuffle_ps(t[h + 1], t[h + 3], 0xee);
+    }
+    for (int c = 0; c < 4; c++) {
+        _mm256_storeu_ps(dst + c * 8, _mm256_permute2f128_ps(s[c], s[c + 4], 0x20));
+        _mm256_storeu_ps(dst + (c + 4) * 8, _mm256_permute2f128_ps(s[c], s[c + 4], 0x31));
     }
 }
-#define CUVIL_PACK_A_16K 1
+#define CUVIL_PACK_A_8X8 1
 #endif
 
 /* Rows [i0, i1) (at most MR) x columns [k0, k0 + kc) of A as one tile [kc][MR] (rows past i1
@@ -222,8 +219,8 @@ static void pack_a(const float *A, int64_t lda, int64_t i0, int64_t i1, int64_t 
     const float *rows[CUVIL_MR];
     for (int i = 0; i < CUVIL_MR; i++) rows[i] = A + (i0 + i < i1 ? i0 + i : i0) * lda + k0;
     int64_t k = 0;
-#ifdef CUVIL_PACK_A_16K
-    for (; k + 16 <= kc; k += 16) pack_a_16k(rows, k, Ap + k * CUVIL_MR);
+#ifdef CUVIL_PACK_A_8X8
+    for (; k + 8 <= kc; k += 8) pack_a_8x8(rows, k, Ap + k * CUVIL_MR);
 #endif
 #ifdef CUVIL_PACK_A_8K
     for (; k + 8 <= kc; k += 8) pack_a_8k(rows, k, Ap + k * CUVIL_MR);
@@ -391,19 +388,16 @@ static void ukernel_edge_tile(int mr, int64_t kc, const float *Ap, const float *
                               int64_t n0, int64_t nr, int first, int last, const cuvil_epilogue *ep, byte_run pf) {
     /* constants for the compiler: the register tile unrolls per case; a panel of at most VL columns
      * (the last of a 7x7 conv's 49) multiplies one B vector, not two */
+    #define EDGE(R) case 2 * R: edge_tile_rows(R, 2, kc, Ap, Bp, ldb, C, ldc, i0, n0, nr, first, last, ep, pf); break; \
+                    case 2 * R + 1: edge_tile_rows(R, 1, kc, Ap, Bp, ldb, C, ldc, i0, n0, nr, first, last, ep, pf); break;
     switch (mr * 2 + (nr <= CUVIL_VL)) {
-    case 2: edge_tile_rows(1, 2, kc, Ap, Bp, ldb, C, ldc, i0, n0, nr, first, last, ep, pf); break;
-    case 3: edge_tile_rows(1, 1, kc, Ap, Bp, ldb, C, ldc, i0, n0, nr, first, last, ep, pf); break;
-    case 4: edge_tile_rows(2, 2, kc, Ap, Bp, ldb, C, ldc, i0, n0, nr, first, last, ep, pf); break;
-    case 5: edge_tile_rows(2, 1, kc, Ap, Bp, ldb, C, ldc, i0, n0, nr, first, last, ep, pf); break;
-    case 6: edge_tile_rows(3, 2, kc, Ap, Bp, ldb, C, ldc, i0, n0, nr, first, last, ep, pf); break;
-    case 7: edge_tile_rows(3, 1, kc, Ap, Bp, ldb, C, ldc, i0, n0, nr, first, last, ep, pf); break;
-    case 8: edge_tile_rows(4, 2, kc, Ap, Bp, ldb, C, ldc, i0, n0, nr, first, last, ep, pf); break;
-    case 9: edge_tile_rows(4, 1, kc, Ap, Bp, ldb, C, ldc, i0, n0, nr, first, last, ep, pf); break;
-    case 10: edge_tile_rows(5, 2, kc, Ap, Bp, ldb, C, ldc, i0, n0, nr, first, last, ep, pf); break;
-    case 11: edge_tile_rows(5, 1, kc, Ap, Bp, ldb, C, ldc, i0, n0, nr, first, last, ep, pf); break;
-    case 13: edge_tile_rows(CUVIL_MR, 1, kc, Ap, Bp, ldb, C, ldc, i0, n0, nr, first, last, ep, pf); break;
+    EDGE(1) EDGE(2) EDGE(3) EDGE(4) EDGE(5)
+#if CUVIL_MR > 6
+    EDGE(6) EDGE(7)
+#endif
+    case 2 * CUVIL_MR + 1: edge_tile_rows(CUVIL_MR, 1, kc, Ap, Bp, ldb, C, ldc, i0, n0, nr, first, last, ep, pf); break;
     default: edge_tile_rows(CUVIL_MR, 2, kc, Ap, Bp, ldb, C, ldc, i0, n0, nr, first, last, ep, pf); break;
+    #undef EDGE
     }
 }
 

@@ -109,6 +109,20 @@ def test_conv_bias_residual_relu(groups, cin, cout, k, stride, pad):
     assert ops_of(cm) == ["conv"] and cm.graph.nodes[0].attrs["act"] == "relu"
 
 
+@pytest.mark.parametrize("cin,cout", [(200, 20), (400, 20), (64, 40)])
+def test_conv1x1_input_in_place(cin, cout):
+    """1x1 convs whose GEMM reads the input in place as B (64 pixels: whole panels): over one K block
+    and two, its block copied for the row tiles (K > 192), and the shallow form (K = 64)."""
+    g = Graph()
+    x = Value(TensorType((1, cin, 8, 8), "float32"), "x")
+    r = Value(TensorType((1, cout, 8, 8), "float32"), "r")
+    g.inputs = [x, r]
+    y = g.add("conv", [x, g.const(f32(cout, cin, 1, 1)), g.const(f32(cout))], {"strides": [1, 1], "pads": [(0, 0), (0, 0)]})
+    g.outputs = [g.add("relu", [g.add("add", [y, r])])]
+    cm = check_graph(g, [f32(1, cin, 8, 8), f32(1, cout, 8, 8)])
+    assert "cuvil_conv2d(" in cm.c_source and "cuvil_conv_swapped(" not in cm.c_source
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_conv_swapped_random_geometry(seed):
     """The im2col rows' bounds over random kernels, strides, uneven pads and dilations against the

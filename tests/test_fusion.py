@@ -298,6 +298,22 @@ def test_pointwise_chain_is_one_loop():
     assert ops_of(cm).count("fused_pointwise") == 2 and len(ops_of(cm)) == 2
 
 
+def test_pointwise_reads_slices_in_place():
+    """SiLU(gate) * up over the halves of one projection (the LLM's fused gate/up), and a strided
+    slice along a middle axis: the loop reads them through their strides, with no copy."""
+    g = Graph()
+    x = Value(TensorType((2, 6, 8), "float32"), "x")
+    g.inputs = [x]
+    h = g.add("matmul", [x, g.const(f32(8, 2 * 19))])
+    gate = g.add("slice", [h], {"axis": 2, "start": 0, "length": 19})
+    up = g.add("slice", [h], {"axis": 2, "start": 19, "length": 19})
+    odd = g.add("slice", [x], {"axis": 1, "start": 5, "step": -2, "length": 3})
+    g.outputs = [g.add("mul", [g.add("silu", [gate]), up]),
+                 g.add("add", [g.add("exp", [odd]), g.const(np.float32(1.0))])]
+    cm = check_graph(g, [f32(2, 6, 8)])
+    assert sorted(ops_of(cm)) == ["fused_pointwise", "fused_pointwise", "matmul"]
+
+
 def test_fusion_level_zero_keeps_ops_separate():
     g = Graph()
     x = Value(TensorType((4, 8), "float32"), "x")

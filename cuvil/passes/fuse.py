@@ -252,9 +252,29 @@ def fuse_pointwise_chains(graph):
     return graph
 
 
+def read_slices_in_place(graph):
+    """A slice read only by a pointwise loop over its own shape is read there through its strides, not
+    copied first: the halves of a fused gate/up projection into SiLU(gate) * up (TinyLlama prefill of
+    128 tokens: the copies were 1.4% of the time)."""
+    uses = _Uses(graph)
+    for n in graph.nodes:
+        if n.op != "fused_pointwise":
+            continue
+        ins, views = list(n.inputs), list(n.attrs.get("views") or [()] * len(n.inputs))
+        for i, v in enumerate(ins):
+            p = v.producer if not v.is_const else None
+            if p is None or p.op != "slice" or uses.only_user(v) is not n or not _same_shape(v, n.outputs[0]):
+                continue
+            a = p.attrs
+            ins[i], views[i] = p.inputs[0], (a["axis"], a["start"], a["step"], a["length"])
+        if any(views):
+            n.inputs, n.attrs = ins, {**n.attrs, "views": tuple(views)}
+    return graph
+
+
 def run(graph, level=2):
     if level >= 1:
         graph = fuse_conv_epilogues(fuse_matmul_epilogues(sink_reshapes(graph)))
     if level >= 2:
-        graph = fuse_pointwise_chains(absorb_attention_layouts(graph))
+        graph = read_slices_in_place(fuse_pointwise_chains(absorb_attention_layouts(graph)))
     return dce(graph)

@@ -1,6 +1,7 @@
 """C lowering of pointwise ops: one C expression per op, placed in a broadcast loop nest."""
 from __future__ import annotations
 
+from ...ir import dims as D
 from .ctypes_map import COMPUTE, CTYPE, LOWP, is_float
 from .emit import lowering
 from .loops import broadcast_strides, contiguous_strides, loop_nest
@@ -161,7 +162,8 @@ def _step_node(op, dtypes, attrs):
 def _fused_steps(node):
     """(C template, result dtype) per step of a fused_pointwise body."""
     from ...ir.ops import REGISTRY
-    ins = [v.type for v in node.inputs]
+    from ...ir.ops.fused import pointwise_input_types
+    ins = pointwise_input_types([v.type for v in node.inputs], node.attrs)
     types, out = [], []
     for op, args, attrs in node.attrs["body"]:
         ts = [ins[i] if kind == "in" else types[i] for kind, i in args]
@@ -175,6 +177,15 @@ def _fused_supports(node):
     return None if all(t is not None for t, _ in _fused_steps(node)) else "a step has no C lowering for its dtype"
 
 
+def _sliced(ptr, v, view):
+    """(pointer, strides, base) of v read through a slice (axis, start, step, length) of it."""
+    axis, start, step, _ = view
+    strides = contiguous_strides(v.type.shape)
+    base = D.to_c(D.as_dim(start * strides[axis]))
+    strides[axis] = D.as_dim(strides[axis] * step)
+    return ptr, strides, base
+
+
 @lowering("fused_pointwise", supports=_fused_supports)
 def lower_fused_pointwise(em, node):
     """One loop; each step is a local temporary, so values used twice are computed once."""
@@ -182,7 +193,9 @@ def lower_fused_pointwise(em, node):
     shape = out.type.shape
     steps = _fused_steps(node)
     body = node.attrs["body"]
-    ins = [(em.ptr(v), broadcast_strides(v.type.shape, shape), "0") for v in node.inputs]
+    views = node.attrs.get("views") or [()] * len(node.inputs)
+    ins = [_sliced(em.ptr(v), v, view) if view else (em.ptr(v), broadcast_strides(v.type.shape, shape), "0")
+           for v, view in zip(node.inputs, views)]
 
     def expr(loads):
         parts = []

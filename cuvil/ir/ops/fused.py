@@ -123,7 +123,21 @@ def _steps_types(types, body):
     return res
 
 
+# views: per input, () or a slice's (axis, start, step, length): the loop reads that input through
+# the slice's strides instead of a copy of it (passes/fuse.py, read_slices_in_place)
+def _viewed(xs, attrs, fn):
+    views = attrs.get("views") or ()
+    return [fn(x, dict(zip(("axis", "start", "step", "length"), views[i]))) if i < len(views) and views[i] else x
+            for i, x in enumerate(xs)]
+
+
+def pointwise_input_types(types, attrs):
+    """The types a fused_pointwise loop reads its inputs as (each view applied)."""
+    return _viewed(types, attrs, lambda t, a: REGISTRY["slice"].infer([t], a, None)[0])
+
+
 def _fused_infer(types, attrs, inputs):
+    types = pointwise_input_types(types, attrs)
     body = attrs["body"]
     if not body:
         raise ShapeError("fused_pointwise: empty body")
@@ -134,12 +148,13 @@ def _fused_infer(types, attrs, inputs):
 
 
 def _fused_ref(xs, attrs):
+    xs = _viewed(xs, attrs, lambda x, a: REGISTRY["slice"].ref([x], a))
     res = []
     for op, args, a in attrs["body"]:
         res.append(REGISTRY[op].ref([xs[i] if kind == "in" else res[i] for kind, i in args], dict(a)))
     return res[-1]
 
 
-declare(OpDef("fused_pointwise", {"body": ()}, _fused_infer, _fused_ref, kind="fused"))
+declare(OpDef("fused_pointwise", {"body": (), "views": ()}, _fused_infer, _fused_ref, kind="fused"))
 
 __all__ = ["ACTIVATIONS", "apply_act", "math"]

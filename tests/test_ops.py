@@ -721,6 +721,8 @@ def matmul_shapes(op):
     mm(c.input(f(1, 70)), c.const(f(70, 101)), "[1,70] @ const[70,101]")
     mm(c.input(f(1, 40)), c.const(f(40, 200)), "[1,40] @ const[40,200]")
     mm(c.input(f(1, 300)), c.const(f(300, 250)), "[1,300] @ const[300,250] (threaded)")
+    # more than 24 panels a thread: chunks of 6 claimed as threads come free, shrinking toward the end
+    mm(c.input(f(1, 64)), c.const(f(64, 1700)), "[1,64] @ const[64,1700] (guided chunks)")
     mm(c.input(fortran(f(7, 5))), c.input(strided(f(5, 9))), "non-contiguous operands")
     mm(c.input(fortran(f(4, 5))), c.const(f(5, 3)), "transposed activations, const weights")
     mm(c.input([f(n, 5) for n in B_RUNS], (B, 5)), c.input(f(5, 17)), "[b,5] @ [5,17]")

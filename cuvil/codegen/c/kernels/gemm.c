@@ -739,7 +739,7 @@ static void gemm_driver(int64_t M, int64_t N, int64_t K, const float *A, const f
             v.parts = nt;
             cuvil_parallel_chunks(nt, nt, 1, gemv_part_task, &v);
         } else
-            cuvil_parallel_chunks(nt, np, CUVIL_GEMV_STREAMS, gemv_task, &v.g);
+            cuvil_parallel_guided(nt, np, CUVIL_GEMV_STREAMS, gemv_task, &v.g);
         return;
     }
     /* M blocks of equal size, up to 1.5 MC rows (the A block stays in L2): 128 rows were a block of

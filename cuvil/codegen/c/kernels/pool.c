@@ -13,6 +13,7 @@ typedef struct {
     void *ctx;
     int64_t n, chunk;
     int helpers;                  /* workers allowed to join this job */
+    int tail;                     /* threads sharing the tail: claims shrink toward its end (guided) */
     atomic_int_fast64_t next, done;
 } job_t;
 
@@ -32,11 +33,27 @@ static int64_t now_ns(void) {
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
+/* The next chunk [*b, return value): `chunk` items, or with a tail, 1/(2 tail) of what is left once
+ * that is less, so the threads run out of work within about one item of each other. */
+static int64_t claim(job_t *j, int64_t *b) {
+    if (!j->tail) {
+        *b = atomic_fetch_add(&j->next, j->chunk);
+        return *b < j->n ? (j->n - *b < j->chunk ? j->n - *b : j->chunk) : 0;
+    }
+    int_fast64_t cur = atomic_load(&j->next);
+    for (;;) {
+        if (cur >= j->n) return 0;
+        int64_t c = (j->n - cur) / (2 * j->tail);
+        c = c > j->chunk ? j->chunk : c < 1 ? 1 : c;
+        if (atomic_compare_exchange_weak(&j->next, &cur, cur + c)) { *b = cur; return c; }
+    }
+}
+
 static void run_chunks(job_t *j) {
     for (;;) {
-        int64_t b = atomic_fetch_add(&j->next, j->chunk);
-        if (b >= j->n) return;
-        int64_t e = b + j->chunk < j->n ? b + j->chunk : j->n;
+        int64_t b, c = claim(j, &b);
+        if (c <= 0) return;
+        int64_t e = b + c;
         j->fn(j->ctx, b, e);
         atomic_fetch_add(&j->done, e - b);
     }
@@ -87,7 +104,7 @@ void cuvil_parallel_for(int nthreads, int64_t n, int64_t grain, cuvil_task_fn fn
     cuvil_parallel_chunks(nthreads, n, chunk < grain ? grain : chunk, fn, ctx);
 }
 
-void cuvil_parallel_chunks(int nthreads, int64_t n, int64_t chunk, cuvil_task_fn fn, void *ctx) {
+static void submit(int nthreads, int64_t n, int64_t chunk, int guided, cuvil_task_fn fn, void *ctx) {
     if (n <= 0) return;
     if (chunk < 1) chunk = 1;
     /* serial: one thread asked for, too little work, called from inside a task, or the pool is busy
@@ -98,7 +115,7 @@ void cuvil_parallel_chunks(int nthreads, int64_t n, int64_t chunk, cuvil_task_fn
     }
     ensure_workers(nthreads - 1);
     int helpers = nthreads - 1 < nworkers ? nthreads - 1 : nworkers;
-    job_t j = {.fn = fn, .ctx = ctx, .n = n, .chunk = chunk, .helpers = helpers};
+    job_t j = {.fn = fn, .ctx = ctx, .n = n, .chunk = chunk, .helpers = helpers, .tail = guided ? helpers + 1 : 0};
     atomic_init(&j.next, 0);
     atomic_init(&j.done, 0);
     atomic_store(&current, &j);
@@ -113,4 +130,12 @@ void cuvil_parallel_chunks(int nthreads, int64_t n, int64_t chunk, cuvil_task_fn
     atomic_store(&current, (job_t *)0);
     while (atomic_load(&in_job) > 0) sched_yield();   /* no worker still holds a pointer to j */
     pthread_mutex_unlock(&submit_lock);
+}
+
+void cuvil_parallel_chunks(int nthreads, int64_t n, int64_t chunk, cuvil_task_fn fn, void *ctx) {
+    submit(nthreads, n, chunk, 0, fn, ctx);
+}
+
+void cuvil_parallel_guided(int nthreads, int64_t n, int64_t chunk, cuvil_task_fn fn, void *ctx) {
+    submit(nthreads, n, chunk, 1, fn, ctx);
 }

@@ -13,4 +13,8 @@ void cuvil_parallel_for(int nthreads, int64_t n, int64_t grain, cuvil_task_fn fn
 /* The same in chunks of exactly `chunk` items (the last may be short): memory-bound loops whose
  * threads finish together only if the chunks are small next to the whole. */
 void cuvil_parallel_chunks(int nthreads, int64_t n, int64_t chunk, cuvil_task_fn fn, void *ctx);
+
+/* The same with chunks that shrink toward the end (to 1/(2 threads) of what is left, at least one
+ * item), so the threads finish within about one item of each other, not one chunk. */
+void cuvil_parallel_guided(int nthreads, int64_t n, int64_t chunk, cuvil_task_fn fn, void *ctx);
 #endif

@@ -271,13 +271,36 @@ def test_attention(case, head_dim):
     assert ops_of(cm) == ["attention"]
 
 
-@pytest.mark.parametrize("rows", [2, 3, 6, 8, 13, 25])
+@pytest.mark.parametrize("rows", [2, 3, 4, 5, 6, 7, 8, 13, 25])
 def test_attention_row_tiles(rows):
-    """Rows per KV head split into tiles of even size (8 as 4 + 4, 13 as 5 + 4 + 4), each size its own
-    register tile: every size from 2 to 6 runs, causal, with grouped heads."""
+    """Rows per KV head split into tiles of even size (tiles of up to 8 rows on AVX-512, 6 on AVX2: 13
+    as 7 + 6 or 5 + 4 + 4), each size its own register tile: every size from 2 to 8 runs, causal, with
+    grouped heads."""
     g = _attention_graph(1, 4, 2, rows, rows + 3, 24, causal=True)
     ins = [f32(*[int(d) for d in v.shape]) for v in g.inputs]
     cm = check_graph(g, ins)
+    assert ops_of(cm) == ["attention"]
+
+
+@pytest.mark.parametrize("target", ["native", "x86_64-avx2"])
+@pytest.mark.parametrize("case", ["padding_mask", "causal_gqa", "masked_row"])
+def test_attention_tiles_of_each_target(target, case):
+    """The register-tiled rows and their one-pass softmax (exp, zeros past each row's keys and the sum
+    together, 1/sum applied to P V's output) on both vector widths: 16 lanes take vscalefps, 8 the
+    general exp; head dims a multiple of both, so every row runs in a tile."""
+    B, H, Hk, L, S, E, mask, causal = 2, 6, 6, 37, 37, 32, None, False
+    if case == "padding_mask":
+        mask = f32(B, 1, 1, S) * 4
+        mask[1, ..., 30:] = -np.inf                   # padded keys, as a tokenizer's mask gives them
+    elif case == "causal_gqa":
+        H, Hk, L, S, causal = 8, 2, 13, 29, True
+    else:
+        mask = np.ones((B, H, L, S), bool)
+        mask[1, 2, 3] = False
+    g = _attention_graph(B, H, Hk, L, S, E, mask, causal, Ev=E)
+    ins = [f32(*[int(d) for d in v.shape]) if v.dtype == "float32" else mask for v in g.inputs]
+    ins = [mask if v.name == "mask" else x for v, x in zip(g.inputs, ins)]
+    cm = check_graph(g, ins, target=target)
     assert ops_of(cm) == ["attention"]
 
 

@@ -250,7 +250,7 @@ def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None,
     c_src, weights, plan = emit.generate(graph, target, profile=opts.profile, weights_dir=cache.tmp_dir(cdir))
     progress("codegen", f"{len(c_src) // 1024} KiB of C, {weights.nbytes / 2**20:.1f} MiB weights, "
                         f"arena {plan.arena_bytes / 2**20:.1f} MiB")
-    key = cache.digest(str(graph), c_src, weights.sha256, opts.key(), target,
+    key = cache.digest(str(graph), c_src, weights.sha256, opts.key(), target, toolchain.native_cpu(target),
                        toolchain.compiler_version(), toolchain.cuvil_source_digest(), __version__)
     hit = cache.lookup(cdir, key)
     if hit is None:

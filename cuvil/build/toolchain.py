@@ -129,9 +129,25 @@ def _kernels_root(cache_dir: Path) -> Path:
     return cache_dir / "kernels"
 
 
+@functools.lru_cache(None)
+def native_cpu(target: str) -> str:
+    """For -march=native, the CPU it resolves to (model name and feature flags): a cache shared by
+    machines of different kinds (a home directory that moved with its user) must not hand one CPU's
+    kernel library to another."""
+    if target in TARGETS:
+        return ""
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith(("model name", "CPU part"))), "")
+    except OSError:
+        pass
+    return f"{model}|{' '.join(sorted(cpu_flags()))}"
+
+
 def kernels_object(target: str, cache_dir: Path) -> Path:
     """kernels.a for this target and compiler, built once per machine and kept (see _kernels_root)."""
-    key = hashlib.sha256(f"{target}|{compiler_version()}|{kernel_sources_digest()}|"
+    key = hashlib.sha256(f"{target}|{compiler_version()}|{kernel_sources_digest()}|{native_cpu(target)}|"
                          f"{' '.join(COMMON_FLAGS + target_flags(target))}".encode()).hexdigest()[:20]
     dest = _kernels_root(cache_dir) / key / "libcuvil_kernels.a"
     if dest.exists():

@@ -116,7 +116,9 @@ static inline void gemv_load(const void *B, int bits, int64_t i, cuvil_vf *lo, c
 }
 
 #define CUVIL_GEMV_STREAMS 6
-#if CUVIL_VL == 16              /* software prefetch: bytes ahead, locality hint, fp32 too (see below) */
+/* software prefetch: bytes ahead, locality hint, fp32 too (see gemv_panels) */
+#ifdef CUVIL_GEMV_PREFETCH       /* set from outside: a tuning experiment */
+#elif CUVIL_VL == 16
 #define CUVIL_GEMV_PREFETCH 2048
 #define CUVIL_GEMV_PREFETCH_HINT 3
 #define CUVIL_GEMV_PREFETCH_FP32 1

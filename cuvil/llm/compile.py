@@ -139,6 +139,7 @@ def _source_key(src, src_dir, settings) -> str:
             h.update(f"{name}|{tuple(t.shape)}|{t.dtype}".encode())
             h.update(t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     h.update(toolchain.compiler_version().encode())
+    h.update(toolchain.native_cpu("native").encode())       # built for -march=native
     h.update(toolchain.cuvil_source_digest().encode())
     return "llm-" + h.hexdigest()[:32]
 

@@ -95,10 +95,6 @@ static inline float softmax_unscaled(const cuvil_attn *a, int64_t mo, float *p, 
     if (a->mask_kind == 1) {
         const uint8_t *mk = (const uint8_t *)a->mask + mo;
         for (int64_t s = 0; s < S; s++) p[s] = mk[s * a->ms] ? p[s] : -INFINITY;
-    } else if (a->mask_kind == 2 && a->ms == 1) {      /* a padding mask: contiguous, so it vectorizes */
-        const float *mk = (const float *)a->mask + mo;
-        #pragma omp simd
-        for (int64_t s = 0; s < S; s++) p[s] += mk[s];
     } else if (a->mask_kind == 2) {
         const float *mk = (const float *)a->mask + mo;
         for (int64_t s = 0; s < S; s++) p[s] += mk[s * a->ms];

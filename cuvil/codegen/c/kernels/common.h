@@ -17,6 +17,12 @@
 #else
 #define CUVIL_VL 4            /* SSE2, NEON, generic */
 #endif
+/* AMD Zen cores, as -march=native names them (GCC 12 reads Zen 4 as znver3 with AVX-512): their
+ * streams want software prefetches toward L2 where Intel's want L1 (gemm.c, qgemm.c). */
+#if defined(__znver1__) || defined(__znver2__) || defined(__znver3__) || defined(__znver4__) || defined(__znver5__)
+#define CUVIL_ZEN 1
+#endif
+
 typedef float cuvil_vf __attribute__((vector_size(CUVIL_VL * 4), aligned(4), may_alias));
 
 static inline cuvil_vf cuvil_vload(const float *p) { return *(const cuvil_vf *)p; }

@@ -19,6 +19,21 @@ typedef struct { const cuvil_attn *a; const float *q, *k, *v; float *out; int64_
 
 #define KT_MAX_FLOATS (1 << 17)    /* 512 KiB of K^T on the task's stack at most */
 
+/* The mask (at offset mo) applied to scores p[0, S) in place; returns their max (-inf: all masked). */
+static inline float mask_and_max(const cuvil_attn *a, int64_t mo, float *p, int64_t S) {
+    if (a->mask_kind == 1) {
+        const uint8_t *mk = (const uint8_t *)a->mask + mo;
+        for (int64_t s = 0; s < S; s++) p[s] = mk[s * a->ms] ? p[s] : -INFINITY;
+    } else if (a->mask_kind == 2) {
+        const float *mk = (const float *)a->mask + mo;
+        for (int64_t s = 0; s < S; s++) p[s] += mk[s * a->ms];
+    }
+    float m = -INFINITY;
+    #pragma omp simd reduction(max:m)
+    for (int64_t s = 0; s < S; s++) m = p[s] > m ? p[s] : m;
+    return m;
+}
+
 /* One query row against keys [0, S): scores from K^T (vectorized over keys), softmax, then P V. */
 static void attend_row(const cuvil_attn *a, int64_t b, int64_t h, int64_t l, const float *qr, const float *kt,
                        int64_t Sp, const float *kb, const float *vb, float *orow, int64_t S, float *sc) {
@@ -37,17 +52,7 @@ static void attend_row(const cuvil_attn *a, int64_t b, int64_t h, int64_t l, con
             sc[s] = acc * a->scale;
         }
     }
-    const int64_t mo = b * a->mb + h * a->mh + l * a->ml;
-    if (a->mask_kind == 1) {
-        const uint8_t *mk = (const uint8_t *)a->mask + mo;
-        for (int64_t s = 0; s < S; s++) sc[s] = mk[s * a->ms] ? sc[s] : -INFINITY;
-    } else if (a->mask_kind == 2) {
-        const float *mk = (const float *)a->mask + mo;
-        for (int64_t s = 0; s < S; s++) sc[s] += mk[s * a->ms];
-    }
-    float m = -INFINITY;
-    #pragma omp simd reduction(max:m)
-    for (int64_t s = 0; s < S; s++) m = sc[s] > m ? sc[s] : m;
+    const float m = mask_and_max(a, b * a->mb + h * a->mh + l * a->ml, sc, S);
     for (int64_t e = 0; e < a->Ev; e++) orow[e] = 0.f;
     if (m == -INFINITY) return;                  /* a fully masked row attends to nothing */
     float sum = 0.f;
@@ -92,16 +97,7 @@ static inline cuvil_vf vexp_nonpositive(cuvil_vf x, cuvil_vf tiny) {
  * masked row, left all zeros). The exp, the zeros and the sum in one vector pass, and no pass of
  * p *= 1 / sum: four passes over the row had been a third of MiniLM's attention time. */
 static inline float softmax_unscaled(const cuvil_attn *a, int64_t mo, float *p, int64_t S, int64_t Smax) {
-    if (a->mask_kind == 1) {
-        const uint8_t *mk = (const uint8_t *)a->mask + mo;
-        for (int64_t s = 0; s < S; s++) p[s] = mk[s * a->ms] ? p[s] : -INFINITY;
-    } else if (a->mask_kind == 2) {
-        const float *mk = (const float *)a->mask + mo;
-        for (int64_t s = 0; s < S; s++) p[s] += mk[s * a->ms];
-    }
-    float m = -INFINITY;
-    #pragma omp simd reduction(max:m)
-    for (int64_t s = 0; s < S; s++) m = p[s] > m ? p[s] : m;
+    const float m = mask_and_max(a, mo, p, S);
     if (m == -INFINITY) {                        /* a fully masked row attends to nothing */
         for (int64_t s = 0; s < Smax; s++) p[s] = 0.f;
         return 0.f;

@@ -50,13 +50,16 @@ def test_gemm_tiles_of_each_target(target):
         g.inputs = [x]
         g.outputs = [g.add("relu", [g.add("matmul", [x, g.const(f32(40, 37))])])]
         check_graph(g, [f32(M, 40)], target=target)
-    for cout, k in [(19, 5), (21, 3)]:        # im2col inside the GEMM, then Winograd: filters as packed A
+    # im2col inside the GEMM, then Winograd: filters as packed A; last, stride 2 onto 20-wide rows, whose
+    # im2col runs are vectors stored whole or in part (kernels/conv.c: copy_run)
+    for cout, k, stride, (h, w) in [(19, 5, 1, (12, 12)), (21, 3, 1, (12, 12)), (19, 3, 2, (9, 40))]:
         g = Graph()
-        x = Value(TensorType((1, 17, 12, 12), "float32"), "x")
+        x = Value(TensorType((1, 17, h, w), "float32"), "x")
         g.inputs = [x]
-        g.outputs = [g.add("conv", [x, g.const(f32(cout, 17, k, k))], {"strides": [1, 1], "pads": [(1, 1), (1, 1)]})]
-        cm = check_graph(g, [f32(1, 17, 12, 12)], target=target)
-        assert ("winograd" in cm.c_source) == (k == 3)
+        g.outputs = [g.add("conv", [x, g.const(f32(cout, 17, k, k))],
+                           {"strides": [stride, stride], "pads": [(1, 1), (1, 1)]})]
+        cm = check_graph(g, [f32(1, 17, h, w)], target=target)
+        assert ("winograd" in cm.c_source) == (k == 3 and stride == 1)
 
 
 @pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "silu", "sigmoid", "tanh"])

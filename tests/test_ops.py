@@ -796,6 +796,15 @@ def conv_attrs(op):
     _conv(c, c.input(f(1, 4, 11, 79)), c.const(f(6, 2, 7, 7)), c.const(f(6)), "7x7 stride 2 groups 2, 37 wide",
           strides=(2, 2), pads=((3, 3), (2, 3)), groups=2)
     _conv(c, c.input(f(1, 3, 5, 40)), c.const(f(5, 3, 3, 3)), None, "3x3 stride 1, 38 wide", pads=((1, 1), (0, 0)))
+    # 20-wide outputs: panels cross output rows, so their im2col rows are runs of 20, 12, 8, ... pixels,
+    # each a vector or a vector stored in part; the last input rows' runs, whose vectors would read
+    # past the channel's plane, go element by element. 40 channels: pixels as the GEMM's rows
+    for cin in (3, 40):
+        x20 = c.input(f(1, cin, 9, 40))
+        _conv(c, x20, c.const(f(5, cin, 3, 3)), c.const(f(5)), f"3x3 stride 2, 20 wide, {cin} channels",
+              strides=(2, 2), pads=((1, 1), (1, 0)))
+        _conv(c, x20, c.const(f(5, cin, 3, 1)), None, f"3x1 stride (1, 2), 20 wide, {cin} channels",
+              strides=(1, 2), pads=((1, 0), (0, 0)))
     _conv(c, x, c.const(f(4, 3, 1, 1)), None, "1x1 pad 1", pads=((1, 1), (1, 1)))
     _conv(c, x, c.const(f(2, 3, 9, 11)), None, "kernel = input")
     _conv(c, x, c.const(f(2, 3, 5, 5)), None, "kernel larger than input with pads", pads=((3, 3), (0, 0)))

@@ -113,9 +113,15 @@ static inline float softmax_unscaled(const cuvil_attn *a, int64_t mo, float *p, 
         cuvil_vstore(p + s, e);
         vsum += e;
     }
-    for (int w = CUVIL_VL / 2; w > 0; w /= 2)            /* tree sum: a lane-by-lane chain waited on each add */
+    /* a tree sum: a lane-by-lane chain waited on each add; in registers where AVX-512 has the shuffles
+     * (GCC took the generic halving through the stack: 5% of MiniLM's attention time) */
+#if defined(__AVX512F__)
+    return 1.f / _mm512_reduce_add_ps((__m512)vsum);
+#else
+    for (int w = CUVIL_VL / 2; w > 0; w /= 2)
         for (int i = 0; i < w; i++) vsum[i] += vsum[i + w];
     return 1.f / vsum[0];
+#endif
 }
 
 /* N query rows (head hr[r], position lr[r]) sharing one KV head, together: scores and P V as
@@ -131,7 +137,8 @@ static inline float softmax_unscaled(const cuvil_attn *a, int64_t mo, float *p, 
 #endif
 static inline __attribute__((always_inline)) void attend_rows_n(
         const int N, const cuvil_attn *a, int64_t b, const int64_t hr[RB], const int64_t lr[RB], int64_t off,
-        const float *const qr[RB], const float *kt, int64_t Sp, const float *vb, float *const orow[RB], float *sc) {
+        const float *const qr[RB], const float *kt, int64_t Sp, const float *vb, float *const orow[RB], float *sc,
+        int prefetch_v) {
     int64_t Sr[RB], Smax = 0;
     for (int r = 0; r < N; r++) {
         int64_t pos = lr[r] + off;
@@ -141,9 +148,12 @@ static inline __attribute__((always_inline)) void attend_rows_n(
     for (int64_t s0 = 0; s0 < Smax; s0 += 2 * CUVIL_VL) {          /* scores: Q K^T * scale */
         /* the V rows of these keys toward the cache, for P V below: read there one vector column at
          * a time down a KV cache just streamed in from memory, each pass waited on every row (a
-         * decode step: 35% of attention stalled on those loads) */
-        for (int64_t s = s0; s < s0 + 2 * CUVIL_VL && s < Smax; s++)
-            for (int64_t e = 0; e < a->Ev; e += 64 / sizeof(float)) __builtin_prefetch(vb + s * a->vl + e, 0, 2);
+         * decode step: 35% of attention stalled on those loads). The task's first tile only: the
+         * later ones find them in cache, and their prefetches, 2 per key and row tile, had been 7% of
+         * MiniLM's attention time */
+        if (prefetch_v)
+            for (int64_t s = s0; s < s0 + 2 * CUVIL_VL && s < Smax; s++)
+                for (int64_t e = 0; e < a->Ev; e += 64 / sizeof(float)) __builtin_prefetch(vb + s * a->vl + e, 0, 2);
         cuvil_vf acc[RB][2];
         for (int r = 0; r < N; r++) acc[r][0] = acc[r][1] = cuvil_vsplat(0.f);
         for (int64_t e = 0; e < a->E; e++) {
@@ -184,18 +194,18 @@ static inline __attribute__((always_inline)) void attend_rows_n(
  * Llama-3-8B: 8 and 4) went as 6 + 6, the second tile computing 4 rows only to drop them. */
 static void attend_rows(const cuvil_attn *a, int64_t b, const int64_t hr[RB], const int64_t lr[RB], int rb,
                         int64_t off, const float *const qr[RB], const float *kt, int64_t Sp, const float *vb,
-                        float *const orow[RB], float *sc) {
+                        float *const orow[RB], float *sc, int prefetch_v) {
     switch (rb) {
-    case 1: attend_rows_n(1, a, b, hr, lr, off, qr, kt, Sp, vb, orow, sc); break;
-    case 2: attend_rows_n(2, a, b, hr, lr, off, qr, kt, Sp, vb, orow, sc); break;
-    case 3: attend_rows_n(3, a, b, hr, lr, off, qr, kt, Sp, vb, orow, sc); break;
-    case 4: attend_rows_n(4, a, b, hr, lr, off, qr, kt, Sp, vb, orow, sc); break;
-    case 5: attend_rows_n(5, a, b, hr, lr, off, qr, kt, Sp, vb, orow, sc); break;
+    case 1: attend_rows_n(1, a, b, hr, lr, off, qr, kt, Sp, vb, orow, sc, prefetch_v); break;
+    case 2: attend_rows_n(2, a, b, hr, lr, off, qr, kt, Sp, vb, orow, sc, prefetch_v); break;
+    case 3: attend_rows_n(3, a, b, hr, lr, off, qr, kt, Sp, vb, orow, sc, prefetch_v); break;
+    case 4: attend_rows_n(4, a, b, hr, lr, off, qr, kt, Sp, vb, orow, sc, prefetch_v); break;
+    case 5: attend_rows_n(5, a, b, hr, lr, off, qr, kt, Sp, vb, orow, sc, prefetch_v); break;
 #if RB > 6
-    case 6: attend_rows_n(6, a, b, hr, lr, off, qr, kt, Sp, vb, orow, sc); break;
-    case 7: attend_rows_n(7, a, b, hr, lr, off, qr, kt, Sp, vb, orow, sc); break;
+    case 6: attend_rows_n(6, a, b, hr, lr, off, qr, kt, Sp, vb, orow, sc, prefetch_v); break;
+    case 7: attend_rows_n(7, a, b, hr, lr, off, qr, kt, Sp, vb, orow, sc, prefetch_v); break;
 #endif
-    default: attend_rows_n(RB, a, b, hr, lr, off, qr, kt, Sp, vb, orow, sc); break;
+    default: attend_rows_n(RB, a, b, hr, lr, off, qr, kt, Sp, vb, orow, sc, prefetch_v); break;
     }
 }
 
@@ -283,7 +293,7 @@ static void attention_task(void *ctx, int64_t t0, int64_t t1) {
                     qr[r] = args->q + b * a->qb + hr[r] * a->qh + lr[r] * a->ql;
                     orow[r] = args->out + b * a->ob + hr[r] * a->oh + lr[r] * a->ol;
                 }
-                attend_rows(a, b, hr, lr, rb, off, qr, kt, Sp, vb, orow, sc);
+                attend_rows(a, b, hr, lr, rb, off, qr, kt, Sp, vb, orow, sc, i == i0);
                 i += rb;
             }
         for (; i < i1; i++) {

@@ -98,15 +98,14 @@ def write_readme(path, command, systems, rows, compile_rows, gemm, notes, kernel
     for threads, w, med, best, ratio in rows:
         cells = [f"{1000 * med[s]:.2f}" if s in med else "—" for s in cols]
         out.append(f"| {threads} | {w} | " + " | ".join(cells) + f" | {ratio:.2f} vs {best} |")
+    ccols = [c for c in cols if c != "eager"] + ["cuvil (warm)"]      # eager compiles nothing
     out += ["", "## Compile time (s, cold cache, 1 thread)", "",
             "torch.compile: its first call, with Inductor's on-disk caches disabled. ONNX Runtime / OpenVINO: "
             "torch.onnx.export plus session creation. cuvil: an empty model cache; its kernel library is built once "
             "per machine and shared by every model cache"
             + (f" (built at the start of this run: {kernel_build:.2f} s)." if kernel_build is not None else "."), "",
-            "| workload | " + " | ".join(c for c in cols if c != "eager") + " | cuvil (warm) |",
-            "|---|" + "---|" * len(cols)]
+            "| workload | " + " | ".join(ccols) + " |", "|---|" + "---|" * len(ccols)]
     for w, csecs in compile_rows:
-        ccols = [c for c in cols if c != "eager"] + ["cuvil (warm)"]
         out.append(f"| {w} | " + " | ".join(f"{csecs[c]:.2f}" if c in csecs else "—" for c in ccols) + " |")
     try:
         old = open(path).read()

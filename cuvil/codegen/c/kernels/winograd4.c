@@ -105,51 +105,82 @@ static void product_task4(void *ctx, int64_t x0, int64_t x1) {
         cuvil_sgemm_packed_ab(s->O, T, s->C, a->up + xi * astride, a->v + xi * vstride, a->m + xi * s->O * T, T, 0, 1);
 }
 
-/* Y = A^T M A per tile for output channels [o0, o1), then bias, residual and activation, each step
- * over a whole row of tiles. */
+/* y[0..3] = A^T x for six inputs (vectors or scalars, as WG4_BT). */
+#define WG4_AT(y0, y1, y2, y3, x0, x1, x2, x3, x4, x5) do {                     \
+    __typeof__(x1) p12_ = (x1) + (x2), d12_ = (x1) - (x2), p34_ = (x3) + (x4), d34_ = (x3) - (x4); \
+    y0 = (x0) + p12_ + p34_;                                                     \
+    y1 = d12_ + 2 * d34_;                                                        \
+    y2 = p12_ + 4 * p34_;                                                        \
+    y3 = d12_ + 8 * d34_ + (x5);                                                 \
+} while (0)
+
+/* Tiles per chunk of the output transform: whole tile rows, at least this many tiles when a row
+ * holds fewer, so that the transform's vectors run across tile rows (14x14 maps have 4 tiles to a
+ * row, 28x28 7) */
+#define WG4_OUT_TILES 64
+#define WG4_OUT_MAX (((CUVIL_WINOGRAD_MAX_W / 4 + 2 > WG4_OUT_TILES ? CUVIL_WINOGRAD_MAX_W / 4 + 2 : WG4_OUT_TILES) \
+                      + CUVIL_VL - 1) / CUVIL_VL * CUVIL_VL)
+
+/* Y = A^T M A for tiles [t0, t0 + VL) of one output channel, from its 36 products m[xi * plane + t]
+ * into y[r * 4 + c][t - base] (output row r, column c of each tile): vectors across the tiles, the
+ * 6 x 6 -> 4 x 6 -> 4 x 4 combinations in registers. */
+static inline void tiles_out4(const float *m, int64_t plane, int64_t t0, float (*y)[WG4_OUT_MAX], int64_t base) {
+    cuvil_vf sa[4][6];
+    for (int l = 0; l < 6; l++) {                   /* A^T M: column l of each tile's M */
+        const float *ml = m + l * plane + t0;
+        WG4_AT(sa[0][l], sa[1][l], sa[2][l], sa[3][l], cuvil_vload(ml), cuvil_vload(ml + 6 * plane),
+               cuvil_vload(ml + 12 * plane), cuvil_vload(ml + 18 * plane), cuvil_vload(ml + 24 * plane),
+               cuvil_vload(ml + 30 * plane));
+    }
+    for (int r = 0; r < 4; r++) {                   /* then (A^T M) A */
+        cuvil_vf y0, y1, y2, y3;
+        WG4_AT(y0, y1, y2, y3, sa[r][0], sa[r][1], sa[r][2], sa[r][3], sa[r][4], sa[r][5]);
+        cuvil_vstore(y[r * 4 + 0] + t0 - base, y0);
+        cuvil_vstore(y[r * 4 + 1] + t0 - base, y1);
+        cuvil_vstore(y[r * 4 + 2] + t0 - base, y2);
+        cuvil_vstore(y[r * 4 + 3] + t0 - base, y3);
+    }
+}
+
+/* Y = A^T M A for output channels [o0, o1), a chunk of tile rows at a time: the transform in vectors
+ * across the chunk's tiles, then each output row gathered from them and finished (bias, residual,
+ * activation) in vectors. Row by row, its loops ran over a tile row's 4 or 7 tiles, in scalars. */
 static void output_task4(void *ctx, int64_t o0, int64_t o1) {
     const wg4_args *a = ctx;
     const cuvil_conv_shape *s = a->s;
-    int64_t TW = tiles_w4(s), T = tiles_h4(s) * TW, plane = s->O * T;
-    float sa[4][6][CUVIL_WINOGRAD_MAX_W / 4 + 2];
-    float rows[4][CUVIL_WINOGRAD_MAX_W + 4] __attribute__((aligned(64)));
+    int64_t TW = tiles_w4(s), TH = tiles_h4(s), T = TH * TW, plane = s->O * T;
+    int64_t rows_per_chunk = TW >= WG4_OUT_TILES ? 1 : WG4_OUT_TILES / TW;
+    float y[16][WG4_OUT_MAX] __attribute__((aligned(64)));
+    float tail[36][CUVIL_VL] __attribute__((aligned(64)));
+    float row[CUVIL_WINOGRAD_MAX_W + 4] __attribute__((aligned(64)));
     for (int64_t o = o0; o < o1; o++) {
         const float *m = a->m + o * T;
         float *yo = a->y + o * s->OH * s->OW;
         const float *ro = a->residual ? a->residual + o * s->OH * s->OW : 0;
-        const cuvil_vf bv = cuvil_vsplat(a->bias ? a->bias[o] : 0.f);
-        for (int64_t th = 0; th < tiles_h4(s); th++) {
-            const float *mt = m + th * TW;
-            for (int l = 0; l < 6; l++) {          /* A^T M, column l of each tile's M */
-                const float *m0 = mt + l * plane, *m1 = mt + (6 + l) * plane, *m2 = mt + (12 + l) * plane;
-                const float *m3 = mt + (18 + l) * plane, *m4 = mt + (24 + l) * plane, *m5 = mt + (30 + l) * plane;
-                for (int64_t u = 0; u < TW; u++) {
-                    float p12 = m1[u] + m2[u], d12 = m1[u] - m2[u], p34 = m3[u] + m4[u], d34 = m3[u] - m4[u];
-                    sa[0][l][u] = m0[u] + p12 + p34;
-                    sa[1][l][u] = d12 + 2 * d34;
-                    sa[2][l][u] = p12 + 4 * p34;
-                    sa[3][l][u] = d12 + 8 * d34 + m5[u];
-                }
+        const float b = a->bias ? a->bias[o] : 0.f;
+        const cuvil_vf bv = cuvil_vsplat(b);
+        for (int64_t th0 = 0; th0 < TH; th0 += rows_per_chunk) {
+            int64_t th1 = th0 + rows_per_chunk < TH ? th0 + rows_per_chunk : TH, t0 = th0 * TW, t1 = th1 * TW, t = t0;
+            for (; t + CUVIL_VL <= t1; t += CUVIL_VL) tiles_out4(m, plane, t, y, t0);
+            if (t < t1) {                  /* the last tiles through a padded copy: M ends at T */
+                for (int xi = 0; xi < 36; xi++)
+                    for (int64_t u = 0; u < CUVIL_VL; u++) tail[xi][u] = t + u < t1 ? m[xi * plane + t + u] : 0.f;
+                tiles_out4(&tail[0][0], CUVIL_VL, 0, y, t0 - t);
             }
-            for (int r = 0; r < 4; r++)                /* then (A^T M) A, the 4 columns of each tile interleaved */
-                for (int64_t u = 0; u < TW; u++) {
-                    const float *q0 = sa[r][0], *q1 = sa[r][1], *q2 = sa[r][2], *q3 = sa[r][3], *q4 = sa[r][4];
-                    float p12 = q1[u] + q2[u], d12 = q1[u] - q2[u], p34 = q3[u] + q4[u], d34 = q3[u] - q4[u];
-                    rows[r][4 * u + 0] = q0[u] + p12 + p34;
-                    rows[r][4 * u + 1] = d12 + 2 * d34;
-                    rows[r][4 * u + 2] = p12 + 4 * p34;
-                    rows[r][4 * u + 3] = d12 + 8 * d34 + sa[r][5][u];
+            for (int64_t th = th0; th < th1; th++)
+                for (int r = 0; r < 4 && 4 * th + r < s->OH; r++) {
+                    const float *y0 = y[r * 4] + (th - th0) * TW, *y1 = y[r * 4 + 1] + (th - th0) * TW;
+                    const float *y2 = y[r * 4 + 2] + (th - th0) * TW, *y3 = y[r * 4 + 3] + (th - th0) * TW;
+                    for (int64_t u = 0; u < TW; u++)
+                        row[4 * u] = y0[u], row[4 * u + 1] = y1[u], row[4 * u + 2] = y2[u], row[4 * u + 3] = y3[u];
+                    int64_t off = (4 * th + r) * s->OW, ow = 0;
+                    for (; ow + CUVIL_VL <= s->OW; ow += CUVIL_VL) {
+                        cuvil_vf v = cuvil_vload(row + ow) + bv;
+                        if (ro) v += cuvil_vload(ro + off + ow);
+                        cuvil_vstore(yo + off + ow, cuvil_vact(v, a->act));
+                    }
+                    for (; ow < s->OW; ow++) yo[off + ow] = cuvil_act(row[ow] + b + (ro ? ro[off + ow] : 0.f), a->act);
                 }
-            for (int r = 0; r < 4 && 4 * th + r < s->OH; r++) {
-                int64_t off = (4 * th + r) * s->OW, ow = 0;
-                for (; ow + CUVIL_VL <= s->OW; ow += CUVIL_VL) {
-                    cuvil_vf v = cuvil_vload(rows[r] + ow) + bv;
-                    if (ro) v += cuvil_vload(ro + off + ow);
-                    cuvil_vstore(yo + off + ow, cuvil_vact(v, a->act));
-                }
-                for (; ow < s->OW; ow++)
-                    yo[off + ow] = cuvil_act(rows[r][ow] + bv[0] + (ro ? ro[off + ow] : 0.f), a->act);
-            }
         }
     }
 }

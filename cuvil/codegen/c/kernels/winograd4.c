@@ -66,37 +66,62 @@ static inline void row_phases(const cuvil_conv_shape *s, const float *xc, int64_
     }
 }
 
+/* V = B^T d B for lanes [0, NR) of one panel row: d[6 i + j][lane] holds element (i, j) of the patch
+ * of the lane's tile; vals[6 i + j][lane] gets V's. In vectors across the lanes (tiles). */
+static inline void panel_bt(float d[36][CUVIL_NR], float (*vals)[CUVIL_NR]) {
+    for (int v0 = 0; v0 < CUVIL_NR; v0 += CUVIL_VL) {
+        cuvil_vf t[6][6];
+        for (int j = 0; j < 6; j++)                     /* B^T down each column */
+            WG4_BT(t[0][j], t[1][j], t[2][j], t[3][j], t[4][j], t[5][j], cuvil_vload(d[j] + v0),
+                   cuvil_vload(d[6 + j] + v0), cuvil_vload(d[12 + j] + v0), cuvil_vload(d[18 + j] + v0),
+                   cuvil_vload(d[24 + j] + v0), cuvil_vload(d[30 + j] + v0));
+        for (int i = 0; i < 6; i++) {                   /* then along each row */
+            cuvil_vf y0, y1, y2, y3, y4, y5;
+            WG4_BT(y0, y1, y2, y3, y4, y5, t[i][0], t[i][1], t[i][2], t[i][3], t[i][4], t[i][5]);
+            cuvil_vstore(vals[6 * i] + v0, y0);
+            cuvil_vstore(vals[6 * i + 1] + v0, y1);
+            cuvil_vstore(vals[6 * i + 2] + v0, y2);
+            cuvil_vstore(vals[6 * i + 3] + v0, y3);
+            cuvil_vstore(vals[6 * i + 4] + v0, y4);
+            cuvil_vstore(vals[6 * i + 5] + v0, y5);
+        }
+    }
+}
+
 /* V = B^T d B for the tiles of one packed panel (NR consecutive tiles, possibly over several tile
- * rows) and channel block; each panel row is computed whole, then stored as one 64-byte row. */
+ * rows) and channel block: each channel's 6x6 patches gathered lane by lane (tile by tile) from the
+ * rows' column phases, then transformed in vectors across the panel's tiles and held until stored
+ * as whole 64-byte rows. Transformed run by run along the phases instead, its loops had run over a
+ * tile row's 4, 7 or 14 tiles in scalars. */
 static void input_task4(void *ctx, int64_t k0, int64_t k1) {
     const wg4_args *a = ctx;
     const cuvil_conv_shape *s = a->s;
     int64_t TW = tiles_w4(s), T = tiles_h4(s) * TW, vstride = cuvil_packed_b_size(s->C, T);
     int64_t cblocks = (s->C + WG4_CBLOCK - 1) / WG4_CBLOCK;
-    float dp[6][4][WG4_WIN], tr[6][4][WG4_WIN];
+    float dp[4][WG4_WIN];
+    float d[36][CUVIL_NR] __attribute__((aligned(64)));
     float held[CUVIL_WINOGRAD_HELD][36][CUVIL_NR] __attribute__((aligned(64)));
     for (int64_t k = k0; k < k1; k++) {
         int64_t p = k / cblocks, c0 = k % cblocks * WG4_CBLOCK, c1 = c0 + WG4_CBLOCK < s->C ? c0 + WG4_CBLOCK : s->C;
         int64_t t0 = p * CUVIL_NR, t1 = t0 + CUVIL_NR < T ? t0 + CUVIL_NR : T;
-        memset(held, 0, sizeof held);          /* lanes past T: computed by the GEMM and dropped */
+        memset(d, 0, sizeof d);                /* lanes past T: computed by the GEMM and dropped */
         for (int64_t c = c0; c < c1; c++) {
             int64_t j = (c - c0) % CUVIL_WINOGRAD_HELD;
-            float (*vals)[CUVIL_NR] = held[j];
             const float *xc = a->x + c * s->H * s->W;
             for (int64_t t = t0; t < t1;) {    /* the panel's tiles, one run per tile row */
                 int64_t th = t / TW, tw0 = t % TW, n = TW - tw0 < t1 - t ? TW - tw0 : t1 - t, lane = t - t0;
-                for (int i = 0; i < 6; i++) row_phases(s, xc, 4 * th - s->ph + i, 4 * tw0 - s->pw, n + 1, dp[i]);
-                for (int r = 0; r < 4; r++)    /* B^T down each column */
-                    for (int64_t u = 0; u < n + 1; u++)
-                        WG4_BT(tr[0][r][u], tr[1][r][u], tr[2][r][u], tr[3][r][u], tr[4][r][u], tr[5][r][u],
-                               dp[0][r][u], dp[1][r][u], dp[2][r][u], dp[3][r][u], dp[4][r][u], dp[5][r][u]);
-                for (int i = 0; i < 6; i++)    /* then along each row: tile u spans columns 4u .. 4u + 5 */
-                    for (int64_t u = 0; u < n; u++)
-                        WG4_BT(vals[6 * i + 0][lane + u], vals[6 * i + 1][lane + u], vals[6 * i + 2][lane + u],
-                               vals[6 * i + 3][lane + u], vals[6 * i + 4][lane + u], vals[6 * i + 5][lane + u],
-                               tr[i][0][u], tr[i][1][u], tr[i][2][u], tr[i][3][u], tr[i][0][u + 1], tr[i][1][u + 1]);
+                for (int i = 0; i < 6; i++) {
+                    row_phases(s, xc, 4 * th - s->ph + i, 4 * tw0 - s->pw, n + 1, dp);
+                    float *di = d[6 * i] + lane;   /* column jj of tile u: phase jj % 4 of window u + jj / 4 */
+                    for (int64_t u = 0; u < n; u++) {
+                        di[u] = dp[0][u], di[CUVIL_NR + u] = dp[1][u], di[2 * CUVIL_NR + u] = dp[2][u];
+                        di[3 * CUVIL_NR + u] = dp[3][u], di[4 * CUVIL_NR + u] = dp[0][u + 1];
+                        di[5 * CUVIL_NR + u] = dp[1][u + 1];
+                    }
+                }
                 t += n;
             }
+            panel_bt(d, held[j]);
             if (j == CUVIL_WINOGRAD_HELD - 1 || c == c1 - 1)
                 cuvil_winograd_store_held(a->v, vstride, 36, p * s->C + c - j, j + 1, &held[0][0][0]);
         }

@@ -126,6 +126,9 @@ def write_readme(path, command, systems, rows, compile_rows, gemm, notes, kernel
     from benchmarks.llm import MARK_BEGIN, MARK_END
     if MARK_BEGIN in old:                           # keep the LLM section benchmarks.llm wrote
         out += ["", MARK_BEGIN + old.split(MARK_BEGIN, 1)[1].split(MARK_END, 1)[0] + MARK_END]
+        tail = old.split(MARK_END, 1)[1].strip() if MARK_END in old else ""
+        if tail:                                    # and the notes written by hand after it
+            out += ["", tail]
     with open(path, "w") as f:
         f.write("\n".join(out) + "\n")
     print(f"wrote {path}")

@@ -36,6 +36,23 @@ def test_linear_bias_activation(M, N, K, act):
     assert ops_of(cm) == ["matmul_fused"]
 
 
+@pytest.mark.parametrize("cached", [True, False])
+def test_gemv_weights_cached_or_streamed(cached, monkeypatch):
+    """One row against constant weights in both of the GEMV's forms: weights that stay in the
+    last-level cache read without software prefetch, larger ones (forced here) with it; odd K so each
+    form's last single K step runs; 700 columns: 22 panels of 32 (AVX-512) or 44 of 16 over 2 threads,
+    each thread's share as groups of 6 streams and a shorter one."""
+    from cuvil.codegen.c import emit
+    monkeypatch.setattr(emit, "weights_fit_in_cache", lambda graph, target: cached)
+    g = Graph()
+    x = Value(TensorType((1, 401), "float32"), "x")
+    g.inputs = [x]
+    y = g.add("add", [g.add("matmul", [x, g.const(f32(401, 700))]), g.const(f32(700))])
+    g.outputs = [g.add("gelu", [y])]
+    cm = check_graph(g, [f32(1, 401)], num_threads=2)
+    assert f"NT, {int(cached)});" in (cm.path / "model.c").read_text()
+
+
 @pytest.mark.parametrize("target", ["native", "x86_64-avx2"])
 def test_gemm_tiles_of_each_target(target):
     """Both register tiles (8 rows on AVX-512, 6 on AVX2) with every row remainder, and the A operands

@@ -3,6 +3,7 @@ once per target and compiler, then reused from the cache)."""
 from __future__ import annotations
 
 import functools
+import glob
 import hashlib
 import os
 import platform
@@ -37,6 +38,23 @@ def cpu_flags() -> set:
     except OSError:
         pass
     return set()
+
+
+def last_level_cache_bytes(target: str = "native") -> int:
+    """The largest CPU cache of this machine (sysfs), for a native build; 0 where unknown or the
+    artifact may run on another machine (a portable target)."""
+    if resolve_target(target) != "native":
+        return 0
+    best = 0
+    for d in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+        try:
+            size = Path(d, "size").read_text().strip()
+        except OSError:
+            continue
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        n = int(size[:-1]) * units[size[-1]] if size[-1:] in units else int(size or 0)
+        best = max(best, n)
+    return best
 
 
 def resolve_target(target: str) -> str:

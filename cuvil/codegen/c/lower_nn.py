@@ -125,11 +125,12 @@ def lower_matmul(em, node):
             ep = _epilogue(em, node)
             if ep:
                 lines.append(f"  const cuvil_epilogue ep = {ep};")
-            lines.append(f"  cuvil_sgemm_packed({Mt}, {Nc}, {Kc}, {A}, {Kc}, {Bp}, {Y}, {Nc}, {'&ep' if ep else '0'}, NT);")
+            lines.append(f"  cuvil_sgemm_packed({Mt}, {Nc}, {Kc}, {A}, {Kc}, {Bp}, {Y}, {Nc}, {'&ep' if ep else '0'}, NT, "
+                         f"{int(em.weights_cached)});")
             lines.append("}")
             return lines
         body = [f"cuvil_pack_b({Kc}, {Nc}, {B} + boff, {Nc}, 0, {em.scratch()}, NT);",
-                f"cuvil_sgemm_packed({Mc}, {Nc}, {Kc}, {A} + aoff, {Kc}, {em.scratch()}, {Y} + yoff, {Nc}, 0, NT);"]
+                f"cuvil_sgemm_packed({Mc}, {Nc}, {Kc}, {A} + aoff, {Kc}, {em.scratch()}, {Y} + yoff, {Nc}, 0, NT, 1);"]
     else:
         fn = {"float64": "cuvil_matmul_f64", "int64": "cuvil_matmul_i64", "int32": "cuvil_matmul_i32"}[a.dtype]
         body = [f"{fn}({Mc}, {Nc}, {Kc}, {A} + aoff, {Kc}, {B} + boff, {Nc}, {Y} + yoff, {Nc});"]

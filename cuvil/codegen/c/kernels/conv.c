@@ -252,7 +252,7 @@ void cuvil_conv2d(const cuvil_conv_shape *s, const float *x, const float *w, con
                 cuvil_parallel_for(np * K > 16384 ? nthreads : 1, np, 1, im2col_task, &whole);
             }
             if (wp) cuvil_sgemm_packed_ab(og, N, K, wpg, scratch, yg, N, &ep, nthreads);
-            else cuvil_sgemm_packed(og, N, K, wg, K, scratch, yg, N, &ep, nthreads);
+            else cuvil_sgemm_packed(og, N, K, wg, K, scratch, yg, N, &ep, nthreads, 1);   /* B just written */
         }
 }
 

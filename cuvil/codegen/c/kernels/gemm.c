@@ -134,7 +134,7 @@ static inline void gemv_load(const void *B, int bits, int64_t i, cuvil_vf *lo, c
 #define CUVIL_GEMV_PREFETCH_HINT 1
 #define CUVIL_GEMV_PREFETCH_FP32 0
 #endif
-static inline __attribute__((always_inline)) void gemv_panels(int S, int bits, int64_t K, const float *A,
+static inline __attribute__((always_inline)) void gemv_panels(int S, int bits, int prefetch, int64_t K, const float *A,
                                                               const void *B, float acc[][CUVIL_MR][CUVIL_NR]) {
     cuvil_vf c[CUVIL_GEMV_STREAMS][2];
     for (int s = 0; s < S; s++) c[s][0] = c[s][1] = cuvil_vsplat(0.f);
@@ -145,8 +145,10 @@ static inline __attribute__((always_inline)) void gemv_panels(int S, int bits, i
      * toward L2 went from 1.19x fp32's time per byte to 1.02x; further or into L1 was slower, and fp32
      * gained nothing. Intel with AVX-512 (1 thread, 8 TinyLlama layers' GEMVs, out of L3): 2 KB ahead
      * into L1 took bf16 to 0.83-0.92x the time of 256 bytes toward L2, fp32 to 0.93-0.97x; toward L2
-     * instead was 0.91-0.99x; 1 to 4 KB ahead all alike; weights held in L3 (MLP b1) unchanged. */
-    if (bits == 16 || CUVIL_GEMV_PREFETCH_FP32)
+     * instead was 0.91-0.99x; 1 to 4 KB ahead all alike. fp32 weights held in the last-level cache
+     * (`prefetch` 0: gemm_args.b_cached) go without: on Zen 4, 2 threads, four 1024 x 1024 GEMVs + GELU
+     * out of L3 took 0.80-0.92x the time without the prefetches (1 thread 0.95-1.0x). */
+    if (bits == 16 || (CUVIL_GEMV_PREFETCH_FP32 && prefetch))
         for (; k + 2 <= K; k += 2) {
             for (int s = 0; s < S; s++)
                 for (int line = 0; line < 2 * CUVIL_NR * bits / 8; line += 64)
@@ -507,6 +509,7 @@ typedef struct {
     const cuvil_epilogue *ep;
     int a_trans;                  /* A given transposed (pack_at) */
     int pack_in_task;             /* each task packs its own M block of A, K block by K block (ap is 0) */
+    int b_cached;                 /* B expected in the last-level cache (gemm.h: cuvil_sgemm_packed) */
 } gemm_args;
 
 /* Tasks t in [t0, t1): each one M block (mc rows) x pb panels, K blocked, epilogue on the last block. */
@@ -700,20 +703,16 @@ static void gemv_task(void *ctx, int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; p += CUVIL_GEMV_STREAMS) {
         int S = p1 - p < CUVIL_GEMV_STREAMS ? (int)(p1 - p) : CUVIL_GEMV_STREAMS;
         const void *b = (const char *)g->B + p * g->K * CUVIL_NR * esize;
-        switch (S * 100 + g->bits) {     /* constants for the compiler: the loops unroll per case */
-        case 632: gemv_panels(6, 32, g->K, g->A, b, acc); break;
-        case 532: gemv_panels(5, 32, g->K, g->A, b, acc); break;
-        case 432: gemv_panels(4, 32, g->K, g->A, b, acc); break;
-        case 332: gemv_panels(3, 32, g->K, g->A, b, acc); break;
-        case 232: gemv_panels(2, 32, g->K, g->A, b, acc); break;
-        case 132: gemv_panels(1, 32, g->K, g->A, b, acc); break;
-        case 616: gemv_panels(6, 16, g->K, g->A, b, acc); break;
-        case 516: gemv_panels(5, 16, g->K, g->A, b, acc); break;
-        case 416: gemv_panels(4, 16, g->K, g->A, b, acc); break;
-        case 316: gemv_panels(3, 16, g->K, g->A, b, acc); break;
-        case 216: gemv_panels(2, 16, g->K, g->A, b, acc); break;
-        default: gemv_panels(1, 16, g->K, g->A, b, acc); break;
+        /* constants for the compiler: the loops unroll per case (bf16 always prefetches) */
+#define GEMV_CASE(S_, BITS, PF) case (S_) * 100 + (BITS) + (PF) * 1000: gemv_panels(S_, BITS, PF, g->K, g->A, b, acc); break;
+#define GEMV_CASES(BITS, PF) GEMV_CASE(1, BITS, PF) GEMV_CASE(2, BITS, PF) GEMV_CASE(3, BITS, PF) \
+                             GEMV_CASE(4, BITS, PF) GEMV_CASE(5, BITS, PF) GEMV_CASE(6, BITS, PF)
+        _Static_assert(CUVIL_GEMV_STREAMS == 6, "GEMV_CASES lists 1..6 streams");
+        switch (S * 100 + g->bits + 1000 * (g->bits == 16 || !g->b_cached)) {
+        GEMV_CASES(32, 1) GEMV_CASES(32, 0) GEMV_CASES(16, 1)
         }
+#undef GEMV_CASES
+#undef GEMV_CASE
         for (int s = 0; s < S; s++) {
             int64_t n0 = (p + s) * CUVIL_NR, nr = g->N - n0 < CUVIL_NR ? g->N - n0 : CUVIL_NR;
             store_tile(acc[s], 1, nr, g->C, g->ldc, 0, n0, 1, 1, g->ep);
@@ -732,11 +731,11 @@ static void gemv_part_task(void *ctx, int64_t t0, int64_t t1) {
 /* The one GEMM driver: (M block x N panels) tasks over the threads. */
 static void gemm_driver(int64_t M, int64_t N, int64_t K, const float *A, const float *Ap, int64_t lda, int a_trans,
                         const void *B, int64_t ldb, int bits, const float *scales, int64_t group, float *C,
-                        int64_t ldc, const cuvil_epilogue *ep, int nthreads) {
+                        int64_t ldc, const cuvil_epilogue *ep, int nthreads, int b_cached) {
     if (M <= 0 || N <= 0) return;
     int64_t np = (N + CUVIL_NR - 1) / CUVIL_NR;
     if (M == 1 && A && K > 0 && (bits == 32 || bits == 16) && (!a_trans || lda == 1)) {
-        gemv_parts v = {{M, N, K, lda, ldc, group, np, 0, 0, 1, ldb, A, scales, 0, B, bits, C, ep, 0}, 1};
+        gemv_parts v = {{M, N, K, lda, ldc, group, np, 0, 0, 1, ldb, A, scales, 0, B, bits, C, ep, 0, 0, b_cached}, 1};
         int nt = N * K > 65536 && nthreads > 1 ? nthreads : 1;
         /* up to 4 stream groups a thread: equal parts, one a thread. Chunks of one stream group (6
          * panels) left a thread with one more: 2048 -> 256 (8 panels) went as 6 + 2, 1024 -> 1024 as
@@ -795,35 +794,35 @@ static void gemm_driver(int64_t M, int64_t N, int64_t K, const float *A, const f
 }
 
 void cuvil_sgemm_packed(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *Bp,
-                        float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads) {
-    gemm_driver(M, N, K, A, 0, lda, 0, Bp, CUVIL_NR, 32, 0, 1, C, ldc, ep, nthreads);
+                        float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads, int b_cached) {
+    gemm_driver(M, N, K, A, 0, lda, 0, Bp, CUVIL_NR, 32, 0, 1, C, ldc, ep, nthreads, b_cached);
 }
 
 void cuvil_sgemm_at_packed(int64_t M, int64_t N, int64_t K, const float *At, int64_t lda, const float *Bp,
                            float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads) {
-    gemm_driver(M, N, K, At, 0, lda, 1, Bp, CUVIL_NR, 32, 0, 1, C, ldc, ep, nthreads);
+    gemm_driver(M, N, K, At, 0, lda, 1, Bp, CUVIL_NR, 32, 0, 1, C, ldc, ep, nthreads, 0);
 }
 
 void cuvil_sgemm_packed_ab(int64_t M, int64_t N, int64_t K, const float *Ap, const float *Bp,
                            float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads) {
-    gemm_driver(M, N, K, 0, Ap, K, 0, Bp, CUVIL_NR, 32, 0, 1, C, ldc, ep, nthreads);
+    gemm_driver(M, N, K, 0, Ap, K, 0, Bp, CUVIL_NR, 32, 0, 1, C, ldc, ep, nthreads, 0);
 }
 
 void cuvil_sgemm_strided_b(int64_t M, int64_t N, int64_t K, const float *A, const float *Ap, const float *B,
                            int64_t ldb, float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads) {
-    gemm_driver(M, N, K, Ap ? 0 : A, Ap, K, 0, B, ldb, CUVIL_B_STRIDED, 0, 1, C, ldc, ep, nthreads);
+    gemm_driver(M, N, K, Ap ? 0 : A, Ap, K, 0, B, ldb, CUVIL_B_STRIDED, 0, 1, C, ldc, ep, nthreads, 0);
 }
 
 void cuvil_sgemm_produced_b(int64_t M, int64_t N, int64_t K, const float *A, const float *Ap,
                             const cuvil_b_source *src, float *C, int64_t ldc, const cuvil_epilogue *ep,
                             int nthreads) {
-    gemm_driver(M, N, K, Ap ? 0 : A, Ap, K, 0, src, CUVIL_NR, CUVIL_B_PRODUCED, 0, 1, C, ldc, ep, nthreads);
+    gemm_driver(M, N, K, Ap ? 0 : A, Ap, K, 0, src, CUVIL_NR, CUVIL_B_PRODUCED, 0, 1, C, ldc, ep, nthreads, 0);
 }
 
 void cuvil_sgemm_quant(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const void *Bq, int bits,
                        const float *scales, int64_t group, float *C, int64_t ldc, const cuvil_epilogue *ep,
                        int nthreads) {
-    gemm_driver(M, N, K, A, 0, lda, 0, Bq, CUVIL_NR, bits, scales, group > 0 ? group : K, C, ldc, ep, nthreads);
+    gemm_driver(M, N, K, A, 0, lda, 0, Bq, CUVIL_NR, bits, scales, group > 0 ? group : K, C, ldc, ep, nthreads, 0);
 }
 
 #define CUVIL_NAIVE_MATMUL(T, NAME)                                                                 \

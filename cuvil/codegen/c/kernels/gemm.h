@@ -37,9 +37,11 @@ typedef struct {
     int act;
 } cuvil_epilogue;
 
-/* C[M,N] (ldc) = epilogue(A[M,K] (lda) @ Bp); ep may be NULL (plain product). */
+/* C[M,N] (ldc) = epilogue(A[M,K] (lda) @ Bp); ep may be NULL (plain product). b_cached: Bp is
+ * expected in the last-level cache (a model whose weights fit in it, called again and again), so a
+ * one-row product reads it without the software prefetch that streams from DRAM need. */
 void cuvil_sgemm_packed(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *Bp,
-                        float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads);
+                        float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads, int b_cached);
 
 /* The same with A given transposed: A[m][k] = At[k * lda + m] (a 1x1 conv's NCHW input as the A of
  * pixels x channels, conv.h's cuvil_conv_swapped). */

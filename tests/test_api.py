@@ -184,6 +184,24 @@ def test_save_load_without_torch(mlp, tmp_path):
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
 
 
+def test_small_weights_on_huge_pages_large_ones_mapped(mlp, tmp_path, monkeypatch):
+    """Weights up to HUGE_PAGE_COPY_MAX are a read-only copy starting on a 2 MB boundary (huge pages
+    where the kernel has them); above it they stay mapped from weights.bin. Same results either way."""
+    from cuvil.runtime import artifact
+    m, x, cm = mlp
+    cm.save(tmp_path / "m.cuvil")
+    ref = m(x).detach().numpy()
+    small = cuvil.load(tmp_path / "m.cuvil")
+    if artifact._huge_pages_available():
+        assert not isinstance(small._weights, np.memmap)
+        assert small._weights.ctypes.data % artifact.HUGE_PAGE == 0 and not small._weights.flags.writeable
+    monkeypatch.setattr(artifact, "HUGE_PAGE_COPY_MAX", 0)
+    mapped = cuvil.load(tmp_path / "m.cuvil")
+    assert isinstance(mapped._weights, np.memmap)
+    for loaded in (small, mapped):
+        np.testing.assert_allclose(loaded.run(x.numpy())[0], ref, rtol=1e-4, atol=1e-4)
+
+
 def test_corrupt_artifacts_raise_artifact_error(mlp, tmp_path):
     _, x, cm = mlp
     d = cm.save(tmp_path / "a")

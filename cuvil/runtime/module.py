@@ -90,7 +90,7 @@ class Module:
         self.path = Path(path)
         self.manifest = m = artifact.read_manifest(self.path)
         check_cpu(m.get("cpu_features", []))
-        self._weights = artifact.map_weights(self.path, m, verify_checksum)
+        self._weights = artifact.load_weights(self.path, m, verify_checksum)
         if self._weights.size == 0:
             self._weights = aligned_empty(0)
         try:

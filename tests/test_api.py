@@ -187,19 +187,36 @@ def test_save_load_without_torch(mlp, tmp_path):
 def test_small_weights_on_huge_pages_large_ones_mapped(mlp, tmp_path, monkeypatch):
     """Weights up to HUGE_PAGE_COPY_MAX are a read-only copy starting on a 2 MB boundary (huge pages
     where the kernel has them); above it they stay mapped from weights.bin. Same results either way."""
-    from cuvil.runtime import artifact
+    from cuvil.runtime import artifact, pages
     m, x, cm = mlp
     cm.save(tmp_path / "m.cuvil")
     ref = m(x).detach().numpy()
     small = cuvil.load(tmp_path / "m.cuvil")
-    if artifact._huge_pages_available():
+    if pages.huge_pages_available():
         assert not isinstance(small._weights, np.memmap)
-        assert small._weights.ctypes.data % artifact.HUGE_PAGE == 0 and not small._weights.flags.writeable
+        assert small._weights.ctypes.data % pages.HUGE_PAGE == 0 and not small._weights.flags.writeable
     monkeypatch.setattr(artifact, "HUGE_PAGE_COPY_MAX", 0)
     mapped = cuvil.load(tmp_path / "m.cuvil")
     assert isinstance(mapped._weights, np.memmap)
     for loaded in (small, mapped):
         np.testing.assert_allclose(loaded.run(x.numpy())[0], ref, rtol=1e-4, atol=1e-4)
+
+
+def test_arena_on_huge_pages_from_one_page_on(monkeypatch):
+    """An arena of 2 MB or more starts on a 2 MB boundary (where the kernel has huge pages), a
+    smaller one is plain 64-byte aligned memory; a model run in either gives torch's answer."""
+    from cuvil.runtime import module, pages
+    assert module.arena_buffer(1000).ctypes.data % 64 == 0
+    big = module.arena_buffer(pages.HUGE_PAGE + 5)
+    assert big.size == pages.HUGE_PAGE + 5 and big.ctypes.data % 64 == 0
+    if pages.huge_pages_available():
+        assert big.ctypes.data % pages.HUGE_PAGE == 0
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 8)).eval()
+    x = torch.randn(600, 512)                # activations of 600 x 1024 floats: a 2.4 MB arena
+    cm = cuvil.compile(m, (x,))
+    assert cm.module.arena_bytes >= pages.HUGE_PAGE
+    np.testing.assert_allclose(cm.run(x.numpy())[0], m(x).detach().numpy(), rtol=1e-4, atol=1e-4)
 
 
 def test_corrupt_artifacts_raise_artifact_error(mlp, tmp_path):
@@ -233,7 +250,7 @@ def test_corrupt_artifacts_raise_artifact_error(mlp, tmp_path):
 def test_checksum_slices_join_to_one_crc32(monkeypatch):
     """The parallel checksum (slices on threads, joined) is the crc32 of the whole buffer."""
     import zlib
-    from cuvil.runtime import artifact
+    from cuvil.runtime import artifact, pages
     monkeypatch.setattr(artifact, "SLICE", 1000)
     rng = np.random.default_rng(0)
     for n in (0, 1, 999, 1000, 1001, 5000, 12345):

@@ -75,7 +75,9 @@ def test_gemm_tiles_of_each_target(target):
         g.inputs = [x]
         g.outputs = [g.add("conv", [x, g.const(f32(cout, 17, k, k))],
                            {"strides": [stride, stride], "pads": [(1, 1), (1, 1)]})]
-        cm = check_graph(g, [f32(1, 17, h, w)], target=target)
+        # outputs are sums of 153 to 425 products of N(0, 1) values (|y| up to ~40); F(4x4)'s transforms
+        # keep ~1e-5 of that scale, which an output cancelling to near 0 fails at atol 1e-4 (seen: 2.4e-4)
+        cm = check_graph(g, [f32(1, 17, h, w)], atol=1e-3, target=target)
         assert ("winograd" in cm.c_source) == (k == 3 and stride == 1)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-import mmap
 import os
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -13,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ArtifactError
+from .pages import huge_page_empty, huge_pages_available
 
 FORMAT_VERSION = 1
 FILES = ("manifest.json", "weights.bin", "model.so", "model.h", "model.c")
@@ -105,36 +105,16 @@ def read_manifest(path: Path) -> dict:
 # pages, 1 and 2 threads). Larger ones stream from DRAM, where the walks hide behind the transfer
 # (ResNet-50's 100 MB: 1.00x); they stay mapped from the file, never copied.
 HUGE_PAGE_COPY_MAX = 64 << 20
-HUGE_PAGE = 1 << 21
-
-
-def _huge_pages_available() -> bool:
-    if not hasattr(mmap, "MADV_HUGEPAGE"):
-        return False
-    try:
-        return "[never]" not in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
-    except OSError:
-        return False
-
-
-def _copy_to_huge_pages(w: np.ndarray) -> np.ndarray:
-    """A read-only copy of w in anonymous memory that starts on a 2 MB boundary and asks for huge pages."""
-    n = -(-w.size // HUGE_PAGE) * HUGE_PAGE
-    region = mmap.mmap(-1, n + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    whole = np.frombuffer(region, np.uint8)
-    start = -whole.ctypes.data % HUGE_PAGE
-    region.madvise(mmap.MADV_HUGEPAGE, start, n)
-    copy = whole[start:start + w.size]
-    copy[:] = w
-    copy.flags.writeable = False
-    return copy                        # its base chain holds the mapping
 
 
 def load_weights(path: Path, manifest: dict, verify=True) -> np.ndarray:
     """weights.bin, checked (map_weights), as the model will read it: small ones on huge pages."""
     w = map_weights(path, manifest, verify)
-    if 0 < w.size <= HUGE_PAGE_COPY_MAX and _huge_pages_available():
-        return _copy_to_huge_pages(w)
+    if 0 < w.size <= HUGE_PAGE_COPY_MAX and huge_pages_available():
+        copy = huge_page_empty(w.size)
+        copy[:] = w
+        copy.flags.writeable = False
+        return copy
     return w
 
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..errors import ArtifactError, CuvilError, ShapeError
 from . import artifact
+from .pages import HUGE_PAGE, huge_page_empty, huge_pages_available
 
 _P = ctypes.c_void_p
 _I64P = ctypes.POINTER(ctypes.c_int64)
@@ -29,6 +30,14 @@ def aligned_empty(nbytes: int, align: int = 64) -> np.ndarray:
     raw = np.empty(nbytes + align, np.uint8)
     off = (-raw.ctypes.data) % align
     return raw[off:off + nbytes]
+
+
+def arena_buffer(nbytes: int) -> np.ndarray:
+    """A run's arena: on 2 MB pages from one page's size on (ResNet-50's 14 MB: 0.97-0.98x the time
+    at 2 threads, 1.0x at 1; BERT's 2.3 MB 0.99x), 64-byte aligned either way."""
+    if nbytes >= HUGE_PAGE and huge_pages_available():
+        return huge_page_empty(nbytes)
+    return aligned_empty(max(nbytes, 64))
 
 
 _OPS = {ast.Add: lambda a, b: a + b, ast.Mult: lambda a, b: a * b, ast.Sub: lambda a, b: a - b,
@@ -177,7 +186,7 @@ class Module:
         if st is None:
             n_in, n_out = max(len(self.inputs), 1), max(len(self.outputs), 1)
             shapes = [(ctypes.c_int64 * max(len(i["shape"]), 1))() for i in self.inputs]
-            arena = aligned_empty(max(self.arena_bytes, 64))
+            arena = arena_buffer(self.arena_bytes)
             st = self._local.state = {
                 "arena": arena, "arena_ptr": arena.ctypes.data,
                 "in": (_P * n_in)(), "out": (_P * n_out)(), "shapes": shapes,

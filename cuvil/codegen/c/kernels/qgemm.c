@@ -311,13 +311,16 @@ int cuvil_qgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, co
     if (bits == 4) q4_offsets(M, K, run / 8, xq, noff);
 #endif
     /* one row (decode, memory bound): tiles of four blocks (32 columns, four weight streams side by
-     * side), claimed two tiles at a time so the threads finish together; more rows (prefill): tiles
-     * of one block x 4 rows, a block per task. Prefetch: one tile ahead. */
+     * side), one equal run of tiles a thread, so each thread reads one stretch of memory and its
+     * prefetch (one tile ahead) lands on its own next tile. Claimed two tiles at a time, the threads
+     * took turns, and each prefetched the tile the other would read: 8 TinyLlama-shaped layers, 2
+     * threads, old/new artifacts interleaved, int4 1.07-1.09x the tokens/s, int8 1.09x (1 thread:
+     * int4 1.08x, int8 0.99x). More rows (prefill): tiles of one block x 4 rows, a block per task. */
     int64_t nblocks = (N + 7) / 8, nc = M == 1 ? 4 : 1, block_bytes = K * 8 * bits / 8;
     qargs a = {M, N, K, ablock, ldc, nb, nc * block_bytes, nblocks, xq, dx, scales, residual, noff, W, bits,
                M == 1 ? 1 : 4, (int)nc, (int)nc, C};
     int64_t ntiles = (nblocks + nc - 1) / nc, work = M * N * K > 65536;
-    if (M == 1) cuvil_parallel_chunks(work ? nthreads : 1, ntiles, 2, q_task, &a);
+    if (M == 1) cuvil_parallel_chunks(work ? nthreads : 1, ntiles, (ntiles + nthreads - 1) / nthreads, q_task, &a);
     else cuvil_parallel_for(work ? nthreads : 1, ntiles, 1, q_task, &a);
     return 0;
 }

@@ -237,6 +237,13 @@ def _compile_torch(model, args, kwargs, opts, cdir, progress, skey):
     return cm
 
 
+def conv_layout(opts: Options) -> str:
+    """The layout the convs run in: option layout, "auto" resolved for the target (options.py)."""
+    if opts.layout != "auto":
+        return opts.layout
+    return "nchw16c" if toolchain.vector_floats(toolchain.resolve_target(opts.target)) == 16 else "nchw"
+
+
 def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None, load=True):
     """IR -> passes -> C -> shared library, through the cache. Returns the loaded CompiledModel, or
     with load=False only the artifact's path (a caller that frees the graph first keeps peak memory
@@ -244,7 +251,7 @@ def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None,
     from .codegen.c import emit
     from .codegen.c.frame import API_H
     from .passes.pipeline import optimize
-    graph = optimize(graph, opts.fusion_level)
+    graph = optimize(graph, opts.fusion_level, layout=conv_layout(opts))
     progress("passes", f"{len(graph.nodes)} nodes after optimisation")
     target = toolchain.resolve_target(opts.target)
     c_src, weights, plan = emit.generate(graph, target, profile=opts.profile, weights_dir=cache.tmp_dir(cdir))
@@ -360,7 +367,7 @@ def inspect_stages(model, example_inputs=(), stages=STAGES, **options) -> dict:
     if "frontend" in stages:
         out["frontend"] = str(graph)
     from .passes.pipeline import optimize
-    graph = optimize(graph, opts.fusion_level)
+    graph = optimize(graph, opts.fusion_level, layout=conv_layout(opts))
     if "passes" in stages:
         out["passes"] = str(graph)
     if "memplan" in stages or "c" in stages:

@@ -7,6 +7,9 @@ from dataclasses import asdict, dataclass
 from .build.toolchain import TARGET_NAMES
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8", "int4")
+# layout="auto": channel-blocked convs (passes/layout.py) where the target's vectors hold 16 floats,
+# the width the blocked kernels were measured at; "nchw" keeps every conv in NCHW
+LAYOUT_CHOICES = ("auto", "nchw", "nchw16c")
 SUPPORTED_PRECISIONS = ("fp32",)
 
 
@@ -20,6 +23,7 @@ class Options:
     num_threads: int | None = None
     cache_dir: str | None = None
     verbose: bool = False
+    layout: str = "auto"           # conv layout: LAYOUT_CHOICES
     profile: bool = False          # per-node timers in the generated code (cuvil.profiler reads them)
     constant_inputs: object = None  # ONNX: {input name: array} fixed at compile time (shape-deciding inputs)
 
@@ -62,6 +66,8 @@ def make_options(**kw) -> Options:
                          "for general models so far (int8/int4 come with the LLM path)")
     if not isinstance(o.fusion_level, int) or isinstance(o.fusion_level, bool) or not 0 <= o.fusion_level <= 3:
         raise ValueError(f"option fusion_level={o.fusion_level!r} is not one of 0, 1, 2, 3")
+    if o.layout not in LAYOUT_CHOICES:
+        raise ValueError(f"option layout={o.layout!r} is not one of {', '.join(LAYOUT_CHOICES)}")
     if not isinstance(o.verify, bool):
         raise ValueError(f"option verify={o.verify!r} must be True or False")
     if o.num_threads is not None and (not isinstance(o.num_threads, int) or isinstance(o.num_threads, bool)

@@ -865,6 +865,50 @@ def conv_attrs(op):
     c.check()
 
 
+@case("relayout")
+def blocked_layout(op):
+    """The channel-blocked kernels (kernels/blocked.h, winograd_blocked.c) between explicit relayouts, as
+    passes/layout.py places them: pixel counts that leave edge tiles (35, 25, 63), 48 channels (a panel
+    and a half on AVX-512), K over several blocks, both Winograd tile sizes with partial tiles, batch 2."""
+    c = Case()
+    r = c.rng
+    f = lambda *s: rand(r, s, "float32", -1, 1)  # noqa: E731
+
+    def blocked(v):
+        return c.add("relayout", [v], {"to": "nchw16c"})
+
+    def conv(label, x, o, k, residual=False, act="none", **attrs):
+        ins = [blocked(x), c.const(f(o, x.shape[1], *k)), c.const(f(o))]
+        if residual:
+            y_shape = interpreter_shape(x, o, k, attrs)
+            ins.append(blocked(c.input(f(*y_shape))))
+        y = c.add("conv", ins, dict(attrs, act=act, layout="nchw16c"))
+        c.out(c.add("relayout", [y], {"to": "nchw"}), label)
+
+    def interpreter_shape(x, o, k, attrs):
+        probe = Graph().add("conv", [Value(x.type), Value(TensorType((o, x.shape[1], *k), "float32"))], dict(attrs))
+        return probe.type.shape
+
+    conv("1x1, 35 pixels, 48 out, residual, relu", c.input(f(2, 32, 5, 7)), 48, (1, 1), residual=True, act="relu")
+    conv("1x1, K over two blocks of 16, 100 pixels, silu", c.input(f(1, 288, 10, 10)), 16, (1, 1), act="silu")
+    conv("1x1 stride 2", c.input(f(1, 16, 9, 9)), 32, (1, 1), strides=(2, 2))
+    conv("3x3 stride 2 pad 1", c.input(f(2, 16, 11, 10)), 16, (3, 3), strides=(2, 2), pads=((1, 1), (1, 1)))
+    conv("5x3 dilation (2, 1), asymmetric pads", c.input(f(1, 16, 12, 8)), 32, (5, 3), dilations=(2, 1),
+         pads=((2, 0), (1, 2)))
+    conv("winograd F(2x2), residual, relu", c.input(f(2, 32, 7, 9)), 48, (3, 3), residual=True, act="relu",
+         pads=((1, 1), (1, 1)))
+    conv("winograd F(4x4), partial tiles", c.input(f(1, 16, 13, 14)), 32, (3, 3), pads=((1, 1), (1, 1)))
+    conv("winograd F(4x4), asymmetric pads", c.input(f(1, 16, 14, 13)), 16, (3, 3), pads=((0, 2), (2, 1)))
+    xp = blocked(c.input(f(2, 16, 9, 10)))
+    for attrs in (dict(kernel=(3, 3), strides=(2, 2), pads=((1, 1), (1, 1))),
+                  dict(kernel=(3, 3), strides=(2, 2), ceil_mode=True), dict(kernel=(2, 3), dilations=(2, 1))):
+        y = c.add("max_pool", [xp], dict(attrs, layout="nchw16c"))
+        c.out(c.add("relayout", [y], {"to": "nchw"}), f"max_pool {attrs}")
+    for shape in ((2, 32, 5, 7), (1, 16, 3, 3), (1, 48, 16, 17)):
+        c.out(c.add("relayout", [blocked(c.input(f(*shape)))], {"to": "nchw"}), f"round trip {shape}")
+    c.check()
+
+
 @case("max_pool", "avg_pool")
 def pool(op):
     c = Case(seed=len(op), runs=2, symbols=SYMS)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ir import dims as D
+from . import lower_blocked
 from .emit import lowering
 from .loops import broadcast_strides
 
@@ -249,6 +250,8 @@ def _swapped(node, nr):
 
 def _conv_scratch(node, bounds):
     s, _ = _conv_shape(node, lambda d: D.upper_bound(d, bounds))
+    if lower_blocked.is_blocked(node):
+        return lower_blocked.conv_scratch(node, s)
     # the swapped form's pixel-major product (conv.c: swapped_ldc) and im2col rows; whether it is taken
     # depends on the target's panel width
     swapped = 0
@@ -293,6 +296,8 @@ def lower_conv(em, node):
     bias = em.ptr(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else "0"
     res = em.ptr(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else "0"
     act = ACT_CODES[node.attrs["act"]]
+    if lower_blocked.is_blocked(node):
+        return lower_blocked.lower_conv(em, node, _shape_struct(s), bias, res, act)
     w, groups = node.inputs[1], node.attrs.get("groups", 1)
     m, mr = _winograd(node), tile_rows(em)
     if m:
@@ -343,6 +348,8 @@ def lower_pool(em, node):
     fake.attrs = dict(strides=a["strides"], pads=a["pads"], dilations=a["dilations"], groups=1)
     s, (ph1, pw1) = _conv_shape(fake, D.to_c)
     s["O"] = s["C"]
+    if lower_blocked.is_blocked(node):
+        return lower_blocked.lower_max_pool(em, node, _shape_struct(s))
     mode = 0 if node.op == "max_pool" else (2 if a.get("count_include_pad") else 1)
     return ["{", f"  const cuvil_conv_shape s = {_shape_struct(s)};",
             f"  cuvil_pool2d(&s, {ph1}, {pw1}, {mode}, {em.ptr(x)}, {em.ptr(y)}, NT);", "}"]

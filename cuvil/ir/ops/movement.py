@@ -1,4 +1,4 @@
-"""Ops that move data: reshape, transpose, expand, slice, concat, pad, gather, iota, full."""
+"""Ops that move data: reshape, transpose, expand, slice, concat, pad, gather, iota, full, relayout."""
 from __future__ import annotations
 
 import numpy as np
@@ -35,6 +35,22 @@ def _transpose_infer(types, attrs, inputs):
 
 declare(OpDef("transpose", {"perm": REQUIRED}, _transpose_infer,
               lambda xs, a: np.ascontiguousarray(np.transpose(xs[0], a["perm"])), kind="movement"))
+
+
+def _relayout_infer(types, attrs, inputs):
+    if attrs["to"] not in LAYOUTS:
+        raise ShapeError(f"relayout: unknown layout {attrs['to']!r} (one of {', '.join(LAYOUTS)})")
+    t = types[0]
+    if t.rank != 4 or t.dtype != "float32" or not isinstance(t.shape[1], int) or t.shape[1] % 16:
+        raise ShapeError(f"relayout: expects a float32 [N, C, H, W] tensor with C a multiple of 16, got {t}")
+    return [t]
+
+
+# The physical layouts of a 4-d float tensor (passes/layout.py). The IR's shapes and the reference
+# interpreter stay logical (NCHW); a layout is how the C code stores the value, so relayout is the
+# identity to the interpreter and a copy between layouts in C.
+LAYOUTS = ("nchw", "nchw16c")
+declare(OpDef("relayout", {"to": REQUIRED}, _relayout_infer, lambda xs, a: xs[0].copy(), kind="layout"))
 
 
 def _expand_infer(types, attrs, inputs):

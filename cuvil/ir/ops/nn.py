@@ -109,8 +109,10 @@ def _conv_ref(xs, a):
     return apply_act(out.astype(xs[0].dtype), a["act"])
 
 
-# inputs: x, w, [bias], [residual]; act is the fused activation (passes set it)
-declare(OpDef("conv", {"strides": None, "pads": None, "dilations": None, "groups": 1, "act": "none"}, _conv_infer,
+# inputs: x, w, [bias], [residual]; act is the fused activation (passes set it); layout: how C stores
+# x, residual and the output (movement.py: LAYOUTS; passes/layout.py sets it, the reference ignores it)
+declare(OpDef("conv", {"strides": None, "pads": None, "dilations": None, "groups": 1, "act": "none",
+                       "layout": "nchw"}, _conv_infer,
               _conv_ref,
               kind="conv"))
 
@@ -175,7 +177,7 @@ def _pool_ref(mode):
 
 
 _POOL_ATTRS = {"kernel": None, "strides": None, "pads": None, "dilations": None, "ceil_mode": False}
-declare(OpDef("max_pool", dict(_POOL_ATTRS), _pool_infer("max_pool"), _pool_ref("max"), kind="pool"))
+declare(OpDef("max_pool", dict(_POOL_ATTRS, layout="nchw"), _pool_infer("max_pool"), _pool_ref("max"), kind="pool"))
 declare(OpDef("avg_pool", dict(_POOL_ATTRS, count_include_pad=False), _pool_infer("avg_pool"), _pool_ref("avg"),
               kind="pool"))
 

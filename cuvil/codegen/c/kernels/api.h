@@ -7,6 +7,7 @@
 #include "qgemm.h"
 #include "conv.h"
 #include "winograd.h"
+#include "blocked.h"
 #include "norm.h"
 #include "attention.h"
 #include "llm.h"

@@ -7,6 +7,31 @@
 #define CUVIL_WINOGRAD_H
 #include "conv.h"
 
+/* y[0..5] = B^T x for six inputs (any of them vectors or scalars: a macro, so it serves both), F(4x4). */
+#define WG4_BT(y0, y1, y2, y3, y4, y5, x0, x1, x2, x3, x4, x5) do { \
+    y0 = 4 * (x0) - 5 * (x2) + (x4);                                  \
+    y1 = (x3) + (x4) - 4 * ((x1) + (x2));                             \
+    y2 = (x4) - (x3) + 4 * ((x1) - (x2));                             \
+    y3 = (x4) - (x2) + 2 * ((x3) - (x1));                             \
+    y4 = (x4) - (x2) + 2 * ((x1) - (x3));                             \
+    y5 = 4 * (x1) - 5 * (x3) + (x5);                                  \
+} while (0)
+
+/* y[0..3] = A^T x for six inputs (vectors or scalars, as WG4_BT), F(4x4). */
+#define WG4_AT(y0, y1, y2, y3, x0, x1, x2, x3, x4, x5) do {                     \
+    __typeof__(x1) p12_ = (x1) + (x2), d12_ = (x1) - (x2), p34_ = (x3) + (x4), d34_ = (x3) - (x4); \
+    y0 = (x0) + p12_ + p34_;                                                     \
+    y1 = d12_ + 2 * d34_;                                                        \
+    y2 = p12_ + 4 * p34_;                                                        \
+    y3 = d12_ + 8 * d34_ + (x5);                                                 \
+} while (0)
+
+/* The same for F(2x2, 3x3): B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1], A^T = [1 1 1 0; 0 1 -1 -1] */
+#define WG2_BT(y0, y1, y2, y3, x0, x1, x2, x3) do { \
+    y0 = (x0) - (x2); y1 = (x1) + (x2); y2 = (x2) - (x1); y3 = (x1) - (x3); \
+} while (0)
+#define WG2_AT(y0, y1, x0, x1, x2, x3) do { y0 = (x0) + (x1) + (x2); y1 = (x1) - (x2) - (x3); } while (0)
+
 /* The widest input row the transforms take (their row buffers live on the stack). */
 #define CUVIL_WINOGRAD_MAX_W 1024
 

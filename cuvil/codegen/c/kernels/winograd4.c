@@ -23,15 +23,6 @@ typedef struct {
     int act;
 } wg4_args;
 
-/* y[0..5] = B^T x for six inputs (any of them vectors or scalars: a macro, so it serves both). */
-#define WG4_BT(y0, y1, y2, y3, y4, y5, x0, x1, x2, x3, x4, x5) do { \
-    y0 = 4 * (x0) - 5 * (x2) + (x4);                                  \
-    y1 = (x3) + (x4) - 4 * ((x1) + (x2));                             \
-    y2 = (x4) - (x3) + 4 * ((x1) - (x2));                             \
-    y3 = (x4) - (x2) + 2 * ((x3) - (x1));                             \
-    y4 = (x4) - (x2) + 2 * ((x1) - (x3));                             \
-    y5 = 4 * (x1) - 5 * (x3) + (x5);                                  \
-} while (0)
 
 /* Channels per task of the input transform (tasks are panel x channel block). */
 #define WG4_CBLOCK 32
@@ -139,14 +130,6 @@ static void product_task4(void *ctx, int64_t x0, int64_t x1) {
         cuvil_sgemm_packed_ab(s->O, T, s->C, a->up + xi * astride, a->v + xi * vstride, a->m + xi * s->O * T, T, 0, 1);
 }
 
-/* y[0..3] = A^T x for six inputs (vectors or scalars, as WG4_BT). */
-#define WG4_AT(y0, y1, y2, y3, x0, x1, x2, x3, x4, x5) do {                     \
-    __typeof__(x1) p12_ = (x1) + (x2), d12_ = (x1) - (x2), p34_ = (x3) + (x4), d34_ = (x3) - (x4); \
-    y0 = (x0) + p12_ + p34_;                                                     \
-    y1 = d12_ + 2 * d34_;                                                        \
-    y2 = p12_ + 4 * p34_;                                                        \
-    y3 = d12_ + 8 * d34_ + (x5);                                                 \
-} while (0)
 
 /* Tiles per chunk of the output transform: whole tile rows, at least this many tiles when a row
  * holds fewer, so that the transform's vectors run across tile rows (14x14 maps have 4 tiles to a

@@ -1,0 +1,232 @@
+#include "blocked.h"
+#include "pool.h"
+#include "transpose.h"
+#include "vmath.h"
+
+/* Channel blocks per K block of the GEMM and pixels per M block: one panel's K block of B (256 x 32
+ * floats, 32 KB) is reused by every row tile of the M block, whose A (96 x 256 floats) stays in L2. */
+#define BLK_KB 16
+#define BLK_MC 96
+
+typedef struct {
+    int64_t M, N, K, lda, ldc, np, mb;
+    const float *A, *B, *bias, *residual;
+    float *C;
+    int act;
+} blocked_gemm;
+
+/* One tile of mr pixels x nv vectors of output channels over channel blocks [kb0, kb0 + nkb): A's MR
+ * pixels of a block sit side by side (16 floats each), so each K step's broadcasts read 8 lines in
+ * a row of 512 bytes. The partial sums go to C raw until the last K block, which adds the epilogue. */
+static inline __attribute__((always_inline)) void blocked_tile(int mr, int nv, const blocked_gemm *g, int64_t i0,
+                                                               int64_t p, int64_t kb0, int64_t nkb, int first, int last) {
+    cuvil_vf c0[CUVIL_MR], c1[CUVIL_MR];
+    #pragma GCC unroll 8
+    for (int i = 0; i < CUVIL_MR; i++) c0[i] = c1[i] = cuvil_vsplat(0.f);
+    const float *bp = g->B + (p * g->K + kb0 * CUVIL_BLOCK) * CUVIL_NR;
+    for (int64_t kb = 0; kb < nkb; kb++) {
+        const float *a = g->A + (kb0 + kb) * g->lda + i0 * CUVIL_BLOCK;
+        const float *b = bp + kb * CUVIL_BLOCK * CUVIL_NR;
+        #pragma GCC unroll 4
+        for (int kk = 0; kk < CUVIL_BLOCK; kk++) {
+            cuvil_vf b0 = cuvil_vload(b + kk * CUVIL_NR), b1 = nv > 1 ? cuvil_vload(b + kk * CUVIL_NR + CUVIL_VL) : b0;
+            #pragma GCC unroll 8
+            for (int i = 0; i < mr; i++) {
+                cuvil_vf av = cuvil_vsplat(a[i * CUVIL_BLOCK + kk]);
+                c0[i] += av * b0;
+                if (nv > 1) c1[i] += av * b1;
+            }
+        }
+    }
+    for (int v = 0; v < nv; v++) {          /* vector v: columns n .. n + VL, inside one block of 16 */
+        int64_t n = p * CUVIL_NR + v * CUVIL_VL, off = n / CUVIL_BLOCK * g->ldc + n % CUVIL_BLOCK;
+        float *c = g->C + off + i0 * CUVIL_BLOCK;
+        const float *r = last && g->residual ? g->residual + off + i0 * CUVIL_BLOCK : 0;
+        cuvil_vf bias = last && g->bias ? cuvil_vload(g->bias + n) : cuvil_vsplat(0.f);
+        #pragma GCC unroll 8
+        for (int i = 0; i < mr; i++) {
+            cuvil_vf x = v ? c1[i] : c0[i];
+            if (!first) x += cuvil_vload(c + i * CUVIL_BLOCK);
+            if (last) {
+                x += bias;
+                if (r) x += cuvil_vload(r + i * CUVIL_BLOCK);
+                if (g->act == CUVIL_ACT_RELU) x = cuvil_vsel(x > 0.f, x, cuvil_vsplat(0.f));
+                else if (g->act) x = cuvil_vact(x, g->act);
+            }
+            cuvil_vstore(c + i * CUVIL_BLOCK, x);
+        }
+    }
+}
+
+/* full tiles in their own function, so the edges' switch stays out of their code */
+static void blocked_full_tile(const blocked_gemm *g, int64_t i0, int64_t p, int64_t kb0, int64_t nkb, int first,
+                              int last) {
+    blocked_tile(CUVIL_MR, 2, g, i0, p, kb0, nkb, first, last);
+}
+
+static void blocked_edge_tile(int mr, int nv, const blocked_gemm *g, int64_t i0, int64_t p, int64_t kb0, int64_t nkb,
+                              int first, int last) {
+    #define EDGE(R) case 2 * R: blocked_tile(R, 1, g, i0, p, kb0, nkb, first, last); break; \
+                    case 2 * R + 1: blocked_tile(R, 2, g, i0, p, kb0, nkb, first, last); break;
+    switch (2 * mr + (nv > 1)) {
+    EDGE(1) EDGE(2) EDGE(3) EDGE(4) EDGE(5)
+#if CUVIL_MR > 6
+    EDGE(6) EDGE(7)
+#endif
+    EDGE(CUVIL_MR)
+    }
+    #undef EDGE
+}
+
+/* Tasks t: M block t / np x panel t % np, so that consecutive tasks (one thread's run) share A. */
+static void blocked_gemm_task(void *ctx, int64_t t0, int64_t t1) {
+    const blocked_gemm *g = ctx;
+    int64_t KB = g->K / CUVIL_BLOCK;
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t m0 = t / g->np * BLK_MC, p = t % g->np, m1 = m0 + BLK_MC < g->M ? m0 + BLK_MC : g->M;
+        int nv = g->N - p * CUVIL_NR >= CUVIL_NR ? 2 : 1;
+        for (int64_t kb0 = 0; kb0 < KB; kb0 += BLK_KB) {
+            int64_t nkb = KB - kb0 < BLK_KB ? KB - kb0 : BLK_KB;
+            int first = kb0 == 0, last = kb0 + BLK_KB >= KB;
+            for (int64_t i0 = m0; i0 < m1; i0 += CUVIL_MR) {
+                int mr = m1 - i0 < CUVIL_MR ? (int)(m1 - i0) : CUVIL_MR;
+                if (mr == CUVIL_MR && nv == 2) blocked_full_tile(g, i0, p, kb0, nkb, first, last);
+                else blocked_edge_tile(mr, nv, g, i0, p, kb0, nkb, first, last);
+            }
+        }
+    }
+}
+
+void cuvil_sgemm_blocked(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda_blk, const float *Bp,
+                         float *C, int64_t ldc_blk, const float *bias, const float *residual, int act, int nthreads) {
+    if (M <= 0 || N <= 0) return;
+    int64_t np = (N + CUVIL_NR - 1) / CUVIL_NR, mb = (M + BLK_MC - 1) / BLK_MC;
+    blocked_gemm g = {M, N, K, lda_blk, ldc_blk, np, mb, A, Bp, bias, residual, C, act};
+    cuvil_parallel_for(M * N * K > 65536 ? nthreads : 1, mb * np, 1, blocked_gemm_task, &g);
+}
+
+/* ---- convolution ------------------------------------------------------------------------- */
+static inline int blocked_direct(const cuvil_conv_shape *s) {
+    return s->KH == 1 && s->KW == 1 && s->sh == 1 && s->sw == 1 && s->ph == 0 && s->pw == 0;
+}
+
+int64_t cuvil_conv_blocked_scratch(const cuvil_conv_shape *s) {
+    return blocked_direct(s) ? 0 : s->KH * s->KW * s->C * s->OH * s->OW;
+}
+
+typedef struct { const cuvil_conv_shape *s; const float *x; float *cols; } blocked_im2col;
+
+/* K blocks [k0, k1) of the im2col, block kb = (kh * KW + kw) * C / 16 + cb: for each output pixel,
+ * the 16 channels of block cb at tap (kh, kw), one vector copy, or zeros in the padding. */
+static void im2col_blocked_task(void *ctx, int64_t k0, int64_t k1) {
+    const blocked_im2col *a = ctx;
+    const cuvil_conv_shape *s = a->s;
+    int64_t CB = s->C / CUVIL_BLOCK, P = s->OH * s->OW;
+    for (int64_t kb = k0; kb < k1; kb++) {
+        int64_t tap = kb / CB, cb = kb % CB, kh = tap / s->KW, kw = tap % s->KW;
+        const float *xc = a->x + cb * s->H * s->W * CUVIL_BLOCK;
+        float *d = a->cols + kb * P * CUVIL_BLOCK;
+        for (int64_t oh = 0; oh < s->OH; oh++) {
+            int64_t ih = oh * s->sh - s->ph + kh * s->dh;
+            for (int64_t ow = 0; ow < s->OW; ow++, d += CUVIL_BLOCK) {
+                int64_t iw = ow * s->sw - s->pw + kw * s->dw;
+                int inside = ih >= 0 && ih < s->H && iw >= 0 && iw < s->W;
+                const float *src = xc + (ih * s->W + iw) * CUVIL_BLOCK;
+                for (int v = 0; v < CUVIL_BLOCK; v += CUVIL_VL)
+                    cuvil_vstore(d + v, inside ? cuvil_vload(src + v) : cuvil_vsplat(0.f));
+            }
+        }
+    }
+}
+
+void cuvil_conv_blocked(const cuvil_conv_shape *s, const float *x, const float *wb, const float *bias,
+                        const float *residual, float *y, int act, float *scratch, int nthreads) {
+    int64_t P = s->OH * s->OW, K = s->KH * s->KW * s->C, in = s->C * s->H * s->W, out = s->O * P;
+    for (int64_t n = 0; n < s->N; n++) {
+        const float *a = x + n * in;
+        int64_t lda = s->H * s->W * CUVIL_BLOCK;
+        if (!blocked_direct(s)) {
+            blocked_im2col c = {s, a, scratch};
+            cuvil_parallel_for(K * P > 16384 ? nthreads : 1, K / CUVIL_BLOCK, 1, im2col_blocked_task, &c);
+            a = scratch, lda = P * CUVIL_BLOCK;
+        }
+        cuvil_sgemm_blocked(P, s->O, K, a, lda, wb, y + n * out, P * CUVIL_BLOCK, bias,
+                            residual ? residual + n * out : 0, act, nthreads);
+    }
+}
+
+/* ---- max pooling ------------------------------------------------------------------------- */
+typedef struct { const cuvil_conv_shape *s; const float *x; float *y; } blocked_pool;
+
+/* Output rows r = (n * C / 16 + cb) * OH + oh in [r0, r1): each pixel's 16 channels in vectors. */
+static void max_pool_blocked_task(void *ctx, int64_t r0, int64_t r1) {
+    const blocked_pool *a = ctx;
+    const cuvil_conv_shape *s = a->s;
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t plane = r / s->OH, oh = r % s->OH;
+        const float *xc = a->x + plane * s->H * s->W * CUVIL_BLOCK;
+        float *d = a->y + r * s->OW * CUVIL_BLOCK;
+        for (int64_t ow = 0; ow < s->OW; ow++, d += CUVIL_BLOCK)
+            for (int v = 0; v < CUVIL_BLOCK; v += CUVIL_VL) {
+                cuvil_vf m = cuvil_vsplat(-INFINITY);
+                for (int64_t kh = 0; kh < s->KH; kh++) {
+                    int64_t ih = oh * s->sh - s->ph + kh * s->dh;
+                    if (ih < 0 || ih >= s->H) continue;
+                    for (int64_t kw = 0; kw < s->KW; kw++) {
+                        int64_t iw = ow * s->sw - s->pw + kw * s->dw;
+                        if (iw < 0 || iw >= s->W) continue;
+                        cuvil_vf e = cuvil_vload(xc + (ih * s->W + iw) * CUVIL_BLOCK + v);
+                        m = cuvil_vsel(e > m, e, m);
+                    }
+                }
+                cuvil_vstore(d + v, m);
+            }
+    }
+}
+
+void cuvil_max_pool_blocked(const cuvil_conv_shape *s, const float *x, float *y, int nthreads) {
+    blocked_pool a = {s, x, y};
+    int64_t rows = s->N * (s->C / CUVIL_BLOCK) * s->OH;
+    cuvil_parallel_for(rows * s->OW * CUVIL_BLOCK > 16384 ? nthreads : 1, rows, 1, max_pool_blocked_task, &a);
+}
+
+/* ---- relayout ---------------------------------------------------------------------------- */
+typedef struct { int64_t C, HW; int to_blocked; const float *x; float *y; } relayout_args;
+
+/* 16 x 16 blocks of (channel, pixel) turned over: the NCHW side's rows are HW floats apart, the
+ * blocked side's 16. */
+static inline void turn16(const float *src, int64_t lds, float *dst, int64_t ldd, int64_t rows, int64_t cols) {
+#ifdef CUVIL_TRANSPOSE_BLOCK
+    if (rows == 16 && cols == 16) {
+        for (int i = 0; i < 16; i += 8)
+            for (int j = 0; j < 16; j += 8) {
+                __m256 t[8];
+                transpose8(src + i * lds + j, lds, t);
+                for (int u = 0; u < 8; u++) _mm256_storeu_ps(dst + (j + u) * ldd + i, t[u]);
+            }
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < cols; j++) dst[j * ldd + i] = src[i * lds + j];
+}
+
+/* Tasks: one (image, channel block) plane each. */
+static void relayout_task(void *ctx, int64_t q0, int64_t q1) {
+    const relayout_args *a = ctx;
+    for (int64_t q = q0; q < q1; q++) {
+        const float *src = a->x + q * CUVIL_BLOCK * a->HW;
+        float *dst = a->y + q * CUVIL_BLOCK * a->HW;
+        for (int64_t p = 0; p < a->HW; p += CUVIL_BLOCK) {
+            int64_t n = a->HW - p < CUVIL_BLOCK ? a->HW - p : CUVIL_BLOCK;
+            if (a->to_blocked) turn16(src + p, a->HW, dst + p * CUVIL_BLOCK, CUVIL_BLOCK, CUVIL_BLOCK, n);
+            else turn16(src + p * CUVIL_BLOCK, CUVIL_BLOCK, dst + p, a->HW, n, CUVIL_BLOCK);
+        }
+    }
+}
+
+void cuvil_relayout(int64_t N, int64_t C, int64_t HW, int to_blocked, const float *x, float *y, int nthreads) {
+    relayout_args a = {C, HW, to_blocked, x, y};
+    int64_t planes = N * C / CUVIL_BLOCK;
+    cuvil_parallel_for(planes * HW * CUVIL_BLOCK > 16384 ? nthreads : 1, planes, 1, relayout_task, &a);
+}

@@ -1,0 +1,133 @@
+/* Winograd F(2x2) and F(4x4) for 3x3 stride-1 convs in the channel-blocked layout (blocked.h):
+ * every transform runs in vectors across 16 channels of one tile, reading and writing whole 64-byte
+ * pixels, and the products are blocked GEMMs with the tiles as rows (no lanes left empty when the
+ * tiles do not fill a panel: a 28x28 map's 49 tiles took 64 lanes in winograd4.c). */
+#include "blocked.h"
+#include "pool.h"
+#include "vmath.h"
+#include "winograd.h"
+
+typedef struct {
+    const cuvil_conv_shape *s;
+    int m;
+    int64_t TH, TW;
+    const float *x, *up, *bias, *residual;
+    float *v, *prod, *y;        /* transformed input [alpha2][C/16][T][16], products [alpha2][O/16][T][16] */
+    int act;
+} wgb_args;
+
+static inline int64_t wgb_tiles(const cuvil_conv_shape *s, int m) { return ((s->OH + m - 1) / m) * ((s->OW + m - 1) / m); }
+
+int64_t cuvil_winograd_blocked_scratch(const cuvil_conv_shape *s, int m) {
+    return (int64_t)(m + 2) * (m + 2) * (s->C + s->O) * wgb_tiles(s, m);
+}
+
+/* B^T along one axis of an alpha x alpha array of vectors: x[i * step], y[i * step] for i < alpha. */
+static inline __attribute__((always_inline)) void bt_axis(int m, const cuvil_vf *x, cuvil_vf *y, int step) {
+    if (m == 4) WG4_BT(y[0], y[step], y[2 * step], y[3 * step], y[4 * step], y[5 * step],
+                       x[0], x[step], x[2 * step], x[3 * step], x[4 * step], x[5 * step]);
+    else WG2_BT(y[0], y[step], y[2 * step], y[3 * step], x[0], x[step], x[2 * step], x[3 * step]);
+}
+
+/* A^T along one axis: alpha inputs x[i * xs] to m outputs y[i * ys]. */
+static inline __attribute__((always_inline)) void at_axis(int m, const cuvil_vf *x, int xs, cuvil_vf *y, int ys) {
+    if (m == 4) WG4_AT(y[0], y[ys], y[2 * ys], y[3 * ys], x[0], x[xs], x[2 * xs], x[3 * xs], x[4 * xs], x[5 * xs]);
+    else WG2_AT(y[0], y[ys], x[0], x[xs], x[2 * xs], x[3 * xs]);
+}
+
+/* Items r = cb * TH + th: one row of tiles of one channel block. */
+static inline __attribute__((always_inline)) void input_rows(int m, const wgb_args *a, int64_t r0, int64_t r1) {
+    const cuvil_conv_shape *s = a->s;
+    const int alpha = m + 2;
+    int64_t T = a->TH * a->TW, plane = s->C * T;
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t cb = r / a->TH, th = r % a->TH;
+        const float *xc = a->x + cb * s->H * s->W * CUVIL_BLOCK;
+        for (int64_t tw = 0; tw < a->TW; tw++) {
+            int64_t t = th * a->TW + tw;
+            float *dst = a->v + (cb * T + t) * CUVIL_BLOCK;
+            for (int lane = 0; lane < CUVIL_BLOCK; lane += CUVIL_VL) {
+                cuvil_vf d[6 * 6], u[6 * 6], v[6 * 6];
+                for (int i = 0; i < alpha; i++) {
+                    int64_t ih = th * m - s->ph + i;
+                    for (int j = 0; j < alpha; j++) {
+                        int64_t iw = tw * m - s->pw + j;
+                        d[i * alpha + j] = ih >= 0 && ih < s->H && iw >= 0 && iw < s->W
+                                           ? cuvil_vload(xc + (ih * s->W + iw) * CUVIL_BLOCK + lane) : cuvil_vsplat(0.f);
+                    }
+                }
+                for (int j = 0; j < alpha; j++) bt_axis(m, d + j, u + j, alpha);              /* B^T d */
+                for (int i = 0; i < alpha; i++) bt_axis(m, u + i * alpha, v + i * alpha, 1);  /* (B^T d) B */
+                for (int xi = 0; xi < alpha * alpha; xi++) cuvil_vstore(dst + xi * plane + lane, v[xi]);
+            }
+        }
+    }
+}
+
+static void input_task(void *ctx, int64_t r0, int64_t r1) {
+    const wgb_args *a = ctx;
+    if (a->m == 4) input_rows(4, a, r0, r1);
+    else input_rows(2, a, r0, r1);
+}
+
+/* The alpha^2 products, one GEMM per task on one thread (as winograd4.c: product_task4). */
+static void product_task(void *ctx, int64_t x0, int64_t x1) {
+    const wgb_args *a = ctx;
+    const cuvil_conv_shape *s = a->s;
+    int64_t T = a->TH * a->TW, ustride = cuvil_packed_b_size(s->C, s->O);
+    for (int64_t xi = x0; xi < x1; xi++)
+        cuvil_sgemm_blocked(T, s->O, s->C, a->v + xi * s->C * T, T * CUVIL_BLOCK, a->up + xi * ustride,
+                            a->prod + xi * s->O * T, T * CUVIL_BLOCK, 0, 0, CUVIL_ACT_NONE, 1);
+}
+
+/* Items r = ob * TH + th: Y = A^T M A for a row of tiles of one output block, then bias, residual
+ * and activation, stored pixel by pixel inside the output. */
+static inline __attribute__((always_inline)) void output_rows(int m, const wgb_args *a, int64_t r0, int64_t r1) {
+    const cuvil_conv_shape *s = a->s;
+    const int alpha = m + 2;
+    int64_t T = a->TH * a->TW, plane = s->O * T;
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t ob = r / a->TH, th = r % a->TH;
+        float *yb = a->y + ob * s->OH * s->OW * CUVIL_BLOCK;
+        const float *rb = a->residual ? a->residual + ob * s->OH * s->OW * CUVIL_BLOCK : 0;
+        for (int64_t tw = 0; tw < a->TW; tw++) {
+            const float *src = a->prod + (ob * T + th * a->TW + tw) * CUVIL_BLOCK;
+            for (int lane = 0; lane < CUVIL_BLOCK; lane += CUVIL_VL) {
+                cuvil_vf p[6 * 6], q[4 * 6], o[4 * 4];
+                for (int xi = 0; xi < alpha * alpha; xi++) p[xi] = cuvil_vload(src + xi * plane + lane);
+                for (int j = 0; j < alpha; j++) at_axis(m, p + j, alpha, q + j, alpha);        /* A^T M */
+                for (int i = 0; i < m; i++) at_axis(m, q + i * alpha, 1, o + i * m, 1);         /* (A^T M) A */
+                cuvil_vf bias = a->bias ? cuvil_vload(a->bias + ob * CUVIL_BLOCK + lane) : cuvil_vsplat(0.f);
+                for (int i = 0; i < m && th * m + i < s->OH; i++)
+                    for (int j = 0; j < m && tw * m + j < s->OW; j++) {
+                        int64_t off = ((th * m + i) * s->OW + tw * m + j) * CUVIL_BLOCK + lane;
+                        cuvil_vf v = o[i * m + j] + bias;
+                        if (rb) v += cuvil_vload(rb + off);
+                        if (a->act == CUVIL_ACT_RELU) v = cuvil_vsel(v > 0.f, v, cuvil_vsplat(0.f));
+                        else if (a->act) v = cuvil_vact(v, a->act);
+                        cuvil_vstore(yb + off, v);
+                    }
+            }
+        }
+    }
+}
+
+static void output_task(void *ctx, int64_t r0, int64_t r1) {
+    const wgb_args *a = ctx;
+    if (a->m == 4) output_rows(4, a, r0, r1);
+    else output_rows(2, a, r0, r1);
+}
+
+void cuvil_conv3x3_winograd_blocked(const cuvil_conv_shape *s, int m, const float *x, const float *up,
+                                    const float *bias, const float *residual, float *y, int act, float *scratch,
+                                    int nthreads) {
+    int64_t TH = (s->OH + m - 1) / m, TW = (s->OW + m - 1) / m, T = TH * TW, alpha2 = (m + 2) * (m + 2);
+    int64_t in = s->C * s->H * s->W, out = s->O * s->OH * s->OW;
+    for (int64_t n = 0; n < s->N; n++) {
+        wgb_args a = {s, m, TH, TW, x + n * in, up, bias, residual ? residual + n * out : 0, scratch,
+                      scratch + alpha2 * s->C * T, y + n * out, act};
+        cuvil_parallel_for(nthreads, s->C / CUVIL_BLOCK * TH, 1, input_task, &a);
+        cuvil_parallel_chunks(nthreads, alpha2, 1, product_task, &a);
+        cuvil_parallel_for(nthreads, s->O / CUVIL_BLOCK * TH, 1, output_task, &a);
+    }
+}

@@ -1,0 +1,87 @@
+"""Layout: convs and max pools whose channels come in sixteens run channel-blocked ("nchw16c",
+codegen/c/kernels/blocked.h), with a relayout only where a blocked value meets anything that reads
+NCHW (and at the graph's outputs). Shapes stay logical: the attribute says how C stores the value.
+
+Runs after fusion, so that a conv's fused residual is known to be read in the conv's own layout. A
+blocked op alone between NCHW neighbours would pay a relayout in and out for its gain, so only ops
+with a blocked neighbour (producer or consumer) are taken: a net's chain of convs turns blocked whole,
+a lone conv stays as it was."""
+from __future__ import annotations
+
+from ..ir.graph import Node, Value
+from ..ir.ops import infer_types
+
+BLOCKED = "nchw16c"
+BLOCK = 16
+
+
+def _static_4d(v):
+    return v.type.rank == 4 and v.dtype == "float32" and all(isinstance(d, int) for d in v.shape)
+
+
+def blockable(node) -> bool:
+    """Whether the blocked kernels take this node: a 2-d conv of constant filters, ungrouped, or a 2-d
+    max pool, channels in and out multiples of 16, static shapes."""
+    if node.op == "conv":
+        x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+        return (_static_4d(x) and _static_4d(y) and w.is_const and node.attrs.get("groups", 1) == 1
+                and x.shape[1] % BLOCK == 0 and y.shape[1] % BLOCK == 0)
+    if node.op == "max_pool":
+        x, y = node.inputs[0], node.outputs[0]
+        return _static_4d(x) and _static_4d(y) and x.shape[1] % BLOCK == 0
+    return False
+
+
+def _blocked_inputs(node):
+    """Input positions read in the node's own layout: x, and a conv's fused residual."""
+    return [0, 3] if node.op == "conv" else [0]
+
+
+def _choose(graph):
+    """The nodes to block: blockable ones joined to another blockable one by a value."""
+    can = {id(n) for n in graph.nodes if blockable(n)}
+    chosen = set()
+    for n in graph.nodes:
+        if id(n) not in can:
+            continue
+        for i in _blocked_inputs(n):
+            v = n.inputs[i] if i < len(n.inputs) else None
+            if v is not None and v.producer is not None and id(v.producer) in can:
+                chosen |= {id(n), id(v.producer)}
+    return chosen
+
+
+def run(graph):
+    chosen = _choose(graph)
+    if not chosen:
+        return graph
+    converted = {}                     # (id(value), layout) -> the value in that layout
+
+    def relayout(v, to, nodes):
+        key = (id(v), to)
+        if key not in converted:
+            out = Value(infer_types("relayout", [v.type], {"to": to})[0])
+            nodes.append(Node("relayout", [v], {"to": to}, [out], v.producer.loc if v.producer else None))
+            converted[key] = out
+        return converted[key]
+
+    blocked_values = set()
+    nodes = []
+    for n in graph.nodes:
+        blocked = id(n) in chosen
+        positions = _blocked_inputs(n) if blocked else []
+        for i, v in enumerate(n.inputs):
+            if v is None:
+                continue
+            is_blocked = id(v) in blocked_values
+            if i in positions and not is_blocked:
+                n.inputs[i] = relayout(v, BLOCKED, nodes)
+            elif i not in positions and is_blocked:
+                n.inputs[i] = relayout(v, "nchw", nodes)
+        if blocked:
+            n.attrs["layout"] = BLOCKED
+            blocked_values.add(id(n.outputs[0]))
+        nodes.append(n)
+    graph.nodes = nodes
+    graph.outputs = [relayout(v, "nchw", graph.nodes) if id(v) in blocked_values else v for v in graph.outputs]
+    return graph

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .options import LAYOUT_CHOICES
+
 
 def _load_model(spec: str):
     """'path/model.py::ClassName' -> an instance (built with no arguments); '*.onnx' -> the path."""
@@ -58,6 +60,8 @@ def _add_compile_options(p):
     p.add_argument("--target", default="native", help="native (default), cpu, x86_64-avx2, x86_64-avx512")
     p.add_argument("--precision", default="fp32", help="fp32 (default)")
     p.add_argument("--fusion-level", type=int, default=2, help="0 (none) .. 3 (all); default 2")
+    p.add_argument("--layout", default="auto", choices=LAYOUT_CHOICES,
+                   help="conv layout: nchw16c (channel-blocked), nchw, or auto (blocked on AVX-512); default auto")
     p.add_argument("--dynamic", action="append", help="dynamic dim INPUT:AXIS:NAME:MIN:MAX, e.g. 0:0:batch:1:64")
     p.add_argument("--num-threads", type=int, default=None, help="threads at run time (default: all cores)")
     p.add_argument("--cache-dir", default=None, help="compile cache (default ~/.cache/cuvil or $CUVIL_CACHE_DIR)")
@@ -82,7 +86,7 @@ def _constants(specs):
 
 
 def _opts(a):
-    return dict(target=a.target, precision=a.precision, fusion_level=a.fusion_level,
+    return dict(target=a.target, precision=a.precision, fusion_level=a.fusion_level, layout=a.layout,
                 dynamic_shapes=_dynamic(a.dynamic), num_threads=a.num_threads, cache_dir=a.cache_dir,
                 constant_inputs=_constants(a.constant_input))
 

@@ -86,3 +86,23 @@ def test_llm_compile_and_run(tmp_path):
     r = cuvil("llm", "run", "m.cuvil", "--prompt", "le café", "--max-new-tokens", "8", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "tokens/s" in r.stderr
+
+
+def test_inspect_shows_the_layout_asked_for(tmp_path):
+    (tmp_path / "two.py").write_text(textwrap.dedent("""
+        import torch
+        class Two(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a, self.b = torch.nn.Conv2d(16, 32, 1), torch.nn.Conv2d(32, 16, 3, padding=1)
+            def forward(self, x):
+                return self.b(torch.relu(self.a(x)))
+    """))
+    out = {}
+    for layout in ("nchw", "nchw16c"):
+        r = cuvil("inspect", "two.py::Two", "--example-input", "torch.randn(1,16,8,8)", "--stage", "passes",
+                  "--layout", layout, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-2000:]
+        out[layout] = r.stdout
+    assert "relayout(" not in out["nchw"] and out["nchw16c"].count("relayout(") == 2
+    assert out["nchw16c"].count("layout=nchw16c") == 2

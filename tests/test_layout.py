@@ -32,7 +32,7 @@ def test_chain_turns_blocked_with_relayouts_only_at_its_ends():
     g.outputs = [y]
     ops = _ops(layout.run(g))
     assert ops == [("relayout", "nchw16c"), ("conv", "nchw16c"), ("conv", "nchw16c"), ("max_pool", "nchw16c"),
-                   ("conv", "nchw16c"), ("relayout", "nchw"), ("relu", None)]
+                   ("conv", "nchw16c"), ("relu", None), ("relayout", "nchw")]     # the relu runs blocked
 
 
 def test_lone_and_unblockable_convs_stay_nchw():
@@ -52,12 +52,29 @@ def test_blocked_output_and_shared_value_get_one_relayout_each():
     g.inputs = [x]
     a = _conv(g, x, 16)
     b = _conv(g, a, 16, 3)
-    c = g.add("add", [a, b])                          # an NCHW consumer of two blocked values
-    g.outputs = [b, c]
+    mean = g.add("reduce_mean", [a], {"axes": (2, 3), "keepdims": True})       # two NCHW readers of a
+    pooled = g.add("avg_pool", [a], {"kernel": (2, 2)})
+    g.outputs = [b, mean, pooled]
     out = layout.run(g)
     relayouts = [n for n in out.nodes if n.op == "relayout"]
     assert [n.attrs["to"] for n in relayouts] == ["nchw16c", "nchw", "nchw"]
-    assert out.outputs[0].producer.op == "relayout" and out.nodes[-1].op == "add"
+    assert relayouts[1].inputs[0] is a and mean.producer.inputs[0] is pooled.producer.inputs[0] is relayouts[1].outputs[0]
+    assert out.outputs[0].producer is relayouts[2]
+
+
+def test_pointwise_between_convs_runs_blocked_unless_it_broadcasts():
+    g = Graph()
+    x = Value(TensorType((1, 16, 6, 6), "float32"), "x")
+    g.inputs = [x]
+    a = _conv(g, x, 32)
+    clipped = g.add("clip", [a], {"min": 0.0, "max": 6.0})
+    dw = g.add("conv", [clipped, g.const(np.ones((32, 1, 3, 3), np.float32))], {"groups": 32, "pads": ((1, 1),) * 2})
+    scaled = g.add("mul", [dw, g.const(np.ones((1, 32, 1, 1), np.float32))])          # per channel: NCHW only
+    shifted = g.add("add", [scaled, g.const(np.float32(1))])        # a scalar operand: either layout
+    g.outputs = [_conv(g, shifted, 16)]
+    ops = _ops(layout.run(g))
+    assert ops == [("relayout", "nchw16c"), ("conv", "nchw16c"), ("clip", None), ("conv", "nchw16c"),
+                   ("relayout", "nchw"), ("mul", None), ("add", None), ("conv", "nchw")]
 
 
 class _Bottlenecks(torch.nn.Module):
@@ -107,6 +124,37 @@ def test_small_resnet_blocked_matches_torch(tmp_path, threads, target):
         ref = [t.numpy() for t in m(x)]
     for got, want in zip(cm.run(x.numpy()), ref):
         np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
+
+
+def test_small_mobilenet_blocked_matches_torch(tmp_path):
+    """Inverted residuals: 1x1 expand, ReLU6 (a clip between convs), depthwise 3x3 (stride 1 and 2), 1x1
+    project, residual adds as separate ops."""
+    import cuvil
+
+    def block(cin, cout, stride):
+        h = cin * 4
+        return torch.nn.Sequential(torch.nn.Conv2d(cin, h, 1), torch.nn.ReLU6(), torch.nn.Conv2d(h, h, 3, stride, 1, groups=h),
+                                   torch.nn.BatchNorm2d(h), torch.nn.ReLU6(), torch.nn.Conv2d(h, cout, 1))
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem, self.a, self.b, self.c = torch.nn.Conv2d(3, 16, 3, 2, 1), block(16, 16, 1), block(16, 32, 2), block(32, 32, 1)
+
+        def forward(self, x):
+            x = torch.relu(self.stem(x))
+            x = x + self.a(x)
+            x = self.b(x)
+            return x + self.c(x)
+
+    torch.manual_seed(0)
+    m = Net().eval()
+    x = torch.randn(2, 3, 29, 30)
+    text = cuvil.api.inspect_stages(m, (x,), stages=("passes",), layout="nchw16c")["passes"]
+    assert text.count("relayout(") == 2 and "groups=64, act=none, layout=nchw16c" in text
+    cm = cuvil.compile(m, (x,), layout="nchw16c", num_threads=2, cache_dir=str(tmp_path))
+    with torch.no_grad():
+        np.testing.assert_allclose(cm.run(x.numpy())[0], m(x).numpy(), rtol=1e-4, atol=1e-4)
 
 
 def test_layout_option_is_checked():

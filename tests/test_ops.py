@@ -869,7 +869,8 @@ def conv_attrs(op):
 def blocked_layout(op):
     """The channel-blocked kernels (kernels/blocked.h, winograd_blocked.c) between explicit relayouts, as
     passes/layout.py places them: pixel counts that leave edge tiles (35, 25, 63), 48 channels (a panel
-    and a half on AVX-512), K over several blocks, both Winograd tile sizes with partial tiles, batch 2."""
+    and a half on AVX-512), K over several blocks, both Winograd tile sizes with partial tiles, depthwise
+    convs (strides, dilations, pads, 7x7), batch 2."""
     c = Case()
     r = c.rng
     f = lambda *s: rand(r, s, "float32", -1, 1)  # noqa: E731
@@ -899,6 +900,15 @@ def blocked_layout(op):
          pads=((1, 1), (1, 1)))
     conv("winograd F(4x4), partial tiles", c.input(f(1, 16, 13, 14)), 32, (3, 3), pads=((1, 1), (1, 1)))
     conv("winograd F(4x4), asymmetric pads", c.input(f(1, 16, 14, 13)), 16, (3, 3), pads=((0, 2), (2, 1)))
+    xd = c.input(f(2, 32, 9, 11))
+    for k, attrs in (((3, 3), dict(pads=((1, 1), (1, 1)))), ((3, 3), dict(strides=(2, 2), pads=((1, 1), (0, 1)))),
+                     ((5, 3), dict(dilations=(2, 1), pads=((4, 4), (1, 1)))), ((7, 7), dict(pads=((3, 3), (3, 3))))):
+        y = c.add("conv", [blocked(xd), c.const(f(32, 1, *k)), c.const(f(32))],
+                  dict(attrs, groups=32, act="relu", layout="nchw16c"))
+        c.out(c.add("relayout", [y], {"to": "nchw"}), f"depthwise {k} {attrs}")
+    y = c.add("conv", [blocked(xd), c.const(f(32, 1, 3, 3)), c.const(f(32)), blocked(xd)],
+              dict(pads=((1, 1), (1, 1)), groups=32, layout="nchw16c"))
+    c.out(c.add("relayout", [y], {"to": "nchw"}), "depthwise with residual")
     xp = blocked(c.input(f(2, 16, 9, 10)))
     for attrs in (dict(kernel=(3, 3), strides=(2, 2), pads=((1, 1), (1, 1))),
                   dict(kernel=(3, 3), strides=(2, 2), ceil_mode=True), dict(kernel=(2, 3), dilations=(2, 1))):

@@ -1,6 +1,7 @@
 """Layout: convs and max pools whose channels come in sixteens run channel-blocked ("nchw16c",
 codegen/c/kernels/blocked.h), with a relayout only where a blocked value meets anything that reads
-NCHW (and at the graph's outputs). Shapes stay logical: the attribute says how C stores the value.
+NCHW (and at the graph's outputs). Pointwise ops whose operands all have the output's shape (or one
+element) run on blocked data unchanged. Shapes stay logical: the attribute says how C stores the value.
 
 Runs after fusion, so that a conv's fused residual is known to be read in the conv's own layout. A
 blocked op alone between NCHW neighbours would pay a relayout in and out for its gain, so only ops
@@ -8,8 +9,10 @@ with a blocked neighbour (producer or consumer) are taken: a net's chain of conv
 a lone conv stays as it was."""
 from __future__ import annotations
 
+import numpy as np
+
 from ..ir.graph import Node, Value
-from ..ir.ops import infer_types
+from ..ir.ops import REGISTRY, infer_types
 
 BLOCKED = "nchw16c"
 BLOCK = 16
@@ -20,11 +23,12 @@ def _static_4d(v):
 
 
 def blockable(node) -> bool:
-    """Whether the blocked kernels take this node: a 2-d conv of constant filters, ungrouped, or a 2-d
-    max pool, channels in and out multiples of 16, static shapes."""
+    """Whether the blocked kernels take this node: a 2-d conv of constant filters, ungrouped or depthwise
+    (groups = in = out channels), or a 2-d max pool, channels in and out multiples of 16, static shapes."""
     if node.op == "conv":
         x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
-        return (_static_4d(x) and _static_4d(y) and w.is_const and node.attrs.get("groups", 1) == 1
+        g = node.attrs.get("groups", 1)
+        return (_static_4d(x) and _static_4d(y) and w.is_const and (g == 1 or g == x.shape[1] == y.shape[1])
                 and x.shape[1] % BLOCK == 0 and y.shape[1] % BLOCK == 0)
     if node.op == "max_pool":
         x, y = node.inputs[0], node.outputs[0]
@@ -37,17 +41,50 @@ def _blocked_inputs(node):
     return [0, 3] if node.op == "conv" else [0]
 
 
+def _elementwise_over(node):
+    """For a pointwise node that would compute the same on any layout of its operands (each one shaped
+    like the output, or a single element), the positions of the full-shape operands; else None. Such a
+    node runs on blocked operands as it is: a ReLU6 or an add between two convs keeps them blocked."""
+    kind = REGISTRY[node.op].kind
+    y = node.outputs[0]
+    if kind not in ("unary", "binary", "where", "fused") or len(node.outputs) != 1 or not _static_4d(y) \
+            or y.shape[1] % BLOCK or (kind == "fused" and any(node.attrs.get("views") or ())):
+        return None
+    full = []
+    for i, v in enumerate(node.inputs):
+        if v is None:
+            continue
+        if tuple(v.shape) == tuple(y.shape):
+            full.append(i)
+        elif not all(isinstance(d, int) for d in v.shape) or int(np.prod(v.shape)) != 1:
+            return None
+    return full or None
+
+
 def _choose(graph):
-    """The nodes to block: blockable ones joined to another blockable one by a value."""
+    """The nodes to block: blockable ones joined to another blockable one by a value, directly or through
+    pointwise nodes that can run blocked."""
     can = {id(n) for n in graph.nodes if blockable(n)}
+
+    def blockable_sources(v, seen):
+        p = v.producer
+        if p is None or id(p) in seen:
+            return set()
+        seen.add(id(p))
+        if id(p) in can:
+            return {id(p)}
+        full = _elementwise_over(p)
+        return set().union(*(blockable_sources(p.inputs[i], seen) for i in full)) if full else set()
+
     chosen = set()
     for n in graph.nodes:
         if id(n) not in can:
             continue
         for i in _blocked_inputs(n):
             v = n.inputs[i] if i < len(n.inputs) else None
-            if v is not None and v.producer is not None and id(v.producer) in can:
-                chosen |= {id(n), id(v.producer)}
+            found = blockable_sources(v, set()) if v is not None else set()
+            if found:
+                chosen |= found | {id(n)}
     return chosen
 
 
@@ -70,6 +107,11 @@ def run(graph):
     for n in graph.nodes:
         blocked = id(n) in chosen
         positions = _blocked_inputs(n) if blocked else []
+        full = None if blocked else _elementwise_over(n)
+        if full and all(id(n.inputs[i]) in blocked_values for i in full):   # runs blocked as it is
+            blocked_values.add(id(n.outputs[0]))
+            nodes.append(n)
+            continue
         for i, v in enumerate(n.inputs):
             if v is None:
                 continue

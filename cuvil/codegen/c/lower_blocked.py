@@ -23,6 +23,8 @@ def conv_scratch(node, shape) -> int:
     cuvil_winograd_blocked_scratch)."""
     from .lower_nn import _winograd
     s, m = shape, _winograd(node)
+    if node.attrs.get("groups", 1) > 1:
+        return 0
     if m:
         return (m + 2) ** 2 * (s["C"] + s["O"]) * -(-s["OH"] // m) * -(-s["OW"] // m) * 4
     direct = s["KH"] == s["KW"] == s["sh"] == s["sw"] == 1 and s["ph"] == s["pw"] == 0
@@ -40,6 +42,12 @@ def winograd_filters_as_b(w: np.ndarray, m: int, nr: int) -> np.ndarray:
 def lower_conv(em, node, shape_struct, bias, res, act):
     from .lower_nn import _winograd, pack_b, panel_width
     nr, m = panel_width(em), _winograd(node)
+    if node.attrs.get("groups", 1) > 1:              # depthwise (passes/layout.py takes no other groups)
+        w = em.packed("depthwise_blocked", node.inputs[1],
+                      lambda d: d.astype(np.float32).reshape(d.shape[0], -1).T.copy())
+        return ["{", f"  const cuvil_conv_shape s = {shape_struct};",
+                f"  cuvil_depthwise_blocked(&s, {em.ptr(node.inputs[0])}, {w}, {bias}, {res}, "
+                f"{em.ptr(node.outputs[0])}, {act}, NT);", "}"]
     if m:
         up = em.packed(f"winograd{m}_blocked_b", node.inputs[1], lambda d: winograd_filters_as_b(d, m, nr))
         return ["{", f"  const cuvil_conv_shape s = {shape_struct};",

@@ -155,6 +155,55 @@ void cuvil_conv_blocked(const cuvil_conv_shape *s, const float *x, const float *
     }
 }
 
+/* ---- depthwise convolution --------------------------------------------------------------- */
+typedef struct {
+    const cuvil_conv_shape *s;
+    const float *x, *w, *bias, *residual;
+    float *y;
+    int act;
+} blocked_dw;
+
+/* Output rows r = (n * C / 16 + cb) * OH + oh in [r0, r1): each output pixel's 16 channels in vectors,
+ * the taps' 16 filter values (w [KH * KW][C]) side by side as the input's channels are. */
+static void depthwise_blocked_task(void *ctx, int64_t r0, int64_t r1) {
+    const blocked_dw *a = ctx;
+    const cuvil_conv_shape *s = a->s;
+    int64_t CB = s->C / CUVIL_BLOCK;
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t plane = r / s->OH, oh = r % s->OH, cb = plane % CB;
+        const float *xc = a->x + plane * s->H * s->W * CUVIL_BLOCK;
+        int64_t off = r * s->OW * CUVIL_BLOCK;
+        for (int64_t ow = 0; ow < s->OW; ow++)
+            for (int v = 0; v < CUVIL_BLOCK; v += CUVIL_VL) {
+                int64_t c = cb * CUVIL_BLOCK + v;
+                cuvil_vf acc = a->bias ? cuvil_vload(a->bias + c) : cuvil_vsplat(0.f);
+                for (int64_t kh = 0; kh < s->KH; kh++) {
+                    int64_t ih = oh * s->sh - s->ph + kh * s->dh;
+                    if (ih < 0 || ih >= s->H) continue;
+                    for (int64_t kw = 0; kw < s->KW; kw++) {
+                        int64_t iw = ow * s->sw - s->pw + kw * s->dw;
+                        if (iw < 0 || iw >= s->W) continue;
+                        acc += cuvil_vload(xc + (ih * s->W + iw) * CUVIL_BLOCK + v) *
+                               cuvil_vload(a->w + (kh * s->KW + kw) * s->C + c);
+                    }
+                }
+                int64_t o = off + ow * CUVIL_BLOCK + v;
+                if (a->residual) acc += cuvil_vload(a->residual + o);
+                if (a->act == CUVIL_ACT_RELU) acc = cuvil_vsel(acc > 0.f, acc, cuvil_vsplat(0.f));
+                else if (a->act) acc = cuvil_vact(acc, a->act);
+                cuvil_vstore(a->y + o, acc);
+            }
+    }
+}
+
+void cuvil_depthwise_blocked(const cuvil_conv_shape *s, const float *x, const float *w, const float *bias,
+                             const float *residual, float *y, int act, int nthreads) {
+    blocked_dw a = {s, x, w, bias, residual, y, act};
+    int64_t rows = s->N * (s->C / CUVIL_BLOCK) * s->OH;
+    cuvil_parallel_for(rows * s->OW * s->KH * s->KW * CUVIL_BLOCK > 65536 ? nthreads : 1, rows, 1,
+                       depthwise_blocked_task, &a);
+}
+
 /* ---- max pooling ------------------------------------------------------------------------- */
 typedef struct { const cuvil_conv_shape *s; const float *x; float *y; } blocked_pool;
 

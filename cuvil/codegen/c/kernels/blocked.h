@@ -24,6 +24,11 @@ int64_t cuvil_conv_blocked_scratch(const cuvil_conv_shape *s);
 void cuvil_conv_blocked(const cuvil_conv_shape *s, const float *x, const float *wb, const float *bias,
                         const float *residual, float *y, int act, float *scratch, int nthreads);
 
+/* A depthwise conv (groups = C = O) of blocked input: w as [KH * KW][C] (each tap's filter values side by
+ * side, as the channels of a pixel are), any strides, pads and dilations. */
+void cuvil_depthwise_blocked(const cuvil_conv_shape *s, const float *x, const float *w, const float *bias,
+                             const float *residual, float *y, int act, int nthreads);
+
 /* A 3x3 stride-1 conv of blocked input by Winograd F(m x m, 3x3), m 2 or 4 (winograd.h's transforms,
  * in vectors across 16 channels): the (m + 2)^2 products are blocked GEMMs (tiles x in channels) @
  * (in x out channels). up: the transformed filters U[i][j] as B operands [C][O], packed, one

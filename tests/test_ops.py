@@ -900,6 +900,17 @@ def blocked_layout(op):
          pads=((1, 1), (1, 1)))
     conv("winograd F(4x4), partial tiles", c.input(f(1, 16, 13, 14)), 32, (3, 3), pads=((1, 1), (1, 1)))
     conv("winograd F(4x4), asymmetric pads", c.input(f(1, 16, 14, 13)), 16, (3, 3), pads=((0, 2), (2, 1)))
+    # NCHW input into blocked output (a stem): 7x7 stride 2, and 3 channels dilated with a residual
+    for label, shape, o, k, attrs, residual in (
+            ("nchw in: 7x7 stride 2 pad 3", (2, 3, 23, 20), 32, (7, 7), dict(strides=(2, 2), pads=((3, 3), (3, 3))), False),
+            ("nchw in: 5 channels, 3x3 dilation 2, residual", (1, 5, 9, 10), 48, (3, 3), dict(dilations=(2, 2),
+                                                                                             pads=((2, 1), (2, 2))), True)):
+        x = c.input(f(*shape))
+        ins = [x, c.const(f(o, shape[1], *k)), c.const(f(o))]
+        if residual:
+            ins.append(blocked(c.input(f(*interpreter_shape(x, o, k, attrs)))))
+        y = c.add("conv", ins, dict(attrs, act="relu", layout="nchw16c", in_layout="nchw"))
+        c.out(c.add("relayout", [y], {"to": "nchw"}), label)
     xd = c.input(f(2, 32, 9, 11))
     for k, attrs in (((3, 3), dict(pads=((1, 1), (1, 1)))), ((3, 3), dict(strides=(2, 2), pads=((1, 1), (0, 1)))),
                      ((5, 3), dict(dilations=(2, 1), pads=((4, 4), (1, 1)))), ((7, 7), dict(pads=((3, 3), (3, 3))))):

@@ -6,7 +6,8 @@ element) run on blocked data unchanged. Shapes stay logical: the attribute says 
 Runs after fusion, so that a conv's fused residual is known to be read in the conv's own layout. A
 blocked op alone between NCHW neighbours would pay a relayout in and out for its gain, so only ops
 with a blocked neighbour (producer or consumer) are taken: a net's chain of convs turns blocked whole,
-a lone conv stays as it was."""
+a lone conv stays as it was. A stem conv (a few input channels, NCHW) can write blocked output from
+NCHW input, so the blocked region starts at its output."""
 from __future__ import annotations
 
 import numpy as np
@@ -34,6 +35,22 @@ def blockable(node) -> bool:
         x, y = node.inputs[0], node.outputs[0]
         return _static_4d(x) and _static_4d(y) and x.shape[1] % BLOCK == 0
     return False
+
+
+# the largest K (in channels x taps) a conv of NCHW input into blocked output takes
+# (kernels/blocked.h: CUVIL_NCHW_BLOCKED_MAX_K)
+NCHW_IN_MAX_K = 1024
+
+
+def blockable_from_nchw(node) -> bool:
+    """Whether a conv can read NCHW and write blocked: a net's stem, whose few input channels fill no
+    block of 16 (kernels/blocked.h: cuvil_conv_nchw_blocked)."""
+    if node.op != "conv":
+        return False
+    x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    return (_static_4d(x) and _static_4d(y) and w.is_const and node.attrs.get("groups", 1) == 1
+            and x.shape[1] % BLOCK != 0 and y.shape[1] % BLOCK == 0
+            and int(np.prod(w.shape[1:])) <= NCHW_IN_MAX_K)
 
 
 def _blocked_inputs(node):
@@ -65,13 +82,14 @@ def _choose(graph):
     """The nodes to block: blockable ones joined to another blockable one by a value, directly or through
     pointwise nodes that can run blocked."""
     can = {id(n) for n in graph.nodes if blockable(n)}
+    stems = {id(n) for n in graph.nodes if blockable_from_nchw(n)}
 
     def blockable_sources(v, seen):
         p = v.producer
         if p is None or id(p) in seen:
             return set()
         seen.add(id(p))
-        if id(p) in can:
+        if id(p) in can or id(p) in stems:
             return {id(p)}
         full = _elementwise_over(p)
         return set().union(*(blockable_sources(p.inputs[i], seen) for i in full)) if full else set()
@@ -85,11 +103,11 @@ def _choose(graph):
             found = blockable_sources(v, set()) if v is not None else set()
             if found:
                 chosen |= found | {id(n)}
-    return chosen
+    return chosen, chosen & stems
 
 
 def run(graph):
-    chosen = _choose(graph)
+    chosen, from_nchw = _choose(graph)
     if not chosen:
         return graph
     converted = {}                     # (id(value), layout) -> the value in that layout
@@ -107,6 +125,9 @@ def run(graph):
     for n in graph.nodes:
         blocked = id(n) in chosen
         positions = _blocked_inputs(n) if blocked else []
+        if id(n) in from_nchw:                 # x stays NCHW; the output (and a residual) blocked
+            positions = positions[1:]
+            n.attrs["in_layout"] = "nchw"
         full = None if blocked else _elementwise_over(n)
         if full and all(id(n.inputs[i]) in blocked_values for i in full):   # runs blocked as it is
             blocked_values.add(id(n.outputs[0]))

@@ -23,6 +23,10 @@ def conv_scratch(node, shape) -> int:
     cuvil_winograd_blocked_scratch)."""
     from .lower_nn import _winograd
     s, m = shape, _winograd(node)
+    if node.attrs.get("in_layout") == "nchw":      # kernels/blocked.c: cuvil_conv_nchw_blocked_scratch
+        hp = (s["OH"] - 1) * s["sh"] + (s["KH"] - 1) * s["dh"] + 1
+        wp = (s["OW"] - 1) * s["sw"] + (s["KW"] - 1) * s["dw"] + 1
+        return (s["C"] * hp * wp + 2 * s["OH"] * s["OW"]) * 4
     if node.attrs.get("groups", 1) > 1:
         return 0
     if m:
@@ -42,6 +46,13 @@ def winograd_filters_as_b(w: np.ndarray, m: int, nr: int) -> np.ndarray:
 def lower_conv(em, node, shape_struct, bias, res, act):
     from .lower_nn import _winograd, pack_b, panel_width
     nr, m = panel_width(em), _winograd(node)
+    if node.attrs.get("in_layout") == "nchw":
+        wb = em.packed("conv_nchw_blocked_b", node.inputs[1],
+                       lambda d: pack_b(d.astype(np.float32).reshape(d.shape[0], -1).T, nr))
+        return ["{", f"  const cuvil_conv_shape s = {shape_struct};",
+                f"  _Static_assert(CUVIL_NR == {nr}, \"conv filters packed for another panel width\");",
+                f"  cuvil_conv_nchw_blocked(&s, {em.ptr(node.inputs[0])}, {wb}, {bias}, {res}, {em.ptr(node.outputs[0])}, "
+                f"{act}, {em.scratch()}, NT);", "}"]
     if node.attrs.get("groups", 1) > 1:              # depthwise (passes/layout.py takes no other groups)
         w = em.packed("depthwise_blocked", node.inputs[1],
                       lambda d: d.astype(np.float32).reshape(d.shape[0], -1).T.copy())

@@ -110,9 +110,10 @@ def _conv_ref(xs, a):
 
 
 # inputs: x, w, [bias], [residual]; act is the fused activation (passes set it); layout: how C stores
-# x, residual and the output (movement.py: LAYOUTS; passes/layout.py sets it, the reference ignores it)
+# the output and residual, in_layout x's when it differs (movement.py: LAYOUTS; passes/layout.py sets
+# them, the reference ignores them)
 declare(OpDef("conv", {"strides": None, "pads": None, "dilations": None, "groups": 1, "act": "none",
-                       "layout": "nchw"}, _conv_infer,
+                       "layout": "nchw", "in_layout": None}, _conv_infer,
               _conv_ref,
               kind="conv"))
 

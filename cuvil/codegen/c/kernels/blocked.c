@@ -8,12 +8,46 @@
 #define BLK_KB 16
 #define BLK_MC 96
 
+/* A conv's NCHW input, zero padded (cuvil_conv_nchw_blocked): the row of channel c, tap row kh that
+ * output pixel m reads starts at x + c * plane + kh * dh * wp + pix[m], its taps dw apart. */
+typedef struct {
+    const float *x;
+    const int64_t *pix;
+    int64_t C, KH, KW, dh, dw, plane, wp;
+} nchw_source;
+
 typedef struct {
     int64_t M, N, K, lda, ldc, np, mb;
     const float *A, *B, *bias, *residual;
     float *C;
     int act;
+    const nchw_source *src;       /* A read from an NCHW input instead (all of K in one block) */
 } blocked_gemm;
+
+/* A tile's registers (mr pixels x nv vectors of output channels of panel p) into blocked C: raw partial
+ * sums before the last K block, which adds bias, residual and the activation. */
+static inline __attribute__((always_inline)) void store_blocked_tile(int mr, int nv, cuvil_vf c0[CUVIL_MR],
+                                                                     cuvil_vf c1[CUVIL_MR], const blocked_gemm *g,
+                                                                     int64_t i0, int64_t p, int first, int last) {
+    for (int v = 0; v < nv; v++) {          /* vector v: columns n .. n + VL, inside one block of 16 */
+        int64_t n = p * CUVIL_NR + v * CUVIL_VL, off = n / CUVIL_BLOCK * g->ldc + n % CUVIL_BLOCK;
+        float *c = g->C + off + i0 * CUVIL_BLOCK;
+        const float *r = last && g->residual ? g->residual + off + i0 * CUVIL_BLOCK : 0;
+        cuvil_vf bias = last && g->bias ? cuvil_vload(g->bias + n) : cuvil_vsplat(0.f);
+        #pragma GCC unroll 8
+        for (int i = 0; i < mr; i++) {
+            cuvil_vf x = v ? c1[i] : c0[i];
+            if (!first) x += cuvil_vload(c + i * CUVIL_BLOCK);
+            if (last) {
+                x += bias;
+                if (r) x += cuvil_vload(r + i * CUVIL_BLOCK);
+                if (g->act == CUVIL_ACT_RELU) x = cuvil_vsel(x > 0.f, x, cuvil_vsplat(0.f));
+                else if (g->act) x = cuvil_vact(x, g->act);
+            }
+            cuvil_vstore(c + i * CUVIL_BLOCK, x);
+        }
+    }
+}
 
 /* One tile of mr pixels x nv vectors of output channels over channel blocks [kb0, kb0 + nkb): A's MR
  * pixels of a block sit side by side (16 floats each), so each K step's broadcasts read 8 lines in
@@ -38,24 +72,7 @@ static inline __attribute__((always_inline)) void blocked_tile(int mr, int nv, c
             }
         }
     }
-    for (int v = 0; v < nv; v++) {          /* vector v: columns n .. n + VL, inside one block of 16 */
-        int64_t n = p * CUVIL_NR + v * CUVIL_VL, off = n / CUVIL_BLOCK * g->ldc + n % CUVIL_BLOCK;
-        float *c = g->C + off + i0 * CUVIL_BLOCK;
-        const float *r = last && g->residual ? g->residual + off + i0 * CUVIL_BLOCK : 0;
-        cuvil_vf bias = last && g->bias ? cuvil_vload(g->bias + n) : cuvil_vsplat(0.f);
-        #pragma GCC unroll 8
-        for (int i = 0; i < mr; i++) {
-            cuvil_vf x = v ? c1[i] : c0[i];
-            if (!first) x += cuvil_vload(c + i * CUVIL_BLOCK);
-            if (last) {
-                x += bias;
-                if (r) x += cuvil_vload(r + i * CUVIL_BLOCK);
-                if (g->act == CUVIL_ACT_RELU) x = cuvil_vsel(x > 0.f, x, cuvil_vsplat(0.f));
-                else if (g->act) x = cuvil_vact(x, g->act);
-            }
-            cuvil_vstore(c + i * CUVIL_BLOCK, x);
-        }
-    }
+    store_blocked_tile(mr, nv, c0, c1, g, i0, p, first, last);
 }
 
 /* full tiles in their own function, so the edges' switch stays out of their code */
@@ -152,6 +169,103 @@ void cuvil_conv_blocked(const cuvil_conv_shape *s, const float *x, const float *
         }
         cuvil_sgemm_blocked(P, s->O, K, a, lda, wb, y + n * out, P * CUVIL_BLOCK, bias,
                             residual ? residual + n * out : 0, act, nthreads);
+    }
+}
+
+/* ---- convolution of an NCHW input into the blocked layout ---------------------------------- */
+/* A tile whose A comes straight from the padded NCHW input: K = (c, kh, kw) in the filters' own order,
+ * each (c, kh) one run of KW taps along an input row. A stem's 3 channels would fill a 16-channel
+ * block to 19%; read this way its 147 taps are all there is, with no im2col and no relayout after. */
+static inline __attribute__((always_inline)) void nchw_tile(int mr, int nv, const blocked_gemm *g, int64_t i0,
+                                                            int64_t p) {
+    const nchw_source *src = g->src;
+    cuvil_vf c0[CUVIL_MR], c1[CUVIL_MR];
+    #pragma GCC unroll 8
+    for (int i = 0; i < CUVIL_MR; i++) c0[i] = c1[i] = cuvil_vsplat(0.f);
+    const float *b = g->B + p * g->K * CUVIL_NR;
+    for (int64_t c = 0; c < src->C; c++)
+        for (int64_t kh = 0; kh < src->KH; kh++, b += src->KW * CUVIL_NR) {
+            const float *row = src->x + c * src->plane + kh * src->dh * src->wp, *ar[CUVIL_MR];
+            #pragma GCC unroll 8
+            for (int i = 0; i < mr; i++) ar[i] = row + src->pix[i0 + i];
+            for (int64_t kw = 0; kw < src->KW; kw++) {
+                cuvil_vf b0 = cuvil_vload(b + kw * CUVIL_NR), b1 = nv > 1 ? cuvil_vload(b + kw * CUVIL_NR + CUVIL_VL) : b0;
+                #pragma GCC unroll 8
+                for (int i = 0; i < mr; i++) {
+                    cuvil_vf av = cuvil_vsplat(ar[i][kw * src->dw]);
+                    c0[i] += av * b0;
+                    if (nv > 1) c1[i] += av * b1;
+                }
+            }
+        }
+    store_blocked_tile(mr, nv, c0, c1, g, i0, p, 1, 1);
+}
+
+static void nchw_full_tile(const blocked_gemm *g, int64_t i0, int64_t p) { nchw_tile(CUVIL_MR, 2, g, i0, p); }
+
+static void nchw_edge_tile(int mr, int nv, const blocked_gemm *g, int64_t i0, int64_t p) {
+    #define EDGE(R) case 2 * R: nchw_tile(R, 1, g, i0, p); break; case 2 * R + 1: nchw_tile(R, 2, g, i0, p); break;
+    switch (2 * mr + (nv > 1)) {
+    EDGE(1) EDGE(2) EDGE(3) EDGE(4) EDGE(5)
+#if CUVIL_MR > 6
+    EDGE(6) EDGE(7)
+#endif
+    EDGE(CUVIL_MR)
+    }
+    #undef EDGE
+}
+
+static void nchw_gemm_task(void *ctx, int64_t t0, int64_t t1) {
+    const blocked_gemm *g = ctx;
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t m0 = t / g->np * BLK_MC, p = t % g->np, m1 = m0 + BLK_MC < g->M ? m0 + BLK_MC : g->M;
+        int nv = g->N - p * CUVIL_NR >= CUVIL_NR ? 2 : 1;
+        for (int64_t i0 = m0; i0 < m1; i0 += CUVIL_MR) {
+            int mr = m1 - i0 < CUVIL_MR ? (int)(m1 - i0) : CUVIL_MR;
+            if (mr == CUVIL_MR && nv == 2) nchw_full_tile(g, i0, p);
+            else nchw_edge_tile(mr, nv, g, i0, p);
+        }
+    }
+}
+
+/* The padded input's rows and columns: every tap of every output pixel inside it. */
+static inline int64_t padded_h(const cuvil_conv_shape *s) { return (s->OH - 1) * s->sh + (s->KH - 1) * s->dh + 1; }
+static inline int64_t padded_w(const cuvil_conv_shape *s) { return (s->OW - 1) * s->sw + (s->KW - 1) * s->dw + 1; }
+
+int64_t cuvil_conv_nchw_blocked_scratch(const cuvil_conv_shape *s) {
+    return s->C * padded_h(s) * padded_w(s) + 2 * s->OH * s->OW;
+}
+
+typedef struct { const cuvil_conv_shape *s; const float *x; float *xp; } pad_args;
+
+static void pad_task(void *ctx, int64_t r0, int64_t r1) {        /* rows r = c * hp + ih of the copy */
+    const pad_args *a = ctx;
+    const cuvil_conv_shape *s = a->s;
+    int64_t hp = padded_h(s), wp = padded_w(s);
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t c = r / hp, ih = r % hp - s->ph;
+        float *d = a->xp + r * wp;
+        memset(d, 0, wp * sizeof(float));
+        if (ih < 0 || ih >= s->H) continue;
+        int64_t lo = s->pw, n = s->W < wp - lo ? s->W : wp - lo;
+        if (n > 0) memcpy(d + lo, a->x + (c * s->H + ih) * s->W, n * sizeof(float));
+    }
+}
+
+void cuvil_conv_nchw_blocked(const cuvil_conv_shape *s, const float *x, const float *wb, const float *bias,
+                             const float *residual, float *y, int act, float *scratch, int nthreads) {
+    int64_t hp = padded_h(s), wp = padded_w(s), P = s->OH * s->OW, out = s->O * P;
+    float *xp = scratch;
+    int64_t *pix = (int64_t *)(scratch + s->C * hp * wp);
+    for (int64_t m = 0; m < P; m++) pix[m] = m / s->OW * s->sh * wp + m % s->OW * s->sw;
+    nchw_source src = {xp, pix, s->C, s->KH, s->KW, s->dh, s->dw, hp * wp, wp};
+    for (int64_t n = 0; n < s->N; n++) {
+        pad_args pa = {s, x + n * s->C * s->H * s->W, xp};
+        cuvil_parallel_for(s->C * hp * wp > 16384 ? nthreads : 1, s->C * hp, 1, pad_task, &pa);
+        blocked_gemm g = {P, s->O, s->C * s->KH * s->KW, 0, P * CUVIL_BLOCK, (s->O + CUVIL_NR - 1) / CUVIL_NR,
+                          (P + BLK_MC - 1) / BLK_MC, 0, wb, bias, residual ? residual + n * out : 0, y + n * out, act,
+                          &src};
+        cuvil_parallel_for(P * s->O * g.K > 65536 ? nthreads : 1, g.mb * g.np, 1, nchw_gemm_task, &g);
     }
 }
 

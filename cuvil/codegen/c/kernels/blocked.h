@@ -24,6 +24,14 @@ int64_t cuvil_conv_blocked_scratch(const cuvil_conv_shape *s);
 void cuvil_conv_blocked(const cuvil_conv_shape *s, const float *x, const float *wb, const float *bias,
                         const float *residual, float *y, int act, float *scratch, int nthreads);
 
+/* A conv of an NCHW input into blocked output (a net's stem, whose few channels fill no block): wb the
+ * filters as B in their own order, [K = C * KH * KW][O], packed; K at most CUVIL_NCHW_BLOCKED_MAX_K (no K
+ * blocking: one panel's B stays in L2). Scratch: a zero-padded copy of one image and a table per pixel. */
+#define CUVIL_NCHW_BLOCKED_MAX_K 1024
+int64_t cuvil_conv_nchw_blocked_scratch(const cuvil_conv_shape *s);
+void cuvil_conv_nchw_blocked(const cuvil_conv_shape *s, const float *x, const float *wb, const float *bias,
+                             const float *residual, float *y, int act, float *scratch, int nthreads);
+
 /* A depthwise conv (groups = C = O) of blocked input: w as [KH * KW][C] (each tap's filter values side by
  * side, as the channels of a pixel are), any strides, pads and dilations. */
 void cuvil_depthwise_blocked(const cuvil_conv_shape *s, const float *x, const float *w, const float *bias,

@@ -127,6 +127,22 @@ def test_small_resnet_blocked_matches_torch(tmp_path, threads, target):
         np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
 
 
+def test_dynamic_batch_stays_blocked(tmp_path):
+    import cuvil
+    torch.manual_seed(0)
+    m = _Bottlenecks().eval()
+    x = torch.randn(2, 3, 33, 35)
+    dyn = {"x": {0: torch.export.Dim("batch", min=1, max=5)}}
+    cm = cuvil.compile(m, (x,), layout="nchw16c", dynamic_shapes=dyn, cache_dir=str(tmp_path))
+    assert "cuvil_conv3x3_winograd_blocked" in cm.c_source and cm.c_source.count("cuvil_relayout(") == 1
+    for n in (1, 5):
+        xn = torch.randn(n, 3, 33, 35)
+        with torch.no_grad():
+            ref = [t.numpy() for t in m(xn)]
+        for got, want in zip(cm.run(xn.numpy()), ref):
+            np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
+
+
 def test_small_mobilenet_blocked_matches_torch(tmp_path):
     """Inverted residuals: 1x1 expand, ReLU6 (a clip between convs), depthwise 3x3 (stride 1 and 2), 1x1
     project, residual adds as separate ops."""

@@ -870,8 +870,8 @@ def blocked_layout(op):
     """The channel-blocked kernels (kernels/blocked.h, winograd_blocked.c) between explicit relayouts, as
     passes/layout.py places them: pixel counts that leave edge tiles (35, 25, 63), 48 channels (a panel
     and a half on AVX-512), K over several blocks, both Winograd tile sizes with partial tiles, depthwise
-    convs (strides, dilations, pads, 7x7), batch 2."""
-    c = Case()
+    convs (strides, dilations, pads, 7x7), batch 2 and a dynamic batch."""
+    c = Case(runs=2, symbols=SYMS)
     r = c.rng
     f = lambda *s: rand(r, s, "float32", -1, 1)  # noqa: E731
 
@@ -925,6 +925,13 @@ def blocked_layout(op):
                   dict(kernel=(3, 3), strides=(2, 2), ceil_mode=True), dict(kernel=(2, 3), dilations=(2, 1))):
         y = c.add("max_pool", [xp], dict(attrs, layout="nchw16c"))
         c.out(c.add("relayout", [y], {"to": "nchw"}), f"max_pool {attrs}")
+    xb = blocked(c.input(dyn(r, (B, 16, 6, 7), "float32"), (B, 16, 6, 7)))     # dynamic batch: b = 1, 6
+    for k, attrs in (((1, 1), {}), ((3, 3), dict(pads=((1, 1), (1, 1)))), ((3, 3), dict(groups=16, strides=(2, 2)))):
+        y = c.add("conv", [xb, c.const(f(16, 16 // attrs.get("groups", 1), *k)), c.const(f(16))],
+                  dict(attrs, layout="nchw16c"))
+        c.out(c.add("relayout", [y], {"to": "nchw"}), f"batch b: conv {k} {attrs}")
+    c.out(c.add("relayout", [c.add("max_pool", [xb], dict(kernel=(2, 2), layout="nchw16c"))], {"to": "nchw"}),
+          "batch b: max_pool")
     for shape in ((2, 32, 5, 7), (1, 16, 3, 3), (1, 48, 16, 17)):
         c.out(c.add("relayout", [blocked(c.input(f(*shape)))], {"to": "nchw"}), f"round trip {shape}")
     c.check()

@@ -20,12 +20,14 @@ BLOCK = 16
 
 
 def _static_4d(v):
-    return v.type.rank == 4 and v.dtype == "float32" and all(isinstance(d, int) for d in v.shape)
+    """A 4-d float32 value whose channels and spatial dims are static (the batch may be dynamic)."""
+    return v.type.rank == 4 and v.dtype == "float32" and all(isinstance(d, int) for d in v.shape[1:])
 
 
 def blockable(node) -> bool:
     """Whether the blocked kernels take this node: a 2-d conv of constant filters, ungrouped or depthwise
-    (groups = in = out channels), or a 2-d max pool, channels in and out multiples of 16, static shapes."""
+    (groups = in = out channels), or a 2-d max pool, channels in and out multiples of 16, static shapes
+    but for the batch."""
     if node.op == "conv":
         x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
         g = node.attrs.get("groups", 1)

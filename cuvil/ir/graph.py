@@ -83,7 +83,7 @@ class Node:
     def __repr__(self):
         outs = ", ".join(repr(o) for o in self.outputs)
         ins = ", ".join("None" if i is None else f"%{i.name}" for i in self.inputs)
-        attrs = ", ".join(f"{k}={_fmt_attr(v)}" for k, v in self.attrs.items())
+        attrs = ", ".join(f"{k}={_fmt_attr(v)}" for k, v in self.attrs.items() if v is not None)   # None: unset
         return f"{outs} = {self.op}({ins}{'; ' + attrs if attrs else ''})"
 
 

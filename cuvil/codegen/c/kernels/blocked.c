@@ -49,14 +49,11 @@ static inline __attribute__((always_inline)) void store_blocked_tile(int mr, int
     }
 }
 
-/* One tile of mr pixels x nv vectors of output channels over channel blocks [kb0, kb0 + nkb): A's MR
- * pixels of a block sit side by side (16 floats each), so each K step's broadcasts read 8 lines in
- * a row of 512 bytes. The partial sums go to C raw until the last K block, which adds the epilogue. */
-static inline __attribute__((always_inline)) void blocked_tile(int mr, int nv, const blocked_gemm *g, int64_t i0,
-                                                               int64_t p, int64_t kb0, int64_t nkb, int first, int last) {
-    cuvil_vf c0[CUVIL_MR], c1[CUVIL_MR];
-    #pragma GCC unroll 8
-    for (int i = 0; i < CUVIL_MR; i++) c0[i] = c1[i] = cuvil_vsplat(0.f);
+/* A tile's partial sums over channel blocks [kb0, kb0 + nkb) of a blocked A: its MR pixels of a block sit
+ * side by side (16 floats each), so each K step's broadcasts read 8 lines in a row of 512 bytes. */
+static inline __attribute__((always_inline)) void accumulate_blocked(int mr, int nv, const blocked_gemm *g, int64_t i0,
+                                                                     int64_t p, int64_t kb0, int64_t nkb,
+                                                                     cuvil_vf c0[CUVIL_MR], cuvil_vf c1[CUVIL_MR]) {
     const float *bp = g->B + (p * g->K + kb0 * CUVIL_BLOCK) * CUVIL_NR;
     for (int64_t kb = 0; kb < nkb; kb++) {
         const float *a = g->A + (kb0 + kb) * g->lda + i0 * CUVIL_BLOCK;
@@ -72,19 +69,59 @@ static inline __attribute__((always_inline)) void blocked_tile(int mr, int nv, c
             }
         }
     }
+}
+
+/* The same over all of K with A straight from a padded NCHW input (g->src): K = (c, kh, kw) in the
+ * filters' own order, each (c, kh) one run of KW taps along an input row. A stem's 3 channels would
+ * fill a 16-channel block to 19%; read this way its 147 taps are all there is, with no im2col and no
+ * relayout after. */
+static inline __attribute__((always_inline)) void accumulate_nchw(int mr, int nv, const blocked_gemm *g, int64_t i0,
+                                                                  int64_t p, cuvil_vf c0[CUVIL_MR], cuvil_vf c1[CUVIL_MR]) {
+    const nchw_source *src = g->src;
+    const float *b = g->B + p * g->K * CUVIL_NR;
+    for (int64_t c = 0; c < src->C; c++)
+        for (int64_t kh = 0; kh < src->KH; kh++, b += src->KW * CUVIL_NR) {
+            const float *row = src->x + c * src->plane + kh * src->dh * src->wp, *ar[CUVIL_MR];
+            #pragma GCC unroll 8
+            for (int i = 0; i < mr; i++) ar[i] = row + src->pix[i0 + i];
+            for (int64_t kw = 0; kw < src->KW; kw++) {
+                cuvil_vf b0 = cuvil_vload(b + kw * CUVIL_NR), b1 = nv > 1 ? cuvil_vload(b + kw * CUVIL_NR + CUVIL_VL) : b0;
+                #pragma GCC unroll 8
+                for (int i = 0; i < mr; i++) {
+                    cuvil_vf av = cuvil_vsplat(ar[i][kw * src->dw]);
+                    c0[i] += av * b0;
+                    if (nv > 1) c1[i] += av * b1;
+                }
+            }
+        }
+}
+
+/* One tile of mr pixels x nv vectors of output channels of panel p, finished into C (raw partial sums
+ * until the last K block, which adds the epilogue). */
+static inline __attribute__((always_inline)) void blocked_tile(int from_nchw, int mr, int nv, const blocked_gemm *g,
+                                                               int64_t i0, int64_t p, int64_t kb0, int64_t nkb, int first,
+                                                               int last) {
+    cuvil_vf c0[CUVIL_MR], c1[CUVIL_MR];
+    #pragma GCC unroll 8
+    for (int i = 0; i < CUVIL_MR; i++) c0[i] = c1[i] = cuvil_vsplat(0.f);
+    if (from_nchw) accumulate_nchw(mr, nv, g, i0, p, c0, c1);
+    else accumulate_blocked(mr, nv, g, i0, p, kb0, nkb, c0, c1);
     store_blocked_tile(mr, nv, c0, c1, g, i0, p, first, last);
 }
 
-/* full tiles in their own function, so the edges' switch stays out of their code */
+/* full tiles in their own functions, so the edges' switch stays out of their code */
 static void blocked_full_tile(const blocked_gemm *g, int64_t i0, int64_t p, int64_t kb0, int64_t nkb, int first,
                               int last) {
-    blocked_tile(CUVIL_MR, 2, g, i0, p, kb0, nkb, first, last);
+    blocked_tile(0, CUVIL_MR, 2, g, i0, p, kb0, nkb, first, last);
 }
+
+static void nchw_full_tile(const blocked_gemm *g, int64_t i0, int64_t p) { blocked_tile(1, CUVIL_MR, 2, g, i0, p, 0, 0, 1, 1); }
 
 static void blocked_edge_tile(int mr, int nv, const blocked_gemm *g, int64_t i0, int64_t p, int64_t kb0, int64_t nkb,
                               int first, int last) {
-    #define EDGE(R) case 2 * R: blocked_tile(R, 1, g, i0, p, kb0, nkb, first, last); break; \
-                    case 2 * R + 1: blocked_tile(R, 2, g, i0, p, kb0, nkb, first, last); break;
+    #define TILE(R, V) g->src ? blocked_tile(1, R, V, g, i0, p, kb0, nkb, first, last) \
+                              : blocked_tile(0, R, V, g, i0, p, kb0, nkb, first, last)
+    #define EDGE(R) case 2 * R: TILE(R, 1); break; case 2 * R + 1: TILE(R, 2); break;
     switch (2 * mr + (nv > 1)) {
     EDGE(1) EDGE(2) EDGE(3) EDGE(4) EDGE(5)
 #if CUVIL_MR > 6
@@ -93,12 +130,13 @@ static void blocked_edge_tile(int mr, int nv, const blocked_gemm *g, int64_t i0,
     EDGE(CUVIL_MR)
     }
     #undef EDGE
+    #undef TILE
 }
 
 /* Tasks t: M block t / np x panel t % np, so that consecutive tasks (one thread's run) share A. */
 static void blocked_gemm_task(void *ctx, int64_t t0, int64_t t1) {
     const blocked_gemm *g = ctx;
-    int64_t KB = g->K / CUVIL_BLOCK;
+    int64_t KB = g->src ? 1 : g->K / CUVIL_BLOCK;        /* an NCHW source is one K block, all of K */
     for (int64_t t = t0; t < t1; t++) {
         int64_t m0 = t / g->np * BLK_MC, p = t % g->np, m1 = m0 + BLK_MC < g->M ? m0 + BLK_MC : g->M;
         int nv = g->N - p * CUVIL_NR >= CUVIL_NR ? 2 : 1;
@@ -107,7 +145,8 @@ static void blocked_gemm_task(void *ctx, int64_t t0, int64_t t1) {
             int first = kb0 == 0, last = kb0 + BLK_KB >= KB;
             for (int64_t i0 = m0; i0 < m1; i0 += CUVIL_MR) {
                 int mr = m1 - i0 < CUVIL_MR ? (int)(m1 - i0) : CUVIL_MR;
-                if (mr == CUVIL_MR && nv == 2) blocked_full_tile(g, i0, p, kb0, nkb, first, last);
+                if (mr == CUVIL_MR && nv == 2 && g->src) nchw_full_tile(g, i0, p);
+                else if (mr == CUVIL_MR && nv == 2) blocked_full_tile(g, i0, p, kb0, nkb, first, last);
                 else blocked_edge_tile(mr, nv, g, i0, p, kb0, nkb, first, last);
             }
         }
@@ -173,61 +212,6 @@ void cuvil_conv_blocked(const cuvil_conv_shape *s, const float *x, const float *
 }
 
 /* ---- convolution of an NCHW input into the blocked layout ---------------------------------- */
-/* A tile whose A comes straight from the padded NCHW input: K = (c, kh, kw) in the filters' own order,
- * each (c, kh) one run of KW taps along an input row. A stem's 3 channels would fill a 16-channel
- * block to 19%; read this way its 147 taps are all there is, with no im2col and no relayout after. */
-static inline __attribute__((always_inline)) void nchw_tile(int mr, int nv, const blocked_gemm *g, int64_t i0,
-                                                            int64_t p) {
-    const nchw_source *src = g->src;
-    cuvil_vf c0[CUVIL_MR], c1[CUVIL_MR];
-    #pragma GCC unroll 8
-    for (int i = 0; i < CUVIL_MR; i++) c0[i] = c1[i] = cuvil_vsplat(0.f);
-    const float *b = g->B + p * g->K * CUVIL_NR;
-    for (int64_t c = 0; c < src->C; c++)
-        for (int64_t kh = 0; kh < src->KH; kh++, b += src->KW * CUVIL_NR) {
-            const float *row = src->x + c * src->plane + kh * src->dh * src->wp, *ar[CUVIL_MR];
-            #pragma GCC unroll 8
-            for (int i = 0; i < mr; i++) ar[i] = row + src->pix[i0 + i];
-            for (int64_t kw = 0; kw < src->KW; kw++) {
-                cuvil_vf b0 = cuvil_vload(b + kw * CUVIL_NR), b1 = nv > 1 ? cuvil_vload(b + kw * CUVIL_NR + CUVIL_VL) : b0;
-                #pragma GCC unroll 8
-                for (int i = 0; i < mr; i++) {
-                    cuvil_vf av = cuvil_vsplat(ar[i][kw * src->dw]);
-                    c0[i] += av * b0;
-                    if (nv > 1) c1[i] += av * b1;
-                }
-            }
-        }
-    store_blocked_tile(mr, nv, c0, c1, g, i0, p, 1, 1);
-}
-
-static void nchw_full_tile(const blocked_gemm *g, int64_t i0, int64_t p) { nchw_tile(CUVIL_MR, 2, g, i0, p); }
-
-static void nchw_edge_tile(int mr, int nv, const blocked_gemm *g, int64_t i0, int64_t p) {
-    #define EDGE(R) case 2 * R: nchw_tile(R, 1, g, i0, p); break; case 2 * R + 1: nchw_tile(R, 2, g, i0, p); break;
-    switch (2 * mr + (nv > 1)) {
-    EDGE(1) EDGE(2) EDGE(3) EDGE(4) EDGE(5)
-#if CUVIL_MR > 6
-    EDGE(6) EDGE(7)
-#endif
-    EDGE(CUVIL_MR)
-    }
-    #undef EDGE
-}
-
-static void nchw_gemm_task(void *ctx, int64_t t0, int64_t t1) {
-    const blocked_gemm *g = ctx;
-    for (int64_t t = t0; t < t1; t++) {
-        int64_t m0 = t / g->np * BLK_MC, p = t % g->np, m1 = m0 + BLK_MC < g->M ? m0 + BLK_MC : g->M;
-        int nv = g->N - p * CUVIL_NR >= CUVIL_NR ? 2 : 1;
-        for (int64_t i0 = m0; i0 < m1; i0 += CUVIL_MR) {
-            int mr = m1 - i0 < CUVIL_MR ? (int)(m1 - i0) : CUVIL_MR;
-            if (mr == CUVIL_MR && nv == 2) nchw_full_tile(g, i0, p);
-            else nchw_edge_tile(mr, nv, g, i0, p);
-        }
-    }
-}
-
 /* The padded input's rows and columns: every tap of every output pixel inside it. */
 static inline int64_t padded_h(const cuvil_conv_shape *s) { return (s->OH - 1) * s->sh + (s->KH - 1) * s->dh + 1; }
 static inline int64_t padded_w(const cuvil_conv_shape *s) { return (s->OW - 1) * s->sw + (s->KW - 1) * s->dw + 1; }
@@ -265,11 +249,31 @@ void cuvil_conv_nchw_blocked(const cuvil_conv_shape *s, const float *x, const fl
         blocked_gemm g = {P, s->O, s->C * s->KH * s->KW, 0, P * CUVIL_BLOCK, (s->O + CUVIL_NR - 1) / CUVIL_NR,
                           (P + BLK_MC - 1) / BLK_MC, 0, wb, bias, residual ? residual + n * out : 0, y + n * out, act,
                           &src};
-        cuvil_parallel_for(P * s->O * g.K > 65536 ? nthreads : 1, g.mb * g.np, 1, nchw_gemm_task, &g);
+        cuvil_parallel_for(P * s->O * g.K > 65536 ? nthreads : 1, g.mb * g.np, 1, blocked_gemm_task, &g);
     }
 }
 
-/* ---- depthwise convolution --------------------------------------------------------------- */
+/* ---- windows: depthwise convolution and max pooling -------------------------------------- */
+/* Lanes [v, v + VL) of output pixel (oh, ow) over its window's taps inside the input (pads skipped):
+ * depthwise (1) adds each tap times its filter vector (w + tap * C, the block's channels), max (0)
+ * keeps the largest. */
+static inline __attribute__((always_inline)) cuvil_vf window(int depthwise, const cuvil_conv_shape *s, const float *xc,
+                                                             const float *w, int64_t oh, int64_t ow, int v,
+                                                             cuvil_vf acc) {
+    for (int64_t kh = 0; kh < s->KH; kh++) {
+        int64_t ih = oh * s->sh - s->ph + kh * s->dh;
+        if (ih < 0 || ih >= s->H) continue;
+        for (int64_t kw = 0; kw < s->KW; kw++) {
+            int64_t iw = ow * s->sw - s->pw + kw * s->dw;
+            if (iw < 0 || iw >= s->W) continue;
+            cuvil_vf e = cuvil_vload(xc + (ih * s->W + iw) * CUVIL_BLOCK + v);
+            if (depthwise) acc += e * cuvil_vload(w + (kh * s->KW + kw) * s->C);
+            else acc = cuvil_vsel(e > acc, e, acc);
+        }
+    }
+    return acc;
+}
+
 typedef struct {
     const cuvil_conv_shape *s;
     const float *x, *w, *bias, *residual;
@@ -290,17 +294,7 @@ static void depthwise_blocked_task(void *ctx, int64_t r0, int64_t r1) {
         for (int64_t ow = 0; ow < s->OW; ow++)
             for (int v = 0; v < CUVIL_BLOCK; v += CUVIL_VL) {
                 int64_t c = cb * CUVIL_BLOCK + v;
-                cuvil_vf acc = a->bias ? cuvil_vload(a->bias + c) : cuvil_vsplat(0.f);
-                for (int64_t kh = 0; kh < s->KH; kh++) {
-                    int64_t ih = oh * s->sh - s->ph + kh * s->dh;
-                    if (ih < 0 || ih >= s->H) continue;
-                    for (int64_t kw = 0; kw < s->KW; kw++) {
-                        int64_t iw = ow * s->sw - s->pw + kw * s->dw;
-                        if (iw < 0 || iw >= s->W) continue;
-                        acc += cuvil_vload(xc + (ih * s->W + iw) * CUVIL_BLOCK + v) *
-                               cuvil_vload(a->w + (kh * s->KW + kw) * s->C + c);
-                    }
-                }
+                cuvil_vf acc = window(1, s, xc, a->w + c, oh, ow, v, a->bias ? cuvil_vload(a->bias + c) : cuvil_vsplat(0.f));
                 int64_t o = off + ow * CUVIL_BLOCK + v;
                 if (a->residual) acc += cuvil_vload(a->residual + o);
                 if (a->act == CUVIL_ACT_RELU) acc = cuvil_vsel(acc > 0.f, acc, cuvil_vsplat(0.f));
@@ -318,7 +312,6 @@ void cuvil_depthwise_blocked(const cuvil_conv_shape *s, const float *x, const fl
                        depthwise_blocked_task, &a);
 }
 
-/* ---- max pooling ------------------------------------------------------------------------- */
 typedef struct { const cuvil_conv_shape *s; const float *x; float *y; } blocked_pool;
 
 /* Output rows r = (n * C / 16 + cb) * OH + oh in [r0, r1): each pixel's 16 channels in vectors. */
@@ -331,18 +324,7 @@ static void max_pool_blocked_task(void *ctx, int64_t r0, int64_t r1) {
         float *d = a->y + r * s->OW * CUVIL_BLOCK;
         for (int64_t ow = 0; ow < s->OW; ow++, d += CUVIL_BLOCK)
             for (int v = 0; v < CUVIL_BLOCK; v += CUVIL_VL) {
-                cuvil_vf m = cuvil_vsplat(-INFINITY);
-                for (int64_t kh = 0; kh < s->KH; kh++) {
-                    int64_t ih = oh * s->sh - s->ph + kh * s->dh;
-                    if (ih < 0 || ih >= s->H) continue;
-                    for (int64_t kw = 0; kw < s->KW; kw++) {
-                        int64_t iw = ow * s->sw - s->pw + kw * s->dw;
-                        if (iw < 0 || iw >= s->W) continue;
-                        cuvil_vf e = cuvil_vload(xc + (ih * s->W + iw) * CUVIL_BLOCK + v);
-                        m = cuvil_vsel(e > m, e, m);
-                    }
-                }
-                cuvil_vstore(d + v, m);
+                cuvil_vstore(d + v, window(0, s, xc, 0, oh, ow, v, cuvil_vsplat(-INFINITY)));
             }
     }
 }

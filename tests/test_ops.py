@@ -1277,6 +1277,20 @@ def attention(op):
     c.out(c.add(op, [q, k, v, c.input(f(5, 7))], {"scale": 0.5}), "float mask [5,7]")
     c.out(c.add(op, [q, k, v, c.input(np.where(rand(r, (1, 1, 1, 7), "bool"), 0, -np.inf).astype(np.float32))]),
           "float -inf padding mask [1,1,1,7]")
+    # padding masks, every row alike: the kernel drops the masked keys (both attention paths)
+    keep = rand(r, (2, 1, 1, 40), "bool")
+    keep[..., 3] = True
+    qp, kp, vp = c.input(f(2, 2, 9, 32)), c.input(f(2, 2, 40, 32)), c.input(f(2, 2, 40, 32))
+    c.out(c.add(op, [qp, kp, vp, c.input(np.broadcast_to(keep, (2, 1, 9, 40)).copy())], {"scale": 0.2}),
+          "bool padding mask [2,1,9,40], rows alike")
+    c.out(c.add(op, [qp, kp, vp, c.input(np.where(keep, 0, np.finfo(np.float32).min).astype(np.float32))]),
+          "float finfo.min padding mask [2,1,1,40]")
+    c.out(c.add(op, [q, k, v, c.input(np.broadcast_to(mask_b[:, :, 2:3], (2, 3, 5, 7)).copy())]),
+          "bool padding mask per head [2,3,5,7], head dim 8")
+    uneven = np.broadcast_to(keep, (2, 1, 9, 40)).copy()
+    uneven[1, 0, 4, 3] = False
+    c.out(c.add(op, [qp, kp, vp, c.input(uneven)]), "bool mask, one row unlike the rest")
+    c.out(c.add(op, [qp, kp, vp, c.input(np.zeros((1, 1, 1, 40), bool))]), "bool mask, every key masked")
     q4, k2, v2 = c.input(f(1, 4, 3, 16)), c.input(f(1, 2, 9, 16)), c.input(f(1, 2, 9, 16))
     c.out(c.add(op, [q4, k2, v2], {"scale": 0.25}), "grouped kv heads 4/2")
     c.out(c.add(op, [c.input(f(4, 3, 8)), c.input(f(4, 6, 8)), c.input(f(4, 6, 5))]), "rank 3")

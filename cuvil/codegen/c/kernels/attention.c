@@ -254,13 +254,92 @@ static void transpose_keys(const float *k, int64_t kl, int64_t S, int64_t E, flo
 /* Rows of the next tile when `rows` rows are left for `tiles` tiles. */
 static inline int rb_of(int64_t rows, int64_t tiles) { return (int)((rows + tiles - 1) / tiles); }
 
+/* Rows [i0, i1) of (batch b, KV head hk) against keys [0, S) at kb / vb (key strides a->kl, a->vl). */
+static void attend_block(const cuvil_attn *a, const attn_args *args, int64_t b, int64_t hk, int64_t i0, int64_t i1,
+                         int64_t off, int64_t S, const float *kb, const float *vb) {
+    const int64_t group = a->H / (a->Hk > 0 ? a->Hk : 1);
+    int64_t Sp = (S + 2 * CUVIL_VL - 1) / (2 * CUVIL_VL) * (2 * CUVIL_VL);
+    int use_kt = a->E * Sp <= KT_MAX_FLOATS && (i1 - i0) > 1;
+    float kt[use_kt ? a->E * Sp : 1] __attribute__((aligned(64)));
+    if (use_kt) transpose_keys(kb, a->kl, S, a->E, kt, Sp);
+    if (use_kt)          /* the padding keys: computed by the score tiles, never NaN */
+        for (int64_t e = 0; e < a->E; e++)
+            for (int64_t s = S; s < Sp; s++) kt[e * Sp + s] = 0.f;
+    float sc[use_kt ? RB * Sp + 1 : S + 1] __attribute__((aligned(64)));
+    int64_t i = i0;
+    if (use_kt && a->Ev % CUVIL_VL == 0 && S > 0)
+        /* as few tiles as RB allows, of even rows: 8 rows as 4 + 4, not 6 + 2 */
+        for (int64_t tiles = (i1 - i + RB - 1) / RB; tiles > 0; tiles--) {
+            int rb = rb_of(i1 - i, tiles);
+            int64_t hr[RB], lr[RB];
+            const float *qr[RB];
+            float *orow[RB];
+            for (int r = 0; r < rb; r++) {
+                int64_t ir = i + r;
+                hr[r] = hk * group + ir / a->L, lr[r] = ir % a->L;
+                qr[r] = args->q + b * a->qb + hr[r] * a->qh + lr[r] * a->ql;
+                orow[r] = args->out + b * a->ob + hr[r] * a->oh + lr[r] * a->ol;
+            }
+            attend_rows(a, b, hr, lr, rb, off, qr, kt, Sp, vb, orow, sc, i == i0);
+            i += rb;
+        }
+    for (; i < i1; i++) {
+        int64_t h = hk * group + i / a->L, l = i % a->L, pos = l + off;
+        int64_t Sr = a->causal && pos + 1 < a->S ? pos + 1 : a->S;   /* causal rows stop at their position */
+        attend_row(a, b, h, l, args->q + b * a->qb + h * a->qh + l * a->ql, use_kt ? kt : 0, Sp, kb, vb,
+                   args->out + b * a->ob + h * a->oh + l * a->ol, Sr, sc);
+    }
+}
+
+/* A float mask entry at or below this drops its key: next to a key whose entry is 0,
+ * exp(score - max) is an exact 0 for any score below 1e29 */
+#define DEAD_CEILING (-1e30f)
+
+/* The keys of the padding pattern that rows [i0, i1) of (b, hk) share, into idx; their count, or -1
+ * where there is nothing to drop or the rows differ (a causal or per-row mask: the dense path). A
+ * padded batch's attention then costs its real tokens, not its padded length: MiniLM's benchmark
+ * sentences are 15 of 128 tokens. Keys are dropped only where dense attention gives them an exact 0
+ * weight: false in a bool mask, or at DEAD_CEILING or below in a float mask whose other keys are 0;
+ * a row with no live key keeps the dense path (its softmax is over the masked keys alone). */
+static int64_t padding_keys(const cuvil_attn *a, int64_t b, int64_t hk, int64_t i0, int64_t i1, int64_t S,
+                            int32_t *idx) {
+    if (!a->mask_kind || a->causal) return -1;
+    const int64_t group = a->H / (a->Hk > 0 ? a->Hk : 1), esize = a->mask_kind == 1 ? 1 : 4;
+    const char *base = (const char *)a->mask;
+    int64_t first = -1, prev = -1, n = 0;
+    for (int64_t i = i0; i < i1; i++) {
+        int64_t mo = b * a->mb + (hk * group + i / a->L) * a->mh + (i % a->L) * a->ml;
+        if (mo == prev) continue;
+        if (first < 0) {
+            first = mo;
+            for (int64_t s = 0; s < S; s++) {
+                int live;
+                if (a->mask_kind == 1) live = ((const uint8_t *)a->mask)[mo + s * a->ms] != 0;
+                else {
+                    float m = ((const float *)a->mask)[mo + s * a->ms];
+                    if (m != 0.f && !(m <= DEAD_CEILING)) return -1;     /* a bias, not a padding mask */
+                    live = m == 0.f;
+                }
+                if (live) idx[n++] = (int32_t)s;
+            }
+            if (n == 0 || n == S) return -1;
+        } else if (a->ms == 1) {
+            if (memcmp(base + mo * esize, base + first * esize, S * esize)) return -1;
+        } else
+            for (int64_t s = 0; s < S; s++)
+                if (memcmp(base + (mo + s * a->ms) * esize, base + (first + s * a->ms) * esize, esize)) return -1;
+        prev = mo;
+    }
+    return n;
+}
+
 /* Task t: batch b, KV head hk, rows [i0, i0 + qb) of the rows that read it: row i is query head
  * hk * group + i / L at position i % L. The query heads of a KV group share one K^T, so a decode
  * step (L = 1) attends for all of a group's heads at once. */
 static void attention_task(void *ctx, int64_t t0, int64_t t1) {
     const attn_args *args = ctx;
     const cuvil_attn *a = args->a;
-    const int64_t Hk = a->Hk > 0 ? a->Hk : 1, group = a->H / Hk, rows = group * a->L;
+    const int64_t Hk = a->Hk > 0 ? a->Hk : 1, rows = a->H / Hk * a->L;
     for (int64_t t = t0; t < t1; t++) {
         int64_t bh = t / args->blocks, i0 = (t % args->blocks) * args->qb;
         int64_t b = bh / Hk, hk = bh % Hk;
@@ -269,39 +348,24 @@ static void attention_task(void *ctx, int64_t t0, int64_t t1) {
         /* keys this block can see: all, or up to its last position when causal */
         int64_t lmax = i0 / a->L == (i1 - 1) / a->L ? (i1 - 1) % a->L : a->L - 1;
         int64_t S = a->causal && off + lmax + 1 < a->S ? off + lmax + 1 : a->S;
-        int64_t Sp = (S + 2 * CUVIL_VL - 1) / (2 * CUVIL_VL) * (2 * CUVIL_VL);
         const float *kb = args->k + b * a->kb + hk * a->kh;
         const float *vb = args->v + b * a->vb + hk * a->vh;
-        int use_kt = a->E * Sp <= KT_MAX_FLOATS && (i1 - i0) > 1;
-        float kt[use_kt ? a->E * Sp : 1] __attribute__((aligned(64)));
-        if (use_kt) transpose_keys(kb, a->kl, S, a->E, kt, Sp);
-        if (use_kt)          /* the padding keys: computed by the score tiles, never NaN */
-            for (int64_t e = 0; e < a->E; e++)
-                for (int64_t s = S; s < Sp; s++) kt[e * Sp + s] = 0.f;
-        float sc[use_kt ? RB * Sp + 1 : S + 1] __attribute__((aligned(64)));
-        int64_t i = i0;
-        if (use_kt && a->Ev % CUVIL_VL == 0 && S > 0)
-            /* as few tiles as RB allows, of even rows: 8 rows as 4 + 4, not 6 + 2 */
-            for (int64_t tiles = (i1 - i + RB - 1) / RB; tiles > 0; tiles--) {
-                int rb = rb_of(i1 - i, tiles);
-                int64_t hr[RB], lr[RB];
-                const float *qr[RB];
-                float *orow[RB];
-                for (int r = 0; r < rb; r++) {
-                    int64_t ir = i + r;
-                    hr[r] = hk * group + ir / a->L, lr[r] = ir % a->L;
-                    qr[r] = args->q + b * a->qb + hr[r] * a->qh + lr[r] * a->ql;
-                    orow[r] = args->out + b * a->ob + hr[r] * a->oh + lr[r] * a->ol;
-                }
-                attend_rows(a, b, hr, lr, rb, off, qr, kt, Sp, vb, orow, sc, i == i0);
-                i += rb;
-            }
-        for (; i < i1; i++) {
-            int64_t h = hk * group + i / a->L, l = i % a->L, pos = l + off;
-            int64_t Sr = a->causal && pos + 1 < a->S ? pos + 1 : a->S;   /* causal rows stop at their position */
-            attend_row(a, b, h, l, args->q + b * a->qb + h * a->qh + l * a->ql, use_kt ? kt : 0, Sp, kb, vb,
-                       args->out + b * a->ob + h * a->oh + l * a->ol, Sr, sc);
+        int small = S * (a->E + a->Ev) <= KT_MAX_FLOATS / 2;   /* the gathered rows on the stack too */
+        int32_t idx[small ? S : 1];
+        int64_t n = small ? padding_keys(a, b, hk, i0, i1, S, idx) : -1;
+        if (n < 0) {
+            attend_block(a, args, b, hk, i0, i1, off, S, kb, vb);
+            continue;
         }
+        /* the live keys' K and V rows gathered, attended without a mask */
+        float kc[n * a->E + 1] __attribute__((aligned(64))), vc[n * a->Ev + 1] __attribute__((aligned(64)));
+        for (int64_t j = 0; j < n; j++) {
+            memcpy(kc + j * a->E, kb + idx[j] * a->kl, a->E * sizeof(float));
+            memcpy(vc + j * a->Ev, vb + idx[j] * a->vl, a->Ev * sizeof(float));
+        }
+        cuvil_attn live = *a;
+        live.S = n, live.kl = a->E, live.vl = a->Ev, live.mask_kind = 0, live.mask = 0;
+        attend_block(&live, args, b, hk, i0, i1, off, n, kc, vc);
     }
 }
 

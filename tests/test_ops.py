@@ -1253,6 +1253,11 @@ def matmul_fused(op):
     c.out(c.add(op, [c.input(f(2, 3, 300)), c.const(f(300, 33)), c.input(f(33)), c.input(f(2, 3, 33))],
                 {"act": "relu"}), "batched, bias and residual as inputs, K=300")
     c.out(c.add(op, [c.input(f(75, 40)), c.const(f(40, 70)), c.const(f(70))], {"act": "gelu"}), "threaded")
+    # full tiles read A's rows in place (rows 400 / 800 floats apart), edge tiles pack theirs; rows
+    # 1024 apart share an L1 set and are packed
+    for m, n, k in [(21, 77, 400), (64, 96, 800), (16, 40, 1024)]:
+        c.out(c.add(op, [c.input(f(m, k)), c.const(f(k, n)), c.const(f(n)), c.input(f(m, n))],
+                    {"act": "gelu", "alpha": 0.5}), f"M={m} N={n} K={k}, gelu, residual")
     c.out(c.add(op, [c.input(fortran(f(4, 5))), c.const(f(5, 3)), c.const(f(3)), c.input(strided(f(4, 3)))]),
           "non-contiguous")
     c.out(c.add(op, [c.input([f(n, 8) for n in B_RUNS], (B, 8)), c.const(f(8, 17)), c.const(f(17)),

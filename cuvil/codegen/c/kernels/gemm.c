@@ -44,17 +44,18 @@ void cuvil_pack_b(int64_t K, int64_t N, const float *B, int64_t ldb, int trans, 
 /* A span of bytes (the part of B to prefetch while a tile computes). */
 typedef struct { const char *p; int64_t n; } byte_run;
 
-/* One K step of the register tile: row i of packed A ([k][MR]) times the nv (1 or 2) B vectors. */
+/* One K step of the register tile: row i of A times the nv (1 or 2) B vectors. A is packed
+ * ([k][MR]) where lda is 0, else its rows are read in place, lda floats apart. */
 static inline __attribute__((always_inline)) void ukernel_step(int mr, int nv, int64_t k, const float *Ap,
-                                                                const float *Bp, int64_t ldb, cuvil_vf c0[CUVIL_MR],
-                                                                cuvil_vf c1[CUVIL_MR]) {
+                                                                int64_t lda, const float *Bp, int64_t ldb,
+                                                                cuvil_vf c0[CUVIL_MR], cuvil_vf c1[CUVIL_MR]) {
     cuvil_vf b0 = cuvil_vload(Bp + k * ldb), b1 = nv > 1 ? cuvil_vload(Bp + k * ldb + CUVIL_VL) : b0;
     /* unrolled early (with finish_tile's row loop), so GCC keeps the tile in 12 registers: left to
      * its late unroller, it rotated accumulators through 10 moves and re-read B 18 times per 8 steps
      * (64x1024x1024 0.94-0.96x the time, 128x384x1536 0.95-0.97x, 1x1 convs 0.94-0.97x) */
     #pragma GCC unroll 8
     for (int i = 0; i < mr; i++) {
-        cuvil_vf a = cuvil_vsplat(Ap[k * CUVIL_MR + i]);
+        cuvil_vf a = cuvil_vsplat(lda ? Ap[i * lda + k] : Ap[k * CUVIL_MR + i]);
         c0[i] += a * b0;
         if (nv > 1) c1[i] += a * b1;
     }
@@ -62,7 +63,8 @@ static inline __attribute__((always_inline)) void ukernel_step(int mr, int nv, i
 
 /* MR x NR register tile over one K block of packed A ([k][MR], see pack_a), left in registers c0/c1
  * (columns [0, VL) and [VL, NR)); rows past mr are copies of the tile's first row. */
-static inline __attribute__((always_inline)) void ukernel_loop(int mr, int nv, int64_t kc, const float *Ap, const float *Bp, int64_t ldb,
+static inline __attribute__((always_inline)) void ukernel_loop(int mr, int nv, int64_t kc, const float *Ap, int64_t lda,
+                                                                const float *Bp, int64_t ldb,
                                                                 cuvil_vf c0[CUVIL_MR], cuvil_vf c1[CUVIL_MR],
                                                                 const char *pf, int64_t pf_bytes, int spread) {
     /* unrolled here, or GCC turns the zeroing into memset calls on a stack copy it never reads
@@ -83,16 +85,16 @@ static inline __attribute__((always_inline)) void ukernel_loop(int mr, int nv, i
         for (; k + 8 <= kc; k += 8) {
             if ((k << 3) < pf_bytes) __builtin_prefetch(pf + (k << 3), 0, 1);
             #pragma GCC unroll 8
-            for (int u = 0; u < 8; u++) ukernel_step(mr, nv, k + u, Ap, Bp, ldb, c0, c1);
+            for (int u = 0; u < 8; u++) ukernel_step(mr, nv, k + u, Ap, lda, Bp, ldb, c0, c1);
         }
     else
         for (; k + 8 <= kc; k += 8) {
             for (int64_t u = 0, b = (k / 8) * per * 64; u < per && b < pf_bytes; u++, b += 64)
                 __builtin_prefetch(pf + b, 0, 1);
             #pragma GCC unroll 8
-            for (int u = 0; u < 8; u++) ukernel_step(mr, nv, k + u, Ap, Bp, ldb, c0, c1);
+            for (int u = 0; u < 8; u++) ukernel_step(mr, nv, k + u, Ap, lda, Bp, ldb, c0, c1);
         }
-    for (; k < kc; k++) ukernel_step(mr, nv, k, Ap, Bp, ldb, c0, c1);
+    for (; k < kc; k++) ukernel_step(mr, nv, k, Ap, lda, Bp, ldb, c0, c1);
     for (int64_t b = (kc / 8) * per * 64; b < pf_bytes; b += 64) __builtin_prefetch(pf + b, 0, 1);  /* the rest */
 }
 
@@ -362,11 +364,11 @@ static inline __attribute__((always_inline)) void finish_tile(int mr, cuvil_vf c
 
 /* A full MR x NR tile finished straight from the registers: the round trip of the partial sums
  * through acc and store_tile cost ~10% of a 1024^3 GEMM (its C loads wait on the acc stores). */
-static inline __attribute__((always_inline)) void full_tile(int64_t kc, const float *Ap, const float *Bp, int64_t ldb, float *C,
+static inline __attribute__((always_inline)) void full_tile(int64_t kc, const float *Ap, int64_t lda, const float *Bp, int64_t ldb, float *C,
                                                            int64_t ldc, int64_t i0, int64_t n0, int first, int last,
                                                            const cuvil_epilogue *ep, byte_run pf, int spread) {
     cuvil_vf c0[CUVIL_MR], c1[CUVIL_MR];
-    ukernel_loop(CUVIL_MR, 2, kc, Ap, Bp, ldb, c0, c1, pf.p, pf.n, spread);
+    ukernel_loop(CUVIL_MR, 2, kc, Ap, lda, Bp, ldb, c0, c1, pf.p, pf.n, spread);
     int act = last && ep ? ep->act : 0;
     if (!last && first) finish_tile(CUVIL_MR, c0, c1, C, ldc, i0, n0, 1, 0, ep, 0, CUVIL_NR);
     else if (!last) finish_tile(CUVIL_MR, c0, c1, C, ldc, i0, n0, 0, 0, ep, 0, CUVIL_NR);
@@ -376,18 +378,28 @@ static inline __attribute__((always_inline)) void full_tile(int64_t kc, const fl
 }
 static void ukernel_full_tile(int64_t kc, const float *Ap, const float *Bp, float *C, int64_t ldc, int64_t i0,
                               int64_t n0, int first, int last, const cuvil_epilogue *ep, byte_run pf) {
-    full_tile(kc, Ap, Bp, CUVIL_NR, C, ldc, i0, n0, first, last, ep, pf, 0);
+    full_tile(kc, Ap, 0, Bp, CUVIL_NR, C, ldc, i0, n0, first, last, ep, pf, 0);
 }
 static void ukernel_full_tile_spread(int64_t kc, const float *Ap, const float *Bp, float *C, int64_t ldc, int64_t i0,
                                      int64_t n0, int first, int last, const cuvil_epilogue *ep, byte_run pf) {
-    full_tile(kc, Ap, Bp, CUVIL_NR, C, ldc, i0, n0, first, last, ep, pf, 1);
+    full_tile(kc, Ap, 0, Bp, CUVIL_NR, C, ldc, i0, n0, first, last, ep, pf, 1);
+}
+/* A's rows read in place, lda floats apart (gemm_driver: a_rows), with no pack before the product. */
+static void ukernel_full_tile_rows(int64_t kc, const float *A, int64_t lda, const float *Bp, float *C, int64_t ldc,
+                                   int64_t i0, int64_t n0, int first, int last, const cuvil_epilogue *ep, byte_run pf) {
+    full_tile(kc, A, lda, Bp, CUVIL_NR, C, ldc, i0, n0, first, last, ep, pf, 0);
+}
+static void ukernel_full_tile_rows_spread(int64_t kc, const float *A, int64_t lda, const float *Bp, float *C,
+                                          int64_t ldc, int64_t i0, int64_t n0, int first, int last,
+                                          const cuvil_epilogue *ep, byte_run pf) {
+    full_tile(kc, A, lda, Bp, CUVIL_NR, C, ldc, i0, n0, first, last, ep, pf, 1);
 }
 /* B read in place, ldb floats between its rows (cuvil_sgemm_strided_b): its own copy, so the packed
  * tiles keep their constant stride. */
 static void ukernel_full_tile_strided(int64_t kc, const float *Ap, const float *Bp, int64_t ldb, float *C,
                                       int64_t ldc, int64_t i0, int64_t n0, int first, int last,
                                       const cuvil_epilogue *ep) {
-    full_tile(kc, Ap, Bp, ldb, C, ldc, i0, n0, first, last, ep, (byte_run){0, 0}, 0);
+    full_tile(kc, Ap, 0, Bp, ldb, C, ldc, i0, n0, first, last, ep, (byte_run){0, 0}, 0);
 }
 
 /* The same for the tiles at the edges (mr < MR rows or nr < NR columns), in their own function so
@@ -399,7 +411,7 @@ static inline __attribute__((always_inline)) void edge_tile_rows(int mr, int nv,
                                                                  int64_t nr, int first, int last,
                                                                  const cuvil_epilogue *ep, byte_run pf) {
     cuvil_vf c0[CUVIL_MR], c1[CUVIL_MR];
-    ukernel_loop(mr, nv, kc, Ap, Bp, ldb, c0, c1, pf.p, pf.n, 1);
+    ukernel_loop(mr, nv, kc, Ap, 0, Bp, ldb, c0, c1, pf.p, pf.n, 1);
     finish_tile(mr, c0, c1, C, ldc, i0, n0, first, last, ep, last && ep ? ep->act : 0, nr);
 }
 
@@ -439,11 +451,17 @@ static inline void prefetch_tile_output(int mr, int64_t nr, float *C, int64_t ld
     }
 }
 
-/* One tile of mr rows x nr columns over a K block, finished into C. */
-static inline void ukernel_tile(int mr, int64_t nr, int64_t kc, const float *Ap, const float *Bp, int64_t ldb, float *C,
-                                int64_t ldc, int64_t i0, int64_t n0, int first, int last, const cuvil_epilogue *ep,
-                                byte_run pf) {
+/* One tile of mr rows x nr columns over a K block, finished into C. A packed, or where lda is not 0
+ * its rows in place (full tiles of packed B only: gemm_task). */
+static inline void ukernel_tile(int mr, int64_t nr, int64_t kc, const float *Ap, int64_t lda, const float *Bp,
+                                int64_t ldb, float *C, int64_t ldc, int64_t i0, int64_t n0, int first, int last,
+                                const cuvil_epilogue *ep, byte_run pf) {
     prefetch_tile_output(mr, nr, C, ldc, i0, n0, last, ep);
+    if (lda) {
+        if (pf.n > (kc / 8) * 64) ukernel_full_tile_rows_spread(kc, Ap, lda, Bp, C, ldc, i0, n0, first, last, ep, pf);
+        else ukernel_full_tile_rows(kc, Ap, lda, Bp, C, ldc, i0, n0, first, last, ep, pf);
+        return;
+    }
     if (kc > 0 && mr == CUVIL_MR && nr == CUVIL_NR) {
         if (ldb != CUVIL_NR) ukernel_full_tile_strided(kc, Ap, Bp, ldb, C, ldc, i0, n0, first, last, ep);
         else if (pf.n > (kc / 8) * 64) ukernel_full_tile_spread(kc, Ap, Bp, C, ldc, i0, n0, first, last, ep, pf);
@@ -518,6 +536,7 @@ typedef struct {
     int a_trans;                  /* A given transposed (pack_at) */
     int pack_in_task;             /* each task packs its own M block of A, K block by K block (ap is 0) */
     int b_cached;                 /* B expected in the last-level cache (gemm.h: cuvil_sgemm_packed) */
+    int a_rows;                   /* full tiles read A's rows in place, the rest pack their tile (ap is 0) */
 } gemm_args;
 
 /* Tasks t in [t0, t1): each one M block (mc rows) x pb panels, K blocked, epilogue on the last block. */
@@ -669,7 +688,7 @@ static void gemm_task(void *ctx, int64_t t0, int64_t t1) {
                     const float *ap = kc > 0 ? a_tile(g, block, m0, i0, k0, kc, tile) : 0;
                     for (int64_t p = p0; p < p1; p++) {
                         int64_t n0 = p * CUVIL_NR, nr = g->N - n0 < CUVIL_NR ? g->N - n0 : CUVIL_NR;
-                        ukernel_tile(mr, nr, kc, ap, b_panel(g, p, k0), g->ldb, g->C, g->ldc, i0, n0, first, last,
+                        ukernel_tile(mr, nr, kc, ap, 0, b_panel(g, p, k0), g->ldb, g->C, g->ldc, i0, n0, first, last,
                                      ep, (byte_run){0, 0});
                     }
                 }
@@ -692,8 +711,10 @@ static void gemm_task(void *ctx, int64_t t0, int64_t t1) {
                 byte_run next = next_b_block(g, p, p0, p1, k0);
                 for (int64_t i0 = m0; i0 < m1; i0 += CUVIL_MR) {
                     int mr = (int)(m1 - i0 < CUVIL_MR ? m1 - i0 : CUVIL_MR);
-                    ukernel_tile(mr, nr, kc, kc > 0 ? a_tile(g, block, m0, i0, k0, kc, tile) : 0, bp, ldb, g->C, g->ldc, i0, n0,
-                                 first, last, ep, prefetch_slice(next, (i0 - m0) / CUVIL_MR, ntiles));
+                    byte_run pf = prefetch_slice(next, (i0 - m0) / CUVIL_MR, ntiles);
+                    int rows = g->a_rows && kc > 0 && mr == CUVIL_MR && nr == CUVIL_NR && ldb == CUVIL_NR;
+                    const float *ap = rows ? g->A + i0 * g->lda + k0 : kc > 0 ? a_tile(g, block, m0, i0, k0, kc, tile) : 0;
+                    ukernel_tile(mr, nr, kc, ap, rows ? g->lda : 0, bp, ldb, g->C, g->ldc, i0, n0, first, last, ep, pf);
                 }
             }
             k0 += CUVIL_KC;
@@ -734,6 +755,18 @@ typedef struct { gemm_args g; int64_t parts; } gemv_parts;
 static void gemv_part_task(void *ctx, int64_t t0, int64_t t1) {
     const gemv_parts *v = ctx;
     for (int64_t t = t0; t < t1; t++) gemv_task((void *)&v->g, t * v->g.np / v->parts, (t + 1) * v->g.np / v->parts);
+}
+
+/* The L1 sets (of 64, 64-byte lines) that MR rows lda floats apart start in. The tiles read A's rows
+ * in place where they spread over at least 2 (gemm_driver's a_rows): packed first, A took a pass and a
+ * parallel region of its own, reading rows the other core had just written (MiniLM at 2 threads: 5%
+ * of its time in pack_a). Rows 4 KB apart (lda 1024) would all share one set. */
+static int l1_sets(int64_t lda) {
+    if (lda % 16) return CUVIL_MR;                     /* rows not line-aligned: they drift over the sets */
+    int64_t step = lda / 16 % 64, g = 64;
+    for (int64_t a = step; a; ) { int64_t t = g % a; g = a; a = t; }   /* gcd(step, 64) */
+    int64_t sets = step ? 64 / g : 1;
+    return sets < CUVIL_MR ? (int)sets : CUVIL_MR;
 }
 
 /* The one GEMM driver: (M block x N panels) tasks over the threads. */
@@ -793,8 +826,10 @@ static void gemm_driver(int64_t M, int64_t N, int64_t K, const float *A, const f
         mb++;
     }
     int64_t mc = ((M + mb - 1) / mb + CUVIL_MR - 1) / CUVIL_MR * CUVIL_MR;
+    int a_rows = !Ap && !a_trans && A && bits == 32 && !in_task && M >= CUVIL_MR && K > 192 && l1_sets(lda) >= 2;
     gemm_args g = {M, N, K, lda, ldc, group, np, nb, pb, mc, ldb, A, scales,
-                   Ap ? Ap : in_task ? 0 : apack_buffer(tiles * CUVIL_MR * K), B, bits, C, ep, a_trans, in_task};
+                   Ap || in_task || a_rows ? Ap : apack_buffer(tiles * CUVIL_MR * K), B, bits, C, ep, a_trans, in_task};
+    g.a_rows = a_rows;
     /* in parallel from small sizes on: the rows were mostly just written, half by the other core */
     if (g.ap && !Ap && a_trans) cuvil_parallel_for(M * K > 8192 ? nthreads : 1, K, 16, pack_at_task, &g);
     else if (g.ap && !Ap) cuvil_parallel_for(M * K > 8192 ? nthreads : 1, tiles, 1, pack_a_task, &g);

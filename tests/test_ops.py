@@ -1037,6 +1037,8 @@ def norm(op):
     c.out(c.add(op, [c.input(f(0, 8)), *params(8)]), "[0,8]")
     c.out(c.add(op, [c.input(f(3, 4099, lo=99, hi=101)), *params(4099)]), "n=4099, mean 100, std 0.6")
     c.out(c.add(op, [c.input(f(3, 64, lo=1e3, hi=1e3 + 1)), *params(64)]), "n=64, mean 1000, std 0.3")
+    # float lanes: the shift by x[0] and the mean's low half both matter here (either dropped: ~1e-2 off)
+    c.out(c.add(op, [c.input(f(2, 20000, lo=3000, hi=3000.1)), *params(20000)]), "n=20000, mean 3000, std 0.03")
     c.out(c.add(op, [c.input(np.full((2, 16), 3.0, np.float32)), *params(16)]), "constant rows (var 0)")
     c.out(c.add(op, [c.input(fortran(f(6, 5))), *params(5)]), "transposed")
     c.out(c.add(op, [c.input(dyn(r, (B, 16), "float32"), (B, 16)), *params(16)]), "[b,16]")

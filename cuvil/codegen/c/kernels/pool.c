@@ -6,7 +6,7 @@
 #include <time.h>
 
 #define MAX_WORKERS 63
-#define SPIN_NS 200000            /* a worker spins (yielding) this long for the next job, then sleeps */
+#define SPIN_NS 200000            /* a worker spins this long for the next job, then sleeps */
 
 typedef struct {
     cuvil_task_fn fn;
@@ -26,6 +26,22 @@ static atomic_int sleepers;
 static atomic_int in_job;          /* workers that may be reading `current`: its owner waits for 0 */
 static int nworkers;
 static __thread int in_worker;
+
+/* One wait of a spin: the CPU's pause for the first PAUSE_SPINS waits, then sched_yield, so that a
+ * thread oversubscribed onto a busy core still lets the others run. A yield alone is a system call
+ * (about a microsecond in a VM) on every check, paid by each parallel region's join. */
+#define PAUSE_SPINS 4096
+static inline void relax(int *spins) {
+    if (*spins < PAUSE_SPINS) {
+        ++*spins;
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#elif defined(__aarch64__)
+        __asm__ volatile("yield");
+#endif
+    } else
+        sched_yield();
+}
 
 static int64_t now_ns(void) {
     struct timespec t;
@@ -65,6 +81,7 @@ static void *worker(void *arg) {
     in_worker = 1;
     for (;;) {
         int64_t t0 = now_ns();
+        int spins = 0;
         while (atomic_load(&generation) == seen) {
             if (now_ns() - t0 > SPIN_NS) {
                 pthread_mutex_lock(&sleep_lock);
@@ -74,7 +91,7 @@ static void *worker(void *arg) {
                 pthread_mutex_unlock(&sleep_lock);
                 break;
             }
-            sched_yield();
+            relax(&spins);
         }
         seen = atomic_load(&generation);
         atomic_fetch_add(&in_job, 1);
@@ -126,9 +143,10 @@ static void submit(int nthreads, int64_t n, int64_t chunk, int guided, cuvil_tas
         pthread_mutex_unlock(&sleep_lock);
     }
     run_chunks(&j);
-    while (atomic_load(&j.done) < n) sched_yield();   /* only chunks already claimed are waited for */
+    int spins = 0;
+    while (atomic_load(&j.done) < n) relax(&spins);   /* only chunks already claimed are waited for */
     atomic_store(&current, (job_t *)0);
-    while (atomic_load(&in_job) > 0) sched_yield();   /* no worker still holds a pointer to j */
+    while (atomic_load(&in_job) > 0) relax(&spins);   /* no worker still holds a pointer to j */
     pthread_mutex_unlock(&submit_lock);
 }
 

@@ -11,7 +11,7 @@
 typedef struct {
     cuvil_task_fn fn;
     void *ctx;
-    int64_t n, chunk;
+    int64_t n, chunk, grain;      /* grain: the least a guided claim takes */
     int helpers;                  /* workers allowed to join this job */
     int tail;                     /* threads sharing the tail: claims shrink toward its end (guided) */
     atomic_int_fast64_t next, done;
@@ -60,7 +60,8 @@ static int64_t claim(job_t *j, int64_t *b) {
     for (;;) {
         if (cur >= j->n) return 0;
         int64_t c = (j->n - cur) / (2 * j->tail);
-        c = c > j->chunk ? j->chunk : c < 1 ? 1 : c;
+        c = c > j->chunk ? j->chunk : c < j->grain ? j->grain : c;
+        if (c > j->n - cur) c = j->n - cur;
         if (atomic_compare_exchange_weak(&j->next, &cur, cur + c)) { *b = cur; return c; }
     }
 }
@@ -114,14 +115,7 @@ static void ensure_workers(int want) {
     }
 }
 
-void cuvil_parallel_for(int nthreads, int64_t n, int64_t grain, cuvil_task_fn fn, void *ctx) {
-    if (grain < 1) grain = 1;
-    if (nthreads < 1) nthreads = 1;
-    int64_t chunk = (n + 4 * (int64_t)nthreads - 1) / (4 * (int64_t)nthreads);   /* ~4 chunks per thread */
-    cuvil_parallel_chunks(nthreads, n, chunk < grain ? grain : chunk, fn, ctx);
-}
-
-static void submit(int nthreads, int64_t n, int64_t chunk, int guided, cuvil_task_fn fn, void *ctx) {
+static void submit(int nthreads, int64_t n, int64_t chunk, int64_t grain, int guided, cuvil_task_fn fn, void *ctx) {
     if (n <= 0) return;
     if (chunk < 1) chunk = 1;
     /* serial: one thread asked for, too little work, called from inside a task, or the pool is busy
@@ -132,7 +126,8 @@ static void submit(int nthreads, int64_t n, int64_t chunk, int guided, cuvil_tas
     }
     ensure_workers(nthreads - 1);
     int helpers = nthreads - 1 < nworkers ? nthreads - 1 : nworkers;
-    job_t j = {.fn = fn, .ctx = ctx, .n = n, .chunk = chunk, .helpers = helpers, .tail = guided ? helpers + 1 : 0};
+    job_t j = {.fn = fn, .ctx = ctx, .n = n, .chunk = chunk, .grain = grain < 1 ? 1 : grain, .helpers = helpers,
+               .tail = guided ? helpers + 1 : 0};
     atomic_init(&j.next, 0);
     atomic_init(&j.done, 0);
     atomic_store(&current, &j);
@@ -150,10 +145,21 @@ static void submit(int nthreads, int64_t n, int64_t chunk, int guided, cuvil_tas
     pthread_mutex_unlock(&submit_lock);
 }
 
+/* ~4 chunks per thread, shrinking toward the end of the job (guided, down to the grain): with equal
+ * chunks each region waited on its slowest one. 2 threads, artifacts interleaved in both orders,
+ * new/old time: ResNet-50 0.94-0.96 (0.95-0.97 with a co-tenant taking 20% of a core), MiniLM b1
+ * 0.96-0.97, BERT-base and MLP b64 0.99-1.01. */
+void cuvil_parallel_for(int nthreads, int64_t n, int64_t grain, cuvil_task_fn fn, void *ctx) {
+    if (grain < 1) grain = 1;
+    if (nthreads < 1) nthreads = 1;
+    int64_t chunk = (n + 4 * (int64_t)nthreads - 1) / (4 * (int64_t)nthreads);
+    submit(nthreads, n, chunk < grain ? grain : chunk, grain, 1, fn, ctx);
+}
+
 void cuvil_parallel_chunks(int nthreads, int64_t n, int64_t chunk, cuvil_task_fn fn, void *ctx) {
-    submit(nthreads, n, chunk, 0, fn, ctx);
+    submit(nthreads, n, chunk, 1, 0, fn, ctx);
 }
 
 void cuvil_parallel_guided(int nthreads, int64_t n, int64_t chunk, cuvil_task_fn fn, void *ctx) {
-    submit(nthreads, n, chunk, 1, fn, ctx);
+    submit(nthreads, n, chunk, 1, 1, fn, ctx);
 }

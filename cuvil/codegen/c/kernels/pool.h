@@ -7,7 +7,8 @@
 
 typedef void (*cuvil_task_fn)(void *ctx, int64_t begin, int64_t end);
 
-/* Runs fn(ctx, b, e) over [0, n) in chunks of at least `grain` items on up to nthreads threads. */
+/* Runs fn(ctx, b, e) over [0, n) on up to nthreads threads, in chunks that shrink toward the end
+ * (guided), of at least `grain` items but the last. */
 void cuvil_parallel_for(int nthreads, int64_t n, int64_t grain, cuvil_task_fn fn, void *ctx);
 
 /* The same in chunks of exactly `chunk` items (the last may be short): memory-bound loops whose

@@ -300,7 +300,8 @@ static void attend_block(const cuvil_attn *a, const attn_args *args, int64_t b, 
  * padded batch's attention then costs its real tokens, not its padded length: MiniLM's benchmark
  * sentences are 15 of 128 tokens. Keys are dropped only where dense attention gives them an exact 0
  * weight: false in a bool mask, or at DEAD_CEILING or below in a float mask whose other keys are 0;
- * a row with no live key keeps the dense path (its softmax is over the masked keys alone). */
+ * a row with no live key keeps the dense path (its softmax is over the masked keys alone). A NaN in
+ * a dropped key's V no longer reaches the output (dense: 0 x NaN). */
 static int64_t padding_keys(const cuvil_attn *a, int64_t b, int64_t hk, int64_t i0, int64_t i1, int64_t S,
                             int32_t *idx) {
     if (!a->mask_kind || a->causal) return -1;

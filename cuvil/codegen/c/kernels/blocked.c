@@ -58,14 +58,14 @@ static inline __attribute__((always_inline)) void accumulate_blocked(int mr, int
     for (int64_t kb = 0; kb < nkb; kb++) {
         const float *a = g->A + (kb0 + kb) * g->lda + i0 * CUVIL_BLOCK;
         const float *b = bp + kb * CUVIL_BLOCK * CUVIL_NR;
-        #pragma GCC unroll 4
+        #pragma GCC unroll 16          /* whole channel blocks: unrolled by 4, each step re-entered the loop */
         for (int kk = 0; kk < CUVIL_BLOCK; kk++) {
             cuvil_vf b0 = cuvil_vload(b + kk * CUVIL_NR), b1 = nv > 1 ? cuvil_vload(b + kk * CUVIL_NR + CUVIL_VL) : b0;
             #pragma GCC unroll 8
             for (int i = 0; i < mr; i++) {
                 cuvil_vf av = cuvil_vsplat(a[i * CUVIL_BLOCK + kk]);
-                c0[i] += av * b0;
-                if (nv > 1) c1[i] += av * b1;
+                c0[i] = cuvil_fma(c0[i], av, b0);
+                if (nv > 1) c1[i] = cuvil_fma(c1[i], av, b1);
             }
         }
     }

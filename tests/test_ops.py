@@ -1298,6 +1298,11 @@ def attention(op):
     uneven[1, 0, 4, 3] = False
     c.out(c.add(op, [qp, kp, vp, c.input(uneven)]), "bool mask, one row unlike the rest")
     c.out(c.add(op, [qp, kp, vp, c.input(np.zeros((1, 1, 1, 40), bool))]), "bool mask, every key masked")
+    # every score far below 0 and 21 keys (not whole vectors): a row max that took the zeros of the
+    # padded key lanes would underflow every exp to 0
+    qn, kn, vn = c.input(np.abs(f(1, 2, 9, 32))), c.input(-np.abs(f(1, 2, 21, 32))), c.input(f(1, 2, 21, 32))
+    c.out(c.add(op, [qn, kn, vn], {"scale": 30.0}), "scores far below 0, 21 keys")
+    c.out(c.add(op, [qn, kn, vn], {"scale": 30.0, "causal": True}), "scores far below 0, 21 keys, causal")
     q4, k2, v2 = c.input(f(1, 4, 3, 16)), c.input(f(1, 2, 9, 16)), c.input(f(1, 2, 9, 16))
     c.out(c.add(op, [q4, k2, v2], {"scale": 0.25}), "grouped kv heads 4/2")
     c.out(c.add(op, [c.input(f(4, 3, 8)), c.input(f(4, 6, 8)), c.input(f(4, 6, 5))]), "rank 3")

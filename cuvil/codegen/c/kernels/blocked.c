@@ -17,7 +17,7 @@ typedef struct {
 } nchw_source;
 
 typedef struct {
-    int64_t M, N, K, lda, ldc, np, mb;
+    int64_t M, N, K, lda, ldc, np, mb, mc;   /* mb M blocks of mc rows (blocked_m_rows) */
     const float *A, *B, *bias, *residual;
     float *C;
     int act;
@@ -138,7 +138,7 @@ static void blocked_gemm_task(void *ctx, int64_t t0, int64_t t1) {
     const blocked_gemm *g = ctx;
     int64_t KB = g->src ? 1 : g->K / CUVIL_BLOCK;        /* an NCHW source is one K block, all of K */
     for (int64_t t = t0; t < t1; t++) {
-        int64_t m0 = t / g->np * BLK_MC, p = t % g->np, m1 = m0 + BLK_MC < g->M ? m0 + BLK_MC : g->M;
+        int64_t m0 = t / g->np * g->mc, p = t % g->np, m1 = m0 + g->mc < g->M ? m0 + g->mc : g->M;
         int nv = g->N - p * CUVIL_NR >= CUVIL_NR ? 2 : 1;
         for (int64_t kb0 = 0; kb0 < KB; kb0 += BLK_KB) {
             int64_t nkb = KB - kb0 < BLK_KB ? KB - kb0 : BLK_KB;
@@ -153,11 +153,19 @@ static void blocked_gemm_task(void *ctx, int64_t t0, int64_t t1) {
     }
 }
 
+/* M blocks of equal size, up to BLK_MC rows, whole register tiles: 196 pixels (14x14) had been two
+ * blocks of 96 and one of 4, which ran every weight through the tiles again for 4 rows. */
+static inline int64_t blocked_m_rows(int64_t M, int64_t *mb) {
+    int64_t n = (M + BLK_MC - 1) / BLK_MC, mc = ((M + n - 1) / n + CUVIL_MR - 1) / CUVIL_MR * CUVIL_MR;
+    *mb = (M + mc - 1) / mc;
+    return mc;
+}
+
 void cuvil_sgemm_blocked(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda_blk, const float *Bp,
                          float *C, int64_t ldc_blk, const float *bias, const float *residual, int act, int nthreads) {
     if (M <= 0 || N <= 0) return;
-    int64_t np = (N + CUVIL_NR - 1) / CUVIL_NR, mb = (M + BLK_MC - 1) / BLK_MC;
-    blocked_gemm g = {M, N, K, lda_blk, ldc_blk, np, mb, A, Bp, bias, residual, C, act};
+    int64_t np = (N + CUVIL_NR - 1) / CUVIL_NR, mb, mc = blocked_m_rows(M, &mb);
+    blocked_gemm g = {M, N, K, lda_blk, ldc_blk, np, mb, mc, A, Bp, bias, residual, C, act};
     cuvil_parallel_for(M * N * K > 65536 ? nthreads : 1, mb * np, 1, blocked_gemm_task, &g);
 }
 
@@ -246,9 +254,9 @@ void cuvil_conv_nchw_blocked(const cuvil_conv_shape *s, const float *x, const fl
     for (int64_t n = 0; n < s->N; n++) {
         pad_args pa = {s, x + n * s->C * s->H * s->W, xp};
         cuvil_parallel_for(s->C * hp * wp > 16384 ? nthreads : 1, s->C * hp, 1, pad_task, &pa);
+        int64_t mb, mc = blocked_m_rows(P, &mb);
         blocked_gemm g = {P, s->O, s->C * s->KH * s->KW, 0, P * CUVIL_BLOCK, (s->O + CUVIL_NR - 1) / CUVIL_NR,
-                          (P + BLK_MC - 1) / BLK_MC, 0, wb, bias, residual ? residual + n * out : 0, y + n * out, act,
-                          &src};
+                          mb, mc, 0, wb, bias, residual ? residual + n * out : 0, y + n * out, act, &src};
         cuvil_parallel_for(P * s->O * g.K > 65536 ? nthreads : 1, g.mb * g.np, 1, blocked_gemm_task, &g);
     }
 }

@@ -896,6 +896,10 @@ def blocked_layout(op):
     conv("3x3 stride 2 pad 1", c.input(f(2, 16, 11, 10)), 16, (3, 3), strides=(2, 2), pads=((1, 1), (1, 1)))
     conv("5x3 dilation (2, 1), asymmetric pads", c.input(f(1, 16, 12, 8)), 32, (5, 3), dilations=(2, 1),
          pads=((2, 0), (1, 2)))
+    conv("3x3 dilation (1, 2), strides (2, 1), 32 channels, unpadded, 2 images", c.input(f(2, 32, 9, 12)), 16, (3, 3),
+         dilations=(1, 2), strides=(2, 1), residual=True)
+    conv("3x3 stride 2 pad 1, 14x14: M blocks of 72, 72, 52", c.input(f(1, 16, 27, 27)), 32, (3, 3), strides=(2, 2),
+         pads=((1, 1), (1, 1)), act="relu")
     conv("winograd F(2x2), residual, relu", c.input(f(2, 32, 7, 9)), 48, (3, 3), residual=True, act="relu",
          pads=((1, 1), (1, 1)))
     conv("winograd F(4x4), partial tiles", c.input(f(1, 16, 13, 14)), 32, (3, 3), pads=((1, 1), (1, 1)))

@@ -14,7 +14,7 @@ def is_blocked(node) -> bool:
 
 def filters_as_b(w: np.ndarray) -> np.ndarray:
     """[O, C, KH, KW] -> the GEMM's B, [K = KH * KW * C][O] with k = (kh * KW + kw) * C + c: the order
-    in which the blocked im2col lays out its blocks of 16 channels (kernels/blocked.c)."""
+    in which a blocked conv gathers its blocks of 16 channels, tap by tap (kernels/blocked.c)."""
     return w.astype(np.float32).transpose(2, 3, 1, 0).reshape(-1, w.shape[0])
 
 
@@ -31,8 +31,12 @@ def conv_scratch(node, shape) -> int:
         return 0
     if m:
         return (m + 2) ** 2 * (s["C"] + s["O"]) * -(-s["OH"] // m) * -(-s["OW"] // m) * 4
-    direct = s["KH"] == s["KW"] == s["sh"] == s["sw"] == 1 and s["ph"] == s["pw"] == 0
-    return 0 if direct else s["KH"] * s["KW"] * s["C"] * s["OH"] * s["OW"] * 4
+    if s["KH"] == s["KW"] == s["sh"] == s["sw"] == 1 and s["ph"] == s["pw"] == 0:
+        return 0                                      # the input is the GEMM's A
+    hp = (s["OH"] - 1) * s["sh"] + (s["KH"] - 1) * s["dh"] + 1
+    wp = (s["OW"] - 1) * s["sw"] + (s["KW"] - 1) * s["dw"] + 1
+    in_place = s["ph"] == s["pw"] == 0 and hp <= s["H"] and wp <= s["W"]
+    return ((0 if in_place else s["C"] * hp * wp) + 2 * (s["OH"] * s["OW"] + s["KH"] * s["KW"])) * 4
 
 
 def winograd_filters_as_b(w: np.ndarray, m: int, nr: int) -> np.ndarray:

@@ -16,12 +16,22 @@ typedef struct {
     int64_t C, KH, KW, dh, dw, plane, wp;
 } nchw_source;
 
+/* A strided or padded conv's blocked input read in place as its im2col (cuvil_conv_blocked): channel
+ * block k = tap * CB + cb of output pixel m starts at x + cb * plane + (pix[m] + tap[k / CB]) * 16, x
+ * zero padded where the conv pads. */
+typedef struct {
+    const float *x;
+    const int64_t *pix, *tap;
+    int64_t CB, plane;
+} gathered_source;
+
 typedef struct {
     int64_t M, N, K, lda, ldc, np, mb, mc;   /* mb M blocks of mc rows (blocked_m_rows) */
     const float *A, *B, *bias, *residual;
     float *C;
     int act;
     const nchw_source *src;       /* A read from an NCHW input instead (all of K in one block) */
+    const gathered_source *gsrc;  /* A gathered from a blocked input instead (A and lda unused) */
 } blocked_gemm;
 
 /* A tile's registers (mr pixels x nv vectors of output channels of panel p) into blocked C: raw partial
@@ -71,6 +81,32 @@ static inline __attribute__((always_inline)) void accumulate_blocked(int mr, int
     }
 }
 
+/* The same with A gathered from the conv's input (g->gsrc): each K block's MR pixels are MR windows'
+ * 16 channels at one tap, read where they lie instead of from an im2col written out first (3x3 stride
+ * 2 at 28x28, 128 channels: a 3.6 MB im2col, out of L2 and back). */
+static inline __attribute__((always_inline)) void accumulate_gathered(int mr, int nv, const blocked_gemm *g, int64_t i0,
+                                                                      int64_t p, int64_t kb0, int64_t nkb,
+                                                                      cuvil_vf c0[CUVIL_MR], cuvil_vf c1[CUVIL_MR]) {
+    const gathered_source *src = g->gsrc;
+    const float *bp = g->B + (p * g->K + kb0 * CUVIL_BLOCK) * CUVIL_NR;
+    for (int64_t kb = 0; kb < nkb; kb++) {
+        int64_t k = kb0 + kb, off = k % src->CB * src->plane + src->tap[k / src->CB] * CUVIL_BLOCK;
+        const float *ar[CUVIL_MR], *b = bp + kb * CUVIL_BLOCK * CUVIL_NR;
+        #pragma GCC unroll 8
+        for (int i = 0; i < mr; i++) ar[i] = src->x + off + src->pix[i0 + i] * CUVIL_BLOCK;
+        #pragma GCC unroll 16
+        for (int kk = 0; kk < CUVIL_BLOCK; kk++) {
+            cuvil_vf b0 = cuvil_vload(b + kk * CUVIL_NR), b1 = nv > 1 ? cuvil_vload(b + kk * CUVIL_NR + CUVIL_VL) : b0;
+            #pragma GCC unroll 8
+            for (int i = 0; i < mr; i++) {
+                cuvil_vf av = cuvil_vsplat(ar[i][kk]);
+                c0[i] = cuvil_fma(c0[i], av, b0);
+                if (nv > 1) c1[i] = cuvil_fma(c1[i], av, b1);
+            }
+        }
+    }
+}
+
 /* The same over all of K with A straight from a padded NCHW input (g->src): K = (c, kh, kw) in the
  * filters' own order, each (c, kh) one run of KW taps along an input row. A stem's 3 channels would
  * fill a 16-channel block to 19%; read this way its 147 taps are all there is, with no im2col and no
@@ -98,13 +134,16 @@ static inline __attribute__((always_inline)) void accumulate_nchw(int mr, int nv
 
 /* One tile of mr pixels x nv vectors of output channels of panel p, finished into C (raw partial sums
  * until the last K block, which adds the epilogue). */
-static inline __attribute__((always_inline)) void blocked_tile(int from_nchw, int mr, int nv, const blocked_gemm *g,
+enum { A_BLOCKED, A_NCHW, A_GATHERED };          /* where a tile reads A: g->A, g->src, g->gsrc */
+
+static inline __attribute__((always_inline)) void blocked_tile(int a_from, int mr, int nv, const blocked_gemm *g,
                                                                int64_t i0, int64_t p, int64_t kb0, int64_t nkb, int first,
                                                                int last) {
     cuvil_vf c0[CUVIL_MR], c1[CUVIL_MR];
     #pragma GCC unroll 8
     for (int i = 0; i < CUVIL_MR; i++) c0[i] = c1[i] = cuvil_vsplat(0.f);
-    if (from_nchw) accumulate_nchw(mr, nv, g, i0, p, c0, c1);
+    if (a_from == A_NCHW) accumulate_nchw(mr, nv, g, i0, p, c0, c1);
+    else if (a_from == A_GATHERED) accumulate_gathered(mr, nv, g, i0, p, kb0, nkb, c0, c1);
     else accumulate_blocked(mr, nv, g, i0, p, kb0, nkb, c0, c1);
     store_blocked_tile(mr, nv, c0, c1, g, i0, p, first, last);
 }
@@ -112,15 +151,23 @@ static inline __attribute__((always_inline)) void blocked_tile(int from_nchw, in
 /* full tiles in their own functions, so the edges' switch stays out of their code */
 static void blocked_full_tile(const blocked_gemm *g, int64_t i0, int64_t p, int64_t kb0, int64_t nkb, int first,
                               int last) {
-    blocked_tile(0, CUVIL_MR, 2, g, i0, p, kb0, nkb, first, last);
+    blocked_tile(A_BLOCKED, CUVIL_MR, 2, g, i0, p, kb0, nkb, first, last);
 }
 
-static void nchw_full_tile(const blocked_gemm *g, int64_t i0, int64_t p) { blocked_tile(1, CUVIL_MR, 2, g, i0, p, 0, 0, 1, 1); }
+static void gathered_full_tile(const blocked_gemm *g, int64_t i0, int64_t p, int64_t kb0, int64_t nkb, int first,
+                               int last) {
+    blocked_tile(A_GATHERED, CUVIL_MR, 2, g, i0, p, kb0, nkb, first, last);
+}
+
+static void nchw_full_tile(const blocked_gemm *g, int64_t i0, int64_t p) {
+    blocked_tile(A_NCHW, CUVIL_MR, 2, g, i0, p, 0, 0, 1, 1);
+}
 
 static void blocked_edge_tile(int mr, int nv, const blocked_gemm *g, int64_t i0, int64_t p, int64_t kb0, int64_t nkb,
                               int first, int last) {
-    #define TILE(R, V) g->src ? blocked_tile(1, R, V, g, i0, p, kb0, nkb, first, last) \
-                              : blocked_tile(0, R, V, g, i0, p, kb0, nkb, first, last)
+    #define TILE(R, V) g->src ? blocked_tile(A_NCHW, R, V, g, i0, p, kb0, nkb, first, last)            \
+                       : g->gsrc ? blocked_tile(A_GATHERED, R, V, g, i0, p, kb0, nkb, first, last)    \
+                       : blocked_tile(A_BLOCKED, R, V, g, i0, p, kb0, nkb, first, last)
     #define EDGE(R) case 2 * R: TILE(R, 1); break; case 2 * R + 1: TILE(R, 2); break;
     switch (2 * mr + (nv > 1)) {
     EDGE(1) EDGE(2) EDGE(3) EDGE(4) EDGE(5)
@@ -146,6 +193,7 @@ static void blocked_gemm_task(void *ctx, int64_t t0, int64_t t1) {
             for (int64_t i0 = m0; i0 < m1; i0 += CUVIL_MR) {
                 int mr = m1 - i0 < CUVIL_MR ? (int)(m1 - i0) : CUVIL_MR;
                 if (mr == CUVIL_MR && nv == 2 && g->src) nchw_full_tile(g, i0, p);
+                else if (mr == CUVIL_MR && nv == 2 && g->gsrc) gathered_full_tile(g, i0, p, kb0, nkb, first, last);
                 else if (mr == CUVIL_MR && nv == 2) blocked_full_tile(g, i0, p, kb0, nkb, first, last);
                 else blocked_edge_tile(mr, nv, g, i0, p, kb0, nkb, first, last);
             }
@@ -174,74 +222,74 @@ static inline int blocked_direct(const cuvil_conv_shape *s) {
     return s->KH == 1 && s->KW == 1 && s->sh == 1 && s->sw == 1 && s->ph == 0 && s->pw == 0;
 }
 
-int64_t cuvil_conv_blocked_scratch(const cuvil_conv_shape *s) {
-    return blocked_direct(s) ? 0 : s->KH * s->KW * s->C * s->OH * s->OW;
+/* The padded input's rows and columns: every tap of every output pixel inside it. */
+static inline int64_t padded_h(const cuvil_conv_shape *s) { return (s->OH - 1) * s->sh + (s->KH - 1) * s->dh + 1; }
+static inline int64_t padded_w(const cuvil_conv_shape *s) { return (s->OW - 1) * s->sw + (s->KW - 1) * s->dw + 1; }
+
+/* A gathered conv reads its input in place where no window reaches past it (a 1x1 stride-2 conv);
+ * else a zero-padded copy in scratch. */
+static inline int blocked_in_place(const cuvil_conv_shape *s) {
+    return s->ph == 0 && s->pw == 0 && padded_h(s) <= s->H && padded_w(s) <= s->W;
 }
 
-typedef struct { const cuvil_conv_shape *s; const float *x; float *cols; } blocked_im2col;
+int64_t cuvil_conv_blocked_scratch(const cuvil_conv_shape *s) {
+    if (blocked_direct(s)) return 0;
+    int64_t copy = blocked_in_place(s) ? 0 : s->C * padded_h(s) * padded_w(s);
+    return copy + 2 * (s->OH * s->OW + s->KH * s->KW);         /* + the int64 tables pix and tap */
+}
 
-/* K blocks [k0, k1) of the im2col, block kb = (kh * KW + kw) * C / 16 + cb: for each output pixel,
- * the 16 channels of block cb at tap (kh, kw), one vector copy, or zeros in the padding. */
-static void im2col_blocked_task(void *ctx, int64_t k0, int64_t k1) {
-    const blocked_im2col *a = ctx;
+/* A zero-padded copy of one image, rows r = c * hp + ih of `pixel` floats a pixel: an NCHW input's
+ * channels (pixel 1) or a blocked input's blocks of 16 channels (pixel 16). */
+typedef struct { const cuvil_conv_shape *s; const float *x; float *xp; int64_t pixel; } pad_args;
+
+static void pad_task(void *ctx, int64_t r0, int64_t r1) {
+    const pad_args *a = ctx;
     const cuvil_conv_shape *s = a->s;
-    int64_t CB = s->C / CUVIL_BLOCK, P = s->OH * s->OW;
-    for (int64_t kb = k0; kb < k1; kb++) {
-        int64_t tap = kb / CB, cb = kb % CB, kh = tap / s->KW, kw = tap % s->KW;
-        const float *xc = a->x + cb * s->H * s->W * CUVIL_BLOCK;
-        float *d = a->cols + kb * P * CUVIL_BLOCK;
-        for (int64_t oh = 0; oh < s->OH; oh++) {
-            int64_t ih = oh * s->sh - s->ph + kh * s->dh;
-            for (int64_t ow = 0; ow < s->OW; ow++, d += CUVIL_BLOCK) {
-                int64_t iw = ow * s->sw - s->pw + kw * s->dw;
-                int inside = ih >= 0 && ih < s->H && iw >= 0 && iw < s->W;
-                const float *src = xc + (ih * s->W + iw) * CUVIL_BLOCK;
-                for (int v = 0; v < CUVIL_BLOCK; v += CUVIL_VL)
-                    cuvil_vstore(d + v, inside ? cuvil_vload(src + v) : cuvil_vsplat(0.f));
-            }
-        }
+    int64_t hp = padded_h(s), wp = padded_w(s), px = a->pixel;
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t c = r / hp, ih = r % hp - s->ph;
+        float *d = a->xp + r * wp * px;
+        memset(d, 0, wp * px * sizeof(float));
+        if (ih < 0 || ih >= s->H) continue;
+        int64_t n = s->W < wp - s->pw ? s->W : wp - s->pw;
+        if (n > 0) memcpy(d + s->pw * px, a->x + (c * s->H + ih) * s->W * px, n * px * sizeof(float));
     }
 }
 
 void cuvil_conv_blocked(const cuvil_conv_shape *s, const float *x, const float *wb, const float *bias,
                         const float *residual, float *y, int act, float *scratch, int nthreads) {
     int64_t P = s->OH * s->OW, K = s->KH * s->KW * s->C, in = s->C * s->H * s->W, out = s->O * P;
+    if (blocked_direct(s)) {
+        for (int64_t n = 0; n < s->N; n++)
+            cuvil_sgemm_blocked(P, s->O, K, x + n * in, s->H * s->W * CUVIL_BLOCK, wb, y + n * out, P * CUVIL_BLOCK,
+                                bias, residual ? residual + n * out : 0, act, nthreads);
+        return;
+    }
+    /* every other conv gathers its A from the input (accumulate_gathered), padded first where it pads */
+    int in_place = blocked_in_place(s);
+    int64_t hp = in_place ? s->H : padded_h(s), wp = in_place ? s->W : padded_w(s);
+    float *xp = scratch;
+    int64_t *pix = (int64_t *)(scratch + (in_place ? 0 : s->C * hp * wp)), *tap = pix + P;
+    for (int64_t m = 0; m < P; m++) pix[m] = m / s->OW * s->sh * wp + m % s->OW * s->sw;
+    for (int64_t t = 0; t < s->KH * s->KW; t++) tap[t] = t / s->KW * s->dh * wp + t % s->KW * s->dw;
+    int64_t mb, mc = blocked_m_rows(P, &mb);
     for (int64_t n = 0; n < s->N; n++) {
-        const float *a = x + n * in;
-        int64_t lda = s->H * s->W * CUVIL_BLOCK;
-        if (!blocked_direct(s)) {
-            blocked_im2col c = {s, a, scratch};
-            cuvil_parallel_for(K * P > 16384 ? nthreads : 1, K / CUVIL_BLOCK, 1, im2col_blocked_task, &c);
-            a = scratch, lda = P * CUVIL_BLOCK;
+        const float *xn = x + n * in;
+        if (!in_place) {
+            pad_args pa = {s, xn, xp, CUVIL_BLOCK};
+            cuvil_parallel_for(s->C * hp * wp > 16384 ? nthreads : 1, s->C / CUVIL_BLOCK * hp, 1, pad_task, &pa);
+            xn = xp;
         }
-        cuvil_sgemm_blocked(P, s->O, K, a, lda, wb, y + n * out, P * CUVIL_BLOCK, bias,
-                            residual ? residual + n * out : 0, act, nthreads);
+        gathered_source src = {xn, pix, tap, s->C / CUVIL_BLOCK, hp * wp * CUVIL_BLOCK};
+        blocked_gemm g = {P, s->O, K, 0, P * CUVIL_BLOCK, (s->O + CUVIL_NR - 1) / CUVIL_NR, mb, mc, 0, wb, bias,
+                          residual ? residual + n * out : 0, y + n * out, act, 0, &src};
+        cuvil_parallel_for(P * s->O * K > 65536 ? nthreads : 1, mb * g.np, 1, blocked_gemm_task, &g);
     }
 }
 
 /* ---- convolution of an NCHW input into the blocked layout ---------------------------------- */
-/* The padded input's rows and columns: every tap of every output pixel inside it. */
-static inline int64_t padded_h(const cuvil_conv_shape *s) { return (s->OH - 1) * s->sh + (s->KH - 1) * s->dh + 1; }
-static inline int64_t padded_w(const cuvil_conv_shape *s) { return (s->OW - 1) * s->sw + (s->KW - 1) * s->dw + 1; }
-
 int64_t cuvil_conv_nchw_blocked_scratch(const cuvil_conv_shape *s) {
     return s->C * padded_h(s) * padded_w(s) + 2 * s->OH * s->OW;
-}
-
-typedef struct { const cuvil_conv_shape *s; const float *x; float *xp; } pad_args;
-
-static void pad_task(void *ctx, int64_t r0, int64_t r1) {        /* rows r = c * hp + ih of the copy */
-    const pad_args *a = ctx;
-    const cuvil_conv_shape *s = a->s;
-    int64_t hp = padded_h(s), wp = padded_w(s);
-    for (int64_t r = r0; r < r1; r++) {
-        int64_t c = r / hp, ih = r % hp - s->ph;
-        float *d = a->xp + r * wp;
-        memset(d, 0, wp * sizeof(float));
-        if (ih < 0 || ih >= s->H) continue;
-        int64_t lo = s->pw, n = s->W < wp - lo ? s->W : wp - lo;
-        if (n > 0) memcpy(d + lo, a->x + (c * s->H + ih) * s->W, n * sizeof(float));
-    }
 }
 
 void cuvil_conv_nchw_blocked(const cuvil_conv_shape *s, const float *x, const float *wb, const float *bias,
@@ -252,7 +300,7 @@ void cuvil_conv_nchw_blocked(const cuvil_conv_shape *s, const float *x, const fl
     for (int64_t m = 0; m < P; m++) pix[m] = m / s->OW * s->sh * wp + m % s->OW * s->sw;
     nchw_source src = {xp, pix, s->C, s->KH, s->KW, s->dh, s->dw, hp * wp, wp};
     for (int64_t n = 0; n < s->N; n++) {
-        pad_args pa = {s, x + n * s->C * s->H * s->W, xp};
+        pad_args pa = {s, x + n * s->C * s->H * s->W, xp, 1};
         cuvil_parallel_for(s->C * hp * wp > 16384 ? nthreads : 1, s->C * hp, 1, pad_task, &pa);
         int64_t mb, mc = blocked_m_rows(P, &mb);
         blocked_gemm g = {P, s->O, s->C * s->KH * s->KW, 0, P * CUVIL_BLOCK, (s->O + CUVIL_NR - 1) / CUVIL_NR,

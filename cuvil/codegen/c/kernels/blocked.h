@@ -18,8 +18,9 @@ void cuvil_sgemm_blocked(int64_t M, int64_t N, int64_t K, const float *A, int64_
 
 /* A conv of blocked input to blocked output (groups 1, C and O multiples of 16). wb: the filters as the
  * GEMM's B, [K = KH * KW * C][O] with k = (kh * KW + kw) * C + c, packed. A 1x1 stride-1 unpadded conv
- * reads its input in place; any other gathers its blocked im2col into scratch first
- * (cuvil_conv_blocked_scratch floats). */
+ * reads its input in place as the GEMM's A; any other gathers A's rows from it tap by tap (no im2col
+ * written), from a zero-padded copy in scratch where it pads (cuvil_conv_blocked_scratch floats, with
+ * the pixel and tap offset tables). */
 int64_t cuvil_conv_blocked_scratch(const cuvil_conv_shape *s);
 void cuvil_conv_blocked(const cuvil_conv_shape *s, const float *x, const float *wb, const float *bias,
                         const float *residual, float *y, int act, float *scratch, int nthreads);

@@ -35,15 +35,37 @@ def interleaved(fns: dict, rounds=20, warmup=3, min_seconds=0.0, gap=0.15, burst
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+# CPU features that decide which kernels run and how the baselines compare, as /proc/cpuinfo names them
+KEY_FEATURES = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile")
+
+
 def machine_line():
-    cpu = "unknown CPU"
+    cpu, flags = "unknown CPU", set()
     try:
         for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
+            if line.startswith("model name") and cpu == "unknown CPU":
                 cpu = line.split(":", 1)[1].strip()
-                break
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
+    features = " ".join(f for f in KEY_FEATURES if f in flags)
     import torch
-    return (f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, Python {platform.python_version()}, "
-            f"torch {torch.__version__}")
+    return (f"{cpu} ({features or 'no AVX2'}; {cache_line()}), {os.cpu_count()} cores, {platform.system()} "
+            f"{platform.release()}, Python {platform.python_version()}, torch {torch.__version__}")
+
+
+def cache_line():
+    """L2 and last-level cache sizes from sysfs (the per-core bandwidth behind a model's weights)."""
+    sizes = {}
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for d in sorted(os.listdir(base)):
+            if d.startswith("index"):
+                level = open(f"{base}/{d}/level").read().strip()
+                kind = open(f"{base}/{d}/type").read().strip()
+                if kind != "Instruction":
+                    sizes[f"L{level}"] = open(f"{base}/{d}/size").read().strip()
+    except OSError:
+        return "caches unknown"
+    return ", ".join(f"{k} {v}" for k, v in sorted(sizes.items()) if k != "L1")

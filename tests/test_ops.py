@@ -893,6 +893,12 @@ def blocked_layout(op):
     conv("1x1, 35 pixels, 48 out, residual, relu", c.input(f(2, 32, 5, 7)), 48, (1, 1), residual=True, act="relu")
     conv("1x1, K over two blocks of 16, 100 pixels, silu", c.input(f(1, 288, 10, 10)), 16, (1, 1), act="silu")
     conv("1x1 stride 2", c.input(f(1, 16, 9, 9)), 32, (1, 1), strides=(2, 2))
+    # the 6-pixel x 64-channel tiles (AVX-512): 35 pixels are 5 of them and a 5-pixel edge, 160 channels
+    # two K blocks of 128 and 32, 96 out one pair of panels and a single one
+    conv("1x1, 64 out, 160 in, residual, relu", c.input(f(1, 160, 5, 7)), 64, (1, 1), residual=True, act="relu")
+    conv("1x1, 96 out, 2 images", c.input(f(2, 32, 6, 6)), 96, (1, 1))
+    conv("3x3 stride 2 pad 1, 64 out", c.input(f(1, 32, 13, 11)), 64, (3, 3), strides=(2, 2), pads=((1, 1), (1, 1)),
+         residual=True)
     conv("3x3 stride 2 pad 1", c.input(f(2, 16, 11, 10)), 16, (3, 3), strides=(2, 2), pads=((1, 1), (1, 1)))
     conv("5x3 dilation (2, 1), asymmetric pads", c.input(f(1, 16, 12, 8)), 32, (5, 3), dilations=(2, 1),
          pads=((2, 0), (1, 2)))

@@ -2,6 +2,7 @@
 #include "pool.h"
 #include "transpose.h"
 #include "vmath.h"
+#include "wide.h"
 
 /* Channel blocks per K block of the GEMM and pixels per M block: one panel's K block of B (256 x 32
  * floats, 32 KB) is reused by every row tile of the M block, whose A (96 x 256 floats) stays in L2. */
@@ -181,22 +182,14 @@ static void blocked_edge_tile(int mr, int nv, const blocked_gemm *g, int64_t i0,
 }
 
 #if CUVIL_VL == 16
-/* WIDE_MR pixels x two panels (64 output channels): 24 accumulators of the 32 registers, so each
- * broadcast of A feeds four FMAs, not two (the shape of ONNX Runtime's NCHWc kernel), over K blocks of
- * WIDE_KB channel blocks. ResNet-50 on a Sapphire-Rapids-class Xeon, interleaved against the 8 x 2 tile
- * alone: 0.93x the time at 1 and 2 threads (with 256-channel K blocks, whose two panels' B overflow L1:
- * 0.99x / 0.98x). The accumulators are named variables: held in arrays, or updated by cuvil_fma, GCC
- * kept half of them on the stack. */
-#define WIDE_MR 6
+/* The wide tile (wide.h) over K blocks of WIDE_KB channel blocks. ResNet-50 on a Sapphire-Rapids-class
+ * Xeon, interleaved against the 8 x 2 tile alone: 0.93x the time at 1 and 2 threads (with 256-channel K
+ * blocks, whose two panels' B overflow L1: 0.99x / 0.98x). */
+#define WIDE_MR CUVIL_WIDE_MR
 #define WIDE_KB 8          /* two panels' K blocks of 128 channels: 32 KB, in L1 beside A's lines */
-#define WIDE_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
-#define WIDE_ZERO(r) cuvil_vf x##r##0 = cuvil_vsplat(0.f), x##r##1 = x##r##0, x##r##2 = x##r##0, x##r##3 = x##r##0;
-#define WIDE_STEP(r) { cuvil_vf av = cuvil_vsplat(ar[r][kk]);                                       \
-                       x##r##0 += av * b0, x##r##1 += av * b1, x##r##2 += av * b2, x##r##3 += av * b3; }
-#define WIDE_OUT(r) c0[r] = x##r##0, c1[r] = x##r##1, c2[r] = x##r##2, c3[r] = x##r##3;
 static inline __attribute__((always_inline)) void wide_tile(int a_from, const blocked_gemm *g, int64_t i0, int64_t p,
                                                             int64_t kb0, int64_t nkb, int first, int last) {
-    WIDE_ROWS(WIDE_ZERO)
+    CUVIL_WIDE_ROWS(CUVIL_WIDE_ZERO)
     const float *bp = g->B + (p * g->K + kb0 * CUVIL_BLOCK) * CUVIL_NR, *bq = bp + g->K * CUVIL_NR;
     for (int64_t kb = 0; kb < nkb; kb++) {
         const float *ar[WIDE_MR], *b = bp + kb * CUVIL_BLOCK * CUVIL_NR, *q = bq + kb * CUVIL_BLOCK * CUVIL_NR;
@@ -206,14 +199,13 @@ static inline __attribute__((always_inline)) void wide_tile(int a_from, const bl
             for (int r = 0; r < WIDE_MR; r++) ar[r] = src->x + off + src->pix[i0 + r] * CUVIL_BLOCK;
         } else
             for (int r = 0; r < WIDE_MR; r++) ar[r] = g->A + (kb0 + kb) * g->lda + (i0 + r) * CUVIL_BLOCK;
-        for (int kk = 0; kk < CUVIL_BLOCK; kk++) {
-            cuvil_vf b0 = cuvil_vload(b + kk * CUVIL_NR), b1 = cuvil_vload(b + kk * CUVIL_NR + CUVIL_VL);
-            cuvil_vf b2 = cuvil_vload(q + kk * CUVIL_NR), b3 = cuvil_vload(q + kk * CUVIL_NR + CUVIL_VL);
-            WIDE_ROWS(WIDE_STEP)
+        for (int k = 0; k < CUVIL_BLOCK; k++) {
+            CUVIL_WIDE_LOAD_B(b, q, k)
+            CUVIL_WIDE_ROWS(CUVIL_WIDE_STEP)
         }
     }
     cuvil_vf c0[CUVIL_MR], c1[CUVIL_MR], c2[CUVIL_MR], c3[CUVIL_MR];
-    WIDE_ROWS(WIDE_OUT)
+    CUVIL_WIDE_ROWS(CUVIL_WIDE_OUT)
     store_blocked_tile(WIDE_MR, 2, c0, c1, g, i0, p, first, last);
     store_blocked_tile(WIDE_MR, 2, c2, c3, g, i0, p + 1, first, last);
 }

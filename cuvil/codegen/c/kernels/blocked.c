@@ -189,6 +189,14 @@ static void blocked_edge_tile(int mr, int nv, const blocked_gemm *g, int64_t i0,
 #define WIDE_KB 8          /* two panels' K blocks of 128 channels: 32 KB, in L1 beside A's lines */
 static inline __attribute__((always_inline)) void wide_tile(int a_from, const blocked_gemm *g, int64_t i0, int64_t p,
                                                             int64_t kb0, int64_t nkb, int first, int last) {
+    for (int v = 0; v < 4; v++) {       /* the lines the store will touch, asked for before the K loop */
+        int64_t off = (2 * p + v) * g->ldc + i0 * CUVIL_BLOCK;
+        for (int r = 0; r < WIDE_MR; r++) {
+            __asm__ volatile("");
+            __builtin_prefetch(g->C + off + r * CUVIL_BLOCK, 1, 3);
+            if (last && g->residual) __builtin_prefetch(g->residual + off + r * CUVIL_BLOCK, 0, 3);
+        }
+    }
     CUVIL_WIDE_ROWS(CUVIL_WIDE_ZERO)
     const float *bp = g->B + (p * g->K + kb0 * CUVIL_BLOCK) * CUVIL_NR, *bq = bp + g->K * CUVIL_NR;
     for (int64_t kb = 0; kb < nkb; kb++) {

@@ -135,12 +135,27 @@ static inline __attribute__((always_inline)) void accumulate_nchw(int mr, int nv
 
 /* One tile of mr pixels x nv vectors of output channels of panel p, finished into C (raw partial sums
  * until the last K block, which adds the epilogue). */
+/* The lines of C (and of the residual, on the last K block) that a tile of mr pixels x blocks
+ * [blk, blk + nblk) of 16 output channels will store, asked for before its K loop: left to the store,
+ * each was a wait on L3. */
+static inline void prefetch_tile_output(const blocked_gemm *g, int64_t i0, int mr, int64_t blk, int nblk, int last) {
+    for (int v = 0; v < nblk; v++) {
+        int64_t off = (blk + v) * g->ldc + i0 * CUVIL_BLOCK;
+        for (int r = 0; r < mr; r++) {
+            __asm__ volatile("");          /* GCC deletes a loop of nothing but prefetches as empty */
+            __builtin_prefetch(g->C + off + r * CUVIL_BLOCK, 1, 3);
+            if (last && g->residual) __builtin_prefetch(g->residual + off + r * CUVIL_BLOCK, 0, 3);
+        }
+    }
+}
+
 enum { A_BLOCKED, A_NCHW, A_GATHERED };          /* where a tile reads A: g->A, g->src, g->gsrc */
 
 static inline __attribute__((always_inline)) void blocked_tile(int a_from, int mr, int nv, const blocked_gemm *g,
                                                                int64_t i0, int64_t p, int64_t kb0, int64_t nkb, int first,
                                                                int last) {
     cuvil_vf c0[CUVIL_MR], c1[CUVIL_MR];
+    prefetch_tile_output(g, i0, mr, p * CUVIL_NR / CUVIL_BLOCK, nv * CUVIL_VL / CUVIL_BLOCK, last);
     #pragma GCC unroll 8
     for (int i = 0; i < CUVIL_MR; i++) c0[i] = c1[i] = cuvil_vsplat(0.f);
     if (a_from == A_NCHW) accumulate_nchw(mr, nv, g, i0, p, c0, c1);
@@ -189,14 +204,7 @@ static void blocked_edge_tile(int mr, int nv, const blocked_gemm *g, int64_t i0,
 #define WIDE_KB 8          /* two panels' K blocks of 128 channels: 32 KB, in L1 beside A's lines */
 static inline __attribute__((always_inline)) void wide_tile(int a_from, const blocked_gemm *g, int64_t i0, int64_t p,
                                                             int64_t kb0, int64_t nkb, int first, int last) {
-    for (int v = 0; v < 4; v++) {       /* the lines the store will touch, asked for before the K loop */
-        int64_t off = (2 * p + v) * g->ldc + i0 * CUVIL_BLOCK;
-        for (int r = 0; r < WIDE_MR; r++) {
-            __asm__ volatile("");
-            __builtin_prefetch(g->C + off + r * CUVIL_BLOCK, 1, 3);
-            if (last && g->residual) __builtin_prefetch(g->residual + off + r * CUVIL_BLOCK, 0, 3);
-        }
-    }
+    prefetch_tile_output(g, i0, WIDE_MR, 2 * p, 4, last);
     CUVIL_WIDE_ROWS(CUVIL_WIDE_ZERO)
     const float *bp = g->B + (p * g->K + kb0 * CUVIL_BLOCK) * CUVIL_NR, *bq = bp + g->K * CUVIL_NR;
     for (int64_t kb = 0; kb < nkb; kb++) {

@@ -202,13 +202,24 @@ static void blocked_edge_tile(int mr, int nv, const blocked_gemm *g, int64_t i0,
  * blocks, whose two panels' B overflow L1: 0.99x / 0.98x). */
 #define WIDE_MR CUVIL_WIDE_MR
 #define WIDE_KB 8          /* two panels' K blocks of 128 channels: 32 KB, in L1 beside A's lines */
+
+/* Lines [l0, l1) of the two panels' B that the tiles after these will read (b and q, each a K block
+ * of up to WIDE_KB * 16 rows of NR floats), for one tile to ask for toward L2 as it runs. */
+typedef struct { const char *b, *q; int64_t l0, l1; } b_ahead;
+
 static inline __attribute__((always_inline)) void wide_tile(int a_from, const blocked_gemm *g, int64_t i0, int64_t p,
-                                                            int64_t kb0, int64_t nkb, int first, int last) {
+                                                            int64_t kb0, int64_t nkb, int first, int last,
+                                                            const b_ahead *ahead) {
     prefetch_tile_output(g, i0, WIDE_MR, 2 * p, 4, last);
     CUVIL_WIDE_ROWS(CUVIL_WIDE_ZERO)
     const float *bp = g->B + (p * g->K + kb0 * CUVIL_BLOCK) * CUVIL_NR, *bq = bp + g->K * CUVIL_NR;
+    int64_t per = (ahead->l1 - ahead->l0 + nkb - 1) / nkb;      /* lines of each panel per channel block */
     for (int64_t kb = 0; kb < nkb; kb++) {
         const float *ar[WIDE_MR], *b = bp + kb * CUVIL_BLOCK * CUVIL_NR, *q = bq + kb * CUVIL_BLOCK * CUVIL_NR;
+        for (int64_t l = ahead->l0 + kb * per, e = l + per < ahead->l1 ? l + per : ahead->l1; l < e; l++) {
+            __builtin_prefetch(ahead->b + l * 64, 0, 1);
+            __builtin_prefetch(ahead->q + l * 64, 0, 1);
+        }
         if (a_from == A_GATHERED) {
             const gathered_source *src = g->gsrc;
             int64_t k = kb0 + kb, off = k % src->CB * src->plane + src->tap[k / src->CB] * CUVIL_BLOCK;
@@ -225,12 +236,26 @@ static inline __attribute__((always_inline)) void wide_tile(int a_from, const bl
     store_blocked_tile(WIDE_MR, 2, c0, c1, g, i0, p, first, last);
     store_blocked_tile(WIDE_MR, 2, c2, c3, g, i0, p + 1, first, last);
 }
-static void blocked_wide_tile(const blocked_gemm *g, int64_t i0, int64_t p, int64_t kb0, int64_t nkb, int first, int last) {
-    wide_tile(A_BLOCKED, g, i0, p, kb0, nkb, first, last);
+static void blocked_wide_tile(const blocked_gemm *g, int64_t i0, int64_t p, int64_t kb0, int64_t nkb, int first, int last,
+                              const b_ahead *ahead) {
+    wide_tile(A_BLOCKED, g, i0, p, kb0, nkb, first, last, ahead);
 }
 static void gathered_wide_tile(const blocked_gemm *g, int64_t i0, int64_t p, int64_t kb0, int64_t nkb, int first,
-                               int last) {
-    wide_tile(A_GATHERED, g, i0, p, kb0, nkb, first, last);
+                               int last, const b_ahead *ahead) {
+    wide_tile(A_GATHERED, g, i0, p, kb0, nkb, first, last, ahead);
+}
+
+/* The K block of B after block kb0 of panels p, p + 1: the next of theirs, else the first of the next
+ * two panels (the task after this one, mostly on the same thread); the weights stream from DRAM
+ * once per call where they outgrow L3, and left to the hardware, each block's first tile waited on
+ * its 32 KB. */
+static b_ahead next_b_block(const blocked_gemm *g, int64_t p, int64_t kb0, int64_t KB) {
+    int64_t kb = kb0 + WIDE_KB < KB ? kb0 + WIDE_KB : 0, np = kb ? p : p + 2;
+    if (np >= g->np) return (b_ahead){0, 0, 0, 0};
+    int64_t nkb = KB - kb < WIDE_KB ? KB - kb : WIDE_KB, q = np + 1 < g->np ? np + 1 : np;
+    const float *b = g->B + (np * g->K + kb * CUVIL_BLOCK) * CUVIL_NR;
+    return (b_ahead){(const char *)b, (const char *)(b + (q - np) * g->K * CUVIL_NR), 0,
+                     nkb * CUVIL_BLOCK * CUVIL_NR * 4 / 64};
 }
 #define BLOCKED_GROUP 2           /* panels a task takes: the wide tile's two, where it runs */
 #else
@@ -244,9 +269,12 @@ static int blocked_wide_block(const blocked_gemm *g, int64_t m0, int64_t m1, int
     for (int64_t kb0 = 0; kb0 < KB; kb0 += WIDE_KB) {
         int64_t nkb = KB - kb0 < WIDE_KB ? KB - kb0 : WIDE_KB, i0 = m0;
         int first = kb0 == 0, last = kb0 + WIDE_KB >= KB;
-        for (; i0 + WIDE_MR <= m1; i0 += WIDE_MR)
-            if (g->gsrc) gathered_wide_tile(g, i0, p, kb0, nkb, first, last);
-            else blocked_wide_tile(g, i0, p, kb0, nkb, first, last);
+        b_ahead next = next_b_block(g, p, kb0, KB), share = next;
+        for (int64_t t = 0, tiles = (m1 - m0) / WIDE_MR; i0 + WIDE_MR <= m1; i0 += WIDE_MR, t++) {
+            share.l0 = next.l1 * t / tiles, share.l1 = next.l1 * (t + 1) / tiles;     /* each tile its share */
+            if (g->gsrc) gathered_wide_tile(g, i0, p, kb0, nkb, first, last, &share);
+            else blocked_wide_tile(g, i0, p, kb0, nkb, first, last, &share);
+        }
         for (int64_t q = p; i0 < m1 && q < p + 2; q++) blocked_edge_tile((int)(m1 - i0), 2, g, i0, q, kb0, nkb, first, last);
     }
     return 1;

@@ -40,18 +40,20 @@ KEY_FEATURES = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "am
 
 
 def machine_line():
-    cpu, flags = "unknown CPU", set()
+    cpu, flags, family = "unknown CPU", set(), ""
     try:
         for line in open("/proc/cpuinfo"):
             if line.startswith("model name") and cpu == "unknown CPU":
                 cpu = line.split(":", 1)[1].strip()
+            elif line.startswith("cpu family") and not family:   # a VM's bare "AMD EPYC": 25 Zen 4, 26 Zen 5
+                family = f" family {line.split(':', 1)[1].strip()}"
             elif line.startswith("flags") and not flags:
                 flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
     features = " ".join(f for f in KEY_FEATURES if f in flags)
     import torch
-    return (f"{cpu} ({features or 'no AVX2'}; {cache_line()}), {os.cpu_count()} cores, {platform.system()} "
+    return (f"{cpu}{family} ({features or 'no AVX2'}; {cache_line()}), {os.cpu_count()} cores, {platform.system()} "
             f"{platform.release()}, Python {platform.python_version()}, torch {torch.__version__}")
 
 

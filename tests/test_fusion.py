@@ -41,7 +41,8 @@ def test_gemv_weights_cached_or_streamed(cached, monkeypatch):
     """One row against constant weights in both of the GEMV's forms: weights that stay in the
     last-level cache read without software prefetch, larger ones (forced here) with it; odd K so each
     form's last single K step runs; 700 columns: 22 panels of 32 (AVX-512) or 44 of 16 over 2 threads,
-    each thread's share as groups of 6 streams and a shorter one."""
+    each thread's share as groups of 6 panels and a shorter one (read side by side, or one at a time
+    where one stream reads faster: Zen 5, streamed form)."""
     from cuvil.codegen.c import emit
     monkeypatch.setattr(emit, "weights_fit_in_cache", lambda graph, target: cached)
     g = Graph()

@@ -121,12 +121,16 @@ static inline void gemv_load(const void *B, int bits, int64_t i, cuvil_vf *lo, c
 /* software prefetch: bytes ahead, locality hint, fp32 too (see gemv_panels) */
 #ifdef CUVIL_GEMV_PREFETCH       /* set from outside: a tuning experiment */
 #elif CUVIL_VL == 16 && defined(CUVIL_ZEN) && defined(__AVXVNNI__)
-/* Zen 5 (the first Zen with AVX-VNNI, by which GCC 12, not knowing znver5, tells it from Zen 4): into
- * L1 as on Intel, 1 KB ahead. 48 GEMVs of 2048 x 5632 from DRAM (1.1 GB), against Zen 4's setting,
- * rounds interleaved: bf16 26.9 against 21.9 GB/s at 1 thread, 52.0 against 42.4 at 2; fp32 30.8
- * against 26.2 and 37.0 against 37.7; 2 KB ahead 26.8 / 29.6 at 1 thread, 4 KB 24.1 / 26.5. */
-#define CUVIL_GEMV_PREFETCH 1024
-#define CUVIL_GEMV_PREFETCH_HINT 3
+/* Zen 5 (the first Zen with AVX-VNNI, by which GCC 12, not knowing znver5, tells it from Zen 4) reads
+ * DRAM faster as one sequential stream than as several side by side (read probe, 1 GiB, 9 rounds
+ * interleaved: one stream 35-39 GB/s at 1 thread, 46-48 at 2; six 25-31 / 38-39), so it reads the
+ * panels one after another (CUVIL_GEMV_ONE_STREAM), each non-temporally 8 KB ahead. 48 GEMVs of
+ * 2048 x 5632 from DRAM (1.1 GB), against six streams 1 KB ahead into L1, three runs of 7 rounds
+ * interleaved: bf16 37.9-38.2 against 35.0-35.8 GB/s at 1 thread, 43.0-48.5 against 39.4-47.5 at 2;
+ * fp32 38.5-39.3 against 36.8-37.9 and 44.5-48.7 against 40.1-47.9. */
+#define CUVIL_GEMV_ONE_STREAM 1
+#define CUVIL_GEMV_PREFETCH 8192
+#define CUVIL_GEMV_PREFETCH_HINT 0
 #define CUVIL_GEMV_PREFETCH_FP32 1
 #elif CUVIL_VL == 16 && defined(CUVIL_ZEN)
 /* Zen 4: toward L2 (prefetcht2), where Intel wants L1. Decode
@@ -151,10 +155,14 @@ static inline void gemv_load(const void *B, int bits, int64_t i, cuvil_vf *lo, c
 #ifndef CUVIL_GEMV_PREFETCH_BF16
 #define CUVIL_GEMV_PREFETCH_BF16 CUVIL_GEMV_PREFETCH
 #endif
+#ifndef CUVIL_GEMV_ONE_STREAM
+#define CUVIL_GEMV_ONE_STREAM 0
+#endif
 static inline __attribute__((always_inline)) void gemv_panels(int S, int bits, int prefetch, int64_t K, const float *A,
                                                               const void *B, float acc[][CUVIL_MR][CUVIL_NR]) {
+    /* one stream alone keeps its two K steps in two accumulator pairs, out of each other's way */
     cuvil_vf c[CUVIL_GEMV_STREAMS][2];
-    for (int s = 0; s < S; s++) c[s][0] = c[s][1] = cuvil_vsplat(0.f);
+    for (int s = 0; s < (S == 1 ? 2 : S); s++) c[s][0] = c[s][1] = cuvil_vsplat(0.f);
     int64_t k = 0;
     /* Two K steps per round, and a software prefetch of each stream's lines some way ahead. bf16
      * costs ~6 vector instructions per 32 bytes where fp32's costs 2 per 64, so the out-of-order
@@ -178,11 +186,12 @@ static inline __attribute__((always_inline)) void gemv_panels(int S, int bits, i
                 for (int s = 0; s < S; s++) {
                     cuvil_vf lo, hi;
                     gemv_load(B, bits, (s * K + k + u) * CUVIL_NR, &lo, &hi);
-                    c[s][0] += a * lo;
-                    c[s][1] += a * hi;
+                    c[S == 1 ? u : s][0] += a * lo;
+                    c[S == 1 ? u : s][1] += a * hi;
                 }
             }
         }
+    if (S == 1) c[0][0] += c[1][0], c[0][1] += c[1][1];
     for (; k < K; k++) {
         cuvil_vf a = cuvil_vsplat(A[k]);
         for (int s = 0; s < S; s++) {
@@ -741,12 +750,19 @@ static void gemv_task(void *ctx, int64_t p0, int64_t p1) {
         int S = p1 - p < CUVIL_GEMV_STREAMS ? (int)(p1 - p) : CUVIL_GEMV_STREAMS;
         const void *b = (const char *)g->B + p * g->K * CUVIL_NR * esize;
         /* constants for the compiler: the loops unroll per case (bf16 always prefetches) */
-#define GEMV_CASE(S_, BITS, PF) case (S_) * 100 + (BITS) + (PF) * 1000: gemv_panels(S_, BITS, PF, g->K, g->A, b, acc); break;
+#define GEMV_CASE(S_, BITS, PF) case (S_) * 100 + (BITS) + (PF) * 1000: gemv_panels(S_, BITS, PF, g->K, g->A, bs, as); break;
 #define GEMV_CASES(BITS, PF) GEMV_CASE(1, BITS, PF) GEMV_CASE(2, BITS, PF) GEMV_CASE(3, BITS, PF) \
                              GEMV_CASE(4, BITS, PF) GEMV_CASE(5, BITS, PF) GEMV_CASE(6, BITS, PF)
         _Static_assert(CUVIL_GEMV_STREAMS == 6, "GEMV_CASES lists 1..6 streams");
-        switch (S * 100 + g->bits + 1000 * (g->bits == 16 || !g->b_cached)) {
-        GEMV_CASES(32, 1) GEMV_CASES(32, 0) GEMV_CASES(16, 1)
+        int from_dram = g->bits == 16 || !g->b_cached;
+        /* weights held in the cache keep the six streams (MLP b1 on Zen 5: one at a time 1.04-1.13x the time) */
+        int streams = CUVIL_GEMV_ONE_STREAM && from_dram ? 1 : S;
+        for (int s = 0; s < S; s += streams) {
+            const void *bs = (const char *)b + s * g->K * CUVIL_NR * esize;
+            float (*as)[CUVIL_MR][CUVIL_NR] = acc + s;
+            switch (streams * 100 + g->bits + 1000 * from_dram) {
+            GEMV_CASES(32, 1) GEMV_CASES(32, 0) GEMV_CASES(16, 1)
+            }
         }
 #undef GEMV_CASES
 #undef GEMV_CASE

@@ -44,9 +44,19 @@ def _bf16_panels(q: np.ndarray, nr: int) -> np.ndarray:
     return np.ascontiguousarray(p[:, :, order])
 
 
+def _quads(blocks: np.ndarray, chunks: int, pad) -> np.ndarray:
+    """[N/8 blocks, chunks * 32 bytes] -> [N/32][chunks][4][32] (padded with `pad` to whole quads of
+    four blocks): a decode tile reads its four blocks as one sequential stream (kernels/qgemm.h)."""
+    nq = -(-blocks.shape[0] // 4)
+    full = np.full((nq * 4, chunks, 32), pad, blocks.dtype)
+    full[:blocks.shape[0]] = blocks.reshape(blocks.shape[0], chunks, 32)
+    return np.ascontiguousarray(full.reshape(nq, 4, chunks, 32).transpose(0, 2, 1, 3)).reshape(nq, -1)
+
+
 def _q4_blocks(q: np.ndarray) -> np.ndarray:
-    """int4 [K, N/2] (column pairs per byte) -> cuvil_qgemm's layout (kernels/qgemm.h): [N/8][K/8][32],
-    byte 4j + i of chunk c holding k = 8c + i (low nibble) and 8c + 4 + i (high nibble) of column j."""
+    """int4 [K, N/2] (column pairs per byte) -> cuvil_qgemm's layout (kernels/qgemm.h): blocks [N/8][K/8][32],
+    byte 4j + i of chunk c holding k = 8c + i (low nibble) and 8c + 4 + i (high nibble) of column j,
+    in quads."""
     K = q.shape[0]
     vals = np.empty((K, q.shape[1] * 2), np.uint8)
     vals[:, 0::2], vals[:, 1::2] = q & 15, q >> 4
@@ -54,16 +64,18 @@ def _q4_blocks(q: np.ndarray) -> np.ndarray:
     full = np.full((K, n8), 8, np.uint8)                   # 8 is zero after the - 8 offset
     full[:, :vals.shape[1]] = vals
     c = full.reshape(K // 8, 2, 4, n8 // 8, 8)             # [chunk, half, i, block, j]
-    return np.ascontiguousarray((c[:, 0] | (c[:, 1] << 4)).transpose(2, 0, 3, 1)).reshape(n8 // 8, -1)
+    blocks = (c[:, 0] | (c[:, 1] << 4)).transpose(2, 0, 3, 1).reshape(n8 // 8, -1)
+    return _quads(blocks, K // 8, 0x88)
 
 
 def _q8_blocks(q: np.ndarray) -> np.ndarray:
-    """int8 [K, N] -> [N/8][K/4][32] (kernels/qgemm.h): byte 4j + i of chunk c holds k = 4c + i of column j."""
+    """int8 [K, N] -> blocks [N/8][K/4][32] (kernels/qgemm.h): byte 4j + i of chunk c holds k = 4c + i
+    of column j, in quads."""
     K, N = q.shape
     n8 = -(-N // 8) * 8
     full = np.zeros((K, n8), np.int8)
     full[:, :N] = q
-    return np.ascontiguousarray(full.reshape(K // 4, 4, n8 // 8, 8).transpose(2, 0, 3, 1)).reshape(n8 // 8, -1)
+    return _quads(full.reshape(K // 4, 4, n8 // 8, 8).transpose(2, 0, 3, 1).reshape(n8 // 8, -1), K // 4, 0)
 
 
 def _q4_block_scales(s: np.ndarray) -> np.ndarray:

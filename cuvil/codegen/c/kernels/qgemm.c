@@ -57,6 +57,11 @@ void cuvil_quantize_rows(int64_t M, int64_t K, const float *A, int64_t lda, int6
  * layers against T0, artifacts interleaved, speed: int8 1.12x (1 thread) 1.10x (2), int4 1.29x / 1.11x
  * (T1 alike). Can be set from outside for tuning runs. */
 #ifdef CUVIL_QGEMM_PREFETCH_HINT
+#elif defined(CUVIL_ZEN) && defined(__AVXVNNI__)
+/* Zen 5 (gemm.c's GEMV says how it is told apart): non-temporal. 48 decode GEMVs of 2048 x 5632 from
+ * DRAM, rounds interleaved, against T2: int4 44.6 / 61.6 GB/s against 42.1 / 58.1 at 2 threads, int8
+ * 45.7 / 44.3 against 39.4 / 43.2 (1 thread alike); 4-16 KB ahead instead of a quad: alike. */
+#define CUVIL_QGEMM_PREFETCH_HINT _MM_HINT_NTA
 #elif defined(CUVIL_ZEN)
 #define CUVIL_QGEMM_PREFETCH_HINT _MM_HINT_T2
 #else
@@ -77,10 +82,16 @@ typedef struct {
     float *C;
 } qargs;
 
+/* Block b of eight columns (qgemm.h): its first chunk, inside its quad; its chunks follow 128 bytes apart. */
+static inline const uint8_t *q_block(const qargs *a, int64_t b) {
+    return a->W + (b >> 2) * (a->K * a->bits / 8) * 32 + (b & 3) * 32;
+}
+
 /* Weight (k, n) of the eight-column layout (qgemm.h), int4 without its + 8. */
 static inline int q_value(const qargs *a, int64_t k, int64_t n) {
-    if (a->bits == 8) return ((const int8_t *)a->W)[((n >> 3) * (a->K / 4) + (k >> 2)) * 32 + 4 * (n & 7) + (k & 3)];
-    uint8_t byte = a->W[((n >> 3) * (a->K / 8) + (k >> 3)) * 32 + 4 * (n & 7) + (k & 3)];
+    const uint8_t *w = q_block(a, n >> 3) + 4 * (n & 7) + (k & 3);
+    if (a->bits == 8) return ((const int8_t *)w)[(k >> 2) * 128];
+    uint8_t byte = w[(k >> 3) * 128];
     return (int)((k & 4) ? byte >> 4 : byte & 15) - 8;
 }
 
@@ -107,7 +118,7 @@ static inline __attribute__((always_inline)) void q4_tile(const qargs *a, int MR
     }
     for (int j = 0; j < NB; j++) {
         int64_t b = b0 + j < a->nblocks ? b0 + j : b0;
-        wc[j] = a->W + b * (K / 8) * 32, sc[j] = (const uint16_t *)a->scales + (b >> 2) * G * 32 + (b & 3) * 8;
+        wc[j] = q_block(a, b), sc[j] = (const uint16_t *)a->scales + (b >> 2) * G * 32 + (b & 3) * 8;
     }
     for (int i = 0; i < MR; i++)
         for (int j = 0; j < NB; j++) acc[i][j] = _mm256_setzero_ps();
@@ -129,8 +140,9 @@ static inline __attribute__((always_inline)) void q4_tile(const qargs *a, int MR
                 const int64_t kc = run * U + c;      /* chunk: K values 8kc .. 8kc + 7 */
                 __m256i wl[4], wh[4];
                 for (int j = 0; j < NB; j++) {
-                    _mm_prefetch((const char *)(wc[j] + kc * 32 + a->pf), CUVIL_QGEMM_PREFETCH_HINT);
-                    __m256i w = _mm256_loadu_si256((const __m256i *)(wc[j] + kc * 32));
+                    if (NB == 1 || !(j & 1))     /* a tile of four blocks reads two lines a chunk */
+                        _mm_prefetch((const char *)(wc[j] + kc * 128 + a->pf), CUVIL_QGEMM_PREFETCH_HINT);
+                    __m256i w = _mm256_loadu_si256((const __m256i *)(wc[j] + kc * 128));
                     wl[j] = _mm256_and_si256(w, low4);
                     wh[j] = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
                 }
@@ -195,7 +207,7 @@ static inline __attribute__((always_inline)) void q8_tile(const qargs *a, int MR
     }
     for (int j = 0; j < NB; j++) {
         int64_t b = b0 + j < a->nblocks ? b0 + j : b0;
-        wc[j] = (const int8_t *)a->W + b * (K / 4) * 32;
+        wc[j] = (const int8_t *)q_block(a, b);
     }
     for (int i = 0; i < MR; i++)
         for (int j = 0; j < NB; j++) acc[i][j] = _mm256_setzero_ps();
@@ -207,8 +219,8 @@ static inline __attribute__((always_inline)) void q8_tile(const qargs *a, int MR
         for (int c = 0; c < SUB; c++) {
             const int64_t kc = blk * SUB + c;         /* chunk: K values 4kc .. 4kc + 3 */
             for (int j = 0; j < NB; j++) {
-                if ((c & 1) == 0) _mm_prefetch((const char *)(wc[j] + kc * 32 + a->pf), CUVIL_QGEMM_PREFETCH_HINT);
-                const __m256i w = _mm256_loadu_si256((const __m256i *)(wc[j] + kc * 32)), aw = _mm256_sign_epi8(w, w);
+                if (NB == 1 || !(j & 1)) _mm_prefetch((const char *)(wc[j] + kc * 128 + a->pf), CUVIL_QGEMM_PREFETCH_HINT);
+                const __m256i w = _mm256_loadu_si256((const __m256i *)(wc[j] + kc * 128)), aw = _mm256_sign_epi8(w, w);
                 for (int i = 0; i < MR; i++) {
                     const __m256i x = _mm256_set1_epi32(*(const int32_t *)(xr[i] + kc * 4));
                     is[i][j] = dot4_add(is[i][j], aw, _mm256_sign_epi8(x, w));
@@ -252,14 +264,15 @@ static void tile_scalar(const qargs *a, int64_t m0, int64_t b0, float out[4][32]
 }
 #endif
 
-/* Task t: blocks [t cb, (t + 1) cb) x all rows, a tile of nc blocks at a time; the rows run inside,
- * so the tile's weights are read from memory once and then from L1. */
+/* Task t: blocks [t cb, (t + 1) cb) (a quad) x all rows, tiles of mr rows x nc blocks; for each tile
+ * of rows the quad's blocks in turn, so the lines they share are read from memory once per quad and
+ * then from the cache. */
 static void q_task(void *ctx, int64_t t0, int64_t t1) {
     const qargs *a = ctx;
     float out[4][32] __attribute__((aligned(32)));
     for (int64_t t = t0; t < t1; t++)
-      for (int64_t b0 = t * a->cb; b0 < (t + 1) * a->cb && b0 < a->nblocks; b0 += a->nc)
-        for (int64_t m0 = 0; m0 < a->M; m0 += a->mr) {
+      for (int64_t m0 = 0; m0 < a->M; m0 += a->mr)
+        for (int64_t b0 = t * a->cb; b0 < (t + 1) * a->cb && b0 < a->nblocks; b0 += a->nc) {
 #ifdef CUVIL_QGEMM_AVX2
             __m256 acc[4][4];
             /* the tiles take their shape and K steps as constants: one instance per case */
@@ -274,6 +287,7 @@ static void q_task(void *ctx, int64_t t0, int64_t t1) {
                     for (int j = 0; j < NB; j++) _mm256_store_ps(out[i] + 8 * j, acc[i][j]);                 \
             } while (0)
             if (a->mr == 1) CUVIL_QTILE(1, 4);
+            else if (a->nc == 2) CUVIL_QTILE(4, 2);
             else CUVIL_QTILE(4, 1);
 #undef CUVIL_QTILE
 #else
@@ -288,6 +302,15 @@ static void q_task(void *ctx, int64_t t0, int64_t t1) {
         }
 }
 
+/* Blocks in a prefill tile (of 4 rows): two, side by side in the quad, read whole 64-byte lines. Its
+ * 16 accumulators fit where AVX-512 gives 32 vector registers. TinyLlama int4 prefill of 128 tokens
+ * on Zen 5, artifacts interleaved: 0.85x / 0.88x the time of one block a tile on the layout before
+ * quads (1 / 2 threads), where one block on quads took 1.05x; 2 rows x 4 blocks 0.91x. */
+#if defined(__AVX512VL__)
+#define CUVIL_QGEMM_PREFILL_BLOCKS 2
+#else
+#define CUVIL_QGEMM_PREFILL_BLOCKS 1
+#endif
 /* Quantized activations live in a per-thread buffer that grows and is kept: no allocation per call. */
 static __thread void *scratch;
 static __thread size_t scratch_cap;
@@ -310,17 +333,18 @@ int cuvil_qgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, co
 #ifdef CUVIL_QGEMM_AVX2
     if (bits == 4) q4_offsets(M, K, run / 8, xq, noff);
 #endif
-    /* one row (decode, memory bound): tiles of four blocks (32 columns, four weight streams side by
-     * side), one equal run of tiles a thread, so each thread reads one stretch of memory and its
-     * prefetch (one tile ahead) lands on its own next tile. Claimed two tiles at a time, the threads
-     * took turns, and each prefetched the tile the other would read: 8 TinyLlama-shaped layers, 2
-     * threads, old/new artifacts interleaved, int4 1.07-1.09x the tokens/s, int8 1.09x (1 thread:
-     * int4 1.08x, int8 0.99x). More rows (prefill): tiles of one block x 4 rows, a block per task. */
-    int64_t nblocks = (N + 7) / 8, nc = M == 1 ? 4 : 1, block_bytes = K * 8 * bits / 8;
-    qargs a = {M, N, K, ablock, ldc, nb, nc * block_bytes, nblocks, xq, dx, scales, residual, noff, W, bits,
-               M == 1 ? 1 : 4, (int)nc, (int)nc, C};
-    int64_t ntiles = (nblocks + nc - 1) / nc, work = M * N * K > 65536;
-    if (M == 1) cuvil_parallel_chunks(work ? nthreads : 1, ntiles, (ntiles + nthreads - 1) / nthreads, q_task, &a);
-    else cuvil_parallel_for(work ? nthreads : 1, ntiles, 1, q_task, &a);
+    /* Tasks are quads (qgemm.h: four blocks, 32 columns, read as one stream). One row (decode, memory
+     * bound): a tile is a quad, one equal run of quads a thread, so each thread reads one stretch of
+     * memory and its prefetch (one quad ahead) lands on its own next quad. Claimed two tiles at a time,
+     * the threads took turns, and each prefetched the tile the other would read: 8 TinyLlama-shaped
+     * layers, 2 threads, old/new artifacts interleaved, int4 1.07-1.09x the tokens/s, int8 1.09x (1
+     * thread: int4 1.08x, int8 0.99x). More rows (prefill): tiles of 4 rows x CUVIL_QGEMM_PREFILL_BLOCKS
+     * blocks, a quad per task. */
+    int64_t nblocks = (N + 7) / 8, nc = M == 1 ? 4 : CUVIL_QGEMM_PREFILL_BLOCKS, quad_bytes = 4 * K * bits;
+    qargs a = {M, N, K, ablock, ldc, nb, quad_bytes, nblocks, xq, dx, scales, residual, noff, W, bits,
+               M == 1 ? 1 : 4, (int)nc, 4, C};
+    int64_t nquads = (nblocks + 3) / 4, work = M * N * K > 65536;
+    if (M == 1) cuvil_parallel_chunks(work ? nthreads : 1, nquads, (nquads + nthreads - 1) / nthreads, q_task, &a);
+    else cuvil_parallel_for(work ? nthreads : 1, nquads, 1, q_task, &a);
     return 0;
 }

@@ -1,6 +1,7 @@
 """The integer-dot kernel, built with AVX2 switched off (the portable C path a CPU without it, e.g.
 aarch64, runs), for plain AVX2 (maddubs: the path of a CPU without VNNI, whatever this one has) and for
-this machine (VNNI dpbusd where it has it), each checked against matmul_q's numpy reference."""
+this machine (VNNI dpbusd where it has it, and the 512-bit int4 prefill tile on AVX-512 VNNI), each
+checked against matmul_q's numpy reference."""
 import ctypes
 import platform
 import subprocess

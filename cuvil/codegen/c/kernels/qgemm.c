@@ -177,6 +177,73 @@ static inline __attribute__((always_inline)) void q4_tile(const qargs *a, int MR
     }
 }
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define CUVIL_QGEMM_512 1
+/* q4_tile on 512-bit vectors (VNNI): a vector is a pair of blocks side by side in their quad (sixteen
+ * columns, one 64-byte line a chunk), so a chunk of a quad is two loads, four masks and four dpbusd
+ * where the 256-bit tile takes twice as many. MR rows x NP pairs. The prefill tile (4 rows x a quad):
+ * TinyLlama int4 prefill of 128 tokens on Zen 5, artifacts interleaved, 0.56x / 0.55x the time of the
+ * 256-bit 4 rows x 2 blocks (1 / 2 threads). Decode keeps the 256-bit tile: this one read DRAM slower
+ * (48 GEMVs of 2048 x 5632: 25-30 against 31-33 GB/s at 1 thread; from L3 faster, 44.7 against 39.4). */
+static inline __attribute__((always_inline)) void q4_tile512(const qargs *a, int MR, int NP, int U, int UPG,
+                                                             int64_t m0, int64_t b0, __m512 acc[4][2]) {
+    const int64_t K = a->K, G = a->nb, runs = K / (8 * U);
+    const int8_t *xr[4];
+    const float *dxr[4];
+    const __m256i *nor[4];
+    const uint8_t *wc[2];
+    const uint16_t *sc[2];
+    for (int i = 0; i < MR; i++) {           /* rows past M repeat row m0: computed, not stored */
+        int64_t m = m0 + i < a->M ? m0 + i : m0;
+        xr[i] = a->xq + m * K, dxr[i] = a->dx + m * G, nor[i] = (const __m256i *)a->noff + m * runs;
+    }
+    for (int j = 0; j < NP; j++) {           /* a pair's second block may be the quad's padding */
+        int64_t b = b0 + 2 * j < a->nblocks ? b0 + 2 * j : b0;
+        wc[j] = q_block(a, b), sc[j] = (const uint16_t *)a->scales + (b >> 2) * G * 32 + (b & 3) * 8;
+    }
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NP; j++) acc[i][j] = _mm512_setzero_ps();
+    const __m512i low4 = _mm512_set1_epi8(15);
+    const __m256i ones = _mm256_set1_epi16(1);
+#pragma GCC unroll 1
+    for (int64_t g = 0; g < G; g++) {
+        __m512i sum[4][2];
+        for (int u = 0; u < UPG; u++) {
+            const int64_t run = g * UPG + u;
+            __m512i p[4][2];
+            for (int i = 0; i < MR; i++) {   /* the partials start as int32 (see q4_tile) */
+                __m512i no = _mm512_broadcast_i64x4(_mm256_madd_epi16(_mm256_load_si256(nor[i] + run), ones));
+                for (int j = 0; j < NP; j++) p[i][j] = no;
+            }
+            for (int c = 0; c < U; c++) {
+                const int64_t kc = run * U + c;
+                __m512i wl[2], wh[2];
+                for (int j = 0; j < NP; j++) {
+                    _mm_prefetch((const char *)(wc[j] + kc * 128 + a->pf), CUVIL_QGEMM_PREFETCH_HINT);
+                    __m512i w = _mm512_loadu_si512((const void *)(wc[j] + kc * 128));
+                    wl[j] = _mm512_and_si512(w, low4);
+                    wh[j] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+                }
+                for (int i = 0; i < MR; i++) {
+                    const __m512i xl = _mm512_set1_epi32(*(const int32_t *)(xr[i] + kc * 8));
+                    const __m512i xh = _mm512_set1_epi32(*(const int32_t *)(xr[i] + kc * 8 + 4));
+                    for (int j = 0; j < NP; j++)
+                        p[i][j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(p[i][j], wl[j], xl), wh[j], xh);
+                }
+            }
+            for (int i = 0; i < MR; i++)
+                for (int j = 0; j < NP; j++) sum[i][j] = u ? _mm512_add_epi32(sum[i][j], p[i][j]) : p[i][j];
+        }
+        for (int j = 0; j < NP; j++) {
+            const __m512 sw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc[j] + g * 32)));
+            for (int i = 0; i < MR; i++)
+                acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[i][j]), _mm512_mul_ps(sw, _mm512_set1_ps(dxr[i][g])),
+                                            acc[i][j]);
+        }
+    }
+}
+#endif
+
 /* -8 x the activations each int16 lane of q4_tile meets in one run (U chunks of eight K): its
  * partials' starting values, per row and run. */
 static void q4_offsets(int64_t M, int64_t K, int64_t U, const int8_t *xq, __m256i *noff) {
@@ -269,7 +336,7 @@ static void tile_scalar(const qargs *a, int64_t m0, int64_t b0, float out[4][32]
  * then from the cache. */
 static void q_task(void *ctx, int64_t t0, int64_t t1) {
     const qargs *a = ctx;
-    float out[4][32] __attribute__((aligned(32)));
+    float out[4][32] __attribute__((aligned(64)));
     for (int64_t t = t0; t < t1; t++)
       for (int64_t m0 = 0; m0 < a->M; m0 += a->mr)
         for (int64_t b0 = t * a->cb; b0 < (t + 1) * a->cb && b0 < a->nblocks; b0 += a->nc) {
@@ -286,6 +353,19 @@ static void q_task(void *ctx, int64_t t0, int64_t t1) {
                 for (int i = 0; i < MR; i++)                                                                \
                     for (int j = 0; j < NB; j++) _mm256_store_ps(out[i] + 8 * j, acc[i][j]);                 \
             } while (0)
+#ifdef CUVIL_QGEMM_512
+#define CUVIL_QTILE512(MR, NP) do {                                                                         \
+                __m512 acc5[4][2];                                                                          \
+                switch (a->ablock) { case 32: q4_tile512(a, MR, NP, 4, 1, m0, b0, acc5); break;            \
+                                     case 64: q4_tile512(a, MR, NP, 8, 1, m0, b0, acc5); break;            \
+                                     default: q4_tile512(a, MR, NP, 8, 2, m0, b0, acc5); }                 \
+                for (int i = 0; i < MR; i++)                                                                \
+                    for (int j = 0; j < NP; j++) _mm512_store_ps(out[i] + 16 * j, acc5[i][j]);              \
+            } while (0)
+            if (a->bits == 4 && a->mr > 1) CUVIL_QTILE512(4, 2);
+            else
+#undef CUVIL_QTILE512
+#endif
             if (a->mr == 1) CUVIL_QTILE(1, 4);
             else if (a->nc == 2) CUVIL_QTILE(4, 2);
             else CUVIL_QTILE(4, 1);
@@ -302,14 +382,20 @@ static void q_task(void *ctx, int64_t t0, int64_t t1) {
         }
 }
 
-/* Blocks in a prefill tile (of 4 rows): two, side by side in the quad, read whole 64-byte lines. Its
- * 16 accumulators fit where AVX-512 gives 32 vector registers. TinyLlama int4 prefill of 128 tokens
- * on Zen 5, artifacts interleaved: 0.85x / 0.88x the time of one block a tile on the layout before
- * quads (1 / 2 threads), where one block on quads took 1.05x; 2 rows x 4 blocks 0.91x. */
+/* Blocks in a prefill tile of 4 rows (256-bit tiles): two, side by side in the quad, read whole
+ * 64-byte lines; their 16 accumulators fit where AVX-512 gives 32 vector registers. TinyLlama prefill
+ * of 128 tokens on Zen 5, artifacts interleaved, against one block a tile on the layout before quads
+ * (1 / 2 threads): int4 0.85x / 0.88x the time (one block on quads 1.05x; 2 rows x 4 blocks 0.91x),
+ * int8 0.89x / 0.88x. int4 with 512-bit VNNI takes a whole quad (q4_tile512). */
 #if defined(__AVX512VL__)
 #define CUVIL_QGEMM_PREFILL_BLOCKS 2
 #else
 #define CUVIL_QGEMM_PREFILL_BLOCKS 1
+#endif
+#ifdef CUVIL_QGEMM_512
+#define CUVIL_Q4_PREFILL_BLOCKS 4        /* a whole quad: q4_tile512 (4 rows x 2 pairs) */
+#else
+#define CUVIL_Q4_PREFILL_BLOCKS CUVIL_QGEMM_PREFILL_BLOCKS
 #endif
 /* Quantized activations live in a per-thread buffer that grows and is kept: no allocation per call. */
 static __thread void *scratch;
@@ -338,9 +424,9 @@ int cuvil_qgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, co
      * memory and its prefetch (one quad ahead) lands on its own next quad. Claimed two tiles at a time,
      * the threads took turns, and each prefetched the tile the other would read: 8 TinyLlama-shaped
      * layers, 2 threads, old/new artifacts interleaved, int4 1.07-1.09x the tokens/s, int8 1.09x (1
-     * thread: int4 1.08x, int8 0.99x). More rows (prefill): tiles of 4 rows x CUVIL_QGEMM_PREFILL_BLOCKS
-     * blocks, a quad per task. */
-    int64_t nblocks = (N + 7) / 8, nc = M == 1 ? 4 : CUVIL_QGEMM_PREFILL_BLOCKS, quad_bytes = 4 * K * bits;
+     * thread: int4 1.08x, int8 0.99x). More rows (prefill): tiles of 4 rows x nc blocks, a quad per task. */
+    int64_t nblocks = (N + 7) / 8, quad_bytes = 4 * K * bits;
+    int64_t nc = M == 1 ? 4 : bits == 4 ? CUVIL_Q4_PREFILL_BLOCKS : CUVIL_QGEMM_PREFILL_BLOCKS;
     qargs a = {M, N, K, ablock, ldc, nb, quad_bytes, nblocks, xq, dx, scales, residual, noff, W, bits,
                M == 1 ? 1 : 4, (int)nc, 4, C};
     int64_t nquads = (nblocks + 3) / 4, work = M * N * K > 65536;

@@ -88,9 +88,9 @@ def _q4_block_scales(s: np.ndarray) -> np.ndarray:
 
 
 def _q8_block_scales(s: np.ndarray) -> np.ndarray:
-    """[1, N] -> [N/8 * 8] (zero scales for the padding columns)."""
-    n8 = -(-s.size // 8) * 8
-    full = np.zeros(n8, np.float32)
+    """[1, N] -> [N/32 * 32] (zero scales for the padding columns of the last quad)."""
+    n32 = -(-s.size // 32) * 32
+    full = np.zeros(n32, np.float32)
     full[:s.size] = s.reshape(-1)
     return full
 

@@ -304,6 +304,58 @@ static inline __attribute__((always_inline)) void q8_tile(const qargs *a, int MR
         for (int i = 0; i < MR; i++) acc[i][j] = _mm256_mul_ps(acc[i][j], sw);
     }
 }
+#ifdef CUVIL_QGEMM_512
+/* q8_tile on 512-bit vectors, pairs of blocks as in q4_tile512. AVX-512 has no sign_epi8, so the
+ * activations go unsigned instead (x + 128, a flip of the top bit) and each block's sum over
+ * (x + 128) w loses 128 x the sum of w, counted once per tile for all its rows by one more dpbusd. */
+static inline __attribute__((always_inline)) void q8_tile512(const qargs *a, int MR, int NP, int SUB, int64_t m0,
+                                                             int64_t b0, __m512 acc[4][2]) {
+    const int64_t K = a->K, nb = a->nb;
+    const int8_t *xr[4], *wc[2];
+    const float *dxr[4];
+    int64_t bs[2];
+    for (int i = 0; i < MR; i++) {
+        int64_t m = m0 + i < a->M ? m0 + i : m0;
+        xr[i] = a->xq + m * K, dxr[i] = a->dx + m * nb;
+    }
+    for (int j = 0; j < NP; j++) {           /* a pair's second block may be the quad's padding */
+        bs[j] = b0 + 2 * j < a->nblocks ? b0 + 2 * j : b0;
+        wc[j] = (const int8_t *)q_block(a, bs[j]);
+    }
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NP; j++) acc[i][j] = _mm512_setzero_ps();
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+#pragma GCC unroll 1
+    for (int64_t blk = 0; blk < nb; blk++) {
+        __m512i is[4][2], corr[2];
+        for (int j = 0; j < NP; j++) {
+            corr[j] = _mm512_setzero_si512();
+            for (int i = 0; i < MR; i++) is[i][j] = _mm512_setzero_si512();
+        }
+        for (int c = 0; c < SUB; c++) {
+            const int64_t kc = blk * SUB + c;         /* chunk: K values 4kc .. 4kc + 3 */
+            __m512i w[2];
+            for (int j = 0; j < NP; j++) {
+                _mm_prefetch((const char *)(wc[j] + kc * 128 + a->pf), CUVIL_QGEMM_PREFETCH_HINT);
+                w[j] = _mm512_loadu_si512((const void *)(wc[j] + kc * 128));
+                corr[j] = _mm512_dpbusd_epi32(corr[j], bias, w[j]);
+            }
+            for (int i = 0; i < MR; i++) {
+                const __m512i x = _mm512_set1_epi32(*(const int32_t *)(xr[i] + kc * 4) ^ (int32_t)0x80808080);
+                for (int j = 0; j < NP; j++) is[i][j] = _mm512_dpbusd_epi32(is[i][j], x, w[j]);
+            }
+        }
+        for (int i = 0; i < MR; i++)
+            for (int j = 0; j < NP; j++)
+                acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(is[i][j], corr[j])),
+                                            _mm512_set1_ps(dxr[i][blk]), acc[i][j]);
+    }
+    for (int j = 0; j < NP; j++) {           /* scales are padded to whole quads */
+        const __m512 sw = _mm512_loadu_ps((const float *)a->scales + bs[j] * 8);
+        for (int i = 0; i < MR; i++) acc[i][j] = _mm512_mul_ps(acc[i][j], sw);
+    }
+}
+#endif
 #else
 /* IEEE half -> float (the int4 scales), subnormals included. */
 static float half_to_float(uint16_t h) {
@@ -356,13 +408,16 @@ static void q_task(void *ctx, int64_t t0, int64_t t1) {
 #ifdef CUVIL_QGEMM_512
 #define CUVIL_QTILE512(MR, NP) do {                                                                         \
                 __m512 acc5[4][2];                                                                          \
-                switch (a->ablock) { case 32: q4_tile512(a, MR, NP, 4, 1, m0, b0, acc5); break;            \
-                                     case 64: q4_tile512(a, MR, NP, 8, 1, m0, b0, acc5); break;            \
-                                     default: q4_tile512(a, MR, NP, 8, 2, m0, b0, acc5); }                 \
+                if (a->bits == 4) switch (a->ablock) { case 32: q4_tile512(a, MR, NP, 4, 1, m0, b0, acc5); break; \
+                                                      case 64: q4_tile512(a, MR, NP, 8, 1, m0, b0, acc5); break; \
+                                                      default: q4_tile512(a, MR, NP, 8, 2, m0, b0, acc5); }      \
+                else switch (a->ablock) { case 32: q8_tile512(a, MR, NP, 8, m0, b0, acc5); break;                \
+                                          case 64: q8_tile512(a, MR, NP, 16, m0, b0, acc5); break;               \
+                                          default: q8_tile512(a, MR, NP, 32, m0, b0, acc5); }                    \
                 for (int i = 0; i < MR; i++)                                                                \
                     for (int j = 0; j < NP; j++) _mm512_store_ps(out[i] + 16 * j, acc5[i][j]);              \
             } while (0)
-            if (a->bits == 4 && a->mr > 1) CUVIL_QTILE512(4, 2);
+            if (a->mr > 1) CUVIL_QTILE512(4, 2);
             else
 #undef CUVIL_QTILE512
 #endif
@@ -386,16 +441,13 @@ static void q_task(void *ctx, int64_t t0, int64_t t1) {
  * 64-byte lines; their 16 accumulators fit where AVX-512 gives 32 vector registers. TinyLlama prefill
  * of 128 tokens on Zen 5, artifacts interleaved, against one block a tile on the layout before quads
  * (1 / 2 threads): int4 0.85x / 0.88x the time (one block on quads 1.05x; 2 rows x 4 blocks 0.91x),
- * int8 0.89x / 0.88x. int4 with 512-bit VNNI takes a whole quad (q4_tile512). */
-#if defined(__AVX512VL__)
+ * int8 0.89x / 0.88x. With 512-bit VNNI a tile takes a whole quad (q4_tile512, q8_tile512). */
+#ifdef CUVIL_QGEMM_512
+#define CUVIL_QGEMM_PREFILL_BLOCKS 4     /* a whole quad: the 512-bit tiles (4 rows x 2 pairs) */
+#elif defined(__AVX512VL__)
 #define CUVIL_QGEMM_PREFILL_BLOCKS 2
 #else
 #define CUVIL_QGEMM_PREFILL_BLOCKS 1
-#endif
-#ifdef CUVIL_QGEMM_512
-#define CUVIL_Q4_PREFILL_BLOCKS 4        /* a whole quad: q4_tile512 (4 rows x 2 pairs) */
-#else
-#define CUVIL_Q4_PREFILL_BLOCKS CUVIL_QGEMM_PREFILL_BLOCKS
 #endif
 /* Quantized activations live in a per-thread buffer that grows and is kept: no allocation per call. */
 static __thread void *scratch;
@@ -426,7 +478,7 @@ int cuvil_qgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, co
      * layers, 2 threads, old/new artifacts interleaved, int4 1.07-1.09x the tokens/s, int8 1.09x (1
      * thread: int4 1.08x, int8 0.99x). More rows (prefill): tiles of 4 rows x nc blocks, a quad per task. */
     int64_t nblocks = (N + 7) / 8, quad_bytes = 4 * K * bits;
-    int64_t nc = M == 1 ? 4 : bits == 4 ? CUVIL_Q4_PREFILL_BLOCKS : CUVIL_QGEMM_PREFILL_BLOCKS;
+    int64_t nc = M == 1 ? 4 : CUVIL_QGEMM_PREFILL_BLOCKS;
     qargs a = {M, N, K, ablock, ldc, nb, quad_bytes, nblocks, xq, dx, scales, residual, noff, W, bits,
                M == 1 ? 1 : 4, (int)nc, 4, C};
     int64_t nquads = (nblocks + 3) / 4, work = M * N * K > 65536;

@@ -15,7 +15,7 @@
  *         four blocks a decode tile reads side by side are one stream, not four (0.8x the time at
  *         group 32, 0.9x at 64).
  *   int8: int8 [N/8][K/4][32]: chunk c holds K values 4c .. 4c + 3, byte 4j + i holding k = 4c + i
- *         of column j. One scale per column (float [N/8 * 8]); ablock in {32, 64, 128}.
+ *         of column j. One scale per column (float [N/32 * 32]); ablock in {32, 64, 128}.
  * K must be a multiple of 64 (int4) or of ablock (int8). C[M,N] (ldc) = A[M,K] (lda) @ W (+ residual).
  * Returns nonzero when the activation buffer cannot be allocated. */
 #ifndef CUVIL_QGEMM_H

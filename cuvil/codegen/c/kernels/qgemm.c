@@ -438,16 +438,17 @@ static void q_task(void *ctx, int64_t t0, int64_t t1) {
 }
 
 /* Blocks in a prefill tile of 4 rows (256-bit tiles): two, side by side in the quad, read whole
- * 64-byte lines; their 16 accumulators fit where AVX-512 gives 32 vector registers. TinyLlama prefill
- * of 128 tokens on Zen 5, artifacts interleaved, against one block a tile on the layout before quads
- * (1 / 2 threads): int4 0.85x / 0.88x the time (one block on quads 1.05x; 2 rows x 4 blocks 0.91x),
- * int8 0.89x / 0.88x. With 512-bit VNNI a tile takes a whole quad (q4_tile512, q8_tile512). */
-#ifdef CUVIL_QGEMM_512
+ * 64-byte lines. TinyLlama prefill of 128 tokens on Zen 5 (AVX-512VL's 32 registers hold the 16
+ * accumulators), artifacts interleaved, against one block a tile on the layout before quads (1 / 2
+ * threads): int4 0.85x / 0.88x the time (one block on quads 1.05x; 2 rows x 4 blocks 0.91x), int8
+ * 0.89x / 0.88x. Built for AVX2 without VNNI (16 registers: some spill), 128 x 5632 x 2048 against the
+ * layout before quads: int4 1.04-1.05x the time (one block on quads 1.13-1.17x), int8 0.98-1.02x (one
+ * block 1.14-1.21x). With 512-bit VNNI a tile takes a whole quad (q4_tile512, q8_tile512). */
+#ifdef CUVIL_QGEMM_PREFILL_BLOCKS       /* set from outside: a tuning experiment */
+#elif defined(CUVIL_QGEMM_512)
 #define CUVIL_QGEMM_PREFILL_BLOCKS 4     /* a whole quad: the 512-bit tiles (4 rows x 2 pairs) */
-#elif defined(__AVX512VL__)
-#define CUVIL_QGEMM_PREFILL_BLOCKS 2
 #else
-#define CUVIL_QGEMM_PREFILL_BLOCKS 1
+#define CUVIL_QGEMM_PREFILL_BLOCKS 2
 #endif
 /* Quantized activations live in a per-thread buffer that grows and is kept: no allocation per call. */
 static __thread void *scratch;

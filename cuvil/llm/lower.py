@@ -14,12 +14,22 @@ from . import quantize
 from .spec import LlamaSpec
 
 
+def _transposed(w: np.ndarray) -> np.ndarray:
+    """w.T as a contiguous float32 array, in stripes of 256 rows of w: numpy's whole-array transposed
+    copy walks the output across cache lines (TinyLlama int4 build: 7.2 of its 26 s; a stripe of 8192 x
+    2048 fp32 0.32 s whole, 0.066 s by stripes)."""
+    out = np.empty((w.shape[1], w.shape[0]), np.float32)
+    for i in range(0, w.shape[0], 256):
+        out[:, i:i + 256] = w[i:i + 256].T
+    return out
+
+
 def _by_columns(tensors, name, convert, chunk=8192):
     """convert([K, n] fp32) over blocks of output columns (rows of the torch-layout weight), joined
     along N: the fp32 copy of a 128k-vocabulary head alone is 2 GiB, and quantizing it whole made
     several temporaries of that size."""
     try:
-        parts = [convert(np.ascontiguousarray(tensors.rows(name, n, n + chunk).T, dtype=np.float32))
+        parts = [convert(_transposed(tensors.rows(name, n, n + chunk)))
                  for n in range(0, tensors.shape(name)[0], chunk)]
     except QuantizationError as e:
         raise QuantizationError(f"{name}: {e}") from None
@@ -32,7 +42,7 @@ def _linear(g, x, tensors, name, precision: str, group: int, residual=None, bias
     """x @ W^T for the torch-layout weight [N, K] `name`, in the requested precision."""
     K = tensors.shape(name)[1]
     if precision == "fp32":
-        y = g.add("matmul", [x, g.const(np.ascontiguousarray(tensors.get(name).T, dtype=np.float32))])
+        y = g.add("matmul", [x, g.const(_transposed(tensors.get(name)))])
         if bias is not None:
             y = g.add("add", [y, g.const(bias.astype(np.float32))])
         return g.add("add", [y, residual]) if residual is not None else y

@@ -20,8 +20,10 @@ def quantize_int8(w: np.ndarray):
     """Symmetric per output channel: returns (int8 [K, N], float32 scales [1, N])."""
     amax = np.abs(w).max(axis=0, keepdims=True)
     scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
-    q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
-    return q, scale
+    q = np.divide(w, scale)
+    np.rint(q, out=q)
+    np.clip(q, -127, 127, out=q)
+    return q.astype(np.int8), scale
 
 
 def quantize_int4(w: np.ndarray, group: int):
@@ -43,6 +45,10 @@ def quantize_int4(w: np.ndarray, group: int):
         raise QuantizationError(f"int4: a weight of magnitude {float(amax.max()):.4g} exceeds what float16 "
                                 f"scales hold (|w| <= {7 * 65504})")
     scale = np.where(scale > 0, scale, np.float16(1)).astype(np.float32)   # below float16's range: all zeros
-    q = np.clip(np.rint(g / scale[:, None, :]), -7, 7).astype(np.int16).reshape(G * group, N)[:K] + 8
-    packed = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)
-    return packed, scale
+    # in place, one temporary: the build quantizes every weight of the model through here
+    np.divide(g, scale[:, None, :], out=g)
+    np.rint(g, out=g)
+    np.clip(g, -7, 7, out=g)
+    g += 8
+    q = padded[:K].astype(np.uint8)
+    return q[:, 0::2] | (q[:, 1::2] << 4), scale

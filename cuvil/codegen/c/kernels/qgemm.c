@@ -96,6 +96,19 @@ static inline int q_value(const qargs *a, int64_t k, int64_t n) {
 }
 
 #ifdef CUVIL_QGEMM_AVX2
+/* A tile's rows: activations, their block scales and (int4) the int16 runs' starting values; rows
+ * past M repeat row m0 (computed, not stored). */
+typedef struct { const int8_t *x[4]; const float *dx[4]; const __m256i *no[4]; } qrows;
+static inline __attribute__((always_inline)) qrows q_rows(const qargs *a, int MR, int64_t m0, int64_t runs) {
+    qrows r;
+    for (int i = 0; i < MR; i++) {
+        int64_t m = m0 + i < a->M ? m0 + i : m0;
+        r.x[i] = a->xq + m * a->K, r.dx[i] = a->dx + m * a->nb;
+        r.no[i] = runs ? (const __m256i *)a->noff + m * runs : 0;
+    }
+    return r;
+}
+
 /* int4, eight columns per vector (layout in qgemm.h): a 32-bit lane is one column, so the integer
  * sums come out as a vector of eight columns (no horizontal sums) and the group's float scaling is
  * one multiply-add per eight columns. maddubs multiplies the unsigned nibbles by four activation bytes
@@ -107,15 +120,12 @@ static inline int q_value(const qargs *a, int64_t k, int64_t n) {
 static inline __attribute__((always_inline)) void q4_tile(const qargs *a, int MR, int NB, int U, int UPG, int64_t m0,
                                                           int64_t b0, __m256 acc[4][4]) {
     const int64_t K = a->K, G = a->nb, runs = K / (8 * U);
-    const int8_t *xr[4];
-    const float *dxr[4];
-    const __m256i *nor[4];
+    const qrows rw = q_rows(a, MR, m0, runs);
+    const int8_t *const *xr = rw.x;
+    const float *const *dxr = rw.dx;
+    const __m256i *const *nor = rw.no;
     const uint8_t *wc[4];
     const uint16_t *sc[4];
-    for (int i = 0; i < MR; i++) {           /* rows past M repeat row m0: computed, not stored */
-        int64_t m = m0 + i < a->M ? m0 + i : m0;
-        xr[i] = a->xq + m * K, dxr[i] = a->dx + m * G, nor[i] = (const __m256i *)a->noff + m * runs;
-    }
     for (int j = 0; j < NB; j++) {
         int64_t b = b0 + j < a->nblocks ? b0 + j : b0;
         wc[j] = q_block(a, b), sc[j] = (const uint16_t *)a->scales + (b >> 2) * G * 32 + (b & 3) * 8;
@@ -188,15 +198,12 @@ static inline __attribute__((always_inline)) void q4_tile(const qargs *a, int MR
 static inline __attribute__((always_inline)) void q4_tile512(const qargs *a, int MR, int NP, int U, int UPG,
                                                              int64_t m0, int64_t b0, __m512 acc[4][2]) {
     const int64_t K = a->K, G = a->nb, runs = K / (8 * U);
-    const int8_t *xr[4];
-    const float *dxr[4];
-    const __m256i *nor[4];
+    const qrows rw = q_rows(a, MR, m0, runs);
+    const int8_t *const *xr = rw.x;
+    const float *const *dxr = rw.dx;
+    const __m256i *const *nor = rw.no;
     const uint8_t *wc[2];
     const uint16_t *sc[2];
-    for (int i = 0; i < MR; i++) {           /* rows past M repeat row m0: computed, not stored */
-        int64_t m = m0 + i < a->M ? m0 + i : m0;
-        xr[i] = a->xq + m * K, dxr[i] = a->dx + m * G, nor[i] = (const __m256i *)a->noff + m * runs;
-    }
     for (int j = 0; j < NP; j++) {           /* a pair's second block may be the quad's padding */
         int64_t b = b0 + 2 * j < a->nblocks ? b0 + 2 * j : b0;
         wc[j] = q_block(a, b), sc[j] = (const uint16_t *)a->scales + (b >> 2) * G * 32 + (b & 3) * 8;
@@ -265,13 +272,10 @@ static void q4_offsets(int64_t M, int64_t K, int64_t U, const int8_t *xq, __m256
  * activation scale per block and the column scales once at the end. SUB = chunks per block. */
 static inline __attribute__((always_inline)) void q8_tile(const qargs *a, int MR, int NB, int SUB, int64_t m0,
                                                           int64_t b0, __m256 acc[4][4]) {
-    const int64_t K = a->K, nb = a->nb;
-    const int8_t *xr[4], *wc[4];
-    const float *dxr[4];
-    for (int i = 0; i < MR; i++) {
-        int64_t m = m0 + i < a->M ? m0 + i : m0;
-        xr[i] = a->xq + m * K, dxr[i] = a->dx + m * nb;
-    }
+    const int64_t nb = a->nb;
+    const qrows rw = q_rows(a, MR, m0, 0);
+    const int8_t *const *xr = rw.x, *wc[4];
+    const float *const *dxr = rw.dx;
     for (int j = 0; j < NB; j++) {
         int64_t b = b0 + j < a->nblocks ? b0 + j : b0;
         wc[j] = (const int8_t *)q_block(a, b);
@@ -310,14 +314,11 @@ static inline __attribute__((always_inline)) void q8_tile(const qargs *a, int MR
  * (x + 128) w loses 128 x the sum of w, counted once per tile for all its rows by one more dpbusd. */
 static inline __attribute__((always_inline)) void q8_tile512(const qargs *a, int MR, int NP, int SUB, int64_t m0,
                                                              int64_t b0, __m512 acc[4][2]) {
-    const int64_t K = a->K, nb = a->nb;
-    const int8_t *xr[4], *wc[2];
-    const float *dxr[4];
+    const int64_t nb = a->nb;
+    const qrows rw = q_rows(a, MR, m0, 0);
+    const int8_t *const *xr = rw.x, *wc[2];
+    const float *const *dxr = rw.dx;
     int64_t bs[2];
-    for (int i = 0; i < MR; i++) {
-        int64_t m = m0 + i < a->M ? m0 + i : m0;
-        xr[i] = a->xq + m * K, dxr[i] = a->dx + m * nb;
-    }
     for (int j = 0; j < NP; j++) {           /* a pair's second block may be the quad's padding */
         bs[j] = b0 + 2 * j < a->nblocks ? b0 + 2 * j : b0;
         wc[j] = (const int8_t *)q_block(a, bs[j]);

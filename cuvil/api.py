@@ -51,6 +51,9 @@ class CompiledModel:
         self.report = report or {}
         self._in_spec = in_spec
         self._out_spec = out_spec
+        # run is the module's own bound method: a forwarding call cost 1.1 us a call (2.8 -> 3.9 us on
+        # a tiny model, 2-3% of a 1024 x 1024 GEMV)
+        self.run = module.run
 
     @property
     def path(self) -> Path:
@@ -61,7 +64,8 @@ class CompiledModel:
         return (self.path / "model.c").read_text()
 
     def run(self, *arrays, out=None):
-        """numpy in -> list of numpy out (flattened outputs)."""
+        """numpy in -> list of numpy out (flattened outputs); `out`: preallocated output arrays.
+        (Documentation: __init__ binds the module's run in its place.)"""
         return self.module.run(*arrays, out=out)
 
     def __call__(self, *args, **kwargs):

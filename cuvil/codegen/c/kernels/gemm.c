@@ -124,11 +124,11 @@ static inline void gemv_load(const void *B, int bits, int64_t i, cuvil_vf *lo, c
 /* Zen 5 (the first Zen with AVX-VNNI, by which GCC 12, not knowing znver5, tells it from Zen 4) reads
  * DRAM faster as one sequential stream than as several side by side (read probe, 1 GiB, 9 rounds
  * interleaved: one stream 35-39 GB/s at 1 thread, 46-48 at 2; six 25-31 / 38-39), so it reads the
- * panels one after another (CUVIL_GEMV_ONE_STREAM), each non-temporally 8 KB ahead. 48 GEMVs of
+ * panels one after another (CUVIL_GEMV_DRAM_STREAMS 1), each non-temporally 8 KB ahead. 48 GEMVs of
  * 2048 x 5632 from DRAM (1.1 GB), against six streams 1 KB ahead into L1, three runs of 7 rounds
  * interleaved: bf16 37.9-38.2 against 35.0-35.8 GB/s at 1 thread, 43.0-48.5 against 39.4-47.5 at 2;
  * fp32 38.5-39.3 against 36.8-37.9 and 44.5-48.7 against 40.1-47.9. */
-#define CUVIL_GEMV_ONE_STREAM 1
+#define CUVIL_GEMV_DRAM_STREAMS 1
 #define CUVIL_GEMV_PREFETCH 8192
 #define CUVIL_GEMV_PREFETCH_HINT 0
 #define CUVIL_GEMV_PREFETCH_FP32 1
@@ -144,9 +144,16 @@ static inline void gemv_load(const void *B, int bits, int64_t i, cuvil_vf *lo, c
  * alike at either distance */
 #define CUVIL_GEMV_PREFETCH_BF16 512
 #elif CUVIL_VL == 16
-#define CUVIL_GEMV_PREFETCH 2048
+/* Intel with AVX-512: weights from DRAM read as two panels side by side, 1 KB ahead into L1. The
+ * read probe on a Sapphire-Rapids-class Xeon (1 thread, 1 GiB): one or four streams with a T0
+ * prefetch 17.7-17.9 GB/s, six 16.9. 12 TinyLlama-shaped layers (1.2 GB bf16), artifacts
+ * interleaved, decode speed against six streams 2 KB ahead: bf16 1.098x (1 thread) 1.078x (2),
+ * fp32 1.047x / 1.039x; two streams 2 KB ahead 1.04-1.07x, 4 KB 1.06x; four streams 1.01-1.03x;
+ * one stream 0.89x; prefetcht2 or 4 KB ahead with six streams 0.94-1.0x */
+#define CUVIL_GEMV_PREFETCH 1024
 #define CUVIL_GEMV_PREFETCH_HINT 3
 #define CUVIL_GEMV_PREFETCH_FP32 1
+#define CUVIL_GEMV_DRAM_STREAMS 2
 #else
 #define CUVIL_GEMV_PREFETCH 256
 #define CUVIL_GEMV_PREFETCH_HINT 1
@@ -155,8 +162,8 @@ static inline void gemv_load(const void *B, int bits, int64_t i, cuvil_vf *lo, c
 #ifndef CUVIL_GEMV_PREFETCH_BF16
 #define CUVIL_GEMV_PREFETCH_BF16 CUVIL_GEMV_PREFETCH
 #endif
-#ifndef CUVIL_GEMV_ONE_STREAM
-#define CUVIL_GEMV_ONE_STREAM 0
+#ifndef CUVIL_GEMV_DRAM_STREAMS      /* panels read side by side where weights come from DRAM */
+#define CUVIL_GEMV_DRAM_STREAMS CUVIL_GEMV_STREAMS
 #endif
 static inline __attribute__((always_inline)) void gemv_panels(int S, int bits, int prefetch, int64_t K, const float *A,
                                                               const void *B, float acc[][CUVIL_MR][CUVIL_NR]) {
@@ -756,11 +763,11 @@ static void gemv_task(void *ctx, int64_t p0, int64_t p1) {
         _Static_assert(CUVIL_GEMV_STREAMS == 6, "GEMV_CASES lists 1..6 streams");
         int from_dram = g->bits == 16 || !g->b_cached;
         /* weights held in the cache keep the six streams (MLP b1 on Zen 5: one at a time 1.04-1.13x the time) */
-        int streams = CUVIL_GEMV_ONE_STREAM && from_dram ? 1 : S;
+        int streams = from_dram ? CUVIL_GEMV_DRAM_STREAMS : S;
         for (int s = 0; s < S; s += streams) {
             const void *bs = (const char *)b + s * g->K * CUVIL_NR * esize;
             float (*as)[CUVIL_MR][CUVIL_NR] = acc + s;
-            switch (streams * 100 + g->bits + 1000 * from_dram) {
+            switch ((S - s < streams ? S - s : streams) * 100 + g->bits + 1000 * from_dram) {
             GEMV_CASES(32, 1) GEMV_CASES(32, 0) GEMV_CASES(16, 1)
             }
         }

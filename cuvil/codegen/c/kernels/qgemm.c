@@ -71,8 +71,14 @@ void cuvil_quantize_rows(int64_t M, int64_t K, const float *A, int64_t lda, int6
  * against a quad ahead: int8 1.14x (1 thread) 1.13x (2), int4 1.26x / 1.25x; 1 KB 1.08x / 1.24x (1
  * thread), 4 KB 1.14-1.16x / 1.16-1.19x, 8 KB int8 1.14x. */
 #define CUVIL_QGEMM_PREFETCH_BYTES 2048
+/* and decodes on the 512-bit tiles: TinyLlama-shaped int4 (22 layers), artifacts interleaved, against
+ * the 256-bit tile: 1.035x the tokens/s (1 thread) 1.062x (2); int8 (12 layers) 1.012x / 1.004x */
+#define CUVIL_QGEMM_DECODE_512 1
 #endif
 
+#ifndef CUVIL_QGEMM_DECODE_512          /* decode (one row) on the 512-bit tiles too */
+#define CUVIL_QGEMM_DECODE_512 0
+#endif
 #ifndef CUVIL_QGEMM_PREFETCH_BYTES    /* how far ahead the decode tile's prefetch reads; 0: one quad */
 #define CUVIL_QGEMM_PREFETCH_BYTES 0
 #endif
@@ -202,8 +208,9 @@ static inline __attribute__((always_inline)) void q4_tile(const qargs *a, int MR
  * columns, one 64-byte line a chunk), so a chunk of a quad is two loads, four masks and four dpbusd
  * where the 256-bit tile takes twice as many. MR rows x NP pairs. The prefill tile (4 rows x a quad):
  * TinyLlama int4 prefill of 128 tokens on Zen 5, artifacts interleaved, 0.56x / 0.55x the time of the
- * 256-bit 4 rows x 2 blocks (1 / 2 threads). Decode keeps the 256-bit tile: this one read DRAM slower
- * (48 GEMVs of 2048 x 5632: 25-30 against 31-33 GB/s at 1 thread; from L3 faster, 44.7 against 39.4). */
+ * 256-bit 4 rows x 2 blocks (1 / 2 threads). Decode on Zen keeps the 256-bit tile: on Zen 5 this one
+ * read DRAM slower (48 GEMVs of 2048 x 5632: 25-30 against 31-33 GB/s at 1 thread; from L3 faster, 44.7
+ * against 39.4); Intel decodes on it (CUVIL_QGEMM_DECODE_512). */
 static inline __attribute__((always_inline)) void q4_tile512(const qargs *a, int MR, int NP, int U, int UPG,
                                                              int64_t m0, int64_t b0, __m512 acc[4][2]) {
     const int64_t K = a->K, G = a->nb, runs = K / (8 * U);
@@ -428,6 +435,7 @@ static void q_task(void *ctx, int64_t t0, int64_t t1) {
                     for (int j = 0; j < NP; j++) _mm512_store_ps(out[i] + 16 * j, acc5[i][j]);              \
             } while (0)
             if (a->mr > 1) CUVIL_QTILE512(4, 2);
+            else if (CUVIL_QGEMM_DECODE_512) CUVIL_QTILE512(1, 2);
             else
 #undef CUVIL_QTILE512
 #endif

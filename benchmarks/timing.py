@@ -45,8 +45,10 @@ def machine_line():
         for line in open("/proc/cpuinfo"):
             if line.startswith("model name") and cpu == "unknown CPU":
                 cpu = line.split(":", 1)[1].strip()
-            elif line.startswith("cpu family") and not family:   # a VM's bare "AMD EPYC": 25 Zen 4, 26 Zen 5
+            elif line.startswith("cpu family") and not family:   # a VM's bare "AMD EPYC": 25 Zen 3/4, 26 Zen 5
                 family = f" family {line.split(':', 1)[1].strip()}"
+            elif line.split(":", 1)[0].strip() == "model" and "model" not in family:   # 25/1 Zen 3, 25/17 Zen 4
+                family += f" model {line.split(':', 1)[1].strip()}"
             elif line.startswith("flags") and not flags:
                 flags = set(line.split(":", 1)[1].split())
     except OSError:

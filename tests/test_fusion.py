@@ -36,6 +36,22 @@ def test_linear_bias_activation(M, N, K, act):
     assert ops_of(cm) == ["matmul_fused"]
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("M,N,K", [(128, 384, 384), (203, 96, 401), (300, 1200, 40)])
+def test_rows_split_over_threads(M, N, K, threads):
+    """A layer norm then two GEMMs whose rows split between the threads (at least 64 rows a thread,
+    N <= 4 M): each thread owns a run of the row blocks and takes from the back of another's once out
+    of its own. 3 threads on 2 cores: a thread that is not running has its run taken by the others.
+    Odd M leaves a short row tile in the last thread's run."""
+    g = Graph()
+    x = Value(TensorType((M, K), "float32"), "x")
+    g.inputs = [x]
+    h = g.add("layer_norm", [x, g.const(f32(K)), g.const(f32(K))])
+    y = g.add("gelu", [g.add("add", [g.add("matmul", [h, g.const(f32(K, N))]), g.const(f32(N))])])
+    g.outputs = [g.add("add", [g.add("matmul", [y, g.const(f32(N, N))]), y])]
+    check_graph(g, [f32(M, K)], rtol=1e-3, atol=1e-3, num_threads=threads)
+
+
 @pytest.mark.parametrize("cached", [True, False])
 def test_gemv_weights_cached_or_streamed(cached, monkeypatch):
     """One row against constant weights in both of the GEMV's forms: weights that stay in the

@@ -8,13 +8,19 @@
 #define MAX_WORKERS 63
 #define SPIN_NS 200000            /* a worker spins this long for the next job, then sleeps */
 
+/* One thread's own run of a job's items, [front, back) packed in one word: its owner claims from the
+ * front, the others, once out of work of their own, from the back. */
+typedef struct { _Alignas(64) _Atomic uint64_t span; } owned_run;
+
 typedef struct {
     cuvil_task_fn fn;
     void *ctx;
     int64_t n, chunk, grain;      /* grain: the least a guided claim takes */
     int helpers;                  /* workers allowed to join this job */
     int tail;                     /* threads sharing the tail: claims shrink toward its end (guided) */
+    int owned;                    /* runs: items split into helpers + 1 owned runs (cuvil_parallel_for) */
     atomic_int_fast64_t next, done;
+    owned_run *runs;
 } job_t;
 
 static pthread_mutex_t submit_lock = PTHREAD_MUTEX_INITIALIZER;   /* one job at a time */
@@ -66,9 +72,43 @@ static int64_t claim(job_t *j, int64_t *b) {
     }
 }
 
-static void run_chunks(job_t *j) {
+static inline uint64_t span_of(int64_t f, int64_t b) { return (uint64_t)f | (uint64_t)b << 32; }
+
+/* From the front of run r (its owner, `chunk` items) or from its back (a thief, half of what is left,
+ * at least the grain); 0 when the run is empty. */
+static int64_t claim_run(job_t *j, int r, int thief, int64_t *b) {
+    uint64_t cur = atomic_load(&j->runs[r].span);
     for (;;) {
-        int64_t b, c = claim(j, &b);
+        int64_t f = (int64_t)(cur & 0xffffffffu), e = (int64_t)(cur >> 32), left = e - f;
+        if (left <= 0) return 0;
+        int64_t c = thief ? (left + 1) / 2 : j->chunk;
+        c = c < j->grain ? j->grain : c;
+        c = c > left ? left : c;
+        uint64_t next = thief ? span_of(f, e - c) : span_of(f + c, e);
+        if (atomic_compare_exchange_weak(&j->runs[r].span, &cur, next)) { *b = thief ? e - c : f; return c; }
+    }
+}
+
+/* Thread `me`'s next items: its own run first, then the back of the fullest other run. */
+static int64_t claim_owned(job_t *j, int me, int64_t *b) {
+    int64_t c = claim_run(j, me, 0, b);
+    while (c == 0) {
+        int victim = -1;
+        int64_t most = 0;
+        for (int r = 0; r <= j->helpers; r++) {
+            uint64_t sp = atomic_load(&j->runs[r].span);
+            int64_t left = (int64_t)(sp >> 32) - (int64_t)(sp & 0xffffffffu);
+            if (r != me && left > most) most = left, victim = r;
+        }
+        if (victim < 0) return 0;
+        c = claim_run(j, victim, 1, b);
+    }
+    return c;
+}
+
+static void run_chunks(job_t *j, int me) {
+    for (;;) {
+        int64_t b, c = j->owned ? claim_owned(j, me, &b) : claim(j, &b);
         if (c <= 0) return;
         int64_t e = b + c;
         j->fn(j->ctx, b, e);
@@ -97,7 +137,7 @@ static void *worker(void *arg) {
         seen = atomic_load(&generation);
         atomic_fetch_add(&in_job, 1);
         job_t *j = atomic_load(&current);
-        if (j && id < j->helpers) run_chunks(j);
+        if (j && id < j->helpers) run_chunks(j, id + 1);
         atomic_fetch_sub(&in_job, 1);
     }
     return 0;
@@ -115,7 +155,8 @@ static void ensure_workers(int want) {
     }
 }
 
-static void submit(int nthreads, int64_t n, int64_t chunk, int64_t grain, int guided, cuvil_task_fn fn, void *ctx) {
+static void submit(int nthreads, int64_t n, int64_t chunk, int64_t grain, int guided, int owned, cuvil_task_fn fn,
+                   void *ctx) {
     if (n <= 0) return;
     if (chunk < 1) chunk = 1;
     /* serial: one thread asked for, too little work, called from inside a task, or the pool is busy
@@ -127,7 +168,13 @@ static void submit(int nthreads, int64_t n, int64_t chunk, int64_t grain, int gu
     ensure_workers(nthreads - 1);
     int helpers = nthreads - 1 < nworkers ? nthreads - 1 : nworkers;
     job_t j = {.fn = fn, .ctx = ctx, .n = n, .chunk = chunk, .grain = grain < 1 ? 1 : grain, .helpers = helpers,
-               .tail = guided ? helpers + 1 : 0};
+               .tail = guided ? helpers + 1 : 0, .owned = owned && n < (1LL << 32)};
+    owned_run runs[j.owned ? helpers + 1 : 1];
+    if (j.owned) {
+        j.runs = runs;
+        for (int r = 0; r <= helpers; r++)
+            atomic_init(&runs[r].span, span_of(n * r / (helpers + 1), n * (r + 1) / (helpers + 1)));
+    }
     atomic_init(&j.next, 0);
     atomic_init(&j.done, 0);
     atomic_store(&current, &j);
@@ -137,7 +184,7 @@ static void submit(int nthreads, int64_t n, int64_t chunk, int64_t grain, int gu
         pthread_cond_broadcast(&wake);
         pthread_mutex_unlock(&sleep_lock);
     }
-    run_chunks(&j);
+    run_chunks(&j, 0);
     int spins = 0;
     while (atomic_load(&j.done) < n) relax(&spins);   /* only chunks already claimed are waited for */
     atomic_store(&current, (job_t *)0);
@@ -145,21 +192,24 @@ static void submit(int nthreads, int64_t n, int64_t chunk, int64_t grain, int gu
     pthread_mutex_unlock(&submit_lock);
 }
 
-/* ~4 chunks per thread, shrinking toward the end of the job (guided, down to the grain): with equal
- * chunks each region waited on its slowest one. 2 threads, artifacts interleaved in both orders,
- * new/old time: ResNet-50 0.94-0.96 (0.95-0.97 with a co-tenant taking 20% of a core), MiniLM b1
- * 0.96-0.97, BERT-base and MLP b64 0.99-1.01. */
+/* Thread t owns the t-th of nthreads equal runs of the items and works through it in ~4 chunks; a
+ * thread out of work takes half of what is left of the fullest other run, from its back. Two loops
+ * over the same rows one after the other then give each thread the rows it wrote itself, still in
+ * its own L2 (a GEMM split by rows after a layer norm split alike; from a shared counter, the rows
+ * fell to whichever thread came first, and half of them crossed between the cores). The stealing
+ * keeps what the guided chunks had given: with equal chunks each region waited on its slowest one
+ * (ResNet-50 at 2 threads took 1.04-1.06x the time). */
 void cuvil_parallel_for(int nthreads, int64_t n, int64_t grain, cuvil_task_fn fn, void *ctx) {
     if (grain < 1) grain = 1;
     if (nthreads < 1) nthreads = 1;
     int64_t chunk = (n + 4 * (int64_t)nthreads - 1) / (4 * (int64_t)nthreads);
-    submit(nthreads, n, chunk < grain ? grain : chunk, grain, 1, fn, ctx);
+    submit(nthreads, n, chunk < grain ? grain : chunk, grain, 0, 1, fn, ctx);
 }
 
 void cuvil_parallel_chunks(int nthreads, int64_t n, int64_t chunk, cuvil_task_fn fn, void *ctx) {
-    submit(nthreads, n, chunk, 1, 0, fn, ctx);
+    submit(nthreads, n, chunk, 1, 0, 0, fn, ctx);
 }
 
 void cuvil_parallel_guided(int nthreads, int64_t n, int64_t chunk, cuvil_task_fn fn, void *ctx) {
-    submit(nthreads, n, chunk, 1, 1, fn, ctx);
+    submit(nthreads, n, chunk, 1, 1, 0, fn, ctx);
 }

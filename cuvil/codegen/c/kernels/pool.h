@@ -7,8 +7,9 @@
 
 typedef void (*cuvil_task_fn)(void *ctx, int64_t begin, int64_t end);
 
-/* Runs fn(ctx, b, e) over [0, n) on up to nthreads threads, in chunks that shrink toward the end
- * (guided), of at least `grain` items but the last. */
+/* Runs fn(ctx, b, e) over [0, n) on up to nthreads threads, in chunks of at least `grain` items but
+ * the last. Thread t (the caller is 0) owns the t-th of nthreads equal runs and claims chunks from its
+ * front; a thread out of work takes half of what is left of the fullest other run, from its back. */
 void cuvil_parallel_for(int nthreads, int64_t n, int64_t grain, cuvil_task_fn fn, void *ctx);
 
 /* The same in chunks of exactly `chunk` items (the last may be short): memory-bound loops whose

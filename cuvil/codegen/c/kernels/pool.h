@@ -1,6 +1,7 @@
-/* The thread pool every parallel loop runs on. Work is split in chunks that threads claim from a
- * shared counter, and the caller works too: when another process holds a core, the threads that
- * run finish the loop without waiting for the one that does not (OpenMP's barrier would). */
+/* The thread pool every parallel loop runs on. Work is split in chunks that the threads claim (from
+ * runs of their own, or a shared counter), and the caller works too: when another process holds a
+ * core, the threads that run finish the loop without waiting for the one that does not (OpenMP's
+ * barrier would). */
 #ifndef CUVIL_POOL_H
 #define CUVIL_POOL_H
 #include <stdint.h>

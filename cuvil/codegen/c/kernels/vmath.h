@@ -12,6 +12,27 @@ static inline cuvil_vf cuvil_vsel(cuvil_vi m, cuvil_vf a, cuvil_vf b) {
     return (cuvil_vf)(((cuvil_vi)a & m) | ((cuvil_vi)b & ~m));
 }
 
+/* x limited to [lo, hi], for x not NaN (a NaN comes out as a bound: callers that keep NaN select it
+ * back). One min and one max where the target has them: the two compares and selects of the
+ * portable form made erf's clamps a quarter of a GELU's time. */
+#if defined(__AVX512F__) && CUVIL_VL == 16
+#include <immintrin.h>
+static inline cuvil_vf cuvil_vclamp(cuvil_vf x, float lo, float hi) {
+    return (cuvil_vf)_mm512_min_ps(_mm512_max_ps((__m512)x, _mm512_set1_ps(lo)), _mm512_set1_ps(hi));
+}
+#elif defined(__AVX__) && CUVIL_VL == 8
+#include <immintrin.h>
+static inline cuvil_vf cuvil_vclamp(cuvil_vf x, float lo, float hi) {
+    return (cuvil_vf)_mm256_min_ps(_mm256_max_ps((__m256)x, _mm256_set1_ps(lo)), _mm256_set1_ps(hi));
+}
+#else
+static inline cuvil_vf cuvil_vclamp(cuvil_vf x, float lo, float hi) {
+    cuvil_vf l = cuvil_vsplat(lo), h = cuvil_vsplat(hi);
+    x = cuvil_vsel(x < l, l, x);
+    return cuvil_vsel(x > h, h, x);
+}
+#endif
+
 static inline cuvil_vf cuvil_vexp(cuvil_vf x) {
     const cuvil_vf hi = cuvil_vsplat(88.3762626647949f), lo = cuvil_vsplat(-87.3365478515625f);
     cuvil_vf xc = cuvil_vsel(x > hi, hi, x);
@@ -39,9 +60,8 @@ static inline cuvil_vf cuvil_vexp(cuvil_vf x) {
  * in a GELU-epilogue GEMM at K = 384 (MiniLM's FFN) and lost relative accuracy near 0 (5e-7 abs
  * where erf is 0.03). */
 static inline cuvil_vf cuvil_verf(cuvil_vf x) {
-    const cuvil_vf four = cuvil_vsplat(4.f), one = cuvil_vsplat(1.f);
-    cuvil_vf xc = cuvil_vsel(x > four, four, x);
-    xc = cuvil_vsel(xc < -four, -four, xc);
+    const cuvil_vf one = cuvil_vsplat(1.f);
+    cuvil_vf xc = cuvil_vclamp(x, -4.f, 4.f);
     cuvil_vf z = xc * xc;
     cuvil_vf p = cuvil_vsplat(2.00097880e-06f);
     p = p * z + cuvil_vsplat(2.86950265e-04f);
@@ -55,9 +75,7 @@ static inline cuvil_vf cuvil_verf(cuvil_vf x) {
     q = q * z + cuvil_vsplat(1.15635199e-01f);
     q = q * z + cuvil_vsplat(5.05417514e-01f);
     q = q * z + one;
-    cuvil_vf y = xc * p / q;
-    y = cuvil_vsel(y > one, one, y);
-    y = cuvil_vsel(y < -one, -one, y);
+    cuvil_vf y = cuvil_vclamp(xc * p / q, -1.f, 1.f);
     return cuvil_vsel(x != x, x, y);                              /* keep NaN */
 }
 

@@ -34,9 +34,7 @@ static inline cuvil_vf cuvil_vclamp(cuvil_vf x, float lo, float hi) {
 #endif
 
 static inline cuvil_vf cuvil_vexp(cuvil_vf x) {
-    const cuvil_vf hi = cuvil_vsplat(88.3762626647949f), lo = cuvil_vsplat(-87.3365478515625f);
-    cuvil_vf xc = cuvil_vsel(x > hi, hi, x);
-    xc = cuvil_vsel(xc < lo, lo, xc);
+    cuvil_vf xc = cuvil_vclamp(x, -87.3365478515625f, 88.3762626647949f);
     cuvil_vf n = xc * cuvil_vsplat(1.44269504088896341f);
     /* round to nearest: add and subtract 1.5 * 2^23 */
     n = (n + cuvil_vsplat(12582912.f)) - cuvil_vsplat(12582912.f);
@@ -81,7 +79,7 @@ static inline cuvil_vf cuvil_verf(cuvil_vf x) {
 
 static inline cuvil_vf cuvil_vtanh(cuvil_vf x) {
     cuvil_vf ax = cuvil_vsel(x < 0, -x, x);
-    cuvil_vf e = cuvil_vexp(cuvil_vsplat(-2.f) * cuvil_vsel(ax > 20, cuvil_vsplat(20.f), ax));
+    cuvil_vf e = cuvil_vexp(cuvil_vsplat(-2.f) * cuvil_vclamp(ax, 0.f, 20.f));
     cuvil_vf y = (cuvil_vsplat(1.f) - e) / (cuvil_vsplat(1.f) + e);
     /* small |x|: the series keeps relative accuracy where 1 - e cancels */
     cuvil_vf x2 = x * x;

@@ -129,11 +129,16 @@ def _all_tensors(m):
                 yield a.t
 
 
-def _safe_name(name, used):
-    s = re.sub(r"\W", "_", name or "x")
+def _ident(name, prefix="x_"):
+    """An ONNX name as a plain ASCII identifier (value and dim names are model text, untrusted)."""
+    s = re.sub(r"[^A-Za-z0-9_]", "_", str(name or ""))
     if not s or s[0].isdigit():
-        s = "x_" + s
-    s = s[:60]
+        s = prefix + s
+    return s[:60]
+
+
+def _safe_name(name, used):
+    s = _ident(name)
     base, k = s, 1
     while s in used:
         s = f"{base}_{k}"
@@ -391,7 +396,7 @@ class Converter:
         for axis, d in enumerate(t.tensor_type.shape.dim):
             if axis in spec:
                 name, lo, hi = spec[axis]
-                sname = re.sub(r"\W", "_", str(name))
+                sname = _ident(name, "d_")
                 self.g.symbols[sname] = (int(lo), int(hi))
                 shape.append(D.Sym(sname))
             elif d.HasField("dim_value"):
@@ -400,9 +405,7 @@ class Converter:
                 shape.append(int(d.dim_value))
             else:
                 name = d.dim_param or f"{vi.name}_dim{axis}"
-                sname = re.sub(r"\W", "_", name)
-                if not sname or sname[0].isdigit():
-                    sname = "d_" + sname
+                sname = _ident(name, "d_")
                 self.g.symbols.setdefault(sname, (1, self.default_max_dim))
                 shape.append(D.Sym(sname))
         v = Value(TensorType(tuple(shape), ONNX_DTYPES[et]), name=_safe_name(vi.name, self.used_names))

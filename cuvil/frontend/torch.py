@@ -256,7 +256,7 @@ def _convert(ep, dynamic_shapes, direct) -> tuple[Graph, object]:
             else:
                 t = consts[spec.target]
                 arr = t.detach().cpu().contiguous().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
-                ctx.env[node.name] = g.const(arr, name=re.sub(r"\W", "_", spec.target))
+                ctx.env[node.name] = g.const(arr, name=re.sub(r"[^A-Za-z0-9_]", "_", spec.target))
         elif node.op == "call_function":
             val = node.meta.get("val")
             if isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool) and node.target is not operator.getitem:

@@ -18,6 +18,7 @@ from ...errors import CompileError, UnsupportedOpError
 from ...ir import dims as D
 from ...passes import memplan
 from ...runtime.artifact import crc_text
+from . import cstr
 from .ctypes_map import CTYPE
 
 WEIGHT_ALIGN = 64
@@ -185,6 +186,7 @@ def generate(graph, target="native", profile=False, weights_dir=None):
     bad = unsupported(graph)
     if bad:
         raise UnsupportedOpError(bad)
+    _check_symbol_names(graph)
 
     def scratch(node, bounds):
         low = LOWERINGS[node.op]
@@ -220,10 +222,20 @@ def generate(graph, target="native", profile=False, weights_dir=None):
     return _frame(graph, em, body, plan, profile), em.weights.finish(), plan
 
 
+def _check_symbol_names(graph):
+    """Dim symbols become C variables (S_name): each must be a plain identifier (cstr.ident)."""
+    for name in graph.symbols:
+        cstr.ident(name)
+    for v in graph.inputs + graph.outputs + [o for n in graph.nodes for o in n.outputs]:
+        for d in v.type.shape:
+            for s in getattr(d, "free_symbols", ()):
+                cstr.ident(s.name)
+
+
 def _emit_body(em, graph, body, out_copies, profile):
     for idx, n in enumerate(graph.nodes):
         em.node_index = idx
-        body.append(f"  /* {n.op}{' @ ' + n.loc.splitlines()[0] if n.loc else ''} */")
+        body.append(f"  /* {cstr.comment(n.op + (' @ ' + n.loc if n.loc else ''))} */")
         if profile:
             body.append("  { const int64_t t0_ = cuvil_now_ns();")
         body += ["  " + line for line in LOWERINGS[n.op].emit(em, n)]

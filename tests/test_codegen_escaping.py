@@ -1,0 +1,104 @@
+"""Text from a model file never reaches generated C unescaped (issue 37, defect 1): the escaping
+functions against the C compiler itself, and whole ONNX models whose names attack the generator."""
+from __future__ import annotations
+
+import random
+import subprocess
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import cuvil
+from cuvil.build import toolchain
+from cuvil.codegen.c import cstr
+
+NASTY = ["*/ system(\"touch /tmp/cuvil_pwned\"); /*", "// trailing backslash \\", "line\nbreak\r\n",
+         'quote " and \' and \\"', "??/ trigraph ??= ??(", "nul\x00byte", "bad utf8 \udcff\udc80",
+         "%s%n%lld percent", "é ü 漢字 \u202e rtl", "", "*", "/", "\\", "?", "%"]
+
+
+def _random_strings(n, seed=0):
+    rng = random.Random(seed)
+    alphabet = [chr(c) for c in range(0, 128)] + ["é", "漢", "\u202e", "\udcff", "*/", "??/", "\\\n"]
+    return [("".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))) for _ in range(n)]
+
+
+def test_escaped_text_round_trips_through_the_c_compiler(tmp_path):
+    """Each string goes into a comment, a string literal and a printf format; the program prints the
+    literal's bytes and the formatted text. What comes out must be exactly the text's UTF-8 bytes,
+    so nothing ended a comment, split a literal or added a printf conversion."""
+    texts = NASTY + _random_strings(300)
+    lines = ["#include <stdio.h>", "#include <string.h>", "int main(void) {"]
+    for t in texts:
+        lines.append(f"  /* {cstr.comment(t)} */")
+        lines.append(f"  {{ const char *s = {cstr.string(t)}; for (size_t i = 0; i < {len(cstr._clip(t).encode('utf-8', 'surrogatepass'))}; i++)"
+                     " printf(\"%02x\", (unsigned char)s[i]); printf(\"|\"); }")
+        lines.append(f"  {{ char b[4096]; int k = snprintf(b, sizeof b, {cstr.format_string(t)});"
+                     " for (int i = 0; i < k; i++) printf(\"%02x\", (unsigned char)b[i]); printf(\"\\n\"); }")
+    lines.append("  return 0;\n}")
+    src = tmp_path / "t.c"
+    src.write_text("\n".join(lines))
+    exe = tmp_path / "t"
+    subprocess.run([toolchain.find_compiler(), "-std=c99", "-trigraphs", "-Wall", "-Werror", "-Wno-trigraphs", "-Wno-format-contains-nul", "-Wno-format-zero-length",
+                    "-o", str(exe), str(src)], check=True, capture_output=True)
+    out = subprocess.run([str(exe)], check=True, capture_output=True).stdout.split(b"\n")[:-1]
+    assert len(out) == len(texts)
+    for t, line in zip(texts, out):
+        want = cstr._clip(t).encode("utf-8", "surrogatepass")
+        hexed, printed = line.split(b"|", 1)
+        assert bytes.fromhex(hexed.decode()) == want, t
+        assert bytes.fromhex(printed.decode()) == want.split(b"\0")[0], t   # a format ends at a NUL, as C strings do
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet=st.characters(codec=None, min_codepoint=0, max_codepoint=0x10FFFF)))
+def test_escapes_hold_no_c_syntax(text):
+    c = cstr.comment(text)
+    assert "*/" not in c and "\\" not in c and "?" not in c and "\n" not in c and c.isascii() and "/" not in c
+    s = cstr.string(text)[1:-1]
+    assert '"' not in s and "?" not in s and s.isascii() and "\n" not in s
+    f = cstr.format_string(text)[1:-1]
+    assert "%" not in f.replace("%%", "")
+
+
+@pytest.mark.parametrize("name", ["S_x; system(\"id\")", "a b", "9lives", "", "é", "x" * 200, None, 3])
+def test_identifiers_are_never_copied_from_text(name):
+    with pytest.raises(cuvil.CompileError):
+        cstr.ident(name)
+    assert cstr.ident("batch_size") == "batch_size"
+
+
+def test_hostile_onnx_names_compile_and_run_correctly(tmp_path):
+    """A model whose every name is an attack: node, input, output and graph names, dim_params and doc
+    strings. It must compile, run to the right answer, and run nothing of its author's."""
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper
+    canary = tmp_path / "pwned"
+    attack = f'*/ system("touch {canary}"); /*'
+    names = [attack, "//x\\", "a\nb", 'q"uote', "??/", "n\x00ul", "%n%s", "é漢\u202e"]
+    x_name, y_name = names[0], names[1]
+    nodes, prev = [], x_name
+    for i, n in enumerate(names):
+        out = y_name if i == len(names) - 1 else f"t{i}{n}"
+        op = "Relu" if i % 2 else "Neg"
+        nodes.append(helper.make_node(op, [prev], [out], name=n, doc_string=n))
+        prev = out
+    x = helper.make_tensor_value_info(x_name, TensorProto.FLOAT, [names[6], 3])
+    y = helper.make_tensor_value_info(y_name, TensorProto.FLOAT, [names[6], 3])
+    g = helper.make_graph(nodes, attack, [x], [y], doc_string=attack)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], doc_string=attack)
+    data = model.SerializeToString()
+    feed = np.array([[-1, 2, -3], [4, -5, 6], [0.5, -0.5, 7]], np.float32)
+    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {x_name: feed})[0]
+    for level in (0, 2):                    # level 0 keeps one node (and one comment) per ONNX node
+        cm = cuvil.compile(data, dynamic_shapes={x_name: {0: ("batch", 1, 8)}}, fusion_level=level)
+        for line in cm.c_source.splitlines():
+            assert "system(" not in line or "%22" in line, line     # only ever inside an escaped comment
+        np.testing.assert_allclose(cm.run(feed)[0], want, rtol=1e-6)
+        assert not canary.exists()
+        with pytest.raises(cuvil.ShapeError):
+            cm.run(np.zeros((9, 3), np.float32))      # the message names the hostile dim, escaped
+        assert not canary.exists()

@@ -6,7 +6,6 @@ import functools
 import hashlib
 import inspect
 import os
-import shutil
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -85,11 +84,9 @@ class CompiledModel:
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def save(self, path):
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        for f in artifact.FILES:
-            shutil.copyfile(self.path / f, path / f)
-        return path
+        """Write the artifact to `path` (a new, empty or artifact folder) in one step: a process
+        running the artifact at `path` keeps running the one it loaded."""
+        return artifact.save(self.path, path)
 
     def set_num_threads(self, n):
         self.module.set_num_threads(n)
@@ -155,7 +152,7 @@ def compile(model, example_inputs=(), *, target="native", precision="fp32", fusi
     opts = make_options(**unknown, target=target, precision=precision, fusion_level=fusion_level,
                         dynamic_shapes=dynamic_shapes, verify=verify, num_threads=num_threads,
                         cache_dir=cache_dir, verbose=verbose, profile=profile)
-    cdir = Path(cache_dir) if cache_dir else cache.default_dir()
+    cdir = cache.usable_dir(cache_dir)
     progress = Progress(verbose)
     args, kwargs = _split_inputs(example_inputs)
     kind = _source_kind(model)
@@ -258,7 +255,11 @@ def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None,
     graph = optimize(graph, opts.fusion_level, layout=conv_layout(opts))
     progress("passes", f"{len(graph.nodes)} nodes after optimisation")
     target = toolchain.resolve_target(opts.target)
-    c_src, weights, plan = emit.generate(graph, target, profile=opts.profile, weights_dir=cache.tmp_dir(cdir))
+    io = {"inputs": [_io(v, n) for v, n in zip(graph.inputs, graph.input_names or [v.name for v in graph.inputs])],
+          "outputs": [_io(v, f"output{i}") for i, v in enumerate(graph.outputs)],
+          "symbols": {k: [int(lo), int(hi)] for k, (lo, hi) in graph.symbols.items()}}
+    c_src, weights, plan = emit.generate(graph, target, profile=opts.profile, weights_dir=cache.tmp_dir(cdir),
+                                         signature=artifact.signature(io))
     progress("codegen", f"{len(c_src) // 1024} KiB of C, {weights.nbytes / 2**20:.1f} MiB weights, "
                         f"arena {plan.arena_bytes / 2**20:.1f} MiB")
     key = cache.digest(str(graph), c_src, weights.sha256, opts.key(), target, toolchain.native_cpu(target),
@@ -269,12 +270,11 @@ def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None,
         (bdir / "model.c").write_text(c_src)
         (bdir / "model.h").write_text(API_H)
         weights.move_to(bdir / "weights.bin")
+        toolchain.build_shared(bdir, target, cdir, verbose=opts.verbose)
+        progress("build", "model.so")
         manifest = {
             "cuvil_version": __version__, "target": target,
-            "cpu_features": toolchain.required_features(target),
-            "inputs": [_io(v, n) for v, n in zip(graph.inputs, graph.input_names or [v.name for v in graph.inputs])],
-            "outputs": [_io(v, f"output{i}") for i, v in enumerate(graph.outputs)],
-            "symbols": {k: list(v) for k, v in graph.symbols.items()},
+            "cpu_features": toolchain.required_features(target), **io,
             "weights": {"bytes": weights.nbytes, "checksum": weights.checksum},
             "arena_bytes": plan.arena_bytes, "num_threads": opts.num_threads,
             "options": {"precision": opts.precision, "fusion_level": opts.fusion_level},
@@ -282,9 +282,7 @@ def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None,
             "node_ops": [n.op for n in graph.nodes],
         }
         manifest.update(extra_manifest or {})
-        artifact.write_manifest(bdir, manifest)
-        toolchain.build_shared(bdir, target, cdir, verbose=opts.verbose)
-        progress("build", "model.so")
+        artifact.write_manifest(bdir, manifest)          # last: it seals the files built above
         hit = cache.store(cdir, key, bdir)
         status = "miss"
     else:

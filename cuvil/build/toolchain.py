@@ -168,7 +168,7 @@ def kernels_object(target: str, cache_dir: Path) -> Path:
     key = hashlib.sha256(f"{target}|{compiler_version()}|{kernel_sources_digest()}|{native_cpu(target)}|"
                          f"{' '.join(COMMON_FLAGS + target_flags(target))}".encode()).hexdigest()[:20]
     dest = _kernels_root(cache_dir) / key / "libcuvil_kernels.a"
-    if dest.exists():
+    if _kernels_intact(dest):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
@@ -186,8 +186,25 @@ def kernels_object(target: str, cache_dir: Path) -> Path:
             if p.returncode:
                 raise CompileError(f"C compiler failed on {src.name}:\n{err[-4000:]}")
         _run(["ar", "rcs", str(Path(tmp) / "lib.a"), *objs], tmp)
+        Path(tmp, "lib.sha256").write_text(hashlib.sha256(Path(tmp, "lib.a").read_bytes()).hexdigest())
+        os.replace(Path(tmp) / "lib.sha256", _digest_file(dest))
         os.replace(Path(tmp) / "lib.a", dest)
+    _kernels_intact.cache_clear()
     return dest
+
+
+def _digest_file(lib: Path) -> Path:
+    return lib.with_suffix(".sha256")
+
+
+@functools.lru_cache(None)
+def _kernels_intact(lib: Path) -> bool:
+    """A kernel library that is there and matches the digest written beside it (checked once per
+    process): a truncated or corrupt one is rebuilt, not linked into every later model."""
+    try:
+        return hashlib.sha256(lib.read_bytes()).hexdigest() == _digest_file(lib).read_text().strip()
+    except OSError:
+        return False
 
 
 def build_shared(model_dir: Path, target: str, cache_dir: Path, verbose=False) -> Path:

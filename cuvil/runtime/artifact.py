@@ -3,8 +3,11 @@ Imports nothing but numpy and the standard library."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
+import shutil
+import tempfile
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,7 +17,7 @@ import numpy as np
 from ..errors import ArtifactError
 from .pages import huge_page_empty, huge_pages_available
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2                 # 2: sealed (files, content_hash) and cross-checked (cuvil_signature)
 FILES = ("manifest.json", "weights.bin", "model.so", "model.h", "model.c")
 
 
@@ -74,29 +77,199 @@ def crc_text(crc: int) -> str:
     return f"crc32:{crc:08x}"
 
 
+# --- the manifest: written sealed, read checked -----------------------------------------------------
+# An artifact is native code: load only artifacts you trust. The hashes below catch corruption, edits
+# and stale copies (no one can sign here); what keeps an edited manifest from turning into a buffer
+# overflow is the cross-check against the signature the library itself reports (signature()).
+SIGNED = ("inputs", "outputs", "symbols")       # what the library reports about itself
+HASHED = ("model.so", "model.c", "model.h")     # weights.bin has its own (parallel) checksum
+DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "uint16",
+          "uint32", "uint64", "bool")
+MAX_IO = 4096
+
+
+def signature(manifest: dict) -> str:
+    """The canonical text of what the library's cuvil_signature() returns: its inputs, outputs and
+    dim symbols exactly as the manifest states them."""
+    return json.dumps({k: manifest[k] for k in SIGNED}, sort_keys=True, separators=(",", ":"))
+
+
+def file_digest(path: Path) -> str:
+    return "sha256:" + _hash_file(Path(path))
+
+
+def _hash_file(f: Path) -> str:
+    st = f.stat()
+    seen = (st.st_ino, st.st_size, st.st_mtime_ns)
+    key = str(f.resolve())
+    hit = _HASHED.get(key)
+    if hit and hit[0] == seen:
+        return hit[1]
+    h = hashlib.sha256(f.read_bytes()).hexdigest()
+    _HASHED[key] = (seen, h)
+    return h
+
+
+def _content_hash(manifest: dict) -> str:
+    body = {k: v for k, v in manifest.items() if k != "content_hash"}
+    return "sha256:" + hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def write_manifest(path: Path, manifest: dict):
+    """Seal a finished artifact: sizes and hashes of its files, then a hash over the whole manifest."""
+    path = Path(path)
     manifest = dict(manifest, format_version=FORMAT_VERSION)
-    (path / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    manifest["files"] = {f: {"bytes": (path / f).stat().st_size, "digest": file_digest(path / f)} for f in HASHED}
+    manifest["content_hash"] = _content_hash(manifest)
+    tmp = path / "manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1))
+    os.replace(tmp, path / "manifest.json")
 
 
 def read_manifest(path: Path) -> dict:
+    """manifest.json, parsed and checked field by field (ArtifactError names the field)."""
     path = Path(path)
     if not path.is_dir():
         raise ArtifactError(f"{path} is not a cuvil artifact directory")
-    missing = [f for f in FILES if not (path / f).exists()]
+    missing = [f for f in FILES if not (path / f).is_file()]
     if missing:
         raise ArtifactError(f"artifact {path} is missing {', '.join(missing)}")
     try:
-        m = json.loads((path / "manifest.json").read_text())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ArtifactError(f"artifact {path}: manifest.json is not valid JSON ({e})") from None
-    if not isinstance(m, dict) or m.get("format_version") != FORMAT_VERSION:
-        got = m.get("format_version") if isinstance(m, dict) else None
-        raise ArtifactError(f"artifact {path}: format version {got}, this cuvil reads {FORMAT_VERSION}")
-    for k in ("inputs", "outputs", "weights", "arena_bytes", "target"):
-        if k not in m:
-            raise ArtifactError(f"artifact {path}: manifest.json lacks {k!r}")
+        m = json.loads((path / "manifest.json").read_bytes())
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise ArtifactError(f"artifact {path}: manifest.json is not valid JSON ({type(e).__name__}: {e})") from None
+    except OSError as e:
+        raise ArtifactError(f"artifact {path}: cannot read manifest.json ({e})") from None
+    if not isinstance(m, dict):
+        raise ArtifactError(f"artifact {path}: manifest.json holds a {type(m).__name__}, not an object")
+    got = m.get("format_version")
+    if got != FORMAT_VERSION or type(got) is not int:
+        raise ArtifactError(f"artifact {path}: format version {got!r}; this cuvil reads only version "
+                            f"{FORMAT_VERSION} (recompile the model with this cuvil)")
+    try:
+        _check_schema(m)
+    except _Bad as e:
+        raise ArtifactError(f"artifact {path}: manifest.json: {e}") from None
     return m
+
+
+class _Bad(Exception):
+    pass
+
+
+def _need(ok, where, what, got):
+    if not ok:
+        raise _Bad(f"{where} must be {what}, got {_short(got)}")
+
+
+def _short(v):
+    r = repr(v)
+    return r if len(r) <= 80 else r[:77] + "..."
+
+
+def _is_int(v, lo=0, hi=1 << 62):
+    return type(v) is int and lo <= v <= hi
+
+
+def _check_schema(m):
+    for k in ("inputs", "outputs", "weights", "arena_bytes", "target", "files", "content_hash"):
+        _need(k in m, k, "present", None)
+    for side in ("inputs", "outputs"):
+        specs = m[side]
+        _need(isinstance(specs, list) and len(specs) <= MAX_IO, side, f"a list of at most {MAX_IO} entries", specs)
+        for i, s in enumerate(specs):
+            where = f"{side}[{i}]"
+            _need(isinstance(s, dict), where, "an object", s)
+            _need(isinstance(s.get("name"), str), f"{where}.name", "a string", s.get("name"))
+            _need(s.get("dtype") in DTYPES, f"{where}.dtype", f"one of {', '.join(DTYPES)}", s.get("dtype"))
+            shape = s.get("shape")
+            _need(isinstance(shape, list) and len(shape) <= 16, f"{where}.shape", "a list of at most 16 dims", shape)
+            for j, d in enumerate(shape):
+                _need(_is_int(d) or (isinstance(d, str) and 0 < len(d) <= 256), f"{where}.shape[{j}]",
+                      "an int >= 0 or a dim expression", d)
+    syms = m.get("symbols", {})
+    _need(isinstance(syms, dict), "symbols", "an object", syms)
+    for k, b in syms.items():
+        _need(k.isidentifier() and isinstance(b, list) and len(b) == 2 and all(_is_int(x) for x in b)
+              and b[0] <= b[1], f"symbols[{k!r}]", "[lo, hi] with 0 <= lo <= hi", b)
+    w = m["weights"]
+    _need(isinstance(w, dict) and _is_int(w.get("bytes")) and isinstance(w.get("checksum"), str), "weights",
+          '{"bytes": int >= 0, "checksum": str}', w)
+    _need(_is_int(m["arena_bytes"]), "arena_bytes", "an int >= 0", m["arena_bytes"])
+    _need(m.get("num_threads") is None or _is_int(m["num_threads"], 1, 4096), "num_threads",
+          "null or an int in [1, 4096]", m.get("num_threads"))
+    feats = m.get("cpu_features", [])
+    _need(isinstance(feats, list) and all(isinstance(f, str) for f in feats), "cpu_features", "a list of strings",
+          feats)
+    _need(m.get("treespec") is None or isinstance(m["treespec"], str), "treespec", "null or a string",
+          m.get("treespec"))
+    names = m.get("output_names")
+    _need(names is None or (isinstance(names, list) and len(names) == len(m["outputs"])
+                            and all(isinstance(n, str) for n in names)),
+          "output_names", "a list of one string per output", names)
+    files = m["files"]
+    _need(isinstance(files, dict) and set(files) == set(HASHED), "files", f"an object with {', '.join(HASHED)}", files)
+    for f, e in files.items():
+        _need(isinstance(e, dict) and _is_int(e.get("bytes")) and isinstance(e.get("digest"), str), f"files[{f!r}]",
+              '{"bytes": int, "digest": str}', e)
+    _need(isinstance(m["content_hash"], str), "content_hash", "a string", m["content_hash"])
+
+
+def verify(path: Path, manifest: dict, full: bool = True):
+    """The artifact's files against its manifest: sizes and the library's header always; with `full`,
+    every file's hash and the hash over the manifest (weights.bin is checked by map_weights)."""
+    path = Path(path)
+    for f, e in manifest["files"].items():
+        size = (path / f).stat().st_size
+        if size != e["bytes"]:
+            raise ArtifactError(f"artifact {path}: {f} is {size} bytes, but the manifest records {e['bytes']} "
+                                "(truncated or replaced)")
+    with open(path / "model.so", "rb") as fh:
+        if fh.read(4) != b"\x7fELF":
+            raise ArtifactError(f"artifact {path}: model.so is not a shared library (no ELF header)")
+    if not full:
+        return
+    if _content_hash(manifest) != manifest["content_hash"]:
+        raise ArtifactError(f"artifact {path}: manifest.json was modified after the artifact was built "
+                            "(its content hash does not match)")
+    for f, e in manifest["files"].items():
+        if file_digest(path / f) != e["digest"]:
+            raise ArtifactError(f"artifact {path}: {f} does not match the hash in manifest.json (corrupt or modified)")
+
+
+def save(src: Path, dest: Path) -> Path:
+    """Copy an artifact to `dest` as one step: written beside it under a temporary name, then renamed
+    into place, so a process that has `dest` loaded, or loads it meanwhile, never sees half a copy.
+    An existing `dest` is replaced only if it is an artifact (or empty): never a folder of other files."""
+    src, dest = Path(src), Path(dest)
+    if dest.exists():
+        if not dest.is_dir():
+            raise ArtifactError(f"cannot save to {dest}: it is a file, not an artifact directory")
+        if any(dest.iterdir()) and not (dest / "manifest.json").is_file():
+            raise ArtifactError(f"cannot save to {dest}: the folder holds files and is not an artifact; "
+                                "choose a new or empty folder")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.saving-", dir=dest.parent))
+    try:
+        for f in src.iterdir():
+            if f.is_file() and not f.name.endswith(".tmp"):
+                shutil.copyfile(f, tmp / f.name)
+        old = None
+        if dest.exists():
+            old = dest.parent / f".{dest.name}.old-{os.getpid()}-{id(tmp)}"
+            os.replace(dest, old)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return dest
+
+
+# file -> ((inode, size, mtime), sha256) for files this process has hashed: a repeat load of an
+# unchanged artifact (a cache hit right after the compile that wrote it) does not re-read it
+_HASHED: dict = {}
 
 
 # weights of at most this size are copied into anonymous memory on 2 MB pages (Linux THP): a model
@@ -124,7 +297,8 @@ def map_weights(path: Path, manifest: dict, verify=True) -> np.ndarray:
     size = f.stat().st_size
     want = manifest["weights"]["bytes"]
     if size != want:
-        raise ArtifactError(f"artifact {path}: weights.bin is {size} bytes, manifest says {want}")
+        raise ArtifactError(f"artifact {path}: weights.bin is {size} bytes, but the manifest records {want} "
+                            "(truncated or replaced)")
     w = np.memmap(f, dtype=np.uint8, mode="r") if size else np.zeros(64, np.uint8)[:0]
     want_crc = manifest["weights"]["checksum"]
     if verify and size:

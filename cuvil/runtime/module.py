@@ -7,12 +7,14 @@ import ctypes
 import os
 import sys
 import threading
+import weakref
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import ArtifactError, CuvilError, ShapeError
 from . import artifact
+from .library import Library
 from .pages import HUGE_PAGE, huge_page_empty, huge_pages_available
 
 _P = ctypes.c_void_p
@@ -62,13 +64,18 @@ def eval_dim(text: str, env: dict) -> int:
             if f:
                 return f(ev(n.args[0]), ev(n.args[1]))
         raise ArtifactError(f"bad dim expression in manifest: {text!r}")
-    return int(ev(ast.parse(text, mode="eval")))
+    try:
+        v = int(ev(ast.parse(text, mode="eval")))
+    except (SyntaxError, ValueError, RecursionError, ZeroDivisionError, MemoryError) as e:
+        raise ArtifactError(f"bad dim expression in manifest: {text!r} ({type(e).__name__})") from None
+    if v < 0:
+        raise ShapeError(f"dim {text!r} is {v} for {env}: negative")
+    return v
 
 
 def check_cpu(features):
-    from pathlib import Path as _P
     try:
-        text = _P("/proc/cpuinfo").read_text()
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return
     have = set()
@@ -91,38 +98,57 @@ def _np_dtype(name):
         import ml_dtypes  # noqa: F401  (registers its dtypes with numpy)
         return np.dtype(name)
 
+def check_threads(n) -> int:
+    """A thread count from a caller: a positive int (bool and str are refused, not converted)."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"num_threads must be a positive int, got {type(n).__name__} {n!r}")
+    if not 1 <= n <= 4096:
+        raise ValueError(f"num_threads must be between 1 and 4096, got {n}")
+    return int(n)
+
+
+def _release(lib, handle):
+    """Free the model, then unload its library (weakref.finalize: once, at close() or collection)."""
+    lib.fn.cuvil_destroy(handle)
+    lib.close()
+
+
 class Module:
     """A loaded artifact. `run(*arrays)` returns a list of numpy arrays; calling it returns what
-    the source model returned (torch in -> torch out when torch is already imported)."""
+    the source model returned (torch in -> torch out when torch is already imported).
+
+    The library is loaded from a private copy named by its content, so saving over the artifact
+    (or a cache eviction) never changes what a loaded Module runs, and a load of changed files
+    never returns the old library. `close()`, or dropping the last reference, unloads it."""
 
     def __init__(self, path, num_threads: int | None = None, verify_checksum: bool = True):
         self.path = Path(path)
+        if num_threads is not None:
+            num_threads = check_threads(num_threads)
         self.manifest = m = artifact.read_manifest(self.path)
         check_cpu(m.get("cpu_features", []))
+        try:
+            artifact.verify(self.path, m, full=verify_checksum)
+        except OSError as e:
+            raise ArtifactError(f"artifact {self.path}: cannot read it ({e})") from None
         self._weights = artifact.load_weights(self.path, m, verify_checksum)
         if self._weights.size == 0:
             self._weights = aligned_empty(0)
+        self._lib = lib = Library(self.path / "model.so", m["files"]["model.so"]["digest"] if verify_checksum else None)
         try:
-            lib = ctypes.CDLL(str((self.path / "model.so").resolve()))
-        except OSError as e:
-            raise ArtifactError(f"artifact {self.path}: cannot load model.so ({e})") from None
-        for name, res, args in (("cuvil_create", _P, [_P, ctypes.c_int64, ctypes.c_int]),
-                                ("cuvil_run", ctypes.c_int, [_P, _P, _P, _P, _P]),
-                                ("cuvil_last_error", ctypes.c_char_p, []),
-                                ("cuvil_destroy", None, [_P]),
-                                ("cuvil_set_num_threads", None, [_P, ctypes.c_int]),
-                                ("cuvil_arena_size", ctypes.c_int64, [])):
-            try:
-                f = getattr(lib, name)
-            except AttributeError:
-                raise ArtifactError(f"artifact {self.path}: model.so lacks {name}") from None
-            f.restype, f.argtypes = res, args
-        self._lib = lib
+            lib.check_signature(m, self.path)
+        except ArtifactError:
+            lib.close()
+            raise
         self.num_threads = num_threads or m.get("num_threads") or default_threads()
-        self._handle = lib.cuvil_create(self._weights.ctypes.data, self._weights.size, self.num_threads)
+        self._handle = lib.fn.cuvil_create(self._weights.ctypes.data, self._weights.size, self.num_threads)
         if not self._handle:
-            raise ArtifactError(f"artifact {self.path}: {lib.cuvil_last_error().decode()}")
-        self.arena_bytes = lib.cuvil_arena_size()
+            lib.close()
+            raise ArtifactError(f"artifact {self.path}: {lib.fn.cuvil_last_error().decode(errors='replace')}")
+        # destroy the model, then unload the library, when the Module goes away (or at close())
+        self._finalizer = weakref.finalize(self, _release, lib, self._handle)
+        self._crun = lib.fn.cuvil_run
+        self.arena_bytes = lib.fn.cuvil_arena_size()
         self._local = threading.local()
         self.inputs = m["inputs"]
         self.outputs = m["outputs"]
@@ -133,9 +159,27 @@ class Module:
         self._static_in = [tuple(i["shape"]) for i in self.inputs] if static else None
         self._static_out = self.output_shapes({}) if static else None
 
+    def close(self):
+        """Free the model and unload its library. Later calls raise; do not close while another thread
+        is inside run()."""
+        self._handle = None
+        self._local = threading.local()
+        self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return not self._handle
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
     def profile_counters(self):
         """[(node label, total ns)] since the last call, for an artifact compiled with profile=True."""
-        f = getattr(self._lib, "cuvil_profile", None)
+        self._check_open()
+        f = getattr(self._lib.cdll, "cuvil_profile", None)
         if f is None:
             raise ArtifactError(f"artifact {self.path} was not compiled with profile=True")
         n = len(self.manifest.get("node_ops", [])) or 1 << 16
@@ -146,14 +190,14 @@ class Module:
         return [(names[i].decode(), ns[i]) for i in range(k)]
 
     def set_num_threads(self, n: int):
-        self.num_threads = int(n)
-        self._lib.cuvil_set_num_threads(self._handle, self.num_threads)
+        n = check_threads(n)
+        self._check_open()
+        self.num_threads = n
+        self._lib.fn.cuvil_set_num_threads(self._handle, n)
 
-    def __del__(self):
-        h, lib = getattr(self, "_handle", None), getattr(self, "_lib", None)
-        if h and lib:
-            lib.cuvil_destroy(h)
-            self._handle = None
+    def _check_open(self):
+        if not self._handle:
+            raise ArtifactError(f"module {self.path} is closed")
 
     # ---- I/O checking ------------------------------------------------------------------
     def _bind(self, arrays):
@@ -200,6 +244,8 @@ class Module:
         return st
 
     def run(self, *arrays, out=None) -> list:
+        if not self._handle:
+            raise ArtifactError(f"module {self.path} is closed")
         if len(arrays) != len(self.inputs):
             raise ShapeError(f"expected {len(self.inputs)} inputs ({', '.join(i['name'] for i in self.inputs)}), "
                              f"got {len(arrays)}")
@@ -216,11 +262,7 @@ class Module:
         if out is None:
             outs = [np.empty(s, dtype=dt) for s, dt in zip(shapes, self._out_dtypes)]
         else:
-            outs = list(out)
-            for o, s, spec, dt in zip(outs, shapes, self.outputs, self._out_dtypes):
-                if o.shape != s or o.dtype != dt or not o.flags.c_contiguous or not o.flags.writeable:
-                    raise ShapeError(f"out buffer for {spec['name']!r}: expected contiguous writable {dt}{list(s)}, "
-                                     f"got {o.dtype}{list(o.shape)}")
+            outs = self._check_out(out, shapes)
         st = self._call_state()
         in_ptrs, out_ptrs = st["in"], st["out"]
         held_in, held_shape = st["in_held"], st["in_shape"]
@@ -242,10 +284,27 @@ class Module:
             if o is not held[i]:
                 out_ptrs[i] = o.ctypes.data
                 held[i] = o if out is not None else None
-        rc = self._lib.cuvil_run(self._handle, in_ptrs, st["shape_ptrs"], out_ptrs, st["arena_ptr"])
+        rc = self._crun(self._handle, in_ptrs, st["shape_ptrs"], out_ptrs, st["arena_ptr"])
         if rc:
-            raise ShapeError(f"cuvil run failed: {self._lib.cuvil_last_error().decode()}")
+            raise ShapeError(f"cuvil run failed: {self._lib.fn.cuvil_last_error().decode(errors='replace')}")
         return outs
+
+    def _check_out(self, out, shapes):
+        """Caller-provided output buffers: one numpy array per output, each of the output's shape and
+        dtype, C-contiguous and writable (the library writes through their pointers)."""
+        if not isinstance(out, (list, tuple)):
+            raise TypeError(f"out must be a list of {len(self.outputs)} numpy arrays, got {type(out).__name__}")
+        if len(out) != len(self.outputs):
+            raise ShapeError(f"out: expected {len(self.outputs)} buffers (one per output), got {len(out)}")
+        for i, (o, s, spec, dt) in enumerate(zip(out, shapes, self.outputs, self._out_dtypes)):
+            if not isinstance(o, np.ndarray):
+                raise TypeError(f"out[{i}] ({spec['name']!r}): expected a numpy array, got {type(o).__name__}")
+            if o.shape != s or o.dtype != dt or not o.flags.c_contiguous or not o.flags.writeable:
+                flags = [f for f, ok in (("non-contiguous", o.flags.c_contiguous), ("read-only", o.flags.writeable))
+                         if not ok]
+                raise ShapeError(f"out[{i}] ({spec['name']!r}): expected a contiguous writable {dt}{list(s)}, "
+                                 f"got {' '.join(flags + [str(o.dtype)])}{list(o.shape)}")
+        return list(out)
 
     def __call__(self, *args):
         torch_in = any(type(a).__module__.startswith("torch") for a in args)

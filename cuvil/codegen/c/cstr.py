@@ -22,9 +22,9 @@ def _clip(text) -> str:
     return text[:MAX_TEXT] + "..." if len(text) > MAX_TEXT else text
 
 
-def _escape(text, escape) -> str:
+def _escape(text, escape, clip=True) -> str:
     out = []
-    for ch in _clip(text):
+    for ch in (_clip(text) if clip else text):
         if ch in _SAFE:
             out.append(ch)
         else:
@@ -37,10 +37,10 @@ def comment(text) -> str:
     return _escape(text, lambda b: f"%{b:02X}")
 
 
-def string(text) -> str:
+def string(text, clip=True) -> str:
     """`text` as a C string literal, quotes included: unsafe bytes as 3-digit octal escapes (a hex
-    escape would swallow the hex digits that follow it)."""
-    return '"' + _escape(text, lambda b: f"\\{b:03o}") + '"'
+    escape would swallow the hex digits that follow it). clip=False keeps all of a long text."""
+    return '"' + _escape(text, lambda b: f"\\{b:03o}", clip) + '"'
 
 
 def format_string(text) -> str:

@@ -179,9 +179,10 @@ def weights_fit_in_cache(graph, target) -> bool:
     return total <= CACHED_WEIGHTS_SHARE * last_level_cache_bytes(target)
 
 
-def generate(graph, target="native", profile=False, weights_dir=None):
+def generate(graph, target="native", profile=False, weights_dir=None, signature=""):
     """Returns (model.c text, WeightsFile, memory plan); the weights file is written in weights_dir
-    (default: the system's temporary directory) and belongs to the caller."""
+    (default: the system's temporary directory) and belongs to the caller. `signature` is what the
+    library's cuvil_signature() returns (the runtime checks the manifest against it)."""
     from . import lower_extra, lower_llm, lower_movement, lower_nn, lower_pointwise, lower_reduce  # noqa: F401
     bad = unsupported(graph)
     if bad:
@@ -219,7 +220,7 @@ def generate(graph, target="native", profile=False, weights_dir=None):
     except BaseException:
         em.weights.finish().discard()
         raise
-    return _frame(graph, em, body, plan, profile), em.weights.finish(), plan
+    return _frame(graph, em, body, plan, profile, signature), em.weights.finish(), plan
 
 
 def _check_symbol_names(graph):
@@ -246,7 +247,7 @@ def _emit_body(em, graph, body, out_copies, profile):
         body.append(f"  memcpy(out{i}, {em.ptr(v)}, (size_t)({nbytes}));")
 
 
-def _frame(graph, em, body, plan, profile):
+def _frame(graph, em, body, plan, profile, signature):
     from .frame import PRELUDE, model_c, profile_c
-    text = model_c(graph, em, body, plan)
+    text = model_c(graph, em, body, plan, signature)
     return text.replace(PRELUDE, PRELUDE + profile_c(graph), 1) if profile else text

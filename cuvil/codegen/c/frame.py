@@ -21,6 +21,9 @@ void cuvil_set_num_threads(cuvil_model *m, int num_threads);
 int64_t cuvil_arena_size(void);
 int cuvil_num_inputs(void);
 int cuvil_num_outputs(void);
+/* JSON of the inputs, outputs and dim symbols (names, dtypes, shapes) this library was built for:
+ * the runtime checks manifest.json against it before it hands the library a buffer. */
+const char *cuvil_signature(void);
 /* inputs[i] with shape input_shapes[i]; outputs[i] sized for the shapes the inputs imply.
  * Returns 0, or nonzero with cuvil_last_error() set; never crashes on a bad shape. */
 int cuvil_run(cuvil_model *m, const void *const *inputs, const int64_t *const *input_shapes,
@@ -97,12 +100,13 @@ def _locals_macro(graph):
     return "\n".join(struct) + "\n" + macro + "\n", init
 
 
-def model_c(graph, em, body, plan):
+def model_c(graph, em, body, plan, signature=""):
     locals_def, ctx_init = _locals_macro(graph)
     out = [PRELUDE, locals_def] + em.tasks
     nin, nout = len(graph.inputs), len(graph.outputs)
     wsize = em.weights.size
     out.append(f"""
+const char *cuvil_signature(void) {{ return {cstr.string(signature, clip=False)}; }}
 int cuvil_num_inputs(void) {{ return {nin}; }}
 int cuvil_num_outputs(void) {{ return {nout}; }}
 int64_t cuvil_arena_size(void) {{ return {plan.arena_bytes}; }}

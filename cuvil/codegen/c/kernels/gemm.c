@@ -567,16 +567,8 @@ typedef struct {
 /* A packed once per call, before the tasks run, into the calling thread's buffer (grown on demand
  * and kept): K block kb, row tile ti at (kb * KC * tiles + ti * kc) * MR. Every task of an M block
  * reads the same tiles, so packing inside the tasks would repeat it for each of them. */
-static __thread float *apack;
-static __thread int64_t apack_cap;
-
 static float *apack_buffer(int64_t n) {
-    if (n > apack_cap) {
-        free(apack);
-        apack = malloc((size_t)n * sizeof(float));
-        apack_cap = apack ? n : 0;
-    }
-    return apack;
+    return cuvil_thread_buffer(CUVIL_BUF_APACK, (size_t)n * sizeof(float));
 }
 
 static void pack_a_task(void *ctx, int64_t t0, int64_t t1) {

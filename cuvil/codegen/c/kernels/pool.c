@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <time.h>
 
 #define MAX_WORKERS 63
@@ -31,6 +32,8 @@ static atomic_uint_fast64_t generation;
 static atomic_int sleepers;
 static atomic_int in_job;          /* workers that may be reading `current`: its owner waits for 0 */
 static int nworkers;
+static pthread_t workers[MAX_WORKERS];
+static atomic_int stopping;        /* set by the library's destructor: workers leave, and are joined */
 static __thread int in_worker;
 
 /* One wait of a spin: the CPU's pause for the first PAUSE_SPINS waits, then sched_yield, so that a
@@ -123,17 +126,18 @@ static void *worker(void *arg) {
     for (;;) {
         int64_t t0 = now_ns();
         int spins = 0;
-        while (atomic_load(&generation) == seen) {
+        while (atomic_load(&generation) == seen && !atomic_load(&stopping)) {
             if (now_ns() - t0 > SPIN_NS) {
                 pthread_mutex_lock(&sleep_lock);
                 atomic_fetch_add(&sleepers, 1);
-                while (atomic_load(&generation) == seen) pthread_cond_wait(&wake, &sleep_lock);
+                while (atomic_load(&generation) == seen && !atomic_load(&stopping)) pthread_cond_wait(&wake, &sleep_lock);
                 atomic_fetch_sub(&sleepers, 1);
                 pthread_mutex_unlock(&sleep_lock);
                 break;
             }
             relax(&spins);
         }
+        if (atomic_load(&stopping)) return 0;
         seen = atomic_load(&generation);
         atomic_fetch_add(&in_job, 1);
         job_t *j = atomic_load(&current);
@@ -145,14 +149,8 @@ static void *worker(void *arg) {
 
 static void ensure_workers(int want) {
     if (want > MAX_WORKERS) want = MAX_WORKERS;
-    while (nworkers < want) {
-        pthread_t t;
-        pthread_attr_t a;
-        pthread_attr_init(&a);
-        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-        if (pthread_create(&t, &a, worker, (void *)(intptr_t)nworkers) != 0) break;
+    while (nworkers < want && pthread_create(&workers[nworkers], 0, worker, (void *)(intptr_t)nworkers) == 0)
         nworkers++;
-    }
 }
 
 static void submit(int nthreads, int64_t n, int64_t chunk, int64_t grain, int guided, int owned, cuvil_task_fn fn,
@@ -212,4 +210,71 @@ void cuvil_parallel_chunks(int nthreads, int64_t n, int64_t chunk, cuvil_task_fn
 
 void cuvil_parallel_guided(int nthreads, int64_t n, int64_t chunk, cuvil_task_fn fn, void *ctx) {
     submit(nthreads, n, chunk, 1, 1, 0, fn, ctx);
+}
+
+/* ---- per-thread scratch buffers, and what unloading the library releases ---------------------- */
+typedef struct thread_bufs {
+    void *buf[CUVIL_NUM_BUFS];
+    size_t cap[CUVIL_NUM_BUFS];
+    struct thread_bufs *prev, *next;
+} thread_bufs;
+
+static pthread_mutex_t bufs_lock = PTHREAD_MUTEX_INITIALIZER;
+static thread_bufs *all_bufs;                 /* every thread's, so the destructor can free them */
+static pthread_key_t bufs_key;
+static pthread_once_t bufs_once = PTHREAD_ONCE_INIT;
+static int bufs_key_made;
+static __thread thread_bufs *my_bufs;
+
+static void free_bufs(thread_bufs *b) {       /* with bufs_lock held */
+    for (int i = 0; i < CUVIL_NUM_BUFS; i++) free(b->buf[i]);
+    if (b->prev) b->prev->next = b->next; else all_bufs = b->next;
+    if (b->next) b->next->prev = b->prev;
+    free(b);
+}
+
+static void thread_exit(void *p) {
+    pthread_mutex_lock(&bufs_lock);
+    free_bufs(p);
+    pthread_mutex_unlock(&bufs_lock);
+}
+
+static void make_key(void) { bufs_key_made = pthread_key_create(&bufs_key, thread_exit) == 0; }
+
+void *cuvil_thread_buffer(int slot, size_t bytes) {
+    thread_bufs *b = my_bufs;
+    if (!b) {
+        pthread_once(&bufs_once, make_key);
+        if (!(b = calloc(1, sizeof *b))) return 0;
+        pthread_mutex_lock(&bufs_lock);
+        b->next = all_bufs;
+        if (all_bufs) all_bufs->prev = b;
+        all_bufs = b;
+        pthread_mutex_unlock(&bufs_lock);
+        if (bufs_key_made) pthread_setspecific(bufs_key, b);
+        my_bufs = b;
+    }
+    if (bytes > b->cap[slot]) {           /* a quarter more: a size that creeps up grows rarely */
+        size_t cap = bytes + bytes / 4;
+        free(b->buf[slot]);
+        b->buf[slot] = malloc(cap);
+        b->cap[slot] = b->buf[slot] ? cap : 0;
+    }
+    return b->buf[slot];
+}
+
+/* Runs when the library is unloaded (dlclose of the last reference, or process exit): the workers
+ * leave their loop and are joined, so none is left running code that is about to be unmapped, and
+ * every thread's buffers are freed. The runtime unloads an artifact only when no run is in flight. */
+__attribute__((destructor)) static void pool_shutdown(void) {
+    atomic_store(&stopping, 1);
+    pthread_mutex_lock(&sleep_lock);
+    pthread_cond_broadcast(&wake);
+    pthread_mutex_unlock(&sleep_lock);
+    for (int i = 0; i < nworkers; i++) pthread_join(workers[i], 0);
+    nworkers = 0;
+    if (bufs_key_made) pthread_key_delete(bufs_key);
+    pthread_mutex_lock(&bufs_lock);
+    while (all_bufs) free_bufs(all_bufs);
+    pthread_mutex_unlock(&bufs_lock);
 }

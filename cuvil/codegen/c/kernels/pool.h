@@ -4,6 +4,7 @@
  * barrier would). */
 #ifndef CUVIL_POOL_H
 #define CUVIL_POOL_H
+#include <stddef.h>
 #include <stdint.h>
 
 typedef void (*cuvil_task_fn)(void *ctx, int64_t begin, int64_t end);
@@ -20,4 +21,11 @@ void cuvil_parallel_chunks(int nthreads, int64_t n, int64_t chunk, cuvil_task_fn
 /* The same with chunks that shrink toward the end (to 1/(2 threads) of what is left, at least one
  * item), so the threads finish within about one item of each other, not one chunk. */
 void cuvil_parallel_guided(int nthreads, int64_t n, int64_t chunk, cuvil_task_fn fn, void *ctx);
+
+/* The calling thread's scratch buffer `slot`, at least `bytes` long (grown on demand and kept; its
+ * contents are lost when it grows), or NULL when out of memory. Freed when the thread exits, and all
+ * of them when the library is unloaded: a long-running process that loads and drops artifacts, or
+ * runs them from short-lived threads, keeps no buffers behind. */
+enum { CUVIL_BUF_APACK, CUVIL_BUF_QSCRATCH, CUVIL_NUM_BUFS };
+void *cuvil_thread_buffer(int slot, size_t bytes);
 #endif

@@ -469,20 +469,14 @@ static void q_task(void *ctx, int64_t t0, int64_t t1) {
 #define CUVIL_QGEMM_PREFILL_BLOCKS 2
 #endif
 /* Quantized activations live in a per-thread buffer that grows and is kept: no allocation per call. */
-static __thread void *scratch;
-static __thread size_t scratch_cap;
 
 int cuvil_qgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const void *W, int bits,
                 const void *scales, int64_t ablock, float *C, int64_t ldc, const float *residual, int nthreads) {
     if (M <= 0 || N <= 0) return 0;
     int64_t nb = K / ablock, run = ablock < 64 ? ablock : 64;      /* int4: K values per int16 run */
     size_t need = (size_t)(M * K + 64) + sizeof(float) * (size_t)(M * nb) + 32 * (size_t)(M * (K / run)) + 128;
-    if (need > scratch_cap) {
-        free(scratch);
-        scratch_cap = need + need / 4;
-        scratch = malloc(scratch_cap);
-        if (!scratch) { scratch_cap = 0; return 1; }
-    }
+    void *scratch = cuvil_thread_buffer(CUVIL_BUF_QSCRATCH, need);
+    if (!scratch) return 1;
     int8_t *xq = scratch;
     float *dx = (float *)(((uintptr_t)(xq + M * K) + 63) & ~(uintptr_t)63);
     void *noff = (void *)(((uintptr_t)(dx + M * nb) + 63) & ~(uintptr_t)63);

@@ -3,14 +3,17 @@ Needs numpy and the runtime (plus `tokenizers` for text); never torch."""
 from __future__ import annotations
 
 import json
+import numbers
 import shutil
+import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import CuvilError, ShapeError
+from ..errors import ArtifactError, CuvilError, ShapeError
 from ..runtime.module import Module
 from . import sampling
 from .tokenizer import FILES as TOKENIZER_FILES
@@ -31,112 +34,250 @@ class GenerationStats:
         return (self.new_tokens - 1) / self.decode_seconds if self.decode_seconds and self.new_tokens > 1 else 0.0
 
 
+# llm.json entries the runtime sizes things by
+SIZES = ("layers", "max_batch", "kv_heads", "max_seq_len", "head_dim", "vocab")
+# seconds a call waits for the LLM before warning (then it waits on): an unclosed stream may hold it
+WAIT_WARNING_S = 60.0
+
+
+class CacheLock:
+    """Who may use the KV cache now: one thread (re-entrantly, so `with llm.lock:` can hold it around
+    several step() calls), or one generate(stream=True) iterator from its first next() until it is
+    exhausted, closed or garbage-collected. A plain Lock underneath: the collector may finalize an
+    abandoned stream in any thread, and that thread must be able to release it."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._thread = None         # the holder's thread (a stream's: the thread that started it)
+        self._depth = 0
+        self._stream = False
+
+    def acquire(self, stream=False):
+        me = threading.get_ident()
+        if self._thread == me:
+            if stream or self._stream:      # waiting would be waiting on ourselves, forever
+                raise CuvilError("this thread already holds this LLM through an unfinished generate(stream=True) "
+                                 "iterator (or `with llm.lock:`): exhaust or close() it first, as two sequences "
+                                 "cannot share the one KV cache")
+            self._depth += 1
+            return
+        if not self._lock.acquire(timeout=WAIT_WARNING_S):
+            warnings.warn(f"waited {WAIT_WARNING_S:g} s for this LLM, which another thread is using; if that is an "
+                          "abandoned generate(stream=True) iterator, close() it; still waiting", RuntimeWarning,
+                          stacklevel=3)
+            self._lock.acquire()
+        self._thread, self._depth, self._stream = me, 1, stream
+
+    def release(self):
+        self._depth -= 1
+        if self._depth == 0:
+            self._thread = None
+            self._lock.release()
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
 class LLM:
-    """`step(ids[B, T], start[B])` runs the compiled graph, reading and extending the KV cache."""
+    """`step(ids[B, T], start[B])` runs the compiled graph, reading and extending the KV cache.
+
+    Threads may share one LLM: each generate() (and each step/prefill/decode/reset call) holds
+    `llm.lock` for its whole length, so concurrent requests run one after another and never mix
+    sequences. A stream=True iterator holds it from its first next() until it ends, is close()d or
+    is garbage-collected; close() one you abandon early, or other threads wait for it (warning
+    after WAIT_WARNING_S s) and this thread's next use of the LLM raises CuvilError. To run several
+    step()/decode() calls as one sequence, hold the lock around them: `with llm.lock: ...`.
+    `last_stats` is per thread: the stats of this thread's latest generate()."""
 
     def __init__(self, path, num_threads=None):
         self.path = Path(path)
         meta_file = self.path / "llm.json"
         if not meta_file.exists():
-            raise CuvilError(f"{path} is not a cuvil LLM artifact (no llm.json)")
-        self.meta = json.loads(meta_file.read_text())
+            raise ArtifactError(f"{path} is not a cuvil LLM artifact (no llm.json)")
+        self.meta = m = _read_meta(meta_file)
         self.module = Module(self.path, num_threads=num_threads)
-        m = self.meta
         shape = (m["layers"], m["max_batch"], m["kv_heads"], m["max_seq_len"], m["head_dim"])
+        # an edited size: named here, not an absurd allocation or a shape error at the first step
+        ins = {i["name"]: i["shape"] for i in self.module.inputs}
+        vocab = self.module.outputs[0]["shape"][-1] if self.module.outputs else m["vocab"]
+        if ins.get("k_cache", list(shape)) != list(shape) or vocab != m["vocab"]:
+            raise ArtifactError(f"{meta_file} does not match model.so: KV cache {list(shape)} and vocab {m['vocab']} "
+                                f"there, {ins.get('k_cache')} and {vocab} in the compiled code")
         self.k_cache = np.zeros(shape, np.float32)
         self.v_cache = np.zeros(shape, np.float32)
         self.lengths = np.zeros(m["max_batch"], np.int64)     # tokens in the cache per sequence slot
         self.tokenizer = Tokenizer(self.path) if (self.path / "tokenizer.json").exists() else None
-        self.last_stats = GenerationStats()
+        self.lock = CacheLock()
+        self._local = threading.local()
 
     @property
     def max_seq_len(self):
         return self.meta["max_seq_len"]
 
+    @property
+    def last_stats(self) -> GenerationStats:
+        """The stats of this thread's latest generate() call (another thread's cannot clobber them)."""
+        if not hasattr(self._local, "stats"):
+            self._local.stats = GenerationStats()
+        return self._local.stats
+
+    @last_stats.setter
+    def last_stats(self, stats):
+        self._local.stats = stats
+
     def reset(self, slots=None):
-        if slots is None:
-            self.lengths[:] = 0
-        else:
-            self.lengths[np.asarray(slots)] = 0
+        with self.lock:
+            if slots is None:
+                self.lengths[:] = 0
+            else:
+                self.lengths[np.asarray(slots)] = 0
 
     def step(self, ids, start=None) -> np.ndarray:
         """ids [B, T] appended at `start` (default: each slot's current length); returns logits [B, T, V]."""
-        ids = np.ascontiguousarray(np.asarray(ids, dtype=np.int64))
+        ids = self._ids(ids, "ids", (1, 2))
         if ids.ndim == 1:
             ids = ids[None]
-        B, T = ids.shape
-        if start is None:
-            start = self.lengths[:B].copy()
-        start = np.ascontiguousarray(np.asarray(start, dtype=np.int64))
-        if int(start.max(initial=0)) + T > self.max_seq_len:
-            raise ShapeError(f"sequence would reach {int(start.max()) + T} tokens; this artifact holds "
-                             f"{self.max_seq_len} (compile with a larger max_seq_len)")
-        (logits,) = self.module.run(ids, start, self.k_cache, self.v_cache)
-        self.lengths[:B] = start + T
-        return logits
+        self._check_batch(ids, "ids")
+        if start is not None:
+            s = np.asarray(start)
+            if s.dtype.kind not in "iu" or s.shape != ids.shape[:1] or s.min() < 0:
+                raise ShapeError(f"start must be {ids.shape[0]} int position(s) >= 0, one per sequence of ids, "
+                                 f"got {start!r}")
+            start = np.ascontiguousarray(s, np.int64)
+        with self.lock:
+            return self._step(ids, start)
 
     def prefill(self, ids) -> np.ndarray:
         """A fresh prompt in slot 0: logits of every position [T, V]."""
-        self.reset()
-        return self.step(np.asarray(ids, np.int64)[None], np.zeros(1, np.int64))[0]
+        ids = self._ids(ids, "ids", (1,))
+        with self.lock:
+            return self._prefill(ids)
 
     def decode(self, tokens) -> np.ndarray:
         """One token for each of the first len(tokens) slots: logits [B, V]."""
-        t = np.asarray(tokens, np.int64).reshape(-1, 1)
-        return self.step(t)[:, 0]
+        t = self._ids(tokens, "tokens", (0, 1)).reshape(-1, 1)
+        self._check_batch(t, "tokens")
+        with self.lock:
+            return self._step(t, None)[:, 0]
+
+    # unchecked and unlocked: for callers that checked the arguments and hold the lock
+    def _step(self, ids, start):
+        if start is None:
+            start = self.lengths[:ids.shape[0]].copy()
+        if int(start.max(initial=0)) + ids.shape[1] > self.max_seq_len:
+            raise ShapeError(f"sequence would reach {int(start.max()) + ids.shape[1]} tokens; this artifact holds "
+                             f"{self.max_seq_len} (compile with a larger max_seq_len)")
+        (logits,) = self.module.run(ids, start, self.k_cache, self.v_cache)
+        self.lengths[:ids.shape[0]] = start + ids.shape[1]
+        return logits
+
+    def _prefill(self, ids):
+        self.lengths[:] = 0
+        return self._step(ids[None], np.zeros(1, np.int64))[0]
+
+    def _ids(self, ids, name, ranks):
+        """`ids` as C-contiguous int64 token ids of one of `ranks`, in batches the artifact holds. An id
+        out of [0, vocab) must not reach the native code: -1 reads the embedding's last row, quietly."""
+        try:
+            a = np.asarray(ids)
+        except (ValueError, TypeError):      # ragged nested lists
+            a = np.asarray(None)
+        if a.size == 0:
+            raise ShapeError(f"{name} is empty: give at least one token id")
+        if a.dtype.kind not in "iu" or a.ndim not in ranks:
+            raise ShapeError(f"{name} must be integer token ids of rank {' or '.join(map(str, ranks))}, "
+                             f"got {a.dtype} of shape {list(a.shape)}")
+        lo, hi, vocab = int(a.min()), int(a.max()), self.meta["vocab"]
+        if lo < 0 or hi >= vocab:
+            raise ShapeError(f"{name} must be token ids in [0, {vocab}), got {lo if lo < 0 else hi}")
+        return np.ascontiguousarray(a, np.int64)
+
+    def _check_batch(self, ids, name):
+        if ids.shape[0] > self.meta["max_batch"]:
+            raise ShapeError(f"{name} holds {ids.shape[0]} sequences; this artifact holds max_batch="
+                             f"{self.meta['max_batch']}")
 
     # ---- text -------------------------------------------------------------------------------
     def _encode(self, prompt, chat):
-        if isinstance(prompt, str) or (chat and isinstance(prompt, list) and prompt and isinstance(prompt[0], dict)):
+        if chat:
+            if self.tokenizer is None:
+                raise CuvilError("chat=True needs a tokenizer; this artifact has no tokenizer.json")
+            if isinstance(prompt, str):
+                prompt = [{"role": "user", "content": prompt}]
+            elif not (isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt)):
+                raise TypeError(f"with chat=True, prompt must be text or a list of {{'role', 'content'}} messages, "
+                                f"got {type(prompt).__name__}")
+            return self.tokenizer.encode(self.tokenizer.apply_chat_template(prompt), add_special_tokens=False)
+        if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise CuvilError("this artifact has no tokenizer.json: pass a list of token ids")
-            if chat:
-                msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-                text = self.tokenizer.apply_chat_template(msgs)
-                return self.tokenizer.encode(text, add_special_tokens=False)
             return self.tokenizer.encode(prompt)
-        return [int(t) for t in prompt]
+        return prompt
 
     def _stop_ids(self, stop):
         ids = set(self.meta.get("eos_token_ids", []))
         strings = []
+        if isinstance(stop, (str, numbers.Integral)) and not isinstance(stop, bool):
+            stop = [stop]                     # one stop; a string would otherwise be taken char by char
+        if stop is not None and not isinstance(stop, (list, tuple, set, frozenset)):
+            raise TypeError(f"stop must be a list of stop strings and/or token ids, got {type(stop).__name__}")
+        vocab = self.meta["vocab"]
         for s in stop or []:
-            if isinstance(s, int):
-                ids.add(s)
-            else:
+            if isinstance(s, str) and s:
+                if self.tokenizer is None:
+                    raise ValueError(f"stop string {s!r} needs a tokenizer, and this artifact has none: "
+                                     "give stop token ids")
                 strings.append(s)
+            elif isinstance(s, numbers.Integral) and not isinstance(s, bool) and 0 <= s < vocab:
+                ids.add(int(s))
+            else:
+                kind = TypeError if isinstance(s, bool) or not isinstance(s, (str, numbers.Integral)) else ValueError
+                raise kind(f"stop entries must be non-empty strings or token ids in [0, {vocab}), got {s!r}")
         return ids, strings
 
     def generate(self, prompt, max_new_tokens=64, *, temperature=0.0, top_k=0, top_p=1.0, repetition_penalty=1.0,
                  stop=None, seed=None, stream=False, chat=False):
         """Text (or ids) in; the generated text (or ids when no tokenizer) out, or an iterator of text
-        pieces with stream=True. Greedy when temperature is 0."""
-        it = self._generate(prompt, max_new_tokens, temperature, top_k, top_p, repetition_penalty, stop, seed, chat)
+        pieces with stream=True. Greedy when temperature is 0. The arguments are checked here, at
+        the call, streaming or not. Thread-safe: see the class's notes on `lock`."""
+        sampling.check_sampling(temperature, top_k, top_p, repetition_penalty, seed)
+        sampling.check_arg("max_new_tokens", max_new_tokens, numbers.Integral, "an int >= 0", lambda v: v >= 0)
+        stop_ids, stop_strings = self._stop_ids(stop)
+        ids = self._ids(self._encode(prompt, chat), "prompt", (1,)).tolist()
+        if len(ids) > self.max_seq_len:
+            raise ShapeError(f"prompt has {len(ids)} tokens; this artifact holds {self.max_seq_len} "
+                             "(compile with a larger max_seq_len)")
+        stats = self.last_stats = GenerationStats(prompt_tokens=len(ids))
+        sampler = dict(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
+                       rng=np.random.default_rng(seed))
+        it = self._generate(ids, max_new_tokens, sampler, stop_ids, stop_strings, stats, stream)
         if stream:
             return it
         pieces = list(it)
-        if self.tokenizer is None:
-            return self.last_stats.tokens
-        return "".join(pieces)
+        return stats.tokens if self.tokenizer is None else "".join(pieces)
 
-    def _generate(self, prompt, max_new_tokens, temperature, top_k, top_p, repetition_penalty, stop, seed, chat):
-        ids = self._encode(prompt, chat)
-        if not ids:
-            raise CuvilError("empty prompt")
-        stop_ids, stop_strings = self._stop_ids(stop)
-        rng = np.random.default_rng(seed)
-        stats = self.last_stats = GenerationStats(prompt_tokens=len(ids))
+    def _generate(self, ids, max_new_tokens, sampler, stop_ids, stop_strings, stats, stream):
+        self.lock.acquire(stream=stream)      # held across the yields; the finally runs on close() and collection
+        try:
+            yield from self._tokens(ids, max_new_tokens, sampler, stop_ids, stop_strings, stats)
+        finally:
+            self.lock.release()
+
+    def _tokens(self, ids, max_new_tokens, sampler, stop_ids, stop_strings, stats):
         decoder = StreamDecoder(self.tokenizer) if self.tokenizer else None
         budget = min(max_new_tokens, self.max_seq_len - len(ids))
         t0 = time.perf_counter()
-        logits = self.prefill(ids)[-1]
+        logits = self._prefill(np.asarray(ids, np.int64))[-1]
         stats.prefill_seconds = time.perf_counter() - t0
         seen = list(ids)
         text, sent = "", 0
         t1 = time.perf_counter()
         for i in range(budget):
-            tok = sampling.choose(logits, temperature=temperature, top_k=top_k, top_p=top_p, rng=rng, seen=seen,
-                                  repetition_penalty=repetition_penalty)
+            tok = sampling.pick(logits, seen=seen, **sampler)
             if tok in stop_ids:
                 stats.finish_reason = "stop"
                 if decoder is not None and len(text) > sent:
@@ -160,7 +301,7 @@ class LLM:
             else:
                 yield tok
             if i + 1 < budget:
-                logits = self.decode([tok])[0]
+                logits = self._step(np.array([[tok]], np.int64), None)[0, 0]
         else:
             stats.finish_reason = "length"
             if decoder is not None:
@@ -176,6 +317,26 @@ class LLM:
             if f.is_file():
                 shutil.copyfile(f, path / f.name)
         return path
+
+
+def _read_meta(meta_file):
+    """llm.json, checked: a hand-edited or truncated file is an ArtifactError naming it, not a KeyError."""
+    try:
+        meta = json.loads(meta_file.read_text())
+    except ValueError as e:                 # JSONDecodeError, UnicodeDecodeError
+        raise ArtifactError(f"{meta_file} is not valid JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise ArtifactError(f"{meta_file} must hold a JSON object, got {type(meta).__name__}")
+    for k in SIZES:
+        v = meta.get(k)
+        if type(v) is not int or v < 1:
+            raise ArtifactError(f"{meta_file}: {k!r} must be a positive int, got "
+                                + (repr(v) if k in meta else "nothing (missing)"))
+    eos = meta.get("eos_token_ids", [])
+    if not (isinstance(eos, list) and all(type(i) is int and 0 <= i < meta["vocab"] for i in eos)):
+        raise ArtifactError(f"{meta_file}: 'eos_token_ids' must be a list of token ids in [0, {meta['vocab']}), "
+                            f"got {eos!r}")
+    return meta
 
 
 def _held_back(text, stops):

@@ -2,13 +2,8 @@
 runtime, the compile cache and verification against the source model."""
 from __future__ import annotations
 
-import functools
-import hashlib
-import inspect
-import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -96,45 +91,12 @@ class CompiledModel:
 
 
 def _source_key(model, example_inputs, opts: Options) -> str | None:
-    """A key from the source model itself, so a repeat compile skips export entirely."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    if not isinstance(model, torch.nn.Module):
-        return None
-    h = hashlib.sha256()
-    cls = type(model)
-    h.update(f"{cls.__module__}.{cls.__qualname__}|{model!r}|{opts.key()}|{__version__}".encode())
-    h.update(_class_source(cls).encode())
-    state = list(model.state_dict(keep_vars=False).items())
-    # each tensor's own bytes (not a copy: the copy cost more than the hash) in 64 MiB slices,
-    # hashed on all cores: hashlib releases the GIL on big buffers
-    views = [t.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy() if t.numel() else b"" for _, t in state]
-    slices = [(i, v[j:j + (1 << 26)]) for i, v in enumerate(views) for j in range(0, len(v), 1 << 26)]
-    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        digests = list(pool.map(lambda s: hashlib.sha256(s[1]).digest(), slices))
-    for name, t in state:
-        h.update(name.encode())
-        h.update(str((tuple(t.shape), t.dtype)).encode())
-    for (i, _), d in zip(slices, digests):
-        h.update(i.to_bytes(8, "little") + d)
-    from torch.utils import _pytree
-    for leaf in _pytree.tree_leaves(example_inputs):
-        h.update(repr((tuple(getattr(leaf, "shape", ())), str(getattr(leaf, "dtype", type(leaf))))).encode())
-    h.update(toolchain.compiler_version().encode())
-    h.update(toolchain.cuvil_source_digest().encode())
-    return h.hexdigest()[:32]
-
-
-@functools.lru_cache(maxsize=256)
-def _class_source(cls) -> str:
-    """A model class's source, read once per class object (inspect parses the whole module: 30 ms
-    for transformers' BERT, a sixth of a warm compile)."""
-    try:
-        return inspect.getsource(cls)
-    except (OSError, TypeError):
-        return ""
+    """A key from the source model itself (its code, attributes, weights and the example inputs'
+    structure), so a repeat compile skips export entirely; None when the model holds something the
+    key cannot account for (frontend/torch_key.py)."""
+    from .frontend.torch_key import source_key
+    return source_key(model, example_inputs, f"{opts.key()}|{__version__}|{toolchain.compiler_version()}|"
+                                             f"{toolchain.cuvil_source_digest()}")
 
 
 def _split_inputs(example_inputs):

@@ -1,0 +1,275 @@
+"""Issue 37: the runtime and the cache against careless callers, edited files and long-running
+processes. Each test here failed on the code before the fix (defects 2, 4, 5, 6, 7, 9)."""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import cuvil
+from cuvil.build import cache
+
+
+class TwoOut(torch.nn.Module):
+    def __init__(self, scale=2.0):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 4)
+        self.scale = scale
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y * self.scale, torch.relu(y)
+
+
+X = torch.randn(3, 8, generator=torch.Generator().manual_seed(0))
+
+
+def _eager(m):
+    with torch.no_grad():
+        return [t.numpy() for t in m(X)]
+
+
+@pytest.fixture(scope="module")
+def two_out():
+    torch.manual_seed(0)
+    m = TwoOut().eval()
+    return m, cuvil.compile(m, (X,))
+
+
+def _maps(tag="cuvil-lib-"):
+    return sum(tag in line for line in Path("/proc/self/maps").read_text().splitlines())
+
+
+# ---- defect 2: out= and closed modules ---------------------------------------------------------
+def test_out_buffers_are_checked(two_out):
+    m, cm = two_out
+    x = X.numpy()
+    want = _eager(m)
+    with pytest.raises(cuvil.ShapeError, match="expected 2 buffers"):
+        cm.run(x, out=[])
+    with pytest.raises(cuvil.ShapeError, match="expected 2 buffers"):
+        cm.run(x, out=[np.empty((3, 4), np.float32)])
+    with pytest.raises(TypeError, match=r"out\[1\].*numpy array"):
+        cm.run(x, out=[np.empty((3, 4), np.float32), "nope"])
+    with pytest.raises(TypeError, match="list"):
+        cm.run(x, out=np.empty((3, 4), np.float32))
+    with pytest.raises(cuvil.ShapeError, match="non-contiguous"):
+        cm.run(x, out=[np.empty((3, 4), np.float32), np.empty((4, 3), np.float32).T])
+    with pytest.raises(cuvil.ShapeError, match="read-only"):
+        ro = np.empty((3, 4), np.float32)
+        ro.flags.writeable = False
+        cm.run(x, out=[np.empty((3, 4), np.float32), ro])
+    outs = [np.full((3, 4), np.nan, np.float32) for _ in range(2)]
+    got = cm.run(x, out=outs)
+    assert got[0] is outs[0] and got[1] is outs[1]
+    for g, w in zip(outs, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_closed_module_raises(two_out, tmp_path):
+    _, cm = two_out
+    mod = cuvil.load(cm.save(tmp_path / "a"))
+    with mod:
+        mod.run(X.numpy())
+    assert mod.closed
+    with pytest.raises(cuvil.ArtifactError, match="closed"):
+        mod.run(X.numpy())
+    with pytest.raises(cuvil.ArtifactError, match="closed"):
+        mod.set_num_threads(1)
+    mod.close()                                  # twice is harmless
+
+
+@pytest.mark.parametrize("bad,err", [("4", TypeError), (True, TypeError), (0, ValueError), (-2, ValueError),
+                                     (2.5, TypeError), (10**6, ValueError)])
+def test_num_threads_checked(two_out, tmp_path, bad, err):
+    _, cm = two_out
+    d = cm.save(tmp_path / "a")
+    with pytest.raises(err, match="num_threads"):
+        cuvil.load(d, num_threads=bad)
+    mod = cuvil.load(d)
+    with pytest.raises(err, match="num_threads"):
+        mod.set_num_threads(bad)
+
+
+# ---- defect 4: saving over a loaded artifact -----------------------------------------------------
+def test_save_over_loaded_artifact(tmp_path):
+    torch.manual_seed(1)
+    a, b = TwoOut(2.0).eval(), TwoOut(5.0).eval()
+    ca, cb = cuvil.compile(a, (X,)), cuvil.compile(b, (X,))
+    d = ca.save(tmp_path / "model")
+    loaded = cuvil.load(d)
+    cb.save(d)                                   # over the artifact `loaded` runs from
+    for g, w in zip(loaded.run(X.numpy()), _eager(a)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    fresh = cuvil.load(d)                        # the new contents, not the library already loaded
+    for g, w in zip(fresh.run(X.numpy()), _eager(b)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]      # no temporary folders left
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(cuvil.ArtifactError, match="not an artifact"):
+        ca.save(tmp_path / "other")
+    assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
+
+
+# ---- defect 5: the manifest is checked ---------------------------------------------------------------
+def _edit(d, fn, reseal=False):
+    p = Path(d) / "manifest.json"
+    m = json.loads(p.read_text())
+    fn(m)
+    if reseal:                                   # an editor who also fixes the content hash
+        from cuvil.runtime import artifact
+        m["content_hash"] = artifact._content_hash(m)
+    p.write_text(json.dumps(m))
+
+
+EDITS = {
+    "input shape": lambda m: m["inputs"][0]["shape"].__setitem__(0, 3000),
+    "output shape": lambda m: m["outputs"][1]["shape"].__setitem__(1, 4000),
+    "output dtype": lambda m: m["outputs"][0].__setitem__("dtype", "float64"),
+    "input dtype": lambda m: m["inputs"][0].__setitem__("dtype", "int8"),
+    "dropped output": lambda m: m["outputs"].pop(),
+    "symbol added": lambda m: m.__setitem__("symbols", {"batch": [1, 9]}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EDITS))
+@pytest.mark.parametrize("reseal", [False, True])
+def test_edited_manifest_is_refused(two_out, tmp_path, name, reseal):
+    _, cm = two_out
+    d = cm.save(tmp_path / "a")
+    _edit(d, EDITS[name], reseal)
+    for verify in (True, False):
+        with pytest.raises(cuvil.ArtifactError):
+            cuvil.load(d, verify_checksum=verify)
+
+
+@pytest.mark.parametrize("text,match", [("[" * 100000 + "]" * 100000, "JSON"), ("[1, 2]", "not an object"),
+                                        ('{"format_version": "2"}', "format version '2'"),
+                                        ('{"format_version": 2}', "inputs must be present")])
+def test_malformed_manifest_messages(two_out, tmp_path, text, match):
+    _, cm = two_out
+    d = cm.save(tmp_path / "a")
+    (d / "manifest.json").write_text(text)
+    with pytest.raises(cuvil.ArtifactError, match=match):
+        cuvil.load(d)
+
+
+def test_weights_size_message_says_what_differs(two_out, tmp_path):
+    _, cm = two_out
+    d = cm.save(tmp_path / "a")
+    _edit(d, lambda m: m["weights"].__setitem__("bytes", str(m["weights"]["bytes"])), reseal=True)
+    with pytest.raises(cuvil.ArtifactError, match=r"weights must be"):
+        cuvil.load(d)
+
+
+@pytest.mark.parametrize("victim", ["model.so", "model.c", "model.h", "weights.bin"])
+@pytest.mark.parametrize("how", ["flip", "truncate"])
+def test_changed_files_are_refused(two_out, tmp_path, victim, how):
+    _, cm = two_out
+    d = cm.save(tmp_path / "a")
+    data = bytearray((d / victim).read_bytes())
+    if how == "flip":
+        data[len(data) // 2] ^= 0x40
+    else:
+        data = data[:len(data) // 2]
+    (d / victim).write_bytes(bytes(data))
+    with pytest.raises(cuvil.ArtifactError, match=victim.replace(".", r"\.")):
+        cuvil.load(d)
+    if how == "truncate":                        # sizes are checked even on the fast path
+        with pytest.raises(cuvil.ArtifactError):
+            cuvil.load(d, verify_checksum=False)
+
+
+# ---- defect 6: the cache heals itself -----------------------------------------------------------------
+def test_corrupt_cache_entries_are_rebuilt(tmp_path):
+    torch.manual_seed(2)
+    m = TwoOut(3.0).eval()
+    cdir = tmp_path / "cache"
+    cm = cuvil.compile(m, (X,), cache_dir=cdir)
+    entry = cm.path
+    del cm
+    gc.collect()
+    for victim, damage in [("model.so", lambda b: b[: len(b) // 3]), ("weights.bin", lambda b: b[:-1] + b"\x01"),
+                           ("manifest.json", lambda b: b"{"), ("model.so", lambda b: b"\x7fELF" + b"\0" * 64)]:
+        (entry / victim).write_bytes(damage((entry / victim).read_bytes()))
+        with pytest.warns(RuntimeWarning, match="failed verification"):
+            again = cuvil.compile(m, (X,), cache_dir=cdir)
+        for g, w in zip(again.run(X.numpy()), _eager(m)):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+        assert again.path == entry or not entry.exists()      # the broken entry is gone either way
+        entry = again.path
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")       # healed: the next compile is a quiet hit
+            assert cuvil.compile(m, (X,), cache_dir=cdir).report["cache"] == "hit"
+        del again
+        gc.collect()
+
+
+def test_edited_source_record_is_not_trusted(tmp_path):
+    torch.manual_seed(3)
+    a, b = TwoOut(2.0).eval(), TwoOut(7.0).eval()
+    cdir = tmp_path / "cache"
+    ca, cb = cuvil.compile(a, (X,), cache_dir=cdir), cuvil.compile(b, (X,), cache_dir=cdir)
+    records = sorted((cdir / "sources").glob("*.json"))
+    assert len(records) == 2
+    key_b = cb.report["cache_key"]
+    for r in records:                            # point both records at b's artifact
+        rec = json.loads(r.read_text())
+        rec["key"] = key_b
+        r.write_text(json.dumps(rec))
+    with pytest.warns(RuntimeWarning, match="source record"):
+        again = cuvil.compile(a, (X,), cache_dir=cdir)
+    for g, w in zip(again.run(X.numpy()), _eager(a)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("make_bad", ["file", "unwritable"])
+def test_unusable_cache_dir_is_a_clear_error(tmp_path, make_bad):
+    if make_bad == "file":
+        bad = tmp_path / "cache"
+        bad.write_text("a file, not a folder")
+    else:
+        bad = Path("/proc/cuvil-cache")          # not writable even for root (CI runs as root)
+    with pytest.raises(cuvil.CompileError, match="cache_dir"):
+        cuvil.compile(TwoOut().eval(), (X,), cache_dir=bad)
+
+
+def test_unusable_default_cache_falls_back_with_a_warning(monkeypatch, tmp_path):
+    monkeypatch.delenv("CUVIL_CACHE_DIR")
+    monkeypatch.setenv("HOME", "/proc/no-home")
+    monkeypatch.setattr(cache, "_fallback", None)
+    with pytest.warns(RuntimeWarning, match="cannot be used"):
+        d = cache.usable_dir(None)
+    assert d.is_dir() and os.access(d, os.W_OK)
+    shutil.rmtree(d)
+
+
+# ---- defect 7: libraries are unloaded, pool threads joined ---------------------------------------------
+def test_dropped_modules_unload_their_library(tmp_path):
+    torch.manual_seed(4)
+    m = torch.nn.Linear(256, 256).eval()          # enough work that 2 threads start the pool's worker
+    x = torch.randn(256, 256)
+    d = cuvil.compile(m, (x,)).save(tmp_path / "a")
+    want = m(x).detach().numpy()                 # (torch's own threads start here, not in the loop)
+    gc.collect()
+    before_maps, before_threads = _maps(), len(os.listdir("/proc/self/task"))
+    for i in range(30):
+        mod = cuvil.load(d, num_threads=2)
+        assert _maps() > before_maps
+        got = mod.run(x.numpy())[0]
+        assert len(os.listdir("/proc/self/task")) > before_threads
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        if i % 2:
+            mod.close()
+        del mod
+        gc.collect()
+    assert _maps() == before_maps
+    assert len(os.listdir("/proc/self/task")) == before_threads

@@ -69,7 +69,7 @@ def from_transformers(src, *, precision="fp32", max_seq_len=2048, max_batch=1, n
     inv_freq, rope_scale = rope_parameters(cfg)
 
     settings = (precision, group, max_seq_len, max_batch, profile)
-    cdir = Path(cache_dir) if cache_dir else cache.default_dir()
+    cdir = cache.usable_dir(cache_dir)
     skey = _source_key(src, src_dir, settings)
     path = cache.lookup_source(cdir, skey)
     if path is not None and (path / "llm.json").exists():       # same checkpoint and settings: no rebuild

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ArtifactError, CuvilError, ShapeError
+from ..runtime import artifact
 from ..runtime.module import Module
 from . import sampling
 from .tokenizer import FILES as TOKENIZER_FILES
@@ -311,12 +312,9 @@ class LLM:
         stats.decode_seconds = time.perf_counter() - t1
 
     def save(self, path):
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        for f in list((self.path).iterdir()):
-            if f.is_file():
-                shutil.copyfile(f, path / f.name)
-        return path
+        """Write the artifact (with llm.json and the tokenizer files) to `path` in one step, as
+        CompiledModel.save does: a process running the artifact at `path` keeps its copy."""
+        return artifact.save(self.path, path)
 
 
 def _read_meta(meta_file):

@@ -27,7 +27,7 @@ NET = textwrap.dedent("""
 
 def test_compile_run_inspect_bench(tmp_path):
     (tmp_path / "net.py").write_text(NET)
-    r = cuvil("compile", "net.py::Net", "--example-input", "torch.randn(2,3,16,16)", "-o", "m.cuvil", "--verify",
+    r = cuvil("compile", "net.py::Net", "--example-input", "float32[2,3,16,16]", "-o", "m.cuvil", "--verify",
               cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "[cuvil] export" in r.stderr and "max abs err" in r.stdout
@@ -40,7 +40,7 @@ def test_compile_run_inspect_bench(tmp_path):
     ref = Net().eval()(torch.from_numpy(x)).detach().numpy()
     np.testing.assert_allclose(np.load(tmp_path / "out" / "output0.npy"), ref, rtol=1e-4, atol=1e-4)
     for stage, needle in (("frontend", "conv("), ("passes", "matmul_fused"), ("memplan", "arena:"), ("c", "cuvil_run")):
-        r = cuvil("inspect", "net.py::Net", "--example-input", "torch.randn(2,3,16,16)", "--stage", stage, cwd=tmp_path)
+        r = cuvil("inspect", "net.py::Net", "--example-input", "x.npy", "--stage", stage, cwd=tmp_path)
         assert r.returncode == 0 and needle in r.stdout, (stage, r.stderr[-2000:])
     r = cuvil("bench", "m.cuvil", "--repeat", "5", cwd=tmp_path)
     assert r.returncode == 0 and "median" in r.stdout
@@ -51,10 +51,10 @@ def test_help_and_errors(tmp_path):
         r = cuvil(*cmd, cwd=tmp_path)
         assert r.returncode == 0 and "usage" in r.stdout
     r = cuvil("run", "missing.cuvil", "--input", "x.npy", cwd=tmp_path)
-    assert r.returncode != 0 and "cuvil: error" in r.stderr and "Traceback" not in r.stderr
-    r = cuvil("compile", "net.py::Net", "--example-input", "torch.randn(1,3,8,8)", "--target", "mips", "-o", "m",
+    assert r.returncode == 2 and "cuvil: error" in r.stderr and "Traceback" not in r.stderr
+    r = cuvil("compile", "net.py::Net", "--example-input", "float32[1,3,8,8]", "--target", "mips", "-o", "m",
               cwd=tmp_path)
-    assert r.returncode != 0
+    assert r.returncode == 2 and "invalid choice: 'mips'" in r.stderr
 
 
 def test_compile_onnx_with_constant_input(tmp_path):
@@ -67,7 +67,7 @@ def test_compile_onnx_with_constant_input(tmp_path):
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "r.onnx"))
     r = cuvil("compile", "r.onnx", "-o", "r.cuvil", cwd=tmp_path)
-    assert r.returncode != 0 and "constant_inputs" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 2 and "constant_inputs" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
     r = cuvil("compile", "r.onnx", "-o", "r.cuvil", "--constant-input", "shape=4,6", "--quiet", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
@@ -99,8 +99,9 @@ def test_inspect_shows_the_layout_asked_for(tmp_path):
                 return self.b(torch.relu(self.a(x)))
     """))
     out = {}
-    for layout in ("nchw", "nchw16c"):
-        r = cuvil("inspect", "two.py::Two", "--example-input", "torch.randn(1,16,8,8)", "--stage", "passes",
+    # the second with the opted-in Python form of --example-input
+    for layout, example in (("nchw", "float32[1,16,8,8]"), ("nchw16c", "py:torch.randn(1,16,8,8)")):
+        r = cuvil("inspect", "two.py::Two", "--example-input", example, "--stage", "passes",
                   "--layout", layout, cwd=tmp_path)
         assert r.returncode == 0, r.stderr[-2000:]
         out[layout] = r.stdout

@@ -315,7 +315,11 @@ class Module:
             spec = self.manifest.get("treespec")
             if spec:
                 from torch.utils import _pytree
-                return _pytree.tree_unflatten(outs, _pytree.treespec_loads(spec))
+                try:
+                    return _pytree.tree_unflatten(outs, _pytree.treespec_loads(spec))
+                except Exception as e:  # noqa: BLE001 - whatever a bad treespec makes torch raise
+                    raise ArtifactError(f"artifact {self.path}: manifest.json's treespec does not describe "
+                                        f"the outputs ({type(e).__name__}: {e})") from None
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def __repr__(self):

@@ -1,0 +1,141 @@
+"""Fuzzing the artifact boundary (issue 37): random edits of manifest.json (with and without a
+recomputed content hash, loaded with and without checksums) and random byte damage to every file.
+Each load either raises a CuvilError, or loads and then computes the right answer."""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import cuvil
+from cuvil.runtime import artifact
+
+FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+                derandomize=True)
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 5)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return {"a": torch.tanh(y), "b": y.sum(-1)}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    torch.manual_seed(0)
+    m = Net().eval()
+    x = torch.randn(4, 6)
+    with torch.no_grad():
+        want = [t.numpy() for t in m(x).values()]
+    src = cuvil.compile(m, (x,)).save(tmp_path_factory.mktemp("fuzz") / "src")
+    return src, x, want
+
+
+def _copy(src):
+    d = Path(tempfile.mkdtemp(prefix="cuvil-fuzz-")) / "a"
+    shutil.copytree(src, d)
+    return d
+
+
+def _load_and_run(d, x, want, verify):
+    """The property: a CuvilError, or a module whose answers are right."""
+    try:
+        mod = cuvil.load(d, verify_checksum=verify)
+    except cuvil.CuvilError:
+        return "refused"
+    try:
+        got = mod.run(x.numpy())
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+        out = mod(x)                             # the torch path reads the manifest's treespec too
+        for g, w in zip(out.values() if isinstance(out, dict) else out, want):
+            np.testing.assert_allclose(np.asarray(g), w, rtol=1e-5, atol=1e-5)
+    except cuvil.CuvilError:
+        return "refused at run"
+    finally:
+        mod.close()
+    return "ran"
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True)
+                    | st.text(max_size=12),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+                    max_leaves=10)
+
+
+def _paths(v, prefix=()):
+    yield prefix
+    if isinstance(v, dict):
+        for k, x in v.items():
+            yield from _paths(x, prefix + (k,))
+    elif isinstance(v, list):
+        for i, x in enumerate(v):
+            yield from _paths(x, prefix + (i,))
+
+
+@FUZZ
+@given(data=st.data(), reseal=st.booleans(), verify=st.booleans())
+def test_fuzz_manifest_edits(built, data, reseal, verify):
+    src, x, want = built
+    d = _copy(src)
+    try:
+        m = json.loads((d / "manifest.json").read_text())
+        for _ in range(data.draw(st.integers(1, 3))):
+            paths = [p for p in _paths(m) if p]
+            path = data.draw(st.sampled_from(paths))
+            parent = m
+            for k in path[:-1]:
+                parent = parent[k]
+            if data.draw(st.booleans()) and isinstance(parent, list):
+                parent.pop(path[-1])
+            elif data.draw(st.booleans()) and isinstance(parent, dict):
+                del parent[path[-1]]
+            else:
+                parent[path[-1]] = data.draw(JSON)
+        if reseal:
+            try:
+                m["content_hash"] = artifact._content_hash(m)
+            except (TypeError, ValueError):
+                pass
+        (d / "manifest.json").write_text(json.dumps(m))
+        _load_and_run(d, x, want, verify)
+    finally:
+        shutil.rmtree(d.parent)
+
+
+@FUZZ
+@given(data=st.data(), victim=st.sampled_from(artifact.FILES), verify=st.booleans())
+def test_fuzz_artifact_bytes(built, data, victim, verify):
+    src, x, want = built
+    d = _copy(src)
+    try:
+        original = (d / victim).read_bytes()
+        buf = bytearray(original)
+        for _ in range(data.draw(st.integers(1, 4))):
+            kind = data.draw(st.sampled_from(["flip", "cut", "insert", "truncate"]))
+            pos = data.draw(st.integers(0, max(len(buf) - 1, 0)))
+            if kind == "flip" and buf:
+                buf[pos] ^= data.draw(st.integers(1, 255))
+            elif kind == "cut":
+                del buf[pos:pos + data.draw(st.integers(1, 64))]
+            elif kind == "insert":
+                buf[pos:pos] = data.draw(st.binary(min_size=1, max_size=16))
+            else:
+                del buf[pos:]
+        (d / victim).write_bytes(bytes(buf))
+        result = _load_and_run(d, x, want, verify)
+        if verify and victim != "manifest.json" and bytes(buf) != original:
+            assert result == "refused", f"a damaged {victim} was loaded"
+    finally:
+        shutil.rmtree(d.parent)

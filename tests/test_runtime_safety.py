@@ -273,3 +273,49 @@ def test_dropped_modules_unload_their_library(tmp_path):
         gc.collect()
     assert _maps() == before_maps
     assert len(os.listdir("/proc/self/task")) == before_threads
+
+
+def test_inputs_of_every_kind_are_checked_or_copied(two_out):
+    m, cm = two_out
+    want = _eager(m)
+    raw = np.zeros(X.numel() * 4 + 1, np.uint8)
+    unaligned = np.frombuffer(raw.data, np.float32, X.numel(), offset=1).reshape(3, 8)
+    unaligned[...] = X.numpy()
+    assert not unaligned.flags.aligned
+    strided = np.asfortranarray(X.numpy())
+    for x in (unaligned, strided, X.numpy().astype(">f4").astype(np.float32)):
+        for g, w in zip(cm.run(x), want):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    with pytest.raises(cuvil.ShapeError, match="expected dtype float32, got >f4"):
+        cm.run(X.numpy().astype(">f4"))
+    with pytest.raises(TypeError, match="does not convert"):
+        cm.run([[1.0, 2.0], [3.0]])
+    with pytest.raises(cuvil.ShapeError, match="expected dtype float32"):
+        cm.run("not an array")
+
+
+CONCURRENT = """
+import sys, numpy as np, torch, cuvil
+torch.manual_seed(5)
+m = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2)).eval()
+x = torch.randn(3, 8)
+cm = cuvil.compile(m, (x,), cache_dir=sys.argv[1])
+np.testing.assert_allclose(cm.run(x.numpy())[0], m(x).detach().numpy(), rtol=1e-5, atol=1e-5)
+print("ok", cm.report["cache"])
+"""
+
+
+def test_concurrent_compiles_of_one_model_share_a_cache(tmp_path):
+    """Three processes compile the same model into one empty cache at once: all get a right answer,
+    one entry remains, and no build folder is left behind."""
+    import subprocess
+    import sys
+    cdir = tmp_path / "cache"
+    procs = [subprocess.Popen([sys.executable, "-c", CONCURRENT, str(cdir)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-2000:]
+        assert out.startswith("ok")
+    assert len(list((cdir / "artifacts").iterdir())) == 1
+    assert not [p for p in (cdir / "tmp").iterdir() if p.name.startswith("build-")]

@@ -6,6 +6,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import zlib
@@ -83,8 +84,7 @@ def crc_text(crc: int) -> str:
 # overflow is the cross-check against the signature the library itself reports (signature()).
 SIGNED = ("inputs", "outputs", "symbols")       # what the library reports about itself
 HASHED = ("model.so", "model.c", "model.h")     # weights.bin has its own (parallel) checksum
-DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "uint16",
-          "uint32", "uint64", "bool")
+DTYPE_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}\Z")     # numpy's and ml_dtypes' names (float8_e4m3fn, int4)
 MAX_IO = 4096
 
 
@@ -181,7 +181,8 @@ def _check_schema(m):
             where = f"{side}[{i}]"
             _need(isinstance(s, dict), where, "an object", s)
             _need(isinstance(s.get("name"), str), f"{where}.name", "a string", s.get("name"))
-            _need(s.get("dtype") in DTYPES, f"{where}.dtype", f"one of {', '.join(DTYPES)}", s.get("dtype"))
+            _need(isinstance(s.get("dtype"), str) and DTYPE_NAME.match(s["dtype"]), f"{where}.dtype",
+                  "a dtype name", s.get("dtype"))
             shape = s.get("shape")
             _need(isinstance(shape, list) and len(shape) <= 16, f"{where}.shape", "a list of at most 16 dims", shape)
             for j, d in enumerate(shape):

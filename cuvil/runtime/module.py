@@ -95,8 +95,14 @@ def _np_dtype(name):
     try:
         return np.dtype(name)
     except TypeError:
+        pass
+    try:
         import ml_dtypes  # noqa: F401  (registers its dtypes with numpy)
         return np.dtype(name)
+    except (ImportError, TypeError):
+        raise ArtifactError(f"dtype {name!r} of this artifact is unknown to numpy"
+                            + ("" if "ml_dtypes" in sys.modules else " (pip install ml_dtypes for low-precision "
+                               "dtypes)")) from None
 
 def check_threads(n) -> int:
     """A thread count from a caller: a positive int (bool and str are refused, not converted)."""
@@ -147,6 +153,7 @@ class Module:
             raise ArtifactError(f"artifact {self.path}: {lib.fn.cuvil_last_error().decode(errors='replace')}")
         # destroy the model, then unload the library, when the Module goes away (or at close())
         self._finalizer = weakref.finalize(self, _release, lib, self._handle)
+        self._finalizer.atexit = False     # at exit the process unmaps it; a daemon thread may still run it
         self._crun = lib.fn.cuvil_run
         self.arena_bytes = lib.fn.cuvil_arena_size()
         self._local = threading.local()
@@ -251,10 +258,11 @@ class Module:
                              f"got {len(arrays)}")
         conv = []
         for spec, dt, a in zip(self.inputs, self._in_dtypes, arrays):
-            a = _as_numpy(a)
+            a = _as_numpy(a, spec)
             if a.dtype != dt:
                 raise ShapeError(f"input {spec['name']!r}: expected dtype {dt}, got {a.dtype}")
-            conv.append(a if a.flags.c_contiguous else np.array(a, order="C"))
+            f = a.flags        # the kernels read contiguous, naturally aligned data: copy anything else
+            conv.append(a if f.c_contiguous and f.aligned else np.array(a, order="C"))
         if self._static_in is not None and all(a.shape == s for a, s in zip(conv, self._static_in)):
             shapes = self._static_out
         else:
@@ -327,12 +335,16 @@ class Module:
         return f"<cuvil.Module {self.path} ({ins})>"
 
 
-def _as_numpy(a):
+def _as_numpy(a, spec):
     if isinstance(a, np.ndarray):
         return a
-    if type(a).__module__.startswith("torch"):
-        return a.detach().cpu().numpy() if a.requires_grad or a.device.type != "cpu" else a.numpy()
-    return np.asarray(a)
+    try:
+        if type(a).__module__.startswith("torch"):
+            return a.detach().cpu().numpy() if a.requires_grad or a.device.type != "cpu" else a.numpy()
+        return np.asarray(a)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise TypeError(f"input {spec['name']!r}: expected an array of {spec['dtype']}{spec['shape']}, got a "
+                        f"{type(a).__name__} that does not convert ({e})") from None
 
 
 def load(path, num_threads: int | None = None, verify_checksum: bool = True) -> Module:

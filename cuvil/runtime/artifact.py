@@ -2,6 +2,7 @@
 Imports nothing but numpy and the standard library."""
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import json
@@ -268,9 +269,24 @@ def save(src: Path, dest: Path) -> Path:
     return dest
 
 
+class _Recent(collections.OrderedDict):
+    """A dict that keeps only its `limit` most recently set entries: a process that loads thousands
+    of distinct artifacts must not grow by what it remembers of each."""
+
+    def __init__(self, limit=512):
+        super().__init__()
+        self.limit = limit
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        while len(self) > self.limit:
+            self.popitem(last=False)
+
+
 # file -> ((inode, size, mtime), sha256) for files this process has hashed: a repeat load of an
 # unchanged artifact (a cache hit right after the compile that wrote it) does not re-read it
-_HASHED: dict = {}
+_HASHED = _Recent()
 
 
 # weights of at most this size are copied into anonymous memory on 2 MB pages (Linux THP): a model
@@ -314,4 +330,4 @@ def map_weights(path: Path, manifest: dict, verify=True) -> np.ndarray:
 
 # weights.bin files this process has checked: path -> (inode, size, mtime, checksum). A repeat load of
 # an unchanged file (a cache hit after the compile that wrote it) skips re-reading every byte.
-_VERIFIED: dict = {}
+_VERIFIED = _Recent()

@@ -77,9 +77,10 @@ def build_kernel_library():
 
     from benchmarks.scratch import temp_dir
     from cuvil.build import toolchain
+    from cuvil.target import resolve_target
     os.environ["CUVIL_KERNEL_CACHE"] = temp_dir("cuvil-bench-kernels-")
     t = time.perf_counter()
-    toolchain.kernels_object(toolchain.resolve_target("native"), Path(temp_dir()))
+    toolchain.kernels_object(resolve_target("native"), Path(temp_dir()))
     secs = time.perf_counter() - t
     print(f"cuvil kernel library (once per machine): {secs:.2f} s", flush=True)
     return secs

@@ -15,6 +15,7 @@ from .ir import dims as D
 from .options import Options, make_options
 from .runtime import artifact
 from .runtime.module import Module
+from .target import native_cpu, required_features, resolve_target, vector_floats
 
 
 class Progress:
@@ -204,7 +205,7 @@ def conv_layout(opts: Options) -> str:
     """The layout the convs run in: option layout, "auto" resolved for the target (options.py)."""
     if opts.layout != "auto":
         return opts.layout
-    return "nchw16c" if toolchain.vector_floats(toolchain.resolve_target(opts.target)) == 16 else "nchw"
+    return "nchw16c" if vector_floats(resolve_target(opts.target)) == 16 else "nchw"
 
 
 def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None, load=True):
@@ -216,7 +217,7 @@ def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None,
     from .passes.pipeline import optimize
     graph = optimize(graph, opts.fusion_level, layout=conv_layout(opts))
     progress("passes", f"{len(graph.nodes)} nodes after optimisation")
-    target = toolchain.resolve_target(opts.target)
+    target = resolve_target(opts.target)
     io = {"inputs": [_io(v, n) for v, n in zip(graph.inputs, graph.input_names or [v.name for v in graph.inputs])],
           "outputs": [_io(v, f"output{i}") for i, v in enumerate(graph.outputs)],
           "symbols": {k: [int(lo), int(hi)] for k, (lo, hi) in graph.symbols.items()}}
@@ -224,7 +225,7 @@ def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None,
                                          signature=artifact.signature(io))
     progress("codegen", f"{len(c_src) // 1024} KiB of C, {weights.nbytes / 2**20:.1f} MiB weights, "
                         f"arena {plan.arena_bytes / 2**20:.1f} MiB")
-    key = cache.digest(str(graph), c_src, weights.sha256, opts.key(), target, toolchain.native_cpu(target),
+    key = cache.digest(str(graph), c_src, weights.sha256, opts.key(), target, native_cpu(target),
                        toolchain.compiler_version(), toolchain.cuvil_source_digest(), __version__)
     hit = cache.lookup(cdir, key)
     if hit is None:
@@ -236,7 +237,7 @@ def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None,
         progress("build", "model.so")
         manifest = {
             "cuvil_version": __version__, "target": target,
-            "cpu_features": toolchain.required_features(target), **io,
+            "cpu_features": required_features(target), **io,
             "weights": {"bytes": weights.nbytes, "checksum": weights.checksum},
             "arena_bytes": plan.arena_bytes, "num_threads": opts.num_threads,
             "options": {"precision": opts.precision, "fusion_level": opts.fusion_level},
@@ -336,7 +337,7 @@ def inspect_stages(model, example_inputs=(), stages=STAGES, **options) -> dict:
         out["passes"] = str(graph)
     if "memplan" in stages or "c" in stages:
         from .codegen.c import emit
-        c_src, weights, plan = emit.generate(graph, toolchain.resolve_target(opts.target))
+        c_src, weights, plan = emit.generate(graph, resolve_target(opts.target))
         weights.discard()
         out["memplan"] = str(plan)
         out["c"] = c_src

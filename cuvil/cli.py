@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .build.toolchain import TARGET_NAMES
+from .target import TARGET_NAMES
 from .errors import CuvilError
 from .options import LAYOUT_CHOICES, PRECISIONS
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .build.toolchain import TARGET_NAMES
+from .target import TARGET_NAMES
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8", "int4")
 # layout="auto": channel-blocked convs (passes/layout.py) where the target's vectors hold 16 floats,

@@ -75,7 +75,7 @@ def test_gemm_tiles_of_each_target(target):
     """Both register tiles (8 rows on AVX-512, 6 on AVX2) with every row remainder, and the A operands
     packed at compile time for them (conv filters through im2col and Winograd): an AVX-512 machine
     builds the AVX2 tile too."""
-    from cuvil.build.toolchain import cpu_flags
+    from cuvil.target import cpu_flags
     if target != "native" and "avx2" not in cpu_flags():
         pytest.skip(f"this CPU cannot run {target} code")
     for M in range(1, 18):

@@ -107,7 +107,7 @@ class _Bottlenecks(torch.nn.Module):
 def test_small_resnet_blocked_matches_torch(tmp_path, threads, target):
     """On AVX2 the blocked kernels run 8-float vectors (two per block of 16) and 6-row tiles."""
     import cuvil
-    from cuvil.build.toolchain import cpu_flags
+    from cuvil.target import cpu_flags
     if target != "native" and "avx2" not in cpu_flags():
         pytest.skip(f"this CPU cannot run {target} code")
     torch.manual_seed(0)

@@ -9,10 +9,11 @@ import subprocess
 import numpy as np
 import pytest
 
-from cuvil.build.toolchain import KERNELS_DIR, cpu_flags
+from cuvil.build.toolchain import KERNELS_DIR
 from cuvil.codegen.c.lower_llm import _q4_block_scales, _q4_blocks, _q8_block_scales, _q8_blocks
 from cuvil.ir.ops import REGISTRY
 from cuvil.ir.ops.llm import act_block
+from cuvil.target import cpu_flags
 
 from .test_ops import _quantize
 

@@ -1,9 +1,8 @@
-"""Find the C compiler, pick flags per target, build model.so (the kernel library is compiled
-once per target and compiler, then reused from the cache)."""
+"""Find the C compiler, pick flags per target (what a target is: cuvil/target.py), build model.so
+(the kernel library is compiled once per target and compiler, then reused from the cache)."""
 from __future__ import annotations
 
 import functools
-import glob
 import hashlib
 import os
 import platform
@@ -13,80 +12,23 @@ import tempfile
 from pathlib import Path
 
 from ..errors import CompileError
+from ..target import TARGETS, native_cpu
 
 KERNELS_DIR = Path(__file__).resolve().parent.parent / "codegen" / "c" / "kernels"
 
-# target -> (flags, floats per vector, CPU features the artifact needs at load)
-TARGETS = {
-    "x86_64-avx512": (["-march=skylake-avx512", "-mprefer-vector-width=512"], 16, ["avx512f", "avx2", "fma"]),
-    "x86_64-avx2": (["-march=haswell"], 8, ["avx2", "fma"]),
-    "aarch64-neon": (["-march=armv8-a"], 4, []),
-}
-TARGET_NAMES = ("native", "cpu") + tuple(TARGETS)
 # -fopenmp-simd: `omp simd` hints only (threads come from kernels/pool.c, not OpenMP);
 # -fno-trapping-math lets loops with selects (relu, max, the NaN checks of smath.h) vectorize
 COMMON_FLAGS = ["-O3", "-fPIC", "-pthread", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math",
                 "-ffp-contract=fast", "-std=gnu11", "-falign-functions=64", "-falign-loops=64", "-Wno-unused-variable", "-Wno-unused-but-set-variable"]
 
 
-def cpu_flags() -> set:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def last_level_cache_bytes(target: str = "native") -> int:
-    """The largest CPU cache of this machine (sysfs), for a native build; 0 where unknown or the
-    artifact may run on another machine (a portable target)."""
-    if resolve_target(target) != "native":
-        return 0
-    best = 0
-    for d in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
-        try:
-            size = Path(d, "size").read_text().strip()
-        except OSError:
-            continue
-        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-        n = int(size[:-1]) * units[size[-1]] if size[-1:] in units else int(size or 0)
-        best = max(best, n)
-    return best
-
-
-def resolve_target(target: str) -> str:
-    if target in ("native", "cpu"):
-        return "native"
-    return target
-
-
-def native_features() -> list[str]:
-    f = cpu_flags()
-    return [x for x in ("avx512f", "avx2", "fma", "avx") if x in f] + (["asimd"] if "asimd" in f else [])
-
-
-@functools.lru_cache(None)
-def vector_floats(target: str = "native") -> int:
-    if target in TARGETS:
-        return TARGETS[target][1]
-    f = cpu_flags()
-    return 16 if "avx512f" in f else 8 if "avx" in f else 4
-
-
 def target_flags(target: str) -> list[str]:
     if target in TARGETS:
-        if TARGETS[target][0][0].startswith("-march=armv8") != (platform.machine() in ("aarch64", "arm64")):
+        if (TARGETS[target].arch == "aarch64") != (platform.machine() in ("aarch64", "arm64")):
             raise CompileError(f"target {target!r} needs a cross compiler for {platform.machine()}, "
                                "which cuvil does not drive yet; use target='native'")
-        return TARGETS[target][0]
+        return list(TARGETS[target].flags)
     return ["-march=native"]
-
-
-def required_features(target: str) -> list[str]:
-    return TARGETS[target][2] if target in TARGETS else native_features()
 
 
 @functools.lru_cache(None)
@@ -145,22 +87,6 @@ def _kernels_root(cache_dir: Path) -> Path:
     except OSError:
         pass
     return cache_dir / "kernels"
-
-
-@functools.lru_cache(None)
-def native_cpu(target: str) -> str:
-    """For -march=native, the CPU it resolves to (model name and feature flags): a cache shared by
-    machines of different kinds (a home directory that moved with its user) must not hand one CPU's
-    kernel library to another."""
-    if target in TARGETS:
-        return ""
-    model = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith(("model name", "CPU part"))), "")
-    except OSError:
-        pass
-    return f"{model}|{' '.join(sorted(cpu_flags()))}"
 
 
 def kernels_object(target: str, cache_dir: Path) -> Path:

@@ -16,6 +16,7 @@ from ..api import Progress, build_graph
 from ..build import cache, toolchain
 from ..errors import CuvilError
 from ..options import make_options
+from ..target import native_cpu
 from . import quantize, sampling, weights
 from .lower import build_step_graph
 from .model import LLM, copy_tokenizer
@@ -139,7 +140,7 @@ def _source_key(src, src_dir, settings) -> str:
             h.update(f"{name}|{tuple(t.shape)}|{t.dtype}".encode())
             h.update(t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     h.update(toolchain.compiler_version().encode())
-    h.update(toolchain.native_cpu("native").encode())       # built for -march=native
+    h.update(native_cpu("native").encode())       # built for -march=native
     h.update(toolchain.cuvil_source_digest().encode())
     return "llm-" + h.hexdigest()[:32]
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ArtifactError, CuvilError, ShapeError
+from ..target import cpu_flags
 from . import artifact
 from .library import Library
 from .pages import HUGE_PAGE, huge_page_empty, huge_pages_available
@@ -74,15 +75,7 @@ def eval_dim(text: str, env: dict) -> int:
 
 
 def check_cpu(features):
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return
-    have = set()
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            have = set(line.split(":", 1)[1].split())
-            break
+    have = cpu_flags()
     missing = [f for f in features if f not in have]
     if have and missing:
         raise CuvilError(f"this artifact was built for a CPU with {', '.join(features)}; "

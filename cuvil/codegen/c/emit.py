@@ -174,7 +174,7 @@ CACHED_WEIGHTS_SHARE = 0.75
 def weights_fit_in_cache(graph, target) -> bool:
     """Whether the model's constants are small enough to stay in the last-level cache between calls
     (MLP b1's 16 MB in a 32 MB L3): its GEMVs then read them without software prefetch."""
-    from ...build.toolchain import last_level_cache_bytes
+    from ...target import last_level_cache_bytes
     total = sum(v.data.nbytes for v in graph.constants())
     return total <= CACHED_WEIGHTS_SHARE * last_level_cache_bytes(target)
 

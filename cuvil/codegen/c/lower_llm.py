@@ -123,7 +123,7 @@ def _f32_only(node):
 
 @lowering("matmul_q", supports=_mmq_supports)
 def lower_matmul_q(em, node):
-    from ...build.toolchain import vector_floats
+    from ...target import vector_floats
     if node.attrs.get("act_block"):
         return _lower_qgemm(em, node)
     x, w = node.inputs[0], node.inputs[1]

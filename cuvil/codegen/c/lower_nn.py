@@ -14,7 +14,7 @@ def _prod_c(ds):
 
 def panel_width(em):
     """Columns per packed panel for this build's target (2 vectors): see kernels/gemm.h."""
-    from ...build.toolchain import vector_floats
+    from ...target import vector_floats
     return 2 * vector_floats(em.target)
 
 

@@ -1,0 +1,96 @@
+"""What a target is: the machine it runs on, the compiler flags that pick its instruction set, the
+floats a vector register holds, the CPU features an artifact built for it needs at load, and (for
+"native") what this machine's CPU has. Data only, stdlib only: build/toolchain.py drives the compiler
+with these facts, codegen sizes its kernels by them, options.py checks target names against them."""
+from __future__ import annotations
+
+import functools
+import glob
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    arch: str                  # the machine it runs on, as platform.machine() spells it
+    flags: tuple               # compiler flags that select its instruction set
+    vector_floats: int         # float32 lanes of one vector register
+    features: tuple            # CPU features an artifact built for it checks at load
+
+
+TARGETS = {t.name: t for t in (
+    Target("x86_64-avx512", "x86_64", ("-march=skylake-avx512", "-mprefer-vector-width=512"), 16,
+           ("avx512f", "avx2", "fma")),
+    Target("x86_64-avx2", "x86_64", ("-march=haswell",), 8, ("avx2", "fma")),
+    Target("aarch64-neon", "aarch64", ("-march=armv8-a",), 4, ()),
+)}
+TARGET_NAMES = ("native", "cpu") + tuple(TARGETS)
+
+
+def resolve_target(target: str) -> str:
+    if target in ("native", "cpu"):
+        return "native"
+    return target
+
+
+def cpu_flags() -> set:
+    """This machine's CPU features (/proc/cpuinfo); empty where unknown."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def native_features() -> list[str]:
+    f = cpu_flags()
+    return [x for x in ("avx512f", "avx2", "fma", "avx") if x in f] + (["asimd"] if "asimd" in f else [])
+
+
+@functools.lru_cache(None)
+def vector_floats(target: str = "native") -> int:
+    if target in TARGETS:
+        return TARGETS[target].vector_floats
+    f = cpu_flags()
+    return 16 if "avx512f" in f else 8 if "avx" in f else 4
+
+
+def required_features(target: str) -> list[str]:
+    return list(TARGETS[target].features) if target in TARGETS else native_features()
+
+
+def last_level_cache_bytes(target: str = "native") -> int:
+    """The largest CPU cache of this machine (sysfs), for a native build; 0 where unknown or the
+    artifact may run on another machine (a portable target)."""
+    if resolve_target(target) != "native":
+        return 0
+    best = 0
+    for d in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+        try:
+            size = Path(d, "size").read_text().strip()
+        except OSError:
+            continue
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        n = int(size[:-1]) * units[size[-1]] if size[-1:] in units else int(size or 0)
+        best = max(best, n)
+    return best
+
+
+@functools.lru_cache(None)
+def native_cpu(target: str) -> str:
+    """For -march=native, the CPU it resolves to (model name and feature flags): a cache shared by
+    machines of different kinds (a home directory that moved with its user) must not hand one CPU's
+    kernel library to another."""
+    if target in TARGETS:
+        return ""
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith(("model name", "CPU part"))), "")
+    except OSError:
+        pass
+    return f"{model}|{' '.join(sorted(cpu_flags()))}"

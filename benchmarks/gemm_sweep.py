@@ -22,7 +22,7 @@ def _graph(M, N, K, w):
 def run(thread_counts):
     from threadpoolctl import threadpool_limits
 
-    from cuvil.api import Progress, build_graph
+    from cuvil.driver import Progress, build_graph
     from cuvil.options import make_options
     cache = temp_dir("cuvil-gemm-")
     rows = []

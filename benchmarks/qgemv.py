@@ -10,8 +10,8 @@ import argparse
 
 import numpy as np
 
-from cuvil.api import Progress, build_graph
 from cuvil.build import cache
+from cuvil.driver import Progress, build_graph
 from cuvil.ir.graph import Graph, TensorType, Value
 from cuvil.ir.ops.llm import act_block
 from cuvil.llm import quantize

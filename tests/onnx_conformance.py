@@ -299,8 +299,8 @@ def _merge(items):
 
 def _build_and_run(items):
     """Compile items together and run them; returns {name: reason or None} or raises."""
-    from cuvil.api import Progress, build_graph
     from cuvil.build import cache
+    from cuvil.driver import Progress, build_graph
     from cuvil.options import make_options
     g, spans = _merge([(n, copy.deepcopy(gr), a, e) for n, gr, a, e, *_ in items])
     cm = build_graph(g, make_options(num_threads=1), cache.default_dir(), Progress(False))

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from cuvil.api import Progress, build_graph
 from cuvil.build import cache
+from cuvil.driver import Progress, build_graph
 from cuvil.ir import interpreter
 from cuvil.options import make_options
 

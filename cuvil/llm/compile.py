@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..api import Progress, build_graph
 from ..build import cache, toolchain
+from ..driver import Progress, build_graph
 from ..errors import CuvilError
 from ..options import make_options
 from ..target import native_cpu

@@ -3,7 +3,7 @@
 from .errors import (ArtifactError, CompileError, CuvilError, GraphError, InputValuesNeededError, PrecisionWarning,
                      QuantizationError, ShapeError, UnsupportedOpError, VerificationError)
 from .runtime.module import load
-from .runtime.session import InferenceSession
+from .session import InferenceSession
 
 __version__ = "0.1.0"
 

@@ -17,7 +17,7 @@ run in worker processes (-j, default 2) so a crash takes down only its batch.
 
 Shape-determining inputs (a Reshape's shape, Slice starts, ...) are graph inputs in many node tests;
 cuvil compiles ahead of time and needs them at compile time. For such models cuvil.InferenceSession
-compiles one artifact per distinct value of those inputs (cuvil/specialize.py); the runner goes
+compiles one artifact per distinct value of those inputs (cuvil/session.py); the runner goes
 through the same frontend call (frontend.onnx.specialize) and counts these passes separately
 ("value-specialized" in the report).
 """

@@ -184,6 +184,30 @@ def test_save_load_without_torch(mlp, tmp_path):
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
 
 
+def test_session_on_artifact_imports_no_compiler(mlp, tmp_path):
+    """cuvil.InferenceSession on a saved artifact runs it without importing torch or any part of the
+    compiler (the compiling session of cuvil/session.py stands above the runtime's own)."""
+    m, x, cm = mlp
+    cm.save(tmp_path / "m.cuvil")
+    np.save(tmp_path / "x.npy", x.numpy())
+    np.save(tmp_path / "y.npy", m(x).detach().numpy())
+    script = textwrap.dedent(f"""
+        import sys
+        import numpy as np, cuvil
+        sess = cuvil.InferenceSession({str(tmp_path / 'm.cuvil')!r})
+        name = sess.get_inputs()[0].name
+        (y,) = sess.run(None, {{name: np.load({str(tmp_path / 'x.npy')!r})}})
+        np.testing.assert_allclose(y, np.load({str(tmp_path / 'y.npy')!r}), rtol=1e-4, atol=1e-4)
+        compiler = ("cuvil.api", "cuvil.driver", "cuvil.frontend", "cuvil.passes", "cuvil.codegen", "cuvil.build",
+                    "torch")
+        bad = [k for k in sys.modules if k in compiler or k.startswith(tuple(c + "." for c in compiler))]
+        assert not bad, bad
+        print('ok')
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
 def test_small_weights_on_huge_pages_large_ones_mapped(mlp, tmp_path, monkeypatch):
     """Weights up to HUGE_PAGE_COPY_MAX are a read-only copy starting on a 2 MB boundary (huge pages
     where the kernel has them); above it they stay mapped from weights.bin. Same results either way."""

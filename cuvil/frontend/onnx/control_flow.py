@@ -1,0 +1,114 @@
+"""Control-flow op handlers: If, Loop and Scan.
+
+Each is inlined when its condition / trip count is known at compile time (at most MAX_UNROLL
+iterations): the subgraph runs in place through inline_subgraph, and loop scan outputs are stacked."""
+from __future__ import annotations
+
+import numpy as np
+
+from .helpers import Unsupported, is_sym, norm_axis, rank_of, shape_of
+from .model import MAX_UNROLL
+from .registry import handler
+from .subgraphs import inline_subgraph
+
+
+# ---- control flow: inlined when the condition / trip count is known at compile time ---------------
+@handler("If")
+def _if(c):
+    cond = c.known(0, "cond")
+    g = c.attr("then_branch") if bool(np.asarray(cond).ravel()[0]) else c.attr("else_branch")
+    return inline_subgraph(c, g, {})
+
+
+def _stack(c, xs, axis):
+    if all(isinstance(x, np.ndarray) and not is_sym(x) for x in xs):
+        return np.stack(xs, axis=axis)
+    parts = []
+    for x in xs:
+        sh = list(shape_of(x))
+        sh.insert(norm_axis(axis, len(sh) + 1), 1)
+        parts.append(c.reshape(x, sh))
+    return parts[0] if len(parts) == 1 else c.op("concat", parts, axis=axis)
+
+
+def _take_slice(c, x, axis, t):
+    if isinstance(x, np.ndarray):
+        return np.take(x, t, axis=axis)
+    y = c.op("slice", [x], axis=axis, start=t, step=1, length=1)
+    sh = list(shape_of(x))
+    del sh[axis]
+    return c.reshape(y, sh)
+
+
+@handler("Loop")
+def _loop(c):
+    body = c.attr("body")
+    M = c.known(0, "M") if c.inp(0) is not None else None
+    cond = c.known(1, "cond") if c.inp(1) is not None else None
+    trips = int(np.asarray(M).ravel()[0]) if M is not None else MAX_UNROLL
+    if M is None and cond is None:
+        raise Unsupported("an infinite loop")
+    n_carried = len(c.node.input) - 2
+    carried = [c.inp(2 + k) for k in range(n_carried)]
+    go = True if cond is None else bool(np.asarray(cond).ravel()[0])
+    scans = []
+    names = [i.name for i in body.input]
+    for i in range(min(trips, MAX_UNROLL + 1)):
+        if not go:
+            break
+        if i >= MAX_UNROLL:
+            raise Unsupported(f"more than {MAX_UNROLL} iterations")
+        bind = {names[0]: np.array(i, np.int64), names[1]: np.array(go)}
+        bind.update(zip(names[2:], carried))
+        outs = inline_subgraph(c, body, bind)
+        if any(o is None for o in outs):
+            raise Unsupported("loop body")
+        co = outs[0]
+        if not isinstance(co, np.ndarray):
+            raise Unsupported("a data-dependent loop condition")
+        go = bool(np.asarray(co).ravel()[0])
+        carried = outs[1:1 + n_carried]
+        scans.append(outs[1 + n_carried:])
+    n_scan = len(body.output) - 1 - n_carried
+    if n_scan and not scans:
+        raise Unsupported("a loop with zero iterations and scan outputs")
+    return list(carried) + [_stack(c, [s[k] for s in scans], 0) for k in range(n_scan)]
+
+
+@handler("Scan")
+def _scan(c):
+    if c.opset < 9:
+        raise Unsupported("Scan-8 (batched)")
+    body = c.attr("body")
+    m = c.attr("num_scan_inputs")
+    ins = [c.inp(i) for i in range(len(c.node.input))]
+    n = len(ins) - m
+    states, xs = ins[:n], ins[n:]
+    in_axes = [norm_axis(a, rank_of(x)) for a, x in zip(c.attr("scan_input_axes") or [0] * m, xs)]
+    in_dirs = c.attr("scan_input_directions") or [0] * m
+    T = shape_of(xs[0])[in_axes[0]]
+    if not isinstance(T, int):
+        raise Unsupported("a symbolic scan length")
+    if T > MAX_UNROLL:
+        raise Unsupported(f"more than {MAX_UNROLL} scan steps")
+    names = [i.name for i in body.input]
+    ys = []
+    for t in range(T):
+        bind = dict(zip(names[:n], states))
+        for k, x in enumerate(xs):
+            bind[names[n + k]] = _take_slice(c, x, in_axes[k], T - 1 - t if in_dirs[k] else t)
+        outs = inline_subgraph(c, body, bind)
+        if any(o is None for o in outs):
+            raise Unsupported("scan body")
+        states = outs[:n]
+        ys.append(outs[n:])
+    n_out = len(body.output) - n
+    out_axes = c.attr("scan_output_axes") or [0] * n_out
+    out_dirs = c.attr("scan_output_directions") or [0] * n_out
+    res = list(states)
+    for k in range(n_out):
+        seq = [y[k] for y in ys]
+        if out_dirs[k]:
+            seq = seq[::-1]
+        res.append(_stack(c, seq, out_axes[k]))
+    return res

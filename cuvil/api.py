@@ -10,7 +10,7 @@ import numpy as np
 
 from . import __version__
 from .build import cache, toolchain
-from .driver import Progress, build_graph, conv_layout, wrap
+from .driver import Progress, build_graph, optimize, wrap
 from .errors import CuvilError, VerificationError
 from .options import Options, make_options
 from .target import resolve_target
@@ -182,14 +182,16 @@ def inspect_stages(model, example_inputs=(), stages=STAGES, **options) -> dict:
     out = {}
     if "frontend" in stages:
         out["frontend"] = str(graph)
-    from .passes.pipeline import optimize
-    graph = optimize(graph, opts.fusion_level, layout=conv_layout(opts))
+    graph = optimize(graph, opts)
     if "passes" in stages:
         out["passes"] = str(graph)
     if "memplan" in stages or "c" in stages:
-        from .codegen.c import emit
-        c_src, weights, plan = emit.generate(graph, resolve_target(opts.target))
-        weights.discard()
+        from .codegen.c import C_BACKEND, emit
+        from .passes.pipeline import plan_memory
+        plan = plan_memory(graph, C_BACKEND)
         out["memplan"] = str(plan)
-        out["c"] = c_src
+        if "c" in stages:
+            c_src, weights = emit.generate(graph, plan, resolve_target(opts.target))
+            weights.discard()
+            out["c"] = c_src
     return {k: v for k, v in out.items() if k in stages}

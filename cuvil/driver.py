@@ -96,21 +96,29 @@ def conv_layout(opts: Options) -> str:
     return "nchw16c" if vector_floats(resolve_target(opts.target)) == 16 else "nchw"
 
 
+def optimize(graph, opts: Options):
+    """The passes that opts ask for, for the C backend (passes/pipeline.py)."""
+    from .codegen.c import C_BACKEND
+    from .passes import pipeline
+    return pipeline.optimize(graph, opts.fusion_level, backend=C_BACKEND, layout=conv_layout(opts))
+
+
 def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None, load=True):
     """IR -> passes -> C -> shared library, through the cache. Returns the loaded CompiledModel, or
     with load=False only the artifact's path (a caller that frees the graph first keeps peak memory
     at one copy of the weights)."""
-    from .codegen.c import emit
+    from .codegen.c import C_BACKEND, emit
     from .codegen.c.frame import API_H
-    from .passes.pipeline import optimize
-    graph = optimize(graph, opts.fusion_level, layout=conv_layout(opts))
+    from .passes.pipeline import plan_memory
+    graph = optimize(graph, opts)
     progress("passes", f"{len(graph.nodes)} nodes after optimisation")
+    plan = plan_memory(graph, C_BACKEND)
     target = resolve_target(opts.target)
     io = {"inputs": [_io(v, n) for v, n in zip(graph.inputs, graph.input_names or [v.name for v in graph.inputs])],
           "outputs": [_io(v, f"output{i}") for i, v in enumerate(graph.outputs)],
           "symbols": {k: [int(lo), int(hi)] for k, (lo, hi) in graph.symbols.items()}}
-    c_src, weights, plan = emit.generate(graph, target, profile=opts.profile, weights_dir=cache.tmp_dir(cdir),
-                                         signature=artifact.signature(io))
+    c_src, weights = emit.generate(graph, plan, target, profile=opts.profile, weights_dir=cache.tmp_dir(cdir),
+                                   signature=artifact.signature(io))
     progress("codegen", f"{len(c_src) // 1024} KiB of C, {weights.nbytes / 2**20:.1f} MiB weights, "
                         f"arena {plan.arena_bytes / 2**20:.1f} MiB")
     key = cache.digest(str(graph), c_src, weights.sha256, opts.key(), target, native_cpu(target),

@@ -12,6 +12,9 @@ if "CUVIL_CACHE_DIR" not in os.environ:
     os.environ["CUVIL_CACHE_DIR"] = tempfile.mkdtemp(prefix="cuvil-test-cache-")
     atexit.register(shutil.rmtree, os.environ["CUVIL_CACHE_DIR"], ignore_errors=True)
 
+# Graph.verify() after every pass (passes/pipeline.py), here and in the subprocesses tests start
+os.environ.setdefault("CUVIL_VERIFY_PASSES", "1")
+
 
 @pytest.fixture(scope="session")
 def cache_dir():

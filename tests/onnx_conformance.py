@@ -227,15 +227,10 @@ def convert_case(case):
 
 
 def _lowerable(graph):
-    from cuvil.codegen.c import emit
+    from cuvil.codegen.c import C_BACKEND
     from cuvil.passes.pipeline import optimize
-    from cuvil.codegen.c import lower_movement, lower_nn, lower_pointwise, lower_reduce  # noqa: F401
-    try:
-        from cuvil.codegen.c import lower_extra  # noqa: F401
-    except ImportError:
-        pass
-    g = optimize(graph, 2)
-    return g, emit.unsupported(g)
+    g = optimize(graph, 2, backend=C_BACKEND)
+    return g, C_BACKEND.unsupported(g)
 
 
 LOWP_FLOATS = ("bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float4_e2m1fn")

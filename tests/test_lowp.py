@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from cuvil.codegen.c import C_BACKEND
 from cuvil.ir.graph import Graph, TensorType, Value
 from cuvil.passes import legalize
 
@@ -72,14 +73,14 @@ def test_int_to_lowp_int_wraps(dt):
 def test_legalize_wraps_unsupported_dtypes_in_float32():
     """softmax has no fp16 kernel: legalize computes it in float32 between casts; bf16 add likewise."""
     g = _graph("softmax", [((2, 5), "float16")], {"axis": 1})
-    g = legalize.run(g)
+    g = legalize.run(g, C_BACKEND)
     assert [n.op for n in g.nodes] == ["cast", "softmax", "cast"]
     assert g.nodes[1].inputs[0].dtype == "float32" and g.outputs[0].dtype == "float16"
-    g = legalize.run(_graph("add", [((3,), "bfloat16"), ((3,), "bfloat16")], {}))
+    g = legalize.run(_graph("add", [((3,), "bfloat16"), ((3,), "bfloat16")], {}), C_BACKEND)
     assert [n.op for n in g.nodes] == ["cast", "cast", "add", "cast"]
-    g = legalize.run(_graph("transpose", [((3, 2), "bfloat16")], {"perm": (1, 0)}))
+    g = legalize.run(_graph("transpose", [((3, 2), "bfloat16")], {"perm": (1, 0)}), C_BACKEND)
     assert [n.op for n in g.nodes] == ["transpose"]          # data movement keeps the raw codes
-    g = legalize.run(_graph("softmax", [((2, 5), "float32")], {"axis": 1}))
+    g = legalize.run(_graph("softmax", [((2, 5), "float32")], {"axis": 1}), C_BACKEND)
     assert [n.op for n in g.nodes] == ["softmax"]
 
 

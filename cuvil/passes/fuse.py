@@ -108,13 +108,19 @@ def sink_reshapes(graph):
     return graph
 
 
-def fuse_matmul_epilogues(graph):
-    from ..codegen.c.lower_nn import _prepacked
+def _fusable_matmul(n, backend):
+    """The backend lowers a matmul_fused of this matmul's operands (in C: a float32 weight, packed at
+    compile time). The probe's output is named, so that it takes no number from the values' counter."""
+    out = Value(n.outputs[0].type, name="probe")
+    return backend.lowers(Node("matmul_fused", n.inputs[:2], {"act": "none", "alpha": 1.0}, [out], n.loc))
+
+
+def fuse_matmul_epilogues(graph, backend):
     uses = _Uses(graph)
     replace = {}                      # id(last node of a chain) -> fused node
     drop = set()
     for n in graph.nodes:
-        if n.op != "matmul" or n.inputs[0].dtype != "float32" or not _prepacked(n) or id(n) in drop:
+        if n.op != "matmul" or id(n) in drop or not _fusable_matmul(n, backend):
             continue
         y, chain = n.outputs[0], [n]
         N = y.shape[-1]
@@ -272,9 +278,11 @@ def read_slices_in_place(graph):
     return graph
 
 
-def run(graph, level=2):
+def run(graph, level, backend):
+    """backend: what the code generator lowers (passes/backend.py): a matmul is fused only where it
+    lowers the matmul_fused node."""
     if level >= 1:
-        graph = fuse_conv_epilogues(fuse_matmul_epilogues(sink_reshapes(graph)))
+        graph = fuse_conv_epilogues(fuse_matmul_epilogues(sink_reshapes(graph), backend))
     if level >= 2:
         graph = read_slices_in_place(fuse_pointwise_chains(absorb_attention_layouts(graph)))
     return dce(graph)

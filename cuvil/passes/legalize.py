@@ -1,4 +1,4 @@
-"""Dtype legalisation for the C backend: a node whose C lowering lacks its floating dtype (fp16, fp64,
+"""Dtype legalisation for the backend: a node whose lowering lacks its floating dtype (fp16, fp64,
 bfloat16, float8 ...) is computed in float32 between casts; low-precision storage dtypes are only
 ever moved or cast in C, so every other op on them is computed in float32 (or int64 for int4/int2).
 
@@ -19,22 +19,21 @@ def _compute_dtype(dt):
     return "int64" if dt in LOWP_INT else "float32"
 
 
-def _needs(node, lowerings):
+def _needs(node, backend):
     dts = {v.dtype for v in node.inputs if v is not None} | {o.dtype for o in node.outputs}
     if not dts & set(WIDE) or node.op == "cast":
         return False
     if dts & set(LOWP_DTYPES) and node.op not in MOVES:
         return True
-    low = lowerings.get(node.op)
-    return low is not None and low.supports is not None and low.supports(node) is not None
+    return node.op in backend.ops and backend.supports(node) is not None
 
 
-def run(graph):
-    from ..codegen.c import emit, lower_extra, lower_llm, lower_movement, lower_nn, lower_pointwise, lower_reduce  # noqa: F401
+def run(graph, backend):
+    """backend: what the code generator lowers (passes/backend.py)."""
     nodes = []
     narrowed = []                 # float64 ops computed in float32: lossy, so the user is told
     for n in graph.nodes:
-        if not _needs(n, emit.LOWERINGS):
+        if not _needs(n, backend):
             nodes.append(n)
             continue
         ins = []

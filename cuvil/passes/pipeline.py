@@ -1,30 +1,53 @@
-"""The pass order of DESIGN.md: cleanup -> fold -> simplify -> (quantize, fuse, layout) -> memplan.
-fusion_level 0 runs only what correctness needs (dead code removal). Layout comes after fusion here:
-a conv's fused residual has to be read in the conv's layout (passes/layout.py)."""
+"""The passes in their order, for a backend that describes what it lowers (passes/backend.py):
+
+    fusion_level 0:  cleanup -> legalize
+    fusion_level 1+: cleanup -> fold -> simplify -> cleanup -> fold -> cleanup -> legalize -> fuse
+                     (-> layout, where the convs run channel-blocked)
+
+then plan_memory (memplan) on the result. Quantization is not a pass here: the LLM path builds its
+quantized graph directly (llm/lower.py). Layout comes after fusion: a conv's fused residual has to be
+read in the conv's layout (passes/layout.py). Under the tests (CUVIL_VERIFY_PASSES set, tests/conftest.py)
+Graph.verify() runs after every pass."""
 from __future__ import annotations
 
-from . import cleanup, fold, fuse, legalize, simplify
+import os
+
+from ..errors import UnsupportedOpError
+from . import cleanup, fold, fuse, legalize, memplan, simplify
 from . import layout as layout_pass
 
-PASSES = {
-    "cleanup": cleanup.run,
-    "fold": fold.run,
-    "simplify": simplify.run,
-    "legalize": legalize.run,
-    "layout": layout_pass.run,
-}
 
-
-def optimize(graph, fusion_level=2, verify=False, log=None, layout="nchw"):
-    """layout: the layout pass's target layout, "nchw16c" to run it (api.py picks it per target)."""
+def optimize(graph, fusion_level=2, *, backend, layout="nchw", verify=None, log=None):
+    """backend: passes/backend.py's Backend; layout: the layout pass's target layout, "nchw16c" to run
+    it (driver.conv_layout picks it per target); verify: Graph.verify() after every pass (default: when
+    CUVIL_VERIFY_PASSES is set to anything but 0); log(name, graph) after every pass."""
+    if verify is None:
+        verify = os.environ.get("CUVIL_VERIFY_PASSES", "0") not in ("", "0")
+    passes = {
+        "cleanup": cleanup.run,
+        "fold": fold.run,
+        "simplify": simplify.run,
+        "legalize": lambda g: legalize.run(g, backend),
+        "fuse": lambda g: fuse.run(g, fusion_level, backend),
+        "layout": layout_pass.run,
+    }
     order = ["cleanup", "legalize"] if fusion_level == 0 else \
         ["cleanup", "fold", "simplify", "cleanup", "fold", "cleanup", "legalize", "fuse"]
     if fusion_level > 0 and layout == layout_pass.BLOCKED:
         order.append("layout")
     for name in order:
-        graph = fuse.run(graph, fusion_level) if name == "fuse" else PASSES[name](graph)
+        graph = passes[name](graph)
         if verify:
             graph.verify()
         if log:
             log(name, graph)
     return graph
+
+
+def plan_memory(graph, backend) -> memplan.MemoryPlan:
+    """The last pass: every intermediate's place in the arena, and every node's scratch memory as the
+    backend sizes it. The graph must be one the backend lowers whole (else UnsupportedOpError)."""
+    bad = backend.unsupported(graph)
+    if bad:
+        raise UnsupportedOpError(bad)
+    return memplan.plan(graph, backend.scratch_bytes)

@@ -1,0 +1,19 @@
+"""The C backend. Importing this package registers every op's C lowering, once, in emit.LOWERINGS;
+C_BACKEND tells the passes which nodes it lowers and the scratch memory each needs."""
+from ...passes.backend import Backend
+from . import lower_blocked, lower_extra, lower_llm, lower_movement, lower_nn, lower_pointwise, lower_reduce  # noqa: F401
+from .emit import LOWERINGS
+
+
+def supports(node):
+    """None when the node's lowering takes it as it stands (or it has no lowering), else why not."""
+    low = LOWERINGS.get(node.op)
+    return None if low is None or low.supports is None else low.supports(node)
+
+
+def scratch_bytes(node, bounds) -> int:
+    low = LOWERINGS[node.op]
+    return low.scratch(node, bounds) if low.scratch else 0
+
+
+C_BACKEND = Backend(frozenset(LOWERINGS), supports, scratch_bytes)

@@ -1,7 +1,8 @@
 """Graph -> C: one model.c with a create/run/destroy API over the kernel library.
 
-Each op's C lowering lives in lower_*.py and is registered in LOWERINGS; this file holds the
-context the lowerings share (buffers, dims, packed weights) and the model.c frame."""
+Each op's C lowering lives in lower_*.py and is registered in LOWERINGS (all of them, when this
+package is imported: __init__.py); this file holds the context the lowerings share (buffers, dims,
+packed weights) and the model.c frame."""
 from __future__ import annotations
 
 import hashlib
@@ -14,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from ...errors import CompileError, UnsupportedOpError
+from ...errors import CompileError
 from ...ir import dims as D
 from ...passes import memplan
 from ...runtime.artifact import crc_text
@@ -153,19 +154,6 @@ class Emitter:
         return D.to_c(d)
 
 
-def unsupported(graph):
-    """Every node the C backend cannot lower, as (op, location) pairs."""
-    bad = []
-    for n in graph.nodes:
-        low = LOWERINGS.get(n.op)
-        reason = None if low is None or low.supports is None else low.supports(n)
-        if low is None:
-            bad.append((n.op, n.loc))
-        elif reason:
-            bad.append((f"{n.op} ({reason})", n.loc))
-    return bad
-
-
 # share of the last-level cache that a model's constants may fill and still be read from it call
 # after call (the activations and the other cores' data take the rest)
 CACHED_WEIGHTS_SHARE = 0.75
@@ -179,21 +167,12 @@ def weights_fit_in_cache(graph, target) -> bool:
     return total <= CACHED_WEIGHTS_SHARE * last_level_cache_bytes(target)
 
 
-def generate(graph, target="native", profile=False, weights_dir=None, signature=""):
-    """Returns (model.c text, WeightsFile, memory plan); the weights file is written in weights_dir
-    (default: the system's temporary directory) and belongs to the caller. `signature` is what the
-    library's cuvil_signature() returns (the runtime checks the manifest against it)."""
-    from . import lower_extra, lower_llm, lower_movement, lower_nn, lower_pointwise, lower_reduce  # noqa: F401
-    bad = unsupported(graph)
-    if bad:
-        raise UnsupportedOpError(bad)
+def generate(graph, plan, target="native", profile=False, weights_dir=None, signature=""):
+    """Returns (model.c text, WeightsFile) for a graph the backend lowers whole (C_BACKEND.unsupported
+    is empty) and its memory plan (passes.pipeline.plan_memory); the weights file is written in
+    weights_dir (default: the system's temporary directory) and belongs to the caller. `signature` is
+    what the library's cuvil_signature() returns (the runtime checks the manifest against it)."""
     _check_symbol_names(graph)
-
-    def scratch(node, bounds):
-        low = LOWERINGS[node.op]
-        return low.scratch(node, bounds) if low.scratch else 0
-
-    plan = memplan.plan(graph, scratch)
     em = Emitter(graph, plan, weights=Weights(weights_dir), target=target,
                  weights_cached=weights_fit_in_cache(graph, target))
     em.by_name = {v.name: v for v in list(graph.inputs) + graph.constants()}
@@ -220,7 +199,7 @@ def generate(graph, target="native", profile=False, weights_dir=None, signature=
     except BaseException:
         em.weights.finish().discard()
         raise
-    return _frame(graph, em, body, plan, profile, signature), em.weights.finish(), plan
+    return _frame(graph, em, body, plan, profile, signature), em.weights.finish()
 
 
 def _check_symbol_names(graph):

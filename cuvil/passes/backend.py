@@ -1,0 +1,28 @@
+"""What the passes know of the code generator they prepare a graph for: handed to them as an
+argument, never imported (DESIGN: passes never import codegen). The C backend describes itself in
+codegen/c/__init__.py; the driver hands that description to passes.pipeline."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Backend:
+    ops: frozenset              # the ops it has a lowering for
+    supports: Callable          # node -> None when it lowers the node as it stands, else the reason why not
+    scratch_bytes: Callable     # (node, dim bounds) -> bytes of scratch memory the node's code needs (memplan)
+
+    def lowers(self, node) -> bool:
+        return node.op in self.ops and self.supports(node) is None
+
+    def unsupported(self, graph) -> list:
+        """Every node it cannot lower, as (op, location) pairs (the op followed by the reason, where
+        the lowering gives one)."""
+        bad = []
+        for n in graph.nodes:
+            if n.op not in self.ops:
+                bad.append((n.op, n.loc))
+            elif reason := self.supports(n):
+                bad.append((f"{n.op} ({reason})", n.loc))
+        return bad

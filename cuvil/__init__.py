@@ -4,8 +4,7 @@ from .errors import (ArtifactError, CompileError, CuvilError, GraphError, InputV
                      QuantizationError, ShapeError, UnsupportedOpError, VerificationError)
 from .runtime.module import load
 from .session import InferenceSession
-
-__version__ = "0.1.0"
+from .version import __version__
 
 
 def compile(model, example_inputs=(), **options):  # noqa: A001 - mirrors torch.compile

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__
+from .version import __version__
 from .build import cache, toolchain
 from .driver import Progress, build_graph, optimize, wrap
 from .errors import CuvilError, VerificationError

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import __version__
+from .version import __version__
 from .build import cache, toolchain
 from .ir import dims as D
 from .options import Options

@@ -108,7 +108,7 @@ def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None,
     with load=False only the artifact's path (a caller that frees the graph first keeps peak memory
     at one copy of the weights)."""
     from .codegen.c import C_BACKEND, emit
-    from .codegen.c.frame import API_H
+    from .codegen.c.frame import api_h, symbol_prefix
     from .passes.pipeline import plan_memory
     graph = optimize(graph, opts)
     progress("passes", f"{len(graph.nodes)} nodes after optimisation")
@@ -117,8 +117,9 @@ def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None,
     io = {"inputs": [_io(v, n) for v, n in zip(graph.inputs, graph.input_names or [v.name for v in graph.inputs])],
           "outputs": [_io(v, f"output{i}") for i, v in enumerate(graph.outputs)],
           "symbols": {k: [int(lo), int(hi)] for k, (lo, hi) in graph.symbols.items()}}
+    prefix = symbol_prefix(opts.name)
     c_src, weights = emit.generate(graph, plan, target, profile=opts.profile, weights_dir=cache.tmp_dir(cdir),
-                                   signature=artifact.signature(io))
+                                   signature=artifact.signature(io), prefix=prefix)
     progress("codegen", f"{len(c_src) // 1024} KiB of C, {weights.nbytes / 2**20:.1f} MiB weights, "
                         f"arena {plan.arena_bytes / 2**20:.1f} MiB")
     key = cache.digest(str(graph), c_src, weights.sha256, opts.key(), target, native_cpu(target),
@@ -127,7 +128,7 @@ def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None,
     if hit is None:
         bdir = cache.new_build_dir(cdir)
         (bdir / "model.c").write_text(c_src)
-        (bdir / "model.h").write_text(API_H)
+        (bdir / "model.h").write_text(api_h(prefix))
         weights.move_to(bdir / "weights.bin")
         toolchain.build_shared(bdir, target, cdir, verbose=opts.verbose)
         progress("build", "model.so")
@@ -137,7 +138,7 @@ def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None,
             "weights": {"bytes": weights.nbytes, "checksum": weights.checksum},
             "arena_bytes": plan.arena_bytes, "num_threads": opts.num_threads,
             "options": {"precision": opts.precision, "fusion_level": opts.fusion_level},
-            "compiler": toolchain.compiler_version(), "cache_key": key,
+            "compiler": toolchain.compiler_version(), "cache_key": key, "symbol_prefix": prefix,
             "node_ops": [n.op for n in graph.nodes],
         }
         manifest.update(extra_manifest or {})

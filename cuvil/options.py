@@ -2,6 +2,7 @@
 option and what it accepts."""
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 
 from .target import TARGET_NAMES
@@ -11,6 +12,7 @@ PRECISIONS = ("fp32", "bf16", "fp16", "int8", "int4")
 # the width the blocked kernels were measured at; "nchw" keeps every conv in NCHW
 LAYOUT_CHOICES = ("auto", "nchw", "nchw16c")
 SUPPORTED_PRECISIONS = ("fp32",)
+NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}\Z")
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,7 @@ class Options:
     layout: str = "auto"           # conv layout: LAYOUT_CHOICES
     profile: bool = False          # per-node timers in the generated code (cuvil.profiler reads them)
     constant_inputs: object = None  # ONNX: {input name: array} fixed at compile time (shape-deciding inputs)
+    name: str | None = None        # the C API's prefix: cuvil_<name>_run (default cuvil_run)
 
     def key(self):
         d = asdict(self)
@@ -76,6 +79,9 @@ def make_options(**kw) -> Options:
     if o.dynamic_shapes is not None and not isinstance(o.dynamic_shapes, (dict, list, tuple)):
         raise ValueError("option dynamic_shapes must be a dict (input name -> {axis: Dim}) or a tuple per input, "
                          f"got {type(o.dynamic_shapes).__name__}")
+    if o.name is not None and not (isinstance(o.name, str) and NAME.match(o.name)):
+        raise ValueError(f"option name={o.name!r} must be a C identifier of letters, digits and _ "
+                         "(at most 32, starting with a letter): the model's functions become cuvil_<name>_run ...")
     if o.constant_inputs is not None and not (isinstance(o.constant_inputs, dict)
                                                and all(isinstance(k, str) for k in o.constant_inputs)):
         raise ValueError("option constant_inputs must be a dict of ONNX input name -> array, "

@@ -139,7 +139,8 @@ def build_shared(model_dir: Path, target: str, cache_dir: Path, verbose=False) -
     inc = KERNELS_DIR.parent
     out = model_dir / "model.so"
     cmd = [find_compiler(), *COMMON_FLAGS, *target_flags(target), "-shared", f"-I{inc}", f"-I{model_dir}",
-           "model.c", str(lib), "-o", "model.so.tmp", "-lm"]
+           "model.c", str(lib), "-o", "model.so.tmp", "-lm",
+           "-Wl,--exclude-libs,ALL"]      # the kernels stay private: only the model's API is exported
     if verbose:
         print("  $", " ".join(cmd))
     _run(cmd, model_dir)

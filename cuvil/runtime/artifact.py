@@ -85,6 +85,7 @@ def crc_text(crc: int) -> str:
 # overflow is the cross-check against the signature the library itself reports (signature()).
 SIGNED = ("inputs", "outputs", "symbols")       # what the library reports about itself
 HASHED = ("model.so", "model.c", "model.h")     # weights.bin has its own (parallel) checksum
+PREFIX = re.compile(r"cuvil_([A-Za-z][A-Za-z0-9_]{0,31}_)?\Z")
 DTYPE_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}\Z")     # numpy's and ml_dtypes' names (float8_e4m3fn, int4)
 MAX_IO = 4096
 
@@ -215,6 +216,8 @@ def _check_schema(m):
         _need(isinstance(e, dict) and _is_int(e.get("bytes")) and isinstance(e.get("digest"), str), f"files[{f!r}]",
               '{"bytes": int, "digest": str}', e)
     _need(isinstance(m["content_hash"], str), "content_hash", "a string", m["content_hash"])
+    prefix = m.get("symbol_prefix", "cuvil_")
+    _need(isinstance(prefix, str) and PREFIX.match(prefix), "symbol_prefix", "cuvil_ or cuvil_<name>_", prefix)
 
 
 def verify(path: Path, manifest: dict, full: bool = True):

@@ -19,16 +19,17 @@ from pathlib import Path
 from ..errors import ArtifactError
 
 _P = ctypes.c_void_p
-# the C API (model.h): name -> (restype, argtypes)
+# the C API (model.h), each function named <prefix><name>: name -> (restype, argtypes)
 API = {
-    "cuvil_create": (_P, [_P, ctypes.c_int64, ctypes.c_int]),
-    "cuvil_run": (ctypes.c_int, [_P, _P, _P, _P, _P]),
-    "cuvil_last_error": (ctypes.c_char_p, []),
-    "cuvil_destroy": (None, [_P]),
-    "cuvil_set_num_threads": (None, [_P, ctypes.c_int]),
-    "cuvil_arena_size": (ctypes.c_int64, []),
-    "cuvil_signature": (ctypes.c_char_p, []),
+    "create": (_P, [_P, ctypes.c_int64, ctypes.c_int]),
+    "run": (ctypes.c_int, [_P, _P, _P, _P, _P]),
+    "last_error": (ctypes.c_char_p, []),
+    "destroy": (None, [_P]),
+    "set_num_threads": (None, [_P, ctypes.c_int]),
+    "arena_size": (ctypes.c_int64, []),
+    "signature": (ctypes.c_char_p, []),
 }
+DEFAULT_PREFIX = "cuvil_"
 
 _private_dir = None
 _dir_lock = threading.Lock()
@@ -46,11 +47,11 @@ def private_dir() -> Path:
 
 
 class _Functions:
-    """The C API's functions, typed."""
+    """The C API's functions, typed, under their short names (fn.run is <prefix>run)."""
 
-    def __init__(self, cdll):
+    def __init__(self, cdll, prefix):
         for name, (res, args) in API.items():
-            f = getattr(cdll, name)
+            f = getattr(cdll, prefix + name)
             f.restype, f.argtypes = res, args
             setattr(self, name, f)
 
@@ -58,7 +59,7 @@ class _Functions:
 class Library:
     """model.so of one artifact; `fn` holds its typed C API. close() unloads it (once)."""
 
-    def __init__(self, so_path: Path, expected_digest: str | None = None):
+    def __init__(self, so_path: Path, expected_digest: str | None = None, prefix: str = DEFAULT_PREFIX):
         try:
             data = Path(so_path).read_bytes()
         except OSError as e:
@@ -78,8 +79,9 @@ class Library:
             finally:
                 copy.unlink(missing_ok=True)      # mapped now; the next load of this content copies again
         self._lock = threading.Lock()
+        self.prefix = prefix
         try:
-            self.fn = _Functions(self.cdll)
+            self.fn = _Functions(self.cdll, prefix)
         except AttributeError as e:
             self.close()
             raise ArtifactError(f"{so_path} is not a cuvil model library of this version ({e})") from None
@@ -89,7 +91,7 @@ class Library:
         edited shape or dtype would otherwise size buffers the library writes past."""
         from .artifact import SIGNED
         try:
-            own = json.loads(self.fn.cuvil_signature().decode())
+            own = json.loads(self.fn.signature().decode())
         except (ValueError, UnicodeDecodeError):
             own = None
         stated = {k: manifest.get(k, {} if k == "symbols" else None) for k in SIGNED}

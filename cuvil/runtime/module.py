@@ -108,7 +108,7 @@ def check_threads(n) -> int:
 
 def _release(lib, handle):
     """Free the model, then unload its library (weakref.finalize: once, at close() or collection)."""
-    lib.fn.cuvil_destroy(handle)
+    lib.fn.destroy(handle)
     lib.close()
 
 
@@ -133,22 +133,23 @@ class Module:
         self._weights = artifact.load_weights(self.path, m, verify_checksum)
         if self._weights.size == 0:
             self._weights = aligned_empty(0)
-        self._lib = lib = Library(self.path / "model.so", m["files"]["model.so"]["digest"] if verify_checksum else None)
+        self._lib = lib = Library(self.path / "model.so", m["files"]["model.so"]["digest"] if verify_checksum else None,
+                                  m.get("symbol_prefix", "cuvil_"))
         try:
             lib.check_signature(m, self.path)
         except ArtifactError:
             lib.close()
             raise
         self.num_threads = num_threads or m.get("num_threads") or default_threads()
-        self._handle = lib.fn.cuvil_create(self._weights.ctypes.data, self._weights.size, self.num_threads)
+        self._handle = lib.fn.create(self._weights.ctypes.data, self._weights.size, self.num_threads)
         if not self._handle:
             lib.close()
-            raise ArtifactError(f"artifact {self.path}: {lib.fn.cuvil_last_error().decode(errors='replace')}")
+            raise ArtifactError(f"artifact {self.path}: {lib.fn.last_error().decode(errors='replace')}")
         # destroy the model, then unload the library, when the Module goes away (or at close())
         self._finalizer = weakref.finalize(self, _release, lib, self._handle)
         self._finalizer.atexit = False     # at exit the process unmaps it; a daemon thread may still run it
-        self._crun = lib.fn.cuvil_run
-        self.arena_bytes = lib.fn.cuvil_arena_size()
+        self._crun = lib.fn.run
+        self.arena_bytes = lib.fn.arena_size()
         self._local = threading.local()
         self.inputs = m["inputs"]
         self.outputs = m["outputs"]
@@ -179,7 +180,7 @@ class Module:
     def profile_counters(self):
         """[(node label, total ns)] since the last call, for an artifact compiled with profile=True."""
         self._check_open()
-        f = getattr(self._lib.cdll, "cuvil_profile", None)
+        f = getattr(self._lib.cdll, self._lib.prefix + "profile", None)
         if f is None:
             raise ArtifactError(f"artifact {self.path} was not compiled with profile=True")
         n = len(self.manifest.get("node_ops", [])) or 1 << 16
@@ -193,7 +194,7 @@ class Module:
         n = check_threads(n)
         self._check_open()
         self.num_threads = n
-        self._lib.fn.cuvil_set_num_threads(self._handle, n)
+        self._lib.fn.set_num_threads(self._handle, n)
 
     def _check_open(self):
         if not self._handle:
@@ -287,7 +288,7 @@ class Module:
                 held[i] = o if out is not None else None
         rc = self._crun(self._handle, in_ptrs, st["shape_ptrs"], out_ptrs, st["arena_ptr"])
         if rc:
-            raise ShapeError(f"cuvil run failed: {self._lib.fn.cuvil_last_error().decode(errors='replace')}")
+            raise ShapeError(f"cuvil run failed: {self._lib.fn.last_error().decode(errors='replace')}")
         return outs
 
     def _check_out(self, out, shapes):

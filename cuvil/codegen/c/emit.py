@@ -167,11 +167,12 @@ def weights_fit_in_cache(graph, target) -> bool:
     return total <= CACHED_WEIGHTS_SHARE * last_level_cache_bytes(target)
 
 
-def generate(graph, plan, target="native", profile=False, weights_dir=None, signature=""):
+def generate(graph, plan, target="native", profile=False, weights_dir=None, signature="", prefix="cuvil_"):
     """Returns (model.c text, WeightsFile) for a graph the backend lowers whole (C_BACKEND.unsupported
     is empty) and its memory plan (passes.pipeline.plan_memory); the weights file is written in
     weights_dir (default: the system's temporary directory) and belongs to the caller. `signature` is
-    what the library's cuvil_signature() returns (the runtime checks the manifest against it)."""
+    what the library's cuvil_signature() returns (the runtime checks the manifest against it);
+    `prefix` names the API functions (frame.symbol_prefix)."""
     _check_symbol_names(graph)
     em = Emitter(graph, plan, weights=Weights(weights_dir), target=target,
                  weights_cached=weights_fit_in_cache(graph, target))
@@ -199,7 +200,7 @@ def generate(graph, plan, target="native", profile=False, weights_dir=None, sign
     except BaseException:
         em.weights.finish().discard()
         raise
-    return _frame(graph, em, body, plan, profile, signature), em.weights.finish()
+    return _frame(graph, em, body, plan, profile, signature, prefix), em.weights.finish()
 
 
 def _check_symbol_names(graph):
@@ -226,7 +227,7 @@ def _emit_body(em, graph, body, out_copies, profile):
         body.append(f"  memcpy(out{i}, {em.ptr(v)}, (size_t)({nbytes}));")
 
 
-def _frame(graph, em, body, plan, profile, signature):
+def _frame(graph, em, body, plan, profile, signature, prefix):
     from .frame import PRELUDE, model_c, profile_c
-    text = model_c(graph, em, body, plan, signature)
-    return text.replace(PRELUDE, PRELUDE + profile_c(graph), 1) if profile else text
+    text = model_c(graph, em, body, plan, signature, prefix)
+    return text.replace(PRELUDE, PRELUDE + profile_c(graph, prefix), 1) if profile else text

@@ -1,0 +1,84 @@
+"""The C API from C, no Python: two compiled models, named apart (compile(name=...)), linked into one
+program and run side by side against torch eager; the kernels stay private to each library."""
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+import cuvil
+from cuvil.build import toolchain
+
+MAIN = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include "a/model.h"
+#include "b/model.h"
+
+static void *read_weights(const char *path, long *size) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    fseek(f, 0, SEEK_END); *size = ftell(f); fseek(f, 0, SEEK_SET);
+    void *p = aligned_alloc(64, (size_t)((*size + 63) / 64 * 64 + 64));
+    if (p && fread(p, 1, (size_t)*size, f) != (size_t)*size) { free(p); p = 0; }
+    fclose(f);
+    return p;
+}
+
+#define RUN(P, DIR, X, XSHAPE, Y)                                                           \
+    do {                                                                                    \
+        long size; void *w = read_weights(DIR "/weights.bin", &size);                       \
+        cuvil_model *m = P##create(w, size, 2);                                             \
+        if (!m) { printf("create: %s\n", P##last_error()); return 1; }                     \
+        void *arena = aligned_alloc(64, (size_t)(P##arena_size() + 64));                    \
+        const void *in[1] = {X}; const int64_t *shapes[1] = {XSHAPE}; void *out[1] = {Y};   \
+        if (P##run(m, in, shapes, out, arena)) { printf("run: %s\n", P##last_error()); return 1; } \
+        P##destroy(m); free(arena); free(w);                                                \
+    } while (0)
+
+int main(void) {
+    float x[2 * 8], ya[2 * 4], yb[2 * 3];
+    for (int i = 0; i < 16; i++) x[i] = (float)(i % 5) - 2.0f;
+    const int64_t shape[2] = {2, 8};
+    RUN(cuvil_a_, "a", x, shape, ya);
+    RUN(cuvil_b_, "b", x, shape, yb);
+    if (CUVIL_ABI_VERSION != 2) return 2;
+    for (int i = 0; i < 8; i++) printf("%.7g ", ya[i]);
+    printf("\n");
+    for (int i = 0; i < 6; i++) printf("%.7g ", yb[i]);
+    printf("\n");
+    return 0;
+}
+"""
+
+
+def test_two_named_models_link_into_one_c_program(tmp_path):
+    torch.manual_seed(0)
+    a = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval()
+    b = torch.nn.Sequential(torch.nn.Linear(8, 3), torch.nn.Tanh()).eval()
+    x = (torch.arange(16) % 5 - 2.0).reshape(2, 8)
+    for name, m in (("a", a), ("b", b)):
+        cm = cuvil.compile(m, (x,), name=name)
+        cm.save(tmp_path / name)
+        exported = subprocess.run(["nm", "-D", "--defined-only", str(tmp_path / name / "model.so")],
+                                  capture_output=True, text=True, check=True).stdout.split()
+        assert f"cuvil_{name}_run" in exported and "cuvil_run" not in exported
+        assert not [s for s in exported if s.startswith("cuvil_parallel")]     # kernels stay private
+        np.testing.assert_allclose(cuvil.load(tmp_path / name).run(x.numpy())[0], m(x).detach().numpy(),
+                                   rtol=1e-5, atol=1e-6)
+    (tmp_path / "main.c").write_text(MAIN)
+    subprocess.run([toolchain.find_compiler(), "-std=c11", "-Wall", "-Werror", "-I.", "main.c",
+                    str(tmp_path / "a" / "model.so"), str(tmp_path / "b" / "model.so"), "-o", "main",
+                    f"-Wl,-rpath,{tmp_path}/a:{tmp_path}/b"], cwd=tmp_path, check=True, capture_output=True)
+    out = subprocess.run(["./main"], cwd=tmp_path, capture_output=True, text=True, check=True).stdout.splitlines()
+    with torch.no_grad():
+        np.testing.assert_allclose(np.array(out[0].split(), np.float32), a(x).numpy().ravel(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.array(out[1].split(), np.float32), b(x).numpy().ravel(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", ["1abc", "a-b", "", "x" * 40, "é", 3])
+def test_bad_names_are_refused(bad):
+    with pytest.raises(ValueError, match="option name"):
+        cuvil.compile(torch.nn.ReLU(), (torch.randn(2),), name=bad)

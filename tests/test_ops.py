@@ -20,6 +20,7 @@ from cuvil.ir import dims, interpreter
 from cuvil.ir.graph import Graph, TensorType, Value
 from cuvil.ir.ops import REGISTRY
 from cuvil.ir.ops.elementwise import BINARY, COMPARE, LOGICAL, UNARY
+from cuvil.ir.ops.fused import ACTIVATIONS
 
 from .util import compile_graph
 
@@ -30,7 +31,7 @@ LEGALIZED_F64 = (1e-4, 1e-4)
 B = dims.Sym("b")
 SYMS = {"b": (1, 9)}          # dynamic dim of the dynamic cases; each such case runs at b = 1 and b = 6
 B_RUNS = (1, 6)
-MM_ACTS = ("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")   # fused epilogue activations
+MM_ACTS = ACTIVATIONS   # fused epilogue activations (ir/ops/fused.py; C in codegen/c/gen_activations.py)
 
 
 # ---- building and checking one graph -------------------------------------------------------
@@ -1581,3 +1582,9 @@ def test_every_op_has_a_case():
     assert not missing, f"ops without a case in tests/test_ops.py: {missing}"
     unknown = sorted(set(CASES) - set(REGISTRY))
     assert not unknown, f"cases for ops that are not registered: {unknown}"
+
+
+def test_activations_header_is_current():
+    """kernels/activations.h is what gen_activations.py renders from the table (rerun it after an edit)."""
+    from cuvil.codegen.c import gen_activations
+    assert gen_activations.HEADER.read_text() == gen_activations.render()

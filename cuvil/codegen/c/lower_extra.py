@@ -180,7 +180,7 @@ def pool_nd(em, node):
 
 def conv_nd(em, node):
     """Direct N-d convolution loops (static shapes), for ranks the conv kernel does not cover (3-d)."""
-    from .lower_nn import ACT_CODES
+    from .gen_activations import ACT_CODES
     x, w, y, a = node.inputs[0], node.inputs[1], node.outputs[0], node.attrs
     nsp = x.type.rank - 2
     N, C = x.shape[:2]

@@ -5,6 +5,7 @@ import numpy as np
 
 from ...ir import dims as D
 from . import lower_blocked
+from .gen_activations import ACT_CODES
 from .emit import lowering
 from .loops import broadcast_strides
 
@@ -83,7 +84,6 @@ def _matmul_supports(node):
     return None if dt in ("float32", "float64", "int64", "int32") else f"dtype {dt} (float32, float64, int64, int32)"
 
 
-ACT_CODES = {"none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4, "sigmoid": 5, "tanh": 6}  # common.h
 
 
 def _epilogue(em, node):

@@ -10,6 +10,7 @@ from .. import dims as D
 from ..graph import TensorType
 from . import OpDef, declare
 from ._shape import broadcast, norm_axis
+from .fused import ACTIVATIONS
 
 
 def _float(name, t):
@@ -71,7 +72,7 @@ def _conv_infer(types, attrs, inputs):
         raise ShapeError(f"conv: {w.shape[0]} output channels are not divisible by groups {g}")
     if len(types) > 2 and types[2] is not None and types[2].shape != (w.shape[0],):
         raise ShapeError(f"conv: bias shape {types[2].shape}, expected ({w.shape[0]},)")
-    if attrs["act"] not in ("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"):
+    if attrs["act"] not in ACTIVATIONS:
         raise ShapeError(f"conv: unknown act {attrs['act']!r}")
     _spatial(attrs, nsp, w.shape[2:])
     out = [_conv_out(n, k, s, lo, hi, d) for n, k, s, (lo, hi), d in

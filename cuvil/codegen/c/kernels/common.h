@@ -53,18 +53,20 @@ static inline int64_t cuvil_mod(int64_t a, int64_t b) { int64_t r = a % b; retur
 static inline int64_t cuvil_max(int64_t a, int64_t b) { return a > b ? a : b; }
 static inline int64_t cuvil_min(int64_t a, int64_t b) { return a < b ? a : b; }
 
-/* Activations a GEMM or conv epilogue can apply (codes shared with codegen/c/lower_nn.py). */
-enum { CUVIL_ACT_NONE = 0, CUVIL_ACT_RELU = 1, CUVIL_ACT_GELU = 2, CUVIL_ACT_GELU_TANH = 3, CUVIL_ACT_SILU = 4,
-       CUVIL_ACT_SIGMOID = 5, CUVIL_ACT_TANH = 6 };
+/* Activations a GEMM or conv epilogue can apply: codes and scalar forms from activations.h, which
+ * codegen/c/gen_activations.py generates (lower_nn reads the same codes there). */
+#include "activations.h"
+enum {
+#define CUVIL_ACT_CODE(NAME, code, scalar, vector) CUVIL_ACT_##NAME = code,
+    CUVIL_ACTIVATIONS(CUVIL_ACT_CODE)
+#undef CUVIL_ACT_CODE
+};
 
 static inline float cuvil_act(float x, int act) {
     switch (act) {
-    case CUVIL_ACT_RELU: return x < 0.f ? 0.f : x;
-    case CUVIL_ACT_GELU: return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
-    case CUVIL_ACT_GELU_TANH: return 0.5f * x * (1.f + tanhf(0.79788456080286535588f * (x + 0.044715f * x * x * x)));
-    case CUVIL_ACT_SILU: return x / (1.f + expf(-x));
-    case CUVIL_ACT_SIGMOID: return 1.f / (1.f + expf(-x));
-    case CUVIL_ACT_TANH: return tanhf(x);
+#define CUVIL_ACT_CASE(NAME, code, scalar, vector) case CUVIL_ACT_##NAME: return scalar;
+    CUVIL_ACTIVATIONS(CUVIL_ACT_CASE)
+#undef CUVIL_ACT_CASE
     default: return x;
     }
 }

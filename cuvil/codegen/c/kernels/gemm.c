@@ -665,11 +665,9 @@ static void activate_block(float *C, int64_t ldc, int64_t m0, int64_t m1, int64_
         for (; j < n1; j++) c[j] = cuvil_act(c[j], A);                                                \
     }
     switch (act) {
-    case CUVIL_ACT_GELU: ACTIVATE(CUVIL_ACT_GELU); break;
-    case CUVIL_ACT_GELU_TANH: ACTIVATE(CUVIL_ACT_GELU_TANH); break;
-    case CUVIL_ACT_SILU: ACTIVATE(CUVIL_ACT_SILU); break;
-    case CUVIL_ACT_SIGMOID: ACTIVATE(CUVIL_ACT_SIGMOID); break;
-    case CUVIL_ACT_TANH: ACTIVATE(CUVIL_ACT_TANH); break;
+#define CUVIL_ACT_CASE(NAME, code, scalar, vector) case CUVIL_ACT_##NAME: ACTIVATE(CUVIL_ACT_##NAME); break;
+    CUVIL_ACTIVATIONS(CUVIL_ACT_CASE)
+#undef CUVIL_ACT_CASE
     default: ACTIVATE(act); break;
     }
     #undef ACTIVATE

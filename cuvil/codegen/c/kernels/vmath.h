@@ -89,17 +89,12 @@ static inline cuvil_vf cuvil_vtanh(cuvil_vf x) {
     return cuvil_vsel(x != x, x, y);
 }
 
-/* The epilogue activations (codes in common.h) on a vector. */
+/* The epilogue activations (activations.h) on a vector. */
 static inline cuvil_vf cuvil_vact(cuvil_vf x, int act) {
-    const cuvil_vf one = cuvil_vsplat(1.f), half = cuvil_vsplat(0.5f);
     switch (act) {
-    case CUVIL_ACT_RELU: return cuvil_vsel(x < 0, cuvil_vsplat(0.f), x);
-    case CUVIL_ACT_GELU: return half * x * (one + cuvil_verf(x * cuvil_vsplat(0.70710678118654752f)));
-    case CUVIL_ACT_GELU_TANH:
-        return half * x * (one + cuvil_vtanh(cuvil_vsplat(0.79788456080286535588f) * (x + cuvil_vsplat(0.044715f) * x * x * x)));
-    case CUVIL_ACT_SILU: return x / (one + cuvil_vexp(-x));
-    case CUVIL_ACT_SIGMOID: return one / (one + cuvil_vexp(-x));
-    case CUVIL_ACT_TANH: return cuvil_vtanh(x);
+#define CUVIL_ACT_CASE(NAME, code, scalar, vector) case CUVIL_ACT_##NAME: return vector;
+    CUVIL_ACTIVATIONS(CUVIL_ACT_CASE)
+#undef CUVIL_ACT_CASE
     default: return x;
     }
 }

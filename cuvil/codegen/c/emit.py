@@ -19,7 +19,7 @@ from ...errors import CompileError
 from ...ir import dims as D
 from ...passes import memplan
 from ...runtime.artifact import crc_text
-from . import cstr
+from . import cexpr, cstr
 from .ctypes_map import CTYPE
 
 WEIGHT_ALIGN = 64
@@ -223,7 +223,7 @@ def _emit_body(em, graph, body, out_copies, profile):
         if profile:   # per-node time, summed over runs: cuvil_profile() reads it
             body.append(f"  cuvil_prof_ns[{idx}] += cuvil_now_ns() - t0_; }}")
     for i, v in out_copies:
-        nbytes = " * ".join([D.to_c(d) for d in v.type.shape] + [str(np.dtype(v.dtype).itemsize)])
+        nbytes = cexpr.nbytes(v.type.shape, np.dtype(v.dtype).itemsize)
         body.append(f"  memcpy(out{i}, {em.ptr(v)}, (size_t)({nbytes}));")
 
 

@@ -4,6 +4,7 @@ innermost loop has constant strides and the C compiler vectorizes it."""
 from __future__ import annotations
 
 from ...ir import dims as D
+from . import cexpr
 
 PARALLEL_MIN = 32768   # elements below which a loop nest stays on one thread
 
@@ -66,7 +67,7 @@ def loop_nest(shape, out, ins, expr, outline=None):
     store = f"{out[0]}[{offset(out[2], sets[0])}] = {expr(loads)};"
     if rank == 0:
         return ["{ " + store + " }"]
-    total = " * ".join(f"(int64_t)({D.to_c(d)})" for d in shape)
+    total = cexpr.prod(shape)
     inner = D.to_c(shape[-1])
     if outline is not None and _may_be_large(shape):
         if rank == 1:   # blocks of a flat loop, so the inner one still vectorizes
@@ -81,7 +82,7 @@ def loop_nest(shape, out, ins, expr, outline=None):
             body.append(f"const int64_t {idx[k]} = {rest} % ({d});" if k else f"const int64_t {idx[k]} = {rest};")
             rest = f"({rest} / ({d}))"
         body.append(f"for (int64_t {idx[-1]} = 0; {idx[-1]} < {inner}; {idx[-1]}++) {store}")
-        return outline("q", " * ".join(f"(int64_t)({D.to_c(d)})" for d in outer), total, body)
+        return outline("q", cexpr.prod(outer), total, body)
     lines = ["{"]
     for k, d in enumerate(shape):
         lines.append("  " * (k + 1) + f"for (int64_t {idx[k]} = 0; {idx[k]} < {D.to_c(d)}; {idx[k]}++)")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ...ir import dims as D
+from . import cexpr
 from .ctypes_map import CTYPE
 from .emit import lowering
 from .loops import broadcast_strides, contiguous_strides, loop_nest
@@ -10,10 +11,6 @@ _BIT = {"bitwise_and": "({0} & {1})", "bitwise_or": "({0} | {1})", "bitwise_xor"
         "shift_left": "(({1}) < 0 || ({1}) >= (T)(8 * sizeof(T)) ? (T)0 : (T)((T){0} << {1}))",
         "shift_right": "(({1}) < 0 || ({1}) >= (T)(8 * sizeof(T)) ? (T)({0} < 0 ? -1 : 0) : (T)({0} >> {1}))",
         "bitwise_not": "((T)~{0})"}
-
-
-def _prod(ds):
-    return " * ".join(f"(int64_t)({D.to_c(d)})" for d in ds) or "1"
 
 
 @lowering(*_BIT)
@@ -32,14 +29,10 @@ def lower_bitwise(em, node):
     return loop_nest(shape, (em.ptr(out), contiguous_strides(shape), "0"), ins, expr, em.parallel)
 
 
-def _outer_n_inner(shape, axis):
-    return _prod(shape[:axis]), D.to_c(shape[axis]), _prod(shape[axis + 1:])
-
-
 @lowering("cumprod")
 def lower_cumprod(em, node):
     x, y, a = node.inputs[0], node.outputs[0], node.attrs
-    outer, n, inner = _outer_n_inner(x.type.shape, a["axis"])
+    outer, n, inner = cexpr.outer_n_inner(x.type.shape, a["axis"])
     X, Y = em.ptr(x), em.ptr(y)
     t = CTYPE[x.dtype]
     k = "(nN - 1 - kk)" if a["reverse"] else "kk"
@@ -62,7 +55,7 @@ def _combine(red, dst, src):
 
 
 def _nbytes(v):
-    return f"(size_t)({_prod(v.type.shape)}) * sizeof({CTYPE[v.dtype]})"
+    return f"(size_t)({cexpr.prod(v.type.shape)}) * sizeof({CTYPE[v.dtype]})"
 
 
 @lowering("scatter_elements")
@@ -97,8 +90,8 @@ def lower_scatter_nd(em, node):
     xs = x.type.shape
     k = idx.type.shape[-1]
     xst = contiguous_strides(xs)
-    nupd = _prod(idx.type.shape[:-1])
-    slice_n = _prod(xs[k:])
+    nupd = cexpr.prod(idx.type.shape[:-1])
+    slice_n = cexpr.prod(xs[k:])
     lines = ["{", f"  if ({Y} != {X}) memcpy({Y}, {X}, {_nbytes(x)});",
              f"  for (int64_t q = 0; q < {nupd}; q++) {{", "    int64_t off = 0;"]
     for d in range(k):
@@ -120,7 +113,7 @@ def lower_topk(em, node):
     x = node.inputs[0]
     yv, yi = node.outputs
     a = node.attrs
-    outer, n, inner = _outer_n_inner(x.type.shape, a["axis"])
+    outer, n, inner = cexpr.outer_n_inner(x.type.shape, a["axis"])
     X, V, IX = em.ptr(x), em.ptr(yv), em.ptr(yi)
     t = CTYPE[x.dtype]
     k = a["k"]
@@ -153,7 +146,7 @@ def pool_nd(em, node):
     ks, st, dl, pads = a["kernel"], a["strides"], a["dilations"], a["pads"]
     is_max, incl = node.op == "max_pool", bool(a.get("count_include_pad"))
     nc = x.shape[0] * x.shape[1]
-    isz, osz = _prod(ins), _prod(outs)
+    isz, osz = cexpr.prod(ins), cexpr.prod(outs)
     L = ["{", f"  #pragma omp parallel for num_threads(NT) if({nc} > 1)",
          f"  for (int64_t nc = 0; nc < {nc}; nc++) {{",
          f"    const float *xp = {em.ptr(x)} + nc * {isz}; float *yp = {em.ptr(y)} + nc * {osz};",
@@ -189,7 +182,7 @@ def conv_nd(em, node):
     og = O // g
     ins, outs, ks = list(x.shape[2:]), list(y.shape[2:]), list(w.shape[2:])
     st, dl, pads = a["strides"], a["dilations"], a["pads"]
-    isz, osz, ksz = _prod(ins), _prod(outs), _prod(ks)
+    isz, osz, ksz = cexpr.prod(ins), cexpr.prod(outs), cexpr.prod(ks)
     bias = node.inputs[2] if len(node.inputs) > 2 else None
     res = node.inputs[3] if len(node.inputs) > 3 else None
     L = ["{", f"  #pragma omp parallel for num_threads(NT) if({N * O} > 1)",

@@ -5,11 +5,8 @@ import numpy as np
 
 from ...ir import dims as D
 from ...ir.ops.llm import int4_scales
+from . import cexpr
 from .emit import lowering
-
-
-def _prod_c(ds):
-    return " * ".join(f"(int64_t)({D.to_c(d)})" for d in ds) or "1"
 
 
 def _panels(a: np.ndarray, width: int, pad) -> np.ndarray:
@@ -107,7 +104,7 @@ def _lower_qgemm(em, node):
         wp = em.packed("q8blocks", w, _q8_blocks, "int8_t")
         sp = em.packed("q8blockscales", node.inputs[2], _q8_block_scales)
     res = node.inputs[3] if len(node.inputs) > 3 else None
-    M = _prod_c(x.shape[:-1])
+    M = cexpr.prod(x.shape[:-1])
     return [f"if (cuvil_qgemm({M}, {N}, {K}, {em.ptr(x)}, {K}, {wp}, {bits}, {sp}, {ab}, {em.ptr(node.outputs[0])}, "
             f"{N}, {em.ptr(res) if res is not None else '0'}, NT)) CUVIL_FAIL(\"out of memory for quantized activations\");"]
 
@@ -147,7 +144,7 @@ def lower_matmul_q(em, node):
     if res is not None:
         lines.append(f"  const cuvil_epilogue ep = {{.residual = {em.ptr(res)}, .ldr = {N}, .alpha = 1.0f}};")
         ep = "&ep"
-    M = _prod_c(x.shape[:-1])
+    M = cexpr.prod(x.shape[:-1])
     lines.append(f"  cuvil_sgemm_quant({M}, {N}, {K}, {em.ptr(x)}, {K}, {wp}, {bits}, {sp}, "
                  f"{min(group, K)}, {em.ptr(node.outputs[0])}, {N}, {ep}, NT);")
     lines.append("}")

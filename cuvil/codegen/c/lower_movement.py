@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ir import dims as D
+from . import cexpr
 from .emit import lowering
 from .loops import broadcast_strides, contiguous_strides, loop_nest
 
@@ -16,7 +17,7 @@ def _copy(em, out, src_ptr, src_strides, base="0", out_base="0", shape=None, out
 
 
 def _nbytes(v):
-    return " * ".join([f"(size_t)({D.to_c(d)})" for d in v.type.shape] + [str(np.dtype(v.dtype).itemsize)])
+    return cexpr.nbytes(v.type.shape, np.dtype(v.dtype).itemsize, cast="size_t")
 
 
 @lowering("reshape")
@@ -105,7 +106,7 @@ def lower_pad(em, node):
 
 
 def _check_indices(em, idx, n, what):
-    cnt = " * ".join(f"(int64_t)({D.to_c(d)})" for d in idx.type.shape) or "1"
+    cnt = cexpr.prod(idx.type.shape)
     p = em.ptr(idx)
     return [f"for (int64_t q = 0; q < {cnt}; q++) {{ int64_t j = {p}[q]; if (j < -({n}) || j >= ({n})) "
             f"CUVIL_FAIL(\"{what}: index %lld out of range for a dim of size %lld\", (long long)j, (long long)({n})); }}"]
@@ -116,9 +117,9 @@ def lower_gather(em, node):
     x, idx, y = node.inputs[0], node.inputs[1], node.outputs[0]
     ax = node.attrs["axis"]
     xs = x.type.shape
-    outer = " * ".join(f"(int64_t)({D.to_c(d)})" for d in xs[:ax]) or "1"
-    inner = " * ".join(f"(int64_t)({D.to_c(d)})" for d in xs[ax + 1:]) or "1"
-    nidx = " * ".join(f"(int64_t)({D.to_c(d)})" for d in idx.type.shape) or "1"
+    outer = cexpr.prod(xs[:ax])
+    inner = cexpr.prod(xs[ax + 1:])
+    nidx = cexpr.prod(idx.type.shape)
     n = D.to_c(xs[ax])
     lines = _check_indices(em, idx, n, "gather")
     decl = f"const int64_t nO = {outer}, nI = {inner}, nQ = {nidx}, nN = {n};"
@@ -161,7 +162,7 @@ def lower_iota(em, node):
 def lower_full(em, node):
     y = node.outputs[0]
     t = em.ctype(y)
-    cnt = " * ".join(f"(int64_t)({D.to_c(d)})" for d in y.type.shape) or "1"
+    cnt = cexpr.prod(y.type.shape)
     v = node.attrs["value"]
     if hasattr(v, "free_symbols"):
         lit = D.to_c(v)                 # a symbolic size used as data

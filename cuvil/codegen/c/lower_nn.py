@@ -4,14 +4,10 @@ from __future__ import annotations
 import numpy as np
 
 from ...ir import dims as D
-from . import lower_blocked
+from . import cexpr, lower_blocked
 from .gen_activations import ACT_CODES
 from .emit import lowering
 from .loops import broadcast_strides
-
-def _prod_c(ds):
-    return " * ".join(f"(int64_t)({D.to_c(d)})" for d in ds) or "1"
-
 
 def panel_width(em):
     """Columns per packed panel for this build's target (2 vectors): see kernels/gemm.h."""
@@ -122,7 +118,7 @@ def lower_matmul(em, node):
             # weights: packed at compile time; all batch rows form one tall GEMM
             nr = panel_width(em)
             Bp = em.packed("panels", b, lambda d: pack_b(d if d.ndim == 2 else d.reshape(-1, 1), nr))
-            Mt = _prod_c(list(abatch) + [M])
+            Mt = cexpr.prod(list(abatch) + [M])
             ep = _epilogue(em, node)
             if ep:
                 lines.append(f"  const cuvil_epilogue ep = {ep};")
@@ -363,7 +359,7 @@ def _f32_only(node):
 def lower_softmax(em, node):
     x, ax = node.inputs[0], node.attrs["axis"]
     s = x.type.shape
-    return [f"cuvil_softmax({_prod_c(s[:ax])}, {D.to_c(s[ax])}, {_prod_c(s[ax + 1:])}, {em.ptr(x)}, "
+    return [f"cuvil_softmax({cexpr.prod(s[:ax])}, {D.to_c(s[ax])}, {cexpr.prod(s[ax + 1:])}, {em.ptr(x)}, "
             f"{em.ptr(node.outputs[0])}, {int(node.op == 'log_softmax')}, NT);"]
 
 
@@ -385,7 +381,7 @@ def lower_norm(em, node):
     s = x.type.shape
     g = em.ptr(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else "0"
     b = em.ptr(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else "0"
-    return [f"cuvil_layer_norm({_prod_c(s[:ax])}, {_prod_c(s[ax:])}, {em.ptr(x)}, {g}, {b}, "
+    return [f"cuvil_layer_norm({cexpr.prod(s[:ax])}, {cexpr.prod(s[ax:])}, {em.ptr(x)}, {g}, {b}, "
             f"{float(node.attrs['eps'])!r}f, {int(node.op == 'rms_norm')}, {em.ptr(node.outputs[0])}, NT);"]
 
 
@@ -394,7 +390,7 @@ def lower_batch_norm(em, node):
     x = node.inputs[0]
     s = x.type.shape
     ps = ", ".join(em.ptr(v) for v in node.inputs[1:])
-    return [f"cuvil_batch_norm({D.to_c(s[0])}, {D.to_c(s[1])}, {_prod_c(s[2:])}, {em.ptr(x)}, {ps}, "
+    return [f"cuvil_batch_norm({D.to_c(s[0])}, {D.to_c(s[1])}, {cexpr.prod(s[2:])}, {em.ptr(x)}, {ps}, "
             f"{float(node.attrs['eps'])!r}f, {em.ptr(node.outputs[0])}, NT);"]
 
 

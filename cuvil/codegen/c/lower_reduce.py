@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ...ir import dims as D
+from . import cexpr
 from .ctypes_map import CTYPE, is_float
 from .emit import lowering
 
@@ -46,8 +47,8 @@ def lower_reduce(em, node):
         ident = lo if op == "reduce_max" else hi
     acc_t = "double" if is_float(x.dtype) and op in ("reduce_sum", "reduce_mean") else t
     blocks = _blocks(x.type.shape, set(node.attrs["axes"]))
-    ycount = " * ".join(f"(int64_t)({D.to_c(d)})" for d in y.type.shape) or "1"
-    rcount = " * ".join(f"(int64_t)({D.to_c(x.type.shape[a])})" for a in node.attrs["axes"]) or "1"
+    ycount = cexpr.prod(y.type.shape)
+    rcount = cexpr.prod(x.type.shape[a] for a in node.attrs["axes"])
     X, Y = em.ptr(x), em.ptr(y)
     lines = ["{", f"  for (int64_t q = 0; q < {ycount}; q++) {Y}[q] = ({t})({ident});"]
     tail_reduced = bool(blocks) and blocks[-1][1]
@@ -87,16 +88,10 @@ def lower_reduce(em, node):
     return lines
 
 
-def _outer_n_inner(shape, axis):
-    outer = " * ".join(f"(int64_t)({D.to_c(d)})" for d in shape[:axis]) or "1"
-    inner = " * ".join(f"(int64_t)({D.to_c(d)})" for d in shape[axis + 1:]) or "1"
-    return outer, D.to_c(shape[axis]), inner
-
-
 @lowering("argmax", "argmin")
 def lower_arg(em, node):
     x, y, a = node.inputs[0], node.outputs[0], node.attrs
-    outer, n, inner = _outer_n_inner(x.type.shape, a["axis"])
+    outer, n, inner = cexpr.outer_n_inner(x.type.shape, a["axis"])
     cmp = (">" if node.op == "argmax" else "<") + ("=" if a["select_last_index"] else "")
     X, Y = em.ptr(x), em.ptr(y)
     # NaN is the extreme for both (numpy, torch): the first NaN wins, or the last with select_last_index
@@ -112,7 +107,7 @@ def lower_arg(em, node):
 @lowering("cumsum")
 def lower_cumsum(em, node):
     x, y, a = node.inputs[0], node.outputs[0], node.attrs
-    outer, n, inner = _outer_n_inner(x.type.shape, a["axis"])
+    outer, n, inner = cexpr.outer_n_inner(x.type.shape, a["axis"])
     X, Y = em.ptr(x), em.ptr(y)
     t = CTYPE[x.dtype]
     k = "(nN - 1 - kk)" if a["reverse"] else "kk"

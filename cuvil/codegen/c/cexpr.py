@@ -1,0 +1,20 @@
+"""C expressions over dims, written once: the product of some dims (an element count), a byte count,
+and a shape split around an axis into (outer, n, inner) counts."""
+from __future__ import annotations
+
+from ...ir import dims as D
+
+
+def prod(dims, cast="int64_t") -> str:
+    """C product of dims, each cast (`(int64_t)(d) * (int64_t)(e)`; no cast when cast is None); "1" for none."""
+    return " * ".join(f"({cast})({D.to_c(d)})" if cast else D.to_c(d) for d in dims) or "1"
+
+
+def nbytes(dims, itemsize, cast=None) -> str:
+    """C product of dims (each cast when cast is given) and the element size in bytes."""
+    return " * ".join([f"({cast})({D.to_c(d)})" if cast else D.to_c(d) for d in dims] + [str(itemsize)])
+
+
+def outer_n_inner(shape, axis):
+    """(the product of the dims before axis, the axis's dim, the product of those after) as C."""
+    return prod(shape[:axis]), D.to_c(shape[axis]), prod(shape[axis + 1:])

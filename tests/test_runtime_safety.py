@@ -319,3 +319,31 @@ def test_concurrent_compiles_of_one_model_share_a_cache(tmp_path):
         assert out.startswith("ok")
     assert len(list((cdir / "artifacts").iterdir())) == 1
     assert not [p for p in (cdir / "tmp").iterdir() if p.name.startswith("build-")]
+
+
+FORK = """
+import os, sys, numpy as np, torch, cuvil
+torch.manual_seed(6)
+m = torch.nn.Linear(256, 256).eval()
+x = torch.randn(256, 256)
+want = m(x).detach().numpy()
+mod = cuvil.compile(m, (x,), num_threads=2, cache_dir=sys.argv[1])
+mod.run(x.numpy())                     # the pool's worker exists in the parent
+pid = os.fork()
+if pid == 0:                           # the child runs in parallel too, then exits normally
+    ok = np.allclose(mod.run(x.numpy())[0], want, rtol=1e-4, atol=1e-4)
+    sys.exit(0 if ok else 3)
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_forked_child_runs_and_exits(tmp_path):
+    """A child forked after the pool started has no workers: it must run correctly and exit (its
+    exit runs the library's destructor, which must not wait on the parent's threads)."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", FORK, str(tmp_path / "cache")], capture_output=True, text=True,
+                       timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().endswith("child 0"), r.stdout + r.stderr[-2000:]

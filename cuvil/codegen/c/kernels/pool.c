@@ -147,7 +147,24 @@ static void *worker(void *arg) {
     return 0;
 }
 
+/* A forked child has none of its parent's threads: it starts with no workers (and unheld locks), so
+ * it spawns its own when it runs in parallel and its exit does not wait on threads that are not there. */
+static void reset_in_child(void) {
+    pthread_mutex_init(&submit_lock, 0);
+    pthread_mutex_init(&sleep_lock, 0);
+    pthread_cond_init(&wake, 0);
+    atomic_store(&current, (job_t *)0);
+    atomic_store(&sleepers, 0);
+    atomic_store(&in_job, 0);
+    nworkers = 0;
+}
+
+/* glibc drops a library's fork handlers when it is unloaded */
+static void register_atfork(void) { pthread_atfork(0, 0, reset_in_child); }
+
 static void ensure_workers(int want) {
+    static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+    pthread_once(&atfork_once, register_atfork);
     if (want > MAX_WORKERS) want = MAX_WORKERS;
     while (nworkers < want && pthread_create(&workers[nworkers], 0, worker, (void *)(intptr_t)nworkers) == 0)
         nworkers++;

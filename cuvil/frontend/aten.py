@@ -8,7 +8,7 @@ import torch
 
 from ..ir import dims as D
 from ..ir.graph import Value
-from .torch import dtype_of
+from .torch_dtypes import dtype_of
 
 aten = torch.ops.aten
 HANDLERS: dict = {}

@@ -17,18 +17,8 @@ from torch.utils import _pytree
 from ..errors import CuvilError, UnsupportedOpError
 from ..ir import dims as D
 from ..ir.graph import Graph, TensorType, Value
-
-TORCH_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
-                torch.int64: "int64", torch.int32: "int32", torch.int16: "int16", torch.int8: "int8",
-                torch.uint8: "uint8", torch.bool: "bool"}
-
-
-def dtype_of(t) -> str:
-    try:
-        return TORCH_DTYPES[t]
-    except KeyError:
-        raise CuvilError(f"dtype {t} is not supported by cuvil (supported: {', '.join(TORCH_DTYPES.values())})") \
-            from None
+from . import aten, aten_export  # aten_export registers its handlers into aten.HANDLERS
+from .torch_dtypes import TORCH_DTYPES, dtype_of
 
 
 def source_location(node) -> str | None:
@@ -218,7 +208,6 @@ def from_exported(ep, dynamic_shapes=None) -> tuple[Graph, object, bool]:
 def _mutation(node, target):
     """The functional op for an in-place node whose effect is a plain rebinding of its first
     argument (an intermediate no view aliases); raises _NeedsDecomposition otherwise."""
-    from . import aten_export
     functional = aten_export.inplace_counterpart(target)
     src = node.args[0] if node.args else None
     if (functional is None or not isinstance(src, torch.fx.Node) or src.op != "call_function"
@@ -229,7 +218,6 @@ def _mutation(node, target):
 
 
 def _convert(ep, dynamic_shapes, direct) -> tuple[Graph, object]:
-    from . import aten, aten_export  # noqa: F401 - aten_export registers its handlers
     if direct and any(s.kind != torch.export.graph_signature.OutputKind.USER_OUTPUT
                       for s in ep.graph_signature.output_specs):
         raise _NeedsDecomposition("the program mutates a buffer or an input")

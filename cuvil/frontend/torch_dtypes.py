@@ -1,0 +1,18 @@
+"""torch dtype -> IR dtype name: the one table the torch frontend's modules share (a leaf)."""
+from __future__ import annotations
+
+import torch
+
+from ..errors import CuvilError
+
+TORCH_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
+                torch.int64: "int64", torch.int32: "int32", torch.int16: "int16", torch.int8: "int8",
+                torch.uint8: "uint8", torch.bool: "bool"}
+
+
+def dtype_of(t) -> str:
+    try:
+        return TORCH_DTYPES[t]
+    except KeyError:
+        raise CuvilError(f"dtype {t} is not supported by cuvil (supported: {', '.join(TORCH_DTYPES.values())})") \
+            from None

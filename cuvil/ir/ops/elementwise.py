@@ -6,7 +6,7 @@ import math
 import numpy as np
 
 from ...errors import ShapeError
-from ..graph import TensorType
+from ..types import TensorType
 from . import OpDef, declare
 from ._shape import broadcast
 

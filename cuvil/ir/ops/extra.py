@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import ShapeError
-from ..graph import TensorType
+from ..types import TensorType
 from . import REQUIRED, OpDef, declare
 from ._shape import broadcast, norm_axis
 

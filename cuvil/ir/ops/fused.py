@@ -9,7 +9,7 @@ import numpy as np
 
 from ...errors import ShapeError
 from .. import dims as D
-from ..graph import TensorType
+from ..types import TensorType
 from . import REGISTRY, OpDef, declare
 from ._shape import broadcast
 

@@ -5,7 +5,7 @@ import numpy as np
 
 from ...errors import ShapeError
 from .. import dims as D
-from ..graph import TensorType
+from ..types import TensorType
 from . import REQUIRED, OpDef, declare
 from ._shape import norm_axis
 

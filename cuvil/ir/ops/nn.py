@@ -7,7 +7,7 @@ import numpy as np
 
 from ...errors import ShapeError
 from .. import dims as D
-from ..graph import TensorType
+from ..types import TensorType
 from . import OpDef, declare
 from ._shape import broadcast, norm_axis
 from .fused import ACTIVATIONS

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import ShapeError
-from ..graph import TensorType
+from ..types import TensorType
 from . import OpDef, declare
 from ._shape import norm_axes, norm_axis
 

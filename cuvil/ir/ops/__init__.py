@@ -62,4 +62,4 @@ def infer_types(op, types, attrs, inputs=None):
     return REGISTRY[op].infer(types, attrs, inputs)
 
 
-from . import elementwise, extra, fused, llm, movement, nn, reduce  # noqa: E402,F401  (populate the registry)
+from . import bitwise, elementwise, fused, llm, movement, nn, reduce  # noqa: E402,F401  (populate the registry)

@@ -1,4 +1,4 @@
-"""Ops that move data: reshape, transpose, expand, slice, concat, pad, gather, iota, full, relayout."""
+"""Ops that move data: reshape, transpose, expand, slice, concat, pad, gather, scatter, iota, full, relayout."""
 from __future__ import annotations
 
 import numpy as np
@@ -177,6 +177,92 @@ def _gather_elements_ref(xs, a):
 
 
 declare(OpDef("gather_elements", {"axis": 0}, _gather_elements_infer, _gather_elements_ref, kind="gather"))
+
+
+SCATTER_REDUCTIONS = ("none", "add", "mul", "max", "min")
+
+
+def _scatter_elements_infer(types, attrs, inputs):
+    x, idx, upd = types
+    if idx.rank != x.rank or idx.shape != upd.shape or x.dtype != upd.dtype:
+        raise ShapeError(f"scatter_elements: data {x}, indices {idx}, updates {upd} do not fit")
+    if idx.dtype not in ("int64", "int32"):
+        raise ShapeError(f"scatter_elements: indices must be int64 or int32, got {idx.dtype}")
+    if attrs["reduction"] not in SCATTER_REDUCTIONS:
+        raise ShapeError(f"scatter_elements: reduction {attrs['reduction']!r} not one of {SCATTER_REDUCTIONS}")
+    attrs["axis"] = norm_axis(attrs["axis"], x.rank)
+    for d, (i, n) in enumerate(zip(idx.shape, x.shape)):   # an index past the data's other dims writes out of bounds
+        if d != attrs["axis"] and isinstance(i, int) and isinstance(n, int) and i > n:
+            raise ShapeError(f"scatter_elements: indices {idx} larger than data {x} in dim {d}")
+    return [x]
+
+
+def _combine(red, old, new):
+    if red == "none":
+        return new
+    if red == "add":
+        return old + new
+    if red == "mul":
+        return old * new
+    if red == "max":
+        return max(old, new)
+    return min(old, new)
+
+
+def _scatter_elements_ref(xs, a):
+    x, idx, upd = xs
+    out = x.copy()
+    ax = a["axis"]
+    n = x.shape[ax]
+    for pos in np.ndindex(*idx.shape):
+        j = int(idx[pos])
+        j = j + n if j < 0 else j
+        if not 0 <= j < n:
+            raise IndexError(f"scatter_elements: index {idx[pos]} out of range for a dim of size {n}")
+        tgt = pos[:ax] + (j,) + pos[ax + 1:]
+        out[tgt] = _combine(a["reduction"], out[tgt], upd[pos])
+    return out
+
+
+declare(OpDef("scatter_elements", {"axis": 0, "reduction": "none"}, _scatter_elements_infer,
+              _scatter_elements_ref, kind="scatter"))
+
+
+def _scatter_nd_infer(types, attrs, inputs):
+    x, idx, upd = types
+    if idx.dtype not in ("int64", "int32") or x.dtype != upd.dtype:
+        raise ShapeError(f"scatter_nd: data {x}, indices {idx}, updates {upd} do not fit")
+    k = idx.shape[-1]
+    if not isinstance(k, int) or k > x.rank:
+        raise ShapeError(f"scatter_nd: index depth {k} for data of rank {x.rank}")
+    want = tuple(idx.shape[:-1]) + tuple(x.shape[k:])
+    if tuple(upd.shape) != want:
+        raise ShapeError(f"scatter_nd: updates shape {upd.shape}, expected {want}")
+    if attrs["reduction"] not in SCATTER_REDUCTIONS:
+        raise ShapeError(f"scatter_nd: reduction {attrs['reduction']!r} not one of {SCATTER_REDUCTIONS}")
+    return [x]
+
+
+def _scatter_nd_ref(xs, a):
+    x, idx, upd = xs
+    out = x.copy()
+    k = idx.shape[-1]
+    for pos in np.ndindex(*idx.shape[:-1]):
+        tgt = tuple(int(i) + (x.shape[d] if i < 0 else 0) for d, i in enumerate(idx[pos]))
+        for d, t in enumerate(tgt):
+            if not 0 <= t < x.shape[d]:
+                raise IndexError(f"scatter_nd: index {tuple(idx[pos])} out of range for {x.shape}")
+        if a["reduction"] == "none":
+            out[tgt] = upd[pos]
+        else:
+            cur = out[tgt]
+            out[tgt] = np.vectorize(lambda o, u: _combine(a["reduction"], o, u), otypes=[x.dtype])(cur, upd[pos]) \
+                if np.ndim(cur) else _combine(a["reduction"], cur, upd[pos])
+    del k
+    return out
+
+
+declare(OpDef("scatter_nd", {"reduction": "none"}, _scatter_nd_infer, _scatter_nd_ref, kind="scatter"))
 
 
 def _iota_infer(types, attrs, inputs):

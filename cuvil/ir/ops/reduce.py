@@ -1,11 +1,11 @@
-"""Reductions over a set of axes, arg-reductions and cumulative sums."""
+"""Reductions over a set of axes, arg-reductions, top-k, and cumulative sums and products."""
 from __future__ import annotations
 
 import numpy as np
 
 from ...errors import ShapeError
 from ..types import TensorType
-from . import OpDef, declare
+from . import REQUIRED, OpDef, declare
 from ._shape import norm_axes, norm_axis
 
 REDUCE = {
@@ -73,22 +73,63 @@ _arg("argmax", np.argmax)
 _arg("argmin", np.argmin)
 
 
-def _cumsum_infer(types, attrs, inputs):
-    if types[0].dtype == "bool":
-        raise ShapeError("cumsum of a bool tensor: cast it to an integer dtype first")
-    attrs["axis"] = norm_axis(attrs["axis"], types[0].rank)
-    return [types[0]]
+def _topk_infer(types, attrs, inputs):
+    x = types[0]
+    ax = norm_axis(attrs["axis"], x.rank)
+    attrs["axis"] = ax
+    k = attrs["k"]
+    if isinstance(x.shape[ax], int) and isinstance(k, int) and not 0 <= k <= x.shape[ax]:
+        raise ShapeError(f"topk: k={k} for a dim of size {x.shape[ax]}")
+    shape = list(x.shape)
+    shape[ax] = k
+    return [TensorType(tuple(shape), x.dtype), TensorType(tuple(shape), "int64")]
 
 
-def _cumsum_ref(xs, attrs):
-    x, ax = xs[0], attrs["axis"]
-    if attrs["reverse"]:
-        x = np.flip(x, ax)
-    r = np.cumsum(x, axis=ax, dtype=x.dtype)
-    if attrs["exclusive"]:
-        r = r - x
-    return np.flip(r, ax) if attrs["reverse"] else r
+def _topk_ref(xs, a):
+    x, ax, k = xs[0], a["axis"], a["k"]
+    xm = np.moveaxis(x, ax, -1)
+    n = xm.shape[-1]
+    pos = np.broadcast_to(np.arange(n), xm.shape)
+    # stable: ties keep the lower index first; NaN counts as the largest value (numpy's sort, torch.topk)
+    key = -xm.astype(np.float64) if a["largest"] else xm.astype(np.float64)
+    nan_rank = ~np.isnan(key) if a["largest"] else np.isnan(key)
+    order = np.lexsort((pos, key, nan_rank), axis=-1)[..., :k]
+    vals = np.take_along_axis(xm, order, axis=-1)
+    return [np.moveaxis(vals, -1, ax).copy(), np.moveaxis(order.astype(np.int64), -1, ax).copy()]
 
 
-declare(OpDef("cumsum", {"axis": 0, "exclusive": False, "reverse": False}, _cumsum_infer, _cumsum_ref,
-              kind="scan"))
+declare(OpDef("topk", {"k": REQUIRED, "axis": -1, "largest": True, "sorted": True}, _topk_infer, _topk_ref,
+              kind="other"))
+
+
+def _exclusive_product(x, r, ax):
+    """The inclusive product shifted one step along ax, starting from 1."""
+    if not x.shape[ax]:   # (an empty axis stays empty)
+        return r
+    sh = list(x.shape)
+    sh[ax] = 1
+    return np.concatenate([np.ones(sh, x.dtype), np.take(r, range(x.shape[ax] - 1), axis=ax)], axis=ax)
+
+
+def _scan(name, fn, exclusive, accepts_bool=True):
+    """A cumulative op along one axis: fn (np.cumsum, np.cumprod) gives the inclusive result,
+    exclusive(x, inclusive, axis) the exclusive one."""
+    def infer(types, attrs, inputs):
+        if not accepts_bool and types[0].dtype == "bool":
+            raise ShapeError(f"{name} of a bool tensor: cast it to an integer dtype first")
+        attrs["axis"] = norm_axis(attrs["axis"], types[0].rank)
+        return [types[0]]
+
+    def ref(xs, attrs):
+        x, ax = xs[0], attrs["axis"]
+        if attrs["reverse"]:
+            x = np.flip(x, ax)
+        r = fn(x, axis=ax, dtype=x.dtype)
+        if attrs["exclusive"]:
+            r = exclusive(x, r, ax)
+        return np.flip(r, ax) if attrs["reverse"] else r
+    declare(OpDef(name, {"axis": 0, "exclusive": False, "reverse": False}, infer, ref, kind="scan"))
+
+
+_scan("cumsum", np.cumsum, lambda x, r, ax: r - x, accepts_bool=False)
+_scan("cumprod", np.cumprod, _exclusive_product)

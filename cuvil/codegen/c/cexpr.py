@@ -18,3 +18,9 @@ def nbytes(dims, itemsize, cast=None) -> str:
 def outer_n_inner(shape, axis):
     """(the product of the dims before axis, the axis's dim, the product of those after) as C."""
     return prod(shape[:axis]), D.to_c(shape[axis]), prod(shape[axis + 1:])
+
+
+def buffer_bytes(v) -> str:
+    """C byte count of a value's buffer: `(size_t)(<element count>) * sizeof(<C type>)`."""
+    from .ctypes_map import CTYPE
+    return f"(size_t)({prod(v.type.shape)}) * sizeof({CTYPE[v.dtype]})"

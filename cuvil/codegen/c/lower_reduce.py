@@ -1,4 +1,4 @@
-"""C lowering of reductions, arg-reductions and cumulative sums."""
+"""C lowering of reductions, arg-reductions, cumulative sums and products, and top-k."""
 from __future__ import annotations
 
 from ...ir import dims as D
@@ -104,15 +104,51 @@ def lower_arg(em, node):
             f"    {Y}[o * nI + i] = best;", "  }", "}"]
 
 
-@lowering("cumsum")
-def lower_cumsum(em, node):
+@lowering("cumsum", "cumprod")
+def lower_cumulative(em, node):
+    """Running sums or products along an axis (inclusive or exclusive, either direction)."""
     x, y, a = node.inputs[0], node.outputs[0], node.attrs
     outer, n, inner = cexpr.outer_n_inner(x.type.shape, a["axis"])
     X, Y = em.ptr(x), em.ptr(y)
     t = CTYPE[x.dtype]
+    op, init = ("+=", 0) if node.op == "cumsum" else ("*=", 1)
     k = "(nN - 1 - kk)" if a["reverse"] else "kk"
-    body = (f"{Y}[(o * nN + {k}) * nI + i] = s; s += {X}[(o * nN + {k}) * nI + i];" if a["exclusive"]
-            else f"s += {X}[(o * nN + {k}) * nI + i]; {Y}[(o * nN + {k}) * nI + i] = s;")
+    body = (f"{Y}[(o * nN + {k}) * nI + i] = s; s {op} {X}[(o * nN + {k}) * nI + i];" if a["exclusive"]
+            else f"s {op} {X}[(o * nN + {k}) * nI + i]; {Y}[(o * nN + {k}) * nI + i] = s;")
     return ["{", f"  const int64_t nO = {outer}, nN = {n}, nI = {inner};",
             "  for (int64_t o = 0; o < nO; o++) for (int64_t i = 0; i < nI; i++) {",
-            f"    {t} s = 0; for (int64_t kk = 0; kk < nN; kk++) {{ {body} }}", "  }", "}"]
+            f"    {t} s = {init}; for (int64_t kk = 0; kk < nN; kk++) {{ {body} }}", "  }", "}"]
+
+
+def _topk_supports(node):
+    return None if isinstance(node.attrs["k"], int) else "symbolic k"
+
+
+@lowering("topk", supports=_topk_supports)
+def lower_topk(em, node):
+    x = node.inputs[0]
+    yv, yi = node.outputs
+    a = node.attrs
+    outer, n, inner = cexpr.outer_n_inner(x.type.shape, a["axis"])
+    X, V, IX = em.ptr(x), em.ptr(yv), em.ptr(yi)
+    t = CTYPE[x.dtype]
+    k = a["k"]
+    # NaN is the largest value (as the reference and torch.topk): first when largest, last otherwise
+    better = ("((v != v && bv == bv) || v > bv || (v == bv && j < bj))" if a["largest"] else
+              "((bv != bv && v == v) || v < bv || (v == bv && j < bj))")
+    # selection of the k best by repeated scans (O(k * k * N)): fine for the small k of classifiers
+    return ["{", f"  const int64_t nO = {outer}, nN = {n}, nI = {inner}, nK = {k};",
+            "  if (nK > 0) for (int64_t o = 0; o < nO; o++) for (int64_t i = 0; i < nI; i++) {",
+            "    int64_t last = -1; (void)last;",
+            "    for (int64_t r = 0; r < nK; r++) {",
+            f"      int64_t bj = -1; {t} bv = 0;",
+            "      for (int64_t j = 0; j < nN; j++) {",
+            f"        {t} v = {X}[(o * nN + j) * nI + i];",
+            "        int taken = 0;",
+            f"        for (int64_t s = 0; s < r; s++) if ({IX}[(o * nK + s) * nI + i] == j) {{ taken = 1; break; }}",
+            "        if (taken) continue;",
+            f"        if (bj < 0 || {better}) {{ bj = j; bv = v; }}",
+            "      }",
+            f"      {V}[(o * nK + r) * nI + i] = bv; {IX}[(o * nK + r) * nI + i] = bj;",
+            "    }",
+            "  }", "}"]

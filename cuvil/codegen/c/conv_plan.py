@@ -1,0 +1,201 @@
+"""Which kernel a conv takes, decided once: conv_plan(node) returns the plan that both the conv's
+scratch sizing and its lowering (lower_nn.lower_conv, lower_blocked.lower_conv) read, with the rules
+it is decided by (Winograd, the swapped GEMM, im2col inside the GEMM) and the Winograd filter
+transforms. kernels/conv.c keeps its own "direct" check (see implicit_im2col)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...ir import dims as D
+from .gemm_plan import GEMM_MC, pack_a
+
+
+def is_blocked(node) -> bool:
+    return node.attrs.get("layout") == "nchw16c"
+
+
+def conv_shape(node, spatial_of):
+    """The fields of the C cuvil_conv_shape (each dim through spatial_of) and the end pads (bottom, right)."""
+    x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    if x.type.rank == 3:
+        H, W, KH, KW, OH, OW = 1, x.shape[2], 1, w.shape[2], 1, y.shape[2]
+        st, pads, dl = (1, *node.attrs["strides"]), ((0, 0), *node.attrs["pads"]), (1, *node.attrs["dilations"])
+    else:
+        H, W, KH, KW, OH, OW = x.shape[2], x.shape[3], w.shape[2], w.shape[3], y.shape[2], y.shape[3]
+        st, pads, dl = node.attrs["strides"], node.attrs["pads"], node.attrs["dilations"]
+    vals = dict(N=x.shape[0], C=x.shape[1], H=H, W=W, O=w.shape[0], KH=KH, KW=KW, OH=OH, OW=OW,
+                sh=st[0], sw=st[1], ph=pads[0][0], pw=pads[1][0], dh=dl[0], dw=dl[1],
+                groups=node.attrs.get("groups", 1))
+    return {k: spatial_of(v) for k, v in vals.items()}, (pads[0][1], pads[1][1])
+
+
+WINOGRAD_MAX_W = 1024    # kernels/winograd.h: the widest row its stack buffers take
+# filter transforms U = G g G^T: F(2x2, 3x3) and F(4x4, 3x3) (Lavin & Gray)
+WINOGRAD_G = {2: np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]]),
+              4: np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
+                           [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]])}
+# outputs per image from which F(4x4) replaces F(2x2). ResNet-50's 3x3 convs, interleaved A/B (1 / 2
+# threads): 64 channels at 56x56 0.91 / 0.68x the time, 128 at 28x28 0.76 / 0.74x, 256 at 14x14
+# 0.87 / 0.74x; 512 at 7x7 2.0x (its 4x4 tiles overhang the image by 30% and its filters, 2.25x the
+# size, are read per call for 4 tiles)
+WINOGRAD4_MIN_OUTPUTS = 12 * 12
+
+
+def winograd_tile(node):
+    """The output tile size of the Winograd conv this node takes (kernels/winograd.h), or 0: 3x3 stride-1
+    convs with a constant filter and enough channels to fill the GEMMs. F(2x2, 3x3) spends 16 multiplies
+    per 4 outputs and channel pair, F(4x4, 3x3) 36 per 16 (direct: 9 per output)."""
+    x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    a = node.attrs
+    if not (x.type.rank == 4 and w.is_const and tuple(w.shape[2:]) == (3, 3) and a.get("groups", 1) == 1
+            and tuple(a["strides"]) == (1, 1) and tuple(a["dilations"]) == (1, 1)
+            and w.shape[0] >= 16 and w.shape[1] >= 16 and isinstance(y.shape[3], int)
+            and y.shape[3] + 3 <= WINOGRAD_MAX_W):
+        return 0
+    oh = y.shape[2]
+    return 4 if isinstance(oh, int) and oh * y.shape[3] >= WINOGRAD4_MIN_OUTPUTS else 2
+
+
+def winograd_filters(w: np.ndarray, m: int, mr: int) -> np.ndarray:
+    """[O, C, 3, 3] -> the (m + 2)^2 transformed filter matrices U[i][j] (O x C), each packed as a GEMM A."""
+    g = WINOGRAD_G[m]
+    u = np.einsum("ik,ockl,jl->ijoc", g, w.astype(np.float64), g).astype(np.float32)
+    return np.concatenate([pack_a(u[i, j], mr) for i in range(m + 2) for j in range(m + 2)])
+
+
+def pointwise_conv(node):
+    """A 2-d 1x1 conv, stride 1, unpadded: its input is already the (transposed) A of its GEMM."""
+    a = node.attrs
+    return (tuple(node.inputs[1].shape[2:]) == (1, 1) and tuple(a["strides"]) == (1, 1)
+            and tuple(a["dilations"]) == (1, 1) and all(p == 0 for pair in a["pads"] for p in pair))
+
+
+def swappable_conv(node):
+    """A 2-d ungrouped conv with constant filters and a static output size that Winograd does not take:
+    a GEMM of (pixels x in-channel taps) @ (taps x out channels), its input read through im2col rows
+    unless pointwise_conv."""
+    x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    return (x.type.rank == 4 and w.is_const and node.attrs.get("groups", 1) == 1
+            and all(isinstance(d, int) for d in y.shape[2:]) and not winograd_tile(node))
+
+
+# when a conv's GEMM takes its pixels as rows (cuvil_conv_swapped): the empty share of the panel lanes
+# that the pixels leave as columns, times K (in channels x taps), at least this. The swap saves the
+# empty lanes' multiply-adds (each K deep) and costs one more pass over the product (the transpose to
+# NCHW), whatever K. ResNet-50's 1x1 convs in a C harness, swapped / as they were (1 thread): 2048 ->
+# 512 at 7x7 (23% empty, K = 2048) 0.80x the time, 512 -> 2048 (K = 512) 0.85x, 1024 -> 256 at 14x14
+# (12.5%, K = 1024) 0.95x, 256 -> 1024 (K = 256) 1.0x
+SWAP_MIN_EMPTY_K = 64
+
+
+def swapped(node, nr):
+    """Whether this conv runs as cuvil_conv_swapped (kernels/conv.h), its pixels as the GEMM's rows."""
+    if not swappable_conv(node):
+        return False
+    pixels = node.outputs[0].shape[2] * node.outputs[0].shape[3]
+    lanes = -(-pixels // nr) * nr
+    return (lanes - pixels) / lanes * int(np.prod(node.inputs[1].shape[1:])) >= SWAP_MIN_EMPTY_K
+
+
+def implicit_im2col(node):
+    """Whether cuvil_conv2d runs this conv's im2col inside its GEMM (one M block, kernels/conv.c), which
+    it does when given no scratch: the swapped form's scratch, reserved whether or not the target's
+    panel width takes it, must not reach it. "direct" as conv.c has it (top and left pads only)."""
+    w, a = node.inputs[1], node.attrs
+    direct = (all(k == 1 for k in w.shape[2:]) and all(st == 1 for st in a["strides"])
+              and all(pair[0] == 0 for pair in a["pads"]))
+    return not direct and w.shape[0] // a.get("groups", 1) <= GEMM_MC * 3 // 2
+
+
+@dataclass(frozen=True)
+class ConvPlan:
+    """kind: "nd" (direct loops of a 3-d conv, direct_nd.conv_nd); channel-blocked (kernels/blocked.h):
+    "blocked_from_nchw" (NCHW input), "blocked_depthwise", "blocked_winograd", "blocked"; NCHW:
+    "winograd", "swapped" (cuvil_conv_swapped), "gemm" (cuvil_conv2d), or "swappable" when no panel
+    width was given (the target decides between "swapped" and "gemm"; the scratch covers both).
+    winograd: the Winograd output tile size (0: none). pack: the name under which the filters are
+    packed at compile time (Emitter.packed), None when the kernel reads them as they are.
+    im2col_in_gemm: cuvil_conv2d is handed no scratch and runs im2col inside its GEMM.
+    scratch_bytes: the scratch at the dims' upper bounds (None when no bounds were given)."""
+    kind: str
+    winograd: int = 0
+    pack: str | None = None
+    im2col_in_gemm: bool = False
+    scratch_bytes: int | None = None
+
+
+def _kind(node, m, nr):
+    if node.inputs[0].type.rank == 5:
+        return "nd", None
+    if is_blocked(node):
+        if node.attrs.get("in_layout") == "nchw":
+            return "blocked_from_nchw", "conv_nchw_blocked_b"
+        if node.attrs.get("groups", 1) > 1:              # depthwise (passes/layout.py takes no other groups)
+            return "blocked_depthwise", "depthwise_blocked"
+        if m:
+            return "blocked_winograd", f"winograd{m}_blocked_b"
+        return "blocked", "conv_blocked_b"
+    if m:
+        return "winograd", f"winograd{m}_a"
+    if nr is None and swappable_conv(node):
+        return "swappable", None
+    if nr is not None and swapped(node, nr):
+        return "swapped", "conv_b"
+    w, groups = node.inputs[1], node.attrs.get("groups", 1)
+    depthwise = groups > 1 and w.shape[1] == 1          # the direct kernel reads w as it is
+    # filters packed at compile time into the GEMM's A tiles only
+    return "gemm", "conv_a" if w.is_const and not depthwise else None
+
+
+def _blocked_scratch(node, s, m) -> int:
+    """Bytes of a blocked conv's scratch (kernels/blocked.h: cuvil_conv_blocked_scratch and
+    cuvil_winograd_blocked_scratch)."""
+    if node.attrs.get("in_layout") == "nchw":      # kernels/blocked.c: cuvil_conv_nchw_blocked_scratch
+        hp = (s["OH"] - 1) * s["sh"] + (s["KH"] - 1) * s["dh"] + 1
+        wp = (s["OW"] - 1) * s["sw"] + (s["KW"] - 1) * s["dw"] + 1
+        return (s["C"] * hp * wp + 2 * s["OH"] * s["OW"]) * 4
+    if node.attrs.get("groups", 1) > 1:
+        return 0
+    if m:
+        return (m + 2) ** 2 * (s["C"] + s["O"]) * -(-s["OH"] // m) * -(-s["OW"] // m) * 4
+    if s["KH"] == s["KW"] == s["sh"] == s["sw"] == 1 and s["ph"] == s["pw"] == 0:
+        return 0                                      # the input is the GEMM's A
+    hp = (s["OH"] - 1) * s["sh"] + (s["KH"] - 1) * s["dh"] + 1
+    wp = (s["OW"] - 1) * s["sw"] + (s["KW"] - 1) * s["dw"] + 1
+    in_place = s["ph"] == s["pw"] == 0 and hp <= s["H"] and wp <= s["W"]
+    return ((0 if in_place else s["C"] * hp * wp) + 2 * (s["OH"] * s["OW"] + s["KH"] * s["KW"])) * 4
+
+
+def _gemm_scratch(node, s, m) -> int:
+    if m:
+        tiles, alpha2 = -(-s["OH"] // m) * -(-s["OW"] // m), (m + 2) ** 2
+        return alpha2 * ((-(-tiles // 64) * 64 * s["C"]) + s["O"] * tiles) * 4
+    if implicit_im2col(node):
+        return 0
+    K = (s["C"] // s["groups"]) * s["KH"] * s["KW"]
+    N = s["OH"] * s["OW"]
+    return (-(-N // 64) * 64 * K) * 4
+
+
+def _scratch(node, bounds, m) -> int:
+    s, _ = conv_shape(node, lambda d: D.upper_bound(d, bounds))
+    if is_blocked(node):
+        return _blocked_scratch(node, s, m)
+    # the swapped form's pixel-major product (conv.c: swapped_ldc) and im2col rows; whether it is taken
+    # depends on the target's panel width
+    swapped_bytes = 0
+    if swappable_conv(node):
+        rows = 0 if pointwise_conv(node) else s["C"] * s["KH"] * s["KW"]
+        swapped_bytes = ((s["O"] + 16) + rows) * s["OH"] * s["OW"] * 4
+    return max(swapped_bytes, _gemm_scratch(node, s, m))
+
+
+def conv_plan(node, nr=None, bounds=None) -> ConvPlan:
+    """The kernel this conv takes and what it needs. nr: the target's panel width (gemm_plan.panel_width),
+    which decides "swapped"; bounds: the symbols' bounds, from which scratch_bytes is computed."""
+    m = winograd_tile(node)
+    kind, pack = _kind(node, m, nr)
+    return ConvPlan(kind, m, pack, kind == "gemm" and implicit_im2col(node),
+                    None if bounds is None else _scratch(node, bounds, m))

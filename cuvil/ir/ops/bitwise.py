@@ -6,7 +6,7 @@ import numpy as np
 
 from ...errors import ShapeError
 from ..types import TensorType
-from . import REQUIRED, OpDef, declare
+from .registry import REQUIRED, OpDef, declare
 from ._shape import broadcast
 
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from ...errors import ShapeError
 from ..types import TensorType
-from . import OpDef, declare
+from .registry import OpDef, declare
 from ._shape import broadcast
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])

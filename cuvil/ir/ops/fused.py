@@ -10,7 +10,7 @@ import numpy as np
 from ...errors import ShapeError
 from .. import dims as D
 from ..types import TensorType
-from . import REGISTRY, OpDef, declare
+from .registry import REGISTRY, OpDef, declare
 from ._shape import broadcast
 
 ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")

@@ -7,7 +7,7 @@ import numpy as np
 from ...errors import ShapeError
 from .. import dims as D
 from ..types import TensorType
-from . import REGISTRY, OpDef, declare
+from .registry import REGISTRY, OpDef, declare
 
 BITS = (4, 8, 16)
 

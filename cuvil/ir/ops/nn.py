@@ -8,7 +8,7 @@ import numpy as np
 from ...errors import ShapeError
 from .. import dims as D
 from ..types import TensorType
-from . import OpDef, declare
+from .registry import OpDef, declare
 from ._shape import broadcast, norm_axis
 from .fused import ACTIVATIONS
 

@@ -5,7 +5,7 @@ import numpy as np
 
 from ...errors import ShapeError
 from ..types import TensorType
-from . import REQUIRED, OpDef, declare
+from .registry import REQUIRED, OpDef, declare
 from ._shape import norm_axes, norm_axis
 
 REDUCE = {

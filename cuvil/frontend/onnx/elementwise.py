@@ -3,7 +3,7 @@
 Unary and binary arithmetic, comparisons and logic (with the opset < 7 `broadcast` attribute), variadic
 Max / Min / Sum / Mean, Where, the activations (LeakyRelu ... Gelu, PRelu), IsInf, Clip, Identity,
 Dropout at inference, Cast / CastLike / BitCast, ai.onnx.ml Binarizer, and the bitwise ops declared in
-ir/ops/extra.py."""
+ir/ops/bitwise.py."""
 from __future__ import annotations
 
 import math
@@ -291,7 +291,7 @@ def _binarizer(c):
     return c.cast(c.op("gt", [x, c.scalar(c.attr("threshold", 0.0), dt)]), dt)
 
 
-# ---- bitwise ops (declared in ir/ops/extra.py) ----------------------------------------------------
+# ---- bitwise ops (declared in ir/ops/bitwise.py) ----------------------------------------------------
 def _bitop(op):
     return lambda c: c.op(op, [c.inp(0), c.inp(1)])
 

@@ -446,3 +446,22 @@ def test_exported_model_matches_compiling_from_torch(name):
     got_onnx, got_torch = from_onnx.run(*arrays)[0], from_torch.run(*arrays)[0]
     np.testing.assert_allclose(got_onnx, got_torch, rtol=2e-4, atol=2e-4)   # two graphs: fp32 reassociation
     np.testing.assert_allclose(got_onnx, ref, rtol=2e-4, atol=2e-4)
+
+
+def test_qlinear_conv_per_channel_matches_onnxruntime():
+    """Per-output-channel weight scales and zero points (the conformance suite has only per-tensor)."""
+    ort = pytest.importorskip("onnxruntime")
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 255, (1, 3, 6, 6), dtype=np.uint8)
+    consts = {"xs": np.array(0.02, np.float32), "xzp": np.array(128, np.uint8),
+              "w": rng.integers(0, 255, (4, 3, 3, 3), dtype=np.uint8),
+              "ws": np.array([0.01, 0.02, 0.03, 0.04], np.float32), "wzp": np.array([120, 128, 130, 127], np.uint8),
+              "ys": np.array(0.5, np.float32), "yzp": np.array(10, np.uint8)}
+    node = helper.make_node("QLinearConv", ["x", "xs", "xzp", "w", "ws", "wzp", "ys", "yzp"], ["y"], pads=[1, 1, 1, 1])
+    m = _graph([node], [_vi("x", TensorProto.UINT8, x.shape)], [_vi("y", TensorProto.UINT8, None)],
+               [numpy_helper.from_array(v, k) for k, v in consts.items()], opset=13).SerializeToString()
+    want = ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", cuvil.PrecisionWarning)
+        got = cuvil.compile(m).run(x)[0]
+    np.testing.assert_array_equal(got, want)

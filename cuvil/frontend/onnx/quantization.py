@@ -107,10 +107,9 @@ def _matmul_integer(c):
     return c.op("matmul", [A, B])
 
 
-@handler("ConvInteger")
-def _conv_integer(c):
-    """Exact in float64 for 8-bit operands: conv of the zero-point-shifted inputs, cast to int32."""
-    x, w, xzp, wzp = (c.inp(i) for i in range(4))
+def _shifted_conv(c, x, xzp, w, wzp, bias=None):
+    """conv(x - x_zero_point, w - w_zero_point [, bias]) in float64: exact for 8-bit operands. A
+    per-output-channel weight zero point broadcasts over the kernel's other axes."""
     xf = c.cast(x, "float64")
     if xzp is not None:
         xf = c.op("sub", [xf, c.cast(xzp, "float64")])
@@ -125,32 +124,24 @@ def _conv_integer(c):
     strides = c.attr("strides") or [1] * nsp
     dil = c.attr("dilations") or [1] * nsp
     pads = auto_pad(c, list(shape_of(x)[2:]), kernel, strides, dil)
-    y = c.op("conv", [xf, wf], strides=tuple(strides), pads=tuple(pads), dilations=tuple(dil), groups=c.attr("group", 1))
-    return c.cast(y, "int32")
+    ins = [xf, wf] + ([c.cast(bias, "float64")] if bias is not None else [])
+    return c.op("conv", ins, strides=tuple(strides), pads=tuple(pads), dilations=tuple(dil), groups=c.attr("group", 1))
+
+
+@handler("ConvInteger")
+def _conv_integer(c):
+    """Exact in float64 for 8-bit operands: conv of the zero-point-shifted inputs, cast to int32."""
+    x, w, xzp, wzp = (c.inp(i) for i in range(4))
+    return c.cast(_shifted_conv(c, x, xzp, w, wzp), "int32")
 
 
 @handler("QLinearConv")
 def _qlinear_conv(c):
     x, xs, xzp, w, ws, wzp, ys, yzp, b = (c.inp(i) for i in range(9))
-    xf = c.cast(x, "float64")
-    if xzp is not None:
-        xf = c.op("sub", [xf, c.cast(xzp, "float64")])
-    wf = c.cast(w, "float64")
-    if wzp is not None:
-        wz = c.cast(wzp, "float64")
-        if rank_of(wz) == 1 and shape_of(wz)[0] != 1:
-            wz = c.reshape(wz, [shape_of(wz)[0]] + [1] * (rank_of(w) - 1))
-        wf = c.op("sub", [wf, wz])
-    nsp = rank_of(x) - 2
-    kernel = c.attr("kernel_shape") or list(shape_of(w)[2:])
-    strides = c.attr("strides") or [1] * nsp
-    dil = c.attr("dilations") or [1] * nsp
-    pads = auto_pad(c, list(shape_of(x)[2:]), kernel, strides, dil)
-    ins = [xf, wf] + ([c.cast(b, "float64")] if b is not None else [])
-    acc = c.op("conv", ins, strides=tuple(strides), pads=tuple(pads), dilations=tuple(dil), groups=c.attr("group", 1))
+    acc = _shifted_conv(c, x, xzp, w, wzp, b)
     scale = c.op("mul", [xs, c.cast(ws, dtype_of(xs))])
-    if rank_of(scale) == 1 and shape_of(scale)[0] != 1:
-        scale = c.reshape(scale, [1, shape_of(scale)[0]] + [1] * nsp)
+    if rank_of(scale) == 1 and shape_of(scale)[0] != 1:         # per output channel
+        scale = c.reshape(scale, [1, shape_of(scale)[0]] + [1] * (rank_of(x) - 2))
     scale = c.op("div", [scale, c.cast(ys, dtype_of(xs))])
     d = c.op("mul", [acc, c.cast(scale, "float64")])
     out_dt = dtype_of(yzp) if yzp is not None else "uint8"

@@ -141,3 +141,17 @@ def test_fuzz_names_through_the_whole_compiler(node, x, y, dim, doc):
     cm = cuvil.compile(data, fusion_level=0)
     feed = np.array([[1.5, -2.0], [-0.5, 3.0]], np.float32)
     np.testing.assert_array_equal(cm.run(feed)[0], np.maximum(-feed, 0))
+
+
+def test_invalid_utf8_and_nul_in_a_raw_onnx_name():
+    """Bytes no encoder would write (invalid UTF-8, NUL, a trigraph, a comment end) patched into the
+    serialized model: parsed, escaped, compiled, and the answer is right."""
+    from onnx import TensorProto, helper
+    node = helper.make_node("Neg", ["x"], ["y"], name="MARKERNAME")
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    data = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    bad = data.replace(b"MARKERNAME", b"*/\xff\xfe\x00??/ x")        # same length: the framing stays valid
+    cm = cuvil.compile(bad, fusion_level=0)
+    np.testing.assert_array_equal(cm.run(np.array([1, -2], np.float32))[0], [-1, 2])
+    assert "*/" not in _code_only(cm.c_source) and "??/" not in cm.c_source

@@ -1588,3 +1588,9 @@ def test_activations_header_is_current():
     """kernels/activations.h is what gen_activations.py renders from the table (rerun it after an edit)."""
     from cuvil.codegen.c import gen_activations
     assert gen_activations.HEADER.read_text() == gen_activations.render()
+
+
+def test_tuning_header_is_current():
+    """kernels/tuning.h is what gen_tuning.py renders from the per-CPU table in tuning.py (rerun it after an edit)."""
+    from cuvil.codegen.c import gen_tuning
+    assert gen_tuning.HEADER.read_text() == gen_tuning.render()

@@ -1,6 +1,7 @@
 #include "gemm.h"
 #include "pool.h"
 #include "vmath.h"
+#include "tuning.h"
 #include <stdlib.h>
 
 typedef struct { int64_t K, N; const float *B; int64_t ldb; int trans; float *Bp; } pack_args;
@@ -117,54 +118,8 @@ static inline void gemv_load(const void *B, int bits, int64_t i, cuvil_vf *lo, c
     else *lo = cuvil_vload((const float *)B + i), *hi = cuvil_vload((const float *)B + i + CUVIL_VL);
 }
 
-#define CUVIL_GEMV_STREAMS 6
-/* software prefetch: bytes ahead, locality hint, fp32 too (see gemv_panels) */
-#ifdef CUVIL_GEMV_PREFETCH       /* set from outside: a tuning experiment */
-#elif CUVIL_VL == 16 && defined(CUVIL_ZEN) && defined(__AVXVNNI__)
-/* Zen 5 (the first Zen with AVX-VNNI, by which GCC 12, not knowing znver5, tells it from Zen 4) reads
- * DRAM faster as one sequential stream than as several side by side (read probe, 1 GiB, 9 rounds
- * interleaved: one stream 35-39 GB/s at 1 thread, 46-48 at 2; six 25-31 / 38-39), so it reads the
- * panels one after another (CUVIL_GEMV_DRAM_STREAMS 1), each non-temporally 8 KB ahead. 48 GEMVs of
- * 2048 x 5632 from DRAM (1.1 GB), against six streams 1 KB ahead into L1, three runs of 7 rounds
- * interleaved: bf16 37.9-38.2 against 35.0-35.8 GB/s at 1 thread, 43.0-48.5 against 39.4-47.5 at 2;
- * fp32 38.5-39.3 against 36.8-37.9 and 44.5-48.7 against 40.1-47.9. */
-#define CUVIL_GEMV_DRAM_STREAMS 1
-#define CUVIL_GEMV_PREFETCH 8192
-#define CUVIL_GEMV_PREFETCH_HINT 0
-#define CUVIL_GEMV_PREFETCH_FP32 1
-#elif CUVIL_VL == 16 && defined(CUVIL_ZEN)
-/* Zen 4: toward L2 (prefetcht2), where Intel wants L1. Decode
- * of 8 TinyLlama-shaped layers against prefetcht0, artifacts interleaved, speed: fp32 1.24x (1 thread)
- * 1.09x (2), bf16 1.13x / 1.05x; 4 KB ahead no better; MLP b1 (weights held in L3) unchanged */
-#define CUVIL_GEMV_PREFETCH 2048
-#define CUVIL_GEMV_PREFETCH_HINT 1
-#define CUVIL_GEMV_PREFETCH_FP32 1
-/* bf16 nearer: 8 GEMVs of 2048 x 5632 from DRAM (C harness, 4 runs each), 512 bytes ahead against
- * 2048: 1 thread 27.6-30.8 GB/s against 25.0-26.7, 2 threads 37.5-39.5 against 33.6-37.9; fp32
- * alike at either distance */
-#define CUVIL_GEMV_PREFETCH_BF16 512
-#elif CUVIL_VL == 16
-/* Intel with AVX-512: weights from DRAM read as two panels side by side, 1 KB ahead into L1. The
- * read probe on a Sapphire-Rapids-class Xeon (1 thread, 1 GiB): one or four streams with a T0
- * prefetch 17.7-17.9 GB/s, six 16.9. 12 TinyLlama-shaped layers (1.2 GB bf16), artifacts
- * interleaved, decode speed against six streams 2 KB ahead: bf16 1.098x (1 thread) 1.078x (2),
- * fp32 1.047x / 1.039x; two streams 2 KB ahead 1.04-1.07x, 4 KB 1.06x; four streams 1.01-1.03x;
- * one stream 0.89x; prefetcht2 or 4 KB ahead with six streams 0.94-1.0x */
-#define CUVIL_GEMV_PREFETCH 1024
-#define CUVIL_GEMV_PREFETCH_HINT 3
-#define CUVIL_GEMV_PREFETCH_FP32 1
-#define CUVIL_GEMV_DRAM_STREAMS 2
-#else
-#define CUVIL_GEMV_PREFETCH 256
-#define CUVIL_GEMV_PREFETCH_HINT 1
-#define CUVIL_GEMV_PREFETCH_FP32 0
-#endif
-#ifndef CUVIL_GEMV_PREFETCH_BF16
-#define CUVIL_GEMV_PREFETCH_BF16 CUVIL_GEMV_PREFETCH
-#endif
-#ifndef CUVIL_GEMV_DRAM_STREAMS      /* panels read side by side where weights come from DRAM */
-#define CUVIL_GEMV_DRAM_STREAMS CUVIL_GEMV_STREAMS
-#endif
+/* CUVIL_GEMV_STREAMS, CUVIL_GEMV_DRAM_STREAMS and the software prefetch (bytes ahead, locality hint,
+ * fp32 too; see gemv_panels) per CPU: tuning.h, from the table in codegen/c/tuning.py. */
 static inline __attribute__((always_inline)) void gemv_panels(int S, int bits, int prefetch, int64_t K, const float *A,
                                                               const void *B, float acc[][CUVIL_MR][CUVIL_NR]) {
     /* one stream alone keeps its two K steps in two accumulator pairs, out of each other's way */

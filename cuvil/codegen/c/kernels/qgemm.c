@@ -1,6 +1,7 @@
 #include "qgemm.h"
 #include "gemm.h"
 #include "pool.h"
+#include "tuning.h"
 #include <stdlib.h>
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -53,35 +54,8 @@ void cuvil_quantize_rows(int64_t M, int64_t K, const float *A, int64_t lda, int6
     }
 }
 
-/* the weight prefetch, one tile ahead: into L1, or toward L2 on Zen. Zen 4, decode of 8 TinyLlama-shaped
- * layers against T0, artifacts interleaved, speed: int8 1.12x (1 thread) 1.10x (2), int4 1.29x / 1.11x
- * (T1 alike). Can be set from outside for tuning runs. */
-#ifdef CUVIL_QGEMM_PREFETCH_HINT
-#elif defined(CUVIL_ZEN) && defined(__AVXVNNI__)
-/* Zen 5 (gemm.c's GEMV says how it is told apart): non-temporal. 48 decode GEMVs of 2048 x 5632 from
- * DRAM, rounds interleaved, against T2: int4 44.6 / 61.6 GB/s against 42.1 / 58.1 at 2 threads, int8
- * 45.7 / 44.3 against 39.4 / 43.2 (1 thread alike); 4-16 KB ahead instead of a quad: alike. */
-#define CUVIL_QGEMM_PREFETCH_HINT _MM_HINT_NTA
-#elif defined(CUVIL_ZEN)
-#define CUVIL_QGEMM_PREFETCH_HINT _MM_HINT_T2
-#else
-#define CUVIL_QGEMM_PREFETCH_HINT _MM_HINT_T0
-/* Intel: into L1 2 KB ahead, not a quad ahead (32-64 KB at K = 2048, more than L1 holds, so the lines
- * were gone again before their turn). 12 TinyLlama-shaped layers, artifacts interleaved, decode speed
- * against a quad ahead: int8 1.14x (1 thread) 1.13x (2), int4 1.26x / 1.25x; 1 KB 1.08x / 1.24x (1
- * thread), 4 KB 1.14-1.16x / 1.16-1.19x, 8 KB int8 1.14x. */
-#define CUVIL_QGEMM_PREFETCH_BYTES 2048
-/* and decodes on the 512-bit tiles: TinyLlama-shaped int4 (22 layers), artifacts interleaved, against
- * the 256-bit tile: 1.035x the tokens/s (1 thread) 1.062x (2); int8 (12 layers) 1.012x / 1.004x */
-#define CUVIL_QGEMM_DECODE_512 1
-#endif
-
-#ifndef CUVIL_QGEMM_DECODE_512          /* decode (one row) on the 512-bit tiles too */
-#define CUVIL_QGEMM_DECODE_512 0
-#endif
-#ifndef CUVIL_QGEMM_PREFETCH_BYTES    /* how far ahead the decode tile's prefetch reads; 0: one quad */
-#define CUVIL_QGEMM_PREFETCH_BYTES 0
-#endif
+/* the weight prefetch, one tile ahead (CUVIL_QGEMM_PREFETCH_HINT, _BYTES) and whether decode runs on
+ * the 512-bit tiles (CUVIL_QGEMM_DECODE_512), per CPU: tuning.h, from the table in codegen/c/tuning.py. */
 
 /* ---- the tiles: MR rows x NB blocks of eight columns, all of K ------------------------------ */
 typedef struct {
@@ -462,12 +436,7 @@ static void q_task(void *ctx, int64_t t0, int64_t t1) {
  * 0.89x / 0.88x. Built for AVX2 without VNNI (16 registers: some spill), 128 x 5632 x 2048 against the
  * layout before quads: int4 1.04-1.05x the time (one block on quads 1.13-1.17x), int8 0.98-1.02x (one
  * block 1.14-1.21x). With 512-bit VNNI a tile takes a whole quad (q4_tile512, q8_tile512). */
-#ifdef CUVIL_QGEMM_PREFILL_BLOCKS       /* set from outside: a tuning experiment */
-#elif defined(CUVIL_QGEMM_512)
-#define CUVIL_QGEMM_PREFILL_BLOCKS 4     /* a whole quad: the 512-bit tiles (4 rows x 2 pairs) */
-#else
-#define CUVIL_QGEMM_PREFILL_BLOCKS 2
-#endif
+/* (CUVIL_QGEMM_PREFILL_BLOCKS per CPU: tuning.h) */
 /* Quantized activations live in a per-thread buffer that grows and is kept: no allocation per call. */
 
 int cuvil_qgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const void *W, int bits,

@@ -1,0 +1,127 @@
+"""Per-CPU tuning of the kernels: one table, which gen_tuning.py renders into kernels/tuning.h.
+
+A row sets one knob (a C macro gemm.c or qgemm.c reads) to one value on the CPUs its `when` names: a
+preprocessor condition on the macros the compiler and common.h define (CUVIL_VL, CUVIL_ZEN from the
+__znver*__ core -march=native names, __AVX512F__, __AVXVNNI__ ...), so how a CPU is told apart stays
+in the preprocessor. Rows of one `ladder` become one `#if / #elif / #else` chain, tried in the
+table's order ("else": every target no earlier condition took); rows with `when` ALL are defined
+everywhere, and rows with `when` DEFAULT become `#ifndef` fallbacks after the ladders (a knob no
+ladder row set). A ladder with a hook in HOOKS is
+skipped whole where that macro is set from outside (-D, a tuning experiment).
+
+`reason` says why in a few words; `chosen_by` names the measurement that chose the value (the
+numbers are in the commit that set it: `git log -S<knob> -- cuvil/codegen/c/kernels`). Zen 5 is
+Zen with AVX-VNNI: GCC 12 does not know znver5 and reads it as Zen 4 (znver3 with AVX-512)."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+DEFAULT = "default"
+ALL = "all"
+ELSE = "else"
+
+ZEN5 = "CUVIL_VL == 16 && defined(CUVIL_ZEN) && defined(__AVXVNNI__)"
+ZEN4 = "CUVIL_VL == 16 && defined(CUVIL_ZEN)"
+INTEL_512 = "CUVIL_VL == 16"
+# qgemm.c's 512-bit VNNI tiles exist (CUVIL_QGEMM_512): its AVX2 path plus AVX-512 VNNI and BW
+QGEMM_512 = ("defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && defined(__AVX512VNNI__) && "
+             "defined(__AVX512BW__)")
+
+AB_DECODE = "benchmarks.ab, TinyLlama-shaped decode, artifacts interleaved"
+AB_PREFILL = "benchmarks.ab, TinyLlama prefill of 128 tokens, artifacts interleaved"
+C_HARNESS = "C harness: GEMVs of 2048 x 5632 from DRAM, rounds interleaved"
+
+
+class Row(NamedTuple):
+    ladder: str       # rows of one ladder form one #if/#elif/#else chain
+    cpu: str          # the CPU family in words
+    when: str         # preprocessor condition, ELSE or DEFAULT
+    knob: str
+    value: str
+    reason: str
+    chosen_by: str
+
+
+TUNING: tuple[Row, ...] = (
+    # ---- gemm.c: one-row GEMV (batch-1 decode) over panels, fp32 or bf16 ----
+    # Zen 5 reads DRAM faster as one sequential stream than as several side by side (read probe, 1 GiB,
+    # 9 rounds interleaved: one stream 35-39 GB/s at 1 thread, 46-48 at 2; six 25-31 / 38-39), so it
+    # reads the panels one after another, each non-temporally 8 KB ahead. 48 GEMVs of 2048 x 5632 from
+    # DRAM (1.1 GB), against six streams 1 KB ahead into L1, three runs of 7 rounds interleaved: bf16
+    # 37.9-38.2 against 35.0-35.8 GB/s at 1 thread, 43.0-48.5 against 39.4-47.5 at 2; fp32 38.5-39.3
+    # against 36.8-37.9 and 44.5-48.7 against 40.1-47.9.
+    Row("gemv", "Zen 5", ZEN5, "CUVIL_GEMV_DRAM_STREAMS", "1",
+        "one sequential DRAM stream reads faster than six side by side", "read probe + " + C_HARNESS),
+    Row("gemv", "Zen 5", ZEN5, "CUVIL_GEMV_PREFETCH", "8192", "prefetch 8 KB ahead", C_HARNESS),
+    Row("gemv", "Zen 5", ZEN5, "CUVIL_GEMV_PREFETCH_HINT", "0", "non-temporal prefetch", C_HARNESS),
+    Row("gemv", "Zen 5", ZEN5, "CUVIL_GEMV_PREFETCH_FP32", "1", "fp32 weights prefetched too", C_HARNESS),
+    # Zen 4: toward L2 (prefetcht2), where Intel wants L1. Decode of 8 TinyLlama-shaped layers against
+    # prefetcht0, artifacts interleaved, speed: fp32 1.24x (1 thread) 1.09x (2), bf16 1.13x / 1.05x; 4 KB
+    # ahead no better; MLP b1 (weights held in L3) unchanged. bf16 nearer: 8 GEMVs of 2048 x 5632 from
+    # DRAM (C harness, 4 runs each), 512 bytes ahead against 2048: 1 thread 27.6-30.8 GB/s against
+    # 25.0-26.7, 2 threads 37.5-39.5 against 33.6-37.9; fp32 alike at either distance.
+    Row("gemv", "Zen 4", ZEN4, "CUVIL_GEMV_PREFETCH", "2048", "2 KB ahead; 4 KB no better", AB_DECODE),
+    Row("gemv", "Zen 4", ZEN4, "CUVIL_GEMV_PREFETCH_HINT", "1", "toward L2 (prefetcht2), not L1", AB_DECODE),
+    Row("gemv", "Zen 4", ZEN4, "CUVIL_GEMV_PREFETCH_FP32", "1", "fp32 weights prefetched too", AB_DECODE),
+    Row("gemv", "Zen 4", ZEN4, "CUVIL_GEMV_PREFETCH_BF16", "512", "bf16 nearer: 512 bytes ahead", C_HARNESS),
+    # Intel with AVX-512: the read probe on a Sapphire-Rapids-class Xeon (1 thread, 1 GiB): one or four
+    # streams with a T0 prefetch 17.7-17.9 GB/s, six 16.9. 12 TinyLlama-shaped layers (1.2 GB bf16),
+    # artifacts interleaved, decode speed against six streams 2 KB ahead: bf16 1.098x (1 thread) 1.078x
+    # (2), fp32 1.047x / 1.039x; two streams 2 KB ahead 1.04-1.07x, 4 KB 1.06x; four streams
+    # 1.01-1.03x; one stream 0.89x; prefetcht2 or 4 KB ahead with six streams 0.94-1.0x.
+    Row("gemv", "Intel AVX-512", INTEL_512, "CUVIL_GEMV_PREFETCH", "1024", "1 KB ahead", AB_DECODE),
+    Row("gemv", "Intel AVX-512", INTEL_512, "CUVIL_GEMV_PREFETCH_HINT", "3", "into L1 (prefetcht0)", AB_DECODE),
+    Row("gemv", "Intel AVX-512", INTEL_512, "CUVIL_GEMV_PREFETCH_FP32", "1", "fp32 weights prefetched too",
+        AB_DECODE),
+    Row("gemv", "Intel AVX-512", INTEL_512, "CUVIL_GEMV_DRAM_STREAMS", "2",
+        "two panels side by side from DRAM, not six", "read probe + " + AB_DECODE),
+    Row("gemv", "AVX2 and narrower", ELSE, "CUVIL_GEMV_PREFETCH", "256", "256 bytes ahead", "none recorded"),
+    Row("gemv", "AVX2 and narrower", ELSE, "CUVIL_GEMV_PREFETCH_HINT", "1", "toward L2 (prefetcht2)",
+        "none recorded"),
+    Row("gemv", "AVX2 and narrower", ELSE, "CUVIL_GEMV_PREFETCH_FP32", "0", "fp32 weights not prefetched",
+        "none recorded"),
+    # Six streams, the most whose 12 accumulators stay in AVX2 registers: against four, a 16 MB GEMV held
+    # in L3 0.89x the time, 64 MB 0.96x, MLP b1 0.95x; a decode step's GEMVs 0.99x. (gemm.c's GEMV_CASES
+    # lists 1..6 streams: a fixed 6, not a knob to set from outside.)
+    Row("gemv", "all", ALL, "CUVIL_GEMV_STREAMS", "6",
+        "most panels whose 12 accumulators stay in AVX2 registers", "C harness GEMVs + " + AB_DECODE),
+    Row("gemv", "all", DEFAULT, "CUVIL_GEMV_PREFETCH_BF16", "CUVIL_GEMV_PREFETCH", "bf16 as fp32",
+        "-"),
+    Row("gemv", "all", DEFAULT, "CUVIL_GEMV_DRAM_STREAMS", "CUVIL_GEMV_STREAMS",
+        "from DRAM as from cache: all streams side by side", "-"),
+    # ---- qgemm.c: int8/int4 weight tiles ----
+    # The weight prefetch, one tile ahead. Zen 4, decode of 8 TinyLlama-shaped layers against T0,
+    # artifacts interleaved, speed: int8 1.12x (1 thread) 1.10x (2), int4 1.29x / 1.11x (T1 alike).
+    # Zen 5 non-temporal: 48 decode GEMVs of 2048 x 5632 from DRAM, rounds interleaved, against T2: int4
+    # 44.6 / 61.6 GB/s against 42.1 / 58.1 at 2 threads, int8 45.7 / 44.3 against 39.4 / 43.2 (1 thread
+    # alike); 4-16 KB ahead instead of a quad: alike.
+    # Intel: into L1 2 KB ahead, not a quad ahead (32-64 KB at K = 2048, more than L1 holds). 12
+    # TinyLlama-shaped layers, artifacts interleaved, decode speed against a quad ahead: int8 1.14x (1
+    # thread) 1.13x (2), int4 1.26x / 1.25x; 1 KB 1.08x / 1.24x (1 thread), 4 KB 1.14-1.16x /
+    # 1.16-1.19x, 8 KB int8 1.14x. And it decodes on the 512-bit tiles: TinyLlama-shaped int4 (22
+    # layers) against the 256-bit tile 1.035x the tokens/s (1 thread) 1.062x (2); int8 (12 layers)
+    # 1.012x / 1.004x. Zen keeps the 256-bit tile, which read DRAM faster on Zen 5.
+    # Prefill blocks: see the comment above cuvil_qgemm in qgemm.c.
+    Row("qgemm_prefetch", "Zen 5", "defined(CUVIL_ZEN) && defined(__AVXVNNI__)", "CUVIL_QGEMM_PREFETCH_HINT",
+        "_MM_HINT_NTA", "non-temporal; 4-16 KB ahead alike", C_HARNESS),
+    Row("qgemm_prefetch", "Zen", "defined(CUVIL_ZEN)", "CUVIL_QGEMM_PREFETCH_HINT", "_MM_HINT_T2",
+        "toward L2, not L1", AB_DECODE),
+    Row("qgemm_prefetch", "Intel", ELSE, "CUVIL_QGEMM_PREFETCH_HINT", "_MM_HINT_T0", "into L1", AB_DECODE),
+    Row("qgemm_prefetch", "Intel", ELSE, "CUVIL_QGEMM_PREFETCH_BYTES", "2048",
+        "decode prefetch 2 KB ahead: a quad ahead outruns L1", AB_DECODE),
+    Row("qgemm_prefetch", "Intel", ELSE, "CUVIL_QGEMM_DECODE_512", "1", "decode on the 512-bit VNNI tiles too",
+        AB_DECODE),
+    Row("qgemm_prefill", "512-bit VNNI", QGEMM_512, "CUVIL_QGEMM_PREFILL_BLOCKS", "4",
+        "a prefill tile takes a whole quad (4 rows x 2 pairs)", AB_PREFILL),
+    Row("qgemm_prefill", "AVX2 and others", ELSE, "CUVIL_QGEMM_PREFILL_BLOCKS", "2",
+        "two blocks side by side: whole 64-byte lines", AB_PREFILL + " + C harness 128 x 5632 x 2048"),
+    Row("qgemm_prefetch", "all", DEFAULT, "CUVIL_QGEMM_DECODE_512", "0", "decode on the 256-bit tile",
+        "-"),
+    Row("qgemm_prefetch", "all", DEFAULT, "CUVIL_QGEMM_PREFETCH_BYTES", "0", "decode prefetch one quad ahead",
+        "-"),
+)
+
+# Ladders skipped whole where the macro is set from outside (-D...: a tuning experiment). Only hooks
+# that build when set alone: the GEMV's CUVIL_GEMV_PREFETCH, set alone, left its hint and fp32 switch
+# undefined, so it is gone.
+HOOKS = {"qgemm_prefetch": "CUVIL_QGEMM_PREFETCH_HINT", "qgemm_prefill": "CUVIL_QGEMM_PREFILL_BLOCKS"}

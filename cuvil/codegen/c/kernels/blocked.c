@@ -137,9 +137,8 @@ static inline __attribute__((always_inline)) void accumulate_nchw(int mr, int nv
  * until the last K block, which adds the epilogue). */
 /* The lines of C (and of the residual, on the last K block) that a tile of mr pixels x blocks
  * [blk, blk + nblk) of 16 output channels will store, asked for before its K loop: left to the store,
- * each was a wait on L3 (Intel, Sapphire-Rapids class: ResNet-50 0.96-0.98x the time). Not on Zen,
- * whose own prefetchers have these lines in time: on Zen 5, ResNet-50 with the requests took 1.02-1.05x
- * the time without them at 1 thread, 1.01-1.02x at 2 (artifacts interleaved, 25 rounds). */
+ * each was a wait on L3 (Intel). Not on Zen, whose own prefetchers have these lines in time
+ * (benchmarks/README.md, Kernel notes). */
 static inline void prefetch_tile_output(const blocked_gemm *g, int64_t i0, int mr, int64_t blk, int nblk, int last) {
 #ifdef CUVIL_ZEN
     (void)g, (void)i0, (void)mr, (void)blk, (void)nblk, (void)last;
@@ -203,9 +202,9 @@ static void blocked_edge_tile(int mr, int nv, const blocked_gemm *g, int64_t i0,
 }
 
 #if CUVIL_VL == 16
-/* The wide tile (wide.h) over K blocks of WIDE_KB channel blocks. ResNet-50 on a Sapphire-Rapids-class
- * Xeon, interleaved against the 8 x 2 tile alone: 0.93x the time at 1 and 2 threads (with 256-channel K
- * blocks, whose two panels' B overflow L1: 0.99x / 0.98x). */
+/* The wide tile (wide.h) over K blocks of WIDE_KB channel blocks: faster than the 8 x 2 tile alone
+ * on Intel AVX-512, K blocks small enough for two panels' B to stay in L1 (benchmarks/README.md,
+ * Kernel notes). */
 #define WIDE_MR CUVIL_WIDE_MR
 #define WIDE_KB 8          /* two panels' K blocks of 128 channels: 32 KB, in L1 beside A's lines */
 
@@ -434,8 +433,7 @@ static inline __attribute__((always_inline)) cuvil_vf window(int depthwise, cons
                                                              cuvil_vf acc) {
     int64_t ih0 = oh * s->sh - s->ph, iw0 = ow * s->sw - s->pw;
     /* a window wholly inside the input (most of them) skips the tests, with the shape in locals (the
-     * stores may alias *s) and a max in two chains: ResNet-50's 3x3 stride-2 pool alone, 64 x 112 x 112
-     * held in L3, 0.142 -> 0.111 ms (the tests alone: 0.124) */
+     * stores may alias *s) and a max in two chains (benchmarks/README.md, Kernel notes) */
     if (ih0 >= 0 && iw0 >= 0 && ih0 + (s->KH - 1) * s->dh < s->H && iw0 + (s->KW - 1) * s->dw < s->W) {
         const int64_t KH = s->KH, KW = s->KW, row = s->dh * s->W * CUVIL_BLOCK, tap = s->dw * CUVIL_BLOCK;
         const float *x0 = xc + (ih0 * s->W + iw0) * CUVIL_BLOCK + v;

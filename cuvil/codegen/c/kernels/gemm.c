@@ -39,7 +39,7 @@ static void pack_task(void *ctx, int64_t p0, int64_t p1) {
 void cuvil_pack_b(int64_t K, int64_t N, const float *B, int64_t ldb, int trans, float *Bp, int nthreads) {
     int64_t np = (N + CUVIL_NR - 1) / CUVIL_NR;
     pack_args a = {K, N, B, ldb, trans, Bp};
-    cuvil_parallel_for(np * K > 16384 ? nthreads : 1, np, 1, pack_task, &a);
+    cuvil_parallel_for(np * K > CUVIL_PACK_B_PARALLEL_MIN ? nthreads : 1, np, 1, pack_task, &a);
 }
 
 /* A span of bytes (the part of B to prefetch while a tile computes). */
@@ -52,8 +52,7 @@ static inline __attribute__((always_inline)) void ukernel_step(int mr, int nv, i
                                                                 cuvil_vf c0[CUVIL_MR], cuvil_vf c1[CUVIL_MR]) {
     cuvil_vf b0 = cuvil_vload(Bp + k * ldb), b1 = nv > 1 ? cuvil_vload(Bp + k * ldb + CUVIL_VL) : b0;
     /* unrolled early (with finish_tile's row loop), so GCC keeps the tile in 12 registers: left to
-     * its late unroller, it rotated accumulators through 10 moves and re-read B 18 times per 8 steps
-     * (64x1024x1024 0.94-0.96x the time, 128x384x1536 0.95-0.97x, 1x1 convs 0.94-0.97x) */
+     * its late unroller, it rotated accumulators and re-read B (benchmarks/README.md, Kernel notes) */
     #pragma GCC unroll 8
     for (int i = 0; i < mr; i++) {
         cuvil_vf a = cuvil_vsplat(lda ? Ap[i * lda + k] : Ap[k * CUVIL_MR + i]);
@@ -74,12 +73,10 @@ static inline __attribute__((always_inline)) void ukernel_loop(int mr, int nv, i
     for (int i = 0; i < mr; i++) { c0[i] = cuvil_vsplat(0.f); c1[i] = cuvil_vsplat(0.f); }
     int64_t k = 0;
     /* one line of pf toward L2 per 8 steps: spread out, the prefetches of the next B block reach
-     * DRAM; issued as one burst before the tile, most of them were lost (M = 64: 0.85 -> 0.93-0.96x
-     * OpenBLAS with the weights out of cache). Steps in eights keep the test out of the inner loop. */
-    /* spread: as many lines per 8 steps as cover the slice. With few tiles (small M) each carries a
-     * third of the next block, and one line per 8 steps with the rest as a burst at the end lost most
-     * of it (M = 16: 0.82-0.84x the time spread out). Its own loop, in its own copy of the tile: the
-     * one-line loop written that way cost large GEMMs 3%. */
+     * DRAM; as one burst before the tile, most were lost. Steps in eights keep the test out of the
+     * inner loop. */
+    /* spread: as many lines per 8 steps as cover the slice (few tiles, small M: each carries a third
+     * of the next block). Its own loop, in its own copy of the tile (benchmarks/README.md, Kernel notes) */
     const int64_t gb = (kc / 8) * 64;
     const int64_t per = !spread || pf_bytes <= gb ? 1 : pf_bytes <= 2 * gb ? 2 : pf_bytes <= 3 * gb ? 3 : 4;
     if (!spread)
@@ -101,10 +98,8 @@ static inline __attribute__((always_inline)) void ukernel_loop(int mr, int nv, i
 
 /* One row (GEMV, batch-1 decode) over S panels at once, fp32 or bf16 (bf16 is the high half of an
  * fp32, widened in registers). Memory bound: S concurrent sequential streams keep more DRAM reads in
- * flight than one (Zen 3, 1 thread, 512 MB of weights: one stream 11-12 GB/s, four 16-19 GB/s;
- * where software prefetch pays on top of them, gemv_panels says). Six, the most whose 12 accumulators
- * stay in AVX2 registers: against four, a 16 MB GEMV held in L3 0.89x the time, 64 MB 0.96x,
- * MLP b1 0.95x; a decode step's GEMVs 0.99x. */
+ * flight than one (where software prefetch pays on top of them, gemv_panels says). Six, the most whose
+ * 12 accumulators stay in AVX2 registers (benchmarks/README.md, Kernel notes). */
 typedef uint32_t cuvil_vu32 __attribute__((vector_size(CUVIL_VL * 4), aligned(4), may_alias));
 /* A bf16 panel row of NR columns, packed so 32-bit lane e holds column e (low half) and column
  * e + VL (high half): one load and two bit operations give both fp32 vectors. */
@@ -126,15 +121,10 @@ static inline __attribute__((always_inline)) void gemv_panels(int S, int bits, i
     cuvil_vf c[CUVIL_GEMV_STREAMS][2];
     for (int s = 0; s < (S == 1 ? 2 : S); s++) c[s][0] = c[s][1] = cuvil_vsplat(0.f);
     int64_t k = 0;
-    /* Two K steps per round, and a software prefetch of each stream's lines some way ahead. bf16
-     * costs ~6 vector instructions per 32 bytes where fp32's costs 2 per 64, so the out-of-order
-     * window alone held a quarter of the bytes in flight. Zen 3 (AVX2): bf16 one line 256 bytes ahead
-     * toward L2 went from 1.19x fp32's time per byte to 1.02x; further or into L1 was slower, and fp32
-     * gained nothing. Intel with AVX-512 (1 thread, 8 TinyLlama layers' GEMVs, out of L3): 2 KB ahead
-     * into L1 took bf16 to 0.83-0.92x the time of 256 bytes toward L2, fp32 to 0.93-0.97x; toward L2
-     * instead was 0.91-0.99x; 1 to 4 KB ahead all alike. fp32 weights held in the last-level cache
-     * (`prefetch` 0: gemm_args.b_cached) go without: on Zen 4, 2 threads, four 1024 x 1024 GEMVs + GELU
-     * out of L3 took 0.80-0.92x the time without the prefetches (1 thread 0.95-1.0x). */
+    /* Two K steps per round, and a software prefetch of each stream's lines some way ahead (per CPU:
+     * tuning.h). bf16 costs ~6 vector instructions per 32 bytes where fp32's costs 2 per 64, so the
+     * out-of-order window alone held a quarter of the bytes in flight. fp32 weights held in the
+     * last-level cache (`prefetch` 0: gemm_args.b_cached) go without (benchmarks/README.md, Kernel notes). */
     if (bits == 16 || (CUVIL_GEMV_PREFETCH_FP32 && prefetch))
         for (; k + 2 <= K; k += 2) {
             for (int s = 0; s < S; s++)
@@ -382,9 +372,8 @@ static void ukernel_full_tile_strided(int64_t kc, const float *Ap, const float *
 }
 
 /* The same for the tiles at the edges (mr < MR rows or nr < NR columns), in their own function so
- * the full tile's code stays as it was (sharing one, a 1x1 conv at 56x56, which has no edge panel,
- * took 1.03x); through a buffer and store_tile element by element, they had been 8% of a 64-channel
- * Winograd conv's time. */
+ * the full tile's code stays as it was; not through a buffer and store_tile element by element
+ * (benchmarks/README.md, Kernel notes). */
 static inline __attribute__((always_inline)) void edge_tile_rows(int mr, int nv, int64_t kc, const float *Ap, const float *Bp, int64_t ldb,
                                                                  float *C, int64_t ldc, int64_t i0, int64_t n0,
                                                                  int64_t nr, int first, int last,
@@ -412,8 +401,8 @@ static void ukernel_edge_tile(int mr, int64_t kc, const float *Ap, const float *
 }
 
 /* The lines of C and of the residual that the tile's store will touch, requested before its K loop
- * runs: left to the store, each was a miss to DRAM the next tile could not hide (a 1x1 conv with a
- * residual, caches cold: 1024x256@14 ~1.8x its hot time). The two ends of each row's run cover it. */
+ * runs: left to the store, each was a miss to DRAM the next tile could not hide (benchmarks/README.md,
+ * Kernel notes). The two ends of each row's run cover it. */
 static inline void prefetch_tile_output(int mr, int64_t nr, float *C, int64_t ldc, int64_t i0, int64_t n0, int last,
                                         const cuvil_epilogue *ep) {
     const float *res = last && ep ? ep->residual : 0;
@@ -540,9 +529,7 @@ static void pack_a_task(void *ctx, int64_t t0, int64_t t1) {
 
 /* Rows [k0, k1) of a transposed A into every tile: each row of At (one channel of a 1x1 conv's NCHW
  * input) is read once, in order, and dealt out MR floats to a tile. Tile by tile (pack_at over K),
- * each line of At was read three times, by strided reads. The GEMM on a transposed A against the
- * same GEMM on A transposed ahead (1 thread, 1024 -> 256 at 14x14 and 2048 -> 512 at 7x7):
- * 1.03-1.04x its time tile by tile, 1.01x row by row. */
+ * each line of At was read three times, by strided reads (benchmarks/README.md, Kernel notes). */
 static void pack_at_task(void *ctx, int64_t k0, int64_t k1) {
     const gemm_args *g = ctx;
     int64_t tiles = (g->M + CUVIL_MR - 1) / CUVIL_MR, full = g->M / CUVIL_MR;
@@ -602,9 +589,9 @@ static byte_run next_b_block(const gemm_args *g, int64_t p, int64_t p0, int64_t 
 }
 
 /* Slice `part` of `parts` of the next block, to prefetch toward L2 while row tile `part` of the current
- * block computes: a B block left to the first tile that reads it arrived from DRAM at ~7 GB/s and made
- * that tile 3-4x slower than the rest (fp32, 1024^3: 0.83 -> 0.88-0.92x OpenBLAS). Locality 1
- * (prefetcht2): T0 pulled the next block into L1, over the block in use. */
+ * block computes: a B block left to the first tile that reads it came slowly from DRAM and made that
+ * tile much slower than the rest (benchmarks/README.md, Kernel notes). Locality 1 (prefetcht2): T0
+ * pulled the next block into L1, over the block in use. */
 static inline byte_run prefetch_slice(byte_run next, int64_t part, int64_t parts) {
     int64_t slice = (next.n / parts + 63) & ~(int64_t)63, b0 = part * slice;
     int64_t n = b0 >= next.n ? 0 : next.n - b0 < slice ? next.n - b0 : slice;
@@ -649,7 +636,7 @@ static void gemm_task(void *ctx, int64_t t0, int64_t t1) {
             int64_t kc = g->K - k0 < CUVIL_KC ? g->K - k0 : CUVIL_KC;
             int first = k0 == 0, last = k0 + CUVIL_KC >= g->K;
             const float *block = g->pack_in_task && kc > 0 ? pack_a_block(g, m0, m1, k0, kc) : 0;
-            if ((g->bits == 32 || g->bits == CUVIL_B_STRIDED) && kc <= 192) {
+            if ((g->bits == 32 || g->bits == CUVIL_B_STRIDED) && kc <= CUVIL_GEMM_SHALLOW_K) {
                 /* shallow K (1x1 convs, small im2col): rows outer, so each row of C is written in one
                  * run across the task's panels; writing C, not reading B, is what costs here */
                 for (int64_t i0 = m0; i0 < m1; i0 += CUVIL_MR) {
@@ -667,9 +654,8 @@ static void gemm_task(void *ctx, int64_t t0, int64_t t1) {
             int64_t ntiles = (m1 - m0 + CUVIL_MR - 1) / CUVIL_MR;
             /* B read in place (a 1x1 conv's input) and reused by several row tiles: its block is
              * copied into buf first. Rows N floats apart fall into few L1 sets (56x56: 12544 bytes,
-             * 16 of 64 sets), so the block did not stay in L1 between the tiles. C harness, new/old
-             * time: 64 x 256 x 3136 0.71 (1 thread) 0.80 (2); 128 x 512 x 784 0.93 / 0.97;
-             * 256 x 1024 x 196 0.90 / 0.90 */
+             * 16 of 64 sets), so the block did not stay in L1 between the tiles (benchmarks/README.md,
+             * Kernel notes) */
             int copy_b = g->bits == CUVIL_B_STRIDED && ntiles > 1;
             int64_t ldb = copy_b ? CUVIL_NR : g->ldb;
             for (int64_t p = p0; p < p1; p++) {
@@ -707,7 +693,7 @@ static void gemv_task(void *ctx, int64_t p0, int64_t p1) {
                              GEMV_CASE(4, BITS, PF) GEMV_CASE(5, BITS, PF) GEMV_CASE(6, BITS, PF)
         _Static_assert(CUVIL_GEMV_STREAMS == 6, "GEMV_CASES lists 1..6 streams");
         int from_dram = g->bits == 16 || !g->b_cached;
-        /* weights held in the cache keep the six streams (MLP b1 on Zen 5: one at a time 1.04-1.13x the time) */
+        /* weights held in the cache keep the six streams (benchmarks/README.md, Kernel notes) */
         int streams = from_dram ? CUVIL_GEMV_DRAM_STREAMS : S;
         for (int s = 0; s < S; s += streams) {
             const void *bs = (const char *)b + s * g->K * CUVIL_NR * esize;
@@ -753,14 +739,11 @@ static void gemm_driver(int64_t M, int64_t N, int64_t K, const float *A, const f
     int64_t np = (N + CUVIL_NR - 1) / CUVIL_NR;
     if (M == 1 && A && K > 0 && (bits == 32 || bits == 16) && (!a_trans || lda == 1)) {
         gemv_parts v = {{M, N, K, lda, ldc, group, np, 0, 0, 1, ldb, A, scales, 0, B, bits, C, ep, 0, 0, b_cached}, 1};
-        int nt = N * K > 65536 && nthreads > 1 ? nthreads : 1;
-        /* up to 4 stream groups a thread: equal parts, one a thread. Chunks of one stream group (6
-         * panels) left a thread with one more: 2048 -> 256 (8 panels) went as 6 + 2, 1024 -> 1024 as
-         * 18 + 14 (2 threads, new/old time 0.71-0.75 and 0.91-0.92; MLP b1 0.93-0.96). Larger ones
-         * keep the chunks, claimed as threads come free: equal parts made a decode step 1.02x the time,
-         * and ~4 chunks per thread had left one idle for up to half a chunk at the end of each GEMV
-         * (a 46 MB projection: 5.6 MB chunks) */
-        if (np <= 4 * CUVIL_GEMV_STREAMS * nt) {
+        int nt = N * K > CUVIL_GEMV_PARALLEL_MIN && nthreads > 1 ? nthreads : 1;
+        /* few stream groups a thread: equal parts, one a thread (chunks of one stream group left a
+         * thread with one more); more keep the chunks, claimed as threads come free (benchmarks/README.md,
+         * Kernel notes) */
+        if (np <= CUVIL_GEMV_EQUAL_PARTS_GROUPS * CUVIL_GEMV_STREAMS * nt) {
             v.parts = nt;
             cuvil_parallel_chunks(nt, nt, 1, gemv_part_task, &v);
         } else
@@ -771,57 +754,56 @@ static void gemm_driver(int64_t M, int64_t N, int64_t K, const float *A, const f
      * 120 and one of 8, which streamed every weight twice, the second time for 8 rows */
     int64_t mb = (M + CUVIL_MC * 3 / 2 - 1) / (CUVIL_MC * 3 / 2), pb, nb;
     int64_t tiles = (M + CUVIL_MR - 1) / CUVIL_MR;
-    /* A larger than L2 and at most 32 panels (MiniLM at batch 32: 4096 rows by 384 or 1536 columns):
-     * one task per M block takes every panel and packs the block's A itself, K block by K block,
-     * where it stays in L2. Packed whole ahead, A went out to L3 and back: pack_a was 9% of a
-     * 4096 x 1536 x 384 GEMM. C harness, interleaved, new time / old: 4096 x 1536 x 384 0.91-0.96
-     * (1 thread), 0.93-0.94 (2); 4096 x 384 x 384 0.94 / 0.94-0.95; 1024^3 0.98 / 0.99. Over more
-     * panels (2048 x 768 x 3072: 1.01) each task streams too much of B from L3 */
-    int in_task = !Ap && !a_trans && A && bits == 32 && tiles * CUVIL_MR * K * 4 > (1 << 20) && np <= 32 &&
-                  mb >= 2 * nthreads;
+    /* A larger than L2 and few panels (MiniLM at batch 32): one task per M block takes every panel and
+     * packs the block's A itself, K block by K block, where it stays in L2; packed whole ahead, A went
+     * out to L3 and back. Over more panels each task streams too much of B from L3 (benchmarks/README.md,
+     * Kernel notes) */
+    int in_task = !Ap && !a_trans && A && bits == 32 && tiles * CUVIL_MR * K * 4 > CUVIL_GEMM_IN_TASK_MIN_A_BYTES &&
+                  np <= CUVIL_GEMM_IN_TASK_MAX_PANELS && mb >= CUVIL_GEMM_IN_TASK_MIN_BLOCKS_PER_THREAD * nthreads;
     if (in_task) {
         pb = np, nb = 1;
-        while (mb < 8 * nthreads && mb % nthreads) mb++;   /* even over the threads */
+        while (mb < CUVIL_GEMM_TASKS_PER_THREAD * nthreads && mb % nthreads) mb++;   /* even over the threads */
     }
-    /* At least 64 rows a thread and B at most 4x the size of A (N <= 4 M): M blocks in a multiple
-     * of the threads, so each thread's own run of tasks (cuvil_parallel_for) is its rows across every
-     * panel, the rows a layer norm or the GEMM before wrote on that core, still in its L2. Split by
-     * panels, each thread read all of A, half of it from the other core; split by rows, each reads
-     * all of B. C harness, 128 rows after a row-split writer, B out of L2, 2 threads, new/old time:
-     * N x K 384 x 384 0.83, 384 x 1536 0.93; 1536 x 384 0.99, 768 x 768 1.02, 768 x 3072 1.03-1.04,
-     * 3072 x 768 1.09 (BERT-base: 1.085 with every GEMM split by rows). */
-    else if (nthreads > 1 && bits == 32 && M >= 64 * nthreads && N <= 4 * M) {
+    /* Enough rows a thread and B not much larger than A: M blocks in a multiple of the threads, so each
+     * thread's own run of tasks (cuvil_parallel_for) is its rows across every panel, the rows a layer
+     * norm or the GEMM before wrote on that core, still in its L2. Split by panels, each thread read all
+     * of A, half of it from the other core; split by rows, each reads all of B (benchmarks/README.md,
+     * Kernel notes). */
+    else if (nthreads > 1 && bits == 32 && M >= CUVIL_GEMM_ROWS_MIN_PER_THREAD * nthreads &&
+             N <= CUVIL_GEMM_ROWS_MAX_N_OVER_M * M) {
         mb = (mb + nthreads - 1) / nthreads * nthreads;
-        pb = np * mb >= 8 * nthreads ? 4 : 1;
+        pb = np * mb >= CUVIL_GEMM_TASKS_PER_THREAD * nthreads ? CUVIL_GEMM_PANELS_PER_TASK : 1;
         nb = (np + pb - 1) / pb;
     }
     else for (;;) {
         /* panels per task: enough tasks for every thread, few enough to reuse A from cache */
-        pb = np * mb >= 8 * nthreads ? 4 : 1;
-        if ((bits == 32 || bits == CUVIL_B_STRIDED) && K <= 192 && np * mb >= 32 * nthreads)
-            pb = 16;                                  /* shallow K: longer runs of C rows */
+        pb = np * mb >= CUVIL_GEMM_TASKS_PER_THREAD * nthreads ? CUVIL_GEMM_PANELS_PER_TASK : 1;
+        if ((bits == 32 || bits == CUVIL_B_STRIDED) && K <= CUVIL_GEMM_SHALLOW_K &&
+            np * mb >= CUVIL_GEMM_SHALLOW_MIN_PANELS_PER_THREAD * nthreads)
+            pb = CUVIL_GEMM_SHALLOW_PANELS_PER_TASK;  /* shallow K: longer runs of C rows */
         nb = (np + pb - 1) / pb;
         /* B produced inside the tasks (a conv's implicit im2col): every M block produces it again, so
-         * single panels per task come first, and M is split only for want of tasks (128 -> 128 3x3
-         * stride 2 at 28x28, 2 threads: 14 tasks of half the filters each took 1.12-1.28x the time of 25 single panels) */
-        if (bits == CUVIL_B_PRODUCED && nthreads > 1 && pb > 1 && mb * nb < 8 * nthreads && mb * nb % nthreads) {
+         * single panels per task come first, and M is split only for want of tasks (benchmarks/README.md,
+         * Kernel notes) */
+        if (bits == CUVIL_B_PRODUCED && nthreads > 1 && pb > 1 && mb * nb < CUVIL_GEMM_TASKS_PER_THREAD * nthreads &&
+            mb * nb % nthreads) {
             pb = 1, nb = np;
-            if (mb * nb >= 4 * nthreads) break;
+            if (mb * nb >= CUVIL_GEMM_PRODUCED_MIN_TASKS_PER_THREAD * nthreads) break;
         }
         /* few tasks: one more M block until they split evenly over the threads (3 tasks on 2 threads
          * left one idle a third of the time: the Winograd products of a 512-channel conv at 7x7) */
-        if (nthreads <= 1 || mb * nb >= 8 * nthreads || mb * nb % nthreads == 0 || mb * CUVIL_MR >= M) break;
+        if (nthreads <= 1 || mb * nb >= CUVIL_GEMM_TASKS_PER_THREAD * nthreads || mb * nb % nthreads == 0 || mb * CUVIL_MR >= M) break;
         mb++;
     }
     int64_t mc = ((M + mb - 1) / mb + CUVIL_MR - 1) / CUVIL_MR * CUVIL_MR;
-    int a_rows = !Ap && !a_trans && A && bits == 32 && !in_task && M >= CUVIL_MR && K > 192 && l1_sets(lda) >= 2;
+    int a_rows = !Ap && !a_trans && A && bits == 32 && !in_task && M >= CUVIL_MR && K > CUVIL_GEMM_SHALLOW_K && l1_sets(lda) >= 2;
     gemm_args g = {M, N, K, lda, ldc, group, np, nb, pb, mc, ldb, A, scales,
                    Ap || in_task || a_rows ? Ap : apack_buffer(tiles * CUVIL_MR * K), B, bits, C, ep, a_trans, in_task};
     g.a_rows = a_rows;
     /* in parallel from small sizes on: the rows were mostly just written, half by the other core */
-    if (g.ap && !Ap && a_trans) cuvil_parallel_for(M * K > 8192 ? nthreads : 1, K, 16, pack_at_task, &g);
-    else if (g.ap && !Ap) cuvil_parallel_for(M * K > 8192 ? nthreads : 1, tiles, 1, pack_a_task, &g);
-    cuvil_parallel_for(M * N * K > 65536 ? nthreads : 1, mb * nb, 1, gemm_task, &g);
+    if (g.ap && !Ap && a_trans) cuvil_parallel_for(M * K > CUVIL_GEMM_PACK_A_PARALLEL_MIN ? nthreads : 1, K, 16, pack_at_task, &g);
+    else if (g.ap && !Ap) cuvil_parallel_for(M * K > CUVIL_GEMM_PACK_A_PARALLEL_MIN ? nthreads : 1, tiles, 1, pack_a_task, &g);
+    cuvil_parallel_for(M * N * K > CUVIL_GEMM_PARALLEL_MIN_FLOPS ? nthreads : 1, mb * nb, 1, gemm_task, &g);
 }
 
 void cuvil_sgemm_packed(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *Bp,

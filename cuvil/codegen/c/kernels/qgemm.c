@@ -180,11 +180,9 @@ static inline __attribute__((always_inline)) void q4_tile(const qargs *a, int MR
 #define CUVIL_QGEMM_512 1
 /* q4_tile on 512-bit vectors (VNNI): a vector is a pair of blocks side by side in their quad (sixteen
  * columns, one 64-byte line a chunk), so a chunk of a quad is two loads, four masks and four dpbusd
- * where the 256-bit tile takes twice as many. MR rows x NP pairs. The prefill tile (4 rows x a quad):
- * TinyLlama int4 prefill of 128 tokens on Zen 5, artifacts interleaved, 0.56x / 0.55x the time of the
- * 256-bit 4 rows x 2 blocks (1 / 2 threads). Decode on Zen keeps the 256-bit tile: on Zen 5 this one
- * read DRAM slower (48 GEMVs of 2048 x 5632: 25-30 against 31-33 GB/s at 1 thread; from L3 faster, 44.7
- * against 39.4); Intel decodes on it (CUVIL_QGEMM_DECODE_512). */
+ * where the 256-bit tile takes twice as many. MR rows x NP pairs. The prefill tile: 4 rows x a quad.
+ * Decode on Zen keeps the 256-bit tile, which read DRAM faster there; Intel decodes on this one
+ * (CUVIL_QGEMM_DECODE_512; numbers: benchmarks/README.md, Kernel notes). */
 static inline __attribute__((always_inline)) void q4_tile512(const qargs *a, int MR, int NP, int U, int UPG,
                                                              int64_t m0, int64_t b0, __m512 acc[4][2]) {
     const int64_t K = a->K, G = a->nb, runs = K / (8 * U);
@@ -430,12 +428,8 @@ static void q_task(void *ctx, int64_t t0, int64_t t1) {
 }
 
 /* Blocks in a prefill tile of 4 rows (256-bit tiles): two, side by side in the quad, read whole
- * 64-byte lines. TinyLlama prefill of 128 tokens on Zen 5 (AVX-512VL's 32 registers hold the 16
- * accumulators), artifacts interleaved, against one block a tile on the layout before quads (1 / 2
- * threads): int4 0.85x / 0.88x the time (one block on quads 1.05x; 2 rows x 4 blocks 0.91x), int8
- * 0.89x / 0.88x. Built for AVX2 without VNNI (16 registers: some spill), 128 x 5632 x 2048 against the
- * layout before quads: int4 1.04-1.05x the time (one block on quads 1.13-1.17x), int8 0.98-1.02x (one
- * block 1.14-1.21x). With 512-bit VNNI a tile takes a whole quad (q4_tile512, q8_tile512). */
+ * 64-byte lines (benchmarks/README.md, Kernel notes). With 512-bit VNNI a tile takes a whole quad
+ * (q4_tile512, q8_tile512). */
 /* (CUVIL_QGEMM_PREFILL_BLOCKS per CPU: tuning.h) */
 /* Quantized activations live in a per-thread buffer that grows and is kept: no allocation per call. */
 
@@ -456,9 +450,8 @@ int cuvil_qgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, co
     /* Tasks are quads (qgemm.h: four blocks, 32 columns, read as one stream). One row (decode, memory
      * bound): a tile is a quad, one equal run of quads a thread, so each thread reads one stretch of
      * memory and its prefetch (one quad ahead; on Intel 2 KB) stays in its own stretch. Claimed two tiles at a time,
-     * the threads took turns, and each prefetched the tile the other would read: 8 TinyLlama-shaped
-     * layers, 2 threads, old/new artifacts interleaved, int4 1.07-1.09x the tokens/s, int8 1.09x (1
-     * thread: int4 1.08x, int8 0.99x). More rows (prefill): tiles of 4 rows x nc blocks, a quad per task. */
+     * the threads took turns, and each prefetched the tile the other would read (benchmarks/README.md,
+     * Kernel notes). More rows (prefill): tiles of 4 rows x nc blocks, a quad per task. */
     int64_t nblocks = (N + 7) / 8, quad_bytes = 4 * K * bits;
     int64_t pf = M == 1 && CUVIL_QGEMM_PREFETCH_BYTES ? CUVIL_QGEMM_PREFETCH_BYTES : quad_bytes;
     int64_t nc = M == 1 ? 4 : CUVIL_QGEMM_PREFILL_BLOCKS;

@@ -48,6 +48,22 @@
 #endif
 
 #define CUVIL_GEMV_STREAMS 6    /* most panels whose 12 accumulators stay in AVX2 registers (C harness GEMVs + benchmarks.ab, TinyLlama-shaped decode, artifacts interleaved) */
+#define CUVIL_GEMV_PARALLEL_MIN 65536    /* a GEMV of more than N x K weights runs on every thread (none recorded) */
+#define CUVIL_GEMV_EQUAL_PARTS_GROUPS 4    /* up to 4 stream groups a thread: equal parts, one a thread; more: chunks claimed as threads come free (C harness GEMVs 2048 x 256, 1024 x 1024 + benchmarks.ab, TinyLlama-shaped decode, artifacts interleaved) */
+#define CUVIL_GEMM_PARALLEL_MIN_FLOPS 65536    /* a GEMM of more than M x N x K runs on every thread (none recorded) */
+#define CUVIL_GEMM_PACK_A_PARALLEL_MIN 8192    /* pack A in parallel from M x K above this: rows mostly just written, half by the other core (none recorded) */
+#define CUVIL_PACK_B_PARALLEL_MIN 16384    /* pack B (panels x K) in parallel above this (none recorded) */
+#define CUVIL_GEMM_IN_TASK_MIN_A_BYTES (1 << 20)    /* A larger than L2: each task packs its own M block of A, K block by K block (C harness, MiniLM-shaped GEMMs) */
+#define CUVIL_GEMM_IN_TASK_MAX_PANELS 32    /* A packed in the tasks over at most 32 panels: over more each task streams B from L3 (C harness, MiniLM-shaped GEMMs) */
+#define CUVIL_GEMM_IN_TASK_MIN_BLOCKS_PER_THREAD 2    /* A packed in the tasks only with at least 2 M blocks a thread (none recorded) */
+#define CUVIL_GEMM_ROWS_MIN_PER_THREAD 64    /* split by rows (each thread reads the rows written on its core) from 64 rows a thread (C harness, 128 rows after a row-split writer + benchmarks.ab, BERT-base) */
+#define CUVIL_GEMM_ROWS_MAX_N_OVER_M 4    /* split by rows only while B is at most 4x the size of A (N <= 4 M) (C harness, 128 rows after a row-split writer + benchmarks.ab, BERT-base) */
+#define CUVIL_GEMM_TASKS_PER_THREAD 8    /* enough tasks: 8 a thread before panels are grouped or M blocks stop growing (none recorded) */
+#define CUVIL_GEMM_PANELS_PER_TASK 4    /* panels per task where tasks are plenty: reuse A from cache (none recorded) */
+#define CUVIL_GEMM_SHALLOW_K 192    /* shallow K (1x1 convs, small im2col): rows outer, longer runs of C rows; A rows in place only deeper (1x1 convs 26 -> 60 GFLOP/s with the rows-outer order) */
+#define CUVIL_GEMM_SHALLOW_MIN_PANELS_PER_THREAD 32    /* shallow K takes the wide panel groups from 32 panels x M blocks a thread (1x1 convs 26 -> 60 GFLOP/s with the rows-outer order) */
+#define CUVIL_GEMM_SHALLOW_PANELS_PER_TASK 16    /* shallow K: 16 panels a task, longer runs of C rows (1x1 convs 26 -> 60 GFLOP/s with the rows-outer order) */
+#define CUVIL_GEMM_PRODUCED_MIN_TASKS_PER_THREAD 4    /* B produced in the tasks (implicit im2col): single panels enough from 4 tasks a thread (C harness, 3x3 stride-2 conv 128 -> 128 at 28x28) */
 
 /* ---- where no row above set a knob ---- */
 #ifndef CUVIL_GEMV_PREFETCH_BF16

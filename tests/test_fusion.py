@@ -411,3 +411,24 @@ def test_epilogue_fuses_through_a_view(tail):
     g.outputs = [g.add("gelu", [y]) if tail == "gelu" else g.add("add", [y, r])]
     cm = check_graph(g, [f32(2, 5, 12), f32(2, 5, 20)])
     assert [op for op in ops_of(cm) if op != "reshape"] == ["matmul_fused"]
+
+
+@pytest.mark.parametrize("cin,cout,h,w,pads,chain,kernel", [
+    (4, 8, 5, 6, ((0, 1), (0, 1)), False, "cuvil_conv2d("),      # the GEMM's B: im2col, not the input
+    (4, 8, 5, 6, ((0, 0), (0, 2)), False, "cuvil_conv2d("),
+    (300, 40, 6, 6, ((0, 1), (0, 1)), False, "cuvil_conv_swapped("),   # 49 pixels: swapped, im2col rows
+    (16, 32, 6, 6, ((0, 1), (0, 0)), True, "cuvil_conv_blocked"),      # a chain: channel-blocked
+])
+def test_pointwise_conv_with_end_pads(cin, cout, h, w, pads, chain, kernel):
+    """A 1x1 stride-1 conv padded only at the bottom or right has more outputs than inputs: no kernel may
+    read its input in place as the GEMM operand (each once did, past the end of the input)."""
+    g = Graph()
+    x = Value(TensorType((1, cin, h, w), "float32"), "x")
+    g.inputs = [x]
+    y = g.add("conv", [x, g.const(f32(cout, cin, 1, 1)), g.const(f32(cout))],
+              {"strides": [1, 1], "pads": list(pads), "dilations": [1, 1]})
+    if chain:
+        y = g.add("conv", [y, g.const(f32(16, cout, 1, 1))], {"strides": [1, 1], "pads": [(0, 0), (0, 0)]})
+    g.outputs = [y]
+    cm = check_graph(g, [f32(1, cin, h, w)], **({"layout": "nchw16c"} if chain else {}))
+    assert kernel in cm.c_source

@@ -1,7 +1,7 @@
 """Which kernel a conv takes, decided once: conv_plan(node) returns the plan that both the conv's
 scratch sizing and its lowering (lower_nn.lower_conv, lower_blocked.lower_conv) read, with the rules
 it is decided by (Winograd, the swapped GEMM, im2col inside the GEMM) and the Winograd filter
-transforms. kernels/conv.c keeps its own "direct" check (see implicit_im2col)."""
+transforms. cuvil_conv2d follows the plan's path and decides nothing itself."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -66,10 +66,16 @@ def winograd_filters(w: np.ndarray, m: int, mr: int) -> np.ndarray:
 
 
 def pointwise_conv(node):
-    """A 2-d 1x1 conv, stride 1, unpadded: its input is already the (transposed) A of its GEMM."""
+    """A 1x1 conv (any rank), stride 1, no pads at either end: its input is already the (transposed)
+    A of its GEMM, or its B."""
     a = node.attrs
-    return (tuple(node.inputs[1].shape[2:]) == (1, 1) and tuple(a["strides"]) == (1, 1)
-            and tuple(a["dilations"]) == (1, 1) and all(p == 0 for pair in a["pads"] for p in pair))
+    return (all(k == 1 for k in node.inputs[1].shape[2:]) and all(st == 1 for st in a["strides"])
+            and all(p == 0 for pair in a["pads"] for p in pair))
+
+
+def depthwise_conv(node):
+    """One filter (or a multiple) per input channel: cuvil_conv2d's direct loops read w as it is."""
+    return node.attrs.get("groups", 1) > 1 and node.inputs[1].shape[1] == 1
 
 
 def swappable_conv(node):
@@ -99,14 +105,20 @@ def swapped(node, nr):
     return (lanes - pixels) / lanes * int(np.prod(node.inputs[1].shape[1:])) >= SWAP_MIN_EMPTY_K
 
 
-def implicit_im2col(node):
-    """Whether cuvil_conv2d runs this conv's im2col inside its GEMM (one M block, kernels/conv.c), which
-    it does when given no scratch: the swapped form's scratch, reserved whether or not the target's
-    panel width takes it, must not reach it. "direct" as conv.c has it (top and left pads only)."""
-    w, a = node.inputs[1], node.attrs
-    direct = (all(k == 1 for k in w.shape[2:]) and all(st == 1 for st in a["strides"])
-              and all(pair[0] == 0 for pair in a["pads"]))
-    return not direct and w.shape[0] // a.get("groups", 1) <= GEMM_MC * 3 // 2
+# cuvil_conv2d's paths (kernels/conv.h: cuvil_conv_path), by name
+CONV2D_PATHS = {"depthwise": "CUVIL_CONV_DEPTHWISE", "input_as_b": "CUVIL_CONV_INPUT_AS_B",
+                "implicit": "CUVIL_CONV_IMPLICIT", "im2col": "CUVIL_CONV_IM2COL"}
+
+
+def conv2d_path(node) -> str:
+    """What cuvil_conv2d does with this conv: depthwise loops; the input as the GEMM's B (pointwise);
+    im2col inside the GEMM, one M block of filters; or im2col whole into scratch, which several M
+    blocks would otherwise each redo."""
+    if depthwise_conv(node):
+        return "depthwise"
+    if pointwise_conv(node):
+        return "input_as_b"
+    return "implicit" if node.inputs[1].shape[0] // node.attrs.get("groups", 1) <= GEMM_MC * 3 // 2 else "im2col"
 
 
 @dataclass(frozen=True)
@@ -117,12 +129,12 @@ class ConvPlan:
     width was given (the target decides between "swapped" and "gemm"; the scratch covers both).
     winograd: the Winograd output tile size (0: none). pack: the name under which the filters are
     packed at compile time (Emitter.packed), None when the kernel reads them as they are.
-    im2col_in_gemm: cuvil_conv2d is handed no scratch and runs im2col inside its GEMM.
+    path: what cuvil_conv2d does (conv2d_path) for kind "gemm", else None.
     scratch_bytes: the scratch at the dims' upper bounds (None when no bounds were given)."""
     kind: str
     winograd: int = 0
     pack: str | None = None
-    im2col_in_gemm: bool = False
+    path: str | None = None
     scratch_bytes: int | None = None
 
 
@@ -143,10 +155,8 @@ def _kind(node, m, nr):
         return "swappable", None
     if nr is not None and swapped(node, nr):
         return "swapped", "conv_b"
-    w, groups = node.inputs[1], node.attrs.get("groups", 1)
-    depthwise = groups > 1 and w.shape[1] == 1          # the direct kernel reads w as it is
     # filters packed at compile time into the GEMM's A tiles only
-    return "gemm", "conv_a" if w.is_const and not depthwise else None
+    return "gemm", "conv_a" if node.inputs[1].is_const and not depthwise_conv(node) else None
 
 
 def _blocked_scratch(node, s, m) -> int:
@@ -160,7 +170,7 @@ def _blocked_scratch(node, s, m) -> int:
         return 0
     if m:
         return (m + 2) ** 2 * (s["C"] + s["O"]) * -(-s["OH"] // m) * -(-s["OW"] // m) * 4
-    if s["KH"] == s["KW"] == s["sh"] == s["sw"] == 1 and s["ph"] == s["pw"] == 0:
+    if pointwise_conv(node):
         return 0                                      # the input is the GEMM's A
     hp = (s["OH"] - 1) * s["sh"] + (s["KH"] - 1) * s["dh"] + 1
     wp = (s["OW"] - 1) * s["sw"] + (s["KW"] - 1) * s["dw"] + 1
@@ -172,7 +182,7 @@ def _gemm_scratch(node, s, m) -> int:
     if m:
         tiles, alpha2 = -(-s["OH"] // m) * -(-s["OW"] // m), (m + 2) ** 2
         return alpha2 * ((-(-tiles // 64) * 64 * s["C"]) + s["O"] * tiles) * 4
-    if implicit_im2col(node):
+    if conv2d_path(node) in ("depthwise", "implicit"):
         return 0
     K = (s["C"] // s["groups"]) * s["KH"] * s["KW"]
     N = s["OH"] * s["OW"]
@@ -197,5 +207,5 @@ def conv_plan(node, nr=None, bounds=None) -> ConvPlan:
     which decides "swapped"; bounds: the symbols' bounds, from which scratch_bytes is computed."""
     m = winograd_tile(node)
     kind, pack = _kind(node, m, nr)
-    return ConvPlan(kind, m, pack, kind == "gemm" and implicit_im2col(node),
+    return ConvPlan(kind, m, pack, conv2d_path(node) if kind == "gemm" else None,
                     None if bounds is None else _scratch(node, bounds, m))

@@ -5,7 +5,7 @@ import numpy as np
 
 from ...ir import dims as D
 from . import cexpr, lower_blocked
-from .conv_plan import WINOGRAD_MAX_W, conv_plan, conv_shape, is_blocked, winograd_filters
+from .conv_plan import CONV2D_PATHS, WINOGRAD_MAX_W, conv_plan, conv_shape, is_blocked, winograd_filters
 from .emit import lowering
 from .gemm_plan import GEMM_KC, GEMM_MC, mat_dims, matmul_plan, pack_a, pack_b, panel_width, tile_rows
 from .gen_activations import ACT_CODES
@@ -149,8 +149,9 @@ def lower_conv(em, node):
     return ["{", f"  const cuvil_conv_shape s = {_shape_struct(s)};",
             f"  _Static_assert(CUVIL_MR == {mr} && CUVIL_KC == {GEMM_KC} && CUVIL_MC == {GEMM_MC}, "
             "\"conv filters packed for another tile\");",
-            f"  cuvil_conv2d(&s, {em.ptr(node.inputs[0])}, {wptr or em.ptr(w)}, {wp}, {bias}, {res}, "
-            f"{em.ptr(node.outputs[0])}, {act}, {'0' if plan.im2col_in_gemm else em.scratch()}, NT);", "}"]
+            f"  cuvil_conv2d(&s, {CONV2D_PATHS[plan.path]}, {em.ptr(node.inputs[0])}, {wptr or em.ptr(w)}, {wp}, "
+            f"{bias}, {res}, {em.ptr(node.outputs[0])}, {act}, "
+            f"{'0' if plan.path in ('depthwise', 'implicit') else em.scratch()}, NT);", "}"]
 
 
 def _pool_supports(node):

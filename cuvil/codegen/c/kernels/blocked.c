@@ -333,9 +333,7 @@ void cuvil_sgemm_blocked(int64_t M, int64_t N, int64_t K, const float *A, int64_
 }
 
 /* ---- convolution ------------------------------------------------------------------------- */
-static inline int blocked_direct(const cuvil_conv_shape *s) {
-    return s->KH == 1 && s->KW == 1 && s->sh == 1 && s->sw == 1 && s->ph == 0 && s->pw == 0;
-}
+static inline int blocked_direct(const cuvil_conv_shape *s) { return cuvil_conv_pointwise(s); }
 
 /* The padded input's rows and columns: every tap of every output pixel inside it. */
 static inline int64_t padded_h(const cuvil_conv_shape *s) { return (s->OH - 1) * s->sh + (s->KH - 1) * s->dh + 1; }

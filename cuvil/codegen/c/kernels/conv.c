@@ -5,11 +5,6 @@
 #include <immintrin.h>
 #endif
 
-int64_t cuvil_conv_scratch(const cuvil_conv_shape *s) {
-    int64_t K = (s->C / s->groups) * s->KH * s->KW;
-    return cuvil_packed_b_size(K, s->OH * s->OW);
-}
-
 /* B of the conv's GEMM, never materialized whole: rows k = (c, kh, kw), columns n = (oh, ow). */
 typedef struct { const cuvil_conv_shape *s; const float *x; } im2col_src;
 
@@ -217,14 +212,15 @@ static void depthwise(const cuvil_conv_shape *s, const float *x, const float *w,
     cuvil_parallel_for(nthreads, s->N * s->O, 1, depthwise_task, &a);
 }
 
-void cuvil_conv2d(const cuvil_conv_shape *s, const float *x, const float *w, const float *wp, const float *bias,
-                  const float *residual, float *y, int act, float *scratch, int nthreads) {
-    if (s->groups == s->C && s->O % s->C == 0 && s->groups > 1) {
+void cuvil_conv2d(const cuvil_conv_shape *s, cuvil_conv_path path, const float *x, const float *w,
+                  const float *wp, const float *bias, const float *residual, float *y, int act, float *scratch,
+                  int nthreads) {
+    if (path == CUVIL_CONV_DEPTHWISE) {
         depthwise(s, x, w, bias, residual, y, act, nthreads);
         return;
     }
     int64_t cg = s->C / s->groups, og = s->O / s->groups, K = cg * s->KH * s->KW, N = s->OH * s->OW;
-    int direct = s->KH == 1 && s->KW == 1 && s->sh == 1 && s->sw == 1 && s->ph == 0 && s->pw == 0;
+    int direct = path == CUVIL_CONV_INPUT_AS_B;
     for (int64_t n = 0; n < s->N; n++)
         for (int64_t g = 0; g < s->groups; g++) {
             const float *xg = x + (n * s->C + g * cg) * s->H * s->W;
@@ -233,7 +229,7 @@ void cuvil_conv2d(const cuvil_conv_shape *s, const float *x, const float *w, con
             float *yg = y + (n * s->O + g * og) * N;
             const float *wg = w ? w + g * og * K : 0, *wpg = wp ? wp + g * cuvil_packed_a_size(og, K) : 0;
             im2col_src src = {s, xg};
-            if (!direct && !scratch) {   /* implicit GEMM: im2col block by block inside the GEMM */
+            if (path == CUVIL_CONV_IMPLICIT) {   /* im2col block by block inside the GEMM */
                 cuvil_b_source b = {im2col_block, &src};
                 cuvil_sgemm_produced_b(og, N, K, wg, wpg, &b, yg, N, &ep, nthreads);
                 continue;
@@ -308,11 +304,9 @@ static void unswap_task(void *ctx, int64_t b0, int64_t b1) {
  * share one L1 set when the channels are a power of two (as in most nets) */
 static inline int64_t swapped_ldc(const cuvil_conv_shape *s) { return s->O + CUVIL_VL; }
 
-/* A 1x1, stride-1, unpadded conv reads its input in place as the transposed A; any other takes its
- * im2col rows first, [K][pixels] after the product in scratch. */
-static inline int swapped_in_place(const cuvil_conv_shape *s) {
-    return s->KH == 1 && s->KW == 1 && s->sh == 1 && s->sw == 1 && s->ph == 0 && s->pw == 0;
-}
+/* A pointwise conv reads its input in place as the transposed A; any other takes its im2col rows
+ * first, [K][pixels] after the product in scratch. */
+static inline int swapped_in_place(const cuvil_conv_shape *s) { return cuvil_conv_pointwise(s); }
 
 int64_t cuvil_conv_swapped_scratch(const cuvil_conv_shape *s) {
     int64_t P = s->OH * s->OW;

@@ -1,7 +1,7 @@
 /* 2-D convolution and pooling, NCHW (1-D runs as H = 1). General convs are implicit GEMMs: the
  * GEMM asks for each K block of each panel of im2col as it needs it, so the im2col matrix never
  * exists whole; 1x1 stride-1 convs pack their input as the GEMM's B; depthwise convs have a direct
- * kernel; 3x3 stride-1 ones with enough channels go to winograd.h. */
+ * kernel; 3x3 stride-1 ones with enough channels go to winograd.h (cuvil_conv_path). */
 #ifndef CUVIL_CONV_H
 #define CUVIL_CONV_H
 #include "gemm.h"
@@ -10,14 +10,29 @@ typedef struct {
     int64_t N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, groups;
 } cuvil_conv_shape;
 
-/* Scratch floats for a packed B of one image and group: a 1x1 conv's input, or the whole im2col
- * (codegen passes it only when the filters span several M blocks of the GEMM, which would each
- * redo an implicit im2col; without scratch the conv is an implicit GEMM). */
-int64_t cuvil_conv_scratch(const cuvil_conv_shape *s);
+/* A 1x1, stride-1 conv with no pads at either end: its input is the GEMM's operand as it is (the
+ * same rule as codegen/c/conv_plan.py pointwise_conv; OH == H rules out the end pads). */
+static inline int cuvil_conv_pointwise(const cuvil_conv_shape *s) {
+    return s->KH == 1 && s->KW == 1 && s->sh == 1 && s->sw == 1 && s->ph == 0 && s->pw == 0 && s->OH == s->H &&
+           s->OW == s->W;
+}
+
+/* How cuvil_conv2d computes a conv: chosen once, at compile time, by codegen/c/conv_plan.py
+ * (ConvPlan.path), which also sizes the scratch each path needs. */
+typedef enum {
+    CUVIL_CONV_DEPTHWISE = 0,     /* one filter per input channel: direct loops, no scratch */
+    CUVIL_CONV_INPUT_AS_B = 1,    /* 1x1, stride 1, no pads: the input is the GEMM's B, read in place or
+                                   * packed into scratch */
+    CUVIL_CONV_IMPLICIT = 2,      /* the GEMM asks for im2col block by block: no scratch */
+    CUVIL_CONV_IM2COL = 3,        /* im2col whole into scratch, once: the filters span several M blocks
+                                   * of the GEMM, which would each redo an implicit im2col */
+} cuvil_conv_path;
+
 /* y = act(conv(x, w) + bias + residual); bias and residual (shaped like y) may be NULL. wp: the filters
  * packed ahead as GEMM A operands, one cuvil_packed_a_size(O / groups, K) block per group, or NULL. */
-void cuvil_conv2d(const cuvil_conv_shape *s, const float *x, const float *w, const float *wp, const float *bias,
-                  const float *residual, float *y, int act, float *scratch, int nthreads);
+void cuvil_conv2d(const cuvil_conv_shape *s, cuvil_conv_path path, const float *x, const float *w,
+                  const float *wp, const float *bias, const float *residual, float *y, int act, float *scratch,
+                  int nthreads);
 
 /* An ungrouped conv as the GEMM (pixels x in-channel taps) @ (taps x out channels): the filters packed
  * ahead as the GEMM's B panels (cuvil_pack_b of w as [O][C * KH * KW], trans), the input read as a

@@ -3,27 +3,54 @@
 The names (and so the codes, by position) come from the IR (`ir.ops.fused.ACTIVATIONS`, whose numpy
 references are the ops of the same name); this table gives each its scalar and vector C. common.h
 expands the X-macro into the CUVIL_ACT_* codes and cuvil_act(), vmath.h into cuvil_vact(), gemm.c
-into one inlined loop per activation, and lower_nn reads ACT_CODES from here. Adding an activation:
+into one inlined loop per activation, lower_nn reads ACT_CODES from here, and lower_pointwise renders
+the same FORMULAS for the standalone ops of those names (any float type, and float32 through smath.h). Adding an activation:
 a line here, its name in ACTIVATIONS, then `python -m cuvil.codegen.c.gen_activations`
 (tests/test_ops.py checks the committed header is current and every activation against numpy)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from ...ir.ops.fused import ACTIVATIONS
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """How one kind of C writes an activation's constants and math functions."""
+    const: Callable[[str], str]     # "0.5" -> a constant of the element type
+    fn: Callable[[str], str]        # "erf" -> the function of that type
+
+
+SCALAR = Dialect(lambda k: f"{k}f", lambda f: f"{f}f")                          # float: libm
+VECTOR = Dialect(lambda k: f"cuvil_vsplat({k}f)", lambda f: f"cuvil_v{f}")      # cuvil_vf (vmath.h)
+GENERIC = Dialect(lambda k: f"({{T}}){k}", lambda f: f)                         # any float type {T}: libm
+SMATH = Dialect(lambda k: f"{k}f", lambda f: f"cuvil_f{f}")                  # float, vectorizable (smath.h)
+
+SQRT_HALF, SQRT_2_OVER_PI = "0.70710678118654752440", "0.79788456080286535588"
+
+# name -> the activation of x (a C expression) written in dialect d: the one copy of each formula,
+# rendered for the epilogues (activations.h) and for the pointwise ops (lower_pointwise)
+FORMULAS: dict[str, Callable[[Dialect, str], str]] = {
+    "gelu": lambda d, x: f"{d.const('0.5')} * {x} * ({d.const('1.0')} + {d.fn('erf')}({x} * {d.const(SQRT_HALF)}))",
+    "gelu_tanh": lambda d, x: (f"{d.const('0.5')} * {x} * ({d.const('1.0')} + {d.fn('tanh')}({d.const(SQRT_2_OVER_PI)}"
+                               f" * ({x} + {d.const('0.044715')} * {x} * {x} * {x})))"),
+    "silu": lambda d, x: f"{x} / ({d.const('1.0')} + {d.fn('exp')}(-{x}))",
+    "sigmoid": lambda d, x: f"{d.const('1.0')} / ({d.const('1.0')} + {d.fn('exp')}(-{x}))",
+    "tanh": lambda d, x: f"{d.fn('tanh')}({x})",
+}
+
+
+def render_formula(name: str, d: Dialect, x: str) -> str:
+    return f"({FORMULAS[name](d, x)})"
+
 
 # name -> (scalar C of float x, vector C of cuvil_vf x): expressions, evaluated once per element
 C_EXPRESSIONS = {
     "none": ("x", "x"),
     "relu": ("x < 0.f ? 0.f : x", "cuvil_vsel(x < 0, cuvil_vsplat(0.f), x)"),
-    "gelu": ("0.5f * x * (1.f + erff(x * 0.70710678118654752f))",
-             "cuvil_vsplat(0.5f) * x * (cuvil_vsplat(1.f) + cuvil_verf(x * cuvil_vsplat(0.70710678118654752f)))"),
-    "gelu_tanh": ("0.5f * x * (1.f + tanhf(0.79788456080286535588f * (x + 0.044715f * x * x * x)))",
-                  "cuvil_vsplat(0.5f) * x * (cuvil_vsplat(1.f) + cuvil_vtanh(cuvil_vsplat(0.79788456080286535588f)"
-                  " * (x + cuvil_vsplat(0.044715f) * x * x * x)))"),
-    "silu": ("x / (1.f + expf(-x))", "x / (cuvil_vsplat(1.f) + cuvil_vexp(-x))"),
-    "sigmoid": ("1.f / (1.f + expf(-x))", "cuvil_vsplat(1.f) / (cuvil_vsplat(1.f) + cuvil_vexp(-x))"),
-    "tanh": ("tanhf(x)", "cuvil_vtanh(x)"),
+    **{name: (f(SCALAR, "x"), f(VECTOR, "x")) for name, f in FORMULAS.items()},
 }
 assert tuple(C_EXPRESSIONS) == ACTIVATIONS, "one C rendering per IR activation, in the IR's order"
 

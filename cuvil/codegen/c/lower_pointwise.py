@@ -4,6 +4,7 @@ from __future__ import annotations
 from ...ir import dims as D
 from .ctypes_map import COMPUTE, CTYPE, LOWP, is_float
 from .emit import lowering
+from .gen_activations import GENERIC, SMATH, render_formula
 from .loops import broadcast_strides, contiguous_strides, loop_nest
 
 # {0}, {1}, {2}: operands; {T}: compute type. Float and integer variants where they differ.
@@ -13,11 +14,8 @@ UNARY_F = {
     "sin": "sin({0})", "cos": "cos({0})", "tan": "tan({0})", "asin": "asin({0})", "acos": "acos({0})",
     "atan": "atan({0})", "sinh": "sinh({0})", "cosh": "cosh({0})", "tanh": "tanh({0})", "asinh": "asinh({0})",
     "acosh": "acosh({0})", "atanh": "atanh({0})", "erf": "erf({0})",
-    "sigmoid": "(({T})1 / (({T})1 + exp(-{0})))",
+    **{name: render_formula(name, GENERIC, "{0}") for name in ("sigmoid", "gelu", "gelu_tanh", "silu")},
     "relu": "({0} < 0 ? ({T})0 : {0})",
-    "gelu": "(({T})0.5 * {0} * (({T})1 + erf({0} * ({T})0.70710678118654752440)))",
-    "gelu_tanh": "(({T})0.5 * {0} * (({T})1 + tanh(({T})0.79788456080286535588 * ({0} + ({T})0.044715 * {0} * {0} * {0}))))",
-    "silu": "({0} / (({T})1 + exp(-{0})))",
     "softplus": "(log1p(exp(-fabs({0}))) + ({0} > 0 ? {0} : ({T})0))",
     "floor": "floor({0})", "ceil": "ceil({0})", "round": "nearbyint({0})",
     "sign": "({0} > 0 ? ({T})1 : ({0} < 0 ? ({T})-1 : {0}))",  # sign(nan) = nan, as numpy and ONNX
@@ -31,9 +29,7 @@ UNARY_F = {
 # float32 versions that keep a loop vectorizable (kernels/smath.h), used in place of libm calls
 FAST_F32 = {
     "exp": "cuvil_fexp({0})", "erf": "cuvil_ferf({0})", "tanh": "cuvil_ftanh({0})",
-    "sigmoid": "(1.0f / (1.0f + cuvil_fexp(-{0})))", "silu": "({0} / (1.0f + cuvil_fexp(-{0})))",
-    "gelu": "(0.5f * {0} * (1.0f + cuvil_ferf({0} * 0.70710678118654752440f)))",
-    "gelu_tanh": "(0.5f * {0} * (1.0f + cuvil_ftanh(0.79788456080286535588f * ({0} + 0.044715f * {0} * {0} * {0}))))",
+    **{name: render_formula(name, SMATH, "{0}") for name in ("sigmoid", "silu", "gelu", "gelu_tanh")},
 }
 UNARY_I = {
     "neg": "(-{0})", "abs": "({0} < 0 ? -{0} : {0})", "relu": "({0} < 0 ? 0 : {0})",

@@ -82,3 +82,17 @@ def test_two_named_models_link_into_one_c_program(tmp_path):
 def test_bad_names_are_refused(bad):
     with pytest.raises(ValueError, match="option name"):
         cuvil.compile(torch.nn.ReLU(), (torch.randn(2),), name=bad)
+
+
+@pytest.fixture(scope="module")
+def gemm_harness(tmp_path_factory):
+    from benchmarks import kernel_ab
+    return kernel_ab.build(kernel_ab.ROOT / kernel_ab.KERNELS, tmp_path_factory.mktemp("harness") / "bench", "native")
+
+
+@pytest.mark.parametrize("shape,rows_written", [((1, 100, 70), False), ((37, 200, 450), True), ((130, 64, 33), True)])
+def test_gemm_harness_checks_its_product(gemm_harness, shape, rows_written):
+    """benchmarks/harness/gemm_bench.c (the C harness benchmarks.kernel_ab runs) builds against the
+    kernels as they are and its product agrees with a plain dot product (it exits 1 where not)."""
+    from benchmarks import kernel_ab
+    assert kernel_ab.time_once(gemm_harness, shape, 2, 3, rows_written) > 0

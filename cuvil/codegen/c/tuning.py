@@ -29,7 +29,7 @@ QGEMM_512 = ("defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && defi
 
 AB_DECODE = "benchmarks.ab, TinyLlama-shaped decode, artifacts interleaved"
 AB_PREFILL = "benchmarks.ab, TinyLlama prefill of 128 tokens, artifacts interleaved"
-C_HARNESS = "C harness: GEMVs of 2048 x 5632 from DRAM, rounds interleaved"
+C_HARNESS = "benchmarks.kernel_ab 1x5632x2048 / benchmarks.qgemv: GEMVs of 2048 x 5632 from DRAM, rounds interleaved"
 
 
 class Row(NamedTuple):
@@ -84,7 +84,7 @@ TUNING: tuple[Row, ...] = (
     # in L3 0.89x the time, 64 MB 0.96x, MLP b1 0.95x; a decode step's GEMVs 0.99x. (gemm.c's GEMV_CASES
     # lists 1..6 streams: a fixed 6, not a knob to set from outside.)
     Row("gemv", "all", ALL, "CUVIL_GEMV_STREAMS", "6",
-        "most panels whose 12 accumulators stay in AVX2 registers", "C harness GEMVs + " + AB_DECODE),
+        "most panels whose 12 accumulators stay in AVX2 registers", "benchmarks.kernel_ab GEMVs + " + AB_DECODE),
     Row("gemv", "all", DEFAULT, "CUVIL_GEMV_PREFETCH_BF16", "CUVIL_GEMV_PREFETCH", "bf16 as fp32",
         "-"),
     Row("gemv", "all", DEFAULT, "CUVIL_GEMV_DRAM_STREAMS", "CUVIL_GEMV_STREAMS",
@@ -95,7 +95,7 @@ TUNING: tuple[Row, ...] = (
         "a GEMV of more than N x K weights runs on every thread", "none recorded"),
     Row("gemm_partition", "all", ALL, "CUVIL_GEMV_EQUAL_PARTS_GROUPS", "4",
         "up to 4 stream groups a thread: equal parts, one a thread; more: chunks claimed as threads come free",
-        "C harness GEMVs 2048 x 256, 1024 x 1024 + " + AB_DECODE),
+        "benchmarks.kernel_ab 1x256x2048, 1x1024x1024 + " + AB_DECODE),
     Row("gemm_partition", "all", ALL, "CUVIL_GEMM_PARALLEL_MIN_FLOPS", "65536",
         "a GEMM of more than M x N x K runs on every thread", "none recorded"),
     Row("gemm_partition", "all", ALL, "CUVIL_GEMM_PACK_A_PARALLEL_MIN", "8192",
@@ -104,18 +104,18 @@ TUNING: tuple[Row, ...] = (
     Row("gemm_partition", "all", ALL, "CUVIL_PACK_B_PARALLEL_MIN", "16384",
         "pack B (panels x K) in parallel above this", "none recorded"),
     Row("gemm_partition", "all", ALL, "CUVIL_GEMM_IN_TASK_MIN_A_BYTES", "(1 << 20)",
-        "A larger than L2: each task packs its own M block of A, K block by K block", "C harness, MiniLM-shaped GEMMs"),
+        "A larger than L2: each task packs its own M block of A, K block by K block", "benchmarks.kernel_ab 4096x1536x384, 4096x384x384, 2048x768x3072"),
     Row("gemm_partition", "all", ALL, "CUVIL_GEMM_IN_TASK_MAX_PANELS", "32",
         "A packed in the tasks over at most 32 panels: over more each task streams B from L3",
-        "C harness, MiniLM-shaped GEMMs"),
+        "benchmarks.kernel_ab 4096x1536x384, 4096x384x384, 2048x768x3072"),
     Row("gemm_partition", "all", ALL, "CUVIL_GEMM_IN_TASK_MIN_BLOCKS_PER_THREAD", "2",
         "A packed in the tasks only with at least 2 M blocks a thread", "none recorded"),
     Row("gemm_partition", "all", ALL, "CUVIL_GEMM_ROWS_MIN_PER_THREAD", "64",
         "split by rows (each thread reads the rows written on its core) from 64 rows a thread",
-        "C harness, 128 rows after a row-split writer + benchmarks.ab, BERT-base"),
+        "benchmarks.kernel_ab --rows-written 128xNxK + benchmarks.ab, BERT-base"),
     Row("gemm_partition", "all", ALL, "CUVIL_GEMM_ROWS_MAX_N_OVER_M", "4",
         "split by rows only while B is at most 4x the size of A (N <= 4 M)",
-        "C harness, 128 rows after a row-split writer + benchmarks.ab, BERT-base"),
+        "benchmarks.kernel_ab --rows-written 128xNxK + benchmarks.ab, BERT-base"),
     Row("gemm_partition", "all", ALL, "CUVIL_GEMM_TASKS_PER_THREAD", "8",
         "enough tasks: 8 a thread before panels are grouped or M blocks stop growing", "none recorded"),
     Row("gemm_partition", "all", ALL, "CUVIL_GEMM_PANELS_PER_TASK", "4",
@@ -130,7 +130,7 @@ TUNING: tuple[Row, ...] = (
         "shallow K: 16 panels a task, longer runs of C rows", "1x1 convs 26 -> 60 GFLOP/s with the rows-outer order"),
     Row("gemm_partition", "all", ALL, "CUVIL_GEMM_PRODUCED_MIN_TASKS_PER_THREAD", "4",
         "B produced in the tasks (implicit im2col): single panels enough from 4 tasks a thread",
-        "C harness, 3x3 stride-2 conv 128 -> 128 at 28x28"),
+        "3x3 stride-2 conv 128 -> 128 at 28x28 (benchmarks.layers times it in ResNet-50)"),
     # ---- qgemm.c: int8/int4 weight tiles ----
     # The weight prefetch, one tile ahead. Zen 4, decode of 8 TinyLlama-shaped layers against T0,
     # artifacts interleaved, speed: int8 1.12x (1 thread) 1.10x (2), int4 1.29x / 1.11x (T1 alike).
@@ -156,7 +156,7 @@ TUNING: tuple[Row, ...] = (
     Row("qgemm_prefill", "512-bit VNNI", QGEMM_512, "CUVIL_QGEMM_PREFILL_BLOCKS", "4",
         "a prefill tile takes a whole quad (4 rows x 2 pairs)", AB_PREFILL),
     Row("qgemm_prefill", "AVX2 and others", ELSE, "CUVIL_QGEMM_PREFILL_BLOCKS", "2",
-        "two blocks side by side: whole 64-byte lines", AB_PREFILL + " + C harness 128 x 5632 x 2048"),
+        "two blocks side by side: whole 64-byte lines", AB_PREFILL + " + benchmarks.qgemv --rows 128"),
     Row("qgemm_prefetch", "all", DEFAULT, "CUVIL_QGEMM_DECODE_512", "0", "decode on the 256-bit tile",
         "-"),
     Row("qgemm_prefetch", "all", DEFAULT, "CUVIL_QGEMM_PREFETCH_BYTES", "0", "decode prefetch one quad ahead",

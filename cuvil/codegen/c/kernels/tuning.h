@@ -7,15 +7,15 @@
 
 /* ---- gemv ---- */
 #if CUVIL_VL == 16 && defined(CUVIL_ZEN) && defined(__AVXVNNI__)    /* Zen 5 */
-#define CUVIL_GEMV_DRAM_STREAMS 1    /* one sequential DRAM stream reads faster than six side by side (read probe + C harness: GEMVs of 2048 x 5632 from DRAM, rounds interleaved) */
-#define CUVIL_GEMV_PREFETCH 8192    /* prefetch 8 KB ahead (C harness: GEMVs of 2048 x 5632 from DRAM, rounds interleaved) */
-#define CUVIL_GEMV_PREFETCH_HINT 0    /* non-temporal prefetch (C harness: GEMVs of 2048 x 5632 from DRAM, rounds interleaved) */
-#define CUVIL_GEMV_PREFETCH_FP32 1    /* fp32 weights prefetched too (C harness: GEMVs of 2048 x 5632 from DRAM, rounds interleaved) */
+#define CUVIL_GEMV_DRAM_STREAMS 1    /* one sequential DRAM stream reads faster than six side by side (read probe + benchmarks.kernel_ab 1x5632x2048 / benchmarks.qgemv: GEMVs of 2048 x 5632 from DRAM, rounds interleaved) */
+#define CUVIL_GEMV_PREFETCH 8192    /* prefetch 8 KB ahead (benchmarks.kernel_ab 1x5632x2048 / benchmarks.qgemv: GEMVs of 2048 x 5632 from DRAM, rounds interleaved) */
+#define CUVIL_GEMV_PREFETCH_HINT 0    /* non-temporal prefetch (benchmarks.kernel_ab 1x5632x2048 / benchmarks.qgemv: GEMVs of 2048 x 5632 from DRAM, rounds interleaved) */
+#define CUVIL_GEMV_PREFETCH_FP32 1    /* fp32 weights prefetched too (benchmarks.kernel_ab 1x5632x2048 / benchmarks.qgemv: GEMVs of 2048 x 5632 from DRAM, rounds interleaved) */
 #elif CUVIL_VL == 16 && defined(CUVIL_ZEN)    /* Zen 4 */
 #define CUVIL_GEMV_PREFETCH 2048    /* 2 KB ahead; 4 KB no better (benchmarks.ab, TinyLlama-shaped decode, artifacts interleaved) */
 #define CUVIL_GEMV_PREFETCH_HINT 1    /* toward L2 (prefetcht2), not L1 (benchmarks.ab, TinyLlama-shaped decode, artifacts interleaved) */
 #define CUVIL_GEMV_PREFETCH_FP32 1    /* fp32 weights prefetched too (benchmarks.ab, TinyLlama-shaped decode, artifacts interleaved) */
-#define CUVIL_GEMV_PREFETCH_BF16 512    /* bf16 nearer: 512 bytes ahead (C harness: GEMVs of 2048 x 5632 from DRAM, rounds interleaved) */
+#define CUVIL_GEMV_PREFETCH_BF16 512    /* bf16 nearer: 512 bytes ahead (benchmarks.kernel_ab 1x5632x2048 / benchmarks.qgemv: GEMVs of 2048 x 5632 from DRAM, rounds interleaved) */
 #elif CUVIL_VL == 16    /* Intel AVX-512 */
 #define CUVIL_GEMV_PREFETCH 1024    /* 1 KB ahead (benchmarks.ab, TinyLlama-shaped decode, artifacts interleaved) */
 #define CUVIL_GEMV_PREFETCH_HINT 3    /* into L1 (prefetcht0) (benchmarks.ab, TinyLlama-shaped decode, artifacts interleaved) */
@@ -30,7 +30,7 @@
 /* ---- qgemm_prefetch ---- */
 #ifdef CUVIL_QGEMM_PREFETCH_HINT    /* set from outside: a tuning experiment */
 #elif defined(CUVIL_ZEN) && defined(__AVXVNNI__)    /* Zen 5 */
-#define CUVIL_QGEMM_PREFETCH_HINT _MM_HINT_NTA    /* non-temporal; 4-16 KB ahead alike (C harness: GEMVs of 2048 x 5632 from DRAM, rounds interleaved) */
+#define CUVIL_QGEMM_PREFETCH_HINT _MM_HINT_NTA    /* non-temporal; 4-16 KB ahead alike (benchmarks.kernel_ab 1x5632x2048 / benchmarks.qgemv: GEMVs of 2048 x 5632 from DRAM, rounds interleaved) */
 #elif defined(CUVIL_ZEN)    /* Zen */
 #define CUVIL_QGEMM_PREFETCH_HINT _MM_HINT_T2    /* toward L2, not L1 (benchmarks.ab, TinyLlama-shaped decode, artifacts interleaved) */
 #else    /* Intel */
@@ -44,26 +44,26 @@
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)    /* 512-bit VNNI */
 #define CUVIL_QGEMM_PREFILL_BLOCKS 4    /* a prefill tile takes a whole quad (4 rows x 2 pairs) (benchmarks.ab, TinyLlama prefill of 128 tokens, artifacts interleaved) */
 #else    /* AVX2 and others */
-#define CUVIL_QGEMM_PREFILL_BLOCKS 2    /* two blocks side by side: whole 64-byte lines (benchmarks.ab, TinyLlama prefill of 128 tokens, artifacts interleaved + C harness 128 x 5632 x 2048) */
+#define CUVIL_QGEMM_PREFILL_BLOCKS 2    /* two blocks side by side: whole 64-byte lines (benchmarks.ab, TinyLlama prefill of 128 tokens, artifacts interleaved + benchmarks.qgemv --rows 128) */
 #endif
 
-#define CUVIL_GEMV_STREAMS 6    /* most panels whose 12 accumulators stay in AVX2 registers (C harness GEMVs + benchmarks.ab, TinyLlama-shaped decode, artifacts interleaved) */
+#define CUVIL_GEMV_STREAMS 6    /* most panels whose 12 accumulators stay in AVX2 registers (benchmarks.kernel_ab GEMVs + benchmarks.ab, TinyLlama-shaped decode, artifacts interleaved) */
 #define CUVIL_GEMV_PARALLEL_MIN 65536    /* a GEMV of more than N x K weights runs on every thread (none recorded) */
-#define CUVIL_GEMV_EQUAL_PARTS_GROUPS 4    /* up to 4 stream groups a thread: equal parts, one a thread; more: chunks claimed as threads come free (C harness GEMVs 2048 x 256, 1024 x 1024 + benchmarks.ab, TinyLlama-shaped decode, artifacts interleaved) */
+#define CUVIL_GEMV_EQUAL_PARTS_GROUPS 4    /* up to 4 stream groups a thread: equal parts, one a thread; more: chunks claimed as threads come free (benchmarks.kernel_ab 1x256x2048, 1x1024x1024 + benchmarks.ab, TinyLlama-shaped decode, artifacts interleaved) */
 #define CUVIL_GEMM_PARALLEL_MIN_FLOPS 65536    /* a GEMM of more than M x N x K runs on every thread (none recorded) */
 #define CUVIL_GEMM_PACK_A_PARALLEL_MIN 8192    /* pack A in parallel from M x K above this: rows mostly just written, half by the other core (none recorded) */
 #define CUVIL_PACK_B_PARALLEL_MIN 16384    /* pack B (panels x K) in parallel above this (none recorded) */
-#define CUVIL_GEMM_IN_TASK_MIN_A_BYTES (1 << 20)    /* A larger than L2: each task packs its own M block of A, K block by K block (C harness, MiniLM-shaped GEMMs) */
-#define CUVIL_GEMM_IN_TASK_MAX_PANELS 32    /* A packed in the tasks over at most 32 panels: over more each task streams B from L3 (C harness, MiniLM-shaped GEMMs) */
+#define CUVIL_GEMM_IN_TASK_MIN_A_BYTES (1 << 20)    /* A larger than L2: each task packs its own M block of A, K block by K block (benchmarks.kernel_ab 4096x1536x384, 4096x384x384, 2048x768x3072) */
+#define CUVIL_GEMM_IN_TASK_MAX_PANELS 32    /* A packed in the tasks over at most 32 panels: over more each task streams B from L3 (benchmarks.kernel_ab 4096x1536x384, 4096x384x384, 2048x768x3072) */
 #define CUVIL_GEMM_IN_TASK_MIN_BLOCKS_PER_THREAD 2    /* A packed in the tasks only with at least 2 M blocks a thread (none recorded) */
-#define CUVIL_GEMM_ROWS_MIN_PER_THREAD 64    /* split by rows (each thread reads the rows written on its core) from 64 rows a thread (C harness, 128 rows after a row-split writer + benchmarks.ab, BERT-base) */
-#define CUVIL_GEMM_ROWS_MAX_N_OVER_M 4    /* split by rows only while B is at most 4x the size of A (N <= 4 M) (C harness, 128 rows after a row-split writer + benchmarks.ab, BERT-base) */
+#define CUVIL_GEMM_ROWS_MIN_PER_THREAD 64    /* split by rows (each thread reads the rows written on its core) from 64 rows a thread (benchmarks.kernel_ab --rows-written 128xNxK + benchmarks.ab, BERT-base) */
+#define CUVIL_GEMM_ROWS_MAX_N_OVER_M 4    /* split by rows only while B is at most 4x the size of A (N <= 4 M) (benchmarks.kernel_ab --rows-written 128xNxK + benchmarks.ab, BERT-base) */
 #define CUVIL_GEMM_TASKS_PER_THREAD 8    /* enough tasks: 8 a thread before panels are grouped or M blocks stop growing (none recorded) */
 #define CUVIL_GEMM_PANELS_PER_TASK 4    /* panels per task where tasks are plenty: reuse A from cache (none recorded) */
 #define CUVIL_GEMM_SHALLOW_K 192    /* shallow K (1x1 convs, small im2col): rows outer, longer runs of C rows; A rows in place only deeper (1x1 convs 26 -> 60 GFLOP/s with the rows-outer order) */
 #define CUVIL_GEMM_SHALLOW_MIN_PANELS_PER_THREAD 32    /* shallow K takes the wide panel groups from 32 panels x M blocks a thread (1x1 convs 26 -> 60 GFLOP/s with the rows-outer order) */
 #define CUVIL_GEMM_SHALLOW_PANELS_PER_TASK 16    /* shallow K: 16 panels a task, longer runs of C rows (1x1 convs 26 -> 60 GFLOP/s with the rows-outer order) */
-#define CUVIL_GEMM_PRODUCED_MIN_TASKS_PER_THREAD 4    /* B produced in the tasks (implicit im2col): single panels enough from 4 tasks a thread (C harness, 3x3 stride-2 conv 128 -> 128 at 28x28) */
+#define CUVIL_GEMM_PRODUCED_MIN_TASKS_PER_THREAD 4    /* B produced in the tasks (implicit im2col): single panels enough from 4 tasks a thread (3x3 stride-2 conv 128 -> 128 at 28x28 (benchmarks.layers times it in ResNet-50)) */
 
 /* ---- where no row above set a knob ---- */
 #ifndef CUVIL_GEMV_PREFETCH_BF16

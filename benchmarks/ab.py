@@ -5,6 +5,10 @@ process, so the host's drift hits them alike (how this project measures a kernel
     git stash; python -m benchmarks.ab --save ResNet-50 /tmp/r50_old; git stash pop
     python -m benchmarks.ab ResNet-50 /tmp/r50_old /tmp/r50_new --threads 1
 
+The LLM workload "TinyLlama int4 decode" (a TinyLlama-shaped checkpoint from its config, random weights,
+int4) saves a cuvil.llm artifact and compares decode: after the same 128-token prompt, chunks of 12
+greedy tokens in turn, tokens/s medians (the first artifact's logits are the reference).
+
 Each round runs every artifact for a burst of `--burst` seconds, in alternating order; the medians of
 the rounds and their ratios to the first artifact are printed, after the largest output difference
 from the first artifact's.
@@ -18,6 +22,41 @@ import time
 import numpy as np
 
 from benchmarks.workloads import WORKLOADS
+
+
+LLM_WORKLOAD = "TinyLlama int4 decode"
+
+
+def save_llm(path: str):
+    import cuvil.llm
+    from benchmarks.llm import TINYLLAMA, make_checkpoint
+    ckpt = make_checkpoint(TINYLLAMA, "tinyllama-shape")
+    cuvil.llm.from_transformers(ckpt, precision="int4", max_seq_len=512, num_threads=1,
+                                measure_error=False).save(path)
+    print(f"saved {LLM_WORKLOAD} to {path}")
+
+
+def compare_llm(paths: list, threads: int, rounds: int, chunk: int = 12):
+    import cuvil.llm
+    prompt = np.random.default_rng(0).integers(100, 30000, 128).tolist()
+    llms = [cuvil.llm.load(p, num_threads=threads) for p in paths]
+    logits = [np.asarray(m.prefill(prompt)) for m in llms]
+    for p, lg in zip(paths[1:], logits[1:]):
+        print(f"{p}: max |prefill logits - first's| {float(np.abs(lg - logits[0]).max()):.3g}")
+    tps = [[] for _ in llms]
+    for r in range(rounds):
+        order = range(len(llms)) if r % 2 else reversed(range(len(llms)))
+        for i in order:
+            tok, t0 = 1, time.perf_counter()
+            for _ in range(chunk):
+                tok = int(np.asarray(llms[i].decode([tok]))[-1].argmax())
+            tps[i].append(chunk / (time.perf_counter() - t0))
+        if len(prompt) + (r + 2) * chunk > 512:        # stay inside max_seq_len: the prompt again
+            for m in llms:
+                m.prefill(prompt)
+    med = [float(np.median(t)) for t in tps]
+    print(f"{LLM_WORKLOAD}, {threads} thread(s), {rounds} rounds: "
+          + "  ".join(f"{p} {v:.2f} tok/s ({v / med[0]:.3f}x)" for p, v in zip(paths, med)))
 
 
 def save(workload: str, path: str):
@@ -52,15 +91,18 @@ def compare(workload: str, paths: list, threads: int, rounds: int, burst: float)
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("workload", choices=sorted(WORKLOADS))
+    ap.add_argument("workload", choices=sorted(WORKLOADS) + [LLM_WORKLOAD])
     ap.add_argument("paths", nargs="+", help="artifact directories (with --save: the one to write)")
     ap.add_argument("--save", action="store_true", help="compile the workload with this tree and save it")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--burst", type=float, default=0.25)
     a = ap.parse_args(argv)
+    llm = a.workload == LLM_WORKLOAD
     if a.save:
-        save(a.workload, a.paths[0])
+        (save_llm if llm else lambda p: save(a.workload, p))(a.paths[0])
+    elif llm:
+        compare_llm(a.paths, a.threads, a.rounds)
     else:
         compare(a.workload, a.paths, a.threads, a.rounds, a.burst)
 

@@ -15,12 +15,10 @@
 #else
 #define CUVIL_MR 6
 #endif
-#ifndef CUVIL_KC
+/* K and M block sizes; the weights packed at compile time follow them (codegen/c/gemm_plan.py GEMM_KC,
+ * GEMM_MC, checked by a _Static_assert in each model), so they are not a -D option */
 #define CUVIL_KC 384
-#endif
-#ifndef CUVIL_MC
 #define CUVIL_MC 120
-#endif
 
 /* Packed size in floats of a K x N operand. */
 static inline int64_t cuvil_packed_b_size(int64_t K, int64_t N) { return ((N + CUVIL_NR - 1) / CUVIL_NR) * CUVIL_NR * K; }

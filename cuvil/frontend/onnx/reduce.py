@@ -95,20 +95,17 @@ handler("ArgMax")(_arg("argmax"))
 handler("ArgMin")(_arg("argmin"))
 
 
-@handler("CumSum")
-def _cumsum(c):
-    x = c.inp(0)
-    axis = int(np.asarray(c.known(1, "axis")).ravel()[0])
-    return c.op("cumsum", [x], axis=norm_axis(axis, rank_of(x)), exclusive=bool(c.attr("exclusive", 0)),
-                reverse=bool(c.attr("reverse", 0)))
+def _scan(kind):
+    def h(c):
+        x = c.inp(0)
+        axis = int(np.asarray(c.known(1, "axis")).ravel()[0])
+        return c.op(kind, [x], axis=norm_axis(axis, rank_of(x)), exclusive=bool(c.attr("exclusive", 0)),
+                    reverse=bool(c.attr("reverse", 0)))
+    return h
 
 
-@handler("CumProd")
-def _cumprod(c):
-    x = c.inp(0)
-    axis = int(np.asarray(c.known(1, "axis")).ravel()[0])
-    return c.op("cumprod", [x], axis=norm_axis(axis, rank_of(x)), exclusive=bool(c.attr("exclusive", 0)),
-                reverse=bool(c.attr("reverse", 0)))
+handler("CumSum")(_scan("cumsum"))
+handler("CumProd")(_scan("cumprod"))
 
 
 @handler("TopK")

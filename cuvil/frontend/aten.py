@@ -488,6 +488,22 @@ def _layer_norm(ctx, x, shape, w, b, eps):
     return (ctx.add("layer_norm", [x, w, b], {"axis": axis, "eps": eps}), None, None)
 
 
+@handles(aten.native_group_norm.default)
+def _group_norm(ctx, x, w, b, n, c, hw, groups, eps):
+    """A layer norm over each group's channels and pixels, then the per-channel affine."""
+    sh = list(x.shape)
+    if not isinstance(sh[1], int):
+        raise Unsupported("group norm over a symbolic channel count")
+    y = ctx.add("reshape", [x], {"shape": [sh[0], groups, D.numel([sh[1] // groups] + sh[2:])]})
+    y = ctx.add("reshape", [ctx.add("layer_norm", [y], {"axis": 2, "eps": eps})], {"shape": sh})
+    per_channel = [sh[1]] + [1] * (len(sh) - 2)
+    if w is not None:
+        y = ctx.add("mul", [y, ctx.add("reshape", [w], {"shape": per_channel})])
+    if b is not None:
+        y = ctx.add("add", [y, ctx.add("reshape", [b], {"shape": per_channel})])
+    return (y, None, None)
+
+
 @handles(aten._softmax.default, aten._log_softmax.default)
 def _softmax(ctx, x, dim, half_to_float=False):
     op = "softmax" if ctx.node.target == aten._softmax.default else "log_softmax"
@@ -538,6 +554,50 @@ for _t, _op in ((aten.mean.dim, "reduce_mean"), (aten.mean.default, "reduce_mean
                 (aten.any.dim, "reduce_max"), (aten.any.dims, "reduce_max"), (aten.any.default, "reduce_max"),
                 (aten.all.dim, "reduce_min"), (aten.all.default, "reduce_min"), (aten.prod.dim_int, "reduce_prod")):
     HANDLERS[_t] = _reduce(_op)
+
+
+@handles(aten.linalg_vector_norm.default)
+def _vector_norm(ctx, x, ord=2, dim=None, keepdim=False, dtype=None):
+    """sum(|x|^ord)^(1/ord) over dim; ord inf/-inf the largest/smallest |x|, 0 the count of nonzeros."""
+    x = ctx.tensor(x, _out_dtype(ctx))
+    red = {"axes": _axes(x, dim), "keepdims": keepdim}
+    a = ctx.add("abs", [x])
+    if ord in (math.inf, -math.inf):
+        return ctx.add("reduce_max" if ord > 0 else "reduce_min", [a], red)
+    if ord == 0:
+        return ctx.add("reduce_sum", [ctx.add("cast", [ctx.add("ne", [x, ctx.tensor(0.0, x.dtype)])], {"to": x.dtype})], red)
+    if ord == 1:
+        return ctx.add("reduce_sum", [a], red)
+    if ord == 2:
+        return ctx.add("sqrt", [ctx.add("reduce_sum", [ctx.add("mul", [x, x])], red)])
+    powered = ctx.add("pow", [a, ctx.tensor(float(ord), x.dtype)])
+    return ctx.add("pow", [ctx.add("reduce_sum", [powered], red), ctx.tensor(1.0 / ord, x.dtype)])
+
+
+@handles(aten.topk.default)
+def _topk(ctx, x, k, dim=-1, largest=True, sorted=True):
+    """The k largest (smallest) along dim, sorted, ties by the lower index first."""
+    if not isinstance(k, int):
+        raise Unsupported("top-k with a symbolic k")
+    v, i = ctx.add("topk", [x], {"k": k, "axis": dim % max(x.type.rank, 1), "largest": bool(largest), "sorted": True})
+    return (v, i)
+
+
+@handles(aten.sort.default, aten.sort.stable)
+def _sort(ctx, x, *args, **kw):
+    """sort(x, dim=-1, descending=False) and sort.stable(x, *, stable, dim, descending): a top-k of the
+    whole axis. Ties keep the lower index first, which is torch's stable order (its unstable sort
+    promises no order for ties)."""
+    if ctx.node.target == aten.sort.default:
+        dim, descending = (list(args) + [-1, False][len(args):])[:2]
+    else:
+        dim, descending = kw.get("dim", -1), kw.get("descending", False)
+    axis = dim % max(x.type.rank, 1)
+    n = x.shape[axis] if x.type.rank else 1
+    if not isinstance(n, int):
+        raise Unsupported("sort along a symbolic dim")
+    v, i = ctx.add("topk", [x], {"k": n, "axis": axis, "largest": bool(descending), "sorted": True})
+    return (v, i)
 
 
 @handles(aten.max.dim, aten.min.dim)

@@ -17,7 +17,7 @@ from torch.utils import _pytree
 from ..errors import CuvilError, UnsupportedOpError
 from ..ir import dims as D
 from ..ir.graph import Graph, TensorType, Value
-from . import aten, aten_export  # aten_export registers its handlers into aten.HANDLERS
+from . import aten, aten_export, aten_resample  # these two register their handlers into aten.HANDLERS
 from .torch_dtypes import TORCH_DTYPES, dtype_of
 
 

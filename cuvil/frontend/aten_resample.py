@@ -1,0 +1,150 @@
+"""ATen resampling -> IR: nearest, (bi/tri)linear and bicubic upsampling (align_corners both ways) and
+adaptive average pooling. Each spatial axis is a weighted sum of a few gathers ("taps") whose indices
+and weights are computed here from the static sizes, by torch's own rules (aten/src/ATen/native/
+UpSample.h: area_pixel_compute_scale, area_pixel_compute_source_index, nearest_idx)."""
+from __future__ import annotations
+
+import numpy as np
+
+from .aten import Unsupported, aten, handles
+
+CUBIC_A = -0.75     # torch's bicubic kernel (Keys, a = -0.75)
+
+
+def _scale(in_size, out_size, align_corners, scale):
+    """Source pixels per output pixel, in float32 as torch computes it."""
+    if align_corners:
+        return np.float32((in_size - 1) / (out_size - 1) if out_size > 1 else 0.0)
+    return np.float32(1.0 / scale if scale and scale > 0 else in_size / out_size)
+
+
+def _source(scale, out_size, align_corners, cubic=False):
+    dst = np.arange(out_size, dtype=np.float32)
+    if align_corners:
+        return scale * dst
+    src = scale * (dst + np.float32(0.5)) - np.float32(0.5)
+    return src if cubic else np.maximum(src, np.float32(0))
+
+
+def nearest_taps(in_size, out_size, scale):
+    if out_size == in_size:
+        idx = np.arange(out_size)
+    elif out_size == 2 * in_size:
+        idx = np.arange(out_size) >> 1
+    else:
+        s = _scale(in_size, out_size, False, scale)
+        idx = np.minimum(np.floor(np.arange(out_size, dtype=np.float32) * s).astype(np.int64), in_size - 1)
+    return [(idx, None)]
+
+
+def linear_taps(in_size, out_size, align_corners, scale):
+    src = _source(_scale(in_size, out_size, align_corners, scale), out_size, align_corners)
+    i0 = np.minimum(src.astype(np.int64), in_size - 1)
+    lam = (src - i0).astype(np.float32)
+    i1 = np.minimum(i0 + 1, in_size - 1)
+    return [(i0, np.float32(1) - lam), (i1, lam)]
+
+
+def _cubic_weights(t):
+    a = np.float32(CUBIC_A)
+    near = lambda x: ((a + 2) * x - (a + 3)) * x * x + 1            # |x| <= 1
+    far = lambda x: ((a * x - 5 * a) * x + 8 * a) * x - 4 * a       # 1 < |x| < 2
+    return [far(t + 1), near(t), near(1 - t), far(2 - t)]
+
+
+def cubic_taps(in_size, out_size, align_corners, scale):
+    src = _source(_scale(in_size, out_size, align_corners, scale), out_size, align_corners, cubic=True)
+    i = np.floor(src).astype(np.int64)
+    ws = _cubic_weights((src - i).astype(np.float32))
+    return [(np.clip(i - 1 + k, 0, in_size - 1), w.astype(np.float32)) for k, w in enumerate(ws)]
+
+
+def adaptive_taps(in_size, out_size):
+    """Window o covers [floor(o * in / out), ceil((o + 1) * in / out)); shorter windows repeat their last
+    index with weight 0."""
+    o = np.arange(out_size)
+    start, end = (o * in_size) // out_size, -((-(o + 1) * in_size) // out_size)
+    length = end - start
+    return [(np.minimum(start + t, end - 1), np.where(t < length, 1 / length, 0).astype(np.float32))
+            for t in range(int(length.max()))]
+
+
+def _resample_axis(ctx, x, axis, taps):
+    shape = [1] * x.type.rank
+    shape[axis] = len(taps[0][0])
+    total = None
+    for idx, w in taps:
+        y = ctx.add("gather", [x, ctx.g.const(idx.astype(np.int64))], {"axis": axis})
+        if w is not None:
+            y = ctx.add("mul", [y, ctx.g.const(w.reshape(shape).astype(x.dtype))])
+        total = y if total is None else ctx.add("add", [total, y])
+    return total
+
+
+def _resample(ctx, x, taps_of):
+    """taps_of(i, in_size, out_size) for each spatial axis i; the output sizes are the node's."""
+    out_shape = tuple(ctx.node.meta["val"].shape)
+    nsp = len(out_shape) - 2
+    for i in range(nsp):
+        axis = 2 + i
+        n_in, n_out = x.shape[axis], out_shape[axis]
+        if not isinstance(n_in, int) or not isinstance(n_out, int):
+            raise Unsupported("resampling a symbolic spatial size")
+        if n_in != n_out:                  # an axis kept as it is: every kind of taps is the identity
+            x = _resample_axis(ctx, x, axis, taps_of(i, n_in, int(n_out)))
+    return x
+
+
+def _scales(scale_factors, extra, nsp):
+    if scale_factors:
+        return list(scale_factors)
+    return (list(extra) + [None] * nsp)[:nsp]
+
+
+@handles(aten.upsample_nearest1d.vec, aten.upsample_nearest2d.vec, aten.upsample_nearest3d.vec)
+def _nearest_vec(ctx, x, output_size, scale_factors):
+    sc = _scales(scale_factors, [], x.type.rank - 2)
+    return _resample(ctx, x, lambda i, n, m: nearest_taps(n, m, sc[i]))
+
+
+@handles(aten.upsample_nearest1d.default, aten.upsample_nearest2d.default, aten.upsample_nearest3d.default)
+def _nearest(ctx, x, output_size, *scales):
+    sc = _scales(None, scales, x.type.rank - 2)
+    return _resample(ctx, x, lambda i, n, m: nearest_taps(n, m, sc[i]))
+
+
+def _interp(taps):
+    def vec(ctx, x, output_size, align_corners, scale_factors):
+        sc = _scales(scale_factors, [], x.type.rank - 2)
+        return _resample(ctx, x, lambda i, n, m: taps(n, m, align_corners, sc[i]))
+
+    def default(ctx, x, output_size, align_corners, *scales):
+        sc = _scales(None, scales, x.type.rank - 2)
+        return _resample(ctx, x, lambda i, n, m: taps(n, m, align_corners, sc[i]))
+    return vec, default
+
+
+for _ops, _taps in (((aten.upsample_linear1d, aten.upsample_bilinear2d, aten.upsample_trilinear3d), linear_taps),
+                    ((aten.upsample_bicubic2d,), cubic_taps)):
+    _vec, _default = _interp(_taps)
+    for _op in _ops:
+        handles(_op.vec)(_vec)
+        handles(_op.default)(_default)
+
+
+@handles(aten._adaptive_avg_pool2d.default, aten.adaptive_avg_pool1d.default, aten._adaptive_avg_pool3d.default)
+def _adaptive_avg_pool(ctx, x, output_size):
+    out = tuple(ctx.node.meta["val"].shape)[2:]
+    ins = x.shape[2:]
+    if all(isinstance(n, int) and n % m == 0 for n, m in zip(ins, out)) and len(out) == 2:
+        k = [n // m for n, m in zip(ins, out)]      # windows that tile the input: a plain pool
+        return ctx.add("avg_pool", [x], {"kernel": k, "strides": k, "pads": [(0, 0)] * len(k), "ceil_mode": False,
+                                         "count_include_pad": True})
+    return _resample(ctx, x, lambda i, n, m: adaptive_taps(n, m))
+
+
+@handles(aten._upsample_bilinear2d_aa.default, aten._upsample_bilinear2d_aa.vec,
+         aten._upsample_bicubic2d_aa.default, aten._upsample_bicubic2d_aa.vec)
+def _antialiased(ctx, x, *args):
+    raise Unsupported("antialiased resampling (antialias=True)")
+

@@ -1,0 +1,116 @@
+"""ATen ops that common models need beyond the tuned set (issue 39): group norm, vector norms
+(F.normalize), upsampling in every mode, adaptive average pooling, top-k and sort. Each compiled
+module is checked against torch eager."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cuvil
+
+
+class Fn(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *xs):
+        return self.fn(*xs)
+
+
+def check(module, *xs, rtol=1e-5, atol=1e-5):
+    module = module.eval()
+    with torch.no_grad():
+        want = module(*xs)
+    got = cuvil.compile(module, xs)(*xs)
+    want = want if isinstance(want, (tuple, list)) else (want,)
+    got = got if isinstance(got, (tuple, list)) else (got,)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        g = g.numpy() if isinstance(g, torch.Tensor) else np.asarray(g)
+        assert g.shape == tuple(w.shape) and g.dtype == w.numpy().dtype, (g.shape, g.dtype, w.shape, w.dtype)
+        np.testing.assert_allclose(g, w.numpy(), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("groups,channels,affine,shape", [
+    (4, 16, True, (2, 16, 5, 7)), (1, 6, False, (3, 6, 4)), (6, 6, True, (1, 6, 3, 3, 2))])
+def test_group_norm(groups, channels, affine, shape):
+    torch.manual_seed(0)
+    m = torch.nn.GroupNorm(groups, channels, affine=affine)
+    if affine:
+        with torch.no_grad():
+            m.weight.uniform_(0.5, 1.5)
+            m.bias.uniform_(-0.5, 0.5)
+    check(torch.nn.Sequential(m, torch.nn.SiLU()), torch.randn(*shape) * 3 + 1)
+
+
+@pytest.mark.parametrize("ord,dim,keepdim", [(2, -1, False), (1, (0, 2), True), (float("inf"), None, False),
+                                             (-float("inf"), 1, True), (0, -1, False), (3.0, 1, False)])
+def test_vector_norm(ord, dim, keepdim):
+    x = torch.randn(3, 4, 5)
+    x[0, 0, :2] = 0
+    check(Fn(lambda x: torch.linalg.vector_norm(x, ord, dim, keepdim)), x, rtol=1e-5)
+
+
+def test_normalize_after_mean_pooling():
+    """sentence-transformers' pipeline after the encoder: masked mean pooling, then L2 normalization."""
+    def pool(h, mask):
+        m = mask.unsqueeze(-1).float()
+        return F.normalize((h * m).sum(1) / m.sum(1).clamp(min=1e-9), p=2, dim=1)
+    mask = torch.ones(2, 7, dtype=torch.int64)
+    mask[1, 5:] = 0
+    check(Fn(pool), torch.randn(2, 7, 16), mask)
+
+
+RESAMPLE = [
+    ("nearest", None, (7, 9), None), ("nearest", None, None, 2.0), ("nearest", None, None, 0.5),
+    ("nearest", None, (3, 13), None),
+    ("bilinear", False, None, 2.0), ("bilinear", True, None, 2.0), ("bilinear", False, (4, 11), None),
+    ("bilinear", True, (9, 4), None), ("bilinear", False, None, 1.7),
+    ("bicubic", False, None, 2.0), ("bicubic", True, (8, 5), None),
+]
+
+
+@pytest.mark.parametrize("mode,align,size,scale", RESAMPLE)
+def test_interpolate_2d(mode, align, size, scale):
+    kw = {} if align is None else {"align_corners": align}
+    check(Fn(lambda x: F.interpolate(x, size=size, scale_factor=scale, mode=mode, **kw)), torch.randn(2, 3, 6, 7),
+          rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode,shape,size", [("linear", (2, 3, 7), (12,)), ("nearest", (2, 3, 7), (3,)),
+                                             ("trilinear", (1, 2, 3, 4, 5), (5, 3, 8)),
+                                             ("nearest", (1, 2, 3, 4, 5), (6, 8, 4))])
+def test_interpolate_1d_3d(mode, shape, size):
+    kw = {"align_corners": False} if mode != "nearest" else {}
+    check(Fn(lambda x: F.interpolate(x, size=size, mode=mode, **kw)), torch.randn(*shape), rtol=1e-4, atol=1e-5)
+
+
+def test_antialiased_resize_is_a_clear_error():
+    m = Fn(lambda x: F.interpolate(x, size=(3, 3), mode="bilinear", antialias=True))
+    with pytest.raises(cuvil.UnsupportedOpError, match="antialias"):
+        cuvil.compile(m, (torch.randn(1, 2, 8, 8),))
+
+
+@pytest.mark.parametrize("shape,out", [((2, 3, 7, 9), (3, 4)), ((1, 4, 8, 8), (2, 4)), ((1, 2, 5, 5), (1, 1)),
+                                       ((1, 2, 3, 4), (5, 7)), ((2, 3, 10), (4,))])
+def test_adaptive_avg_pool(shape, out):
+    pool = torch.nn.AdaptiveAvgPool2d(out) if len(out) == 2 else torch.nn.AdaptiveAvgPool1d(out)
+    check(pool, torch.randn(*shape))
+
+
+@pytest.mark.parametrize("k,dim,largest", [(3, -1, True), (2, 0, False), (5, 1, True)])
+def test_topk(k, dim, largest):
+    x = torch.randperm(60).reshape(5, 12).float()            # distinct values: one right order
+    check(Fn(lambda x: torch.topk(x, k, dim=dim, largest=largest)), x)
+
+
+@pytest.mark.parametrize("descending,stable", [(False, False), (True, False), (False, True), (True, True)])
+def test_sort(descending, stable):
+    x = torch.tensor([[3., 1., 2., 1., 5., 2.], [0., -1., 7., 7., 7., -2.]])
+    if stable:
+        fn = lambda x: torch.sort(x, dim=-1, descending=descending, stable=True)
+        check(Fn(fn), x)                                   # ties: the lower index first
+    else:
+        fn = lambda x: torch.sort(x * torch.arange(1., 7.), dim=-1, descending=descending)
+        check(Fn(fn), x)                                   # products distinct: no ties

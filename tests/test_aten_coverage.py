@@ -114,3 +114,47 @@ def test_sort(descending, stable):
     else:
         fn = lambda x: torch.sort(x * torch.arange(1., 7.), dim=-1, descending=descending)
         check(Fn(fn), x)                                   # products distinct: no ties
+
+
+def test_slice_and_select_scatter():
+    def f(x, s, r):
+        y = torch.slice_scatter(x, s, dim=1, start=1, end=7, step=2)
+        return torch.select_scatter(y, r, dim=0, index=-1)
+    check(Fn(f), torch.randn(4, 8), torch.randn(4, 3), torch.randn(8))
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_index_put(accumulate):
+    def f(x, i, j, v):
+        return torch.index_put(x, (i, j), v, accumulate=accumulate)
+    i = torch.tensor([0, 2, -1, 1])
+    j = torch.tensor([[1], [3]])                       # broadcasts against i: 2 x 4 positions
+    if accumulate:
+        i = torch.tensor([0, 2, 0, 1])                 # a repeated position adds up
+    check(Fn(f), torch.randn(3, 5, 2), i, j, torch.randn(2))
+
+
+def test_index_put_rows():
+    check(Fn(lambda x, i, v: torch.index_put(x, (i,), v)), torch.randn(6, 4), torch.tensor([4, 0]), torch.randn(2, 4))
+
+
+def test_as_strided_windows():
+    """Overlapping windows of a contiguous tensor (as Swin-style code and unfold produce)."""
+    check(Fn(lambda x: torch.as_strided(x * 2, (3, 4, 2), (4, 1, 2), 1)), torch.randn(20))
+
+
+@pytest.mark.parametrize("bins,lo,hi", [(10, 0.0, 0.0), (7, -1.0, 1.5), (4, 0.0, 0.0)])
+def test_histc(bins, lo, hi):
+    x = torch.randn(50)
+    if bins == 4:
+        x = torch.full((9,), 3.0)                       # one value: the range widens by 1 each way
+    check(Fn(lambda x: torch.histc(x, bins=bins, min=lo, max=hi)), x)
+
+
+def test_group_norm_statistics():
+    """native_group_norm and native_layer_norm return the mean and 1/std beside the output."""
+    def f(x):
+        y, m, r = torch.ops.aten.native_group_norm(x, None, None, 2, 6, 12, 3, 1e-5)
+        z, m2, r2 = torch.ops.aten.native_layer_norm(x, [3, 4], None, None, 1e-5)
+        return y, m, r, z, m2, r2
+    check(Fn(f), torch.randn(2, 6, 3, 4) * 2 + 1, rtol=1e-4, atol=1e-5)

@@ -101,10 +101,15 @@ def _binary(op):
                                                                   {"to": dt})
         if op == "div" and not out.startswith("float"):
             raise Unsupported("integer true division")
+        if dt == "bool" and op in BOOL_ARITHMETIC:       # torch computes these on bools as logic
+            return ctx.add(BOOL_ARITHMETIC[op], [ctx.tensor(a, dt), ctx.tensor(b, dt)])
         if alpha != 1:
             b = ctx.add("mul", [ctx.tensor(b, dt), ctx.tensor(alpha, dt)])
         return ctx.add(op, [ctx.tensor(a, dt), ctx.tensor(b, dt)])
     return h
+
+
+BOOL_ARITHMETIC = {"mul": "and", "add": "or", "max": "or", "min": "and"}
 
 
 def _overloads(name):
@@ -190,10 +195,12 @@ def _elu(ctx, x, alpha=1.0, scale=1.0, input_scale=1.0):
 
 @handles(aten.softplus.default)
 def _softplus(ctx, x, beta=1, threshold=20):
+    """log(1 + exp(beta x)) / beta, and x itself where beta x > threshold (torch's rule)."""
+    bx = x if beta == 1 else ctx.add("mul", [x, ctx.tensor(beta, x.dtype)])
+    y = ctx.add("softplus", [bx])
     if beta != 1:
-        x2 = ctx.add("mul", [x, ctx.tensor(beta, x.dtype)])
-        return ctx.add("div", [ctx.add("softplus", [x2]), ctx.tensor(beta, x.dtype)])
-    return ctx.add("softplus", [x])
+        y = ctx.add("div", [y, ctx.tensor(beta, x.dtype)])
+    return ctx.add("where", [ctx.add("gt", [bx, ctx.tensor(threshold, x.dtype)]), x, y])
 
 
 @handles(aten.hardsigmoid.default)
@@ -209,6 +216,13 @@ def _hardswish(ctx, x):
 @handles(aten._to_copy.default)
 def _to_copy(ctx, x, dtype=None, **kw):
     return ctx.add("cast", [x], {"to": _out_dtype(ctx)}) if isinstance(x, Value) else x
+
+
+@handles(aten.copy.default)
+def _copy(ctx, dst, src, non_blocking=False):
+    """The functional copy_: src cast to dst's dtype and broadcast to its shape."""
+    src = ctx.tensor(src, dst.dtype)
+    return src if tuple(src.shape) == tuple(dst.shape) else ctx.add("expand", [src], {"shape": list(dst.shape)})
 
 
 @handles(aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default,
@@ -356,6 +370,8 @@ def _embedding(ctx, w, idx, *a):
 
 @handles(aten.index_select.default)
 def _index_select(ctx, x, dim, idx):
+    if x.type.rank == 0:             # a 0-d tensor's only element (index 0 or -1)
+        return x
     return ctx.add("gather", [x, idx], {"axis": dim})
 
 
@@ -485,7 +501,8 @@ def _bn(ctx, x, w, b, mean, var, momentum, eps):
 @handles(aten.native_layer_norm.default)
 def _layer_norm(ctx, x, shape, w, b, eps):
     axis = x.type.rank - len(shape)
-    return (ctx.add("layer_norm", [x, w, b], {"axis": axis, "eps": eps}), None, None)
+    y = ctx.add("layer_norm", [x, w, b], {"axis": axis, "eps": eps})
+    return (y, *_mean_rstd(ctx, x, list(range(axis, x.type.rank)), eps, keepdims=True))
 
 
 @handles(aten.native_group_norm.default)
@@ -494,14 +511,24 @@ def _group_norm(ctx, x, w, b, n, c, hw, groups, eps):
     sh = list(x.shape)
     if not isinstance(sh[1], int):
         raise Unsupported("group norm over a symbolic channel count")
-    y = ctx.add("reshape", [x], {"shape": [sh[0], groups, D.numel([sh[1] // groups] + sh[2:])]})
-    y = ctx.add("reshape", [ctx.add("layer_norm", [y], {"axis": 2, "eps": eps})], {"shape": sh})
+    grouped = ctx.add("reshape", [x], {"shape": [sh[0], groups, D.numel([sh[1] // groups] + sh[2:])]})
+    y = ctx.add("reshape", [ctx.add("layer_norm", [grouped], {"axis": 2, "eps": eps})], {"shape": sh})
     per_channel = [sh[1]] + [1] * (len(sh) - 2)
     if w is not None:
         y = ctx.add("mul", [y, ctx.add("reshape", [w], {"shape": per_channel})])
     if b is not None:
         y = ctx.add("add", [y, ctx.add("reshape", [b], {"shape": per_channel})])
-    return (y, None, None)
+    return (y, *_mean_rstd(ctx, grouped, [2], eps, keepdims=False))
+
+
+def _mean_rstd(ctx, x, axes, eps, keepdims):
+    """The statistics a norm returns beside its output (training graphs read them; cleanup drops them
+    where nothing does): the mean and 1 / sqrt(biased variance + eps) over axes."""
+    mu = ctx.add("reduce_mean", [x], {"axes": axes, "keepdims": True})
+    d = ctx.add("sub", [x, mu])
+    var = ctx.add("reduce_mean", [ctx.add("mul", [d, d])], {"axes": axes, "keepdims": keepdims})
+    rstd = ctx.add("rsqrt", [ctx.add("add", [var, ctx.tensor(float(eps), x.dtype)])])
+    return (mu if keepdims else ctx.add("reshape", [mu], {"shape": var.shape})), rstd
 
 
 @handles(aten._softmax.default, aten._log_softmax.default)
@@ -533,9 +560,11 @@ def _avg_pool(ctx, x, kernel, stride=(), padding=0, ceil_mode=False, count_inclu
 
 # ---- reductions --------------------------------------------------------------------------
 def _axes(x, dim):
-    if dim is None or dim == []:
-        return list(range(x.type.rank))
-    return [dim] if isinstance(dim, int) else list(dim)
+    """The reduced axes, non-negative; a 0-d tensor reduced over its dim 0 or -1 has none."""
+    rank = x.type.rank
+    if dim is None or dim == [] or rank == 0:
+        return list(range(rank))
+    return [d % rank for d in ([dim] if isinstance(dim, int) else dim)]
 
 
 def _reduce(op):

@@ -17,7 +17,7 @@ from torch.utils import _pytree
 from ..errors import CuvilError, UnsupportedOpError
 from ..ir import dims as D
 from ..ir.graph import Graph, TensorType, Value
-from . import aten, aten_export, aten_resample  # these two register their handlers into aten.HANDLERS
+from . import aten, aten_export, aten_resample, aten_writes  # these register their handlers into aten.HANDLERS
 from .torch_dtypes import TORCH_DTYPES, dtype_of
 
 
@@ -105,10 +105,12 @@ def _bounds(ep, rename):
         name = rename.get(str(s), str(s))
         try:
             hi = int(hi)
-        except (TypeError, ValueError, OverflowError):
-            raise CuvilError(f"dynamic dim {name} has no upper bound: give it one, e.g. Dim('{name}', max=512)") \
-                from None
-        if hi > 2**40:
+        except (TypeError, ValueError, OverflowError, AttributeError):
+            hi = None
+        if hi is None or hi > 2**40:
+            if str(s).startswith(("u", "zuf")):    # unbacked: a size or a number computed from the input's values
+                raise UnsupportedOpError([(f"a size that depends on the input's values ({name}): cuvil compiles "
+                                           "static or bounded shapes", None)])
             raise CuvilError(f"dynamic dim {name} has no upper bound: give it one, e.g. Dim('{name}', max=512)")
         syms[name] = (max(int(lo), 0), hi)
     return syms
@@ -242,6 +244,9 @@ def _convert(ep, dynamic_shapes, direct) -> tuple[Graph, object]:
                 g.input_names.append(node.name)
                 ctx.env[node.name] = v
             else:
+                if spec.target not in consts:
+                    raise UnsupportedOpError([(f"an exported input of kind {spec.kind.name} with no value ({node.name})",
+                                               None)])
                 t = consts[spec.target]
                 arr = t.detach().cpu().contiguous().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
                 ctx.env[node.name] = g.const(arr, name=re.sub(r"[^A-Za-z0-9_]", "_", spec.target))
@@ -274,7 +279,12 @@ def _convert(ep, dynamic_shapes, direct) -> tuple[Graph, object]:
             except Exception as e:  # noqa: BLE001 - a handler meeting export's graph: use the decomposed one
                 if direct:
                     raise _NeedsDecomposition(f"{node.target}: {e}") from e
-                raise
+                if isinstance(e, CuvilError):
+                    raise
+                if not ctx.unsupported:
+                    raise CuvilError(f"cuvil failed converting {node.target} at {ctx.loc}: "
+                                     f"{type(e).__name__}: {e} (a cuvil bug: please report it)") from e
+                out = _placeholder_for(ctx, node)       # fed by an op already reported unsupported
             if direct and ctx.unsupported:
                 raise _NeedsDecomposition(ctx.unsupported[0][0])
             ctx.env[node.name] = out

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import CuvilError
+from ..errors import UnsupportedOpError
 
 TORCH_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
                 torch.int64: "int64", torch.int32: "int32", torch.int16: "int16", torch.int8: "int8",
@@ -14,5 +14,5 @@ def dtype_of(t) -> str:
     try:
         return TORCH_DTYPES[t]
     except KeyError:
-        raise CuvilError(f"dtype {t} is not supported by cuvil (supported: {', '.join(TORCH_DTYPES.values())})") \
+        raise UnsupportedOpError([(f"dtype {t} (cuvil supports {', '.join(TORCH_DTYPES.values())})", None)]) \
             from None

@@ -120,7 +120,7 @@ class _Key:
         self.put("tensor", t.dtype, tuple(t.shape))
         if t.numel() == 0:
             return
-        if t.is_sparse or t.device.type != "cpu" or t.dtype not in _BYTES_DTYPES:
+        if t.layout != torch.strided or t.device.type != "cpu" or t.dtype not in _BYTES_DTYPES:
             raise Unkeyable(f"a {t.dtype} {t.layout} tensor on {t.device}")
         flat = t.contiguous().view(-1).view(torch.uint8).numpy()
         for j in range(0, len(flat), _SLICE):

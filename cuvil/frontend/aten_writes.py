@@ -1,0 +1,114 @@
+"""ATen writes into a copy and strided reads -> IR: slice_scatter, select_scatter, index_put (as the
+functional graph has them), as_strided over a contiguous source, histc (a scatter-add of ones), and
+empty_permuted (its contents are undefined: zeros)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import dims as D
+from .aten import Unsupported, _out_dtype, aten, handles
+
+
+def _static(*dims):
+    if not all(isinstance(d, int) for d in dims):
+        raise Unsupported("a symbolic size")
+
+
+@handles(aten.slice_scatter.default)
+def _slice_scatter(ctx, x, src, dim=0, start=None, end=None, step=1):
+    """x with x[..., start:end:step, ...] (along dim) replaced by src."""
+    dim %= x.type.rank
+    _static(x.shape[dim], *src.shape)
+    idx = np.arange(*slice(start, end, step).indices(x.shape[dim]))
+    shape = [1] * x.type.rank
+    shape[dim] = len(idx)
+    index = ctx.add("expand", [ctx.g.const(idx.reshape(shape).astype(np.int64))], {"shape": list(src.shape)})
+    return ctx.add("scatter_elements", [x, index, ctx.tensor(src, x.dtype)], {"axis": dim})
+
+
+@handles(aten.select_scatter.default)
+def _select_scatter(ctx, x, src, dim, index):
+    dim %= x.type.rank
+    _static(x.shape[dim])
+    src = ctx.add("reshape", [src], {"shape": list(src.shape[:dim]) + [1] + list(src.shape[dim:])})
+    i = index % x.shape[dim]
+    return _slice_scatter(ctx, x, src, dim, i, i + 1, 1)
+
+
+@handles(aten.index_put.default)
+def _index_put(ctx, x, indices, values, accumulate=False):
+    """x[i0, i1, ...] = values (+= with accumulate), index tensors on the leading dims: one scatter_nd
+    of the broadcast indices stacked along a last axis."""
+    k = len(indices)
+    if any(t is None for t in indices) or k > x.type.rank:
+        raise Unsupported("index_put with indices that skip a dimension")
+    if any(t.dtype == "bool" for t in indices):
+        raise Unsupported("index_put with a boolean mask (data-dependent shape)")
+    shapes = [tuple(t.shape) for t in indices]
+    _static(*[d for s in shapes for d in s], *x.shape[:k])
+    batch = np.broadcast_shapes(*shapes)
+    cols = []
+    for t, n in zip(indices, x.shape[:k]):
+        t = ctx.tensor(t, "int64")
+        t = ctx.add("where", [ctx.add("lt", [t, ctx.tensor(0, "int64")]), ctx.add("add", [t, ctx.tensor(n, "int64")]), t])
+        if tuple(t.shape) != batch:
+            t = ctx.add("expand", [t], {"shape": list(batch)})
+        cols.append(ctx.add("reshape", [t], {"shape": list(batch) + [1]}))
+    nd = cols[0] if k == 1 else ctx.add("concat", cols, {"axis": len(batch)})
+    upd_shape = list(batch) + list(x.shape[k:])
+    v = ctx.tensor(values, x.dtype)
+    if tuple(v.shape) != tuple(upd_shape):
+        v = ctx.add("expand", [v], {"shape": upd_shape})
+    return ctx.add("scatter_nd", [x, nd, v], {"reduction": "add" if accumulate else "none"})
+
+
+@handles(aten.as_strided.default, aten.as_strided_copy.default)
+def _as_strided(ctx, x, size, stride, storage_offset=None):
+    """A strided view of a contiguous tensor's memory: one gather of the flat positions it reads."""
+    src = ctx.node.args[0].meta.get("val")
+    if src is None or not src.is_contiguous():
+        raise Unsupported("as_strided of a tensor that is not contiguous in memory")
+    _static(*x.shape, *size)
+    pos = np.full(tuple(size), storage_offset or 0, np.int64)
+    for axis, (n, s) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[axis] = n
+        pos = pos + (np.arange(n, dtype=np.int64) * s).reshape(shape)
+    numel = D.numel(x.shape)
+    if pos.size and (pos.min() < 0 or pos.max() >= numel):
+        raise Unsupported(f"as_strided reaching outside its source's {numel} elements")
+    flat = ctx.add("reshape", [x], {"shape": [numel]})
+    return ctx.add("gather", [flat, ctx.g.const(pos)], {"axis": 0})
+
+
+@handles(aten.empty_permuted.default)
+def _empty_permuted(ctx, size, physical_layout, **kw):
+    return ctx.add("full", [], {"shape": [ctx.dim(d) for d in size], "value": 0, "dtype": _out_dtype(ctx)})
+
+
+@handles(aten.histc.default)
+def _histc(ctx, x, bins=100, min=0, max=0):
+    """Counts of x in `bins` equal bins over [min, max] (the data's own range where min == max; a
+    range of one value widened by 1 each way), values outside ignored, max in the last bin."""
+    dt = x.dtype
+    flat = ctx.add("reshape", [x], {"shape": [D.numel(x.shape)]})
+    if min == max:
+        lo = ctx.add("reduce_min", [flat], {"axes": [0], "keepdims": True})
+        hi = ctx.add("reduce_max", [flat], {"axes": [0], "keepdims": True})
+        same = ctx.add("eq", [lo, hi])
+        one = ctx.tensor(1.0, dt)
+        lo = ctx.add("where", [same, ctx.add("sub", [lo, one]), lo])
+        hi = ctx.add("where", [same, ctx.add("add", [hi, one]), hi])
+    else:
+        lo, hi = ctx.tensor(float(min), dt), ctx.tensor(float(max), dt)
+    width = ctx.add("sub", [hi, lo])
+    pos = ctx.add("div", [ctx.add("mul", [ctx.add("sub", [flat, lo]), ctx.tensor(float(bins), dt)]), width])
+    idx = ctx.add("cast", [ctx.add("floor", [pos])], {"to": "int64"})
+    last = ctx.tensor(bins - 1, "int64")
+    idx = ctx.add("where", [ctx.add("eq", [flat, hi]), last, idx])
+    inside = ctx.add("and", [ctx.add("ge", [flat, lo]), ctx.add("le", [flat, hi])])
+    idx = ctx.add("where", [inside, idx, ctx.tensor(bins, "int64")])        # outside: a spare bin
+    counts = ctx.add("full", [], {"shape": [bins + 1], "value": 0, "dtype": dt})
+    ones = ctx.add("full", [], {"shape": list(flat.shape), "value": 1, "dtype": dt})
+    counts = ctx.add("scatter_elements", [counts, idx, ones], {"axis": 0, "reduction": "add"})
+    return ctx.add("slice", [counts], {"axis": 0, "start": 0, "step": 1, "length": bins})

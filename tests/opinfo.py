@@ -14,7 +14,8 @@ Each op ends as one of:
   mismatch     compiled and ran, but disagreed with eager (a wrong answer: a bug)
   crash        any other exception inside cuvil, or the worker process died or hung (a bug)
   no_export    torch.export + core ATen decomposition cannot take the sample: not counted
-  random       eager itself gives two answers for one input (a random op): not counted
+  random       eager itself gives two answers for one input (a random op), or its output is undefined
+               memory (empty, new_empty, ...): not counted
   eager_crash  the worker died before cuvil was called (torch itself, on a CUDA-only or sparse op):
                not counted
   no_sample    the OpInfo has no float32 CPU sample: not counted
@@ -40,6 +41,7 @@ HERE = Path(__file__).resolve().parent
 KNOWN_FAILURES = HERE / "opinfo_known_failures.json"
 COUNTED = ("pass", "unsupported", "error", "mismatch", "crash")
 TIMEOUT_S = 120
+UNDEFINED_OUTPUT = ("empty", "empty_like", "empty_permuted", "empty_strided", "new_empty", "new_empty_strided")
 _STAGE = {"conn": None}      # in a worker: where it reports that eager is done and cuvil starts
 
 
@@ -134,6 +136,8 @@ def check_sample(op, sample, cache_dir) -> tuple[str, str]:
 def check_op(op, samples: int, cache_dir) -> tuple[str, str]:
     """The op's status: its first `samples` float32 samples, the first that is not a pass decides."""
     import torch
+    if op.name in UNDEFINED_OUTPUT:
+        return "random", "its output is undefined memory"
     try:
         it = op.sample_inputs("cpu", torch.float32, requires_grad=False)
         picked = [s for _, s in zip(range(samples), it)]

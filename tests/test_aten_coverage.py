@@ -158,3 +158,31 @@ def test_group_norm_statistics():
         z, m2, r2 = torch.ops.aten.native_layer_norm(x, [3, 4], None, None, 1e-5)
         return y, m, r, z, m2, r2
     check(Fn(f), torch.randn(2, 6, 3, 4) * 2 + 1, rtol=1e-4, atol=1e-5)
+
+
+def test_gathered_views():
+    def f(x):
+        return (torch.flip(x, [0, 2]), torch.diagonal(x, 1, 0, 2), torch.diagonal(x, -1, 2, 1),
+                x.unfold(2, 3, 2), x.unfold(0, 2, 1))
+    check(Fn(f), torch.randn(4, 3, 7))
+
+
+@pytest.mark.parametrize("kind", ["sum", "prod", "amax", "amin", "add", "src", "value"])
+def test_scatter_family(kind):
+    index = torch.tensor([[0, 1, 2, 0], [1, 0, 0, 2]])
+    def f(x, src):
+        if kind == "add":
+            return torch.scatter_add(x, 1, index, src)
+        if kind == "src":
+            return torch.scatter(x, 1, torch.tensor([[0, 1, 3, 2], [3, 2, 1, 0]]), src)
+        if kind == "value":
+            return torch.scatter(x, 1, index, 2.5)
+        return torch.scatter_reduce(x, 1, index, src, reduce=kind)
+    check(Fn(f), torch.randn(2, 5), torch.randn(2, 6))
+
+
+def test_unary_additions_and_rounding():
+    def f(x):
+        return (torch.special.erfc(x), torch.lgamma(x.abs() + 0.1), torch.exp2(x), torch.trunc(x * 3),
+                torch.round(x * 100, decimals=1), torch.round(x * 1000, decimals=-2), torch.cumprod(x, 1))
+    check(Fn(f), torch.randn(3, 8), rtol=1e-5, atol=1e-5)

@@ -155,7 +155,7 @@ DOMAIN = {
     "tan": (-1.4, 1.4), "exp": (-8, 8), "expm1": (-8, 8), "sinh": (-6, 6), "cosh": (-6, 6),
 }
 SIGNED = {"reciprocal"}            # domain applied to |x|, random sign
-HALVES = {"floor", "ceil", "round", "sign", "relu", "leaky_relu", "elu", "hardsigmoid", "clip", "abs"}
+HALVES = {"floor", "ceil", "round", "trunc", "sign", "relu", "leaky_relu", "elu", "hardsigmoid", "clip", "abs"}
 INT_UNARY = [n for n, (_, acc, _) in UNARY.items() if acc == "any"]
 NUMERIC_UNARY = [n for n, (_, acc, _) in UNARY.items() if acc != "bool"]   # all but "not": floats, and ints for "any"
 UNARY_ATTRS = {"leaky_relu": {"alpha": 0.1}, "elu": {"alpha": 0.7}, "hardsigmoid": {"alpha": 0.25, "beta": 0.4},

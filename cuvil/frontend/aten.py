@@ -54,6 +54,7 @@ UNARY = {
     aten.sigmoid.default: "sigmoid", aten.relu.default: "relu", aten.floor.default: "floor",
     aten.ceil.default: "ceil", aten.round.default: "round", aten.sign.default: "sign",
     aten.isnan.default: "isnan", aten.isinf.default: "isinf", aten.silu.default: "silu",
+    aten.erfc.default: "erfc", aten.lgamma.default: "lgamma", aten.exp2.default: "exp2", aten.trunc.default: "trunc",
 }
 
 
@@ -646,9 +647,11 @@ def _argmax(ctx, x, dim=None, keepdim=False):
     return ctx.add(op, [x], {"axis": dim, "keepdims": keepdim})
 
 
-@handles(aten.cumsum.default)
-def _cumsum(ctx, x, dim, dtype=None):
-    return ctx.add("cumsum", [ctx.tensor(x, _out_dtype(ctx))], {"axis": dim})
+@handles(aten.cumsum.default, aten.cumprod.default)
+def _cumulative(ctx, x, dim, dtype=None):
+    op = "cumsum" if ctx.node.target == aten.cumsum.default else "cumprod"
+    x = ctx.tensor(x, _out_dtype(ctx))
+    return x if x.type.rank == 0 else ctx.add(op, [x], {"axis": dim % x.type.rank})
 
 
 @handles(aten.var.correction, aten.var_mean.correction)

@@ -1,6 +1,7 @@
-"""ATen writes into a copy and strided reads -> IR: slice_scatter, select_scatter, index_put (as the
-functional graph has them), as_strided over a contiguous source, histc (a scatter-add of ones), and
-empty_permuted (its contents are undefined: zeros)."""
+"""ATen writes into a copy and gathered reads -> IR: slice_scatter, select_scatter, index_put, scatter /
+scatter_add / scatter_reduce (as the functional graph has them); as_strided over a contiguous source,
+diagonal, unfold and flip (gathers of positions computed from the static shape); histc (a scatter-add
+of ones); round to decimals; empty_permuted (its contents are undefined: zeros)."""
 from __future__ import annotations
 
 import numpy as np
@@ -77,8 +78,7 @@ def _as_strided(ctx, x, size, stride, storage_offset=None):
     numel = D.numel(x.shape)
     if pos.size and (pos.min() < 0 or pos.max() >= numel):
         raise Unsupported(f"as_strided reaching outside its source's {numel} elements")
-    flat = ctx.add("reshape", [x], {"shape": [numel]})
-    return ctx.add("gather", [flat, ctx.g.const(pos)], {"axis": 0})
+    return _gather_positions(ctx, x, pos)
 
 
 @handles(aten.empty_permuted.default)
@@ -112,3 +112,81 @@ def _histc(ctx, x, bins=100, min=0, max=0):
     ones = ctx.add("full", [], {"shape": list(flat.shape), "value": 1, "dtype": dt})
     counts = ctx.add("scatter_elements", [counts, idx, ones], {"axis": 0, "reduction": "add"})
     return ctx.add("slice", [counts], {"axis": 0, "start": 0, "step": 1, "length": bins})
+
+
+def _gather_positions(ctx, x, pos):
+    """x's elements at flat (row-major) positions pos, shaped as pos: one gather."""
+    numel = D.numel(x.shape)
+    flat = ctx.add("reshape", [x], {"shape": [numel]})
+    return ctx.add("gather", [flat, ctx.g.const(np.ascontiguousarray(pos, np.int64))], {"axis": 0})
+
+
+@handles(aten.flip.default)
+def _flip(ctx, x, dims):
+    for d in dims:
+        d %= x.type.rank
+        n = x.shape[d]
+        _static(n)
+        x = ctx.add("slice", [x], {"axis": d, "start": n - 1, "step": -1, "length": n})
+    return x
+
+
+@handles(aten.diagonal.default, aten.diagonal_copy.default)
+def _diagonal(ctx, x, offset=0, dim1=0, dim2=1):
+    """The diagonal of dims dim1, dim2 (offset above it when positive) as a last axis."""
+    _static(*x.shape)
+    r = x.type.rank
+    dim1, dim2 = dim1 % r, dim2 % r
+    pos = np.arange(int(np.prod(x.shape)), dtype=np.int64).reshape(x.shape)
+    return _gather_positions(ctx, x, np.diagonal(pos, offset, dim1, dim2))
+
+
+@handles(aten.unfold.default)
+def _unfold(ctx, x, dim, size, step):
+    """Windows of `size` every `step` along dim: that dim counts the windows, a new last one the taps."""
+    _static(*x.shape)
+    if x.type.rank == 0:
+        return ctx.add("reshape", [x], {"shape": [1]})
+    pos = np.arange(int(np.prod(x.shape)), dtype=np.int64).reshape(x.shape)
+    d = dim % x.type.rank
+    starts = np.arange(0, x.shape[d] - size + 1, step)
+    windows = np.stack([np.take(pos, starts + t, axis=d) for t in range(size)], axis=-1)
+    return _gather_positions(ctx, x, windows)
+
+
+SCATTER_REDUCE = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min"}
+
+
+@handles(aten.scatter_reduce.two, aten.scatter_add.default, aten.scatter.src, aten.scatter.value)
+def _scatter_reduce(ctx, x, dim, index, src, reduce="sum", include_self=True):
+    target = ctx.node.target
+    if target == aten.scatter.value:
+        src = ctx.add("full", [], {"shape": list(index.shape), "value": src, "dtype": x.dtype})
+    red = ("add" if target == aten.scatter_add.default else "none" if target in (aten.scatter.src, aten.scatter.value)
+           else SCATTER_REDUCE.get(reduce))
+    if red is None or not include_self:
+        raise Unsupported(f"scatter_reduce with reduce={reduce!r}, include_self={include_self}")
+    if x.type.rank == 0:
+        raise Unsupported("scatter into a 0-d tensor")
+    src = ctx.tensor(src, x.dtype)
+    if tuple(src.shape) != tuple(index.shape):          # src may be larger than index: its leading block
+        src = _leading_block(ctx, src, index.shape)
+    return ctx.add("scatter_elements", [x, ctx.tensor(index, "int64"), src], {"axis": dim % x.type.rank,
+                                                                           "reduction": red})
+
+
+def _leading_block(ctx, v, shape):
+    for axis, n in enumerate(shape):
+        if v.shape[axis] != n:
+            v = ctx.add("slice", [v], {"axis": axis, "start": 0, "step": 1, "length": n})
+    return v
+
+
+@handles(aten.round.decimals)
+def _round_decimals(ctx, x, decimals=0):
+    """torch's rule: round half to even of x * 10^d, divided back (x / 10^-d, multiplied, for d < 0)."""
+    if decimals >= 0:
+        k = ctx.tensor(float(10 ** decimals), x.dtype)
+        return ctx.add("div", [ctx.add("round", [ctx.add("mul", [x, k])]), k])
+    k = ctx.tensor(float(10 ** -decimals), x.dtype)
+    return ctx.add("mul", [ctx.add("round", [ctx.add("div", [x, k])]), k])

@@ -11,6 +11,18 @@ from .registry import OpDef, declare
 from ._shape import broadcast
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
+_erfc = np.vectorize(math.erfc, otypes=[np.float64])
+
+
+def _lgamma_scalar(v):
+    if math.isnan(v) or v == math.inf:
+        return v
+    if v == -math.inf or (v <= 0 and v == math.floor(v)):     # poles: C's lgamma gives +inf
+        return math.inf
+    return math.lgamma(v)
+
+
+_lgamma = np.vectorize(_lgamma_scalar, otypes=[np.float64])
 
 
 def _gelu(x):
@@ -50,6 +62,10 @@ UNARY = {
     "asinh": (np.arcsinh, FLOAT_ONLY, {}), "acosh": (np.arccosh, FLOAT_ONLY, {}),
     "atanh": (np.arctanh, FLOAT_ONLY, {}),
     "erf": (lambda x: _erf(x).astype(x.dtype), FLOAT_ONLY, {}),
+    "erfc": (lambda x: _erfc(x).astype(x.dtype), FLOAT_ONLY, {}),
+    "lgamma": (lambda x: _lgamma(x).astype(x.dtype), FLOAT_ONLY, {}),
+    "exp2": (np.exp2, FLOAT_ONLY, {}),
+    "trunc": (np.trunc, FLOAT_ONLY, {}),
     "sigmoid": (_sigmoid, FLOAT_ONLY, {}),
     "relu": (lambda x: np.maximum(x, 0).astype(x.dtype), ANY, {}),
     "gelu": (_gelu, FLOAT_ONLY, {}),

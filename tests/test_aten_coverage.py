@@ -186,3 +186,44 @@ def test_unary_additions_and_rounding():
         return (torch.special.erfc(x), torch.lgamma(x.abs() + 0.1), torch.exp2(x), torch.trunc(x * 3),
                 torch.round(x * 100, decimals=1), torch.round(x * 1000, decimals=-2), torch.cumprod(x, 1))
     check(Fn(f), torch.randn(3, 8), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("ceil,pad,dil", [(False, 0, 1), (True, 1, 1), (False, 1, 2)])
+def test_max_pool_indices(ceil, pad, dil):
+    x = torch.randn(2, 3, 9, 8)
+    check(Fn(lambda x: F.max_pool2d(x, 3, 2, pad, dil, ceil_mode=ceil, return_indices=True)), x)
+
+
+def test_avg_pool_divisor_override():
+    check(Fn(lambda x: F.avg_pool2d(x, 3, 2, 1, divisor_override=5)), torch.randn(1, 2, 7, 7))
+
+
+@pytest.mark.parametrize("running", [True, False])
+def test_batch_norm_training_statistics(running):
+    """Batch norm in training mode: the batch's own statistics, and the running ones updated."""
+    def f(x, w, b, rm, rv):
+        if running:
+            return torch.ops.aten._native_batch_norm_legit_functional(x, w, b, rm, rv, True, 0.1, 1e-5)
+        return torch.ops.aten._native_batch_norm_legit.no_stats(x, w, b, True, 0.1, 1e-5)
+    check(Fn(f), torch.randn(4, 3, 5, 2) * 2 + 1, torch.rand(3) + 0.5, torch.randn(3), torch.randn(3),
+          torch.rand(3) + 0.5, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("accumulate,value_shape", [(False, ()), (True, (1,)), (False, (4,))])
+def test_index_put_boolean_mask(accumulate, value_shape):
+    def f(x, m, v):
+        return torch.index_put(x, (m,), v, accumulate=accumulate)
+    check(Fn(f), torch.randn(3, 4), torch.tensor([True, False, True]), torch.randn(value_shape))
+
+
+def test_in_place_write_to_an_input_is_refused():
+    def f(x, running):
+        running.mul_(0.9).add_(x.mean(0) * 0.1)
+        return x * 2
+    with pytest.raises(cuvil.UnsupportedOpError, match="writes into the model's inputs"):
+        cuvil.compile(Fn(f), (torch.randn(3, 4), torch.zeros(4)))
+
+
+def test_unbatched_adaptive_pool_and_ceil_divisor():
+    check(Fn(lambda x: F.adaptive_avg_pool2d(x, (5, 3))), torch.randn(8, 9, 7))
+    check(Fn(lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True, divisor_override=4)), torch.randn(1, 2, 8, 8))

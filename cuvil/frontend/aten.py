@@ -499,6 +499,43 @@ def _bn(ctx, x, w, b, mean, var, momentum, eps):
     return (ctx.add("batch_norm", [x, w, b, mean, var], {"eps": eps}), None, None)
 
 
+@handles(aten._native_batch_norm_legit_functional.default, aten._native_batch_norm_legit.default,
+         aten._native_batch_norm_legit.no_stats)
+def _bn_batch_stats(ctx, x, w, b, *rest):
+    """Batch norm as training runs it: normalized by this batch's mean and biased variance per channel;
+    also returns them (mean, 1/std) and, where running statistics are given, their updates with the
+    unbiased variance. training=False with running statistics is the inference batch norm."""
+    if ctx.node.target == aten._native_batch_norm_legit.no_stats:
+        (training, momentum, eps), rm, rv = rest, None, None
+    else:
+        rm, rv, training, momentum, eps = rest
+    if not training:
+        return (_bn(ctx, x, w, b, rm, rv, momentum, eps)[0], None, None, rm, rv)
+    axes = [0] + list(range(2, x.type.rank))
+    n = D.numel([x.shape[a] for a in axes])
+    if not isinstance(n, int):
+        raise Unsupported("batch statistics over a symbolic size")
+    mean, var = _mean_var(ctx, x, axes, keepdims=True)
+    rstd = ctx.add("rsqrt", [ctx.add("add", [var, ctx.tensor(float(eps), x.dtype)])])
+    y = ctx.add("mul", [ctx.add("sub", [x, mean]), rstd])
+    per_channel = [x.shape[1]] + [1] * (x.type.rank - 2)
+    if w is not None:
+        y = ctx.add("mul", [y, ctx.add("reshape", [w], {"shape": per_channel})])
+    if b is not None:
+        y = ctx.add("add", [y, ctx.add("reshape", [b], {"shape": per_channel})])
+    c = [x.shape[1]]
+    mean_c, rstd_c, var_c = (ctx.add("reshape", [v], {"shape": c}) for v in (mean, rstd, var))
+    outs = (y, mean_c, rstd_c)
+    if rm is None:
+        return outs
+    unbiased = ctx.add("mul", [var_c, ctx.tensor(n / max(n - 1, 1), x.dtype)])
+
+    def update(run, batch):
+        return ctx.add("add", [ctx.add("mul", [run, ctx.tensor(1.0 - momentum, x.dtype)]),
+                               ctx.add("mul", [batch, ctx.tensor(float(momentum), x.dtype)])])
+    return (*outs, update(rm, mean_c), update(rv, unbiased))
+
+
 @handles(aten.native_layer_norm.default)
 def _layer_norm(ctx, x, shape, w, b, eps):
     axis = x.type.rank - len(shape)
@@ -522,12 +559,17 @@ def _group_norm(ctx, x, w, b, n, c, hw, groups, eps):
     return (y, *_mean_rstd(ctx, grouped, [2], eps, keepdims=False))
 
 
+def _mean_var(ctx, x, axes, keepdims):
+    """The mean (kept dims) and the biased variance over axes."""
+    mu = ctx.add("reduce_mean", [x], {"axes": axes, "keepdims": True})
+    d = ctx.add("sub", [x, mu])
+    return mu, ctx.add("reduce_mean", [ctx.add("mul", [d, d])], {"axes": axes, "keepdims": keepdims})
+
+
 def _mean_rstd(ctx, x, axes, eps, keepdims):
     """The statistics a norm returns beside its output (training graphs read them; cleanup drops them
     where nothing does): the mean and 1 / sqrt(biased variance + eps) over axes."""
-    mu = ctx.add("reduce_mean", [x], {"axes": axes, "keepdims": True})
-    d = ctx.add("sub", [x, mu])
-    var = ctx.add("reduce_mean", [ctx.add("mul", [d, d])], {"axes": axes, "keepdims": keepdims})
+    mu, var = _mean_var(ctx, x, axes, keepdims)
     rstd = ctx.add("rsqrt", [ctx.add("add", [var, ctx.tensor(float(eps), x.dtype)])])
     return (mu if keepdims else ctx.add("reshape", [mu], {"shape": var.shape})), rstd
 
@@ -542,21 +584,33 @@ def _softmax(ctx, x, dim, half_to_float=False):
 def _max_pool(ctx, x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
     nsp = x.type.rank - 2
     rep = (lambda v: [v] * nsp if isinstance(v, int) else (list(v) * nsp if len(v) == 1 else list(v)))
-    y = ctx.add("max_pool", [x], {"kernel": rep(kernel), "strides": rep(stride) if stride else rep(kernel),
-                                  "pads": [(p, p) for p in rep(padding)], "dilations": rep(dilation),
-                                  "ceil_mode": ceil_mode})
-    return (y, None) if ctx.node.target == aten.max_pool2d_with_indices.default else y
+    attrs = {"kernel": rep(kernel), "strides": rep(stride) if stride else rep(kernel),
+             "pads": [(p, p) for p in rep(padding)], "dilations": rep(dilation), "ceil_mode": ceil_mode}
+    y = ctx.add("max_pool", [x], attrs)
+    if ctx.node.target != aten.max_pool2d_with_indices.default:
+        return y
+    from .aten_resample import max_pool_indices        # (cleanup drops them where nothing reads them)
+    return (y, max_pool_indices(ctx, x, attrs, y.shape[2:]))
 
 
 @handles(aten.avg_pool2d.default, aten.avg_pool1d.default)
 def _avg_pool(ctx, x, kernel, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
-    if divisor_override:
-        raise Unsupported("divisor_override")
     nsp = x.type.rank - 2
     rep = (lambda v: [v] * nsp if isinstance(v, int) else (list(v) * nsp if len(v) == 1 else list(v)))
-    return ctx.add("avg_pool", [x], {"kernel": rep(kernel), "strides": rep(stride) if stride else rep(kernel),
-                                     "pads": [(p, p) for p in rep(padding)], "ceil_mode": ceil_mode,
-                                     "count_include_pad": count_include_pad})
+    k, st, pads = rep(kernel), rep(stride) if stride else rep(kernel), rep(padding)
+    y = ctx.add("avg_pool", [x], {"kernel": k, "strides": st, "pads": [(p, p) for p in pads], "ceil_mode": ceil_mode,
+                                  "count_include_pad": count_include_pad or bool(divisor_override)})
+    if divisor_override:     # the window's sum: the mean (with pads) times the window's size in the padded input
+        sizes = 1
+        for axis, (n, kk, s_, p) in enumerate(zip(x.shape[2:], k, st, pads)):
+            out_n = y.shape[2 + axis]
+            if not isinstance(n, int) or not isinstance(out_n, int):
+                raise Unsupported("divisor_override over a symbolic size")
+            start = np.arange(out_n) * s_ - p
+            size = np.minimum(start + kk, n + p) - start
+            sizes = np.multiply.outer(sizes, size) if axis else size
+        y = ctx.add("mul", [y, ctx.g.const((sizes / divisor_override).astype(x.dtype))])
+    return y
 
 
 # ---- reductions --------------------------------------------------------------------------

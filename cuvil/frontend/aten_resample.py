@@ -81,12 +81,13 @@ def _resample_axis(ctx, x, axis, taps):
     return total
 
 
-def _resample(ctx, x, taps_of):
-    """taps_of(i, in_size, out_size) for each spatial axis i; the output sizes are the node's."""
+def _resample(ctx, x, taps_of, nsp=None):
+    """taps_of(i, in_size, out_size) for each of the last nsp axes (default: all but batch and
+    channels); the output sizes are the node's."""
     out_shape = tuple(ctx.node.meta["val"].shape)
-    nsp = len(out_shape) - 2
+    nsp = len(out_shape) - 2 if nsp is None else nsp
     for i in range(nsp):
-        axis = 2 + i
+        axis = len(out_shape) - nsp + i
         n_in, n_out = x.shape[axis], out_shape[axis]
         if not isinstance(n_in, int) or not isinstance(n_out, int):
             raise Unsupported("resampling a symbolic spatial size")
@@ -134,13 +135,14 @@ for _ops, _taps in (((aten.upsample_linear1d, aten.upsample_bilinear2d, aten.ups
 
 @handles(aten._adaptive_avg_pool2d.default, aten.adaptive_avg_pool1d.default, aten._adaptive_avg_pool3d.default)
 def _adaptive_avg_pool(ctx, x, output_size):
-    out = tuple(ctx.node.meta["val"].shape)[2:]
-    ins = x.shape[2:]
-    if all(isinstance(n, int) and n % m == 0 for n, m in zip(ins, out)) and len(out) == 2:
+    nsp = len(output_size)
+    out = tuple(ctx.node.meta["val"].shape)[-nsp:]
+    ins = x.shape[-nsp:]
+    if x.type.rank == 4 and nsp == 2 and all(isinstance(n, int) and n % m == 0 for n, m in zip(ins, out)):
         k = [n // m for n, m in zip(ins, out)]      # windows that tile the input: a plain pool
         return ctx.add("avg_pool", [x], {"kernel": k, "strides": k, "pads": [(0, 0)] * len(k), "ceil_mode": False,
                                          "count_include_pad": True})
-    return _resample(ctx, x, lambda i, n, m: adaptive_taps(n, m))
+    return _resample(ctx, x, lambda i, n, m: adaptive_taps(n, m), nsp)
 
 
 @handles(aten._upsample_bilinear2d_aa.default, aten._upsample_bilinear2d_aa.vec,
@@ -148,3 +150,30 @@ def _adaptive_avg_pool(ctx, x, output_size):
 def _antialiased(ctx, x, *args):
     raise Unsupported("antialiased resampling (antialias=True)")
 
+
+
+def max_pool_indices(ctx, x, attrs, out_spatial):
+    """The flat (h * W + w) input position of each max-pool window's maximum (the first, on ties), as
+    torch's max_pool2d_with_indices returns it: every window gathered from the input padded with
+    -inf, an argmax over its taps, and a table from tap to input position."""
+    sp = list(x.shape[2:])
+    if not all(isinstance(d, int) for d in sp + list(out_spatial)) or len(sp) != 2:
+        raise Unsupported("max-pool indices of a symbolic or non-2-d input")
+    (kh, kw), (sh, sw), (dh, dw) = attrs["kernel"], attrs["strides"], attrs["dilations"]
+    (ph, _), (pw, _) = attrs["pads"]
+    (H, W), (OH, OW) = sp, out_spatial
+    hp = max(H + ph, (OH - 1) * sh + (kh - 1) * dh + 1)       # rows of the padded input the windows reach
+    wp = max(W + pw, (OW - 1) * sw + (kw - 1) * dw + 1)
+    ih = (np.arange(OH)[:, None] * sh + np.arange(kh)[None, :] * dh)          # [OH, kh], padded rows
+    iw = (np.arange(OW)[:, None] * sw + np.arange(kw)[None, :] * dw)          # [OW, kw]
+    taps_h, taps_w = ih[:, None, :, None], iw[None, :, None, :]               # [OH, OW, kh, kw] by broadcast
+    padded_pos = (taps_h * wp + taps_w).reshape(OH, OW, kh * kw)
+    input_pos = ((taps_h - ph) * W + (taps_w - pw)).reshape(OH, OW, kh * kw)
+    lead = list(x.shape[:2])
+    xp = ctx.add("pad", [x], {"pads": [(0, 0), (0, 0), (ph, hp - H - ph), (pw, wp - W - pw)], "value": -np.inf})
+    flat = ctx.add("reshape", [xp], {"shape": lead + [hp * wp]})
+    windows = ctx.add("gather", [flat, ctx.g.const(padded_pos.astype(np.int64))], {"axis": 2})
+    tap = ctx.add("argmax", [windows], {"axis": 4, "keepdims": True})
+    table = ctx.add("expand", [ctx.g.const(input_pos.astype(np.int64))], {"shape": lead + [OH, OW, kh * kw]})
+    pos = ctx.add("gather_elements", [table, tap], {"axis": 4})
+    return ctx.add("reshape", [pos], {"shape": lead + [OH, OW]})

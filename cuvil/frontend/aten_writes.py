@@ -43,8 +43,10 @@ def _index_put(ctx, x, indices, values, accumulate=False):
     k = len(indices)
     if any(t is None for t in indices) or k > x.type.rank:
         raise Unsupported("index_put with indices that skip a dimension")
+    if k == 1 and indices[0].dtype == "bool":
+        return _masked_put(ctx, x, indices[0], values, accumulate)
     if any(t.dtype == "bool" for t in indices):
-        raise Unsupported("index_put with a boolean mask (data-dependent shape)")
+        raise Unsupported("index_put with several boolean masks")
     shapes = [tuple(t.shape) for t in indices]
     _static(*[d for s in shapes for d in s], *x.shape[:k])
     batch = np.broadcast_shapes(*shapes)
@@ -61,6 +63,24 @@ def _index_put(ctx, x, indices, values, accumulate=False):
     if tuple(v.shape) != tuple(upd_shape):
         v = ctx.add("expand", [v], {"shape": upd_shape})
     return ctx.add("scatter_nd", [x, nd, v], {"reduction": "add" if accumulate else "none"})
+
+
+def _masked_put(ctx, x, mask, values, accumulate):
+    """x[mask] = values (+=) where values is one value or one row of x's trailing dims: the same
+    for every selected position, so a where, whatever the number of them."""
+    trailing = list(x.shape[mask.type.rank:])
+    v = ctx.tensor(values, x.dtype)
+    shape = list(v.shape)
+    while shape and shape[0] == 1:
+        shape.pop(0)
+    if D.numel(v.shape) == 1:
+        v = ctx.add("reshape", [v], {"shape": []})
+    elif not trailing or shape != trailing:
+        raise Unsupported("index_put of one value per selected position (data-dependent count)")
+    m = ctx.add("reshape", [mask], {"shape": list(mask.shape) + [1] * len(trailing)})
+    if accumulate:
+        return ctx.add("add", [x, ctx.add("where", [m, v, ctx.tensor(0, x.dtype)])])
+    return ctx.add("where", [m, v, x])
 
 
 @handles(aten.as_strided.default, aten.as_strided_copy.default)

@@ -223,6 +223,11 @@ def _convert(ep, dynamic_shapes, direct) -> tuple[Graph, object]:
     if direct and any(s.kind != torch.export.graph_signature.OutputKind.USER_OUTPUT
                       for s in ep.graph_signature.output_specs):
         raise _NeedsDecomposition("the program mutates a buffer or an input")
+    mutated = [s.target for s in ep.graph_signature.output_specs
+               if s.kind != torch.export.graph_signature.OutputKind.USER_OUTPUT]
+    if mutated:       # a compiled artifact returns its outputs; it never writes into its inputs or buffers
+        raise UnsupportedOpError([(f"writes into the model's inputs or buffers ({', '.join(map(str, mutated))}): "
+                                   "compile the module in eval mode, without in-place updates of its inputs", None)])
     rename = _user_dim_names(ep, dynamic_shapes)
     g = Graph(symbols=_bounds(ep, rename))
     ctx = Ctx(g, rename)

@@ -118,5 +118,80 @@ def minilm_path():
     raise FileNotFoundError(f"no model files under {root}")
 
 
+def _image(size):
+    return (torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(3)),)
+
+
+def segformer():
+    """Overlapping patch merging, efficient (reduced) attention, Mix-FFN, an all-MLP decoder with
+    bilinear upsampling."""
+    import transformers as T
+    torch.manual_seed(0)
+    cfg = T.SegformerConfig(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32],
+                            patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2],
+                            decoder_hidden_size=32, num_labels=5, initializer_range=0.3)
+    m = T.SegformerForSemanticSegmentation(cfg).eval()
+    _randomize_bn(m)
+    return m, _image(64)
+
+
+def swin():
+    """Shifted-window attention (roll, window partition) and patch merging."""
+    import transformers as T
+    torch.manual_seed(0)
+    return T.SwinModel(T.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[1, 2],
+                                    window_size=4)).eval(), _image(32)
+
+
+def _speech(cls, cfg_cls, **extra):
+    import transformers as T
+    torch.manual_seed(0)
+    cfg = getattr(T, cfg_cls)(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                              conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+                              num_conv_pos_embedding_groups=4, **extra)
+    return getattr(T, cls)(cfg).eval(), (torch.randn(1, 800, generator=torch.Generator().manual_seed(3)),)
+
+
+def wav2vec2():
+    """A group-normed conv feature extractor, a grouped positional conv, an encoder."""
+    return _speech("Wav2Vec2Model", "Wav2Vec2Config", feat_extract_norm="group")
+
+
+def hubert():
+    return _speech("HubertModel", "HubertConfig")
+
+
+def clip_vision():
+    import transformers as T
+    torch.manual_seed(0)
+    return T.CLIPVisionModel(T.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                                num_attention_heads=2, image_size=32, patch_size=8)).eval(), _image(32)
+
+
+def clip_text():
+    import transformers as T
+    torch.manual_seed(0)
+    return T.CLIPTextModel(T.CLIPTextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                            num_attention_heads=2, vocab_size=100,
+                                            max_position_embeddings=32)).eval(), (_ids(100, (2, 9)),)
+
+
+def siglip_vision():
+    import transformers as T
+    torch.manual_seed(0)
+    return T.SiglipVisionModel(T.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                                    num_attention_heads=2, image_size=32, patch_size=8)).eval(), _image(32)
+
+
+def beit():
+    """Relative position bias tables gathered per head."""
+    import transformers as T
+    torch.manual_seed(0)
+    return T.BeitModel(T.BeitConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                    image_size=32, patch_size=8, use_relative_position_bias=True)).eval(), _image(32)
+
+
 ALL = {"mlp": mlp, "resnet": resnet, "bert": bert, "gpt2": gpt2, "llama": llama, "vit": vit, "convnext": convnext,
-       "t5_encoder": t5_encoder, "whisper_encoder": whisper_encoder, "minilm": minilm}
+       "t5_encoder": t5_encoder, "whisper_encoder": whisper_encoder, "minilm": minilm, "segformer": segformer,
+       "swin": swin, "wav2vec2": wav2vec2, "hubert": hubert, "clip_vision": clip_vision, "clip_text": clip_text,
+       "siglip_vision": siglip_vision, "beit": beit}

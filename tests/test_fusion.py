@@ -432,3 +432,39 @@ def test_pointwise_conv_with_end_pads(cin, cout, h, w, pads, chain, kernel):
     g.outputs = [y]
     cm = check_graph(g, [f32(1, cin, h, w)], **({"layout": "nchw16c"} if chain else {}))
     assert kernel in cm.c_source
+
+
+@pytest.mark.parametrize("k,stride,pad,dil,mult,act,residual,hw", [
+    (3, 1, 1, 1, 1, "relu", True, (37, 45)),       # interior columns VL at a time, a ragged tail
+    (3, 2, 1, 1, 1, "none", False, (38, 41)),      # stride 2: even lanes, one float read past the last
+    (5, 1, 2, 1, 2, "silu", False, (21, 30)),      # channel multiplier 2
+    (5, 2, 2, 1, 1, "gelu", True, (29, 34)),
+    (7, 1, 3, 1, 1, "none", True, (19, 27)),       # ConvNeXt's 7x7
+    (3, 1, 2, 2, 1, "relu", False, (23, 26)),      # dilated
+    (3, 3, 1, 1, 1, "none", False, (31, 31)),      # stride 3: the bounds-tested path throughout
+    (3, 1, 0, 1, 1, "none", False, (9, 10)),       # unpadded, narrower than a vector row
+    (1, 1, 0, 1, 1, "sigmoid", False, (6, 20)),
+    ((3, 1), (1, 2), ((1, 1), (0, 0)), 1, 1, "none", False, (16, 40)),   # uneven kernel and strides
+])
+def test_depthwise_conv(k, stride, pad, dil, mult, act, residual, hw):
+    """Depthwise convs (one group per input channel) against the reference interpreter, at sizes whose
+    rows are not whole vectors, each stride the vector path takes and one it does not."""
+    k = k if isinstance(k, tuple) else (k, k)
+    stride = stride if isinstance(stride, tuple) else (stride, stride)
+    pads = pad if isinstance(pad, tuple) else ((pad, pad), (pad, pad))
+    c, (h, w) = 6, hw
+    g = Graph()
+    x = Value(TensorType((2, c, h, w), "float32"), "x")
+    g.inputs = [x]
+    ins = [x, g.const(f32(c * mult, 1, *k)), g.const(f32(c * mult))]
+    attrs = {"strides": list(stride), "pads": list(pads), "dilations": [dil, dil], "groups": c, "act": act}
+    oh = (h + sum(pads[0]) - dil * (k[0] - 1) - 1) // stride[0] + 1
+    ow = (w + sum(pads[1]) - dil * (k[1] - 1) - 1) // stride[1] + 1
+    feeds = [f32(2, c, h, w)]
+    if residual:
+        r = Value(TensorType((2, c * mult, oh, ow), "float32"), "r")
+        g.inputs.append(r)
+        ins.append(r)
+        feeds.append(f32(2, c * mult, oh, ow))
+    g.outputs = [g.add("conv", ins, attrs)]
+    check_graph(g, feeds)

@@ -179,30 +179,78 @@ typedef struct {
     int act;
 } direct_args;
 
+/* One output of a depthwise plane, every tap bounds-tested (the edge columns, other strides). */
+static inline float depthwise_point(const cuvil_conv_shape *s, const float *xc, const float *wo, int64_t oh,
+                                    int64_t ow, float acc) {
+    for (int64_t kh = 0; kh < s->KH; kh++) {
+        int64_t ih = oh * s->sh - s->ph + kh * s->dh;
+        if (ih < 0 || ih >= s->H) continue;
+        for (int64_t kw = 0; kw < s->KW; kw++) {
+            int64_t iw = ow * s->sw - s->pw + kw * s->dw;
+            if (iw >= 0 && iw < s->W) acc += xc[ih * s->W + iw] * wo[kh * s->KW + kw];
+        }
+    }
+    return acc;
+}
+
+/* The columns [*lo, *hi) of a depthwise plane whose every tap lies inside its input row, with `spare`
+ * more floats readable past the last tap (a stride-2 vector load reads one past its last lane). */
+static inline void depthwise_inner_columns(const cuvil_conv_shape *s, int64_t spare, int64_t *lo, int64_t *hi) {
+    int64_t last_start = s->W - 1 - spare - (s->KW - 1) * s->dw + s->pw;   /* largest ow * sw allowed */
+    *lo = (s->pw + s->sw - 1) / s->sw;
+    *hi = last_start < 0 ? 0 : last_start / s->sw + 1;
+    if (*hi > s->OW) *hi = s->OW;
+    if (*lo > *hi) *lo = *hi;
+}
+
+#define DEPTHWISE_MAX_TAPS 64      /* 8x8: the filter's splats kept in a local array up to this */
+
+/* One (image, channel) plane. Inner columns run VL at a time at stride 1 (unaligned loads) and
+ * stride 2 (even lanes of two loads), the taps' rows chosen per output row so no test is left in
+ * the vector loop; the edge columns and other strides take depthwise_point. */
+static void depthwise_plane(const cuvil_conv_shape *s, const float *xc, const float *wo, float b, const float *res,
+                            float *yo, int act) {
+    const int64_t KH = s->KH, KW = s->KW, taps = KH * KW;
+    const int vector = (s->sw == 1 || s->sw == 2) && taps <= DEPTHWISE_MAX_TAPS;
+    cuvil_vf wv[DEPTHWISE_MAX_TAPS];
+    for (int64_t t = 0; vector && t < taps; t++) wv[t] = cuvil_vsplat(wo[t]);
+    int64_t lo, hi;
+    depthwise_inner_columns(s, s->sw == 2, &lo, &hi);
+    for (int64_t oh = 0; oh < s->OH; oh++) {
+        float *yr = yo + oh * s->OW;
+        const float *rr = res ? res + oh * s->OW : 0;
+        int64_t ow = 0;
+        for (; ow < lo; ow++) yr[ow] = cuvil_act(depthwise_point(s, xc, wo, oh, ow, b) + (rr ? rr[ow] : 0.f), act);
+        if (vector) {
+            int64_t kh0 = 0, kh1 = KH, ih0 = oh * s->sh - s->ph;    /* the taps' rows inside the input */
+            while (kh0 < KH && ih0 + kh0 * s->dh < 0) kh0++;
+            while (kh1 > kh0 && ih0 + (kh1 - 1) * s->dh >= s->H) kh1--;
+            for (; ow + CUVIL_VL <= hi; ow += CUVIL_VL) {
+                cuvil_vf acc = cuvil_vsplat(b);
+                for (int64_t kh = kh0; kh < kh1; kh++) {
+                    const float *xr = xc + (ih0 + kh * s->dh) * s->W + ow * s->sw - s->pw;
+                    for (int64_t kw = 0; kw < KW; kw++) {
+                        const float *p = xr + kw * s->dw;
+                        acc += wv[kh * KW + kw] * (s->sw == 1 ? cuvil_vload(p) : even_lanes(p));
+                    }
+                }
+                if (rr) acc += cuvil_vload(rr + ow);
+                cuvil_vstore(yr + ow, cuvil_vact(acc, act));
+            }
+        }
+        for (; ow < s->OW; ow++)
+            yr[ow] = cuvil_act(depthwise_point(s, xc, wo, oh, ow, b) + (rr ? rr[ow] : 0.f), act);
+    }
+}
+
 static void depthwise_task(void *ctx, int64_t nc0, int64_t nc1) {
     const direct_args *a = ctx;
     const cuvil_conv_shape *s = a->s;
-    int64_t mult = s->O / s->C;
+    int64_t mult = s->O / s->C, plane = s->OH * s->OW;
     for (int64_t nc = nc0; nc < nc1; nc++) {
         int64_t n = nc / s->O, o = nc % s->O, c = o / mult;
-        const float *xc = a->x + (n * s->C + c) * s->H * s->W;
-        const float *wo = a->w + o * s->KH * s->KW;
-        float *yo = a->y + nc * s->OH * s->OW;
-        float b = a->bias ? a->bias[o] : 0.f;
-        for (int64_t oh = 0; oh < s->OH; oh++)
-            for (int64_t ow = 0; ow < s->OW; ow++) {
-                float acc = b;
-                for (int64_t kh = 0; kh < s->KH; kh++) {
-                    int64_t ih = oh * s->sh - s->ph + kh * s->dh;
-                    if (ih < 0 || ih >= s->H) continue;
-                    for (int64_t kw = 0; kw < s->KW; kw++) {
-                        int64_t iw = ow * s->sw - s->pw + kw * s->dw;
-                        if (iw >= 0 && iw < s->W) acc += xc[ih * s->W + iw] * wo[kh * s->KW + kw];
-                    }
-                }
-                if (a->residual) acc += a->residual[nc * s->OH * s->OW + oh * s->OW + ow];
-                yo[oh * s->OW + ow] = cuvil_act(acc, a->act);
-            }
+        depthwise_plane(s, a->x + (n * s->C + c) * s->H * s->W, a->w + o * s->KH * s->KW, a->bias ? a->bias[o] : 0.f,
+                        a->residual ? a->residual + nc * plane : 0, a->y + nc * plane, a->act);
     }
 }
 

@@ -21,7 +21,10 @@ import time
 
 import numpy as np
 
-from benchmarks.workloads import WORKLOADS
+from benchmarks.cnn_models import CNNS
+from benchmarks.workloads import WORKLOADS as _BASE
+
+WORKLOADS = {**_BASE, **CNNS}
 
 
 LLM_WORKLOAD = "TinyLlama int4 decode"

@@ -134,7 +134,7 @@ CNNS = {
     "MobileNetV1": _hf("MobileNetV1Model", "MobileNetV1Config"),
     "MobileNetV2": _hf("MobileNetV2Model", "MobileNetV2Config"),
     "EfficientNet-B0": _hf("EfficientNetModel", "EfficientNetConfig", image_size=224, width_coefficient=1.0,
-                           depth_coefficient=1.0),
+                           depth_coefficient=1.0, hidden_dim=1280),
     "ConvNeXt-T": _hf("ConvNextModel", "ConvNextConfig"),
     "RegNetY-4GF": _hf("RegNetModel", "RegNetConfig"),
     "ShuffleNetV2-ish": _hand(ShuffleNetish),

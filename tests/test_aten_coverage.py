@@ -227,3 +227,18 @@ def test_in_place_write_to_an_input_is_refused():
 def test_unbatched_adaptive_pool_and_ceil_divisor():
     check(Fn(lambda x: F.adaptive_avg_pool2d(x, (5, 3))), torch.randn(8, 9, 7))
     check(Fn(lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True, divisor_override=4)), torch.randn(1, 2, 8, 8))
+
+
+def test_same_padding_and_relu6_fold_into_the_conv():
+    """TF-style 'same' padding (an explicit F.pad, uneven) and ReLU6 (a clamp to [0, 6]) become the
+    conv's own pads and epilogue activation: no pad or clip op is left to run."""
+    from cuvil import api
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(8, 8, 3, stride=2, groups=8)
+    pw = torch.nn.Conv2d(8, 16, 3, stride=1)
+    m = Fn(lambda x: torch.nn.functional.relu6(pw(F.pad(torch.nn.functional.relu6(conv(F.pad(x, (0, 1, 0, 1)))) * 4,
+                                                       (1, 1, 1, 1)))))
+    x = torch.randn(1, 8, 15, 16) * 3
+    text = api.inspect_stages(m, (x,), stages=("passes",))["passes"]
+    assert " pad(" not in text and " clip(" not in text and text.count("act=relu6") == 2, text
+    check(m, x)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from cuvil import api as cuvil_api
 from cuvil.ir.graph import Graph, TensorType, Value
 from cuvil.passes import layout
 
@@ -118,7 +119,7 @@ def test_small_resnet_blocked_matches_torch(tmp_path, threads, target):
             mod.running_var.uniform_(0.5, 2.0)
     x = torch.randn(2, 3, 61, 58)
     cm = cuvil.compile(m, (x,), layout="nchw16c", num_threads=threads, target=target, cache_dir=str(tmp_path))
-    text = cuvil.api.inspect_stages(m, (x,), stages=("passes",), layout="nchw16c")["passes"]
+    text = cuvil_api.inspect_stages(m, (x,), stages=("passes",), layout="nchw16c")["passes"]
     assert text.count("layout=nchw16c") >= 10 and text.count("relayout(") == 1    # at the end: the stem writes blocked
     assert "layout=nchw16c, in_layout=nchw" in text
     with torch.no_grad():
@@ -167,8 +168,8 @@ def test_small_mobilenet_blocked_matches_torch(tmp_path):
     torch.manual_seed(0)
     m = Net().eval()
     x = torch.randn(2, 3, 29, 30)
-    text = cuvil.api.inspect_stages(m, (x,), stages=("passes",), layout="nchw16c")["passes"]
-    assert text.count("relayout(") == 1 and "groups=64, act=none, layout=nchw16c" in text
+    text = cuvil_api.inspect_stages(m, (x,), stages=("passes",), layout="nchw16c")["passes"]
+    assert text.count("relayout(") == 1 and "groups=64, act=relu6, layout=nchw16c" in text   # BN, ReLU6 fused
     cm = cuvil.compile(m, (x,), layout="nchw16c", num_threads=2, cache_dir=str(tmp_path))
     with torch.no_grad():
         np.testing.assert_allclose(cm.run(x.numpy())[0], m(x).numpy(), rtol=1e-4, atol=1e-4)

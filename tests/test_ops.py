@@ -1256,7 +1256,7 @@ def matmul_fused(op):
     r = c.rng
     f = lambda *s: rand(r, s, "float32", -1, 1)  # noqa: E731
     for i, act in enumerate(MM_ACTS):
-        m, n, k = MS[i], NS[i % 4], KS[i % 3]
+        m, n, k = MS[i % len(MS)] + 8 * (i // len(MS)), NS[i % 4], KS[i % 3]
         a = c.input(f(m, k))
         bias, res = c.const(f(n)), c.input(f(m, n))
         c.out(c.add(op, [a, c.const(f(k, n)), bias, res], {"act": act, "alpha": 0.5}),

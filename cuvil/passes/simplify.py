@@ -1,5 +1,6 @@
 """Algebraic simplification: batch norm folded into the conv before it (or into a per-channel
-scale and shift), reshape chains collapsed, identity ops removed."""
+scale and shift), zero padding folded into the conv after it, clip(0, 6) named relu6 (an activation
+epilogues take), reshape chains collapsed, identity ops removed."""
 from __future__ import annotations
 
 import numpy as np
@@ -67,5 +68,35 @@ def remove_identities(graph):
     return replace_uses(graph, mapping)
 
 
+def name_relu6(graph):
+    for n in graph.nodes:
+        if n.op == "clip" and n.attrs.get("min") == 0 and n.attrs.get("max") == 6 and n.inputs[0].dtype == "float32":
+            n.op, n.attrs = "relu6", {}
+    return graph
+
+
+def fold_pad_into_conv(graph):
+    """pad(x) with zeros on the spatial dims only -> the conv that alone reads it, with those pads
+    added to its own (TF-style 'same' padding, as transformers' MobileNets and EfficientNet write it)."""
+    single = _single_user(graph)
+    users = graph.users()
+    mapping = {}
+    for n in graph.nodes:
+        if n.op != "pad" or n.attrs.get("mode", "constant") != "constant" or n.attrs.get("value", 0) != 0:
+            continue
+        y = n.outputs[0]
+        pads = [tuple(p) for p in n.attrs["pads"]]
+        if not single(y) or len(pads) < 3 or any(p != (0, 0) for p in pads[:2]) or any(
+                not isinstance(v, int) or v < 0 for p in pads for v in p):
+            continue
+        conv = users[id(y)][0]
+        if conv.op != "conv" or conv.inputs[0] is not y or conv.attrs.get("layout", "nchw") != "nchw" or \
+                len(conv.attrs["pads"]) != len(pads) - 2:
+            continue
+        conv.attrs = dict(conv.attrs, pads=[(a + c, b + d) for (a, b), (c, d) in zip(conv.attrs["pads"], pads[2:])])
+        conv.inputs = [n.inputs[0]] + conv.inputs[1:]
+    return graph
+
+
 def run(graph):
-    return collapse_reshapes(remove_identities(fold_batch_norm(graph)))
+    return collapse_reshapes(remove_identities(name_relu6(fold_pad_into_conv(fold_batch_norm(graph)))))

@@ -51,6 +51,9 @@ C_EXPRESSIONS = {
     "none": ("x", "x"),
     "relu": ("x < 0.f ? 0.f : x", "cuvil_vsel(x < 0, cuvil_vsplat(0.f), x)"),
     **{name: (f(SCALAR, "x"), f(VECTOR, "x")) for name, f in FORMULAS.items()},
+    # selects, not min/max: a NaN stays NaN
+    "relu6": ("x < 0.f ? 0.f : (x > 6.f ? 6.f : x)",
+              "cuvil_vsel(x < 0, cuvil_vsplat(0.f), cuvil_vsel(x > 6, cuvil_vsplat(6.f), x))"),
 }
 assert tuple(C_EXPRESSIONS) == ACTIVATIONS, "one C rendering per IR activation, in the IR's order"
 

@@ -17,6 +17,7 @@ UNARY_F = {
     "exp2": "exp2({0})", "trunc": "trunc({0})",
     **{name: render_formula(name, GENERIC, "{0}") for name in ("sigmoid", "gelu", "gelu_tanh", "silu")},
     "relu": "({0} < 0 ? ({T})0 : {0})",
+    "relu6": "({0} < 0 ? ({T})0 : ({0} > 6 ? ({T})6 : {0}))",
     "softplus": "(log1p(exp(-fabs({0}))) + ({0} > 0 ? {0} : ({T})0))",
     "floor": "floor({0})", "ceil": "ceil({0})", "round": "nearbyint({0})",
     "sign": "({0} > 0 ? ({T})1 : ({0} < 0 ? ({T})-1 : {0}))",  # sign(nan) = nan, as numpy and ONNX
@@ -25,7 +26,9 @@ UNARY_F = {
     "elu": "({0} > 0 ? {0} : ({T}){alpha} * expm1({0}))",
     # fmin/fmax drop a NaN operand; numpy and torch propagate it. min > max gives max, as numpy.
     "hardsigmoid": "({0} != {0} ? {0} : fmin(fmax(({T}){alpha} * {0} + ({T}){beta}, ({T})0), ({T})1))",
-    "clip": "({0} != {0} ? {0} : fmin(fmax({0}, ({T}){min}), ({T}){max}))",
+    # min(max(x, min), max) as selects, which vectorize (fmin/fmax were libm calls): NaN fails both
+    # tests and stays NaN
+    "clip": "(({0} < ({T}){min} ? ({T}){min} : {0}) > ({T}){max} ? ({T}){max} : ({0} < ({T}){min} ? ({T}){min} : {0}))",
 }
 # float32 versions that keep a loop vectorizable (kernels/smath.h), used in place of libm calls
 FAST_F32 = {

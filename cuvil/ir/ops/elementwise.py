@@ -68,6 +68,7 @@ UNARY = {
     "trunc": (np.trunc, FLOAT_ONLY, {}),
     "sigmoid": (_sigmoid, FLOAT_ONLY, {}),
     "relu": (lambda x: np.maximum(x, 0).astype(x.dtype), ANY, {}),
+    "relu6": (lambda x: np.clip(x, 0, 6).astype(x.dtype), FLOAT_ONLY, {}),     # MobileNets: an epilogue activation
     "gelu": (_gelu, FLOAT_ONLY, {}),
     "gelu_tanh": (_gelu_tanh, FLOAT_ONLY, {}),
     "silu": (lambda x: (x * _sigmoid(x)).astype(x.dtype), FLOAT_ONLY, {}),

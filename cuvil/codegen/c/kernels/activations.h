@@ -9,5 +9,6 @@
     X(GELU_TANH, 3, (0.5f * x * (1.0f + tanhf(0.79788456080286535588f * (x + 0.044715f * x * x * x)))), (cuvil_vsplat(0.5f) * x * (cuvil_vsplat(1.0f) + cuvil_vtanh(cuvil_vsplat(0.79788456080286535588f) * (x + cuvil_vsplat(0.044715f) * x * x * x))))) \
     X(SILU, 4, (x / (1.0f + expf(-x))), (x / (cuvil_vsplat(1.0f) + cuvil_vexp(-x)))) \
     X(SIGMOID, 5, (1.0f / (1.0f + expf(-x))), (cuvil_vsplat(1.0f) / (cuvil_vsplat(1.0f) + cuvil_vexp(-x)))) \
-    X(TANH, 6, (tanhf(x)), (cuvil_vtanh(x)))
+    X(TANH, 6, (tanhf(x)), (cuvil_vtanh(x))) \
+    X(RELU6, 7, (x < 0.f ? 0.f : (x > 6.f ? 6.f : x)), (cuvil_vsel(x < 0, cuvil_vsplat(0.f), cuvil_vsel(x > 6, cuvil_vsplat(6.f), x))))
 #endif

@@ -24,10 +24,11 @@ UNARY_F = {
     "isnan": "({0} != {0})", "isinf": "(isinf({0}) != 0)",
     "leaky_relu": "({0} >= 0 ? {0} : {0} * ({T}){alpha})",
     "elu": "({0} > 0 ? {0} : ({T}){alpha} * expm1({0}))",
-    # fmin/fmax drop a NaN operand; numpy and torch propagate it. min > max gives max, as numpy.
-    "hardsigmoid": "({0} != {0} ? {0} : fmin(fmax(({T}){alpha} * {0} + ({T}){beta}, ({T})0), ({T})1))",
-    # min(max(x, min), max) as selects, which vectorize (fmin/fmax were libm calls): NaN fails both
-    # tests and stays NaN
+    # clamps as selects, which vectorize (fmin/fmax were libm calls, and drop a NaN operand, where numpy
+    # and torch propagate it): NaN fails both tests and stays NaN. clip is min(max(x, min), max): min >
+    # max gives max, as numpy
+    "hardsigmoid": "(_HS_ < 0 ? ({T})0 : (_HS_ > 1 ? ({T})1 : _HS_))".replace(
+        "_HS_", "(({T}){alpha} * {0} + ({T}){beta})"),
     "clip": "(({0} < ({T}){min} ? ({T}){min} : {0}) > ({T}){max} ? ({T}){max} : ({0} < ({T}){min} ? ({T}){min} : {0}))",
 }
 # float32 versions that keep a loop vectorizable (kernels/smath.h), used in place of libm calls

@@ -356,7 +356,8 @@ def _add_compile_options(p):
     p.add_argument("--precision", default="fp32", choices=PRECISIONS, help="default fp32 (the one implemented)")
     p.add_argument("--fusion-level", type=_int_in(0, 3), default=2, help="0 (none) .. 3 (all); default 2")
     p.add_argument("--layout", default="auto", choices=LAYOUT_CHOICES,
-                   help="conv layout: nchw16c (channel-blocked), nchw, or auto (blocked on AVX-512); default auto")
+                   help="conv layout: blocked (nchw16c on AVX-512, nchw8c on AVX2, nchw4c on SSE2/NEON), nchw, "
+                        "or auto (blocked); default auto")
     p.add_argument("--dynamic", action="append", type=_dynamic_spec,
                    help="dynamic dim INPUT:AXIS:NAME:MIN:MAX, e.g. 0:0:batch:1:64")
     p.add_argument("--num-threads", **THREADS)

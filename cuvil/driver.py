@@ -91,9 +91,9 @@ class CompiledModel:
 
 def conv_layout(opts: Options) -> str:
     """The layout the convs run in: option layout, "auto" resolved for the target (options.py)."""
-    if opts.layout != "auto":
-        return opts.layout
-    return "nchw16c" if vector_floats(resolve_target(opts.target)) == 16 else "nchw"
+    if opts.layout in ("auto", "blocked"):
+        return f"nchw{vector_floats(resolve_target(opts.target))}c"
+    return opts.layout
 
 
 def optimize(graph, opts: Options):

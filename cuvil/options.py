@@ -5,12 +5,13 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
-from .target import TARGET_NAMES
+from .target import TARGET_NAMES, resolve_target, vector_floats
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8", "int4")
-# layout="auto": channel-blocked convs (passes/layout.py) where the target's vectors hold 16 floats,
-# the width the blocked kernels were measured at; "nchw" keeps every conv in NCHW
-LAYOUT_CHOICES = ("auto", "nchw", "nchw16c")
+# layout="auto" / "blocked": channel-blocked convs (passes/layout.py) in blocks of the target's vector
+# width ("nchw16c" on AVX-512, "nchw8c" on AVX2, "nchw4c" on SSE2 / NEON; naming one checks it against
+# the target); "nchw" keeps every conv in NCHW
+LAYOUT_CHOICES = ("auto", "blocked", "nchw", "nchw4c", "nchw8c", "nchw16c")
 SUPPORTED_PRECISIONS = ("fp32",)
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}\Z")
 
@@ -71,6 +72,10 @@ def make_options(**kw) -> Options:
         raise ValueError(f"option fusion_level={o.fusion_level!r} is not one of 0, 1, 2, 3")
     if o.layout not in LAYOUT_CHOICES:
         raise ValueError(f"option layout={o.layout!r} is not one of {', '.join(LAYOUT_CHOICES)}")
+    if o.layout.endswith("c") and int(o.layout[4:-1]) != vector_floats(resolve_target(o.target)):
+        width = vector_floats(resolve_target(o.target))
+        raise ValueError(f"option layout={o.layout!r} needs vectors of {o.layout[4:-1]} floats; target {o.target!r} has "
+                         f"{width}: use layout='blocked' (nchw{width}c here) or 'nchw'")
     if not isinstance(o.verify, bool):
         raise ValueError(f"option verify={o.verify!r} must be True or False")
     if o.num_threads is not None and (not isinstance(o.num_threads, int) or isinstance(o.num_threads, bool)

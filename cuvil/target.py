@@ -23,6 +23,9 @@ TARGETS = {t.name: t for t in (
     Target("x86_64-avx512", "x86_64", ("-march=skylake-avx512", "-mprefer-vector-width=512"), 16,
            ("avx512f", "avx2", "fma")),
     Target("x86_64-avx2", "x86_64", ("-march=haswell",), 8, ("avx2", "fma")),
+    # the x86-64 baseline: SSE2's 4-float vectors, the width of NEON and of the portable kernels, built
+    # and run on any x86 host (the tests check the 4-wide paths with it)
+    Target("x86_64-sse2", "x86_64", ("-march=x86-64",), 4, ()),
     Target("aarch64-neon", "aarch64", ("-march=armv8-a",), 4, ()),
 )}
 TARGET_NAMES = ("native", "cpu") + tuple(TARGETS)

@@ -6,6 +6,8 @@ import textwrap
 import numpy as np
 import torch
 
+from cuvil.target import vector_floats
+
 
 def cuvil(*args, cwd):
     r = subprocess.run([sys.executable, "-m", "cuvil", *args], cwd=cwd, capture_output=True, text=True, timeout=600)
@@ -100,10 +102,10 @@ def test_inspect_shows_the_layout_asked_for(tmp_path):
     """))
     out = {}
     # the second with the opted-in Python form of --example-input
-    for layout, example in (("nchw", "float32[1,16,8,8]"), ("nchw16c", "py:torch.randn(1,16,8,8)")):
+    for layout, example in (("nchw", "float32[1,16,8,8]"), ("blocked", "py:torch.randn(1,16,8,8)")):
         r = cuvil("inspect", "two.py::Two", "--example-input", example, "--stage", "passes",
                   "--layout", layout, cwd=tmp_path)
         assert r.returncode == 0, r.stderr[-2000:]
         out[layout] = r.stdout
-    assert "relayout(" not in out["nchw"] and out["nchw16c"].count("relayout(") == 2
-    assert out["nchw16c"].count("layout=nchw16c") == 2
+    assert "relayout(" not in out["nchw"] and out["blocked"].count("relayout(") == 2
+    assert out["blocked"].count(f"layout=nchw{vector_floats()}c") == 2

@@ -9,6 +9,7 @@ import pytest
 from cuvil import api as cuvil_api
 from cuvil.ir.graph import Graph, TensorType, Value
 from cuvil.passes import layout
+from cuvil.target import resolve_target, vector_floats
 
 torch = pytest.importorskip("torch", reason="the end-to-end cases compile torch modules")
 
@@ -31,7 +32,7 @@ def test_chain_turns_blocked_with_relayouts_only_at_its_ends():
     b = g.add("max_pool", [_conv(g, a, 32, 3)], {"kernel": (2, 2)})
     y = g.add("relu", [_conv(g, b, 48)])
     g.outputs = [y]
-    ops = _ops(layout.run(g))
+    ops = _ops(layout.run(g, "nchw16c"))
     assert ops == [("relayout", "nchw16c"), ("conv", "nchw16c"), ("conv", "nchw16c"), ("max_pool", "nchw16c"),
                    ("conv", "nchw16c"), ("relu", None), ("relayout", "nchw")]     # the relu runs blocked
 
@@ -44,7 +45,20 @@ def test_lone_and_unblockable_convs_stay_nchw():
     odd = _conv(g, g.add("relu", [stem]), 24)        # 24 filters
     lone = _conv(g, g.add("relu", [odd]), 32)        # blockable, but no blocked neighbour
     g.outputs = [lone]
-    assert all(lay in ("nchw", None) for _, lay in _ops(layout.run(g)))
+    assert all(lay in ("nchw", None) for _, lay in _ops(layout.run(g, "nchw16c")))
+
+
+def test_blocks_of_eight_take_channel_counts_that_sixteen_does_not():
+    """On AVX2 (nchw8c) a MobileNet's 24- and 40-channel convs run blocked; in blocks of 16 they stay NCHW."""
+    def graph():
+        g = Graph()
+        x = Value(TensorType((1, 24, 8, 8), "float32"), "x")
+        g.inputs = [x]
+        g.outputs = [_conv(g, g.add("relu", [_conv(g, x, 40)]), 24, 3)]
+        return g
+    assert _ops(layout.run(graph(), "nchw8c")) == [("relayout", "nchw8c"), ("conv", "nchw8c"), ("relu", None),
+                                                   ("conv", "nchw8c"), ("relayout", "nchw")]
+    assert all(lay in ("nchw", None) for _, lay in _ops(layout.run(graph(), "nchw16c")))
 
 
 def test_blocked_output_and_shared_value_get_one_relayout_each():
@@ -56,7 +70,7 @@ def test_blocked_output_and_shared_value_get_one_relayout_each():
     mean = g.add("reduce_mean", [a], {"axes": (2, 3), "keepdims": True})       # two NCHW readers of a
     pooled = g.add("avg_pool", [a], {"kernel": (2, 2)})
     g.outputs = [b, mean, pooled]
-    out = layout.run(g)
+    out = layout.run(g, "nchw16c")
     relayouts = [n for n in out.nodes if n.op == "relayout"]
     assert [n.attrs["to"] for n in relayouts] == ["nchw16c", "nchw", "nchw"]
     assert relayouts[1].inputs[0] is a and mean.producer.inputs[0] is pooled.producer.inputs[0] is relayouts[1].outputs[0]
@@ -73,7 +87,7 @@ def test_pointwise_between_convs_runs_blocked_unless_it_broadcasts():
     scaled = g.add("mul", [dw, g.const(np.ones((1, 32, 1, 1), np.float32))])          # per channel: NCHW only
     shifted = g.add("add", [scaled, g.const(np.float32(1))])        # a scalar operand: either layout
     g.outputs = [_conv(g, shifted, 16)]
-    ops = _ops(layout.run(g))
+    ops = _ops(layout.run(g, "nchw16c"))
     assert ops == [("relayout", "nchw16c"), ("conv", "nchw16c"), ("clip", None), ("conv", "nchw16c"),
                    ("relayout", "nchw"), ("mul", None), ("add", None), ("conv", "nchw")]
 
@@ -104,13 +118,18 @@ class _Bottlenecks(torch.nn.Module):
         return x, self.fc(x.mean((2, 3)))
 
 
-@pytest.mark.parametrize("threads, target", [(1, "native"), (2, "native"), (2, "x86_64-avx2")])
+@pytest.mark.parametrize("threads, target", [(1, "native"), (2, "native"), (2, "x86_64-avx2"), (2, "x86_64-sse2")])
 def test_small_resnet_blocked_matches_torch(tmp_path, threads, target):
-    """On AVX2 the blocked kernels run 8-float vectors (two per block of 16) and 6-row tiles."""
+    """layout="blocked": blocks of the target's vector width (nchw8c and 6-row tiles on AVX2, nchw4c with
+    SSE2, the width of NEON and the portable kernels)."""
+    import platform
+
     import cuvil
     from cuvil.target import cpu_flags
-    if target != "native" and "avx2" not in cpu_flags():
+    if target == "x86_64-avx2" and "avx2" not in cpu_flags():
         pytest.skip(f"this CPU cannot run {target} code")
+    if target == "x86_64-sse2" and platform.machine() != "x86_64":
+        pytest.skip("x86_64-sse2 code runs on x86-64 hosts only")
     torch.manual_seed(0)
     m = _Bottlenecks().eval()
     for mod in m.modules():                        # BN statistics away from identity, so folding matters
@@ -118,10 +137,11 @@ def test_small_resnet_blocked_matches_torch(tmp_path, threads, target):
             mod.running_mean.uniform_(-0.5, 0.5)
             mod.running_var.uniform_(0.5, 2.0)
     x = torch.randn(2, 3, 61, 58)
-    cm = cuvil.compile(m, (x,), layout="nchw16c", num_threads=threads, target=target, cache_dir=str(tmp_path))
-    text = cuvil_api.inspect_stages(m, (x,), stages=("passes",), layout="nchw16c")["passes"]
-    assert text.count("layout=nchw16c") >= 10 and text.count("relayout(") == 1    # at the end: the stem writes blocked
-    assert "layout=nchw16c, in_layout=nchw" in text
+    cm = cuvil.compile(m, (x,), layout="blocked", num_threads=threads, target=target, cache_dir=str(tmp_path))
+    text = cuvil_api.inspect_stages(m, (x,), stages=("passes",), layout="blocked", target=target)["passes"]
+    blocked = f"nchw{vector_floats(resolve_target(target))}c"
+    assert text.count(f"layout={blocked}") >= 10 and text.count("relayout(") == 1    # at the end: the stem writes blocked
+    assert f"layout={blocked}, in_layout=nchw" in text
     with torch.no_grad():
         ref = [t.numpy() for t in m(x)]
     for got, want in zip(cm.run(x.numpy()), ref):
@@ -134,7 +154,7 @@ def test_dynamic_batch_stays_blocked(tmp_path):
     m = _Bottlenecks().eval()
     x = torch.randn(2, 3, 33, 35)
     dyn = {"x": {0: torch.export.Dim("batch", min=1, max=5)}}
-    cm = cuvil.compile(m, (x,), layout="nchw16c", dynamic_shapes=dyn, cache_dir=str(tmp_path))
+    cm = cuvil.compile(m, (x,), layout="blocked", dynamic_shapes=dyn, cache_dir=str(tmp_path))
     assert "cuvil_conv3x3_winograd_blocked" in cm.c_source and cm.c_source.count("cuvil_relayout(") == 1
     for n in (1, 5):
         xn = torch.randn(n, 3, 33, 35)
@@ -168,14 +188,18 @@ def test_small_mobilenet_blocked_matches_torch(tmp_path):
     torch.manual_seed(0)
     m = Net().eval()
     x = torch.randn(2, 3, 29, 30)
-    text = cuvil_api.inspect_stages(m, (x,), stages=("passes",), layout="nchw16c")["passes"]
-    assert text.count("relayout(") == 1 and "groups=64, act=relu6, layout=nchw16c" in text   # BN, ReLU6 fused
-    cm = cuvil.compile(m, (x,), layout="nchw16c", num_threads=2, cache_dir=str(tmp_path))
+    text = cuvil_api.inspect_stages(m, (x,), stages=("passes",), layout="blocked")["passes"]
+    assert text.count("relayout(") == 1 and f"groups=64, act=relu6, layout=nchw{vector_floats()}c" in text   # BN, ReLU6 fused
+    cm = cuvil.compile(m, (x,), layout="blocked", num_threads=2, cache_dir=str(tmp_path))
     with torch.no_grad():
         np.testing.assert_allclose(cm.run(x.numpy())[0], m(x).numpy(), rtol=1e-4, atol=1e-4)
 
 
 def test_layout_option_is_checked():
     import cuvil
-    with pytest.raises(ValueError, match="option layout='nhwc' is not one of auto, nchw, nchw16c"):
-        cuvil.compile(torch.nn.Conv2d(16, 16, 1), (torch.randn(1, 16, 4, 4),), layout="nhwc")
+    conv, x = torch.nn.Conv2d(16, 16, 1), (torch.randn(1, 16, 4, 4),)
+    with pytest.raises(ValueError, match="option layout='nhwc' is not one of auto, blocked, nchw, nchw4c, nchw8c, nchw16c"):
+        cuvil.compile(conv, x, layout="nhwc")
+    with pytest.raises(ValueError, match="option layout='nchw16c' needs vectors of 16 floats; target 'x86_64-avx2' has 8: "
+                                         "use layout='blocked' \\(nchw8c here\\)"):
+        cuvil.compile(conv, x, layout="nchw16c", target="x86_64-avx2")

@@ -21,6 +21,7 @@ from cuvil.ir.graph import Graph, TensorType, Value
 from cuvil.ir.ops import REGISTRY
 from cuvil.ir.ops.elementwise import BINARY, COMPARE, LOGICAL, UNARY
 from cuvil.ir.ops.fused import ACTIVATIONS
+from cuvil.target import vector_floats
 
 from .util import compile_graph
 
@@ -866,10 +867,13 @@ def conv_attrs(op):
     c.check()
 
 
+BLOCKED = f"nchw{vector_floats()}c"     # the native target's blocked layout
+
+
 @case("relayout")
 def blocked_layout(op):
     """The channel-blocked kernels (kernels/blocked.h, winograd_blocked.c) between explicit relayouts, as
-    passes/layout.py places them: pixel counts that leave edge tiles (35, 25, 63), 48 channels (a panel
+    passes/layout.py places them, in blocks of this host's vector width: pixel counts that leave edge tiles (35, 25, 63), 48 channels (a panel
     and a half on AVX-512), K over several blocks, both Winograd tile sizes with partial tiles, depthwise
     convs (strides, dilations, pads, 7x7), batch 2 and a dynamic batch."""
     c = Case(runs=2, symbols=SYMS)
@@ -877,15 +881,15 @@ def blocked_layout(op):
     f = lambda *s: rand(r, s, "float32", -1, 1)  # noqa: E731
 
     def blocked(v):
-        return c.add("relayout", [v], {"to": "nchw16c"})
+        return c.add("relayout", [v], {"to": BLOCKED})
 
     def conv(label, x, o, k, residual=False, act="none", **attrs):
         ins = [blocked(x), c.const(f(o, x.shape[1], *k)), c.const(f(o))]
         if residual:
             y_shape = interpreter_shape(x, o, k, attrs)
             ins.append(blocked(c.input(f(*y_shape))))
-        y = c.add("conv", ins, dict(attrs, act=act, layout="nchw16c"))
-        c.out(c.add("relayout", [y], {"to": "nchw"}), label)
+        y = c.add("conv", ins, dict(attrs, act=act, layout=BLOCKED))
+        c.out(c.add("relayout", [y], {"to": "nchw", "from": BLOCKED}), label)
 
     def interpreter_shape(x, o, k, attrs):
         probe = Graph().add("conv", [Value(x.type), Value(TensorType((o, x.shape[1], *k), "float32"))], dict(attrs))
@@ -894,6 +898,11 @@ def blocked_layout(op):
     conv("1x1, 35 pixels, 48 out, residual, relu", c.input(f(2, 32, 5, 7)), 48, (1, 1), residual=True, act="relu")
     conv("1x1, K over two blocks of 16, 100 pixels, silu", c.input(f(1, 288, 10, 10)), 16, (1, 1), act="silu")
     conv("1x1 stride 2", c.input(f(1, 16, 9, 9)), 32, (1, 1), strides=(2, 2))
+    # odd numbers of blocks (24 and 40 channels on AVX2): panels of two blocks with one left over
+    vf = vector_floats()
+    conv("3x3 stride 2 pad 1, 3 blocks in, 5 out", c.input(f(1, 3 * vf, 9, 11)), 5 * vf, (3, 3), strides=(2, 2),
+         pads=((1, 1), (1, 1)), act="relu6")
+    conv("1x1, 5 blocks in, 3 out, residual", c.input(f(1, 5 * vf, 7, 5)), 3 * vf, (1, 1), residual=True)
     # the 6-pixel x 64-channel tiles (AVX-512): 35 pixels are 5 of them and a 5-pixel edge, 160 channels
     # two K blocks of 128 and 32, 96 out one pair of panels and a single one
     conv("1x1, 64 out, 160 in, residual, relu", c.input(f(1, 160, 5, 7)), 64, (1, 1), residual=True, act="relu")
@@ -920,31 +929,35 @@ def blocked_layout(op):
         ins = [x, c.const(f(o, shape[1], *k)), c.const(f(o))]
         if residual:
             ins.append(blocked(c.input(f(*interpreter_shape(x, o, k, attrs)))))
-        y = c.add("conv", ins, dict(attrs, act="relu", layout="nchw16c", in_layout="nchw"))
-        c.out(c.add("relayout", [y], {"to": "nchw"}), label)
+        y = c.add("conv", ins, dict(attrs, act="relu", layout=BLOCKED, in_layout="nchw"))
+        c.out(c.add("relayout", [y], {"to": "nchw", "from": BLOCKED}), label)
     xd = c.input(f(2, 32, 9, 11))
     for k, attrs in (((3, 3), dict(pads=((1, 1), (1, 1)))), ((3, 3), dict(strides=(2, 2), pads=((1, 1), (0, 1)))),
                      ((5, 3), dict(dilations=(2, 1), pads=((4, 4), (1, 1)))), ((7, 7), dict(pads=((3, 3), (3, 3))))):
         y = c.add("conv", [blocked(xd), c.const(f(32, 1, *k)), c.const(f(32))],
-                  dict(attrs, groups=32, act="relu", layout="nchw16c"))
-        c.out(c.add("relayout", [y], {"to": "nchw"}), f"depthwise {k} {attrs}")
+                  dict(attrs, groups=32, act="relu", layout=BLOCKED))
+        c.out(c.add("relayout", [y], {"to": "nchw", "from": BLOCKED}), f"depthwise {k} {attrs}")
+    x3 = c.input(f(1, 3 * vf, 10, 9))
+    y = c.add("conv", [blocked(x3), c.const(f(3 * vf, 1, 5, 5)), c.const(f(3 * vf))],
+              dict(pads=((2, 2), (2, 2)), strides=(2, 2), groups=3 * vf, act="relu6", layout=BLOCKED))
+    c.out(c.add("relayout", [y], {"to": "nchw", "from": BLOCKED}), "depthwise 5x5 stride 2, 3 blocks")
     y = c.add("conv", [blocked(xd), c.const(f(32, 1, 3, 3)), c.const(f(32)), blocked(xd)],
-              dict(pads=((1, 1), (1, 1)), groups=32, layout="nchw16c"))
-    c.out(c.add("relayout", [y], {"to": "nchw"}), "depthwise with residual")
+              dict(pads=((1, 1), (1, 1)), groups=32, layout=BLOCKED))
+    c.out(c.add("relayout", [y], {"to": "nchw", "from": BLOCKED}), "depthwise with residual")
     xp = blocked(c.input(f(2, 16, 9, 10)))
     for attrs in (dict(kernel=(3, 3), strides=(2, 2), pads=((1, 1), (1, 1))),
                   dict(kernel=(3, 3), strides=(2, 2), ceil_mode=True), dict(kernel=(2, 3), dilations=(2, 1))):
-        y = c.add("max_pool", [xp], dict(attrs, layout="nchw16c"))
-        c.out(c.add("relayout", [y], {"to": "nchw"}), f"max_pool {attrs}")
+        y = c.add("max_pool", [xp], dict(attrs, layout=BLOCKED))
+        c.out(c.add("relayout", [y], {"to": "nchw", "from": BLOCKED}), f"max_pool {attrs}")
     xb = blocked(c.input(dyn(r, (B, 16, 6, 7), "float32"), (B, 16, 6, 7)))     # dynamic batch: b = 1, 6
     for k, attrs in (((1, 1), {}), ((3, 3), dict(pads=((1, 1), (1, 1)))), ((3, 3), dict(groups=16, strides=(2, 2)))):
         y = c.add("conv", [xb, c.const(f(16, 16 // attrs.get("groups", 1), *k)), c.const(f(16))],
-                  dict(attrs, layout="nchw16c"))
-        c.out(c.add("relayout", [y], {"to": "nchw"}), f"batch b: conv {k} {attrs}")
-    c.out(c.add("relayout", [c.add("max_pool", [xb], dict(kernel=(2, 2), layout="nchw16c"))], {"to": "nchw"}),
+                  dict(attrs, layout=BLOCKED))
+        c.out(c.add("relayout", [y], {"to": "nchw", "from": BLOCKED}), f"batch b: conv {k} {attrs}")
+    c.out(c.add("relayout", [c.add("max_pool", [xb], dict(kernel=(2, 2), layout=BLOCKED))], {"to": "nchw", "from": BLOCKED}),
           "batch b: max_pool")
     for shape in ((2, 32, 5, 7), (1, 16, 3, 3), (1, 48, 16, 17)):
-        c.out(c.add("relayout", [blocked(c.input(f(*shape)))], {"to": "nchw"}), f"round trip {shape}")
+        c.out(c.add("relayout", [blocked(c.input(f(*shape)))], {"to": "nchw", "from": BLOCKED}), f"round trip {shape}")
     c.check()
 
 

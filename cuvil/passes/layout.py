@@ -1,5 +1,5 @@
-"""Layout: convs and max pools whose channels come in sixteens run channel-blocked ("nchw16c",
-codegen/c/kernels/blocked.h), with a relayout only where a blocked value meets anything that reads
+"""Layout: convs and max pools whose channels come in blocks of the target's vector width run
+channel-blocked ("nchw<B>c": B = 16 on AVX-512, 8 on AVX2, 4 on SSE2 / NEON; codegen/c/kernels/blocked.h), with a relayout only where a blocked value meets anything that reads
 NCHW (and at the graph's outputs). Pointwise ops whose operands all have the output's shape (or one
 element) run on blocked data unchanged. Shapes stay logical: the attribute says how C stores the value.
 
@@ -14,9 +14,7 @@ import numpy as np
 
 from ..ir.graph import Node, Value
 from ..ir.ops import REGISTRY, infer_types
-
-BLOCKED = "nchw16c"
-BLOCK = 16
+from ..ir.ops.movement import layout_block
 
 
 def _static_4d(v):
@@ -24,18 +22,18 @@ def _static_4d(v):
     return v.type.rank == 4 and v.dtype == "float32" and all(isinstance(d, int) for d in v.shape[1:])
 
 
-def blockable(node) -> bool:
+def blockable(node, block: int) -> bool:
     """Whether the blocked kernels take this node: a 2-d conv of constant filters, ungrouped or depthwise
-    (groups = in = out channels), or a 2-d max pool, channels in and out multiples of 16, static shapes
+    (groups = in = out channels), or a 2-d max pool, channels in and out multiples of the block, static shapes
     but for the batch."""
     if node.op == "conv":
         x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
         g = node.attrs.get("groups", 1)
         return (_static_4d(x) and _static_4d(y) and w.is_const and (g == 1 or g == x.shape[1] == y.shape[1])
-                and x.shape[1] % BLOCK == 0 and y.shape[1] % BLOCK == 0)
+                and x.shape[1] % block == 0 and y.shape[1] % block == 0)
     if node.op == "max_pool":
         x, y = node.inputs[0], node.outputs[0]
-        return _static_4d(x) and _static_4d(y) and x.shape[1] % BLOCK == 0
+        return _static_4d(x) and _static_4d(y) and x.shape[1] % block == 0
     return False
 
 
@@ -44,14 +42,14 @@ def blockable(node) -> bool:
 NCHW_IN_MAX_K = 1024
 
 
-def blockable_from_nchw(node) -> bool:
+def blockable_from_nchw(node, block: int) -> bool:
     """Whether a conv can read NCHW and write blocked: a net's stem, whose few input channels fill no
-    block of 16 (kernels/blocked.h: cuvil_conv_nchw_blocked)."""
+    block (kernels/blocked.h: cuvil_conv_nchw_blocked)."""
     if node.op != "conv":
         return False
     x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
     return (_static_4d(x) and _static_4d(y) and w.is_const and node.attrs.get("groups", 1) == 1
-            and x.shape[1] % BLOCK != 0 and y.shape[1] % BLOCK == 0
+            and x.shape[1] % block != 0 and y.shape[1] % block == 0
             and int(np.prod(w.shape[1:])) <= NCHW_IN_MAX_K)
 
 
@@ -60,14 +58,14 @@ def _blocked_inputs(node):
     return [0, 3] if node.op == "conv" else [0]
 
 
-def _elementwise_over(node):
+def _elementwise_over(node, block):
     """For a pointwise node that would compute the same on any layout of its operands (each one shaped
     like the output, or a single element), the positions of the full-shape operands; else None. Such a
     node runs on blocked operands as it is: a ReLU6 or an add between two convs keeps them blocked."""
     kind = REGISTRY[node.op].kind
     y = node.outputs[0]
     if kind not in ("unary", "binary", "where", "fused") or len(node.outputs) != 1 or not _static_4d(y) \
-            or y.shape[1] % BLOCK or (kind == "fused" and any(node.attrs.get("views") or ())):
+            or y.shape[1] % block or (kind == "fused" and any(node.attrs.get("views") or ())):
         return None
     full = []
     for i, v in enumerate(node.inputs):
@@ -80,11 +78,11 @@ def _elementwise_over(node):
     return full or None
 
 
-def _choose(graph):
+def _choose(graph, block):
     """The nodes to block: blockable ones joined to another blockable one by a value, directly or through
     pointwise nodes that can run blocked."""
-    can = {id(n) for n in graph.nodes if blockable(n)}
-    stems = {id(n) for n in graph.nodes if blockable_from_nchw(n)}
+    can = {id(n) for n in graph.nodes if blockable(n, block)}
+    stems = {id(n) for n in graph.nodes if blockable_from_nchw(n, block)}
 
     def blockable_sources(v, seen):
         p = v.producer
@@ -93,7 +91,7 @@ def _choose(graph):
         seen.add(id(p))
         if id(p) in can or id(p) in stems:
             return {id(p)}
-        full = _elementwise_over(p)
+        full = _elementwise_over(p, block)
         return set().union(*(blockable_sources(p.inputs[i], seen) for i in full)) if full else set()
 
     chosen = set()
@@ -108,8 +106,10 @@ def _choose(graph):
     return chosen, chosen & stems
 
 
-def run(graph):
-    chosen, from_nchw = _choose(graph)
+def run(graph, layout: str):
+    """Blocks graph's conv chains in `layout` (an "nchw<B>c" of ir/ops/movement.py)."""
+    block = layout_block(layout)
+    chosen, from_nchw = _choose(graph, block)
     if not chosen:
         return graph
     converted = {}                     # (id(value), layout) -> the value in that layout
@@ -117,8 +117,9 @@ def run(graph):
     def relayout(v, to, nodes):
         key = (id(v), to)
         if key not in converted:
-            out = Value(infer_types("relayout", [v.type], {"to": to})[0])
-            nodes.append(Node("relayout", [v], {"to": to}, [out], v.producer.loc if v.producer else None))
+            attrs = {"to": to, "from": layout if to == "nchw" else "nchw"}
+            out = Value(infer_types("relayout", [v.type], attrs)[0])
+            nodes.append(Node("relayout", [v], attrs, [out], v.producer.loc if v.producer else None))
             converted[key] = out
         return converted[key]
 
@@ -130,7 +131,7 @@ def run(graph):
         if id(n) in from_nchw:                 # x stays NCHW; the output (and a residual) blocked
             positions = positions[1:]
             n.attrs["in_layout"] = "nchw"
-        full = None if blocked else _elementwise_over(n)
+        full = None if blocked else _elementwise_over(n, block)
         if full and all(id(n.inputs[i]) in blocked_values for i in full):   # runs blocked as it is
             blocked_values.add(id(n.outputs[0]))
             nodes.append(n)
@@ -140,11 +141,11 @@ def run(graph):
                 continue
             is_blocked = id(v) in blocked_values
             if i in positions and not is_blocked:
-                n.inputs[i] = relayout(v, BLOCKED, nodes)
+                n.inputs[i] = relayout(v, layout, nodes)
             elif i not in positions and is_blocked:
                 n.inputs[i] = relayout(v, "nchw", nodes)
         if blocked:
-            n.attrs["layout"] = BLOCKED
+            n.attrs["layout"] = layout
             blocked_values.add(id(n.outputs[0]))
         nodes.append(n)
     graph.nodes = nodes

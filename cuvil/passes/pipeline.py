@@ -18,8 +18,8 @@ from . import layout as layout_pass
 
 
 def optimize(graph, fusion_level=2, *, backend, layout="nchw", verify=None, log=None):
-    """backend: passes/backend.py's Backend; layout: the layout pass's target layout, "nchw16c" to run
-    it (driver.conv_layout picks it per target); verify: Graph.verify() after every pass (default: when
+    """backend: passes/backend.py's Backend; layout: the layout pass's target layout, a blocked
+    "nchw<B>c" to run it (driver.conv_layout picks it per target); verify: Graph.verify() after every pass (default: when
     CUVIL_VERIFY_PASSES is set to anything but 0); log(name, graph) after every pass."""
     if verify is None:
         verify = os.environ.get("CUVIL_VERIFY_PASSES", "0") not in ("", "0")
@@ -29,11 +29,11 @@ def optimize(graph, fusion_level=2, *, backend, layout="nchw", verify=None, log=
         "simplify": simplify.run,
         "legalize": lambda g: legalize.run(g, backend),
         "fuse": lambda g: fuse.run(g, fusion_level, backend),
-        "layout": layout_pass.run,
+        "layout": lambda g: layout_pass.run(g, layout),
     }
     order = ["cleanup", "legalize"] if fusion_level == 0 else \
         ["cleanup", "fold", "simplify", "cleanup", "fold", "cleanup", "legalize", "fuse"]
-    if fusion_level > 0 and layout == layout_pass.BLOCKED:
+    if fusion_level > 0 and layout != "nchw":
         order.append("layout")
     for name in order:
         graph = passes[name](graph)

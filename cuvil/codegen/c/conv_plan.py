@@ -9,11 +9,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...ir import dims as D
+from ...ir.ops.movement import layout_block
 from .gemm_plan import GEMM_MC, pack_a
 
 
 def is_blocked(node) -> bool:
-    return node.attrs.get("layout") == "nchw16c"
+    return layout_block(node.attrs.get("layout", "nchw")) > 0
 
 
 def conv_shape(node, spatial_of):

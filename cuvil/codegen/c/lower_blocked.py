@@ -1,10 +1,12 @@
 """C lowering of the channel-blocked ops (passes/layout.py, kernels/blocked.h): convs and max pools
-whose layout attribute is nchw16c, and the relayouts between that layout and NCHW."""
+whose layout attribute is a blocked "nchw<B>c", and the relayouts between that layout and NCHW. The
+kernels' block is the target's vector width (CUVIL_BLOCK); every call asserts the one it was planned for."""
 from __future__ import annotations
 
 import numpy as np
 
 from ...ir import dims as D
+from ...ir.ops.movement import layout_block
 from .conv_plan import WINOGRAD_G
 from .emit import lowering
 from .gemm_plan import pack_b, panel_width
@@ -23,8 +25,17 @@ def winograd_filters_as_b(w: np.ndarray, m: int, nr: int) -> np.ndarray:
     return np.concatenate([pack_b(u[i, j], nr).ravel() for i in range(m + 2) for j in range(m + 2)])
 
 
+def _block_check(layout):
+    return f"_Static_assert(CUVIL_BLOCK == {layout_block(layout)}, \"{layout} planned for another vector width\");"
+
+
 def lower_conv(em, node, plan, shape_struct, bias, res, act):
     """A blocked conv of the kind its conv_plan.ConvPlan names."""
+    lines = lower_conv_call(em, node, plan, shape_struct, bias, res, act)
+    return lines[:1] + ["  " + _block_check(node.attrs["layout"])] + lines[1:]
+
+
+def lower_conv_call(em, node, plan, shape_struct, bias, res, act):
     nr, m = panel_width(em), plan.winograd
     if plan.kind == "blocked_from_nchw":
         wb = em.packed(plan.pack, node.inputs[1],
@@ -54,12 +65,14 @@ def lower_conv(em, node, plan, shape_struct, bias, res, act):
 
 
 def lower_max_pool(em, node, shape_struct):
-    return ["{", f"  const cuvil_conv_shape s = {shape_struct};",
+    return ["{", "  " + _block_check(node.attrs["layout"]), f"  const cuvil_conv_shape s = {shape_struct};",
             f"  cuvil_max_pool_blocked(&s, {em.ptr(node.inputs[0])}, {em.ptr(node.outputs[0])}, NT);", "}"]
 
 
 @lowering("relayout")
 def lower_relayout(em, node):
     n, c, h, w = (D.to_c(d) for d in node.inputs[0].shape)
-    return [f"cuvil_relayout({n}, {c}, (int64_t)({h}) * ({w}), {int(node.attrs['to'] == 'nchw16c')}, "
-            f"{em.ptr(node.inputs[0])}, {em.ptr(node.outputs[0])}, NT);"]
+    to_blocked = node.attrs["to"] != "nchw"
+    return ["{", "  " + _block_check(node.attrs["to" if to_blocked else "from"]),
+            f"  cuvil_relayout({n}, {c}, (int64_t)({h}) * ({w}), {int(to_blocked)}, "
+            f"{em.ptr(node.inputs[0])}, {em.ptr(node.outputs[0])}, NT);", "}"]

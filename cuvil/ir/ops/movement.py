@@ -37,20 +37,32 @@ declare(OpDef("transpose", {"perm": REQUIRED}, _transpose_infer,
               lambda xs, a: np.ascontiguousarray(np.transpose(xs[0], a["perm"])), kind="movement"))
 
 
+# The physical layouts of a 4-d float tensor (passes/layout.py): NCHW, or channel-blocked "nchw<B>c",
+# [N][C/B][H][W][B] with B the target's vector width in floats. The IR's shapes and the reference
+# interpreter stay logical (NCHW); a layout is how the C code stores the value, so relayout is the
+# identity to the interpreter and a copy between layouts in C.
+LAYOUTS = ("nchw", "nchw4c", "nchw8c", "nchw16c")
+
+
+def layout_block(layout: str) -> int:
+    """Channels per block of a layout: 0 for NCHW."""
+    return 0 if layout == "nchw" else int(layout[4:-1])
+
+
 def _relayout_infer(types, attrs, inputs):
-    if attrs["to"] not in LAYOUTS:
-        raise ShapeError(f"relayout: unknown layout {attrs['to']!r} (one of {', '.join(LAYOUTS)})")
+    for k in ("to", "from"):
+        if attrs[k] not in LAYOUTS:
+            raise ShapeError(f"relayout: unknown layout {attrs[k]!r} (one of {', '.join(LAYOUTS)})")
+    blocks = sorted((layout_block(attrs["from"]), layout_block(attrs["to"])))
+    if blocks[0] != 0 or blocks[1] == 0:
+        raise ShapeError(f"relayout: converts between nchw and a blocked layout, not {attrs['from']} -> {attrs['to']}")
     t = types[0]
-    if t.rank != 4 or t.dtype != "float32" or not isinstance(t.shape[1], int) or t.shape[1] % 16:
-        raise ShapeError(f"relayout: expects a float32 [N, C, H, W] tensor with C a multiple of 16, got {t}")
+    if t.rank != 4 or t.dtype != "float32" or not isinstance(t.shape[1], int) or t.shape[1] % blocks[1]:
+        raise ShapeError(f"relayout: expects a float32 [N, C, H, W] tensor with C a multiple of {blocks[1]}, got {t}")
     return [t]
 
 
-# The physical layouts of a 4-d float tensor (passes/layout.py). The IR's shapes and the reference
-# interpreter stay logical (NCHW); a layout is how the C code stores the value, so relayout is the
-# identity to the interpreter and a copy between layouts in C.
-LAYOUTS = ("nchw", "nchw16c")
-declare(OpDef("relayout", {"to": REQUIRED}, _relayout_infer, lambda xs, a: xs[0].copy(), kind="layout"))
+declare(OpDef("relayout", {"to": REQUIRED, "from": "nchw"}, _relayout_infer, lambda xs, a: xs[0].copy(), kind="layout"))
 
 
 def _expand_infer(types, attrs, inputs):

@@ -4,9 +4,10 @@
 #include "vmath.h"
 #include "wide.h"
 
-/* Channel blocks per K block of the GEMM and pixels per M block: one panel's K block of B (256 x 32
- * floats, 32 KB) is reused by every row tile of the M block, whose A (96 x 256 floats) stays in L2. */
-#define BLK_KB 16
+/* Channel blocks per K block of the GEMM and pixels per M block: one panel's K block of B (256
+ * channels x NR floats, 32 KB at NR 32) is reused by every row tile of the M block, whose A (96 x 256
+ * floats) stays in L2. */
+#define BLK_KB (256 / CUVIL_BLOCK)
 #define BLK_MC 96
 
 /* A conv's NCHW input, zero padded (cuvil_conv_nchw_blocked): the row of channel c, tap row kh that
@@ -18,7 +19,7 @@ typedef struct {
 } nchw_source;
 
 /* A strided or padded conv's blocked input read in place as its im2col (cuvil_conv_blocked): channel
- * block k = tap * CB + cb of output pixel m starts at x + cb * plane + (pix[m] + tap[k / CB]) * 16, x
+ * block k = tap * CB + cb of output pixel m starts at x + cb * plane + (pix[m] + tap[k / CB]) * B, x
  * zero padded where the conv pads. */
 typedef struct {
     const float *x;
@@ -40,7 +41,7 @@ typedef struct {
 static inline __attribute__((always_inline)) void store_blocked_tile(int mr, int nv, cuvil_vf c0[CUVIL_MR],
                                                                      cuvil_vf c1[CUVIL_MR], const blocked_gemm *g,
                                                                      int64_t i0, int64_t p, int first, int last) {
-    for (int v = 0; v < nv; v++) {          /* vector v: columns n .. n + VL, inside one block of 16 */
+    for (int v = 0; v < nv; v++) {          /* vector v: columns n .. n + VL, inside one block */
         int64_t n = p * CUVIL_NR + v * CUVIL_VL, off = n / CUVIL_BLOCK * g->ldc + n % CUVIL_BLOCK;
         float *c = g->C + off + i0 * CUVIL_BLOCK;
         const float *r = last && g->residual ? g->residual + off + i0 * CUVIL_BLOCK : 0;
@@ -61,7 +62,7 @@ static inline __attribute__((always_inline)) void store_blocked_tile(int mr, int
 }
 
 /* A tile's partial sums over channel blocks [kb0, kb0 + nkb) of a blocked A: its MR pixels of a block sit
- * side by side (16 floats each), so each K step's broadcasts read 8 lines in a row of 512 bytes. */
+ * side by side (a vector each), so each K step's broadcasts read MR vectors in a row. */
 static inline __attribute__((always_inline)) void accumulate_blocked(int mr, int nv, const blocked_gemm *g, int64_t i0,
                                                                      int64_t p, int64_t kb0, int64_t nkb,
                                                                      cuvil_vf c0[CUVIL_MR], cuvil_vf c1[CUVIL_MR]) {
@@ -83,18 +84,24 @@ static inline __attribute__((always_inline)) void accumulate_blocked(int mr, int
 }
 
 /* The same with A gathered from the conv's input (g->gsrc): each K block's MR pixels are MR windows'
- * 16 channels at one tap, read where they lie instead of from an im2col written out first (3x3 stride
+ * block of channels at one tap, read where they lie instead of from an im2col written out first (3x3 stride
  * 2 at 28x28, 128 channels: a 3.6 MB im2col, out of L2 and back). */
 static inline __attribute__((always_inline)) void accumulate_gathered(int mr, int nv, const blocked_gemm *g, int64_t i0,
                                                                       int64_t p, int64_t kb0, int64_t nkb,
                                                                       cuvil_vf c0[CUVIL_MR], cuvil_vf c1[CUVIL_MR]) {
     const gathered_source *src = g->gsrc;
-    const float *bp = g->B + (p * g->K + kb0 * CUVIL_BLOCK) * CUVIL_NR;
+    const float *bp = g->B + (p * g->K + kb0 * CUVIL_BLOCK) * CUVIL_NR, *base[CUVIL_MR];
+    #pragma GCC unroll 8
+    for (int i = 0; i < mr; i++) base[i] = src->x + src->pix[i0 + i] * CUVIL_BLOCK;
+    /* K block k = tap * CB + cb, stepped without a division per block (one per 8 blocks' FMAs was a
+     * tenth of a strided conv's time on AVX2) */
+    int64_t cb = kb0 % src->CB, t = kb0 / src->CB;
     for (int64_t kb = 0; kb < nkb; kb++) {
-        int64_t k = kb0 + kb, off = k % src->CB * src->plane + src->tap[k / src->CB] * CUVIL_BLOCK;
+        int64_t off = cb * src->plane + src->tap[t] * CUVIL_BLOCK;
+        if (++cb == src->CB) cb = 0, t++;
         const float *ar[CUVIL_MR], *b = bp + kb * CUVIL_BLOCK * CUVIL_NR;
         #pragma GCC unroll 8
-        for (int i = 0; i < mr; i++) ar[i] = src->x + off + src->pix[i0 + i] * CUVIL_BLOCK;
+        for (int i = 0; i < mr; i++) ar[i] = base[i] + off;
         #pragma GCC unroll 16
         for (int kk = 0; kk < CUVIL_BLOCK; kk++) {
             cuvil_vf b0 = cuvil_vload(b + kk * CUVIL_NR), b1 = nv > 1 ? cuvil_vload(b + kk * CUVIL_NR + CUVIL_VL) : b0;
@@ -110,7 +117,7 @@ static inline __attribute__((always_inline)) void accumulate_gathered(int mr, in
 
 /* The same over all of K with A straight from a padded NCHW input (g->src): K = (c, kh, kw) in the
  * filters' own order, each (c, kh) one run of KW taps along an input row. A stem's 3 channels would
- * fill a 16-channel block to 19%; read this way its 147 taps are all there is, with no im2col and no
+ * fill a 16-channel block to 19% (AVX-512); read this way its 147 taps are all there is, with no im2col and no
  * relayout after. */
 static inline __attribute__((always_inline)) void accumulate_nchw(int mr, int nv, const blocked_gemm *g, int64_t i0,
                                                                   int64_t p, cuvil_vf c0[CUVIL_MR], cuvil_vf c1[CUVIL_MR]) {
@@ -136,7 +143,7 @@ static inline __attribute__((always_inline)) void accumulate_nchw(int mr, int nv
 /* One tile of mr pixels x nv vectors of output channels of panel p, finished into C (raw partial sums
  * until the last K block, which adds the epilogue). */
 /* The lines of C (and of the residual, on the last K block) that a tile of mr pixels x blocks
- * [blk, blk + nblk) of 16 output channels will store, asked for before its K loop: left to the store,
+ * [blk, blk + nblk) of output channels will store, asked for before its K loop: left to the store,
  * each was a wait on L3 (Intel). Not on Zen, whose own prefetchers have these lines in time
  * (benchmarks/README.md, Kernel notes). */
 static inline void prefetch_tile_output(const blocked_gemm *g, int64_t i0, int mr, int64_t blk, int nblk, int last) {
@@ -154,6 +161,13 @@ static inline void prefetch_tile_output(const blocked_gemm *g, int64_t i0, int m
     }
 }
 
+/* Out of line: inlined, its activation's calls (all vector registers caller-saved) had GCC keep the
+ * accumulators they outlive on the stack through the whole K loop. */
+static __attribute__((noinline)) void store_full_tile(cuvil_vf c0[CUVIL_MR], cuvil_vf c1[CUVIL_MR], const blocked_gemm *g,
+                                                      int64_t i0, int64_t p, int first, int last) {
+    store_blocked_tile(CUVIL_MR, 2, c0, c1, g, i0, p, first, last);
+}
+
 enum { A_BLOCKED, A_NCHW, A_GATHERED };          /* where a tile reads A: g->A, g->src, g->gsrc */
 
 static inline __attribute__((always_inline)) void blocked_tile(int a_from, int mr, int nv, const blocked_gemm *g,
@@ -166,18 +180,51 @@ static inline __attribute__((always_inline)) void blocked_tile(int a_from, int m
     if (a_from == A_NCHW) accumulate_nchw(mr, nv, g, i0, p, c0, c1);
     else if (a_from == A_GATHERED) accumulate_gathered(mr, nv, g, i0, p, kb0, nkb, c0, c1);
     else accumulate_blocked(mr, nv, g, i0, p, kb0, nkb, c0, c1);
-    store_blocked_tile(mr, nv, c0, c1, g, i0, p, first, last);
+    if (mr == CUVIL_MR && nv == 2) store_full_tile(c0, c1, g, i0, p, first, last);
+    else store_blocked_tile(mr, nv, c0, c1, g, i0, p, first, last);
+}
+
+/* A full MR x 2-vector tile from a blocked or gathered A, its accumulators named (wide.h: CUVIL_TILE_ROWS). */
+static inline __attribute__((always_inline)) void full_tile(int a_from, const blocked_gemm *g, int64_t i0, int64_t p,
+                                                            int64_t kb0, int64_t nkb, int first, int last) {
+    prefetch_tile_output(g, i0, CUVIL_MR, p * CUVIL_NR / CUVIL_BLOCK, 2 * CUVIL_VL / CUVIL_BLOCK, last);
+    CUVIL_TILE_ROWS(CUVIL_TILE_ZERO)
+    const float *bp = g->B + (p * g->K + kb0 * CUVIL_BLOCK) * CUVIL_NR, *base[CUVIL_MR];
+    const gathered_source *src = g->gsrc;
+    int64_t cb = 0, t = 0;                       /* gathered: K block k = tap t * CB + cb, as accumulate_gathered */
+    if (a_from == A_GATHERED) {
+        for (int r = 0; r < CUVIL_MR; r++) base[r] = src->x + src->pix[i0 + r] * CUVIL_BLOCK;
+        cb = kb0 % src->CB, t = kb0 / src->CB;
+    } else
+        for (int r = 0; r < CUVIL_MR; r++) base[r] = g->A + kb0 * g->lda + (i0 + r) * CUVIL_BLOCK;
+    for (int64_t kb = 0; kb < nkb; kb++) {
+        int64_t off = kb * g->lda;
+        if (a_from == A_GATHERED) {
+            off = cb * src->plane + src->tap[t] * CUVIL_BLOCK;
+            if (++cb == src->CB) cb = 0, t++;
+        }
+        const float *ar[CUVIL_MR], *b = bp + kb * CUVIL_BLOCK * CUVIL_NR;
+        for (int r = 0; r < CUVIL_MR; r++) ar[r] = base[r] + off;
+        #pragma GCC unroll 16
+        for (int k = 0; k < CUVIL_BLOCK; k++) {
+            cuvil_vf b0 = cuvil_vload(b + k * CUVIL_NR), b1 = cuvil_vload(b + k * CUVIL_NR + CUVIL_VL);
+            CUVIL_TILE_ROWS(CUVIL_TILE_STEP)
+        }
+    }
+    cuvil_vf c0[CUVIL_MR], c1[CUVIL_MR];
+    CUVIL_TILE_ROWS(CUVIL_TILE_OUT)
+    store_full_tile(c0, c1, g, i0, p, first, last);
 }
 
 /* full tiles in their own functions, so the edges' switch stays out of their code */
 static void blocked_full_tile(const blocked_gemm *g, int64_t i0, int64_t p, int64_t kb0, int64_t nkb, int first,
                               int last) {
-    blocked_tile(A_BLOCKED, CUVIL_MR, 2, g, i0, p, kb0, nkb, first, last);
+    full_tile(A_BLOCKED, g, i0, p, kb0, nkb, first, last);
 }
 
 static void gathered_full_tile(const blocked_gemm *g, int64_t i0, int64_t p, int64_t kb0, int64_t nkb, int first,
                                int last) {
-    blocked_tile(A_GATHERED, CUVIL_MR, 2, g, i0, p, kb0, nkb, first, last);
+    full_tile(A_GATHERED, g, i0, p, kb0, nkb, first, last);
 }
 
 static void nchw_full_tile(const blocked_gemm *g, int64_t i0, int64_t p) {
@@ -352,7 +399,7 @@ int64_t cuvil_conv_blocked_scratch(const cuvil_conv_shape *s) {
 }
 
 /* A zero-padded copy of one image, rows r = c * hp + ih of `pixel` floats a pixel: an NCHW input's
- * channels (pixel 1) or a blocked input's blocks of 16 channels (pixel 16). */
+ * channels (pixel 1) or a blocked input's blocks of channels (pixel B). */
 typedef struct { const cuvil_conv_shape *s; const float *x; float *xp; int64_t pixel; } pad_args;
 
 static void pad_task(void *ctx, int64_t r0, int64_t r1) {
@@ -466,8 +513,8 @@ typedef struct {
     int act;
 } blocked_dw;
 
-/* Output rows r = (n * C / 16 + cb) * OH + oh in [r0, r1): each output pixel's 16 channels in vectors,
- * the taps' 16 filter values (w [KH * KW][C]) side by side as the input's channels are. */
+/* Output rows r = (n * C / B + cb) * OH + oh in [r0, r1): each output pixel's B channels in vectors,
+ * the taps' B filter values (w [KH * KW][C]) side by side as the input's channels are. */
 static void depthwise_blocked_task(void *ctx, int64_t r0, int64_t r1) {
     const blocked_dw *a = ctx;
     const cuvil_conv_shape *s = a->s;
@@ -499,7 +546,7 @@ void cuvil_depthwise_blocked(const cuvil_conv_shape *s, const float *x, const fl
 
 typedef struct { const cuvil_conv_shape *s; const float *x; float *y; } blocked_pool;
 
-/* Output rows r = (n * C / 16 + cb) * OH + oh in [r0, r1): each pixel's 16 channels in vectors. */
+/* Output rows r = (n * C / B + cb) * OH + oh in [r0, r1): each pixel's B channels in vectors. */
 static void max_pool_blocked_task(void *ctx, int64_t r0, int64_t r1) {
     const blocked_pool *a = ctx;
     const cuvil_conv_shape *s = a->s;
@@ -523,13 +570,13 @@ void cuvil_max_pool_blocked(const cuvil_conv_shape *s, const float *x, float *y,
 /* ---- relayout ---------------------------------------------------------------------------- */
 typedef struct { int64_t C, HW; int to_blocked; const float *x; float *y; } relayout_args;
 
-/* 16 x 16 blocks of (channel, pixel) turned over: the NCHW side's rows are HW floats apart, the
- * blocked side's 16. */
-static inline void turn16(const float *src, int64_t lds, float *dst, int64_t ldd, int64_t rows, int64_t cols) {
-#ifdef CUVIL_TRANSPOSE_BLOCK
-    if (rows == 16 && cols == 16) {
-        for (int i = 0; i < 16; i += 8)
-            for (int j = 0; j < 16; j += 8) {
+/* B x B squares of (channel, pixel) turned over: the NCHW side's rows are HW floats apart, the
+ * blocked side's B. */
+static inline void turn_block(const float *src, int64_t lds, float *dst, int64_t ldd, int64_t rows, int64_t cols) {
+#if defined(CUVIL_TRANSPOSE_BLOCK) && CUVIL_BLOCK % 8 == 0
+    if (rows == CUVIL_BLOCK && cols == CUVIL_BLOCK) {
+        for (int i = 0; i < CUVIL_BLOCK; i += 8)
+            for (int j = 0; j < CUVIL_BLOCK; j += 8) {
                 __m256 t[8];
                 transpose8(src + i * lds + j, lds, t);
                 for (int u = 0; u < 8; u++) _mm256_storeu_ps(dst + (j + u) * ldd + i, t[u]);
@@ -549,8 +596,8 @@ static void relayout_task(void *ctx, int64_t q0, int64_t q1) {
         float *dst = a->y + q * CUVIL_BLOCK * a->HW;
         for (int64_t p = 0; p < a->HW; p += CUVIL_BLOCK) {
             int64_t n = a->HW - p < CUVIL_BLOCK ? a->HW - p : CUVIL_BLOCK;
-            if (a->to_blocked) turn16(src + p, a->HW, dst + p * CUVIL_BLOCK, CUVIL_BLOCK, CUVIL_BLOCK, n);
-            else turn16(src + p * CUVIL_BLOCK, CUVIL_BLOCK, dst + p, a->HW, n, CUVIL_BLOCK);
+            if (a->to_blocked) turn_block(src + p, a->HW, dst + p * CUVIL_BLOCK, CUVIL_BLOCK, CUVIL_BLOCK, n);
+            else turn_block(src + p * CUVIL_BLOCK, CUVIL_BLOCK, dst + p, a->HW, n, CUVIL_BLOCK);
         }
     }
 }

@@ -1,22 +1,24 @@
-/* The channel-blocked layout ("nchw16c", passes/layout.py): a [N, C, H, W] tensor stored as
- * [N][C/16][H][W][16], sixteen channels of one pixel side by side (C a multiple of 16). A conv then
- * reads its input in place as the GEMM's A (pixels x channels): each K step broadcasts one channel of
- * MR pixels that sit 64 bytes apart, and the product's vectors of output channels are stored as they
- * come out of the registers, with no packing before and no transpose after. ResNet-50's 1x1 convs in a
- * C harness (1 thread, hot), blocked / NCHW time: 0.84-0.94x, 105-116 GFLOP/s. */
+/* The channel-blocked layout ("nchw<B>c", passes/layout.py), B = CUVIL_BLOCK = the target's vector
+ * width (16 on AVX-512, 8 on AVX2, 4 on SSE2 / NEON / portable): a [N, C, H, W] tensor stored as
+ * [N][C/B][H][W][B], the B channels of one pixel one vector (C a multiple of B). A conv then reads its
+ * input in place as the GEMM's A (pixels x channels): each K step broadcasts one channel of MR pixels
+ * that sit a vector apart, and the product's vectors of output channels are stored as they come out of
+ * the registers, with no packing before and no transpose after. ResNet-50's 1x1 convs in a C harness
+ * (AVX-512, 1 thread, hot), blocked / NCHW time: 0.84-0.94x, 105-116 GFLOP/s. Below, "a block" is B
+ * channels; the comments' 16 is B on AVX-512. */
 #ifndef CUVIL_BLOCKED_H
 #define CUVIL_BLOCKED_H
 #include "conv.h"
 
-#define CUVIL_BLOCK 16
+#define CUVIL_BLOCK CUVIL_VL
 
-/* C = act(A @ Bp + bias[n] + residual) with A [K/16][M][16] (lda_blk floats from one block of 16
- * channels to the next), C and residual [N/16][M][16] (ldc_blk), Bp packed panels ([np][K][NR],
- * cuvil_pack_b). K and N multiples of 16; bias and residual may be NULL. */
+/* C = act(A @ Bp + bias[n] + residual) with A [K/B][M][B] (lda_blk floats from one block of
+ * channels to the next), C and residual [N/B][M][B] (ldc_blk), Bp packed panels ([np][K][NR],
+ * cuvil_pack_b). K and N multiples of B; bias and residual may be NULL. */
 void cuvil_sgemm_blocked(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda_blk, const float *Bp,
                          float *C, int64_t ldc_blk, const float *bias, const float *residual, int act, int nthreads);
 
-/* A conv of blocked input to blocked output (groups 1, C and O multiples of 16). wb: the filters as the
+/* A conv of blocked input to blocked output (groups 1, C and O multiples of B). wb: the filters as the
  * GEMM's B, [K = KH * KW * C][O] with k = (kh * KW + kw) * C + c, packed. A 1x1 stride-1 unpadded conv
  * reads its input in place as the GEMM's A; any other gathers A's rows from it tap by tap (no im2col
  * written), from a zero-padded copy in scratch where it pads (cuvil_conv_blocked_scratch floats, with
@@ -39,7 +41,7 @@ void cuvil_depthwise_blocked(const cuvil_conv_shape *s, const float *x, const fl
                              const float *residual, float *y, int act, int nthreads);
 
 /* A 3x3 stride-1 conv of blocked input by Winograd F(m x m, 3x3), m 2 or 4 (winograd.h's transforms,
- * in vectors across 16 channels): the (m + 2)^2 products are blocked GEMMs (tiles x in channels) @
+ * in vectors across a block of channels): the (m + 2)^2 products are blocked GEMMs (tiles x in channels) @
  * (in x out channels). up: the transformed filters U[i][j] as B operands [C][O], packed, one
  * cuvil_packed_b_size(C, O) apart, the one at xi = (m + 2) * i + j holding U[i][j]. */
 int64_t cuvil_winograd_blocked_scratch(const cuvil_conv_shape *s, int m);
@@ -47,9 +49,9 @@ void cuvil_conv3x3_winograd_blocked(const cuvil_conv_shape *s, int m, const floa
                                     const float *bias, const float *residual, float *y, int act, float *scratch,
                                     int nthreads);
 
-/* Max pooling of a blocked tensor (C a multiple of 16): windows as cuvil_pool2d's mode 0. */
+/* Max pooling of a blocked tensor (C a multiple of B): windows as cuvil_pool2d's mode 0. */
 void cuvil_max_pool_blocked(const cuvil_conv_shape *s, const float *x, float *y, int nthreads);
 
-/* [N][C][H*W] <-> [N][C/16][H*W][16] (to_blocked 1: NCHW in; 0: blocked in). */
+/* [N][C][H*W] <-> [N][C/B][H*W][B] (to_blocked 1: NCHW in; 0: blocked in). */
 void cuvil_relayout(int64_t N, int64_t C, int64_t HW, int to_blocked, const float *x, float *y, int nthreads);
 #endif

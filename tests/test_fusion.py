@@ -148,6 +148,34 @@ def test_conv_bias_residual_relu(groups, cin, cout, k, stride, pad):
     assert ops_of(cm) == ["conv"] and cm.graph.nodes[0].attrs["act"] == "relu"
 
 
+@pytest.mark.parametrize("gate,act", [("sigmoid", "silu"), ("hardsigmoid", "hardswish")])
+@pytest.mark.parametrize("layout", ["nchw", "blocked"])
+def test_gated_activation_fuses_into_conv(gate, act, layout):
+    """x * sigmoid(x) (core ATen's SiLU) and x * hardsigmoid(x) (MobileNetV3's hardswish) after a conv
+    become the conv's epilogue activation, gate on either side of the mul."""
+    g = Graph()
+    x = Value(TensorType((1, 16, 9, 11), "float32"), "x")
+    g.inputs = [x]
+    y = g.add("conv", [x, g.const(f32(16, 16, 3, 3)), g.const(f32(16))], {"pads": [(1, 1), (1, 1)]})
+    gated = g.add(gate, [y], {"alpha": 1 / 6, "beta": 0.5} if gate == "hardsigmoid" else {})
+    y = g.add("mul", [gated, y] if gate == "sigmoid" else [y, gated])
+    y = g.add("conv", [y, g.const(f32(16, 16, 1, 1))], {})       # a chain, so "blocked" blocks both
+    g.outputs = [y]
+    cm = check_graph(g, [4 * f32(1, 16, 9, 11)], layout=layout)
+    convs = [n for n in cm.graph.nodes if n.op == "conv"]
+    assert [n.attrs["act"] for n in convs] == [act, "none"] and not {"mul", gate} & set(ops_of(cm))
+
+
+def test_gated_activation_kept_where_the_gate_has_another_reader():
+    g = Graph()
+    x = Value(TensorType((2, 8), "float32"), "x")
+    g.inputs = [x]
+    s = g.add("sigmoid", [x])
+    g.outputs = [g.add("mul", [x, s]), s]
+    cm = check_graph(g, [f32(2, 8)])
+    assert "silu" not in ops_of(cm)
+
+
 @pytest.mark.parametrize("cin,cout", [(200, 20), (400, 20), (64, 40)])
 def test_conv1x1_input_in_place(cin, cout):
     """1x1 convs whose GEMM reads the input in place as B (64 pixels: whole panels): over one K block

@@ -67,29 +67,48 @@ def test_blocked_output_and_shared_value_get_one_relayout_each():
     g.inputs = [x]
     a = _conv(g, x, 16)
     b = _conv(g, a, 16, 3)
-    mean = g.add("reduce_mean", [a], {"axes": (2, 3), "keepdims": True})       # two NCHW readers of a
-    pooled = g.add("avg_pool", [a], {"kernel": (2, 2)})
-    g.outputs = [b, mean, pooled]
+    pooled = g.add("avg_pool", [a], {"kernel": (2, 2)})                         # two NCHW readers of a
+    pooled2 = g.add("avg_pool", [a], {"kernel": (3, 3)})
+    mean = g.add("reduce_mean", [a], {"axes": (2, 3), "keepdims": True})       # reads a where it lies
+    g.outputs = [b, mean, pooled, pooled2]
     out = layout.run(g, "nchw16c")
     relayouts = [n for n in out.nodes if n.op == "relayout"]
     assert [n.attrs["to"] for n in relayouts] == ["nchw16c", "nchw", "nchw"]
-    assert relayouts[1].inputs[0] is a and mean.producer.inputs[0] is pooled.producer.inputs[0] is relayouts[1].outputs[0]
+    assert relayouts[1].inputs[0] is a and pooled.producer.inputs[0] is pooled2.producer.inputs[0] is relayouts[1].outputs[0]
+    assert mean.producer.inputs[0] is a
     assert out.outputs[0].producer is relayouts[2]
 
 
-def test_pointwise_between_convs_runs_blocked_unless_it_broadcasts():
+def test_pointwise_between_convs_runs_blocked_unless_it_broadcasts_over_space():
     g = Graph()
     x = Value(TensorType((1, 16, 6, 6), "float32"), "x")
     g.inputs = [x]
     a = _conv(g, x, 32)
     clipped = g.add("clip", [a], {"min": 0.0, "max": 6.0})
     dw = g.add("conv", [clipped, g.const(np.ones((32, 1, 3, 3), np.float32))], {"groups": 32, "pads": ((1, 1),) * 2})
-    scaled = g.add("mul", [dw, g.const(np.ones((1, 32, 1, 1), np.float32))])          # per channel: NCHW only
+    scaled = g.add("mul", [dw, g.const(np.ones((1, 32, 1, 1), np.float32))])       # per channel: read in place
     shifted = g.add("add", [scaled, g.const(np.float32(1))])        # a scalar operand: either layout
-    g.outputs = [_conv(g, shifted, 16)]
+    rows = g.add("mul", [shifted, g.const(np.ones((1, 1, 6, 1), np.float32))])     # per row: NCHW only
+    g.outputs = [_conv(g, rows, 16)]
+    out = layout.run(g, "nchw16c")
+    assert _ops(out) == [("relayout", "nchw16c"), ("conv", "nchw16c"), ("clip", None), ("conv", "nchw16c"),
+                         ("mul", None), ("add", None), ("relayout", "nchw"), ("mul", None), ("conv", "nchw")]
+    assert [n.outputs[0].layout for n in out.nodes] == ["nchw16c"] * 6 + ["nchw"] * 3
+
+
+def test_squeeze_excitation_stays_blocked():
+    """Global mean, the gate's 1x1 convs on [N, C, 1, 1] and the per-channel scaling of the map: the map
+    is read where it lies, relayouts only at the ends."""
+    g = Graph()
+    x = Value(TensorType((2, 16, 6, 6), "float32"), "x")
+    g.inputs = [x]
+    a = _conv(g, x, 32)
+    pooled = g.add("reduce_mean", [a], {"axes": (2, 3), "keepdims": True})
+    gate = g.add("sigmoid", [_conv(g, g.add("relu", [_conv(g, pooled, 8)]), 32)])
+    g.outputs = [_conv(g, g.add("mul", [a, gate]), 16)]
     ops = _ops(layout.run(g, "nchw16c"))
-    assert ops == [("relayout", "nchw16c"), ("conv", "nchw16c"), ("clip", None), ("conv", "nchw16c"),
-                   ("relayout", "nchw"), ("mul", None), ("add", None), ("conv", "nchw")]
+    assert ops.count(("relayout", "nchw")) == 1 and ("reduce_mean", None) in ops and ("mul", None) in ops
+    assert [o for o in ops if o[0] == "conv"][-1] == ("conv", "nchw16c")
 
 
 class _Bottlenecks(torch.nn.Module):
@@ -203,3 +222,67 @@ def test_layout_option_is_checked():
     with pytest.raises(ValueError, match="option layout='nchw16c' needs vectors of 16 floats; target 'x86_64-avx2' has 8: "
                                          "use layout='blocked' \\(nchw8c here\\)"):
         cuvil.compile(conv, x, layout="nchw16c", target="x86_64-avx2")
+
+
+class _MBConvSE(torch.nn.Module):
+    """EfficientNet's / MobileNetV3's block: 1x1 expand, activation, depthwise, activation, squeeze and
+    excitation (global mean, two 1x1 convs, a sigmoid or hardsigmoid gate, the map scaled per channel),
+    1x1 project, residual; the network ends in a global pool and a classifier."""
+
+    def __init__(self, act, gate):
+        super().__init__()
+        self.stem = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, 2, 1), torch.nn.BatchNorm2d(16), act())
+        self.expand = torch.nn.Sequential(torch.nn.Conv2d(16, 48, 1), torch.nn.BatchNorm2d(48), act())
+        self.dw = torch.nn.Sequential(torch.nn.Conv2d(48, 48, 5, 1, 2, groups=48), torch.nn.BatchNorm2d(48), act())
+        self.se = torch.nn.Sequential(torch.nn.Conv2d(48, 8, 1), torch.nn.SiLU(), torch.nn.Conv2d(8, 48, 1), gate())
+        self.project = torch.nn.Sequential(torch.nn.Conv2d(48, 16, 1), torch.nn.BatchNorm2d(16))
+        self.fc = torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = self.stem(x)
+        h = self.dw(self.expand(x))
+        h = h * self.se(h.mean((2, 3), keepdim=True))
+        x = x + self.project(h)
+        return self.fc(torch.nn.functional.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+@pytest.mark.parametrize("act, gate, target", [(torch.nn.SiLU, torch.nn.Sigmoid, "native"),
+                                               (torch.nn.Hardswish, torch.nn.Hardsigmoid, "native"),
+                                               (torch.nn.SiLU, torch.nn.Sigmoid, "x86_64-sse2")])
+def test_squeeze_excitation_block_blocked_matches_torch(tmp_path, act, gate, target):
+    import platform
+
+    import cuvil
+    if target == "x86_64-sse2" and platform.machine() != "x86_64":
+        pytest.skip("x86_64-sse2 code runs on x86-64 hosts only")
+    torch.manual_seed(0)
+    m = _MBConvSE(act, gate).eval()
+    for mod in m.modules():
+        if isinstance(mod, torch.nn.BatchNorm2d):
+            mod.running_mean.uniform_(-0.5, 0.5)
+            mod.running_var.uniform_(0.5, 2.0)
+    x = torch.randn(2, 3, 27, 30)
+    text = cuvil_api.inspect_stages(m, (x,), stages=("passes",), layout="blocked", target=target)["passes"]
+    blocked = f"nchw{vector_floats(resolve_target(target))}c"
+    # the stem writes blocked; the SE's pool, its gate's scaling and the final pool read the map in place
+    assert text.count("relayout(") == 0 and text.count(f"layout={blocked}") >= 4, text
+    assert f"act={act.__name__.lower()}, layout={blocked}" in text           # the activations fused
+    cm = cuvil.compile(m, (x,), layout="blocked", target=target, num_threads=2, cache_dir=str(tmp_path))
+    with torch.no_grad():
+        np.testing.assert_allclose(cm.run(x.numpy())[0], m(x).numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("pool", [torch.nn.AvgPool2d(1280, ceil_mode=True), torch.nn.AvgPool2d((7, 9)),
+                                  torch.nn.AdaptiveAvgPool2d(1)])
+def test_global_average_pool_reads_the_blocked_map(tmp_path, pool):
+    """A pool whose one window covers the map (EfficientNet's 1280 x 1280 ceil-mode kernel) is a mean
+    over (H, W), read from the blocked map without a relayout."""
+    import cuvil
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(16, 32, 1), torch.nn.SiLU(), torch.nn.Conv2d(32, 32, 3, padding=1), pool).eval()
+    x = torch.randn(2, 16, 7, 9)
+    text = cuvil_api.inspect_stages(m, (x,), stages=("passes",), layout="blocked")["passes"]
+    assert "avg_pool" not in text and "reduce_mean" in text and text.count("relayout(") == 1, text   # the input's
+    cm = cuvil.compile(m, (x,), layout="blocked", cache_dir=str(tmp_path))
+    with torch.no_grad():
+        np.testing.assert_allclose(cm.run(x.numpy())[0], m(x).numpy(), rtol=1e-4, atol=1e-5)

@@ -211,7 +211,7 @@ def _hardsigmoid(ctx, x):
 
 @handles(aten.hardswish.default)
 def _hardswish(ctx, x):
-    return ctx.add("mul", [x, ctx.add("hardsigmoid", [x], {"alpha": 1 / 6, "beta": 0.5})])
+    return ctx.add("hardswish", [x])
 
 
 @handles(aten._to_copy.default)

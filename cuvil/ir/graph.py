@@ -22,6 +22,9 @@ class Value:
         self.name = name or f"v{next(_ids)}"
         self.data = data
         self.producer: Node | None = None
+        # how C stores it: "nchw" (row-major, as its logical shape) or a channel-blocked "nchw<B>c"
+        # (ir/ops/movement.py LAYOUTS), set by passes/layout.py
+        self.layout = "nchw"
 
     @property
     def is_const(self):

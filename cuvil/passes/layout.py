@@ -58,10 +58,19 @@ def _blocked_inputs(node):
     return [0, 3] if node.op == "conv" else [0]
 
 
+def per_channel(v, y) -> bool:
+    """v broadcasts against the 4-d y as one value per channel ([N or 1, C, 1, 1] once padded to rank 4):
+    the same bytes in NCHW and in any blocked layout, so read in place by a blocked node."""
+    shape = (1,) * (4 - v.type.rank) + tuple(v.shape)
+    return (v.type.rank <= 4 and all(isinstance(d, int) for d in shape) and shape[1] == y.shape[1]
+            and shape[2] == shape[3] == 1 and shape[0] in (1, y.shape[0]))
+
+
 def _elementwise_over(node, block):
-    """For a pointwise node that would compute the same on any layout of its operands (each one shaped
-    like the output, or a single element), the positions of the full-shape operands; else None. Such a
-    node runs on blocked operands as it is: a ReLU6 or an add between two convs keeps them blocked."""
+    """For a pointwise node that can run on blocked operands (each one shaped like the output, one value
+    per channel, or a single element), the positions of the full-shape operands; else None. A ReLU6 or
+    an add between two convs keeps them blocked, and so does a squeeze-and-excitation's scaling of a
+    blocked map by its per-channel gate (the C loops index such operands by channel: lower_pointwise)."""
     kind = REGISTRY[node.op].kind
     y = node.outputs[0]
     if kind not in ("unary", "binary", "where", "fused") or len(node.outputs) != 1 or not _static_4d(y) \
@@ -73,9 +82,16 @@ def _elementwise_over(node, block):
             continue
         if tuple(v.shape) == tuple(y.shape):
             full.append(i)
-        elif not all(isinstance(d, int) for d in v.shape) or int(np.prod(v.shape)) != 1:
+        elif not per_channel(v, y) and not (all(isinstance(d, int) for d in v.shape) and int(np.prod(v.shape)) == 1):
             return None
     return full or None
+
+
+def reads_spatially(node) -> bool:
+    """A reduction over the spatial dims of a 4-d map ([N, C, H, W] -> [N, C(, 1, 1)], a global pool):
+    it reads a blocked input where it lies (lower_reduce), and its output is the same in any layout."""
+    return (node.op in ("reduce_mean", "reduce_sum", "reduce_max") and node.inputs[0].type.rank == 4
+            and sorted(a % 4 for a in node.attrs["axes"]) == [2, 3] and _static_4d(node.inputs[0]))
 
 
 def _choose(graph, block):
@@ -115,10 +131,13 @@ def run(graph, layout: str):
     converted = {}                     # (id(value), layout) -> the value in that layout
 
     def relayout(v, to, nodes):
+        if v.shape[2] == v.shape[3] == 1:      # [N, C, 1, 1]: the same bytes in every layout
+            return v
         key = (id(v), to)
         if key not in converted:
             attrs = {"to": to, "from": layout if to == "nchw" else "nchw"}
             out = Value(infer_types("relayout", [v.type], attrs)[0])
+            out.layout = to
             nodes.append(Node("relayout", [v], attrs, [out], v.producer.loc if v.producer else None))
             converted[key] = out
         return converted[key]
@@ -134,8 +153,11 @@ def run(graph, layout: str):
         full = None if blocked else _elementwise_over(n, block)
         if full and all(id(n.inputs[i]) in blocked_values for i in full):   # runs blocked as it is
             blocked_values.add(id(n.outputs[0]))
+            n.outputs[0].layout = layout
             nodes.append(n)
             continue
+        if reads_spatially(n) and id(n.inputs[0]) in blocked_values:
+            positions = [0]
         for i, v in enumerate(n.inputs):
             if v is None:
                 continue
@@ -146,6 +168,7 @@ def run(graph, layout: str):
                 n.inputs[i] = relayout(v, "nchw", nodes)
         if blocked:
             n.attrs["layout"] = layout
+            n.outputs[0].layout = layout
             blocked_values.add(id(n.outputs[0]))
         nodes.append(n)
     graph.nodes = nodes

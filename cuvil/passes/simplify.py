@@ -75,6 +75,47 @@ def name_relu6(graph):
     return graph
 
 
+def _gated_by(n, gate_op, gate_attrs, single):
+    """For mul(x, gate(x)) (either order) whose gate has no other reader: x; else None."""
+    if n.op != "mul" or n.inputs[0].dtype != "float32":
+        return None
+    for x, g in (n.inputs, n.inputs[::-1]):
+        p = g.producer
+        if p is not None and p.op == gate_op and p.inputs[0] is x and p.attrs == gate_attrs and single(g):
+            return x
+    return None
+
+
+def name_gated_activations(graph):
+    """x * sigmoid(x) -> silu(x), x * hardsigmoid(x) (torch's 1/6, 1/2) -> hardswish(x): the activations
+    a conv epilogue applies (core ATen decomposes SiLU into the product, ONNX exporters write it so).
+    The gate is left for cleanup to drop when nothing else reads it."""
+    single = _single_user(graph)
+    for n in graph.nodes:
+        for name, gate, attrs in (("silu", "sigmoid", {}), ("hardswish", "hardsigmoid", {"alpha": 1 / 6, "beta": 0.5})):
+            x = _gated_by(n, gate, attrs, single)
+            if x is not None:
+                n.op, n.inputs, n.attrs = name, [x], {}
+                break
+    return graph
+
+
+def global_avg_pool_as_mean(graph):
+    """An unpadded avg_pool whose one window covers the whole map (transformers' EfficientNet pools
+    with a 1280 x 1280 kernel, ceil_mode) -> the mean over (H, W): the window's loops were 14% of the
+    network, and a mean reads a channel-blocked map where it lies (passes/layout.py)."""
+    for n in graph.nodes:
+        if n.op != "avg_pool" or n.inputs[0].type.rank != 4:
+            continue
+        x, y, a = n.inputs[0], n.outputs[0], n.attrs
+        spatial = x.shape[2:]
+        if (all(isinstance(d, int) for d in spatial) and tuple(y.shape[2:]) == (1, 1)
+                and all(p == (0, 0) for p in map(tuple, a["pads"])) and all(d == 1 for d in a["dilations"])
+                and all(k >= d for k, d in zip(a["kernel"], spatial))):
+            n.op, n.attrs = "reduce_mean", {"axes": (2, 3), "keepdims": True}
+    return graph
+
+
 def fold_pad_into_conv(graph):
     """pad(x) with zeros on the spatial dims only -> the conv that alone reads it, with those pads
     added to its own (TF-style 'same' padding, as transformers' MobileNets and EfficientNet write it)."""
@@ -99,4 +140,5 @@ def fold_pad_into_conv(graph):
 
 
 def run(graph):
-    return collapse_reshapes(remove_identities(name_relu6(fold_pad_into_conv(fold_batch_norm(graph)))))
+    graph = name_gated_activations(name_relu6(global_avg_pool_as_mean(fold_pad_into_conv(fold_batch_norm(graph)))))
+    return collapse_reshapes(remove_identities(graph))

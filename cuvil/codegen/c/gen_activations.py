@@ -54,6 +54,10 @@ C_EXPRESSIONS = {
     # selects, not min/max: a NaN stays NaN
     "relu6": ("x < 0.f ? 0.f : (x > 6.f ? 6.f : x)",
               "cuvil_vsel(x < 0, cuvil_vsplat(0.f), cuvil_vsel(x > 6, cuvil_vsplat(6.f), x))"),
+    # x * relu6(x + 3) / 6, as torch computes it
+    "hardswish": ("x * (x + 3.f < 0.f ? 0.f : (x + 3.f > 6.f ? 6.f : x + 3.f)) / 6.f",
+                  "x * cuvil_vsel(x + 3.f < 0, cuvil_vsplat(0.f), cuvil_vsel(x + 3.f > 6, cuvil_vsplat(6.f), x + 3.f))"
+                  " / cuvil_vsplat(6.f)"),
 }
 assert tuple(C_EXPRESSIONS) == ACTIVATIONS, "one C rendering per IR activation, in the IR's order"
 

@@ -4,6 +4,7 @@ innermost loop has constant strides and the C compiler vectorizes it."""
 from __future__ import annotations
 
 from ...ir import dims as D
+from ...ir.ops.movement import layout_block
 from . import cexpr
 
 PARALLEL_MIN = 32768   # elements below which a loop nest stays on one thread
@@ -25,6 +26,32 @@ def broadcast_strides(in_shape, out_shape):
     for d, o, s in zip(in_shape, out_shape[pad:], st):
         out.append(0 if (isinstance(d, int) and d == 1 and not (isinstance(o, int) and o == 1)) else s)
     return out
+
+
+def stored_shape(v):
+    """The shape v's elements are stored in: its own, or [N, C/B, H, W, B] in a blocked layout."""
+    block = layout_block(v.layout)
+    if not block:
+        return list(v.type.shape)
+    n, c, h, w = v.type.shape
+    return [n, c // block, h, w, block]
+
+
+def operand_strides(v, out):
+    """Strides of operand v read at the stored indices of the pointwise output `out`: broadcast_strides
+    where out is NCHW; where it is blocked, v is out's shape (and layout), one value per channel
+    ([N or 1, C, 1, 1], the same bytes in any layout: channel cb * B + b) or a single element."""
+    block = layout_block(out.layout)
+    if not block:
+        return broadcast_strides(v.type.shape, out.type.shape)
+    if tuple(v.type.shape) == tuple(out.type.shape):
+        assert v.layout == out.layout or out.type.shape[2] == out.type.shape[3] == 1, (v, out)
+        return contiguous_strides(stored_shape(out))
+    shape = (1,) * (4 - v.type.rank) + tuple(v.type.shape)
+    if all(d == 1 for d in shape):
+        return [0] * 5
+    assert shape[1] == out.type.shape[1] and shape[2] == shape[3] == 1, (v, out)
+    return [shape[1] if shape[0] != 1 else 0, block, 0, 0, 1]
 
 
 def _collapse(shape, stride_sets):
@@ -74,21 +101,39 @@ def loop_nest(shape, out, ins, expr, outline=None):
             body = [f"for (int64_t i0 = blk * 4096; i0 < ({inner} < (blk + 1) * 4096 ? {inner} : (blk + 1) * 4096); "
                     f"i0++) {store}"]
             return outline("blk", f"({inner} + 4095) / 4096", total, body)
-        # the outer dims flattened into one parallel index, the innermost loop kept whole
+        # the leading outer dims flattened into one parallel index, enough of them for PARALLEL_TASKS
+        # tasks; the dims after them looped inside each task (a blocked map's [C/B, H*W, B] had been
+        # split per pixel, a division and a modulo for every 8 elements)
         outer = shape[:-1]
+        par = next((k for k in range(1, len(outer) + 1) if _at_least(outer[:k], PARALLEL_TASKS)), len(outer))
         body, rest = [], "q"
-        for k in range(len(outer) - 1, -1, -1):
+        for k in range(par - 1, -1, -1):
             d = D.to_c(outer[k])
             body.append(f"const int64_t {idx[k]} = {rest} % ({d});" if k else f"const int64_t {idx[k]} = {rest};")
             rest = f"({rest} / ({d}))"
-        body.append(f"for (int64_t {idx[-1]} = 0; {idx[-1]} < {inner}; {idx[-1]}++) {store}")
-        return outline("q", cexpr.prod(outer), total, body)
+        for k in range(par, rank):
+            body.append("  " * (k - par) + f"for (int64_t {idx[k]} = 0; {idx[k]} < {D.to_c(shape[k])}; {idx[k]}++)")
+        body.append("  " * (rank - par) + store)
+        return outline("q", cexpr.prod(outer[:par]), total, body)
     lines = ["{"]
     for k, d in enumerate(shape):
         lines.append("  " * (k + 1) + f"for (int64_t {idx[k]} = 0; {idx[k]} < {D.to_c(d)}; {idx[k]}++)")
     lines.append("  " * (rank + 1) + store)
     lines.append("}")
     return lines
+
+
+PARALLEL_TASKS = 64    # parallel iterations a loop nest's outlined task splits into, at least
+
+
+def _at_least(dims, n):
+    """Whether the product of dims is at least n (a dynamic dim counts as large)."""
+    p = 1
+    for d in dims:
+        if not isinstance(d, int):
+            return True
+        p *= d
+    return p >= n
 
 
 def _may_be_large(shape):

@@ -5,7 +5,7 @@ from ...ir import dims as D
 from .ctypes_map import COMPUTE, CTYPE, LOWP, is_float
 from .emit import lowering
 from .gen_activations import GENERIC, SMATH, render_formula
-from .loops import broadcast_strides, contiguous_strides, loop_nest
+from .loops import contiguous_strides, loop_nest, operand_strides, stored_shape
 
 # {0}, {1}, {2}: operands; {T}: compute type. Float and integer variants where they differ.
 UNARY_F = {
@@ -18,6 +18,7 @@ UNARY_F = {
     **{name: render_formula(name, GENERIC, "{0}") for name in ("sigmoid", "gelu", "gelu_tanh", "silu")},
     "relu": "({0} < 0 ? ({T})0 : {0})",
     "relu6": "({0} < 0 ? ({T})0 : ({0} > 6 ? ({T})6 : {0}))",
+    "hardswish": "({0} * (_T3_ < 0 ? ({T})0 : (_T3_ > 6 ? ({T})6 : _T3_)) / ({T})6)".replace("_T3_", "({0} + ({T})3)"),
     "softplus": "(log1p(exp(-fabs({0}))) + ({0} > 0 ? {0} : ({T})0))",
     "floor": "floor({0})", "ceil": "ceil({0})", "round": "nearbyint({0})",
     "sign": "({0} > 0 ? ({T})1 : ({0} < 0 ? ({T})-1 : {0}))",  # sign(nan) = nan, as numpy and ONNX
@@ -138,14 +139,9 @@ POINTWISE_OPS = (list(UNARY_F) + ["not"] + list(BINARY_F) + list(COMPARE) + list
 @lowering(*POINTWISE_OPS, supports=_supports)
 def lower_pointwise(em, node):
     out = node.outputs[0]
-    shape = out.type.shape
+    shape = stored_shape(out)
     tmpl = template(node)
-    ins = []
-    for v in node.inputs:
-        load = em.ptr(v)
-        if v.dtype == "float16":
-            load = f"((float *){load})" if False else load
-        ins.append((load, broadcast_strides(v.type.shape, shape), "0"))
+    ins = [(em.ptr(v), operand_strides(v, out), "0") for v in node.inputs]
     return loop_nest(shape, (em.ptr(out), contiguous_strides(shape), "0"), ins,
                      lambda loads: substitute(tmpl, _widen(loads, node.inputs)), em.parallel)
 
@@ -191,11 +187,11 @@ def _sliced(ptr, v, view):
 def lower_fused_pointwise(em, node):
     """One loop; each step is a local temporary, so values used twice are computed once."""
     out = node.outputs[0]
-    shape = out.type.shape
+    shape = stored_shape(out)                    # passes/layout.py runs no node with views blocked
     steps = _fused_steps(node)
     body = node.attrs["body"]
     views = node.attrs.get("views") or [()] * len(node.inputs)
-    ins = [_sliced(em.ptr(v), v, view) if view else (em.ptr(v), broadcast_strides(v.type.shape, shape), "0")
+    ins = [_sliced(em.ptr(v), v, view) if view else (em.ptr(v), operand_strides(v, out), "0")
            for v, view in zip(node.inputs, views)]
 
     def expr(loads):

@@ -5,6 +5,7 @@ from ...ir import dims as D
 from . import cexpr
 from .ctypes_map import CTYPE, is_float
 from .emit import lowering
+from .loops import stored_shape
 
 _IDENTITY_F = {"reduce_sum": "0", "reduce_mean": "0", "reduce_prod": "1", "reduce_max": "-INFINITY",
                "reduce_min": "INFINITY"}
@@ -46,7 +47,10 @@ def lower_reduce(em, node):
         lo, hi = _INT_LIMITS[t] if x.dtype != "bool" else ("0", "1")   # bool: any / all, stored as 0 or 1
         ident = lo if op == "reduce_max" else hi
     acc_t = "double" if is_float(x.dtype) and op in ("reduce_sum", "reduce_mean") else t
-    blocks = _blocks(x.type.shape, set(node.attrs["axes"]))
+    # a blocked map (passes/layout.py: reads_spatially) reduced over (H, W) of its stored
+    # [N, C/B, H, W, B]: the kept (n, cb) and b run in the output's channel order
+    shape, axes = stored_shape(x), set(a % x.type.rank for a in node.attrs["axes"])
+    blocks = _blocks(shape, axes)
     ycount = cexpr.prod(y.type.shape)
     rcount = cexpr.prod(x.type.shape[a] for a in node.attrs["axes"])
     X, Y = em.ptr(x), em.ptr(y)

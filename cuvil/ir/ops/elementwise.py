@@ -72,6 +72,7 @@ UNARY = {
     "gelu": (_gelu, FLOAT_ONLY, {}),
     "gelu_tanh": (_gelu_tanh, FLOAT_ONLY, {}),
     "silu": (lambda x: (x * _sigmoid(x)).astype(x.dtype), FLOAT_ONLY, {}),
+    "hardswish": (lambda x: (x * np.clip(x + 3, 0, 6) / 6).astype(x.dtype), FLOAT_ONLY, {}),    # MobileNetV3
     "softplus": (lambda x: np.logaddexp(0, x).astype(x.dtype), FLOAT_ONLY, {}),
     "floor": (np.floor, FLOAT_ONLY, {}), "ceil": (np.ceil, FLOAT_ONLY, {}),
     "round": (_round_half_even, FLOAT_ONLY, {}),

@@ -13,7 +13,7 @@ from ..types import TensorType
 from .registry import REGISTRY, OpDef, declare
 from ._shape import broadcast
 
-ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "relu6")
+ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "relu6", "hardswish")
 
 
 def apply_act(y, act):

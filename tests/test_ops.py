@@ -884,7 +884,7 @@ def blocked_layout(op):
         return c.add("relayout", [v], {"to": BLOCKED})
 
     def conv(label, x, o, k, residual=False, act="none", **attrs):
-        ins = [blocked(x), c.const(f(o, x.shape[1], *k)), c.const(f(o))]
+        ins = [blocked(x), c.const(f(o, x.shape[1] // attrs.get("groups", 1), *k)), c.const(f(o))]
         if residual:
             y_shape = interpreter_shape(x, o, k, attrs)
             ins.append(blocked(c.input(f(*y_shape))))
@@ -892,7 +892,7 @@ def blocked_layout(op):
         c.out(c.add("relayout", [y], {"to": "nchw", "from": BLOCKED}), label)
 
     def interpreter_shape(x, o, k, attrs):
-        probe = Graph().add("conv", [Value(x.type), Value(TensorType((o, x.shape[1], *k), "float32"))], dict(attrs))
+        probe = Graph().add("conv", [Value(x.type), Value(TensorType((o, x.shape[1] // attrs.get("groups", 1), *k), "float32"))], dict(attrs))
         return probe.type.shape
 
     conv("1x1, 35 pixels, 48 out, residual, relu", c.input(f(2, 32, 5, 7)), 48, (1, 1), residual=True, act="relu")
@@ -903,6 +903,12 @@ def blocked_layout(op):
     conv("3x3 stride 2 pad 1, 3 blocks in, 5 out", c.input(f(1, 3 * vf, 9, 11)), 5 * vf, (3, 3), strides=(2, 2),
          pads=((1, 1), (1, 1)), act="relu6")
     conv("1x1, 5 blocks in, 3 out, residual", c.input(f(1, 5 * vf, 7, 5)), 3 * vf, (1, 1), residual=True)
+    # grouped (RegNet, ResNeXt): one GEMM per group; groups of 2 and 3 blocks, a panel and a half
+    conv("3x3 groups 2, 2 blocks a group in, 3 out, residual", c.input(f(2, 4 * vf, 9, 7)), 6 * vf, (3, 3),
+         groups=2, pads=((1, 1), (1, 1)), residual=True, act="relu")
+    conv("3x3 stride 2 groups 3", c.input(f(1, 3 * vf, 11, 10)), 3 * vf, (3, 3), groups=3, strides=(2, 2),
+         pads=((1, 1), (1, 1)))
+    conv("1x1 groups 4 (read in place)", c.input(f(1, 8 * vf, 5, 6)), 4 * vf, (1, 1), groups=4, act="silu")
     # the 6-pixel x 64-channel tiles (AVX-512): 35 pixels are 5 of them and a 5-pixel edge, 160 channels
     # two K blocks of 128 and 32, 96 out one pair of panels and a single one
     conv("1x1, 64 out, 160 in, residual, relu", c.input(f(1, 160, 5, 7)), 64, (1, 1), residual=True, act="relu")

@@ -23,14 +23,15 @@ def _static_4d(v):
 
 
 def blockable(node, block: int) -> bool:
-    """Whether the blocked kernels take this node: a 2-d conv of constant filters, ungrouped or depthwise
-    (groups = in = out channels), or a 2-d max pool, channels in and out multiples of the block, static shapes
-    but for the batch."""
+    """Whether the blocked kernels take this node: a 2-d conv of constant filters, depthwise (groups = in
+    = out channels) or each group's channels in and out multiples of the block, or a 2-d max pool whose
+    channels are; static shapes but for the batch."""
     if node.op == "conv":
         x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
         g = node.attrs.get("groups", 1)
-        return (_static_4d(x) and _static_4d(y) and w.is_const and (g == 1 or g == x.shape[1] == y.shape[1])
-                and x.shape[1] % block == 0 and y.shape[1] % block == 0)
+        if not (_static_4d(x) and _static_4d(y) and w.is_const and x.shape[1] % block == 0 and y.shape[1] % block == 0):
+            return False
+        return g == x.shape[1] == y.shape[1] or (x.shape[1] // g % block == 0 and y.shape[1] // g % block == 0)
     if node.op == "max_pool":
         x, y = node.inputs[0], node.outputs[0]
         return _static_4d(x) and _static_4d(y) and x.shape[1] % block == 0

@@ -145,7 +145,7 @@ def _kind(node, m, nr):
     if is_blocked(node):
         if node.attrs.get("in_layout") == "nchw":
             return "blocked_from_nchw", "conv_nchw_blocked_b"
-        if node.attrs.get("groups", 1) > 1:              # depthwise (passes/layout.py takes no other groups)
+        if node.attrs.get("groups", 1) > 1 and depthwise_conv(node):
             return "blocked_depthwise", "depthwise_blocked"
         if m:
             return "blocked_winograd", f"winograd{m}_blocked_b"
@@ -167,7 +167,7 @@ def _blocked_scratch(node, s, m) -> int:
         hp = (s["OH"] - 1) * s["sh"] + (s["KH"] - 1) * s["dh"] + 1
         wp = (s["OW"] - 1) * s["sw"] + (s["KW"] - 1) * s["dw"] + 1
         return (s["C"] * hp * wp + 2 * s["OH"] * s["OW"]) * 4
-    if node.attrs.get("groups", 1) > 1:
+    if node.attrs.get("groups", 1) > 1 and depthwise_conv(node):
         return 0
     if m:
         return (m + 2) ** 2 * (s["C"] + s["O"]) * -(-s["OH"] // m) * -(-s["OW"] // m) * 4

@@ -14,8 +14,14 @@ from .gemm_plan import pack_b, panel_width
 
 def filters_as_b(w: np.ndarray) -> np.ndarray:
     """[O, C, KH, KW] -> the GEMM's B, [K = KH * KW * C][O] with k = (kh * KW + kw) * C + c: the order
-    in which a blocked conv gathers its blocks of 16 channels, tap by tap (kernels/blocked.c)."""
+    in which a blocked conv gathers its blocks of channels, tap by tap (kernels/blocked.c)."""
     return w.astype(np.float32).transpose(2, 3, 1, 0).reshape(-1, w.shape[0])
+
+
+def grouped_filters_as_b(w: np.ndarray, groups: int, nr: int) -> np.ndarray:
+    """Each group's filters as its own packed B, one after another (kernels/blocked.h: cuvil_conv_blocked)."""
+    og = w.shape[0] // groups
+    return np.concatenate([pack_b(filters_as_b(w[q * og:(q + 1) * og]), nr).ravel() for q in range(groups)])
 
 
 def winograd_filters_as_b(w: np.ndarray, m: int, nr: int) -> np.ndarray:
@@ -57,7 +63,7 @@ def lower_conv_call(em, node, plan, shape_struct, bias, res, act):
                 f"  cuvil_conv3x3_winograd_blocked(&s, {m}, {em.ptr(node.inputs[0])}, {up}, {bias}, {res}, "
                 f"{em.ptr(node.outputs[0])}, {act}, {em.scratch()}, NT);", "}"]
     assert plan.kind == "blocked", plan.kind
-    wb = em.packed(plan.pack, node.inputs[1], lambda d: pack_b(filters_as_b(d), nr))
+    wb = em.packed(plan.pack, node.inputs[1], lambda d: grouped_filters_as_b(d, node.attrs.get("groups", 1), nr))
     return ["{", f"  const cuvil_conv_shape s = {shape_struct};",
             f"  _Static_assert(CUVIL_NR == {nr}, \"conv filters packed for another panel width\");",
             f"  cuvil_conv_blocked(&s, {em.ptr(node.inputs[0])}, {wb}, {bias}, {res}, {em.ptr(node.outputs[0])}, "

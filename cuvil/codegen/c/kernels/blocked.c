@@ -363,6 +363,31 @@ static void blocked_gemm_task(void *ctx, int64_t t0, int64_t t1) {
     }
 }
 
+/* A grouped conv's GEMMs, one per group, as one set of tasks (RegNet's 17 groups at 7x7 have 4 tasks
+ * each): group q reads its input channels' blocks, writes its output channels' and has its own packed
+ * filters, each that many floats past group 0's (g and src). Groups 1: the conv's one GEMM. */
+typedef struct {
+    blocked_gemm g;
+    gathered_source src;
+    int64_t tasks, a_step, b_step, c_step, bias_step;     /* tasks per group; floats from group to group */
+} grouped_gemm;
+
+static void grouped_gemm_task(void *ctx, int64_t t0, int64_t t1) {
+    const grouped_gemm *gg = ctx;
+    for (int64_t t = t0; t < t1;) {
+        int64_t q = t / gg->tasks, end = (q + 1) * gg->tasks < t1 ? (q + 1) * gg->tasks : t1;
+        blocked_gemm g = gg->g;
+        gathered_source src = gg->src;
+        if (g.gsrc) src.x += q * gg->a_step, g.gsrc = &src;
+        else g.A += q * gg->a_step;
+        g.B += q * gg->b_step, g.C += q * gg->c_step;
+        if (g.residual) g.residual += q * gg->c_step;
+        if (g.bias) g.bias += q * gg->bias_step;
+        blocked_gemm_task(&g, t - q * gg->tasks, end - q * gg->tasks);
+        t = end;
+    }
+}
+
 /* M blocks of equal size, up to BLK_MC rows, whole register tiles: 196 pixels (14x14) had been two
  * blocks of 96 and one of 4, which ran every weight through the tiles again for 4 rows. */
 static inline int64_t blocked_m_rows(int64_t M, int64_t *mb) {
@@ -418,32 +443,31 @@ static void pad_task(void *ctx, int64_t r0, int64_t r1) {
 
 void cuvil_conv_blocked(const cuvil_conv_shape *s, const float *x, const float *wb, const float *bias,
                         const float *residual, float *y, int act, float *scratch, int nthreads) {
-    int64_t P = s->OH * s->OW, K = s->KH * s->KW * s->C, in = s->C * s->H * s->W, out = s->O * P;
-    if (blocked_direct(s)) {
-        for (int64_t n = 0; n < s->N; n++)
-            cuvil_sgemm_blocked(P, s->O, K, x + n * in, s->H * s->W * CUVIL_BLOCK, wb, y + n * out, P * CUVIL_BLOCK,
-                                bias, residual ? residual + n * out : 0, act, nthreads);
-        return;
-    }
-    /* every other conv gathers its A from the input (accumulate_gathered), padded first where it pads */
-    int in_place = blocked_in_place(s);
+    int64_t G = s->groups, Cg = s->C / G, Og = s->O / G, P = s->OH * s->OW, K = s->KH * s->KW * Cg;
+    int64_t in = s->C * s->H * s->W, out = s->O * P, mb, mc = blocked_m_rows(P, &mb);
+    int direct = blocked_direct(s), in_place = direct || blocked_in_place(s);
+    /* a strided or padded conv gathers its A from the input (accumulate_gathered), padded first where it
+     * pads; a 1x1 stride-1 one reads the input in place as A */
     int64_t hp = in_place ? s->H : padded_h(s), wp = in_place ? s->W : padded_w(s);
-    float *xp = scratch;
     int64_t *pix = (int64_t *)(scratch + (in_place ? 0 : s->C * hp * wp)), *tap = pix + P;
-    for (int64_t m = 0; m < P; m++) pix[m] = m / s->OW * s->sh * wp + m % s->OW * s->sw;
-    for (int64_t t = 0; t < s->KH * s->KW; t++) tap[t] = t / s->KW * s->dh * wp + t % s->KW * s->dw;
-    int64_t mb, mc = blocked_m_rows(P, &mb);
+    if (!direct) {
+        for (int64_t m = 0; m < P; m++) pix[m] = m / s->OW * s->sh * wp + m % s->OW * s->sw;
+        for (int64_t t = 0; t < s->KH * s->KW; t++) tap[t] = t / s->KW * s->dh * wp + t % s->KW * s->dw;
+    }
     for (int64_t n = 0; n < s->N; n++) {
         const float *xn = x + n * in;
         if (!in_place) {
-            pad_args pa = {s, xn, xp, CUVIL_BLOCK};
+            pad_args pa = {s, xn, scratch, CUVIL_BLOCK};
             cuvil_parallel_for(s->C * hp * wp > 16384 ? nthreads : 1, s->C / CUVIL_BLOCK * hp, 1, pad_task, &pa);
-            xn = xp;
+            xn = scratch;
         }
-        gathered_source src = {xn, pix, tap, s->C / CUVIL_BLOCK, hp * wp * CUVIL_BLOCK};
-        blocked_gemm g = {P, s->O, K, 0, P * CUVIL_BLOCK, (s->O + CUVIL_NR - 1) / CUVIL_NR, mb, mc, 0, wb, bias,
-                          residual ? residual + n * out : 0, y + n * out, act, 0, &src};
-        cuvil_parallel_for(P * s->O * K > 65536 ? nthreads : 1, mb * blocked_groups(&g), 1, blocked_gemm_task, &g);
+        grouped_gemm gg = {{P, Og, K, hp * wp * CUVIL_BLOCK, P * CUVIL_BLOCK, (Og + CUVIL_NR - 1) / CUVIL_NR, mb, mc,
+                            xn, wb, bias, residual ? residual + n * out : 0, y + n * out, act},
+                           {xn, pix, tap, Cg / CUVIL_BLOCK, hp * wp * CUVIL_BLOCK},
+                           0, Cg * hp * wp, cuvil_packed_b_size(K, Og), Og * P, Og};
+        if (!direct) gg.g.gsrc = &gg.src;          /* grouped_gemm_task points each group's copy at its own */
+        gg.tasks = mb * blocked_groups(&gg.g);
+        cuvil_parallel_for(P * s->O * K > 65536 ? nthreads : 1, G * gg.tasks, 1, grouped_gemm_task, &gg);
     }
 }
 

@@ -18,8 +18,9 @@
 void cuvil_sgemm_blocked(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda_blk, const float *Bp,
                          float *C, int64_t ldc_blk, const float *bias, const float *residual, int act, int nthreads);
 
-/* A conv of blocked input to blocked output (groups 1, C and O multiples of B). wb: the filters as the
- * GEMM's B, [K = KH * KW * C][O] with k = (kh * KW + kw) * C + c, packed. A 1x1 stride-1 unpadded conv
+/* A conv of blocked input to blocked output (each group's C and O multiples of B). wb: each group's
+ * filters as its GEMM's B, [K = KH * KW * C/G][O/G] with k = (kh * KW + kw) * C/G + c, packed, the
+ * groups' one cuvil_packed_b_size apart. A 1x1 stride-1 unpadded conv
  * reads its input in place as the GEMM's A; any other gathers A's rows from it tap by tap (no im2col
  * written), from a zero-padded copy in scratch where it pads (cuvil_conv_blocked_scratch floats, with
  * the pixel and tap offset tables). */

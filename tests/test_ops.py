@@ -943,6 +943,12 @@ def blocked_layout(op):
         y = c.add("conv", [blocked(xd), c.const(f(32, 1, *k)), c.const(f(32))],
                   dict(attrs, groups=32, act="relu", layout=BLOCKED))
         c.out(c.add("relayout", [y], {"to": "nchw", "from": BLOCKED}), f"depthwise {k} {attrs}")
+    # rows wide enough for the tiles of 4 pixels (kernels/blocked.c: dw_tile) and ragged ends after them
+    xw = c.input(f(1, 2 * vf, 9, 30))
+    for k, st, pad in ((3, 1, 1), (3, 2, 1), (5, 1, 2), (5, 2, 2), (7, 1, 3), (3, 1, 0), (5, 2, 1)):
+        y = c.add("conv", [blocked(xw), c.const(f(2 * vf, 1, k, k)), c.const(f(2 * vf))],
+                  dict(pads=((pad, pad), (pad, pad + 1)), strides=(st, st), groups=2 * vf, act="silu", layout=BLOCKED))
+        c.out(c.add("relayout", [y], {"to": "nchw", "from": BLOCKED}), f"depthwise {k}x{k} stride {st} pad {pad}, tiled")
     x3 = c.input(f(1, 3 * vf, 10, 9))
     y = c.add("conv", [blocked(x3), c.const(f(3 * vf, 1, 5, 5)), c.const(f(3 * vf))],
               dict(pads=((2, 2), (2, 2)), strides=(2, 2), groups=3 * vf, act="relu6", layout=BLOCKED))

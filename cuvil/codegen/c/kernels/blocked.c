@@ -36,11 +36,24 @@ typedef struct {
     const gathered_source *gsrc;  /* A gathered from a blocked input instead (A and lda unused) */
 } blocked_gemm;
 
+/* The activation over a stored tile of mr pixels x nv vectors of panel p (store_blocked_tile). */
+static __attribute__((noinline)) void act_in_place(int mr, int nv, const blocked_gemm *g, int64_t i0, int64_t p, int act) {
+    for (int v = 0; v < nv; v++) {
+        int64_t n = p * CUVIL_NR + v * CUVIL_VL;
+        float *c = g->C + n / CUVIL_BLOCK * g->ldc + n % CUVIL_BLOCK + i0 * CUVIL_BLOCK;
+        for (int i = 0; i < mr; i++) cuvil_vstore(c + i * CUVIL_BLOCK, cuvil_vact(cuvil_vload(c + i * CUVIL_BLOCK), act));
+    }
+}
+
 /* A tile's registers (mr pixels x nv vectors of output channels of panel p) into blocked C: raw partial
  * sums before the last K block, which adds bias, residual and the activation. */
 static inline __attribute__((always_inline)) void store_blocked_tile(int mr, int nv, cuvil_vf c0[CUVIL_MR],
                                                                      cuvil_vf c1[CUVIL_MR], const blocked_gemm *g,
                                                                      int64_t i0, int64_t p, int first, int last) {
+    /* ReLU and ReLU6 as selects here; any other activation by act_in_place once the tile is stored:
+     * with its calls (every vector register caller-saved) in this code, GCC kept most of a tile's
+     * accumulators on the stack through the whole K loop (a load and a store per K block) */
+    int act = last ? g->act : CUVIL_ACT_NONE;
     for (int v = 0; v < nv; v++) {          /* vector v: columns n .. n + VL, inside one block */
         int64_t n = p * CUVIL_NR + v * CUVIL_VL, off = n / CUVIL_BLOCK * g->ldc + n % CUVIL_BLOCK;
         float *c = g->C + off + i0 * CUVIL_BLOCK;
@@ -53,12 +66,14 @@ static inline __attribute__((always_inline)) void store_blocked_tile(int mr, int
             if (last) {
                 x += bias;
                 if (r) x += cuvil_vload(r + i * CUVIL_BLOCK);
-                if (g->act == CUVIL_ACT_RELU) x = cuvil_vsel(x > 0.f, x, cuvil_vsplat(0.f));
-                else if (g->act) x = cuvil_vact(x, g->act);
+                if (act == CUVIL_ACT_RELU) x = cuvil_vsel(x > 0.f, x, cuvil_vsplat(0.f));
+                else if (act == CUVIL_ACT_RELU6)
+                    x = cuvil_vsel(x < 0.f, cuvil_vsplat(0.f), cuvil_vsel(x > 6.f, cuvil_vsplat(6.f), x));
             }
             cuvil_vstore(c + i * CUVIL_BLOCK, x);
         }
     }
+    if (act != CUVIL_ACT_NONE && act != CUVIL_ACT_RELU && act != CUVIL_ACT_RELU6) act_in_place(mr, nv, g, i0, p, act);
 }
 
 /* A tile's partial sums over channel blocks [kb0, kb0 + nkb) of a blocked A: its MR pixels of a block sit
@@ -161,13 +176,6 @@ static inline void prefetch_tile_output(const blocked_gemm *g, int64_t i0, int m
     }
 }
 
-/* Out of line: inlined, its activation's calls (all vector registers caller-saved) had GCC keep the
- * accumulators they outlive on the stack through the whole K loop. */
-static __attribute__((noinline)) void store_full_tile(cuvil_vf c0[CUVIL_MR], cuvil_vf c1[CUVIL_MR], const blocked_gemm *g,
-                                                      int64_t i0, int64_t p, int first, int last) {
-    store_blocked_tile(CUVIL_MR, 2, c0, c1, g, i0, p, first, last);
-}
-
 enum { A_BLOCKED, A_NCHW, A_GATHERED };          /* where a tile reads A: g->A, g->src, g->gsrc */
 
 static inline __attribute__((always_inline)) void blocked_tile(int a_from, int mr, int nv, const blocked_gemm *g,
@@ -180,13 +188,23 @@ static inline __attribute__((always_inline)) void blocked_tile(int a_from, int m
     if (a_from == A_NCHW) accumulate_nchw(mr, nv, g, i0, p, c0, c1);
     else if (a_from == A_GATHERED) accumulate_gathered(mr, nv, g, i0, p, kb0, nkb, c0, c1);
     else accumulate_blocked(mr, nv, g, i0, p, kb0, nkb, c0, c1);
-    if (mr == CUVIL_MR && nv == 2) store_full_tile(c0, c1, g, i0, p, first, last);
-    else store_blocked_tile(mr, nv, c0, c1, g, i0, p, first, last);
+    store_blocked_tile(mr, nv, c0, c1, g, i0, p, first, last);
 }
 
+/* The store of a full tile out of line, for long K loops: inlined, its code's register needs had GCC
+ * keep 9 of AVX2's 12 accumulators on the stack through the whole K loop (a load and a store per K
+ * block, on the FMA chains: ResNet-50 blocked in 8s 1.12x NCHW's time). Short K loops keep it inline,
+ * where the call and the tile's trip through memory cost more (MobileNetV2's 16-channel 1x1 convs:
+ * the network 1.19x the time out of line). */
+static __attribute__((noinline)) void store_full_tile(cuvil_vf c0[CUVIL_MR], cuvil_vf c1[CUVIL_MR], const blocked_gemm *g,
+                                                      int64_t i0, int64_t p, int first, int last) {
+    store_blocked_tile(CUVIL_MR, 2, c0, c1, g, i0, p, first, last);
+}
+#define SHORT_K 64          /* channels of a K loop that keeps its store inline */
+
 /* A full MR x 2-vector tile from a blocked or gathered A, its accumulators named (wide.h: CUVIL_TILE_ROWS). */
-static inline __attribute__((always_inline)) void full_tile(int a_from, const blocked_gemm *g, int64_t i0, int64_t p,
-                                                            int64_t kb0, int64_t nkb, int first, int last) {
+static inline __attribute__((always_inline)) void full_tile(int a_from, int short_k, const blocked_gemm *g, int64_t i0,
+                                                            int64_t p, int64_t kb0, int64_t nkb, int first, int last) {
     prefetch_tile_output(g, i0, CUVIL_MR, p * CUVIL_NR / CUVIL_BLOCK, 2 * CUVIL_VL / CUVIL_BLOCK, last);
     CUVIL_TILE_ROWS(CUVIL_TILE_ZERO)
     const float *bp = g->B + (p * g->K + kb0 * CUVIL_BLOCK) * CUVIL_NR, *base[CUVIL_MR];
@@ -213,19 +231,20 @@ static inline __attribute__((always_inline)) void full_tile(int a_from, const bl
     }
     cuvil_vf c0[CUVIL_MR], c1[CUVIL_MR];
     CUVIL_TILE_ROWS(CUVIL_TILE_OUT)
-    store_full_tile(c0, c1, g, i0, p, first, last);
+    if (short_k) store_blocked_tile(CUVIL_MR, 2, c0, c1, g, i0, p, first, last);
+    else store_full_tile(c0, c1, g, i0, p, first, last);
 }
 
 /* full tiles in their own functions, so the edges' switch stays out of their code */
-static void blocked_full_tile(const blocked_gemm *g, int64_t i0, int64_t p, int64_t kb0, int64_t nkb, int first,
-                              int last) {
-    full_tile(A_BLOCKED, g, i0, p, kb0, nkb, first, last);
-}
-
-static void gathered_full_tile(const blocked_gemm *g, int64_t i0, int64_t p, int64_t kb0, int64_t nkb, int first,
-                               int last) {
-    full_tile(A_GATHERED, g, i0, p, kb0, nkb, first, last);
-}
+#define FULL_TILE(NAME, A_FROM, SHORT)                                                                      \
+    static void NAME(const blocked_gemm *g, int64_t i0, int64_t p, int64_t kb0, int64_t nkb, int first, int last) { \
+        full_tile(A_FROM, SHORT, g, i0, p, kb0, nkb, first, last);                                          \
+    }
+FULL_TILE(blocked_full_tile, A_BLOCKED, 0)
+FULL_TILE(blocked_short_tile, A_BLOCKED, 1)
+FULL_TILE(gathered_full_tile, A_GATHERED, 0)
+FULL_TILE(gathered_short_tile, A_GATHERED, 1)
+#undef FULL_TILE
 
 static void nchw_full_tile(const blocked_gemm *g, int64_t i0, int64_t p) {
     blocked_tile(A_NCHW, CUVIL_MR, 2, g, i0, p, 0, 0, 1, 1);
@@ -354,8 +373,10 @@ static void blocked_gemm_task(void *ctx, int64_t t0, int64_t t1) {
                 for (int64_t i0 = m0; i0 < m1; i0 += CUVIL_MR) {
                     int mr = m1 - i0 < CUVIL_MR ? (int)(m1 - i0) : CUVIL_MR;
                     if (mr == CUVIL_MR && nv == 2 && g->src) nchw_full_tile(g, i0, p);
-                    else if (mr == CUVIL_MR && nv == 2 && g->gsrc) gathered_full_tile(g, i0, p, kb0, nkb, first, last);
-                    else if (mr == CUVIL_MR && nv == 2) blocked_full_tile(g, i0, p, kb0, nkb, first, last);
+                    else if (mr == CUVIL_MR && nv == 2 && g->gsrc)
+                        (nkb * CUVIL_BLOCK <= SHORT_K ? gathered_short_tile : gathered_full_tile)(g, i0, p, kb0, nkb, first, last);
+                    else if (mr == CUVIL_MR && nv == 2)
+                        (nkb * CUVIL_BLOCK <= SHORT_K ? blocked_short_tile : blocked_full_tile)(g, i0, p, kb0, nkb, first, last);
                     else blocked_edge_tile(mr, nv, g, i0, p, kb0, nkb, first, last);
                 }
             }
@@ -537,26 +558,73 @@ typedef struct {
     int act;
 } blocked_dw;
 
-/* Output rows r = (n * C / B + cb) * OH + oh in [r0, r1): each output pixel's B channels in vectors,
- * the taps' B filter values (w [KH * KW][C]) side by side as the input's channels are. */
+/* Adjacent output pixels of a row computed together where their windows lie inside the input: each
+ * input vector is loaded once per filter row for all of them (3x3 stride 1: 6 loads a row for 12 FMAs,
+ * where pixel by pixel took 12), the filter row's taps held as they are used. */
+#define DW_TILE 4
+
+/* The tile's sums: x0 its first window's top-left input pixel; KW and SW (the filter's width and the
+ * stride along W) constants, so the loads' offsets are and repeated ones are loaded once; dilation 1
+ * along W. */
+static inline __attribute__((always_inline)) void dw_tile(int KW, int SW, const cuvil_conv_shape *s, const float *x0,
+                                                          const float *w, cuvil_vf acc[DW_TILE]) {
+    for (int64_t kh = 0; kh < s->KH; kh++) {
+        const float *row = x0 + kh * s->dh * s->W * CUVIL_BLOCK, *wr = w + kh * KW * s->C;
+        #pragma GCC unroll 7
+        for (int kw = 0; kw < KW; kw++) {
+            cuvil_vf wv = cuvil_vload(wr + kw * s->C);
+            #pragma GCC unroll 4
+            for (int j = 0; j < DW_TILE; j++) acc[j] += cuvil_vload(row + (j * SW + kw) * CUVIL_BLOCK) * wv;
+        }
+    }
+}
+
+/* dw_tile for the filter widths and strides MobileNets, EfficientNets and ConvNeXt use; 0 for others. */
+static int dw_tiled(const cuvil_conv_shape *s, const float *x0, const float *w, cuvil_vf acc[DW_TILE]) {
+    if (s->dw != 1) return 0;
+    switch (s->KW * 4 + s->sw) {
+    case 3 * 4 + 1: dw_tile(3, 1, s, x0, w, acc); return 1;
+    case 3 * 4 + 2: dw_tile(3, 2, s, x0, w, acc); return 1;
+    case 5 * 4 + 1: dw_tile(5, 1, s, x0, w, acc); return 1;
+    case 5 * 4 + 2: dw_tile(5, 2, s, x0, w, acc); return 1;
+    case 7 * 4 + 1: dw_tile(7, 1, s, x0, w, acc); return 1;
+    default: return 0;
+    }
+}
+
+/* bias, residual and activation of one output vector o of a depthwise conv, stored */
+static inline void dw_store(const blocked_dw *a, int64_t o, cuvil_vf acc) {
+    if (a->residual) acc += cuvil_vload(a->residual + o);
+    if (a->act == CUVIL_ACT_RELU) acc = cuvil_vsel(acc > 0.f, acc, cuvil_vsplat(0.f));
+    else if (a->act) acc = cuvil_vact(acc, a->act);
+    cuvil_vstore(a->y + o, acc);
+}
+
+/* Output rows r = (n * C / B + cb) * OH + oh in [r0, r1): each output pixel's B channels a vector, the
+ * taps' B filter values (w [KH * KW][C]) side by side as the input's channels are; tiles of DW_TILE
+ * pixels where the windows lie inside the input, pixel by pixel (window) at the edges. */
 static void depthwise_blocked_task(void *ctx, int64_t r0, int64_t r1) {
     const blocked_dw *a = ctx;
     const cuvil_conv_shape *s = a->s;
     int64_t CB = s->C / CUVIL_BLOCK;
     for (int64_t r = r0; r < r1; r++) {
-        int64_t plane = r / s->OH, oh = r % s->OH, cb = plane % CB;
-        const float *xc = a->x + plane * s->H * s->W * CUVIL_BLOCK;
-        int64_t off = r * s->OW * CUVIL_BLOCK;
-        for (int64_t ow = 0; ow < s->OW; ow++)
-            for (int v = 0; v < CUVIL_BLOCK; v += CUVIL_VL) {
-                int64_t c = cb * CUVIL_BLOCK + v;
-                cuvil_vf acc = window(1, s, xc, a->w + c, oh, ow, v, a->bias ? cuvil_vload(a->bias + c) : cuvil_vsplat(0.f));
-                int64_t o = off + ow * CUVIL_BLOCK + v;
-                if (a->residual) acc += cuvil_vload(a->residual + o);
-                if (a->act == CUVIL_ACT_RELU) acc = cuvil_vsel(acc > 0.f, acc, cuvil_vsplat(0.f));
-                else if (a->act) acc = cuvil_vact(acc, a->act);
-                cuvil_vstore(a->y + o, acc);
+        int64_t plane = r / s->OH, oh = r % s->OH, c = plane % CB * CUVIL_BLOCK;
+        const float *xc = a->x + plane * s->H * s->W * CUVIL_BLOCK, *w = a->w + c;
+        int64_t off = r * s->OW * CUVIL_BLOCK, ih0 = oh * s->sh - s->ph, ow = 0;
+        cuvil_vf bias = a->bias ? cuvil_vload(a->bias + c) : cuvil_vsplat(0.f);
+        if (ih0 >= 0 && ih0 + (s->KH - 1) * s->dh < s->H) {
+            int64_t first = (s->pw + s->sw - 1) / s->sw;          /* the first window inside on the left */
+            for (; ow < first && ow < s->OW; ow++) dw_store(a, off + ow * CUVIL_BLOCK, window(1, s, xc, w, oh, ow, 0, bias));
+            for (; ow + DW_TILE <= s->OW && (ow + DW_TILE - 1) * s->sw - s->pw + s->KW - 1 < s->W; ow += DW_TILE) {
+                cuvil_vf acc[DW_TILE];
+                #pragma GCC unroll 4
+                for (int j = 0; j < DW_TILE; j++) acc[j] = bias;
+                if (!dw_tiled(s, xc + (ih0 * s->W + ow * s->sw - s->pw) * CUVIL_BLOCK, w, acc)) break;
+                #pragma GCC unroll 4
+                for (int j = 0; j < DW_TILE; j++) dw_store(a, off + (ow + j) * CUVIL_BLOCK, acc[j]);
             }
+        }
+        for (; ow < s->OW; ow++) dw_store(a, off + ow * CUVIL_BLOCK, window(1, s, xc, w, oh, ow, 0, bias));
     }
 }
 

@@ -3,6 +3,8 @@ go, and whole nets compiled blocked against torch eager. The blocked kernels the
 by op against the interpreter in test_ops.py ("relayout" case)."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -307,3 +309,59 @@ def test_grouped_convs_run_blocked_and_match_torch(tmp_path):
     cm = cuvil.compile(m, (x,), layout="blocked", num_threads=2, cache_dir=str(tmp_path))
     with torch.no_grad():
         np.testing.assert_allclose(cm.run(x.numpy())[0], m(x).numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_channel_concat_and_slice_in_whole_blocks_stay_blocked(tmp_path):
+    """SqueezeNet's fire module (two expand convs concatenated along channels) and a channel split in
+    whole blocks run on the blocked maps; a split inside a block relayouts."""
+    import cuvil
+    vf = vector_floats()
+
+    class Fire(torch.nn.Module):
+        def __init__(self, split):
+            super().__init__()
+            self.squeeze, self.split = torch.nn.Conv2d(4 * vf, 2 * vf, 1), split
+            self.e1, self.e3 = torch.nn.Conv2d(2 * vf, 2 * vf, 1), torch.nn.Conv2d(2 * vf, 3 * vf, 3, padding=1)
+            self.out = torch.nn.Conv2d(3 * vf, 2 * vf, 1)
+
+        def forward(self, x):
+            s = torch.relu(self.squeeze(x))
+            y = torch.cat([torch.relu(self.e1(s)), torch.relu(self.e3(s))], 1)      # 5 blocks
+            a, b = y[:, :self.split], y[:, self.split:self.split + 3 * vf]
+            return self.out(b) + a[:, :2 * vf].mean() if self.split % vf == 0 else self.out(b)
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 4 * vf, 11, 9)
+    for split in (2 * vf, vf // 2):
+        m = Fire(split).eval()
+        text = cuvil_api.inspect_stages(m, (x,), stages=("passes",), layout="blocked")["passes"]
+        concat = re.search(r"%(\w+):[^=]+= concat", text).group(1)
+        assert (f"slice(%{concat};" in text) == (split % vf == 0), text       # a slice inside a block: NCHW
+        assert text.count("relayout(") == 2, text        # in whole blocks: x and the result; else x and the concat
+        cm = cuvil.compile(m, (x,), layout="blocked", cache_dir=str(tmp_path))
+        with torch.no_grad():
+            np.testing.assert_allclose(cm.run(x.numpy())[0], m(x).numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_reductions_over_channels_read_the_blocked_map(tmp_path):
+    """CBAM-style spatial attention pools over channels (mean and max, dim 1): read in place."""
+    import cuvil
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Conv2d(16, 32, 1), torch.nn.Conv2d(32, 32, 3, padding=1)
+
+        def forward(self, x):
+            y = self.b(torch.relu(self.a(x)))
+            return torch.cat([y.mean(1, keepdim=True), y.amax(1, keepdim=True)], 1), y.sum((0, 2, 3))
+
+    m = Net().eval()
+    x = torch.randn(2, 16, 7, 10)
+    text = cuvil_api.inspect_stages(m, (x,), stages=("passes",), layout="blocked")["passes"]
+    assert text.count("relayout(") == 1, text                     # the input's only
+    cm = cuvil.compile(m, (x,), layout="blocked", cache_dir=str(tmp_path))
+    with torch.no_grad():
+        for got, want in zip(cm.run(x.numpy()), m(x)):
+            np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)

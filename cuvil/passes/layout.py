@@ -67,11 +67,28 @@ def per_channel(v, y) -> bool:
             and shape[2] == shape[3] == 1 and shape[0] in (1, y.shape[0]))
 
 
+def _whole_blocks(node, block):
+    """For a concat of maps along channels, or a slice of channels (step 1), in whole blocks: the map
+    positions; else None. Each image's channels [c0, c1) are elements [c0 * H * W, c1 * H * W) of it in
+    NCHW and in the blocked layout alike, so the NCHW loops copy blocked maps as they are (SqueezeNet's
+    fire modules, ShuffleNet's split)."""
+    if node.op == "concat" and node.attrs["axis"] == 1 and _static_4d(node.outputs[0]) and all(
+            _static_4d(v) and v.shape[1] % block == 0 for v in node.inputs):
+        return list(range(len(node.inputs)))
+    if node.op == "slice" and node.attrs["axis"] == 1 and node.attrs["step"] == 1 and _static_4d(node.inputs[0]) \
+            and node.attrs["start"] % block == 0 and node.attrs["length"] % block == 0:
+        return [0]
+    return None
+
+
 def _elementwise_over(node, block):
-    """For a pointwise node that can run on blocked operands (each one shaped like the output, one value
-    per channel, or a single element), the positions of the full-shape operands; else None. A ReLU6 or
-    an add between two convs keeps them blocked, and so does a squeeze-and-excitation's scaling of a
-    blocked map by its per-channel gate (the C loops index such operands by channel: lower_pointwise)."""
+    """For a node that can run on blocked operands as it is, the positions of its full-shape (blocked)
+    operands; else None: a pointwise node whose operands are shaped like the output, one value per channel,
+    or a single element (a ReLU6 or an add between two convs keeps them blocked, and so does a
+    squeeze-and-excitation's scaling of a map by its per-channel gate: lower_pointwise indexes such
+    operands by channel), or a channel concat or slice in whole blocks (_whole_blocks)."""
+    if node.op in ("concat", "slice"):
+        return _whole_blocks(node, block)
     kind = REGISTRY[node.op].kind
     y = node.outputs[0]
     if kind not in ("unary", "binary", "where", "fused") or len(node.outputs) != 1 or not _static_4d(y) \
@@ -88,11 +105,16 @@ def _elementwise_over(node, block):
     return full or None
 
 
-def reads_spatially(node) -> bool:
-    """A reduction over the spatial dims of a 4-d map ([N, C, H, W] -> [N, C(, 1, 1)], a global pool):
-    it reads a blocked input where it lies (lower_reduce), and its output is the same in any layout."""
-    return (node.op in ("reduce_mean", "reduce_sum", "reduce_max") and node.inputs[0].type.rank == 4
-            and sorted(a % 4 for a in node.attrs["axes"]) == [2, 3] and _static_4d(node.inputs[0]))
+REDUCTIONS = ("reduce_mean", "reduce_sum", "reduce_max", "reduce_min", "reduce_prod")
+
+
+def reads_in_place(node) -> bool:
+    """A reduction of a 4-d map over both spatial dims (a global pool) or over its channels: it reads a
+    blocked map where it lies (lower_reduce), its output indexed as in NCHW."""
+    if node.op not in REDUCTIONS or node.inputs[0].type.rank != 4 or not _static_4d(node.inputs[0]):
+        return False
+    axes = {a % 4 for a in node.attrs["axes"]}
+    return 1 in axes or {2, 3} <= axes
 
 
 def _choose(graph, block):
@@ -157,7 +179,7 @@ def run(graph, layout: str):
             n.outputs[0].layout = layout
             nodes.append(n)
             continue
-        if reads_spatially(n) and id(n.inputs[0]) in blocked_values:
+        if reads_in_place(n) and id(n.inputs[0]) in blocked_values:
             positions = [0]
         for i, v in enumerate(n.inputs):
             if v is None:

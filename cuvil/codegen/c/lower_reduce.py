@@ -47,9 +47,11 @@ def lower_reduce(em, node):
         lo, hi = _INT_LIMITS[t] if x.dtype != "bool" else ("0", "1")   # bool: any / all, stored as 0 or 1
         ident = lo if op == "reduce_max" else hi
     acc_t = "double" if is_float(x.dtype) and op in ("reduce_sum", "reduce_mean") else t
-    # a blocked map (passes/layout.py: reads_spatially) reduced over (H, W) of its stored
-    # [N, C/B, H, W, B]: the kept (n, cb) and b run in the output's channel order
-    shape, axes = stored_shape(x), set(a % x.type.rank for a in node.attrs["axes"])
+    # a blocked map (passes/layout.py: reads_in_place) reduced over its stored [N, C/B, H, W, B], the
+    # channel axis being both C/B and B: over (H, W) the kept n, cb and b run in the output's order
+    shape, axes = stored_shape(x), {a % x.type.rank for a in node.attrs["axes"]}
+    if len(shape) == 5:
+        axes = {p for a in axes for p in ((1, 4) if a == 1 else (a,))}
     blocks = _blocks(shape, axes)
     ycount = cexpr.prod(y.type.shape)
     rcount = cexpr.prod(x.type.shape[a] for a in node.attrs["axes"])

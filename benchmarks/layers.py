@@ -2,8 +2,10 @@
 
     python -m benchmarks.layers [--workload ResNet-50] [--threads 1] [--rounds 12]
 
-cuvil's per-node counters (compiled with profile=True) against ONNX Runtime's own profiler on the same
-exported model. Convolutions are matched by (in, out channels, kernel, stride, output size) and summed
+Workloads: benchmarks/workloads.py's and the CNN set's (benchmarks/cnn_models.py: MobileNetV2 for its
+depthwise convs, RegNetY-4GF for its grouped ones). cuvil's per-node counters (compiled with
+profile=True) against ONNX Runtime's own profiler on the same exported model. Convolutions are matched
+by (in channels per group, out channels, kernel, stride, output size: a depthwise conv's first is 1) and summed
 over their repeats; every other node is counted as "other" on both sides. The two sessions alternate
 call by call with a short idle gap before each, so the host's drift hits both alike. The profilers add
 their own overhead (ORT's more than cuvil's): read the per-layer ratios, not the totals, as the answer.
@@ -16,13 +18,25 @@ import json
 import tempfile
 import time
 
+from benchmarks.cnn_models import CNNS
 from benchmarks.systems import export_onnx
-from benchmarks.workloads import WORKLOADS
+from benchmarks.workloads import WORKLOADS as _BASE
+
+WORKLOADS = {**_BASE, **CNNS}
 
 
-def _cuvil_layers(cm, counters, calls):
+def _graph_nodes(model, inputs):
+    """The nodes of the graph cuvil.compile builds and profiles (the compiled model keeps no graph)."""
+    from cuvil import driver
+    from cuvil.frontend import torch as torch_frontend
+    from cuvil.options import make_options
+    graph = torch_frontend.from_exported(torch_frontend.export(model, tuple(inputs), None, None), None)[0]
+    return driver.optimize(graph, make_options()).nodes
+
+
+def _cuvil_layers(nodes, counters, calls):
     layers = collections.defaultdict(float)
-    for (_, ns), node in zip(counters, cm.graph.nodes):
+    for (_, ns), node in zip(counters, nodes):
         ms = ns / calls / 1e6
         if node.op == "conv":
             w, y = node.inputs[1].shape, node.outputs[0].shape
@@ -78,7 +92,7 @@ def main(argv=None):
         cm.run(*x)
         time.sleep(0.05)
         sess.run(None, feed)
-    ours = _cuvil_layers(cm, cm.module.profile_counters(), args.rounds)
+    ours = _cuvil_layers(_graph_nodes(model, inputs), cm.module.profile_counters(), args.rounds)
     theirs = _ort_layers(sess.end_profiling(), warm + args.rounds)   # ORT's profile keeps the warm-up calls too
 
     tc, to = sum(ours.values()), sum(theirs.values())

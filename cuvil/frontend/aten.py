@@ -580,17 +580,13 @@ def _softmax(ctx, x, dim, half_to_float=False):
     return ctx.add(op, [x], {"axis": dim})
 
 
-@handles(aten.max_pool2d_with_indices.default, aten.max_pool2d.default)
-def _max_pool(ctx, x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
+@handles(aten.max_pool2d.default)
+def max_pool(ctx, x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
     nsp = x.type.rank - 2
     rep = (lambda v: [v] * nsp if isinstance(v, int) else (list(v) * nsp if len(v) == 1 else list(v)))
     attrs = {"kernel": rep(kernel), "strides": rep(stride) if stride else rep(kernel),
              "pads": [(p, p) for p in rep(padding)], "dilations": rep(dilation), "ceil_mode": ceil_mode}
-    y = ctx.add("max_pool", [x], attrs)
-    if ctx.node.target != aten.max_pool2d_with_indices.default:
-        return y
-    from .aten_resample import max_pool_indices        # (cleanup drops them where nothing reads them)
-    return (y, max_pool_indices(ctx, x, attrs, y.shape[2:]))
+    return ctx.add("max_pool", [x], attrs)       # with indices: aten_resample.py
 
 
 @handles(aten.avg_pool2d.default, aten.avg_pool1d.default)

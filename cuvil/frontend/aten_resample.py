@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .aten import Unsupported, aten, handles
+from .aten import Unsupported, aten, handles, max_pool
 
 CUBIC_A = -0.75     # torch's bicubic kernel (Keys, a = -0.75)
 
@@ -150,6 +150,13 @@ def _adaptive_avg_pool(ctx, x, output_size):
 def _antialiased(ctx, x, *args):
     raise Unsupported("antialiased resampling (antialias=True)")
 
+
+
+@handles(aten.max_pool2d_with_indices.default)
+def _max_pool_with_indices(ctx, x, *args, **kwargs):
+    """The pool and its indices (cleanup drops the indices where nothing reads them)."""
+    y = max_pool(ctx, x, *args, **kwargs)
+    return y, max_pool_indices(ctx, x, y.producer.attrs, y.shape[2:])
 
 
 def max_pool_indices(ctx, x, attrs, out_spatial):

@@ -1243,6 +1243,14 @@ def topk(op):
         tk(special, f"nan, inf, signed zeros k={k} smallest", k=k, largest=False)
     tk(c.input(rand(r, (0, 5), "float32")), "[0,5]", k=2)
     tk(c.input(fortran(rand(r, (6, 5), "float32"))), "transposed", k=2)
+    # k above TOPK_SCAN_MAX and full sorts: the merge sort (lengths not a power of two, ties, NaN)
+    long = rand(r, (3, 1001, 2), "float32", -2, 2).round(1)      # ~40 distinct values: many ties
+    long[1, ::97, 0] = np.nan
+    xl = c.input(long)
+    for k in (17, 1001):
+        tk(xl, f"[3,1001,2] axis 1 k={k}", k=k, axis=1)
+        tk(xl, f"[3,1001,2] axis 1 k={k} smallest", k=k, axis=1, largest=False)
+    tk(c.input(rand(r, (2, 300), "int64", -20, 20)), "int64 ties, sorted whole", k=300)
     tk(c.input(dyn(r, (B, 6), "float32"), (B, 6)), "[b,6]", k=3)
     c.check()
 

@@ -93,8 +93,8 @@ def test_identifiers_are_never_copied_from_text(name):
 def test_hostile_onnx_names_compile_and_run_correctly(tmp_path):
     """A model whose every name is an attack: node, input, output and graph names, dim_params and doc
     strings. It must compile, run to the right answer, and run nothing of its author's."""
-    onnx = pytest.importorskip("onnx")
-    ort = pytest.importorskip("onnxruntime")
+    onnx = pytest.importorskip("onnx", reason="builds an ONNX model with hostile names")
+    ort = pytest.importorskip("onnxruntime", reason="ONNX Runtime is the oracle")
     from onnx import TensorProto, helper
     canary = tmp_path / "pwned"
     attack = f'*/ system("touch {canary}"); /*'

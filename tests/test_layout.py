@@ -390,3 +390,26 @@ def test_avx512_blocked_build_on_any_x86_host(tmp_path):
     if "avx512f" in cpu_flags():
         with torch.no_grad():
             np.testing.assert_allclose(Module(path).run(x.numpy())[0], m(x).numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_only_known_layouts_reach_generated_c():
+    """A layout's block is rendered into C (a _Static_assert): any name outside LAYOUTS is refused, and
+    the options accept only their listed choices."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    import cuvil
+    from cuvil.errors import CuvilError
+    from cuvil.ir.ops.movement import LAYOUTS, layout_block
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.text())
+    def check(name):
+        if name in LAYOUTS:
+            assert layout_block(name) in (0, 4, 8, 16)
+        else:
+            with pytest.raises(CuvilError, match="unknown layout"):
+                layout_block(name)
+            with pytest.raises(ValueError, match="option layout="):
+                cuvil.compile(torch.nn.Conv2d(16, 16, 1), (torch.randn(1, 16, 4, 4),), layout=name)
+    check()

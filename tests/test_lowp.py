@@ -10,7 +10,7 @@ from cuvil.passes import legalize
 
 from .util import compile_graph
 
-ml_dtypes = pytest.importorskip("ml_dtypes")
+ml_dtypes = pytest.importorskip("ml_dtypes", reason="numpy has no bfloat16 / float8 without it")
 
 FLOATS = ["bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float4_e2m1fn"]
 INTS = ["int4", "uint4", "int2", "uint2"]

@@ -106,7 +106,7 @@ def test_onnx_matches_torch_frontend(tmp_path, make, shape):
 
 
 def test_bert_small_from_transformers(tmp_path):
-    transformers = pytest.importorskip("transformers")
+    transformers = pytest.importorskip("transformers", reason="the BERT model comes from its config")
     cfg = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                   intermediate_size=64, max_position_embeddings=32)
     torch.manual_seed(0)
@@ -151,7 +151,7 @@ def _mlp_model(batch="N"):
 
 
 def _ort(model, feed):
-    ort = pytest.importorskip("onnxruntime")
+    ort = pytest.importorskip("onnxruntime", reason="ONNX Runtime is the oracle")
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
 
 
@@ -450,7 +450,7 @@ def test_exported_model_matches_compiling_from_torch(name):
 
 def test_qlinear_conv_per_channel_matches_onnxruntime():
     """Per-output-channel weight scales and zero points (the conformance suite has only per-tensor)."""
-    ort = pytest.importorskip("onnxruntime")
+    ort = pytest.importorskip("onnxruntime", reason="ONNX Runtime is the oracle")
     rng = np.random.default_rng(0)
     x = rng.integers(0, 255, (1, 3, 6, 6), dtype=np.uint8)
     consts = {"xs": np.array(0.02, np.float32), "xzp": np.array(128, np.uint8),

@@ -32,7 +32,7 @@ def winograd_filters_as_b(w: np.ndarray, m: int, nr: int) -> np.ndarray:
 
 
 def _block_check(layout):
-    return f"_Static_assert(CUVIL_BLOCK == {layout_block(layout)}, \"{layout} planned for another vector width\");"
+    return f"_Static_assert(CUVIL_BLOCK == {layout_block(layout)}, \"blocked layout planned for another vector width\");"
 
 
 def lower_conv(em, node, plan, shape_struct, bias, res, act):

@@ -45,7 +45,10 @@ LAYOUTS = ("nchw", "nchw4c", "nchw8c", "nchw16c")
 
 
 def layout_block(layout: str) -> int:
-    """Channels per block of a layout: 0 for NCHW."""
+    """Channels per block of a layout: 0 for NCHW. Anything not in LAYOUTS is an error (a layout's
+    block is rendered into generated C)."""
+    if layout not in LAYOUTS:
+        raise ShapeError(f"unknown layout {layout!r} (one of {', '.join(LAYOUTS)})")
     return 0 if layout == "nchw" else int(layout[4:-1])
 
 

@@ -40,7 +40,40 @@ def small_model(arch="llama", vocab=300, seed=0):
         return T.MistralForCausalLM(T.MistralConfig(**common, sliding_window=None)).eval()
     if arch == "qwen2":
         return T.Qwen2ForCausalLM(T.Qwen2Config(**common, tie_word_embeddings=True)).eval()
+    # a window of 8 keys, caps small enough to bend random weights' scores: each feature is exercised
+    # by a 12-token prompt and 32 decode steps
+    if arch == "mistral_window":
+        return T.MistralForCausalLM(T.MistralConfig(**common, sliding_window=8)).eval()
+    if arch == "qwen3":
+        return _randomize_norms(T.Qwen3ForCausalLM(T.Qwen3Config(**common, head_dim=32, tie_word_embeddings=True)))
+    if arch == "phi3":         # partial RoPE (Phi-4-mini's), fused qkv and gate-up weights
+        return _randomize_norms(T.Phi3ForCausalLM(T.Phi3Config(
+            **common, rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+            pad_token_id=0)))
+    if arch == "olmo2":
+        return _randomize_norms(T.Olmo2ForCausalLM(T.Olmo2Config(**common, pad_token_id=0)))
+    gemma = dict(common, head_dim=24, hidden_activation="gelu_pytorch_tanh", pad_token_id=0)
+    if arch == "gemma":
+        return _randomize_norms(T.GemmaForCausalLM(T.GemmaConfig(**gemma)))
+    if arch == "gemma2":
+        return _randomize_norms(T.Gemma2ForCausalLM(T.Gemma2Config(
+            **gemma, query_pre_attn_scalar=16, sliding_window=8, attn_logit_softcapping=1.0,
+            final_logit_softcapping=3.0, attn_implementation="eager")))
+    if arch == "gemma3":
+        return _randomize_norms(T.Gemma3ForCausalLM(T.Gemma3TextConfig(
+            **gemma, query_pre_attn_scalar=16, sliding_window=8, sliding_window_pattern=2,
+            attn_implementation="eager")))
     raise ValueError(arch)
+
+
+def _randomize_norms(model):
+    """Norm weights start at 1 (Gemma's at 0, stored as w - 1): random ones, so a norm read in the
+    wrong place or without Gemma's offset shows."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(torch.rand_like(p) + 0.5)
+    return model.eval()
 
 
 def checkpoint(dest: Path, arch="llama", seed=0):

@@ -26,7 +26,10 @@ def _reference_steps(model, prompt, steps):
     return pre, np.stack(rows), toks
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])
+ARCHS = ["llama", "mistral", "qwen2", "mistral_window", "qwen3", "phi3", "olmo2", "gemma", "gemma2", "gemma3"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_prefill_and_32_decode_steps_match_eager(arch):
     model = small_model(arch)
     llm = cuvil.llm.from_transformers(model, max_seq_len=64)
@@ -44,13 +47,20 @@ def test_prefill_and_32_decode_steps_match_eager(arch):
     assert got_toks == toks
 
 
+# lower agreement where the model, not the compiler, is the cause: the tiny random Gemma 3's top token
+# moves under int4 however it is run (its weights quantized the same way and run in torch eager agree
+# 0.31 with fp32, KL 0.028; compiled: 0.34, KL 0.020)
+MIN_AGREE = {("int4", "gemma3"): 0.25}
+
+
+@pytest.mark.parametrize("arch", ARCHS[:1] + ARCHS[4:])
 @pytest.mark.parametrize("precision, min_agree", [("bf16", 0.95), ("int8", 0.9), ("int4", 0.5)])
-def test_lossy_precisions_report_their_error(precision, min_agree):
-    model = small_model("llama")
+def test_lossy_precisions_report_their_error(precision, min_agree, arch):
+    model = small_model(arch)
     llm = cuvil.llm.from_transformers(model, precision=precision, max_seq_len=64)
     err = llm.meta["error"]
     assert err["positions"] == 64
-    assert err["top1_agreement"] >= min_agree
+    assert err["top1_agreement"] >= MIN_AGREE.get((precision, arch), min_agree)
     assert 0 <= err["kl_mean"] < (0.01 if precision != "int4" else 0.1)
     # the compiled lossy model still tracks the fp32 one on a fresh prompt
     prompt = [5, 17, 33, 2, 99]
@@ -139,6 +149,30 @@ def test_bad_options():
         cuvil.llm.from_transformers(small_model("llama"), precision="int3")
     with pytest.raises(ValueError, match="group"):
         cuvil.llm.from_transformers(small_model("llama"), precision="int4", group=48)
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "phi3"])
+def test_checkpoint_directory_of_each_family(tmp_path, arch):
+    """From config.json + safetensors (the architecture read off the config, RoPE from it alone)."""
+    model = checkpoint(tmp_path / "ckpt", arch=arch)
+    llm = cuvil.llm.from_transformers(tmp_path / "ckpt", max_seq_len=64)
+    prompt = [5, 17, 33, 2, 99, 14, 8, 41, 3, 77, 12]
+    with torch.no_grad():
+        ref = model(torch.tensor([prompt])).logits[0].numpy()
+    np.testing.assert_allclose(llm.prefill(prompt), ref, atol=1e-3, rtol=0)
+
+
+def test_unsupported_architecture_is_named_with_the_supported_ones():
+    import transformers as T
+    gpt2 = T.GPT2LMHeadModel(T.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50)).eval()
+    with pytest.raises(cuvil.CuvilError, match="GPT2LMHeadModel") as e:
+        cuvil.llm.from_transformers(gpt2)
+    for arch in cuvil.llm.spec.ARCHITECTURES:
+        assert arch in str(e.value)
+    dyn = small_model("llama")
+    dyn.config.rope_parameters = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
+    with pytest.raises(cuvil.CuvilError, match="dynamic RoPE scaling"):
+        cuvil.llm.from_transformers(dyn)
 
 
 def test_int4_weight_past_float16_scales_is_named():

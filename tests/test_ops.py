@@ -1521,6 +1521,13 @@ def cached_attention(op):
     kv = c.input(_cache(r, 1, 1, 1, 300, 64))
     c.out(c.add(op, [c.input(rand(r, (1, 1, 2, 64), "float32")), kv, kv, c.input(np.array([299]))], {"scale": 0.125}),
           "300 cached rows, head dim 64")
+    # Gemma 2's capped scores and a sliding window: rows tiled together (2 query heads per kv head) and
+    # one by one (1 per kv head), decode and prefill, windows shorter and longer than the history
+    for h, t, start, window, cap in [(2, 1, 20, 5, 0.0), (1, 1, 20, 5, 0.7), (2, 9, 3, 4, 1.5), (1, 9, 3, 40, 0.0),
+                                     (4, 12, 0, 1, 2.0)]:
+        c.out(c.add(op, [c.input(rand(r, (1, t, 2 * h, 16), "float32")), kv2, kv2, c.input(np.array([start]))],
+                    {"scale": 0.5, "window": window, "softcap": cap}),
+              f"H={2 * h} T={t} start={start} window={window} softcap={cap}")
     kv64 = c.input(_cache(r, 1, 1, 1, 6, 4).astype("float64"))
     c.out(c.add(op, [c.input(rand(r, (1, 2, 2, 4), "float64")), kv64, kv64, c.input(np.array([3]))]), "float64",
           LEGALIZED_F64)

@@ -1,4 +1,4 @@
-"""from_transformers(): a transformers Llama/Mistral/Qwen2 model or checkpoint directory ->
+"""from_transformers(): a transformers decoder-only model (spec.ARCHITECTURES) or checkpoint directory ->
 a compiled LLM artifact, with the measured error of lossy precisions against fp32."""
 from __future__ import annotations
 
@@ -47,8 +47,9 @@ def _eos_ids(cfg, src_dir):
 
 def from_transformers(src, *, precision="fp32", max_seq_len=2048, max_batch=1, num_threads=None, group=64,
                       cache_dir=None, verbose=False, measure_error=True, error_prompts=None, profile=False):
-    """Compile a Llama-family model (a transformers model object or a checkpoint directory of
-    config.json + safetensors) into prefill/decode code sharing weights and a KV cache.
+    """Compile a decoder-only language model of spec.ARCHITECTURES (a transformers model object or a
+    checkpoint directory of config.json + safetensors) into prefill/decode code sharing weights and
+    a KV cache.
     profile=True times every node (`llm.module.profile_counters()`), as cuvil.compile's does."""
     _check(precision, group, max_seq_len, max_batch)
     t0 = time.perf_counter()
@@ -65,9 +66,9 @@ def from_transformers(src, *, precision="fp32", max_seq_len=2048, max_batch=1, n
         tensors = weights.from_model(src)
         p = Path(getattr(src, "name_or_path", "") or "")
         src_dir = p if (p / "tokenizer.json").exists() else None
-    spec = LlamaSpec.from_config(cfg)
+    spec = LlamaSpec.from_config(cfg, None if isinstance(src, (str, Path)) else type(src).__name__)
     max_seq_len = min(max_seq_len, spec.max_positions)
-    inv_freq, rope_scale = rope_parameters(cfg)
+    rope = rope_parameters(cfg, spec.layer_types)
 
     settings = (precision, group, max_seq_len, max_batch, profile)
     cdir = cache.usable_dir(cache_dir)
@@ -82,7 +83,7 @@ def from_transformers(src, *, precision="fp32", max_seq_len=2048, max_batch=1, n
         if verbose:
             print(f"\r[cuvil] converting layer {i}/{n} ({precision})", end="\n" if i == n else "", file=sys.stderr,
                   flush=True)
-    graph = build_step_graph(spec, tensors, inv_freq, rope_scale, precision=precision, group=group,
+    graph = build_step_graph(spec, tensors, rope, precision=precision, group=group,
                              max_batch=max_batch, max_seq_len=max_seq_len, progress=layer_progress)
     opts = make_options(num_threads=num_threads, cache_dir=cache_dir, verbose=verbose, profile=profile)
     path = build_graph(graph, opts, cdir, Progress(verbose), load=False)

@@ -1,4 +1,4 @@
-"""Llama-family model -> one IR graph `step(ids[B, T], start[B], k_cache, v_cache) -> logits[B, T, V]`.
+"""A decoder-only model (Llama and the FAMILIES of spec.py) -> one IR graph `step(ids[B, T], start[B], k_cache, v_cache) -> logits[B, T, V]`.
 
 Prefill is a step with T prompt tokens, decode a step with T = 1 for every sequence in the batch:
 the same compiled code, the same weights, one preallocated KV cache (written in place)."""
@@ -11,7 +11,7 @@ from ..ir import dims as D
 from ..ir.graph import Graph, TensorType, Value
 from ..ir.ops.llm import act_block
 from . import quantize
-from .spec import LlamaSpec
+from .spec import NORM_WEIGHTS, LlamaSpec
 
 
 def _transposed(w: np.ndarray) -> np.ndarray:
@@ -75,11 +75,36 @@ def _split_last(g, y, sizes):
     return parts
 
 
-def build_step_graph(spec: LlamaSpec, tensors, inv_freq, rope_scale, *, precision="fp32", group=64,
+def _rms_norm(g, x, tensors, name, spec: LlamaSpec, axis):
+    w = tensors.get(name).astype(np.float32) + np.float32(spec.family.norm_offset)
+    return g.add("rms_norm", [x, g.const(w)], {"axis": axis, "eps": spec.rms_eps})
+
+
+def _rope(g, x, pos, freq, scale, head_dim):
+    """RoPE over the first 2 * len(freq) dims of each head (all of them, unless the model rotates part)."""
+    rot = 2 * freq.shape[0]
+    if rot == head_dim:
+        return g.add("rope", [x, pos, g.const(freq)], {"scale": scale})
+    turned = g.add("rope", [g.add("slice", [x], {"axis": -1, "start": 0, "length": rot}), pos, g.const(freq)],
+                   {"scale": scale})
+    return g.add("concat", [turned, g.add("slice", [x], {"axis": -1, "start": rot, "length": head_dim - rot})],
+                 {"axis": -1})
+
+
+def _projection_names(spec: LlamaSpec, tensors, t):
+    """(the q/k/v weight, the gate/up weight): stored fused (Phi-3) or stacked here from three and two."""
+    if spec.family.fused:
+        return t + "self_attn.qkv_proj.weight", t + "mlp.gate_up_proj.weight"
+    return (tensors.stacked([t + f"self_attn.{n}_proj.weight" for n in "qkv"]),
+            tensors.stacked([t + "mlp.gate_proj.weight", t + "mlp.up_proj.weight"]))
+
+
+def build_step_graph(spec: LlamaSpec, tensors, rope, *, precision="fp32", group=64,
                      max_batch=1, max_seq_len=2048, progress=None) -> Graph:
+    """`rope`: {layer type: (inv_freq, attention scaling)} from spec.rope_parameters."""
     B, T = D.Sym("batch"), D.Sym("seq")
     g = Graph(symbols={"batch": (1, max_batch), "seq": (1, max_seq_len)})
-    H, Hk, Dh, Hd = spec.heads, spec.kv_heads, spec.head_dim, spec.hidden
+    H, Hk, Dh = spec.heads, spec.kv_heads, spec.head_dim
     ids = Value(TensorType((B, T), "int64"), "input_ids")
     start = Value(TensorType((B,), "int64"), "start")
     cache_t = TensorType((spec.layers, max_batch, Hk, max_seq_len, Dh), "float32")
@@ -87,39 +112,55 @@ def build_step_graph(spec: LlamaSpec, tensors, inv_freq, rope_scale, *, precisio
     g.inputs, g.input_names = [ids, start, kc, vc], ["input_ids", "start", "k_cache", "v_cache"]
     pos = g.add("add", [g.add("reshape", [start], {"shape": [B, 1]}),
                         g.add("reshape", [g.add("iota", [], {"length": T})], {"shape": [1, T]})])
-    freq = g.const(inv_freq)
     x = g.add("gather", [g.const(tensors.get("model.embed_tokens.weight")), ids], {"axis": 0})
+    if spec.family.embed_scale:      # in the activations' dtype, as transformers rounds it
+        x = g.add("mul", [x, g.const(np.array(np.sqrt(spec.hidden), np.float32))])
+    attn_in, attn_out, mlp_in, mlp_out = NORM_WEIGHTS[spec.family.norms]
+    qk_norm = spec.family.qk_norm
     p = "model.layers.{}."
-    scale = 1.0 / float(np.sqrt(Dh))
     for i in range(spec.layers):
         t = p.format(i)
-        h = g.add("rms_norm", [x, g.const(tensors.get(t + "input_layernorm.weight").astype(np.float32))],
-                  {"axis": 2, "eps": spec.rms_eps})
-        # q, k and v as one GEMM over the stacked weights, then split
-        names = [t + f"self_attn.{n}_proj.weight" for n in "qkv"]
+        freq, rope_scale = rope[spec.layer_types[i]]
+        h = _rms_norm(g, x, tensors, t + attn_in + ".weight", spec, 2) if attn_in else x
+        qkv_name, gate_up_name = _projection_names(spec, tensors, t)
         bias = (np.concatenate([tensors.get(t + f"self_attn.{n}_proj.bias") for n in "qkv"])
                 if spec.qkv_bias else None)
-        y = _linear(g, h, tensors, tensors.stacked(names), precision, group, bias=bias)
-        qkv = [g.add("reshape", [part], {"shape": [B, T, heads, Dh]})
-               for part, heads in zip(_split_last(g, y, [H * Dh, Hk * Dh, Hk * Dh]), (H, Hk, Hk))]
-        q = g.add("rope", [qkv[0], pos, freq], {"scale": rope_scale})
-        k = g.add("rope", [qkv[1], pos, freq], {"scale": rope_scale})
+        y = _linear(g, h, tensors, qkv_name, precision, group, bias=bias)
+        q, k, v = _split_last(g, y, [H * Dh, Hk * Dh, Hk * Dh])
+        if qk_norm == "full":          # over all heads' dims at once (OLMo 2)
+            q = _rms_norm(g, q, tensors, t + "self_attn.q_norm.weight", spec, 2)
+            k = _rms_norm(g, k, tensors, t + "self_attn.k_norm.weight", spec, 2)
+        q, k, v = (g.add("reshape", [part], {"shape": [B, T, heads, Dh]}) for part, heads in zip((q, k, v), (H, Hk, Hk)))
+        if qk_norm == "head":          # each head's dims (Qwen 3, Gemma 3)
+            q = _rms_norm(g, q, tensors, t + "self_attn.q_norm.weight", spec, 3)
+            k = _rms_norm(g, k, tensors, t + "self_attn.k_norm.weight", spec, 3)
+        q, k = _rope(g, q, pos, freq, rope_scale, Dh), _rope(g, k, pos, freq, rope_scale, Dh)
         kc = g.add("kv_update", [kc, k, start], {"layer": i})
-        vc = g.add("kv_update", [vc, qkv[2], start], {"layer": i})
-        a = g.add("cached_attention", [q, kc, vc, start], {"layer": i, "scale": scale})
+        vc = g.add("kv_update", [vc, v, start], {"layer": i})
+        a = g.add("cached_attention", [q, kc, vc, start], {"layer": i, "scale": spec.attn_scale,
+                                                            "softcap": spec.attn_softcap, "window": spec.window(i)})
         a = g.add("reshape", [a], {"shape": [B, T, H * Dh]})
-        x = _linear(g, a, tensors, t + "self_attn.o_proj.weight", precision, group, residual=x)
-        h = g.add("rms_norm", [x, g.const(tensors.get(t + "post_attention_layernorm.weight").astype(np.float32))],
-                  {"axis": 2, "eps": spec.rms_eps})
-        gate_up = tensors.stacked([t + "mlp.gate_proj.weight", t + "mlp.up_proj.weight"])
-        gate, up = _split_last(g, _linear(g, h, tensors, gate_up, precision, group), [spec.intermediate] * 2)
-        x = _linear(g, g.add("mul", [g.add("silu", [gate]), up]), tensors, t + "mlp.down_proj.weight",
-                    precision, group, residual=x)
+        x = _residual(g, x, a, tensors, t + "self_attn.o_proj.weight", attn_out and t + attn_out + ".weight",
+                      spec, precision, group)
+        h = _rms_norm(g, x, tensors, t + mlp_in + ".weight", spec, 2) if mlp_in else x
+        gate, up = _split_last(g, _linear(g, h, tensors, gate_up_name, precision, group), [spec.intermediate] * 2)
+        x = _residual(g, x, g.add("mul", [g.add(spec.mlp_act, [gate]), up]), tensors, t + "mlp.down_proj.weight",
+                      mlp_out and t + mlp_out + ".weight", spec, precision, group)
         if progress:
             progress(i + 1, spec.layers)
-    x = g.add("rms_norm", [x, g.const(tensors.get("model.norm.weight").astype(np.float32))],
-              {"axis": 2, "eps": spec.rms_eps})
+    x = _rms_norm(g, x, tensors, "model.norm.weight", spec, 2)
     head = "lm_head.weight" if "lm_head.weight" in tensors and not spec.tie_embeddings else "model.embed_tokens.weight"
-    g.outputs = [_linear(g, x, tensors, head, precision, group)]
+    logits = _linear(g, x, tensors, head, precision, group)
+    if spec.final_softcap:
+        cap = g.const(np.array(spec.final_softcap, np.float32))
+        logits = g.add("mul", [g.add("tanh", [g.add("div", [logits, cap])]), cap])
+    g.outputs = [logits]
     g.output_names = ["logits"]
     return g
+
+
+def _residual(g, x, y, tensors, weight, out_norm, spec, precision, group):
+    """x + y @ W^T, or x + norm(y @ W^T) where the block normalizes its output (`out_norm`)."""
+    if not out_norm:
+        return _linear(g, y, tensors, weight, precision, group, residual=x)
+    return g.add("add", [x, _rms_norm(g, _linear(g, y, tensors, weight, precision, group), tensors, out_norm, spec, 2)])

@@ -188,7 +188,8 @@ def lower_cached_attention(em, node):
             f".kb = {Hk} * {S} * {E}, .kh = {S} * {E}, .kl = {E}, "
             f".vb = {Hk} * {S} * {Ev}, .vh = {S} * {Ev}, .vl = {Ev}, "
             f".ob = {T} * {H} * {Ev}, .oh = {Ev}, .ol = {H} * {Ev}, "
-            f".scale = {float(node.attrs['scale'])!r}f, .causal = 1, .q_offset = {em.ptr(start)}}}")
+            f".scale = {float(node.attrs['scale'])!r}f, .causal = 1, .q_offset = {em.ptr(start)}, "
+            f".softcap = {float(node.attrs['softcap'])!r}f, .window = {int(node.attrs['window'])}}}")
     return ["{", f"  const cuvil_attn at = {init};",
             f"  cuvil_attention(&at, {em.ptr(q)}, {em.ptr(kc)} + {kv_layer} * {E}, {em.ptr(vc)} + {kv_layer} * {Ev}, "
             f"{em.ptr(y)}, NT);", "}"]

@@ -155,12 +155,17 @@ declare(OpDef("kv_update", {"layer": 0}, _kv_infer, _kv_ref, kind="llm"))
 
 
 # ---- cached_attention: q[B, T, H, D] over the cache rows [0, start[b] + t] ------------------------
+# (the last `window` of them where window > 0); scores capped to softcap * tanh(s / softcap) where softcap > 0
 def _ca_infer(types, attrs, inputs):
     q, kc, vc, start = types
     if q.rank != 4 or kc.rank != 5 or vc.rank != 5:
         raise ShapeError(f"cached_attention: expects q[B, T, H, D] and caches [L, B, Hk, S, D]; got {q}, {kc}")
     if isinstance(q.shape[2], int) and isinstance(kc.shape[2], int) and q.shape[2] % kc.shape[2]:
         raise ShapeError("cached_attention: query heads must be a multiple of kv heads")
+    w, cap = attrs["window"], attrs["softcap"]
+    if not isinstance(w, int) or w < 0 or not (isinstance(cap, (int, float)) and 0.0 <= cap < float("inf")):
+        raise ShapeError(f"cached_attention: window must be an int >= 0 and softcap a finite float >= 0; "
+                         f"got {w!r}, {cap!r}")
     return [TensorType(q.shape[:3] + (vc.shape[-1],), "float32")]
 
 
@@ -175,12 +180,17 @@ def _ca_ref(xs, a):
         for t in range(T):
             n = start[b] + t + 1
             s = np.einsum("hd,hsd->hs", q[b, t].astype(np.float64), k[:, :n]) * a["scale"]
+            if a["softcap"]:
+                s = np.tanh(s / a["softcap"]) * a["softcap"]
+            if a["window"]:                   # keys (n - 1 - window, n - 1]
+                s[:, :max(n - a["window"], 0)] = -np.inf
             p = np.exp(s - s.max(-1, keepdims=True))
             p /= p.sum(-1, keepdims=True)
             out[b, t] = np.einsum("hs,hsd->hd", p, v[:, :n])
     return out.astype(np.float32)
 
 
-declare(OpDef("cached_attention", {"layer": 0, "scale": 1.0}, _ca_infer, _ca_ref, kind="llm"))
+declare(OpDef("cached_attention", {"layer": 0, "scale": 1.0, "softcap": 0.0, "window": 0}, _ca_infer, _ca_ref,
+              kind="llm"))
 
 __all__ = ["dequantize", "REGISTRY"]

@@ -39,9 +39,21 @@ static inline float mask_and_max(const cuvil_attn *a, int64_t mo, float *p, int6
     return m;
 }
 
+/* Gemma 2's cap on the scores p[0, S) of the query at position pos, and a sliding window's dropped
+ * keys (-inf, as a mask's): before the max, so the softmax paths below need not know of either. */
+static inline void cap_and_window(const cuvil_attn *a, float *p, int64_t S, int64_t pos) {
+    if (a->softcap > 0.f) {
+        const float c = a->softcap;
+        for (int64_t s = 0; s < S; s++) p[s] = c * cuvil_ftanh(p[s] / c);
+    }
+    if (a->window > 0)
+        for (int64_t s = 0; s < pos + 1 - a->window && s < S; s++) p[s] = -INFINITY;
+}
+
 /* One query row against keys [0, S): scores from K^T (vectorized over keys), softmax, then P V. */
-static void attend_row(const cuvil_attn *a, int64_t b, int64_t h, int64_t l, const float *qr, const float *kt,
-                       int64_t Sp, const float *kb, const float *vb, float *orow, int64_t S, float *sc) {
+static void attend_row(const cuvil_attn *a, int64_t b, int64_t h, int64_t l, int64_t pos, const float *qr,
+                       const float *kt, int64_t Sp, const float *kb, const float *vb, float *orow, int64_t S,
+                       float *sc) {
     if (kt) {
         for (int64_t s = 0; s < S; s++) sc[s] = 0.f;
         for (int64_t e = 0; e < a->E; e++) {
@@ -57,6 +69,7 @@ static void attend_row(const cuvil_attn *a, int64_t b, int64_t h, int64_t l, con
             sc[s] = acc * a->scale;
         }
     }
+    cap_and_window(a, sc, S, pos);
     const float m = mask_and_max(a, b * a->mb + h * a->mh + l * a->ml, sc, S);
     for (int64_t e = 0; e < a->Ev; e++) orow[e] = 0.f;
     if (m == -INFINITY) return;                  /* a fully masked row attends to nothing */
@@ -199,6 +212,8 @@ static inline __attribute__((always_inline)) void attend_rows_n(
             cuvil_vstore(sc + r * Sp + s0 + CUVIL_VL, acc[r][1] * a->scale);
         }
     }
+    if (a->softcap > 0.f || a->window > 0)
+        for (int r = 0; r < N; r++) cap_and_window(a, sc + r * Sp, Sr[r], lr[r] + off);
     float inv[RB];
     for (int r = 0; r < N; r++)                                    /* mask and softmax, row by row */
         inv[r] = softmax_unscaled(a, b * a->mb + hr[r] * a->mh + lr[r] * a->ml, sc + r * Sp, Sr[r], Smax);
@@ -317,7 +332,7 @@ static void attend_block(const cuvil_attn *a, const attn_args *args, int64_t b, 
     for (; i < i1; i++) {
         int64_t h = hk * group + i / a->L, l = i % a->L, pos = l + off;
         int64_t Sr = a->causal && pos + 1 < a->S ? pos + 1 : a->S;   /* causal rows stop at their position */
-        attend_row(a, b, h, l, args->q + b * a->qb + h * a->qh + l * a->ql, use_kt ? kt : 0, Sp, kb, vb,
+        attend_row(a, b, h, l, pos, args->q + b * a->qb + h * a->qh + l * a->ql, use_kt ? kt : 0, Sp, kb, vb,
                    args->out + b * a->ob + h * a->oh + l * a->ol, Sr, sc);
     }
 }

@@ -13,6 +13,8 @@ typedef struct {
     float scale;
     int causal;                                    /* keep kv position s only where s <= q position + offset */
     const int64_t *q_offset;                       /* per batch: tokens already in a KV cache (NULL = 0) */
+    float softcap;                                 /* > 0: scores become softcap * tanh(score / softcap) */
+    int64_t window;                                /* > 0 (causal): keep only the last `window` positions */
 } cuvil_attn;
 
 void cuvil_attention(const cuvil_attn *a, const float *q, const float *k, const float *v, float *out, int nthreads);

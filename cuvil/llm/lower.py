@@ -1,4 +1,5 @@
-"""A decoder-only model (Llama and the FAMILIES of spec.py) -> one IR graph `step(ids[B, T], start[B], k_cache, v_cache) -> logits[B, T, V]`.
+"""A decoder-only model (Llama and the FAMILIES of spec.py) -> one IR graph
+`step(ids[B, T], start[B], k_cache, v_cache) -> logits[B, T, V]`.
 
 Prefill is a step with T prompt tokens, decode a step with T = 1 for every sequence in the batch:
 the same compiled code, the same weights, one preallocated KV cache (written in place)."""
@@ -130,7 +131,8 @@ def build_step_graph(spec: LlamaSpec, tensors, rope, *, precision="fp32", group=
         if qk_norm == "full":          # over all heads' dims at once (OLMo 2)
             q = _rms_norm(g, q, tensors, t + "self_attn.q_norm.weight", spec, 2)
             k = _rms_norm(g, k, tensors, t + "self_attn.k_norm.weight", spec, 2)
-        q, k, v = (g.add("reshape", [part], {"shape": [B, T, heads, Dh]}) for part, heads in zip((q, k, v), (H, Hk, Hk)))
+        q, k, v = (g.add("reshape", [part], {"shape": [B, T, heads, Dh]})
+                   for part, heads in zip((q, k, v), (H, Hk, Hk)))
         if qk_norm == "head":          # each head's dims (Qwen 3, Gemma 3)
             q = _rms_norm(g, q, tensors, t + "self_attn.q_norm.weight", spec, 3)
             k = _rms_norm(g, k, tensors, t + "self_attn.k_norm.weight", spec, 3)

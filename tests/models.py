@@ -64,6 +64,28 @@ def llama():
     return m, (_ids(200),)
 
 
+_MOE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=200,
+            max_position_embeddings=64, use_cache=False, num_experts_per_tok=2)
+
+
+def mixtral():
+    """Sparse MoE, top-2 of 4 experts: router softmax, top-k, renormalize, tokens sorted by expert,
+    a grouped GEMM per projection, scattered back (transformers' grouped_mm experts under export)."""
+    import transformers as T
+    torch.manual_seed(0)
+    m = T.MixtralForCausalLM(T.MixtralConfig(**_MOE, intermediate_size=96, num_local_experts=4)).eval()
+    return m, (_ids(200),)
+
+
+def qwen2_moe():
+    """Qwen2-MoE: top-2 of 4 routed experts without renormalizing, plus a shared expert behind a sigmoid gate."""
+    import transformers as T
+    torch.manual_seed(0)
+    m = T.Qwen2MoeForCausalLM(T.Qwen2MoeConfig(**_MOE, intermediate_size=96, num_experts=4, moe_intermediate_size=48,
+                                               shared_expert_intermediate_size=80)).eval()
+    return m, (_ids(200),)
+
+
 def vit():
     import transformers as T
     torch.manual_seed(0)
@@ -194,4 +216,4 @@ def beit():
 ALL = {"mlp": mlp, "resnet": resnet, "bert": bert, "gpt2": gpt2, "llama": llama, "vit": vit, "convnext": convnext,
        "t5_encoder": t5_encoder, "whisper_encoder": whisper_encoder, "minilm": minilm, "segformer": segformer,
        "swin": swin, "wav2vec2": wav2vec2, "hubert": hubert, "clip_vision": clip_vision, "clip_text": clip_text,
-       "siglip_vision": siglip_vision, "beit": beit}
+       "siglip_vision": siglip_vision, "beit": beit, "mixtral": mixtral, "qwen2_moe": qwen2_moe}

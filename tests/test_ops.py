@@ -1503,6 +1503,23 @@ def kv_update_overflow(op):
         cm.run(c.runs[0][0], c.runs[0][1], np.array([4]))
 
 
+@case("grouped_matmul")
+def grouped_matmul(op):
+    """Rows sorted by group, one GEMM per group: constant (packed ahead) and run-time weights, empty
+    groups, rows past the last offset (zeros), and malformed offsets (decreasing, past the rows,
+    negative) clamped, never read outside x."""
+    c = Case()
+    r = c.rng
+    x = c.input(rand(r, (13, 40), "float32"))
+    w = rand(r, (4, 40, 37), "float32")
+    for offs in ([3, 3, 9, 13], [0, 5, 5, 11], [13, 13, 13, 13], [6, 2, 40, 50], [-3, 4, 1, 13]):
+        for dtype in ("int32", "int64"):
+            o = c.input(np.array(offs, dtype))
+            c.out(c.add(op, [x, c.const(w), o]), f"const w, offs={offs} {dtype}")
+        c.out(c.add(op, [x, c.input(w), c.input(np.array(offs, "int64"))]), f"run-time w, offs={offs}")
+    c.check()
+
+
 @case("cached_attention")
 def cached_attention(op):
     """Decode (T = 1) and prefill (T > 1) over the cache rows [0, start + t], grouped kv heads."""

@@ -19,11 +19,21 @@ class Unsupported(Exception):
 
 
 def handles(*targets):
+    """Targets: ATen overloads, or "namespace::op" names of custom ops that exist only once their
+    library is imported (transformers')."""
     def deco(fn):
         for t in targets:
             HANDLERS[t] = fn
         return fn
     return deco
+
+
+def handler_for(target):
+    """The handler of an exported graph's call target (an overload, or a custom op by its name)."""
+    found = HANDLERS.get(target)
+    if found is None and hasattr(target, "_schema"):
+        found = HANDLERS.get(target._schema.name)
+    return found
 
 
 def _out_dtype(ctx):

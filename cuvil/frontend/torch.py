@@ -17,7 +17,8 @@ from torch.utils import _pytree
 from ..errors import CuvilError, UnsupportedOpError
 from ..ir import dims as D
 from ..ir.graph import Graph, TensorType, Value
-from . import aten, aten_export, aten_resample, aten_writes  # these register their handlers into aten.HANDLERS
+# these register their handlers into aten.HANDLERS
+from . import aten, aten_experts, aten_export, aten_resample, aten_writes  # noqa: F401
 from .torch_dtypes import TORCH_DTYPES, dtype_of
 
 
@@ -268,9 +269,9 @@ def _convert(ep, dynamic_shapes, direct) -> tuple[Graph, object]:
                 ctx.env[node.name] = item
                 continue
             target = node.target
-            if direct and target not in aten.HANDLERS:
+            if direct and aten.handler_for(target) is None:
                 target = _mutation(node, target)
-            handler = aten.HANDLERS.get(target)
+            handler = aten.handler_for(target)
             if handler is None:
                 ctx.unsupported.append((str(node.target), ctx.loc))
                 ctx.env[node.name] = _placeholder_for(ctx, node)

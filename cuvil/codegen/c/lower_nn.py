@@ -94,6 +94,45 @@ def lower_matmul(em, node):
     return lines
 
 
+def _grouped_matmul_scratch(node, bounds):
+    w = node.inputs[1]
+    if w.is_const:
+        return 0
+    K, N = (D.upper_bound(d, bounds) for d in w.type.shape[1:])
+    return -(-N // 64) * 64 * K * 4      # one group's panels, at the widest panel (AVX-512)
+
+
+def _float32_only(node):
+    return None if node.inputs[0].dtype == "float32" else f"dtype {node.inputs[0].dtype} (float32 is supported)"
+
+
+@lowering("grouped_matmul", scratch=_grouped_matmul_scratch, supports=_float32_only)
+def lower_grouped_matmul(em, node):
+    """One packed GEMM per group over its rows; constant weights (experts) packed at compile time."""
+    x, w, offs = node.inputs
+    y = node.outputs[0]
+    S, K = (D.to_c(d) for d in x.type.shape)
+    E, _, N = (D.to_c(d) for d in w.type.shape)
+    if w.is_const:
+        nr = panel_width(em)
+        Bp = em.packed("panels", w, lambda d: np.stack([pack_b(m, nr) for m in d]))
+        panel, pack = f"{Bp} + e * cuvil_packed_b_size({K}, {N})", []
+    else:
+        panel = em.scratch()
+        pack = [f"      cuvil_pack_b({K}, {N}, {em.ptr(w)} + e * {K} * {N}, {N}, 0, {panel}, NT);"]
+    X, Y, O = em.ptr(x), em.ptr(y), em.ptr(offs)
+    return ["{", "  int64_t start = 0;",
+            f"  for (int64_t e = 0; e < {E}; e++) {{",
+            f"    int64_t end = (int64_t){O}[e];",
+            f"    end = end < start ? start : end > {S} ? {S} : end;      /* malformed offsets: clamped */",
+            "    if (end > start) {", *pack,
+            f"      cuvil_sgemm_packed(end - start, {N}, {K}, {X} + start * {K}, {K}, {panel}, {Y} + start * {N}, "
+            f"{N}, 0, NT, 0);",
+            "    }", "    start = end;", "  }",
+            f"  if (start < {S}) memset({Y} + start * {N}, 0, (size_t)(({S} - start) * {N}) * sizeof(float));",
+            "}"]
+
+
 def _conv_supports(node):
     x = node.inputs[0]
     if x.type.rank not in (3, 4, 5) or (x.type.rank == 5 and not all(

@@ -45,6 +45,32 @@ def _matmul_ref(xs, a):
 declare(OpDef("matmul", {}, _matmul_infer, _matmul_ref, kind="matmul"))
 
 
+# ---- grouped_matmul: rows of x sorted by group, group e's rows [offs[e-1], offs[e]) times w[e] ---------
+# (mixture-of-experts layers: each expert's tokens as one GEMM); rows past the last offset are zeros.
+# Offsets are clamped into [previous offset, rows], so malformed ones never read outside x.
+def _grouped_matmul_infer(types, attrs, inputs):
+    x, w, offs = types
+    if x.rank != 2 or w.rank != 3 or offs.rank != 1 or offs.dtype not in ("int32", "int64"):
+        raise ShapeError(f"grouped_matmul: expects x[S, K], w[E, K, N], int offs[E]; got {x}, {w}, {offs}")
+    if x.dtype != w.dtype or not D.dims_equal(x.shape[1], w.shape[1]) or not D.dims_equal(w.shape[0], offs.shape[0]):
+        raise ShapeError(f"grouped_matmul: x {x}, w {w} and offs {offs} do not agree (K, E or dtype)")
+    return [TensorType((x.shape[0], w.shape[2]), x.dtype)]
+
+
+def _grouped_matmul_ref(xs, a):
+    x, w, offs = xs
+    out = np.zeros((x.shape[0], w.shape[2]), np.float64)
+    start = 0
+    for e, end in enumerate(offs.tolist()):
+        end = min(max(int(end), start), x.shape[0])
+        out[start:end] = x[start:end].astype(np.float64) @ w[e].astype(np.float64)
+        start = end
+    return out.astype(x.dtype)
+
+
+declare(OpDef("grouped_matmul", {}, _grouped_matmul_infer, _grouped_matmul_ref))
+
+
 # ---- convolution over N spatial dims, NCHW ------------------------------------------
 def _conv_out(n, k, s, lo, hi, d):
     return D.as_dim((n + lo + hi - d * (k - 1) - 1) // s + 1) if isinstance(n, int) else \

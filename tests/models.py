@@ -64,6 +64,39 @@ def llama():
     return m, (_ids(200),)
 
 
+def unet():
+    """diffusers' UNet2DConditionModel: group norms, timestep embedding, cross-attention to text states,
+    nearest upsampling, skip concatenations."""
+    import diffusers
+    torch.manual_seed(0)
+    m = diffusers.UNet2DConditionModel(
+        sample_size=16, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(32, 64),
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=32, attention_head_dim=8, norm_num_groups=16).eval()
+    return m, (torch.randn(1, 4, 16, 16), torch.tensor(10), torch.randn(1, 7, 32))
+
+
+class _Decoder(torch.nn.Module):
+    def __init__(self, vae):
+        super().__init__()
+        self.vae = vae
+
+    def forward(self, z):
+        return self.vae.decode(z).sample
+
+
+def vae_decoder():
+    """diffusers' AutoencoderKL decoder (as a pipeline calls vae.decode): a mid-block attention, group-normed
+    ResNet blocks, upsampling."""
+    import diffusers
+    torch.manual_seed(0)
+    vae = diffusers.AutoencoderKL(
+        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(32, 64), latent_channels=4, norm_num_groups=16,
+        sample_size=32)
+    return _Decoder(vae).eval(), (torch.randn(1, 4, 8, 8),)
+
+
 _MOE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=200,
             max_position_embeddings=64, use_cache=False, num_experts_per_tok=2)
 
@@ -216,4 +249,5 @@ def beit():
 ALL = {"mlp": mlp, "resnet": resnet, "bert": bert, "gpt2": gpt2, "llama": llama, "vit": vit, "convnext": convnext,
        "t5_encoder": t5_encoder, "whisper_encoder": whisper_encoder, "minilm": minilm, "segformer": segformer,
        "swin": swin, "wav2vec2": wav2vec2, "hubert": hubert, "clip_vision": clip_vision, "clip_text": clip_text,
-       "siglip_vision": siglip_vision, "beit": beit, "mixtral": mixtral, "qwen2_moe": qwen2_moe}
+       "siglip_vision": siglip_vision, "beit": beit, "mixtral": mixtral, "qwen2_moe": qwen2_moe,
+       "unet": unet, "vae_decoder": vae_decoder}

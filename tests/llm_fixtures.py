@@ -63,6 +63,12 @@ def small_model(arch="llama", vocab=300, seed=0):
         return _randomize_norms(T.Gemma3ForCausalLM(T.Gemma3TextConfig(
             **gemma, query_pre_attn_scalar=16, sliding_window=8, sliding_window_pattern=2,
             attn_implementation="eager")))
+    moe = dict(common, num_experts_per_tok=2)
+    if arch == "mixtral":
+        return T.MixtralForCausalLM(T.MixtralConfig(**moe, num_local_experts=4)).eval()
+    if arch == "qwen2_moe":        # a dense layer (mlp_only_layers), routing weights not renormalized
+        return T.Qwen2MoeForCausalLM(T.Qwen2MoeConfig(**moe, num_experts=4, moe_intermediate_size=48,
+                                                      shared_expert_intermediate_size=80, mlp_only_layers=[1])).eval()
     raise ValueError(arch)
 
 

@@ -26,7 +26,8 @@ def _reference_steps(model, prompt, steps):
     return pre, np.stack(rows), toks
 
 
-ARCHS = ["llama", "mistral", "qwen2", "mistral_window", "qwen3", "phi3", "olmo2", "gemma", "gemma2", "gemma3"]
+ARCHS = ["llama", "mistral", "qwen2", "mistral_window", "qwen3", "phi3", "olmo2", "gemma", "gemma2", "gemma3", "mixtral",
+         "qwen2_moe"]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -151,7 +152,7 @@ def test_bad_options():
         cuvil.llm.from_transformers(small_model("llama"), precision="int4", group=48)
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "phi3"])
+@pytest.mark.parametrize("arch", ["gemma3", "phi3", "mixtral", "qwen2_moe"])
 def test_checkpoint_directory_of_each_family(tmp_path, arch):
     """From config.json + safetensors (the architecture read off the config, RoPE from it alone)."""
     model = checkpoint(tmp_path / "ckpt", arch=arch)

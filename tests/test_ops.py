@@ -15,7 +15,7 @@ import warnings
 import numpy as np
 import pytest
 
-from cuvil.errors import ShapeError, UnsupportedOpError
+from cuvil.errors import CuvilError, ShapeError, UnsupportedOpError
 from cuvil.ir import dims, interpreter
 from cuvil.ir.graph import Graph, TensorType, Value
 from cuvil.ir.ops import REGISTRY
@@ -1425,6 +1425,31 @@ def matmul_q(op):
     c.check()
 
 
+@case("expert_matmul")
+def expert_matmul(op):
+    """Every (token, slot) pair times its expert's weights, in each weight format: one row per token
+    (the gate/up projections) and one per slot (down), a dynamic token count, experts chosen by no
+    token, by every token, and twice by one token."""
+    c = Case(runs=2, symbols=SYMS)
+    r = c.rng
+    E, K, k = 4, 40, 2
+    for bits, group in [(32, 1 << 30), (16, 1 << 30), (8, 1 << 30), (4, 32)]:
+        n = 18
+        if bits == 32:
+            w, s = rand(r, (E, K, n), "float32"), None
+        else:
+            parts = [_quantize(r, K, n, bits, group) for _ in range(E)]
+            w, s = np.stack([p[0] for p in parts]), None if bits == 16 else np.stack([p[1] for p in parts])
+        wc = [c.const(w)] + ([c.const(s)] if s is not None else [])
+        for rows in (1, k):
+            ids = [np.stack([r.permutation([0, 2, 3])[:k] for _ in range(m * 3)]).reshape(m, 3, k) for m in B_RUNS]
+            ids[1][0, 0] = [1, 1]          # a pair of slots on one expert
+            x = c.input([rand(r, (m, 3, rows, K), "float32", -1, 1) for m in B_RUNS], (B, 3, rows, K))
+            c.out(c.add(op, [x, c.input(ids, (B, 3, k)), *wc], {"bits": bits, "group": group}),
+                  f"bits={bits} rows per token={rows}")
+    c.check()
+
+
 @case("matmul_q", name="int8 activations")
 def matmul_q_int_dot(op):
     """The integer-dot kernel (act_block > 0): int8 activations in blocks, int4 groups of 32/64/128 and
@@ -1623,6 +1648,17 @@ def test_index_out_of_range_is_an_error_not_a_crash():
         with pytest.raises(ShapeError, match="out of range"):
             cm.run(xv, np.array(bad_i, np.int64), np.array(bad_j, np.int64))
     np.testing.assert_array_equal(cm.run(xv, np.array([-4, -1]), np.array([[-5], [4], [0], [2]]))[0], xv[[0, 3]])
+
+
+def test_expert_index_out_of_range_is_an_error_not_a_crash():
+    c = Case()
+    x = c.input(rand(c.rng, (3, 1, 8), "float32"))
+    ids = c.input(np.array([[0, 1], [2, 3], [1, 1]], np.int64))
+    c.out(c.add("expert_matmul", [x, ids, c.const(rand(c.rng, (4, 8, 6), "float32"))], {"bits": 32}), "experts")
+    cm = c.check()
+    for bad in (4, -1, 1 << 40):
+        with pytest.raises(CuvilError, match=f"expert index {bad} outside"):
+            cm.run(c.runs[0][0], np.array([[0, 1], [2, bad], [1, 1]], np.int64))
 
 
 # ---- the tests --------------------------------------------------------------------------------

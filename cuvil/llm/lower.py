@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import QuantizationError
+from ..errors import CuvilError, QuantizationError
 from ..ir import dims as D
 from ..ir.graph import Graph, TensorType, Value
 from ..ir.ops.llm import act_block
@@ -92,12 +92,80 @@ def _rope(g, x, pos, freq, scale, head_dim):
                  {"axis": -1})
 
 
-def _projection_names(spec: LlamaSpec, tensors, t):
-    """(the q/k/v weight, the gate/up weight): stored fused (Phi-3) or stacked here from three and two."""
+def _qkv_name(spec: LlamaSpec, tensors, t):
+    """The q/k/v weight: stored fused (Phi-3) or stacked here from three."""
     if spec.family.fused:
-        return t + "self_attn.qkv_proj.weight", t + "mlp.gate_up_proj.weight"
-    return (tensors.stacked([t + f"self_attn.{n}_proj.weight" for n in "qkv"]),
-            tensors.stacked([t + "mlp.gate_proj.weight", t + "mlp.up_proj.weight"]))
+        return t + "self_attn.qkv_proj.weight"
+    return tensors.stacked([t + f"self_attn.{n}_proj.weight" for n in "qkv"])
+
+
+def _dense_mlp(g, h, tensors, prefix, intermediate, spec, precision, group, residual=None):
+    """down(act(gate(h)) * up(h)) (+ residual), gate and up as one GEMM (stored fused by Phi-3)."""
+    gate_up = prefix + "gate_up_proj.weight"
+    if gate_up not in tensors:
+        gate_up = tensors.stacked([prefix + "gate_proj.weight", prefix + "up_proj.weight"])
+    gate, up = _split_last(g, _linear(g, h, tensors, gate_up, precision, group), [intermediate] * 2)
+    return _linear(g, g.add("mul", [g.add(spec.mlp_act, [gate]), up]), tensors, prefix + "down_proj.weight",
+                   precision, group, residual=residual)
+
+
+def _expert_weights(tensors, t, experts):
+    """(router [E, H], gate-up [E, 2I, H], down [E, H, I]) in torch's [out, in] layout: fused, as
+    transformers' modules hold them, or one tensor per expert, as checkpoints on disk do (Mixtral's
+    block_sparse_moe w1/w3/w2, Qwen's mlp.experts.e gate/up/down)."""
+    if t + "mlp.experts.gate_up_proj" in tensors:
+        return (tensors.get(t + "mlp.gate.weight"), tensors.get(t + "mlp.experts.gate_up_proj"),
+                tensors.get(t + "mlp.experts.down_proj"))
+    for base, (gate, up, down) in (("block_sparse_moe.", ("w1", "w3", "w2")),
+                                   ("mlp.", ("gate_proj", "up_proj", "down_proj"))):
+        per = t + base + "experts.{}.{}.weight"
+        if per.format(0, gate) in tensors:
+            return (tensors.get(t + base + "gate.weight"),
+                    np.stack([np.concatenate([tensors.get(per.format(e, gate)), tensors.get(per.format(e, up))])
+                              for e in range(experts)]),
+                    np.stack([tensors.get(per.format(e, down)) for e in range(experts)]))
+    raise CuvilError(f"checkpoint has no expert weights for layer {t}")
+
+
+def _experts(g, x, ids, w, precision, group):
+    """x's rows times each routed expert's w[e].T ([E, out, in]), stored in `precision`."""
+    if precision == "fp32":
+        ins, attrs = [g.const(np.stack([_transposed(m) for m in w]))], {"bits": 32}
+    elif precision == "bf16":
+        ins, attrs = [g.const(np.stack([quantize.to_bf16(_transposed(m)) for m in w]))], {"bits": 16}
+    else:
+        convert = quantize.quantize_int8 if precision == "int8" else lambda m: quantize.quantize_int4(m, group)
+        try:
+            q, s = zip(*(convert(_transposed(m)) for m in w))
+        except QuantizationError as e:
+            raise QuantizationError(f"expert weights: {e}") from None
+        bits = 8 if precision == "int8" else 4
+        ins, attrs = [g.const(np.stack(q)), g.const(np.stack(s))], {"bits": bits,
+                                                                    "group": w.shape[2] if bits == 8 else group}
+    return g.add("expert_matmul", [x, ids] + ins, attrs)
+
+
+def _moe(g, h, tensors, t, spec: LlamaSpec, precision, group):
+    """A sparse mixture-of-experts MLP, routed in the compiled code: router softmax, top-k (weights
+    renormalized where the model does), each token's k experts as grouped GEMMs, their outputs
+    weighted and summed; plus Qwen2-MoE's shared expert behind a sigmoid gate."""
+    B, T = h.shape[:2]
+    router, gate_up, down = _expert_weights(tensors, t, spec.experts)
+    probs = g.add("softmax", [g.add("matmul", [h, g.const(_transposed(router))])], {"axis": 2})
+    top, ids = g.add("topk", [probs], {"k": spec.top_k, "axis": 2, "largest": True, "sorted": True})
+    if spec.norm_topk:
+        top = g.add("div", [top, g.add("reduce_sum", [top], {"axes": [2], "keepdims": True})])
+    rows = g.add("reshape", [h], {"shape": [B, T, 1, spec.hidden]})
+    gate, up = _split_last(g, _experts(g, rows, ids, gate_up, precision, group), [spec.moe_intermediate] * 2)
+    y = _experts(g, g.add("mul", [g.add(spec.mlp_act, [gate]), up]), ids, down, precision, group)
+    y = g.add("reduce_sum", [g.add("mul", [y, g.add("reshape", [top], {"shape": [B, T, spec.top_k, 1]})])],
+              {"axes": [2], "keepdims": False})
+    if spec.shared_intermediate:
+        shared = _dense_mlp(g, h, tensors, t + "mlp.shared_expert.", spec.shared_intermediate, spec, precision, group)
+        gate_w = g.const(_transposed(tensors.get(t + "mlp.shared_expert_gate.weight")))
+        weight = g.add("sigmoid", [g.add("matmul", [h, gate_w])])
+        y = g.add("add", [y, g.add("mul", [shared, weight])])
+    return y
 
 
 def build_step_graph(spec: LlamaSpec, tensors, rope, *, precision="fp32", group=64,
@@ -123,7 +191,7 @@ def build_step_graph(spec: LlamaSpec, tensors, rope, *, precision="fp32", group=
         t = p.format(i)
         freq, rope_scale = rope[spec.layer_types[i]]
         h = _rms_norm(g, x, tensors, t + attn_in + ".weight", spec, 2) if attn_in else x
-        qkv_name, gate_up_name = _projection_names(spec, tensors, t)
+        qkv_name = _qkv_name(spec, tensors, t)
         bias = (np.concatenate([tensors.get(t + f"self_attn.{n}_proj.bias") for n in "qkv"])
                 if spec.qkv_bias else None)
         y = _linear(g, h, tensors, qkv_name, precision, group, bias=bias)
@@ -145,9 +213,14 @@ def build_step_graph(spec: LlamaSpec, tensors, rope, *, precision="fp32", group=
         x = _residual(g, x, a, tensors, t + "self_attn.o_proj.weight", attn_out and t + attn_out + ".weight",
                       spec, precision, group)
         h = _rms_norm(g, x, tensors, t + mlp_in + ".weight", spec, 2) if mlp_in else x
-        gate, up = _split_last(g, _linear(g, h, tensors, gate_up_name, precision, group), [spec.intermediate] * 2)
-        x = _residual(g, x, g.add("mul", [g.add(spec.mlp_act, [gate]), up]), tensors, t + "mlp.down_proj.weight",
-                      mlp_out and t + mlp_out + ".weight", spec, precision, group)
+        if spec.sparse(i):
+            y = _moe(g, h, tensors, t, spec, precision, group)
+        elif mlp_out:
+            y = _dense_mlp(g, h, tensors, t + "mlp.", spec.intermediate, spec, precision, group)
+        else:          # the residual added by the down projection's epilogue
+            x, y = _dense_mlp(g, h, tensors, t + "mlp.", spec.intermediate, spec, precision, group, residual=x), None
+        if y is not None:
+            x = g.add("add", [x, _rms_norm(g, y, tensors, t + mlp_out + ".weight", spec, 2) if mlp_out else y])
         if progress:
             progress(i + 1, spec.layers)
     x = _rms_norm(g, x, tensors, "model.norm.weight", spec, 2)

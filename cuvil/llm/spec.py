@@ -19,6 +19,7 @@ class Family:
     embed_scale: bool = False   # embeddings times sqrt(hidden) (Gemma)
     fused: bool = False         # qkv_proj and gate_up_proj stored as one weight each (Phi-3)
     qkv_bias: bool = False
+    moe: bool = False           # sparse mixture-of-experts MLPs (Mixtral, Qwen2-MoE)
 
 
 FAMILIES = {
@@ -26,6 +27,8 @@ FAMILIES = {
     "MistralForCausalLM": Family(),
     "Qwen2ForCausalLM": Family(qkv_bias=True),
     "Qwen3ForCausalLM": Family(qk_norm="head"),
+    "MixtralForCausalLM": Family(moe=True),
+    "Qwen2MoeForCausalLM": Family(qkv_bias=True, moe=True),
     "Phi3ForCausalLM": Family(fused=True),
     "Olmo2ForCausalLM": Family(norms="post", qk_norm="full"),
     "GemmaForCausalLM": Family(norm_offset=1.0, embed_scale=True),
@@ -70,6 +73,12 @@ class LlamaSpec:
     final_softcap: float = 0.0         # the same on the logits
     layer_types: tuple = ()            # per layer: "full_attention" or "sliding_attention"
     sliding_window: int = 0            # keys a sliding layer's query sees, itself included
+    experts: int = 0                   # mixture of experts: experts per sparse layer (0: dense MLPs)
+    top_k: int = 0                     # experts each token is routed to
+    norm_topk: bool = True             # the top-k routing weights renormalized to sum 1
+    moe_intermediate: int = 0          # an expert's hidden size
+    shared_intermediate: int = 0       # a shared expert's hidden size, behind a sigmoid gate (0: none)
+    sparse_layers: tuple = ()          # the layers whose MLP is the mixture
 
     @classmethod
     def from_config(cls, cfg, arch=None) -> "LlamaSpec":
@@ -101,11 +110,24 @@ class LlamaSpec:
                    attn_scale=float(pre_attn) ** -0.5 if pre_attn else float(head_dim) ** -0.5,
                    attn_softcap=float(getattr(cfg, "attn_logit_softcapping", None) or 0.0),
                    final_softcap=float(getattr(cfg, "final_logit_softcapping", None) or 0.0),
-                   layer_types=types, sliding_window=window)
+                   layer_types=types, sliding_window=window, **(_moe_fields(cfg) if family.moe else {}))
+
+    def sparse(self, layer: int) -> bool:
+        return layer in self.sparse_layers
 
     def window(self, layer: int) -> int:
         """Keys layer `layer`'s queries see (0: all before them)."""
         return self.sliding_window if self.layer_types[layer] == "sliding_attention" else 0
+
+
+def _moe_fields(cfg) -> dict:
+    experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", 0)
+    step, dense = getattr(cfg, "decoder_sparse_step", 1) or 1, set(getattr(cfg, "mlp_only_layers", None) or ())
+    return dict(experts=experts, top_k=cfg.num_experts_per_tok, norm_topk=bool(getattr(cfg, "norm_topk_prob", True)),
+                moe_intermediate=getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size,
+                shared_intermediate=getattr(cfg, "shared_expert_intermediate_size", 0) or 0,
+                sparse_layers=tuple(i for i in range(cfg.num_hidden_layers)
+                                    if experts and i not in dense and (i + 1) % step == 0))
 
 
 def _rotary_class(cfg):

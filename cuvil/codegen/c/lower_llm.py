@@ -1,4 +1,5 @@
-"""C lowering of the language-model ops: quantized matmul, rope, KV cache update, cached attention."""
+"""C lowering of the language-model ops: quantized matmul, mixture-of-experts matmul, rope, KV cache
+update, cached attention."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,6 +8,7 @@ from ...ir import dims as D
 from ...ir.ops.llm import int4_scales
 from . import cexpr
 from .emit import lowering
+from .gemm_plan import pack_b, panel_width
 
 
 def _panels(a: np.ndarray, width: int, pad) -> np.ndarray:
@@ -149,6 +151,79 @@ def lower_matmul_q(em, node):
                  f"{min(group, K)}, {em.ptr(node.outputs[0])}, {N}, {ep}, NT);")
     lines.append("}")
     return lines
+
+
+def _expert_pairs(node, bounds=None):
+    """(token-slot pairs, as C or at their bound; the expert count; K; N)."""
+    x, idx, w = node.inputs[:3]
+    P = D.upper_bound(D.prod(idx.shape), bounds) if bounds is not None else cexpr.prod(idx.shape)
+    N = node.outputs[0].shape[-1]
+    return P, w.shape[0], w.shape[1], N
+
+
+def _expert_scratch(node, bounds):
+    P, E, K, N = _expert_pairs(node, bounds)
+    return (E + 1 + P) * 8 + P * (K + N) * 4
+
+
+def _expert_panels(em, node):
+    """(weights, scales or None, C type, per-expert strides): each expert packed as matmul_q's or the
+    float GEMM's panels, experts one after another."""
+    w, scales = node.inputs[2], node.inputs[3] if len(node.inputs) > 3 else None
+    bits, nr = node.attrs["bits"], panel_width(em)
+    pack, ctype = {32: (lambda d: pack_b(d, nr), "float"), 16: (lambda d: _bf16_panels(d, nr), "uint16_t"),
+                   8: (lambda d: _panels(d, nr, 0), "int8_t"), 4: (lambda d: _q4_panels(d, nr), "uint8_t")}[bits]
+    wp = np.stack([pack(m) for m in w.data])
+    sp = None
+    if scales is not None:
+        as_f32 = int4_scales if bits == 4 else (lambda d: d.astype(np.float32))
+        sp = np.stack([_panels(as_f32(m), nr, 0.0) for m in scales.data])
+    return (em.packed(f"experts{bits}", w, lambda d: wp, ctype),
+            em.packed("expertscales", scales, lambda d: sp) if sp is not None else "0",
+            wp[0].size, sp[0].size if sp is not None else 0)
+
+
+def _experts_supports(node):
+    return None if all(v is None or v.is_const for v in node.inputs[2:4]) else "expert weights must be constants"
+
+
+@lowering("expert_matmul", scratch=_expert_scratch, supports=_experts_supports)
+def lower_expert_matmul(em, node):
+    """Pairs sorted by expert (a stable counting sort), each expert's rows gathered into one GEMM
+    (a decode step: as many rows as tokens routed to it), the results scattered back."""
+    x, idx = node.inputs[:2]
+    P, E, K, N = _expert_pairs(node)
+    k, R = D.to_c(idx.shape[-1]), D.to_c(x.shape[-2])
+    bits, group = node.attrs["bits"], node.attrs["group"]
+    wp, sp, wstride, sstride = _expert_panels(em, node)
+    if bits == 32:
+        gemm = f"cuvil_sgemm_packed(M, {N}, {K}, a, {K}, {wp} + e * {wstride}, c, {N}, 0, NT, 0);"
+    else:
+        gemm = (f"cuvil_sgemm_quant(M, {N}, {K}, a, {K}, {wp} + e * {wstride}, {bits}, "
+                f"{sp + f' + e * {sstride}' if sstride else '0'}, {min(group, K)}, c, {N}, 0, NT);")
+    X, I, Y = em.ptr(x), em.ptr(idx), em.ptr(node.outputs[0])
+    return ["{", f"  const int64_t P = {P};",
+            f"  int64_t *first = (int64_t *){em.scratch()}, *order = first + {E} + 1, cur[{E}];",
+            f"  float *ga = (float *)(order + P), *gc = ga + P * {K};",
+            f"  for (int64_t e = 0; e <= {E}; e++) first[e] = 0;",
+            "  for (int64_t p = 0; p < P; p++) {",
+            f"    if ({I}[p] < 0 || {I}[p] >= {E})",
+            f"      CUVIL_FAIL(\"expert index %lld outside [0, {E})\", (long long){I}[p]);",
+            f"    first[{I}[p] + 1]++;", "  }",
+            f"  for (int64_t e = 0; e < {E}; e++) first[e + 1] += first[e], cur[e] = first[e];",
+            f"  for (int64_t p = 0; p < P; p++) order[cur[{I}[p]]++] = p;",
+            "  for (int64_t i = 0; i < P; i++) {",
+            f"    const int64_t p = order[i], row = {R} == 1 ? p / {k} : p;",
+            f"    memcpy(ga + i * {K}, {X} + row * {K}, (size_t){K} * sizeof(float));", "  }",
+            f"  for (int64_t e = 0; e < {E}; e++) {{",
+            "    const int64_t M = first[e + 1] - first[e];",
+            "    if (M == 0) continue;",
+            f"    const float *a = ga + first[e] * {K};",
+            f"    float *c = gc + first[e] * {N};",
+            f"    {gemm}", "  }",
+            "  for (int64_t i = 0; i < P; i++)",
+            f"    memcpy({Y} + order[i] * {N}, gc + i * {N}, (size_t){N} * sizeof(float));",
+            "}"]
 
 
 @lowering("rope", supports=_f32_only)

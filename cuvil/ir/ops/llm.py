@@ -1,5 +1,5 @@
-"""Ops of the language-model path: rotary embedding, weight-only quantized matmul, the in-place
-KV cache update and attention over the cache."""
+"""Ops of the language-model path: rotary embedding, weight-only quantized matmul, mixture-of-experts
+matmul, the in-place KV cache update and attention over the cache."""
 from __future__ import annotations
 
 import numpy as np
@@ -105,6 +105,48 @@ def _mmq_ref(xs, a):
 # products summed in integers (ggml's Q8 activations), at every number of rows; 0 keeps float32
 # activations.
 declare(OpDef("matmul_q", {"bits": 8, "group": 1 << 30, "act_block": 0}, _mmq_infer, _mmq_ref, kind="matmul"))
+
+
+# ---- expert_matmul: each (token, slot) pair's row times the weight of the expert routed to it --------
+# x [..., R, K] (R = 1: every slot reads the token's row; R = k: slot j reads row j), idx int64 [..., k]
+# -> [..., k, N]. weight [E, K, N] float32 (bits 32) or, per expert, matmul_q's formats with scales
+# [E, ceil(K/group), N]. An index outside [0, E) is a run-time error, never a read past the weights.
+WEIGHT_DTYPES = {32: "float32", 16: "uint16", 8: "int8", 4: "uint8"}
+
+
+def _em_infer(types, attrs, inputs):
+    x, idx, w = types[:3]
+    bits = attrs["bits"]
+    if bits not in WEIGHT_DTYPES or w.dtype != WEIGHT_DTYPES[bits] or w.rank != 3:
+        raise ShapeError(f"expert_matmul: {bits}-bit weights must be {WEIGHT_DTYPES.get(bits)}[E, K, N], got {w}")
+    E, K = w.shape[:2]
+    N = w.shape[2] * (2 if bits == 4 else 1)
+    if x.dtype != "float32" or x.rank < 2 or idx.dtype != "int64" or idx.rank != x.rank - 1 or \
+            not D.dims_equal(x.shape[-1], K) or not all(D.dims_equal(a, b) for a, b in zip(x.shape[:-2], idx.shape)):
+        raise ShapeError(f"expert_matmul: expects x[..., R, {K}] float32 and int64 idx[..., k]; got {x}, {idx}")
+    k = idx.shape[-1]
+    if not (D.dims_equal(x.shape[-2], 1) or D.dims_equal(x.shape[-2], k)):
+        raise ShapeError(f"expert_matmul: x's rows per token must be 1 or k = {k}, got {x.shape[-2]}")
+    if bits in (4, 8) and (len(types) < 4 or types[3] is None or
+                           types[3].shape != (E, -(-K // attrs["group"]), N) or types[3].dtype != "float32"):
+        raise ShapeError(f"expert_matmul: scales must be float32[{E}, {-(-K // attrs['group'])}, {N}]")
+    return [TensorType(idx.shape + (N,), "float32")]
+
+
+def _em_ref(xs, a):
+    x, idx, w = xs[:3]
+    if (idx < 0).any() or (idx >= w.shape[0]).any():
+        raise ShapeError(f"expert_matmul: expert index out of [0, {w.shape[0]})")
+    weights = [w[e].astype(np.float64) if a["bits"] == 32 else
+               dequantize(w[e], xs[3][e] if len(xs) > 3 else None, a["bits"], a["group"]) for e in range(w.shape[0])]
+    xr = np.broadcast_to(x, idx.shape + (x.shape[-1],)).astype(np.float64)
+    out = np.zeros(idx.shape + (weights[0].shape[1],), np.float64)
+    for pos in np.ndindex(*idx.shape):
+        out[pos] = xr[pos] @ weights[idx[pos]]
+    return out.astype(np.float32)
+
+
+declare(OpDef("expert_matmul", {"bits": 32, "group": 1 << 30}, _em_infer, _em_ref, kind="llm"))
 
 
 # ---- rope: rotate halves of [B, T, H, D] by positions [B, T] x inv_freq [D/2] ----------------------

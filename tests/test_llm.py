@@ -26,8 +26,8 @@ def _reference_steps(model, prompt, steps):
     return pre, np.stack(rows), toks
 
 
-ARCHS = ["llama", "mistral", "qwen2", "mistral_window", "qwen3", "phi3", "olmo2", "gemma", "gemma2", "gemma3", "mixtral",
-         "qwen2_moe"]
+ARCHS = ["llama", "mistral", "qwen2", "mistral_window", "qwen3", "phi3", "olmo2", "gemma", "gemma2", "gemma3",
+         "mixtral", "qwen2_moe"]
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -146,10 +146,10 @@ def rope_parameters(cfg, layer_types=()):
     applied, computed by the model's rotary module (one entry per layer type where they differ)."""
     import torch
     params = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-    kinds = [p.get("rope_type", p.get("type", "default")) for p in
-             (params.values() if all(isinstance(v, dict) for v in params.values()) and params else [params])
-             if isinstance(p, dict)]
-    for kind in kinds:
+    # one dict, or one per layer type (Gemma 3)
+    per_type = list(params.values()) if params and all(isinstance(v, dict) for v in params.values()) else [params]
+    for p in per_type:
+        kind = p.get("rope_type", p.get("type", "default")) if isinstance(p, dict) else "default"
         if kind in ("dynamic", "longrope"):
             raise CuvilError(f"{kind} RoPE scaling changes with the sequence length and is not supported")
     with torch.device("cpu"):

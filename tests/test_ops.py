@@ -1650,6 +1650,29 @@ def test_index_out_of_range_is_an_error_not_a_crash():
     np.testing.assert_array_equal(cm.run(xv, np.array([-4, -1]), np.array([[-5], [4], [0], [2]]))[0], xv[[0, 3]])
 
 
+def test_attention_window_and_cap_from_a_config_are_bounded_before_c():
+    """window and softcap come from a checkpoint's config and are rendered into C as literals: any value
+    is either refused by the declaration or an int64 / a finite float that C reads back as written."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    q, kv, start = TensorType((1, 1, 2, 4), "float32"), TensorType((1, 1, 1, 8, 4), "float32"), \
+        TensorType((1,), "int64")
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.one_of(st.integers(), st.floats(), st.booleans(), st.text(max_size=3)),
+           st.one_of(st.floats(), st.integers(), st.booleans(), st.none()))
+    def check(window, cap):
+        attrs = {"layer": 0, "scale": 1.0, "window": window, "softcap": cap}
+        try:
+            REGISTRY["cached_attention"].infer([q, kv, kv, start], attrs, [None] * 4)
+        except ShapeError:
+            return
+        assert isinstance(window, int) and 0 <= window < 1 << 62
+        assert np.isfinite(np.float32(float(cap))) and float(cap) >= 0
+    check()
+
+
 def test_expert_index_out_of_range_is_an_error_not_a_crash():
     c = Case()
     x = c.input(rand(c.rng, (3, 1, 8), "float32"))

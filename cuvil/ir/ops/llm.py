@@ -205,8 +205,10 @@ def _ca_infer(types, attrs, inputs):
     if isinstance(q.shape[2], int) and isinstance(kc.shape[2], int) and q.shape[2] % kc.shape[2]:
         raise ShapeError("cached_attention: query heads must be a multiple of kv heads")
     w, cap = attrs["window"], attrs["softcap"]
-    if not isinstance(w, int) or w < 0 or not (isinstance(cap, (int, float)) and 0.0 <= cap < float("inf")):
-        raise ShapeError(f"cached_attention: window must be an int >= 0 and softcap a finite float >= 0; "
+    # both are rendered into C (an int64 and a float literal): bounded here, whatever a config says
+    if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w < 1 << 62 or isinstance(cap, bool) or \
+            not (isinstance(cap, (int, float)) and 0.0 <= cap <= 1e30):
+        raise ShapeError(f"cached_attention: window must be an int in [0, 2^62) and softcap a float in [0, 1e30]; "
                          f"got {w!r}, {cap!r}")
     return [TensorType(q.shape[:3] + (vc.shape[-1],), "float32")]
 

@@ -7,6 +7,13 @@ from .session import InferenceSession
 from .version import __version__
 
 
+def __getattr__(name):
+    if name == "AsyncInferenceSession":       # imported on first use: asyncio stays out of a plain load
+        from .serve.batching import AsyncInferenceSession
+        return AsyncInferenceSession
+    raise AttributeError(f"module 'cuvil' has no attribute {name!r}")
+
+
 def compile(model, example_inputs=(), **options):  # noqa: A001 - mirrors torch.compile
     from .api import compile as _compile
     return _compile(model, example_inputs, **options)
@@ -17,7 +24,7 @@ def compile_model(model, example_inputs=(), **options):
     return _compile_model(model, example_inputs, **options)
 
 
-__all__ = ["compile", "compile_model", "load", "InferenceSession", "CuvilError",
+__all__ = ["compile", "compile_model", "load", "InferenceSession", "AsyncInferenceSession", "CuvilError",
            "UnsupportedOpError", "ShapeError", "VerificationError", "CompileError",
            "ArtifactError", "GraphError", "InputValuesNeededError", "PrecisionWarning", "QuantizationError",
            "__version__"]

@@ -367,10 +367,20 @@ def _add_compile_options(p):
                    help="ONNX: fix a shape-deciding input, NAME=FILE.npy or NAME=1,2,3 (int64); repeat per input")
 
 
+def cmd_serve(a):
+    try:
+        from .serve.http import serve
+    except ImportError as e:
+        raise CuvilError(f"cuvil serve needs the serve extra: pip install 'cuvil[serve]' ({e})") from None
+    serve(a.artifact, host=a.host, port=a.port, workers=a.workers, name=a.name, max_batch=a.max_batch,
+          max_wait_ms=a.max_wait_ms, num_threads=a.num_threads)
+
+
 def _add_llm(sub):
     p = sub.add_parser("llm", help="language models: compile a checkpoint, run a prompt")
     lsub = p.add_subparsers(dest="llm_cmd", required=True)
-    c = lsub.add_parser("compile", help="compile a Llama/Mistral/Qwen2 checkpoint directory")
+    c = lsub.add_parser("compile", help="compile a decoder-only checkpoint directory (Llama, Mistral, Qwen, "
+                                        "Phi-3, OLMo-2, Gemma, Mixtral families)")
     c.add_argument("checkpoint", type=_path, help="directory with config.json and *.safetensors (and tokenizer.json)")
     c.add_argument("-o", "--output", required=True, type=_out_dir)
     c.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "int8", "int4"))
@@ -429,6 +439,17 @@ def parser():
     p.add_argument("--warmup", type=_int_in(0, 10 ** 7), default=5)
     p.add_argument("--num-threads", **THREADS)
     p.set_defaults(fn=cmd_bench)
+    p = sub.add_parser("serve", help="serve an artifact over HTTP (KServe v2 protocol, Prometheus /metrics)")
+    p.add_argument("artifact", type=_path)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    p.add_argument("--port", type=_int_in(1, 65535), default=8000)
+    p.add_argument("--name", default=None, help="model name in the URLs (default: the artifact folder's name)")
+    p.add_argument("--max-batch", type=_int_in(1, 4096), default=8, help="rows stacked into one run at most")
+    p.add_argument("--max-wait-ms", type=_float_in(0, 60000), default=2.0,
+                   help="how long the first waiting request waits for others to stack with")
+    p.add_argument("--workers", type=_int_in(1, 256), default=1, help="server processes, each loading the artifact")
+    p.add_argument("--num-threads", **THREADS)
+    p.set_defaults(fn=cmd_serve)
     _add_llm(sub)
     return ap
 

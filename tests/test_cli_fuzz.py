@@ -2,9 +2,9 @@
 
 Argv lists are drawn from the real parser's subcommands and option names, mixed with junk and with
 values of every awkward kind (unicode, huge and negative numbers, empty strings, NUL, missing files,
-existing files and folders, broken models and artifacts). Compiling is mocked out, so no example
-spends seconds in the toolchain; everything before it (model import, example inputs, option
-checks) runs for real."""
+existing files and folders, broken models and artifacts). Compiling and starting a server are
+mocked out, so no example spends seconds in the toolchain or listens on a port; everything before
+them (model import, example inputs, option checks, loading an artifact) runs for real."""
 import argparse
 import contextlib
 import io
@@ -99,7 +99,7 @@ def test_random_argv_exits_0_or_2_without_traceback(d, data, monkeypatch):
     argv += [t for p in parts for t in p]
     out, err = io.StringIO(), io.StringIO()
     with mock.patch.object(cuvil, "compile", _skipped), mock.patch.object(cuvil.api, "inspect_stages", _skipped), \
-            mock.patch.object(cuvil.llm, "from_transformers", _skipped), \
+            mock.patch.object(cuvil.llm, "from_transformers", _skipped), mock.patch("uvicorn.run", _skipped), \
             contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         cwd = os.getcwd()
         os.chdir(d)  # relative junk paths land in the scratch folder

@@ -1,0 +1,174 @@
+"""`cuvil serve`: an artifact behind the KServe / Triton v2 HTTP protocol (FastAPI on uvicorn), through
+an AsyncInferenceSession, with Prometheus metrics. Needs the `serve` extra (fastapi, uvicorn,
+prometheus_client).
+
+    GET  /v2/health/live, /v2/health/ready, /v2, /v2/models/{name}, /v2/models/{name}/ready
+    POST /v2/models/{name}/infer      JSON tensors; or a .npy body (Content-Type application/x-npy)
+                                      for a one-input model, answered as .npy with Accept:
+                                      application/x-npy (?output=NAME picks the output)
+    GET  /metrics
+
+Every failure is a JSON body {"error": "..."}: 400 for a request the model cannot take, 404 for
+an unknown model or path, 413 for a body over the limit; never a traceback."""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
+
+from ..errors import CuvilError
+from . import v2
+from .batching import AsyncInferenceSession
+from .metrics import Metrics
+
+NPY = "application/x-npy"
+MAX_BODY_BYTES = 512 << 20
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def model_name_of(path) -> str:
+    """The artifact folder's name as a URL path segment (characters outside [A-Za-z0-9._-] dropped)."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "", Path(path).name.removesuffix(".cuvil"))[:64].lstrip("._-")
+    return name or "model"
+
+
+def create_app(artifact, *, name=None, max_batch=8, max_wait_ms=2.0, num_threads=None,
+               max_body_bytes=MAX_BODY_BYTES, session=None):
+    name = name or model_name_of(artifact)
+    if not NAME_RE.fullmatch(name):
+        raise ValueError(f"model name {name!r} must match {NAME_RE.pattern}")
+    sess = session or AsyncInferenceSession(artifact, max_batch=max_batch, max_wait_ms=max_wait_ms,
+                                            num_threads=num_threads)
+    metrics = Metrics(name, sess.queue_depth)
+    sess.batch_observers.append(metrics.observe_batch)
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        await sess.close()
+    app = FastAPI(title="cuvil", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.state.session = sess
+
+    def error(status, message):
+        return JSONResponse({"error": message}, status_code=status)
+
+    def check_name(model):
+        if model != name:
+            raise v2.ProtocolError(f"no model {model[:80]!r} here (this server has {name!r})", status=404)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request, exc):
+        return error(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(v2.ProtocolError)
+    async def _protocol_error(request, exc):
+        return error(exc.status, str(exc))
+
+    @app.exception_handler(CuvilError)
+    async def _model_error(request, exc):      # a shape, dtype or run-time check of the artifact's
+        return error(400, str(exc))
+
+    @app.exception_handler(Exception)
+    async def _internal(request, exc):      # no traceback reaches the client
+        return error(500, f"internal error ({type(exc).__name__})")
+
+    @app.middleware("http")
+    async def _count(request: Request, call_next):
+        t0 = time.perf_counter()
+        response = await call_next(request)
+        endpoint = "infer" if request.url.path.endswith("/infer") else request.url.path.split("/")[-1] or "root"
+        if request.url.path != "/metrics":
+            metrics.answered(endpoint if endpoint in ("infer", "ready", "live", "v2") else "metadata",
+                             response.status_code, time.perf_counter() - t0)
+        return response
+
+    @app.get("/v2/health/live")
+    async def live():
+        return {"live": True}
+
+    @app.get("/v2/health/ready")
+    async def ready():
+        return {"ready": True}
+
+    @app.get("/v2")
+    async def server_metadata():
+        from ..version import __version__
+        return {"name": "cuvil", "version": __version__, "extensions": []}
+
+    @app.get("/v2/models/{model}")
+    async def metadata(model: str):
+        check_name(model)
+        return v2.model_metadata(name, sess.module)
+
+    @app.get("/v2/models/{model}/ready")
+    async def model_ready(model: str):
+        check_name(model)
+        return {"name": name, "ready": True}
+
+    @app.post("/v2/models/{model}/infer")
+    async def infer(model: str, request: Request):
+        check_name(model)
+        body = await _read_body(request, max_body_bytes)
+        module = sess.module
+        if request.headers.get("content-type", "").split(";")[0].strip() == NPY:
+            rid, inputs, asked = None, v2.decode_npy(body, module), None
+        else:
+            rid, inputs, asked = v2.decode_request(body, module)
+        outputs = await sess.run(inputs)
+        if NPY in request.headers.get("accept", ""):
+            out_names = [o["name"] for o in module.outputs]
+            pick = request.query_params.get("output", out_names[0])
+            if pick not in out_names:
+                raise v2.ProtocolError(f"unknown output {pick[:80]!r}; the model gives {out_names}")
+            return Response(v2.encode_npy(outputs[out_names.index(pick)]), media_type=NPY)
+        return v2.encode_response(name, rid, module, outputs, asked)
+
+    @app.get("/metrics")
+    async def prometheus():
+        data, kind = metrics.exposition()
+        return Response(data, media_type=kind)
+
+    return app
+
+
+async def _read_body(request, limit):
+    """The body, refused with 413 as soon as it passes `limit` bytes (not after reading it all)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise v2.ProtocolError(f"body of {declared} bytes is over the limit of {limit}", status=413)
+    parts, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise v2.ProtocolError(f"body is over the limit of {limit} bytes", status=413)
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def app_from_env():
+    """uvicorn's factory for `cuvil serve --workers N` (each worker process builds its own app)."""
+    env = os.environ
+    return create_app(env["CUVIL_SERVE_ARTIFACT"], name=env.get("CUVIL_SERVE_NAME") or None,
+                      max_batch=int(env.get("CUVIL_SERVE_MAX_BATCH", "8")),
+                      max_wait_ms=float(env.get("CUVIL_SERVE_MAX_WAIT_MS", "2")))
+
+
+def serve(artifact, *, host="127.0.0.1", port=8000, workers=1, name=None, max_batch=8, max_wait_ms=2.0,
+          num_threads=None, log_level="info"):
+    import uvicorn
+    if workers > 1:
+        os.environ.update({"CUVIL_SERVE_ARTIFACT": str(artifact), "CUVIL_SERVE_NAME": name or "",
+                           "CUVIL_SERVE_MAX_BATCH": str(max_batch), "CUVIL_SERVE_MAX_WAIT_MS": str(max_wait_ms)})
+        uvicorn.run("cuvil.serve.http:app_from_env", factory=True, host=host, port=port, workers=workers,
+                    log_level=log_level)
+        return
+    app = create_app(artifact, name=name, max_batch=max_batch, max_wait_ms=max_wait_ms, num_threads=num_threads)
+    uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
+__all__ = ["create_app", "serve", "model_name_of"]

@@ -1515,6 +1515,24 @@ def kv_update(op):
     k1 = c.add(op, [cache, c.input(rand(r, (2, 1, 1, 8), "float32")), c.input(np.array([4, 0]))])
     c.out(c.add("neg", [k1]), "decode at 4 and 0, then used")
     c.check(inplace=(0,))
+    c = Case()
+    cache = c.input(_cache(r, 2, 4, 2, 6, 4))
+    c.out(c.add(op, [cache, c.input(rand(r, (2, 2, 2, 4), "float32")), c.input(np.array([1, 3])),
+                     c.input(np.array([3, 1]))], {"layer": 0}), "rows in slots 3 and 1 of 4")
+    c.check(inplace=(0,))
+
+
+@case("kv_update", name="bad slots")
+def kv_update_bad_slots(op):
+    """A slot outside the cache, or two rows in one slot, is a run-time error (nothing written)."""
+    c = Case()
+    cache = c.input(_cache(c.rng, 1, 3, 1, 5, 4))
+    new, start = c.input(rand(c.rng, (2, 1, 1, 4), "float32")), c.input(np.array([0, 1]))
+    c.out(c.add(op, [cache, new, start, c.input(np.array([2, 0]))]), "slots 2 and 0")
+    cm = c.check(inplace=(0,))
+    for bad in ([3, 0], [-1, 0], [1, 1]):
+        with pytest.raises(ShapeError, match="slots"):
+            cm.run(c.runs[0][0], c.runs[0][1], c.runs[0][2], np.array(bad))
 
 
 @case("kv_update", name="overflow")
@@ -1570,6 +1588,11 @@ def cached_attention(op):
         c.out(c.add(op, [c.input(rand(r, (1, t, 2 * h, 16), "float32")), kv2, kv2, c.input(np.array([start]))],
                     {"scale": 0.5, "window": window, "softcap": cap}),
               f"H={2 * h} T={t} start={start} window={window} softcap={cap}")
+    # rows reading other cache slots (continuous batching), grouped and one-row paths
+    kv4 = c.input(_cache(r, 1, 4, 2, 12, 8))
+    for h, t in [(2, 1), (1, 3)]:
+        c.out(c.add(op, [c.input(rand(r, (2, t, 2 * h, 8), "float32")), kv4, kv4, c.input(np.array([7, 2])),
+                         c.input(np.array([3, 0]))], {"scale": 0.5}), f"H={2 * h} T={t} slots 3 and 0")
     kv64 = c.input(_cache(r, 1, 1, 1, 6, 4).astype("float64"))
     c.out(c.add(op, [c.input(rand(r, (1, 2, 2, 4), "float64")), kv64, kv64, c.input(np.array([3]))]), "float64",
           LEGALIZED_F64)

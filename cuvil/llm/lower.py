@@ -1,5 +1,5 @@
 """A decoder-only model (Llama and the FAMILIES of spec.py) -> one IR graph
-`step(ids[B, T], start[B], k_cache, v_cache) -> logits[B, T, V]`.
+`step(ids[B, T], start[B], k_cache, v_cache, slots[B]) -> logits[B, T, V]` (row b in cache slot slots[b]).
 
 Prefill is a step with T prompt tokens, decode a step with T = 1 for every sequence in the batch:
 the same compiled code, the same weights, one preallocated KV cache (written in place)."""
@@ -178,7 +178,8 @@ def build_step_graph(spec: LlamaSpec, tensors, rope, *, precision="fp32", group=
     start = Value(TensorType((B,), "int64"), "start")
     cache_t = TensorType((spec.layers, max_batch, Hk, max_seq_len, Dh), "float32")
     kc, vc = Value(cache_t, "k_cache"), Value(cache_t, "v_cache")
-    g.inputs, g.input_names = [ids, start, kc, vc], ["input_ids", "start", "k_cache", "v_cache"]
+    slots = Value(TensorType((B,), "int64"), "slots")     # each row's KV cache slot (continuous batching)
+    g.inputs, g.input_names = [ids, start, kc, vc, slots], ["input_ids", "start", "k_cache", "v_cache", "slots"]
     pos = g.add("add", [g.add("reshape", [start], {"shape": [B, 1]}),
                         g.add("reshape", [g.add("iota", [], {"length": T})], {"shape": [1, T]})])
     x = g.add("gather", [g.const(tensors.get("model.embed_tokens.weight")), ids], {"axis": 0})
@@ -205,9 +206,9 @@ def build_step_graph(spec: LlamaSpec, tensors, rope, *, precision="fp32", group=
             q = _rms_norm(g, q, tensors, t + "self_attn.q_norm.weight", spec, 3)
             k = _rms_norm(g, k, tensors, t + "self_attn.k_norm.weight", spec, 3)
         q, k = _rope(g, q, pos, freq, rope_scale, Dh), _rope(g, k, pos, freq, rope_scale, Dh)
-        kc = g.add("kv_update", [kc, k, start], {"layer": i})
-        vc = g.add("kv_update", [vc, v, start], {"layer": i})
-        a = g.add("cached_attention", [q, kc, vc, start], {"layer": i, "scale": spec.attn_scale,
+        kc = g.add("kv_update", [kc, k, start, slots], {"layer": i})
+        vc = g.add("kv_update", [vc, v, start, slots], {"layer": i})
+        a = g.add("cached_attention", [q, kc, vc, start, slots], {"layer": i, "scale": spec.attn_scale,
                                                             "softcap": spec.attn_softcap, "window": spec.window(i)})
         a = g.add("reshape", [a], {"shape": [B, T, H * Dh]})
         x = _residual(g, x, a, tensors, t + "self_attn.o_proj.weight", attn_out and t + attn_out + ".weight",

@@ -111,6 +111,8 @@ class LLM:
         self.k_cache = np.zeros(shape, np.float32)
         self.v_cache = np.zeros(shape, np.float32)
         self.lengths = np.zeros(m["max_batch"], np.int64)     # tokens in the cache per sequence slot
+        self._first_slots = np.arange(m["max_batch"], dtype=np.int64)
+        self._takes_slots = "slots" in ins
         self.tokenizer = Tokenizer(self.path) if (self.path / "tokenizer.json").exists() else None
         self.lock = CacheLock()
         self._local = threading.local()
@@ -137,12 +139,20 @@ class LLM:
             else:
                 self.lengths[np.asarray(slots)] = 0
 
-    def step(self, ids, start=None) -> np.ndarray:
-        """ids [B, T] appended at `start` (default: each slot's current length); returns logits [B, T, V]."""
+    def step(self, ids, start=None, slots=None) -> np.ndarray:
+        """ids [B, T] appended at `start` (default: each slot's current length) in the KV cache slots
+        `slots` (default: 0 .. B-1; any B distinct slots of the max_batch); returns logits [B, T, V]."""
         ids = self._ids(ids, "ids", (1, 2))
         if ids.ndim == 1:
             ids = ids[None]
         self._check_batch(ids, "ids")
+        if slots is not None:
+            s = np.asarray(slots)
+            if s.dtype.kind not in "iu" or s.shape != ids.shape[:1] or s.min() < 0 or \
+                    s.max() >= self.meta["max_batch"] or len(set(s.tolist())) != len(s):
+                raise ShapeError(f"slots must be {ids.shape[0]} distinct KV cache slots in [0, "
+                                 f"{self.meta['max_batch']}), one per sequence of ids, got {slots!r}")
+            slots = np.ascontiguousarray(s, np.int64)
         if start is not None:
             s = np.asarray(start)
             if s.dtype.kind not in "iu" or s.shape != ids.shape[:1] or s.min() < 0:
@@ -150,7 +160,7 @@ class LLM:
                                  f"got {start!r}")
             start = np.ascontiguousarray(s, np.int64)
         with self.lock:
-            return self._step(ids, start)
+            return self._step(ids, start, slots)
 
     def prefill(self, ids) -> np.ndarray:
         """A fresh prompt in slot 0: logits of every position [T, V]."""
@@ -166,14 +176,22 @@ class LLM:
             return self._step(t, None)[:, 0]
 
     # unchecked and unlocked: for callers that checked the arguments and hold the lock
-    def _step(self, ids, start):
+    def _step(self, ids, start, slots=None):
+        if slots is None:
+            slots = self._first_slots[:ids.shape[0]]
         if start is None:
-            start = self.lengths[:ids.shape[0]].copy()
+            start = self.lengths[slots]
         if int(start.max(initial=0)) + ids.shape[1] > self.max_seq_len:
             raise ShapeError(f"sequence would reach {int(start.max()) + ids.shape[1]} tokens; this artifact holds "
                              f"{self.max_seq_len} (compile with a larger max_seq_len)")
-        (logits,) = self.module.run(ids, start, self.k_cache, self.v_cache)
-        self.lengths[:ids.shape[0]] = start + ids.shape[1]
+        if self._takes_slots:
+            (logits,) = self.module.run(ids, start, self.k_cache, self.v_cache, slots)
+        elif not np.array_equal(slots, self._first_slots[:len(slots)]):
+            raise CuvilError(f"{self.path} was compiled before cache slots were addressable: recompile it to run "
+                             "sequences in slots other than 0 .. B-1")
+        else:
+            (logits,) = self.module.run(ids, start, self.k_cache, self.v_cache)
+        self.lengths[slots] = start + ids.shape[1]
         return logits
 
     def _prefill(self, ids):

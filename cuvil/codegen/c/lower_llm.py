@@ -236,7 +236,8 @@ def lower_rope(em, node):
 
 @lowering("kv_update", supports=_f32_only)
 def lower_kv_update(em, node):
-    cache, new, start = node.inputs
+    cache, new, start = node.inputs[:3]
+    slots = em.ptr(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else "0"
     L, Bmax, Hk, S, Dd = (D.to_c(d) for d in cache.shape)
     B, T = D.to_c(new.shape[0]), D.to_c(new.shape[1])
     layer = node.attrs["layer"]
@@ -245,13 +246,15 @@ def lower_kv_update(em, node):
     if em.plan.alias.get(y.name) is None:   # not updated in place (the result is a graph output): copy first
         lines.append(f"memcpy({em.ptr(y)}, {em.ptr(cache)}, (size_t)({L} * {Bmax} * {Hk} * {S} * {Dd}) * sizeof(float));")
     dst = f"((float *){em.ptr(y)}) + (int64_t){layer} * {Bmax} * {Hk} * {S} * {Dd}"
-    return lines + [f"if (cuvil_kv_update({B}, {Bmax}, {T}, {Hk}, {S}, {Dd}, {em.ptr(new)}, {em.ptr(start)}, {dst})) "
-            f"CUVIL_FAIL(\"KV cache full: a sequence would pass {S} tokens, or the batch exceeds {Bmax}\");"]
+    return lines + [f"if (cuvil_kv_update({B}, {Bmax}, {T}, {Hk}, {S}, {Dd}, {em.ptr(new)}, {em.ptr(start)}, {slots}, "
+                    f"{dst})) CUVIL_FAIL(\"KV cache full: a sequence would pass {S} tokens, the batch exceeds {Bmax}, "
+                    f"or the cache slots are not distinct slots in [0, {Bmax})\");"]
 
 
 @lowering("cached_attention", supports=_f32_only)
 def lower_cached_attention(em, node):
-    q, kc, vc, start = node.inputs
+    q, kc, vc, start = node.inputs[:4]
+    slots = em.ptr(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else "0"
     y = node.outputs[0]
     B, T, H, E = (D.to_c(d) for d in q.shape)
     _, Bmax, Hk, S, _ = (D.to_c(d) for d in kc.shape)
@@ -264,7 +267,10 @@ def lower_cached_attention(em, node):
             f".vb = {Hk} * {S} * {Ev}, .vh = {S} * {Ev}, .vl = {Ev}, "
             f".ob = {T} * {H} * {Ev}, .oh = {Ev}, .ol = {H} * {Ev}, "
             f".scale = {float(node.attrs['scale'])!r}f, .causal = 1, .q_offset = {em.ptr(start)}, "
-            f".softcap = {float(node.attrs['softcap'])!r}f, .window = {int(node.attrs['window'])}}}")
-    return ["{", f"  const cuvil_attn at = {init};",
+            f".softcap = {float(node.attrs['softcap'])!r}f, .window = {int(node.attrs['window'])}, "
+            f".kv_slot = {slots}}}")
+    return ["{", f"  if (cuvil_check_slots({B}, {Bmax}, {slots})) "
+            f"CUVIL_FAIL(\"cache slots must be distinct and in [0, {Bmax})\");",
+            f"  const cuvil_attn at = {init};",
             f"  cuvil_attention(&at, {em.ptr(q)}, {em.ptr(kc)} + {kv_layer} * {E}, {em.ptr(vc)} + {kv_layer} * {Ev}, "
             f"{em.ptr(y)}, NT);", "}"]

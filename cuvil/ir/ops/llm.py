@@ -173,34 +173,54 @@ def _rope_ref(xs, a):
 declare(OpDef("rope", {"scale": 1.0}, _rope_infer, _rope_ref, kind="llm"))
 
 
-# ---- kv_update: cache[layer, b, h, start[b] + t] = new[b, t, h]; the output is the cache itself -------
+# ---- kv_update: cache[layer, slot[b], h, start[b] + t] = new[b, t, h]; the output is the cache itself ---
+# slots (optional, int64 [B]): the cache slot of each batch row (default: row b in slot b), distinct
+def _slots_type_ok(t, batch):
+    return t is None or (t.rank == 1 and t.dtype == "int64" and D.dims_equal(t.shape[0], batch))
+
+
+def slot_of(xs, n_fixed, b):
+    """Batch row b's cache slot: slots[b] where the op has a slots input, else b."""
+    return int(xs[n_fixed][b]) if len(xs) > n_fixed and xs[n_fixed] is not None else b
+
+
+def check_slots(op, xs, n_fixed, B, Bmax):
+    slots = [slot_of(xs, n_fixed, b) for b in range(B)]
+    if any(not 0 <= s < Bmax for s in slots) or len(set(slots)) != len(slots):
+        raise ShapeError(f"{op}: cache slots must be distinct and in [0, {Bmax}), got {slots}")
+    return slots
+
+
 def _kv_infer(types, attrs, inputs):
-    cache, new, start = types
-    if cache.rank != 5 or new.rank != 4 or start.rank != 1 or start.dtype != "int64":
-        raise ShapeError(f"kv_update: expects cache[L, B, Hk, S, D], new[B, T, Hk, D], int64 start[B]; "
-                         f"got {cache}, {new}, {start}")
+    cache, new, start = types[:3]
+    if cache.rank != 5 or new.rank != 4 or start.rank != 1 or start.dtype != "int64" or \
+            not _slots_type_ok(types[3] if len(types) > 3 else None, new.shape[0]):
+        raise ShapeError(f"kv_update: expects cache[L, B, Hk, S, D], new[B, T, Hk, D], int64 start[B] (and "
+                         f"slots[B]); got {cache}, {new}, {start}")
     return [cache]
 
 
 def _kv_ref(xs, a):
-    cache, new, start = xs
+    cache, new, start = xs[:3]
     out = cache.copy()
     T = new.shape[1]
-    for b in range(new.shape[0]):
+    slots = check_slots("kv_update", xs, 3, new.shape[0], cache.shape[1])
+    for b, slot in enumerate(slots):
         if start[b] + T > cache.shape[3]:
             raise ShapeError(f"kv_update: sequence {b} runs past the cache ({start[b]} + {T} > {cache.shape[3]})")
-        out[a["layer"], b, :, start[b]:start[b] + T] = np.swapaxes(new[b], 0, 1)
+        out[a["layer"], slot, :, start[b]:start[b] + T] = np.swapaxes(new[b], 0, 1)
     return out
 
 
 declare(OpDef("kv_update", {"layer": 0}, _kv_infer, _kv_ref, kind="llm"))
 
 
-# ---- cached_attention: q[B, T, H, D] over the cache rows [0, start[b] + t] ------------------------
+# ---- cached_attention: q[B, T, H, D] over the cache rows [0, start[b] + t] of slot[b] -------------
 # (the last `window` of them where window > 0); scores capped to softcap * tanh(s / softcap) where softcap > 0
 def _ca_infer(types, attrs, inputs):
-    q, kc, vc, start = types
-    if q.rank != 4 or kc.rank != 5 or vc.rank != 5:
+    q, kc, vc, start = types[:4]
+    if q.rank != 4 or kc.rank != 5 or vc.rank != 5 or not _slots_type_ok(types[4] if len(types) > 4 else None,
+                                                                          q.shape[0]):
         raise ShapeError(f"cached_attention: expects q[B, T, H, D] and caches [L, B, Hk, S, D]; got {q}, {kc}")
     if isinstance(q.shape[2], int) and isinstance(kc.shape[2], int) and q.shape[2] % kc.shape[2]:
         raise ShapeError("cached_attention: query heads must be a multiple of kv heads")
@@ -214,13 +234,13 @@ def _ca_infer(types, attrs, inputs):
 
 
 def _ca_ref(xs, a):
-    q, kc, vc, start = xs
+    q, kc, vc, start = xs[:4]
     B, T, H, _ = q.shape
     out = np.zeros(q.shape[:3] + (vc.shape[-1],), np.float64)
     rep = H // kc.shape[2]
-    for b in range(B):
-        k = np.repeat(kc[a["layer"], b], rep, axis=0).astype(np.float64)    # [H, S, D]
-        v = np.repeat(vc[a["layer"], b], rep, axis=0).astype(np.float64)
+    for b, slot in enumerate(check_slots("cached_attention", xs, 4, B, kc.shape[1])):
+        k = np.repeat(kc[a["layer"], slot], rep, axis=0).astype(np.float64)    # [H, S, D]
+        v = np.repeat(vc[a["layer"], slot], rep, axis=0).astype(np.float64)
         for t in range(T):
             n = start[b] + t + 1
             s = np.einsum("hd,hsd->hs", q[b, t].astype(np.float64), k[:, :n]) * a["scale"]

@@ -395,8 +395,9 @@ static void attention_task(void *ctx, int64_t t0, int64_t t1) {
         /* keys this block can see: all, or up to its last position when causal */
         int64_t lmax = i0 / a->L == (i1 - 1) / a->L ? (i1 - 1) % a->L : a->L - 1;
         int64_t S = a->causal && off + lmax + 1 < a->S ? off + lmax + 1 : a->S;
-        const float *kb = args->k + b * a->kb + hk * a->kh;
-        const float *vb = args->v + b * a->vb + hk * a->vh;
+        const int64_t slot = a->kv_slot ? a->kv_slot[b] : b;
+        const float *kb = args->k + slot * a->kb + hk * a->kh;
+        const float *vb = args->v + slot * a->vb + hk * a->vh;
         int small = S * (a->E + a->Ev) <= KT_MAX_FLOATS / 2;   /* the gathered rows on the stack too */
         int32_t idx[small ? S : 1];
         int64_t n = small ? padding_keys(a, b, hk, i0, i1, S, idx) : -1;

@@ -15,6 +15,7 @@ typedef struct {
     const int64_t *q_offset;                       /* per batch: tokens already in a KV cache (NULL = 0) */
     float softcap;                                 /* > 0: scores become softcap * tanh(score / softcap) */
     int64_t window;                                /* > 0 (causal): keep only the last `window` positions */
+    const int64_t *kv_slot;                        /* per batch: the slot of k and v it reads (NULL = b) */
 } cuvil_attn;
 
 void cuvil_attention(const cuvil_attn *a, const float *q, const float *k, const float *v, float *out, int nthreads);

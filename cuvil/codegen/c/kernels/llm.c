@@ -32,15 +32,28 @@ void cuvil_rope(int64_t B, int64_t T, int64_t H, int64_t D, const float *x, cons
     cuvil_parallel_for(B * T * H * D > 32768 ? nthreads : 1, B * T, 1, rope_task, &a);
 }
 
-int cuvil_kv_update(int64_t B, int64_t Bmax, int64_t T, int64_t Hk, int64_t S, int64_t D, const float *new_,
-                    const int64_t *start, float *cache) {
+int cuvil_check_slots(int64_t B, int64_t Bmax, const int64_t *slots) {
     if (B > Bmax) return 1;
+    if (!slots) return 0;
+    for (int64_t b = 0; b < B; b++) {
+        if (slots[b] < 0 || slots[b] >= Bmax) return 1;
+        for (int64_t c = 0; c < b; c++)
+            if (slots[c] == slots[b]) return 1;          /* two rows writing one slot */
+    }
+    return 0;
+}
+
+int cuvil_kv_update(int64_t B, int64_t Bmax, int64_t T, int64_t Hk, int64_t S, int64_t D, const float *new_,
+                    const int64_t *start, const int64_t *slots, float *cache) {
+    if (cuvil_check_slots(B, Bmax, slots)) return 1;
     for (int64_t b = 0; b < B; b++)
         if (start[b] < 0 || start[b] + T > S) return 1;
-    for (int64_t b = 0; b < B; b++)
+    for (int64_t b = 0; b < B; b++) {
+        const int64_t slot = slots ? slots[b] : b;
         for (int64_t t = 0; t < T; t++)
             for (int64_t h = 0; h < Hk; h++)
-                memcpy(cache + ((b * Hk + h) * S + start[b] + t) * D, new_ + ((b * T + t) * Hk + h) * D,
+                memcpy(cache + ((slot * Hk + h) * S + start[b] + t) * D, new_ + ((b * T + t) * Hk + h) * D,
                        (size_t)D * sizeof(float));
+    }
     return 0;
 }

@@ -18,7 +18,8 @@ from ..runtime import artifact
 from ..runtime.module import Module
 from . import sampling
 from .tokenizer import FILES as TOKENIZER_FILES
-from .tokenizer import StreamDecoder, Tokenizer
+from .textstream import TextStream
+from .tokenizer import Tokenizer
 
 
 @dataclass
@@ -287,46 +288,21 @@ class LLM:
             self.lock.release()
 
     def _tokens(self, ids, max_new_tokens, sampler, stop_ids, stop_strings, stats):
-        decoder = StreamDecoder(self.tokenizer) if self.tokenizer else None
-        budget = min(max_new_tokens, self.max_seq_len - len(ids))
+        out = TextStream(self.tokenizer, stop_ids, stop_strings, min(max_new_tokens, self.max_seq_len - len(ids)),
+                         tokens=stats.tokens)
         t0 = time.perf_counter()
         logits = self._prefill(np.asarray(ids, np.int64))[-1]
         stats.prefill_seconds = time.perf_counter() - t0
         seen = list(ids)
-        text, sent = "", 0
         t1 = time.perf_counter()
-        for i in range(budget):
+        while out.finish_reason is None:
             tok = sampling.pick(logits, seen=seen, **sampler)
-            if tok in stop_ids:
-                stats.finish_reason = "stop"
-                if decoder is not None and len(text) > sent:
-                    yield text[sent:]              # what was held back for a stop string that never came
-                break
-            stats.tokens.append(tok)
+            yield from out.push(tok)
             seen.append(tok)
-            stats.new_tokens += 1
-            if decoder is not None:
-                text += decoder.push(tok)
-                hit = min((text.index(s) for s in stop_strings if s in text), default=None)
-                if hit is not None:
-                    if hit > sent:
-                        yield text[sent:hit]
-                    stats.finish_reason = "stop"
-                    break
-                safe = len(text) - _held_back(text, stop_strings)   # could still become a stop string
-                if safe > sent:
-                    yield text[sent:safe]
-                    sent = safe
-            else:
-                yield tok
-            if i + 1 < budget:
+            stats.new_tokens = len(out.tokens)
+            if out.finish_reason is None:
                 logits = self._step(np.array([[tok]], np.int64), None)[0, 0]
-        else:
-            stats.finish_reason = "length"
-            if decoder is not None:
-                text += decoder.flush()
-                if len(text) > sent:
-                    yield text[sent:]
+        stats.finish_reason = out.finish_reason
         stats.decode_seconds = time.perf_counter() - t1
 
     def save(self, path):
@@ -353,17 +329,6 @@ def _read_meta(meta_file):
         raise ArtifactError(f"{meta_file}: 'eos_token_ids' must be a list of token ids in [0, {meta['vocab']}), "
                             f"got {eos!r}")
     return meta
-
-
-def _held_back(text, stops):
-    """Length of the longest end of `text` that begins some stop string."""
-    best = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:n]):
-                best = n
-                break
-    return best
 
 
 def copy_tokenizer(src, dst):

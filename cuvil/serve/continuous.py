@@ -1,0 +1,197 @@
+"""Continuous batching for a compiled LLM: up to max_batch sequences live in the KV cache's slots;
+new requests are admitted between steps and finished ones retired, so a long generation never holds
+back a short one. Needs numpy and the runtime only.
+
+Policy: the scheduler thread alternates one prefill chunk (of `prefill_chunk` tokens, for the
+oldest admitted sequence still reading its prompt) with one decode step for every sequence that is
+generating, each at its own position in its own slot. A long prompt thus delays running streams by
+one chunk's time per token they produce, not by its whole prefill."""
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import CuvilError, ShapeError
+from ..llm import sampling
+from ..llm.textstream import TextStream
+
+DONE = object()        # the last event of a request's stream
+
+
+@dataclass
+class Sequence:
+    """A request in the batcher: its prompt, sampling settings and output. Events (text pieces, or
+    token ids without a tokenizer; then DONE) arrive through `events`, or `on_event` when given."""
+    prompt: list
+    out: TextStream
+    sampler: dict
+    on_event: object = None
+    events: queue.Queue = field(default_factory=queue.Queue)
+    slot: int = -1
+    cursor: int = 0                       # prompt tokens already in the cache
+    last: int = -1                        # the token to feed at the next decode step
+    seen: list = field(default_factory=list)
+    cancelled: bool = False
+    error: Exception | None = None
+    submitted: float = field(default_factory=time.perf_counter)
+    first_token: float | None = None
+
+    @property
+    def position(self):
+        return len(self.prompt) + len(self.out.tokens) - 1
+
+    def emit(self, item):
+        if self.on_event is not None:
+            self.on_event(item)
+        else:
+            self.events.put(item)
+
+    def cancel(self):
+        """Stop generating (a client that went away): the slot is freed at the next step."""
+        self.cancelled = True
+
+    def __iter__(self):
+        """The events, blocking, until the sequence ends (raising its error, if it failed)."""
+        while (item := self.events.get()) is not DONE:
+            yield item
+        if self.error is not None:
+            raise self.error
+
+
+class ContinuousBatcher:
+    def __init__(self, llm, *, prefill_chunk: int = 64):
+        if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
+            raise ValueError(f"option prefill_chunk={prefill_chunk!r} must be a positive int")
+        if not llm._takes_slots and llm.meta["max_batch"] > 1:
+            raise CuvilError(f"{llm.path} was compiled before cache slots were addressable: recompile it")
+        self.llm, self.chunk = llm, prefill_chunk
+        self.max_batch = llm.meta["max_batch"]
+        self._waiting = collections.deque()
+        self._slots: dict[int, Sequence] = {}
+        self._cv = threading.Condition()
+        self._stop = False
+        self.steps = collections.Counter()         # "prefill" / "decode" runs; decode rows per step
+        self._thread = threading.Thread(target=self._run, name="cuvil-continuous-batcher", daemon=True)
+        self._thread.start()
+
+    # ---- requests ----------------------------------------------------------------------------
+    def submit(self, prompt_ids, max_new_tokens=64, *, temperature=0.0, top_k=0, top_p=1.0, repetition_penalty=1.0,
+               seed=None, stop=None, on_event=None) -> Sequence:
+        """Queue a prompt (token ids); the returned Sequence yields its output as it is generated. The
+        arguments are checked here, as LLM.generate checks them; a prompt with no room left for one new
+        token in the cache is refused up front."""
+        llm = self.llm
+        sampling.check_sampling(temperature, top_k, top_p, repetition_penalty, seed)
+        sampling.check_arg("max_new_tokens", max_new_tokens, int, "an int >= 0", lambda v: v >= 0)
+        ids = llm._ids(prompt_ids, "prompt", (1,)).tolist()
+        if len(ids) >= llm.max_seq_len:
+            raise ShapeError(f"prompt has {len(ids)} tokens; this artifact holds {llm.max_seq_len} in all "
+                             "(prompt and new tokens)")
+        stop_ids, stop_strings = llm._stop_ids(stop)
+        budget = min(max_new_tokens, llm.max_seq_len - len(ids))
+        seq = Sequence(ids, TextStream(llm.tokenizer, stop_ids, stop_strings, budget),
+                       dict(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
+                            rng=np.random.default_rng(seed)), on_event=on_event, seen=list(ids))
+        with self._cv:
+            if self._stop:
+                raise CuvilError("this batcher is closed")
+            self._waiting.append(seq)
+            self._cv.notify()
+        return seq
+
+    def active(self) -> int:
+        with self._cv:
+            return len(self._slots)
+
+    def waiting(self) -> int:
+        with self._cv:
+            return len(self._waiting)
+
+    def close(self):
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        self._thread.join()
+
+    # ---- the scheduler thread ------------------------------------------------------------------
+    def _run(self):
+        with self.llm.lock:            # the batcher owns the KV cache while it runs
+            while True:
+                with self._cv:
+                    self._retire_cancelled()
+                    while self._waiting and len(self._slots) < self.max_batch:
+                        seq = self._waiting.popleft()
+                        seq.slot = min(set(range(self.max_batch)) - set(self._slots))
+                        self._slots[seq.slot] = seq
+                    if self._stop:
+                        for seq in list(self._slots.values()) + list(self._waiting):
+                            self._finish(seq, CuvilError("the batcher was closed"))
+                        return
+                    if not self._slots:
+                        self._cv.wait()
+                        continue
+                    reading = [s for s in self._slots.values() if s.cursor < len(s.prompt)]
+                    writing = [s for s in self._slots.values() if s.cursor >= len(s.prompt)]
+                # a failing step ends the sequences in it, not the batcher
+                if reading:
+                    oldest = min(reading, key=lambda s: s.submitted)
+                    self._guarded([oldest], self._prefill_chunk, oldest)
+                if writing:
+                    self._guarded(writing, self._decode, writing)
+
+    def _guarded(self, seqs, step, arg):
+        try:
+            step(arg)
+        except Exception as e:  # noqa: BLE001 - any failure of a step reaches its requests as their error
+            for seq in seqs:
+                if seq.out.finish_reason is None:
+                    self._finish(seq, e)
+
+    def _prefill_chunk(self, seq):
+        a, b = seq.cursor, min(seq.cursor + self.chunk, len(seq.prompt))
+        logits = self.llm._step(np.asarray([seq.prompt[a:b]], np.int64), np.array([a], np.int64),
+                                np.array([seq.slot], np.int64))
+        self.steps["prefill"] += 1
+        seq.cursor = b
+        if b == len(seq.prompt):           # the prompt is in: its first token
+            seq.first_token = time.perf_counter()
+            self._accept(seq, logits[0, -1])
+
+    def _decode(self, seqs):
+        ids = np.array([[s.last] for s in seqs], np.int64)
+        start = np.array([s.position for s in seqs], np.int64)
+        logits = self.llm._step(ids, start, np.array([s.slot for s in seqs], np.int64))
+        self.steps[f"decode x{len(seqs)}"] += 1
+        for s, row in zip(seqs, logits[:, 0]):
+            self._accept(s, row)
+
+    def _accept(self, seq, logits):
+        tok = sampling.pick(logits, seen=seq.seen, **seq.sampler)
+        for piece in seq.out.push(tok):
+            seq.emit(piece)
+        seq.seen.append(tok)
+        seq.last = tok
+        if seq.out.finish_reason is not None:
+            self._finish(seq)
+
+    def _finish(self, seq, error=None):
+        seq.error = error
+        with self._cv:
+            if self._slots.get(seq.slot) is seq:
+                del self._slots[seq.slot]
+        seq.emit(DONE)
+
+    def _retire_cancelled(self):
+        for seq in [s for s in self._slots.values() if s.cancelled]:
+            del self._slots[seq.slot]
+            seq.out.finish_reason = seq.out.finish_reason or "cancelled"
+            seq.emit(DONE)
+        for seq in [s for s in self._waiting if s.cancelled]:
+            self._waiting.remove(seq)
+            seq.out.finish_reason = "cancelled"
+            seq.emit(DONE)

@@ -373,7 +373,7 @@ def cmd_serve(a):
     except ImportError as e:
         raise CuvilError(f"cuvil serve needs the serve extra: pip install 'cuvil[serve]' ({e})") from None
     serve(a.artifact, host=a.host, port=a.port, workers=a.workers, name=a.name, max_batch=a.max_batch,
-          max_wait_ms=a.max_wait_ms, num_threads=a.num_threads)
+          max_wait_ms=a.max_wait_ms, num_threads=a.num_threads, prefill_chunk=a.prefill_chunk)
 
 
 def _add_llm(sub):
@@ -439,7 +439,8 @@ def parser():
     p.add_argument("--warmup", type=_int_in(0, 10 ** 7), default=5)
     p.add_argument("--num-threads", **THREADS)
     p.set_defaults(fn=cmd_bench)
-    p = sub.add_parser("serve", help="serve an artifact over HTTP (KServe v2 protocol, Prometheus /metrics)")
+    p = sub.add_parser("serve", help="serve an artifact over HTTP: KServe v2, or the OpenAI APIs for an LLM "
+                                     "artifact (continuous batching); Prometheus /metrics")
     p.add_argument("artifact", type=_path)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     p.add_argument("--port", type=_int_in(1, 65535), default=8000)
@@ -448,6 +449,8 @@ def parser():
     p.add_argument("--max-wait-ms", type=_float_in(0, 60000), default=2.0,
                    help="how long the first waiting request waits for others to stack with")
     p.add_argument("--workers", type=_int_in(1, 256), default=1, help="server processes, each loading the artifact")
+    p.add_argument("--prefill-chunk", type=_int_in(1, 1 << 20), default=64,
+                   help="LLM artifacts: prompt tokens read per step between decode steps of running streams")
     p.add_argument("--num-threads", **THREADS)
     p.set_defaults(fn=cmd_serve)
     _add_llm(sub)

@@ -150,25 +150,32 @@ async def _read_body(request, limit):
     return b"".join(parts)
 
 
+def app_for(artifact, *, name=None, max_batch=8, max_wait_ms=2.0, num_threads=None, prefill_chunk=64):
+    """The app an artifact gets: an LLM artifact (llm.json) the OpenAI APIs, any other KServe v2."""
+    if (Path(artifact) / "llm.json").exists():
+        from .openai import create_llm_app
+        return create_llm_app(artifact, name=name, prefill_chunk=prefill_chunk, num_threads=num_threads)
+    return create_app(artifact, name=name, max_batch=max_batch, max_wait_ms=max_wait_ms, num_threads=num_threads)
+
+
+SETTINGS_ENV = "CUVIL_SERVE_SETTINGS"
+
+
 def app_from_env():
     """uvicorn's factory for `cuvil serve --workers N` (each worker process builds its own app)."""
-    env = os.environ
-    return create_app(env["CUVIL_SERVE_ARTIFACT"], name=env.get("CUVIL_SERVE_NAME") or None,
-                      max_batch=int(env.get("CUVIL_SERVE_MAX_BATCH", "8")),
-                      max_wait_ms=float(env.get("CUVIL_SERVE_MAX_WAIT_MS", "2")))
+    import json
+    return app_for(**json.loads(os.environ[SETTINGS_ENV]))
 
 
-def serve(artifact, *, host="127.0.0.1", port=8000, workers=1, name=None, max_batch=8, max_wait_ms=2.0,
-          num_threads=None, log_level="info"):
+def serve(artifact, *, host="127.0.0.1", port=8000, workers=1, log_level="info", **settings):
     import uvicorn
     if workers > 1:
-        os.environ.update({"CUVIL_SERVE_ARTIFACT": str(artifact), "CUVIL_SERVE_NAME": name or "",
-                           "CUVIL_SERVE_MAX_BATCH": str(max_batch), "CUVIL_SERVE_MAX_WAIT_MS": str(max_wait_ms)})
+        import json
+        os.environ[SETTINGS_ENV] = json.dumps(dict(settings, artifact=str(artifact)))
         uvicorn.run("cuvil.serve.http:app_from_env", factory=True, host=host, port=port, workers=workers,
                     log_level=log_level)
         return
-    app = create_app(artifact, name=name, max_batch=max_batch, max_wait_ms=max_wait_ms, num_threads=num_threads)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    uvicorn.run(app_for(artifact, **settings), host=host, port=port, log_level=log_level)
 
 
-__all__ = ["create_app", "serve", "model_name_of"]
+__all__ = ["create_app", "app_for", "serve", "model_name_of"]

@@ -1,0 +1,134 @@
+"""The OpenAI-compatible server: a real uvicorn on loopback, a real HTTP client, answers checked against
+the same artifact's LLM.generate run alone (greedy)."""
+import asyncio
+import json
+import time
+
+import pytest
+
+import cuvil.llm
+
+from .llm_fixtures import checkpoint
+from .test_serve import _server
+
+httpx = pytest.importorskip("httpx", reason="the tests' HTTP client (a dev requirement)")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    d = tmp_path_factory.mktemp("llmserve")
+    checkpoint(d / "ckpt")
+    llm = cuvil.llm.from_transformers(d / "ckpt", max_seq_len=96, max_batch=2)
+    llm.save(d / "tiny.cuvil")
+    from cuvil.serve.openai import create_llm_app
+    reference = cuvil.llm.load(d / "tiny.cuvil")
+    # the served copy steps at a big model's pace (3 ms a step), so a disconnect is seen mid-stream
+    slow = cuvil.llm.load(d / "tiny.cuvil")
+    step = slow._step
+
+    def paced(*a, **k):
+        time.sleep(0.003)
+        return step(*a, **k)
+    slow._step = paced
+    with _server(create_llm_app(d / "tiny.cuvil", prefill_chunk=4, llm=slow)) as url:
+        yield url, reference
+
+
+PROMPTS = ["cuvil compiles", "le café est très", "the quick brown fox", "数据 编译器", "emoji test"]
+
+
+def test_completions_concurrent_streams_and_whole(served):
+    url, ref = served
+    alone = [ref.generate(p, 20) for p in PROMPTS]
+
+    async def main():
+        async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+            async def whole(p):
+                r = await c.post("/v1/completions", json={"model": "tiny", "prompt": p, "max_tokens": 20,
+                                                          "temperature": 0})
+                assert r.status_code == 200, r.text
+                return r.json()
+
+            async def streamed(p):
+                text, events = "", []
+                async with c.stream("POST", "/v1/completions", json={"prompt": p, "max_tokens": 20,
+                                                                      "temperature": 0, "stream": True}) as r:
+                    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: "):
+                            events.append(line[6:])
+                for e in events[:-1]:
+                    text += json.loads(e)["choices"][0]["text"]
+                return text, events
+            return await asyncio.gather(*(whole(p) for p in PROMPTS), *(streamed(p) for p in PROMPTS))
+    res = asyncio.run(main())
+    wholes, streams = res[:len(PROMPTS)], res[len(PROMPTS):]
+    for p, a, w, (text, events) in zip(PROMPTS, alone, wholes, streams):
+        assert w["choices"][0]["text"] == a and text == a
+        assert w["object"] == "text_completion" and w["choices"][0]["finish_reason"] in ("length", "stop")
+        n = len(ref.tokenizer.encode(p))
+        assert w["usage"]["prompt_tokens"] == n and w["usage"]["total_tokens"] == n + w["usage"]["completion_tokens"]
+        assert events[-1] == "[DONE]" and json.loads(events[-2])["usage"] == w["usage"]
+
+
+def test_chat_completions_and_models(served):
+    url, ref = served
+    messages = [{"role": "user", "content": "the quick brown"}]
+    expected = ref.generate(messages, 16, chat=True, stop=["\n"])
+    with httpx.Client(base_url=url, timeout=60) as c:
+        assert c.get("/v1/models").json()["data"][0]["id"] == "tiny"
+        r = c.post("/v1/chat/completions", json={"model": "tiny", "messages": messages, "max_tokens": 16,
+                                                 "temperature": 0, "stop": "\n"})
+        assert r.status_code == 200, r.text
+        msg = r.json()["choices"][0]["message"]
+        assert msg == {"role": "assistant", "content": expected}
+        with c.stream("POST", "/v1/chat/completions", json={"messages": messages, "max_tokens": 16, "temperature": 0,
+                                                            "stop": ["\n"], "stream": True}) as s:
+            chunks = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "".join(ch["choices"][0]["delta"].get("content", "") for ch in chunks) == expected
+    assert chunks[-1]["object"] == "chat.completion.chunk" and chunks[-1]["choices"][0]["finish_reason"]
+
+
+def test_seeded_sampling_repeats(served):
+    url, _ = served
+    body = {"prompt": "cuvil", "max_tokens": 12, "temperature": 0.9, "top_p": 0.9, "seed": 7}
+    with httpx.Client(base_url=url, timeout=60) as c:
+        a, b = (c.post("/v1/completions", json=body).json()["choices"][0]["text"] for _ in range(2))
+    assert a == b
+
+
+BAD = [({"prompt": "x", "temperature": 3}, 400, "temperature"), ({"prompt": "x", "n": 2}, 400, "n must be"),
+       ({"prompt": ""}, 400, "prompt"), ({"prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
+       ({"prompt": "x", "stop": ["a"] * 5}, 400, "stop"), ({"prompt": [1, 10 ** 9]}, 400, "token ids"),
+       ({"prompt": "x", "model": "gpt-4"}, 404, "no model"), ({"prompt": "x", "stream": "yes"}, 400, "stream"),
+       ({"prompt": list(range(2, 98))}, 400, "holds 96"), ({"messages": "hi"}, 400, "messages")]
+
+
+def test_bad_requests_are_openai_errors(served):
+    url, _ = served
+    with httpx.Client(base_url=url, timeout=60) as c:
+        for body, status, text in BAD:
+            path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+            r = c.post(path, json=body)
+            assert r.status_code == status and text in r.json()["error"]["message"], (body, r.text)
+        r = c.post("/v1/completions", content=b"{oops", headers={"content-type": "application/json"})
+        assert r.status_code == 400 and "not JSON" in r.json()["error"]["message"]
+        assert "Traceback" not in r.text
+
+
+def test_a_client_that_disconnects_frees_its_slot(served):
+    url, _ = served
+    def generated(c):
+        line = next(x for x in c.get("/metrics").text.splitlines() if x.startswith("cuvil_llm_generated_tokens_total"))
+        return float(line.split()[-1])
+    with httpx.Client(base_url=url, timeout=60) as c:
+        before = generated(c)
+        with c.stream("POST", "/v1/completions", json={"prompt": "cuvil", "max_tokens": 90, "temperature": 0,
+                                                       "stream": True}) as s:
+            next(s.iter_lines())                # one event, then the client goes away
+        deadline = time.monotonic() + 20
+        while "cuvil_llm_active_sequences 0.0" not in c.get("/metrics").text:
+            assert time.monotonic() < deadline, "the abandoned stream still holds its slot"
+            time.sleep(0.1)
+        assert generated(c) - before < 89, "the stream ran to its end: the disconnect did not stop it"

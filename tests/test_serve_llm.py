@@ -132,3 +132,28 @@ def test_a_client_that_disconnects_frees_its_slot(served):
             assert time.monotonic() < deadline, "the abandoned stream still holds its slot"
             time.sleep(0.1)
         assert generated(c) - before < 89, "the stream ran to its end: the disconnect did not stop it"
+
+
+def test_openai_bodies_fuzzed_give_settings_or_bad_requests():
+    """Any JSON body: checked settings the batcher accepts, or a BadRequest naming the field."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from cuvil.llm import sampling
+    from cuvil.serve.openai import BadRequest, parse_sampling
+    values = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 70, 2 ** 70), st.floats(), st.text(max_size=5),
+                       st.lists(st.one_of(st.text(max_size=3), st.integers()), max_size=6))
+    keys = st.sampled_from(["max_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "seed", "stop",
+                            "n", "other"])
+
+    @settings(max_examples=400, deadline=None)
+    @given(st.one_of(values, st.dictionaries(keys, values, max_size=6)))
+    def check(body):
+        try:
+            got = parse_sampling(body)
+        except BadRequest:
+            return
+        sampling.check_sampling(got["temperature"], got["top_k"], got["top_p"], got["repetition_penalty"], got["seed"])
+        assert isinstance(got["max_new_tokens"], int) and got["max_new_tokens"] >= 0
+        assert got["stop"] is None or all(isinstance(s, str) and s for s in got["stop"])
+    check()

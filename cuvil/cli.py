@@ -373,7 +373,8 @@ def cmd_serve(a):
     except ImportError as e:
         raise CuvilError(f"cuvil serve needs the serve extra: pip install 'cuvil[serve]' ({e})") from None
     serve(a.artifact, host=a.host, port=a.port, workers=a.workers, name=a.name, max_batch=a.max_batch,
-          max_wait_ms=a.max_wait_ms, num_threads=a.num_threads, prefill_chunk=a.prefill_chunk)
+          max_wait_ms=a.max_wait_ms, num_threads=a.num_threads, prefill_chunk=a.prefill_chunk,
+          watch_seconds=1.0 if a.watch else 0.0)
 
 
 def _add_llm(sub):
@@ -449,6 +450,8 @@ def parser():
     p.add_argument("--max-wait-ms", type=_float_in(0, 60000), default=2.0,
                    help="how long the first waiting request waits for others to stack with")
     p.add_argument("--workers", type=_int_in(1, 256), default=1, help="server processes, each loading the artifact")
+    p.add_argument("--watch", action="store_true",
+                   help="reload the artifact when it is saved over (requests in flight finish on the old one)")
     p.add_argument("--prefill-chunk", type=_int_in(1, 1 << 20), default=64,
                    help="LLM artifacts: prompt tokens read per step between decode steps of running streams")
     p.add_argument("--num-threads", **THREADS)

@@ -4,6 +4,7 @@ with a real HTTP client."""
 import asyncio
 import contextlib
 import io
+import shutil
 import socket
 import threading
 import time
@@ -375,3 +376,44 @@ def test_cuvil_serve_command(artifact):
         proc.wait(timeout=30)
     bad = subprocess.run(cmd[:-4] + ["--name", "a/../b"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "model name" in bad.stderr, bad.stderr
+
+
+def test_watch_reloads_a_saved_artifact_under_load(artifact, tmp_path):
+    """An artifact saved over the served one while clients keep sending: every request is answered
+    (by the old model or the new one, never an error), and the new one serves after the swap."""
+    from cuvil.serve.http import create_app
+    path, model = artifact
+    served = tmp_path / "live.cuvil"
+    shutil.copytree(path, served)
+    torch.manual_seed(11)
+    other = Net().eval()
+    batch = torch.export.Dim("batch", min=1, max=16)
+    newer = cuvil.compile(other, (torch.randn(2, 16), torch.rand(2, 1)), dynamic_shapes=({0: batch}, {0: batch}))
+    rng = np.random.default_rng(12)
+    req = _request(rng, 1)
+    old_out, new_out = _eager(model, *req)[0], _eager(other, *req)[0]
+    with _server(create_app(served, name="net", watch_seconds=0.05)) as url:
+        async def load():
+            async with httpx.AsyncClient(base_url=url, timeout=30) as c:
+                async def client(k):
+                    got = []
+                    for _ in range(40):
+                        r = await c.post("/v2/models/net/infer", json=_v2_body(req))
+                        assert r.status_code == 200, r.text
+                        out = r.json()["outputs"][0]
+                        got.append(np.array(out["data"], np.float32).reshape(out["shape"]))
+                        await asyncio.sleep(0.005)
+                    return got
+
+                async def swap():
+                    await asyncio.sleep(0.1)
+                    await asyncio.get_running_loop().run_in_executor(None, newer.save, served)
+                res = await asyncio.gather(*(client(k) for k in range(4)), swap())
+                return [g for r in res[:4] for g in r]
+        answers = asyncio.run(load())
+        with httpx.Client(base_url=url, timeout=30) as c:
+            last = c.post("/v2/models/net/infer", json=_v2_body(req)).json()["outputs"][0]
+    assert len(answers) == 160
+    for a in answers:
+        assert np.allclose(a, old_out, rtol=1e-5, atol=1e-5) or np.allclose(a, new_out, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.array(last["data"], np.float32).reshape(last["shape"]), new_out, rtol=1e-5, atol=1e-5)

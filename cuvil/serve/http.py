@@ -12,6 +12,7 @@ Every failure is a JSON body {"error": "..."}: 400 for a request the model canno
 an unknown model or path, 413 for a body over the limit; never a traceback."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -38,8 +39,36 @@ def model_name_of(path) -> str:
     return name or "model"
 
 
+def _stamp(artifact):
+    """What changes when an artifact is saved over `artifact` (None while it is being replaced)."""
+    try:
+        st = (Path(artifact) / "manifest.json").stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+async def watch(sess, artifact, every):
+    """Reload the session whenever an artifact is saved over `artifact` (`cuvil serve --watch`). A save
+    that does not load (half written, broken) keeps the running one, with a warning, until the next."""
+    import warnings
+    loop = asyncio.get_running_loop()
+    last = _stamp(artifact)
+    while True:
+        await asyncio.sleep(every)
+        now = _stamp(artifact)
+        if now is None or now == last:
+            continue
+        try:
+            await loop.run_in_executor(None, sess.reload, artifact)
+            last = now
+        except (CuvilError, OSError) as e:
+            warnings.warn(f"cuvil serve --watch: keeping the running artifact: {e}", RuntimeWarning, stacklevel=1)
+            last = now
+
+
 def create_app(artifact, *, name=None, max_batch=8, max_wait_ms=2.0, num_threads=None,
-               max_body_bytes=MAX_BODY_BYTES, session=None):
+               max_body_bytes=MAX_BODY_BYTES, session=None, watch_seconds=0.0):
     name = name or model_name_of(artifact)
     if not NAME_RE.fullmatch(name):
         raise ValueError(f"model name {name!r} must match {NAME_RE.pattern}")
@@ -49,7 +78,11 @@ def create_app(artifact, *, name=None, max_batch=8, max_wait_ms=2.0, num_threads
     sess.batch_observers.append(metrics.observe_batch)
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        watcher = asyncio.get_running_loop().create_task(watch(sess, artifact, watch_seconds)) \
+            if watch_seconds else None
         yield
+        if watcher is not None:
+            watcher.cancel()
         await sess.close()
     app = FastAPI(title="cuvil", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.session = sess
@@ -150,12 +183,16 @@ async def _read_body(request, limit):
     return b"".join(parts)
 
 
-def app_for(artifact, *, name=None, max_batch=8, max_wait_ms=2.0, num_threads=None, prefill_chunk=64):
+def app_for(artifact, *, name=None, max_batch=8, max_wait_ms=2.0, num_threads=None, prefill_chunk=64,
+            watch_seconds=0.0):
     """The app an artifact gets: an LLM artifact (llm.json) the OpenAI APIs, any other KServe v2."""
     if (Path(artifact) / "llm.json").exists():
+        if watch_seconds:
+            raise CuvilError("--watch reloads KServe v2 artifacts; an LLM server cannot swap its KV cache yet")
         from .openai import create_llm_app
         return create_llm_app(artifact, name=name, prefill_chunk=prefill_chunk, num_threads=num_threads)
-    return create_app(artifact, name=name, max_batch=max_batch, max_wait_ms=max_wait_ms, num_threads=num_threads)
+    return create_app(artifact, name=name, max_batch=max_batch, max_wait_ms=max_wait_ms, num_threads=num_threads,
+                      watch_seconds=watch_seconds)
 
 
 SETTINGS_ENV = "CUVIL_SERVE_SETTINGS"

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import time
 from pathlib import Path
 
@@ -27,16 +26,10 @@ from ..errors import CuvilError
 from . import v2
 from .batching import AsyncInferenceSession
 from .metrics import Metrics
+from .wire import NAME_RE, model_name_of, read_body
 
 NPY = "application/x-npy"
 MAX_BODY_BYTES = 512 << 20
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-
-
-def model_name_of(path) -> str:
-    """The artifact folder's name as a URL path segment (characters outside [A-Za-z0-9._-] dropped)."""
-    name = re.sub(r"[^A-Za-z0-9._-]", "", Path(path).name.removesuffix(".cuvil"))[:64].lstrip("._-")
-    return name or "model"
 
 
 def _stamp(artifact):
@@ -146,7 +139,7 @@ def create_app(artifact, *, name=None, max_batch=8, max_wait_ms=2.0, num_threads
     @app.post("/v2/models/{model}/infer")
     async def infer(model: str, request: Request):
         check_name(model)
-        body = await _read_body(request, max_body_bytes)
+        body = await read_body(request, max_body_bytes)
         module = sess.module
         if request.headers.get("content-type", "").split(";")[0].strip() == NPY:
             rid, inputs, asked = None, v2.decode_npy(body, module), None
@@ -167,20 +160,6 @@ def create_app(artifact, *, name=None, max_batch=8, max_wait_ms=2.0, num_threads
         return Response(data, media_type=kind)
 
     return app
-
-
-async def _read_body(request, limit):
-    """The body, refused with 413 as soon as it passes `limit` bytes (not after reading it all)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise v2.ProtocolError(f"body of {declared} bytes is over the limit of {limit}", status=413)
-    parts, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise v2.ProtocolError(f"body is over the limit of {limit} bytes", status=413)
-        parts.append(chunk)
-    return b"".join(parts)
 
 
 def app_for(artifact, *, name=None, max_batch=8, max_wait_ms=2.0, num_threads=None, prefill_chunk=64,

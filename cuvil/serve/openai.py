@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException
 
 from ..errors import CuvilError
 from .continuous import DONE, ContinuousBatcher
-from .http import NAME_RE, _read_body, model_name_of
+from .wire import NAME_RE, model_name_of, read_body
 from .metrics import LATENCY_BUCKETS
 
 MAX_BODY_BYTES = 16 << 20
@@ -134,7 +134,7 @@ def create_llm_app(artifact, *, name=None, prefill_chunk=64, num_threads=None, l
         return Response(generate_latest(reg), media_type=CONTENT_TYPE_LATEST)
 
     async def body_of(request):
-        raw = await _read_body(request, max_body_bytes)
+        raw = await read_body(request, max_body_bytes)
         try:
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError, RecursionError) as e:
@@ -146,6 +146,11 @@ def create_llm_app(artifact, *, name=None, prefill_chunk=64, num_threads=None, l
             raise BadRequest(f"no model {str(model)[:80]!r} here (this server has {name!r})", param="model",
                              status=404, kind="not_found_error")
         return body
+
+    async def read(request):
+        """(body, generation settings, stream?) of a completions or chat request."""
+        body = await body_of(request)
+        return body, parse_sampling(body), _field(body, "stream", (bool,), False, "true or false")
 
     def start(ids, settings, loop, events):
         """Submit; the batcher's thread hands each event to this request's loop (and counts the
@@ -162,8 +167,9 @@ def create_llm_app(artifact, *, name=None, prefill_chunk=64, num_threads=None, l
             raise BadRequest(str(e)) from None
         return held[0]
 
-    async def generate(request, ids, settings, stream, chunk, final):
-        """The answer: one JSON body, or SSE events of chunk(piece) and final(finish_reason, usage)."""
+    async def generate(request, ids, settings, stream, chunk, final, whole):
+        """The answer: whole(text, finish_reason, usage) as one JSON body, or SSE events of chunk(piece)
+        and final(finish_reason, usage)."""
         t0 = time.perf_counter()
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
         seq = start(ids, settings, loop, events)
@@ -208,16 +214,14 @@ def create_llm_app(artifact, *, name=None, prefill_chunk=64, num_threads=None, l
                 yield "data: [DONE]\n\n"
             return StreamingResponse(sse(), media_type="text/event-stream")
         text = "".join([p async for p in pieces()])
-        return text, seq.out.finish_reason, usage()
+        return whole(text, seq.out.finish_reason, usage())
 
     def envelope(kind):
         return {"id": f"cmpl-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()), "model": name}
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        body = await body_of(request)
-        settings = parse_sampling(body)
-        stream = _field(body, "stream", (bool,), False, "true or false")
+        body, settings, stream = await read(request)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]             # a batch of one
@@ -230,22 +234,16 @@ def create_llm_app(artifact, *, name=None, prefill_chunk=64, num_threads=None, l
             raise BadRequest("prompt must be a non-empty string or list of token ids (one prompt per request)",
                              param="prompt")
         head = envelope("text_completion")
-        out = await generate(
-            request, ids, settings, stream,
-            lambda piece: dict(head, choices=[{"index": 0, "text": piece, "finish_reason": None, "logprobs": None}]),
-            lambda reason, usage: dict(head, choices=[{"index": 0, "text": "", "finish_reason": reason,
-                                                       "logprobs": None}], usage=usage))
-        if stream:
-            return out
-        text, reason, usage = out
-        return dict(head, choices=[{"index": 0, "text": text, "finish_reason": reason, "logprobs": None}],
-                    usage=usage)
+
+        def choice(text, reason, **extra):
+            return dict(head, choices=[{"index": 0, "text": text, "finish_reason": reason, "logprobs": None}], **extra)
+        return await generate(request, ids, settings, stream, lambda piece: choice(piece, None),
+                              lambda reason, usage: choice("", reason, usage=usage),
+                              lambda text, reason, usage: choice(text, reason, usage=usage))
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
-        body = await body_of(request)
-        settings = parse_sampling(body)
-        stream = _field(body, "stream", (bool,), False, "true or false")
+        body, settings, stream = await read(request)
         messages = body.get("messages")
         if not (isinstance(messages, list) and messages and all(
                 isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
@@ -264,13 +262,10 @@ def create_llm_app(artifact, *, name=None, prefill_chunk=64, num_threads=None, l
             delta = {"content": piece} if said[0] else {"role": "assistant", "content": piece}
             said[0] = True
             return dict(head, choices=[{"index": 0, "delta": delta, "finish_reason": None}])
-        out = await generate(request, ids, settings, stream, chunk,
-                             lambda reason, usage: dict(head, choices=[{"index": 0, "delta": {},
-                                                                        "finish_reason": reason}], usage=usage))
-        if stream:
-            return out
-        text, reason, usage = out
-        return dict(head, choices=[{"index": 0, "message": {"role": "assistant", "content": text},
-                                    "finish_reason": reason}], usage=usage)
+        return await generate(
+            request, ids, settings, stream, chunk,
+            lambda reason, usage: dict(head, choices=[{"index": 0, "delta": {}, "finish_reason": reason}], usage=usage),
+            lambda text, reason, usage: dict(head, choices=[{"index": 0, "finish_reason": reason, "message": {
+                "role": "assistant", "content": text}}], usage=usage))
 
     return app

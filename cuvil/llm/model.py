@@ -259,11 +259,23 @@ class LLM:
                 raise kind(f"stop entries must be non-empty strings or token ids in [0, {vocab}), got {s!r}")
         return ids, strings
 
-    def generate(self, prompt, max_new_tokens=64, *, temperature=0.0, top_k=0, top_p=1.0, repetition_penalty=1.0,
-                 stop=None, seed=None, stream=False, chat=False):
+    def generate(self, prompt=None, max_new_tokens=64, *, temperature=0.0, top_k=0, top_p=1.0, repetition_penalty=1.0,
+                 stop=None, seed=None, stream=False, chat=False, input_ids=None, attention_mask=None):
         """Text (or ids) in; the generated text (or ids when no tokenizer) out, or an iterator of text
         pieces with stream=True. Greedy when temperature is 0. The arguments are checked here, at
-        the call, streaming or not. Thread-safe: see the class's notes on `lock`."""
+        the call, streaming or not. Thread-safe: see the class's notes on `lock`.
+
+        As Hugging Face callers pass it: `input_ids` [B, T] (array, tensor or nested lists) with an
+        optional `attention_mask` (1 on tokens, 0 on left or right padding) -> a list of B lists of new
+        token ids, the rows run one after another (seed + row for sampled rows); not with stream."""
+        if input_ids is not None:
+            if prompt is not None or stream or chat:
+                raise TypeError("input_ids replaces prompt, and runs without stream or chat")
+            return [self._new_ids(ids, max_new_tokens, temperature, top_k, top_p, repetition_penalty, stop,
+                                  None if seed is None else seed + i)
+                    for i, ids in enumerate(_unpadded_rows(input_ids, attention_mask))]
+        if prompt is None:
+            raise TypeError("generate() needs a prompt (text or token ids) or input_ids")
         sampling.check_sampling(temperature, top_k, top_p, repetition_penalty, seed)
         sampling.check_arg("max_new_tokens", max_new_tokens, numbers.Integral, "an int >= 0", lambda v: v >= 0)
         stop_ids, stop_strings = self._stop_ids(stop)
@@ -279,6 +291,12 @@ class LLM:
             return it
         pieces = list(it)
         return stats.tokens if self.tokenizer is None else "".join(pieces)
+
+    def _new_ids(self, ids, max_new_tokens, temperature, top_k, top_p, repetition_penalty, stop, seed):
+        """generate()'s new token ids for a prompt of ids, whether or not there is a tokenizer."""
+        self.generate(ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                      repetition_penalty=repetition_penalty, stop=stop, seed=seed)
+        return list(self.last_stats.tokens)
 
     def _generate(self, ids, max_new_tokens, sampler, stop_ids, stop_strings, stats, stream):
         self.lock.acquire(stream=stream)      # held across the yields; the finally runs on close() and collection
@@ -329,6 +347,28 @@ def _read_meta(meta_file):
         raise ArtifactError(f"{meta_file}: 'eos_token_ids' must be a list of token ids in [0, {meta['vocab']}), "
                             f"got {eos!r}")
     return meta
+
+
+def _unpadded_rows(input_ids, attention_mask):
+    """The token ids of each row of a [B, T] batch, without the padding its attention mask marks."""
+    ids = np.asarray(input_ids)
+    if ids.ndim == 1:
+        ids = ids[None]
+    if ids.ndim != 2 or ids.dtype.kind not in "iu" or ids.size == 0:
+        raise ShapeError(f"input_ids must be integer token ids [B, T], got {ids.dtype} of shape {list(ids.shape)}")
+    if attention_mask is None:
+        return [row.tolist() for row in ids]
+    mask = np.asarray(attention_mask)
+    if mask.shape != ids.shape and not (mask.ndim == 1 and mask.shape == ids.shape[1:] and len(ids) == 1) or \
+            not np.isin(mask, (0, 1)).all():
+        raise ShapeError(f"attention_mask must be 0/1 of the shape of input_ids {list(ids.shape)}")
+    rows = []
+    for b, (row, m) in enumerate(zip(ids, mask.reshape(ids.shape).astype(bool))):
+        on = np.flatnonzero(m)
+        if on.size == 0 or on[-1] - on[0] + 1 != on.size:
+            raise ShapeError(f"attention_mask row {b} must be one run of 1s (left or right padding around it)")
+        rows.append(row[on].tolist())
+    return rows
 
 
 def copy_tokenizer(src, dst):

@@ -201,6 +201,11 @@ class Module:
             raise ArtifactError(f"module {self.path} is closed")
 
     # ---- I/O checking ------------------------------------------------------------------
+    def check_inputs(self, arrays) -> dict:
+        """The shape checks a run makes (rank, static dims, dynamic dims agreeing and within their
+        compiled bounds), without running: {dynamic dim: value}. A ShapeError names what is wrong."""
+        return self._bind(arrays)
+
     def _bind(self, arrays):
         env = {}
         for spec, a in zip(self.inputs, arrays):

@@ -149,7 +149,7 @@ class AsyncInferenceSession:
     def _check(self, arrays):
         """The request's rows along the batch dim and its stacking key; its shapes checked as a run
         of it alone would check them (so a bad one fails here, alone)."""
-        self.module._bind(arrays)
+        self.module.check_inputs(arrays)
         if self.batch_dim is None:
             return 1, ("alone", id(arrays))
         rows = arrays[0].shape[0] if arrays else 1

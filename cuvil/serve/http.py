@@ -32,6 +32,12 @@ NPY = "application/x-npy"
 MAX_BODY_BYTES = 512 << 20
 
 
+def _endpoint(path) -> str:
+    """A request's metrics label: infer, ready, live, v2 (server metadata) or metadata (anything else)."""
+    last = path.rstrip("/").rsplit("/", 1)[-1]
+    return last if last in ("infer", "ready", "live", "v2") else "metadata"
+
+
 def _stamp(artifact):
     """What changes when an artifact is saved over `artifact` (None while it is being replaced)."""
     try:
@@ -69,6 +75,7 @@ def create_app(artifact, *, name=None, max_batch=8, max_wait_ms=2.0, num_threads
                                             num_threads=num_threads)
     metrics = Metrics(name, sess.queue_depth)
     sess.batch_observers.append(metrics.observe_batch)
+
     @contextlib.asynccontextmanager
     async def lifespan(app):
         watcher = asyncio.get_running_loop().create_task(watch(sess, artifact, watch_seconds)) \
@@ -107,10 +114,8 @@ def create_app(artifact, *, name=None, max_batch=8, max_wait_ms=2.0, num_threads
     async def _count(request: Request, call_next):
         t0 = time.perf_counter()
         response = await call_next(request)
-        endpoint = "infer" if request.url.path.endswith("/infer") else request.url.path.split("/")[-1] or "root"
         if request.url.path != "/metrics":
-            metrics.answered(endpoint if endpoint in ("infer", "ready", "live", "v2") else "metadata",
-                             response.status_code, time.perf_counter() - t0)
+            metrics.answered(_endpoint(request.url.path), response.status_code, time.perf_counter() - t0)
         return response
 
     @app.get("/v2/health/live")

@@ -19,7 +19,7 @@ from cuvil.errors import CuvilError, ShapeError, UnsupportedOpError
 from cuvil.ir import dims, interpreter
 from cuvil.ir.graph import Graph, TensorType, Value
 from cuvil.ir.ops import REGISTRY
-from cuvil.ir.ops.elementwise import BINARY, COMPARE, LOGICAL, UNARY
+from cuvil.ir.ops.elementwise import BINARY, COMPARE, FLOAT_BINARY, LOGICAL, UNARY
 from cuvil.ir.ops.fused import ACTIVATIONS
 from cuvil.target import vector_floats
 
@@ -228,7 +228,7 @@ def logical_not(op):
 
 
 # ---- binary ---------------------------------------------------------------------------------
-INT_BINARY = [n for n in BINARY if n != "atan2"]
+INT_BINARY = [n for n in BINARY if n not in FLOAT_BINARY]
 BOOL_BINARY = ["max", "min"]
 
 
@@ -1694,6 +1694,15 @@ def test_attention_window_and_cap_from_a_config_are_bounded_before_c():
         assert isinstance(window, int) and 0 <= window < 1 << 62
         assert np.isfinite(np.float32(float(cap))) and float(cap) >= 0
     check()
+
+
+def test_fmax_fmin_drop_nan_where_max_min_keep_it():
+    c = Case()
+    a = c.input(np.array([1.0, np.nan, 3.0, np.nan, -0.0], np.float32))
+    b = c.input(np.array([np.nan, 2.0, 1.0, np.nan, 0.0], np.float32))
+    for op in ("fmax", "fmin", "max", "min", "copysign", "hypot", "nextafter"):
+        c.out(c.add(op, [a, b]), f"{op} with NaNs")
+    c.check()
 
 
 def test_expert_index_out_of_range_is_an_error_not_a_crash():

@@ -65,6 +65,7 @@ UNARY = {
     aten.ceil.default: "ceil", aten.round.default: "round", aten.sign.default: "sign",
     aten.isnan.default: "isnan", aten.isinf.default: "isinf", aten.silu.default: "silu",
     aten.erfc.default: "erfc", aten.lgamma.default: "lgamma", aten.exp2.default: "exp2", aten.trunc.default: "trunc",
+    aten.log2.default: "log2", aten.log10.default: "log10",
 }
 
 
@@ -82,7 +83,8 @@ for _t, _op in UNARY.items():
 
 BINARY = {
     "add": "add", "sub": "sub", "mul": "mul", "div": "div", "maximum": "max", "minimum": "min",
-    "fmod": "fmod", "remainder": "mod", "atan2": "atan2", "pow": "pow",
+    "fmod": "fmod", "remainder": "mod", "atan2": "atan2", "pow": "pow", "copysign": "copysign", "hypot": "hypot",
+    "nextafter": "nextafter", "fmax": "fmax", "fmin": "fmin",
     "eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge",
     "logical_and": "and", "logical_or": "or", "logical_xor": "xor",
     "bitwise_and": "and", "bitwise_or": "or", "bitwise_xor": "xor",

@@ -14,7 +14,7 @@ UNARY_F = {
     "sin": "sin({0})", "cos": "cos({0})", "tan": "tan({0})", "asin": "asin({0})", "acos": "acos({0})",
     "atan": "atan({0})", "sinh": "sinh({0})", "cosh": "cosh({0})", "tanh": "tanh({0})", "asinh": "asinh({0})",
     "acosh": "acosh({0})", "atanh": "atanh({0})", "erf": "erf({0})", "erfc": "erfc({0})", "lgamma": "lgamma({0})",
-    "exp2": "exp2({0})", "trunc": "trunc({0})",
+    "exp2": "exp2({0})", "trunc": "trunc({0})", "log2": "log2({0})", "log10": "log10({0})",
     **{name: render_formula(name, GENERIC, "{0}") for name in ("sigmoid", "gelu", "gelu_tanh", "silu")},
     "relu": "({0} < 0 ? ({T})0 : {0})",
     "relu6": "({0} < 0 ? ({T})0 : ({0} > 6 ? ({T})6 : {0}))",
@@ -47,6 +47,8 @@ BINARY_F = {
     "floordiv": "floor({0} / {1})", "pow": "pow({0}, {1})",
     "max": "(({0} != {0} || {0} > {1}) ? {0} : {1})", "min": "(({0} != {0} || {0} < {1}) ? {0} : {1})",
     "mod": "cuvil_pymod{fsuf}({0}, {1})", "fmod": "fmod({0}, {1})", "atan2": "atan2({0}, {1})",
+    "copysign": "copysign({0}, {1})", "hypot": "hypot({0}, {1})", "nextafter": "nextafter({0}, {1})",
+    "fmax": "fmax({0}, {1})", "fmin": "fmin({0}, {1})",
 }
 BINARY_I = {
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})",

@@ -65,6 +65,7 @@ UNARY = {
     "erfc": (lambda x: _erfc(x).astype(x.dtype), FLOAT_ONLY, {}),
     "lgamma": (lambda x: _lgamma(x).astype(x.dtype), FLOAT_ONLY, {}),
     "exp2": (np.exp2, FLOAT_ONLY, {}),
+    "log2": (np.log2, FLOAT_ONLY, {}), "log10": (np.log10, FLOAT_ONLY, {}),
     "trunc": (np.trunc, FLOAT_ONLY, {}),
     "sigmoid": (_sigmoid, FLOAT_ONLY, {}),
     "relu": (lambda x: np.maximum(x, 0).astype(x.dtype), ANY, {}),
@@ -148,8 +149,10 @@ def _fmod(a, b):  # C semantics: result has the sign of a
 BINARY = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": _div, "floordiv": _floordiv,
     "pow": _pow, "max": np.maximum, "min": np.minimum, "mod": _mod, "fmod": _fmod,
-    "atan2": np.arctan2,
+    "atan2": np.arctan2, "copysign": np.copysign, "hypot": np.hypot, "nextafter": np.nextafter,
+    "fmax": np.fmax, "fmin": np.fmin,       # fmax / fmin: a NaN operand loses (max / min propagate it)
 }
+FLOAT_BINARY = {"atan2", "copysign", "hypot", "nextafter", "fmax", "fmin"}
 COMPARE = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
            "gt": np.greater, "ge": np.greater_equal}
 LOGICAL = {"and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}
@@ -189,8 +192,8 @@ def _binary(name, fn, result):
         # bool arithmetic: C would store 1 + 1 = 2 in a bool (max/min are or/and, and fine)
         if result == "same" and a.dtype == "bool" and name not in ("max", "min"):
             raise ShapeError(f"{name} expects numeric operands, got bool; use and/or/xor or cast first")
-        if name == "atan2" and not _is_float(a.dtype):
-            raise ShapeError(f"atan2 expects float operands, got {a.dtype}")
+        if name in FLOAT_BINARY and not _is_float(a.dtype):
+            raise ShapeError(f"{name} expects float operands, got {a.dtype}")
         return [TensorType(broadcast(a.shape, b.shape), a.dtype if result == "same" else "bool")]
 
     def ref(xs, attrs):

@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test bench bench-llm setup clean
+.PHONY: demo test bench bench-llm setup toolchains clean
 
 $(STAMP): requirements-dev.txt pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (set PY=python3.x)"; exit 1; }
@@ -14,12 +14,23 @@ $(STAMP): requirements-dev.txt pyproject.toml
 	$(BIN)/pip install -q -e . --no-deps
 	touch $(STAMP)
 
-setup: $(STAMP)
+setup: $(STAMP) toolchains
+
+# cross compilers and emulators for the foreign targets (cuvil/target.py names the Debian packages):
+# installed with apt-get where we are root (as CI is); elsewhere their tests skip and say why
+toolchains:
+	@pkgs="$$($(PY) cuvil/target.py)"; \
+	if [ -z "$$pkgs" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing $$pkgs"; \
+		apt-get install -y -q $$pkgs >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q $$pkgs >/dev/null; } \
+		|| echo "could not install $$pkgs: the cross-target tests will skip"; \
+	else echo "not root or no apt-get: $$pkgs not installed, the cross-target tests will skip"; fi
 
 demo: $(STAMP)
 	$(BIN)/python -m benchmarks.demo
 
-test: $(STAMP)
+test: $(STAMP) toolchains
 	$(BIN)/python -m pytest -q -n 2 --durations=15
 
 bench: $(STAMP)

@@ -21,7 +21,7 @@ def _source_key(model, example_inputs, opts: Options) -> str | None:
     structure), so a repeat compile skips export entirely; None when the model holds something the
     key cannot account for (frontend/torch_key.py)."""
     from .frontend.torch_key import source_key
-    return source_key(model, example_inputs, f"{opts.key()}|{__version__}|{toolchain.compiler_version()}|"
+    return source_key(model, example_inputs, f"{opts.key()}|{__version__}|{toolchain.compiler_version(resolve_target(opts.target))}|"
                                              f"{toolchain.cuvil_source_digest()}")
 
 

@@ -82,6 +82,19 @@ def _out_dir(s):
     return s
 
 
+LIBRARY_SUFFIXES = (".so", ".a")
+
+
+def _compile_output(s):
+    """compile's --output: an artifact directory, or NAME.so / NAME.a for a library with the
+    weights embedded (a file that may be replaced)."""
+    if Path(s).suffix in LIBRARY_SUFFIXES:
+        if Path(_path(s)).is_dir():
+            raise argparse.ArgumentTypeError(f"{s!r} is a directory, not a library file to write")
+        return s
+    return _out_dir(s)
+
+
 def _example_spec(s):
     """--example-input: ('random', (dtype, shape)), ('npy', path) or ('py', expression); nothing is
     read or evaluated here."""
@@ -227,7 +240,7 @@ def _constants(specs):
 def _opts(a):
     return dict(target=a.target, precision=a.precision, fusion_level=a.fusion_level, layout=a.layout,
                 dynamic_shapes=_dynamic(a.dynamic), num_threads=a.num_threads, cache_dir=a.cache_dir,
-                constant_inputs=_constants(a.constant_input))
+                constant_inputs=_constants(a.constant_input), name=getattr(a, "name", None))
 
 
 def _model_and_inputs(a):
@@ -242,7 +255,14 @@ def cmd_compile(a):
     model, ex = _model_and_inputs(a)
     t = time.perf_counter()
     cm = cuvil.compile(model, ex, verify=a.verify, verbose=not a.quiet, **_opts(a))
-    cm.save(a.output)
+    library = Path(a.output).suffix in LIBRARY_SUFFIXES
+    if a.embed_weights and not library:
+        raise CuvilError("--embed-weights builds one library: give --output NAME.so (shared) or NAME.a (static)")
+    if library:
+        header = cm.save_library(a.output, cache_dir=a.cache_dir)
+        print(f"library {a.output} (weights embedded), header {header}")
+    else:
+        cm.save(a.output)
     print(f"compiled {a.model} -> {a.output} in {time.perf_counter() - t:.2f} s "
           f"(cache {cm.report.get('cache', '?')})")
     if "verify" in cm.report:
@@ -365,6 +385,8 @@ def _add_compile_options(p):
                    help="compile cache (default ~/.cache/cuvil or $CUVIL_CACHE_DIR)")
     p.add_argument("--constant-input", action="append", default=[], type=_constant_spec, metavar="NAME=VALUES",
                    help="ONNX: fix a shape-deciding input, NAME=FILE.npy or NAME=1,2,3 (int64); repeat per input")
+    p.add_argument("--name", default=None, help="model name: its C functions are cuvil_NAME_run, ... (to link "
+                                                "several models into one program)")
 
 
 def cmd_serve(a):
@@ -414,7 +436,10 @@ def parser():
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("compile", help="compile a model into an artifact directory")
     _add_compile_options(p)
-    p.add_argument("-o", "--output", required=True, type=_out_dir, help="artifact directory to write")
+    p.add_argument("-o", "--output", required=True, type=_compile_output,
+                   help="artifact directory to write, or NAME.so / NAME.a: one shared / static library with the "
+                        "weights embedded, and NAME.h beside it (for C programs)")
+    p.add_argument("--embed-weights", action="store_true", help="with --output NAME.so or NAME.a (implied by them)")
     p.add_argument("--verify", action="store_true", help="compare with the source model on the example inputs")
     p.add_argument("--quiet", action="store_true", help="no per-stage progress")
     p.set_defaults(fn=cmd_compile)

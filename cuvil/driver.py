@@ -12,8 +12,8 @@ from .build import cache, toolchain
 from .ir import dims as D
 from .options import Options
 from .runtime import artifact
-from .runtime.module import Module
-from .target import native_cpu, required_features, resolve_target, vector_floats
+from .runtime.module import Module, load
+from .target import native_cpu, required_features, resolve_target, target_arch, vector_floats
 
 
 class Progress:
@@ -85,6 +85,14 @@ class CompiledModel:
     def set_num_threads(self, n):
         self.module.set_num_threads(n)
 
+    def save_library(self, path, cache_dir=None) -> Path:
+        """One library for C programs with the weights embedded: NAME.so (shared) or NAME.a (static,
+        the kernels merged in), for the artifact's target; NAME.h beside it declares the model's API
+        and <prefix>create_embedded(num_threads). Returns the header's path. Compile each model
+        with its own name= to link several into one program."""
+        from .build import bundle
+        return bundle.build(self.path, Path(path), cache.usable_dir(cache_dir))
+
     def __repr__(self):
         return f"<cuvil.CompiledModel {self.path}>"
 
@@ -123,22 +131,27 @@ def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None,
     progress("codegen", f"{len(c_src) // 1024} KiB of C, {weights.nbytes / 2**20:.1f} MiB weights, "
                         f"arena {plan.arena_bytes / 2**20:.1f} MiB")
     key = cache.digest(str(graph), c_src, weights.sha256, opts.key(), target, native_cpu(target),
-                       toolchain.compiler_version(), toolchain.cuvil_source_digest(), __version__)
+                       toolchain.compiler_version(target), toolchain.cuvil_source_digest(), __version__)
     hit = cache.lookup(cdir, key)
     if hit is None:
         bdir = cache.new_build_dir(cdir)
         (bdir / "model.c").write_text(c_src)
         (bdir / "model.h").write_text(api_h(prefix))
         weights.move_to(bdir / "weights.bin")
-        toolchain.build_shared(bdir, target, cdir, verbose=opts.verbose)
+        foreign = toolchain.is_foreign(target)
+        if foreign:                  # a foreign target's artifact runs through its C runner
+            from .codegen.c import runner
+            (bdir / "cuvil_run_main.c").write_text(runner.SOURCE.read_text())
+            (bdir / "cuvil_run_io.h").write_text(runner.io_header(io, prefix))
+        toolchain.build_shared(bdir, target, cdir, verbose=opts.verbose, runner=foreign)
         progress("build", "model.so")
         manifest = {
-            "cuvil_version": __version__, "target": target,
+            "cuvil_version": __version__, "target": target, "arch": target_arch(target),
             "cpu_features": required_features(target), **io,
             "weights": {"bytes": weights.nbytes, "checksum": weights.checksum},
             "arena_bytes": plan.arena_bytes, "num_threads": opts.num_threads,
             "options": {"precision": opts.precision, "fusion_level": opts.fusion_level},
-            "compiler": toolchain.compiler_version(), "cache_key": key, "symbol_prefix": prefix,
+            "compiler": toolchain.compiler_version(target), "cache_key": key, "symbol_prefix": prefix,
             "node_ops": [n.op for n in graph.nodes],
         }
         manifest.update(extra_manifest or {})
@@ -160,7 +173,7 @@ def _io(v, name):
 
 def wrap(path, opts, graph, plan, report):
     """A built artifact, loaded, as the CompiledModel that compile() returns."""
-    module = Module(path, num_threads=opts.num_threads)
+    module = load(path, num_threads=opts.num_threads)
     spec = module.manifest.get("treespec")
     out_spec = None
     if spec and "torch" in sys.modules:

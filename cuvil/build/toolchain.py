@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import platform
 import shutil
 import subprocess
 import tempfile
@@ -24,24 +23,39 @@ COMMON_FLAGS = ["-O3", "-fPIC", "-pthread", "-fopenmp-simd", "-fno-math-errno", 
 
 def target_flags(target: str) -> list[str]:
     if target in TARGETS:
-        if (TARGETS[target].arch == "aarch64") != (platform.machine() in ("aarch64", "arm64")):
-            raise CompileError(f"target {target!r} needs a cross compiler for {platform.machine()}, "
-                               "which cuvil does not drive yet; use target='native'")
         return list(TARGETS[target].flags)
     return ["-march=native"]
 
 
+def is_foreign(target: str) -> bool:
+    return target in TARGETS and TARGETS[target].is_foreign()
+
+
 @functools.lru_cache(None)
-def find_compiler() -> str:
+def find_compiler(target: str = "native") -> str:
+    """The C compiler for `target`: $CC (or gcc, clang, cc) for this machine, the target's cross
+    compiler for another (a clear CompileError naming the Debian package where it is missing)."""
+    if is_foreign(target):
+        t = TARGETS[target]
+        for cc in t.compilers():
+            if shutil.which(cc):
+                return shutil.which(cc)
+        raise CompileError(f"target {target!r} needs the cross compiler {' or '.join(t.compilers())}, which is "
+                           f"not installed: apt-get install {' '.join(t.packages)} (or run `make setup` as root)")
     for cc in (os.environ.get("CC"), "gcc", "clang", "cc"):
         if cc and shutil.which(cc):
             return shutil.which(cc)
     raise CompileError("no C compiler found: install gcc or clang, or set CC")
 
 
+def binutil(target: str, name: str) -> str:
+    """ar, objdump, ... for the target's object files (the cross binutils for a foreign target)."""
+    return TARGETS[target].tool(name) if target in TARGETS else name
+
+
 @functools.lru_cache(None)
-def compiler_version() -> str:
-    cc = find_compiler()
+def compiler_version(target: str = "native") -> str:
+    cc = find_compiler(target)
     out = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     return out.splitlines()[0] if out else cc
 
@@ -91,7 +105,7 @@ def _kernels_root(cache_dir: Path) -> Path:
 
 def kernels_object(target: str, cache_dir: Path) -> Path:
     """kernels.a for this target and compiler, built once per machine and kept (see _kernels_root)."""
-    key = hashlib.sha256(f"{target}|{compiler_version()}|{kernel_sources_digest()}|{native_cpu(target)}|"
+    key = hashlib.sha256(f"{target}|{compiler_version(target)}|{kernel_sources_digest()}|{native_cpu(target)}|"
                          f"{' '.join(COMMON_FLAGS + target_flags(target))}".encode()).hexdigest()[:20]
     dest = _kernels_root(cache_dir) / key / "libcuvil_kernels.a"
     if _kernels_intact(dest):
@@ -99,7 +113,7 @@ def kernels_object(target: str, cache_dir: Path) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
         objs = []
-        cc = find_compiler()
+        cc = find_compiler(target)
         srcs = sorted(KERNELS_DIR.glob("*.c"))
         procs = []
         for src in srcs:
@@ -111,7 +125,7 @@ def kernels_object(target: str, cache_dir: Path) -> Path:
             _, err = p.communicate()
             if p.returncode:
                 raise CompileError(f"C compiler failed on {src.name}:\n{err[-4000:]}")
-        _run(["ar", "rcs", str(Path(tmp) / "lib.a"), *objs], tmp)
+        _run([binutil(target, "ar"), "rcs", str(Path(tmp) / "lib.a"), *objs], tmp)
         Path(tmp, "lib.sha256").write_text(hashlib.sha256(Path(tmp, "lib.a").read_bytes()).hexdigest())
         os.replace(Path(tmp) / "lib.sha256", _digest_file(dest))
         os.replace(Path(tmp) / "lib.a", dest)
@@ -133,16 +147,25 @@ def _kernels_intact(lib: Path) -> bool:
         return False
 
 
-def build_shared(model_dir: Path, target: str, cache_dir: Path, verbose=False) -> Path:
-    """Compile model_dir/model.c against the kernel library into model_dir/model.so."""
+def build_shared(model_dir: Path, target: str, cache_dir: Path, verbose=False, runner=False) -> Path:
+    """Compile model_dir/model.c against the kernel library into model_dir/model.so; with `runner`,
+    also link model_dir/cuvil_run_main.c with the same object into a static program, cuvil_run (the
+    way a foreign target's artifact runs: on the device, or here under its emulator)."""
     lib = kernels_object(target, cache_dir)
-    inc = KERNELS_DIR.parent
+    cc = find_compiler(target)
+    flags = [*COMMON_FLAGS, *target_flags(target), f"-I{KERNELS_DIR.parent}", f"-I{model_dir}"]
+    tail = [str(lib), "-lm"]
+    shared = ["-shared", "-o", "model.so.tmp", "-Wl,--exclude-libs,ALL"]   # the kernels stay private
+    steps = [[cc, *flags, "model.c", *shared, *tail]]
+    if runner:
+        steps = [[cc, *flags, "-c", "model.c", "-o", "model.o"],
+                 [cc, *flags, "model.o", *shared, *tail],
+                 [cc, *flags, "-static", "cuvil_run_main.c", "model.o", "-o", "cuvil_run", *tail]]
+    for cmd in steps:
+        if verbose:
+            print("  $", " ".join(cmd))
+        _run(cmd, model_dir)
+    (model_dir / "model.o").unlink(missing_ok=True)
     out = model_dir / "model.so"
-    cmd = [find_compiler(), *COMMON_FLAGS, *target_flags(target), "-shared", f"-I{inc}", f"-I{model_dir}",
-           "model.c", str(lib), "-o", "model.so.tmp", "-lm",
-           "-Wl,--exclude-libs,ALL"]      # the kernels stay private: only the model's API is exported
-    if verbose:
-        print("  $", " ".join(cmd))
-    _run(cmd, model_dir)
     os.replace(model_dir / "model.so.tmp", out)
     return out

@@ -16,7 +16,7 @@ from ..build import cache, toolchain
 from ..driver import Progress, build_graph
 from ..errors import CuvilError
 from ..options import make_options
-from ..target import native_cpu
+from ..target import native_cpu, resolve_target
 from . import quantize, sampling, weights
 from .lower import build_step_graph
 from .model import LLM, copy_tokenizer
@@ -46,10 +46,11 @@ def _eos_ids(cfg, src_dir):
 
 
 def from_transformers(src, *, precision="fp32", max_seq_len=2048, max_batch=1, num_threads=None, group=64,
-                      cache_dir=None, verbose=False, measure_error=True, error_prompts=None, profile=False):
+                      cache_dir=None, verbose=False, measure_error=True, error_prompts=None, profile=False,
+                      target="native"):
     """Compile a decoder-only language model of spec.ARCHITECTURES (a transformers model object or a
     checkpoint directory of config.json + safetensors) into prefill/decode code sharing weights and
-    a KV cache.
+    a KV cache. target: as cuvil.compile's (an aarch64 artifact built here runs under qemu-user).
     profile=True times every node (`llm.module.profile_counters()`), as cuvil.compile's does."""
     _check(precision, group, max_seq_len, max_batch)
     t0 = time.perf_counter()
@@ -70,7 +71,8 @@ def from_transformers(src, *, precision="fp32", max_seq_len=2048, max_batch=1, n
     max_seq_len = min(max_seq_len, spec.max_positions)
     rope = rope_parameters(cfg, spec.layer_types)
 
-    settings = (precision, group, max_seq_len, max_batch, profile)
+    opts = make_options(num_threads=num_threads, cache_dir=cache_dir, verbose=verbose, profile=profile, target=target)
+    settings = (precision, group, max_seq_len, max_batch, profile, resolve_target(opts.target))
     cdir = cache.usable_dir(cache_dir)
     skey = _source_key(src, src_dir, settings)
     path = cache.lookup_source(cdir, skey)
@@ -85,7 +87,6 @@ def from_transformers(src, *, precision="fp32", max_seq_len=2048, max_batch=1, n
                   flush=True)
     graph = build_step_graph(spec, tensors, rope, precision=precision, group=group,
                              max_batch=max_batch, max_seq_len=max_seq_len, progress=layer_progress)
-    opts = make_options(num_threads=num_threads, cache_dir=cache_dir, verbose=verbose, profile=profile)
     path = build_graph(graph, opts, cdir, Progress(verbose), load=False)
     del graph, tensors               # the graph's constants: free them before the artifact is loaded
     gc.collect()                     # (the graph's nodes and values refer to each other)
@@ -140,7 +141,7 @@ def _source_key(src, src_dir, settings) -> str:
         for name, t in src.state_dict().items():
             h.update(f"{name}|{tuple(t.shape)}|{t.dtype}".encode())
             h.update(t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    h.update(toolchain.compiler_version().encode())
+    h.update(toolchain.compiler_version(settings[-1]).encode())
     h.update(native_cpu("native").encode())       # built for -march=native
     h.update(toolchain.cuvil_source_digest().encode())
     return "llm-" + h.hexdigest()[:32]

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import ArtifactError, CuvilError, ShapeError
 from ..runtime import artifact
-from ..runtime.module import Module
+from ..runtime.module import Module, load
 from . import sampling
 from .tokenizer import FILES as TOKENIZER_FILES
 from .textstream import TextStream
@@ -101,7 +101,7 @@ class LLM:
         if not meta_file.exists():
             raise ArtifactError(f"{path} is not a cuvil LLM artifact (no llm.json)")
         self.meta = m = _read_meta(meta_file)
-        self.module = Module(self.path, num_threads=num_threads)
+        self.module = load(self.path, num_threads=num_threads)    # emulated where built for another machine
         shape = (m["layers"], m["max_batch"], m["kv_heads"], m["max_seq_len"], m["head_dim"])
         # an edited size: named here, not an absurd allocation or a shape error at the first step
         ins = {i["name"]: i["shape"] for i in self.module.inputs}

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ArtifactError
+from ..target import host_arch
 from .pages import huge_page_empty, huge_pages_available
 
 FORMAT_VERSION = 2                 # 2: sealed (files, content_hash) and cross-checked (cuvil_signature)
@@ -85,6 +86,7 @@ def crc_text(crc: int) -> str:
 # overflow is the cross-check against the signature the library itself reports (signature()).
 SIGNED = ("inputs", "outputs", "symbols")       # what the library reports about itself
 HASHED = ("model.so", "model.c", "model.h")     # weights.bin has its own (parallel) checksum
+RUNNER = ("cuvil_run", "cuvil_run_main.c", "cuvil_run_io.h")   # the C runner, where one was built
 PREFIX = re.compile(r"cuvil_([A-Za-z][A-Za-z0-9_]{0,31}_)?\Z")
 DTYPE_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}\Z")     # numpy's and ml_dtypes' names (float8_e4m3fn, int4)
 MAX_IO = 4096
@@ -121,7 +123,8 @@ def write_manifest(path: Path, manifest: dict):
     """Seal a finished artifact: sizes and hashes of its files, then a hash over the whole manifest."""
     path = Path(path)
     manifest = dict(manifest, format_version=FORMAT_VERSION)
-    manifest["files"] = {f: {"bytes": (path / f).stat().st_size, "digest": file_digest(path / f)} for f in HASHED}
+    manifest["files"] = {f: {"bytes": (path / f).stat().st_size, "digest": file_digest(path / f)}
+                         for f in HASHED + RUNNER if f in HASHED or (path / f).is_file()}
     manifest["content_hash"] = _content_hash(manifest)
     tmp = path / "manifest.json.tmp"
     tmp.write_text(json.dumps(manifest, indent=1))
@@ -211,13 +214,27 @@ def _check_schema(m):
                             and all(isinstance(n, str) for n in names)),
           "output_names", "a list of one string per output", names)
     files = m["files"]
-    _need(isinstance(files, dict) and set(files) == set(HASHED), "files", f"an object with {', '.join(HASHED)}", files)
+    _need(isinstance(files, dict) and set(HASHED) <= set(files) <= set(HASHED + RUNNER), "files",
+          f"an object with {', '.join(HASHED)} (and {', '.join(RUNNER)} where a runner was built)", files)
     for f, e in files.items():
         _need(isinstance(e, dict) and _is_int(e.get("bytes")) and isinstance(e.get("digest"), str), f"files[{f!r}]",
               '{"bytes": int, "digest": str}', e)
     _need(isinstance(m["content_hash"], str), "content_hash", "a string", m["content_hash"])
+    _need(m.get("arch") is None or m["arch"] in ELF_MACHINE, "arch", f"one of {', '.join(ELF_MACHINE)}", m.get("arch"))
     prefix = m.get("symbol_prefix", "cuvil_")
     _need(isinstance(prefix, str) and PREFIX.match(prefix), "symbol_prefix", "cuvil_ or cuvil_<name>_", prefix)
+
+
+ELF_MACHINE = {"x86_64": 62, "aarch64": 183}
+
+
+def arch(manifest: dict) -> str:
+    """The machine an artifact's code is for: the manifest's "arch" (older ones: this machine's)."""
+    return manifest.get("arch") or host_arch()
+
+
+def is_foreign(manifest: dict) -> bool:
+    return arch(manifest) != host_arch()
 
 
 def verify(path: Path, manifest: dict, full: bool = True):
@@ -230,8 +247,13 @@ def verify(path: Path, manifest: dict, full: bool = True):
             raise ArtifactError(f"artifact {path}: {f} is {size} bytes, but the manifest records {e['bytes']} "
                                 "(truncated or replaced)")
     with open(path / "model.so", "rb") as fh:
-        if fh.read(4) != b"\x7fELF":
-            raise ArtifactError(f"artifact {path}: model.so is not a shared library (no ELF header)")
+        head = fh.read(20)
+    if head[:4] != b"\x7fELF":
+        raise ArtifactError(f"artifact {path}: model.so is not a shared library (no ELF header)")
+    machine = int.from_bytes(head[18:20], "little")
+    if ELF_MACHINE.get(arch(manifest), machine) != machine:
+        raise ArtifactError(f"artifact {path}: model.so is machine code for ELF machine {machine}, but the "
+                            f"manifest says {arch(manifest)} (mixed-up files)")
     if not full:
         return
     if _content_hash(manifest) != manifest["content_hash"]:
@@ -258,7 +280,7 @@ def save(src: Path, dest: Path) -> Path:
     try:
         for f in src.iterdir():
             if f.is_file() and not f.name.endswith(".tmp"):
-                shutil.copyfile(f, tmp / f.name)
+                shutil.copy(f, tmp / f.name)        # with its mode: cuvil_run stays executable
         old = None
         if dest.exists():
             old = dest.parent / f".{dest.name}.old-{os.getpid()}-{id(tmp)}"

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ArtifactError, CuvilError, ShapeError
-from ..target import cpu_flags
+from ..target import cpu_flags, host_arch
 from . import artifact
 from .library import Library
 from .pages import HUGE_PAGE, huge_page_empty, huge_pages_available
@@ -121,15 +121,12 @@ class Module:
     never returns the old library. `close()`, or dropping the last reference, unloads it."""
 
     def __init__(self, path, num_threads: int | None = None, verify_checksum: bool = True):
-        self.path = Path(path)
-        if num_threads is not None:
-            num_threads = check_threads(num_threads)
-        self.manifest = m = artifact.read_manifest(self.path)
+        m = self._open(path, num_threads, verify_checksum)
+        if artifact.is_foreign(m):
+            raise ArtifactError(f"artifact {self.path} was built for {m['target']} ({m['arch']}), not for this "
+                                f"{host_arch()} machine: run it there, or here under emulation with "
+                                "cuvil.load() or `cuvil run`")
         check_cpu(m.get("cpu_features", []))
-        try:
-            artifact.verify(self.path, m, full=verify_checksum)
-        except OSError as e:
-            raise ArtifactError(f"artifact {self.path}: cannot read it ({e})") from None
         self._weights = artifact.load_weights(self.path, m, verify_checksum)
         if self._weights.size == 0:
             self._weights = aligned_empty(0)
@@ -151,6 +148,17 @@ class Module:
         self._crun = lib.fn.run
         self.arena_bytes = lib.fn.arena_size()
         self._local = threading.local()
+
+    def _open(self, path, num_threads, verify_checksum) -> dict:
+        """The manifest, read and checked against the files, and the I/O specs the checks use."""
+        self.path = Path(path)
+        if num_threads is not None:
+            num_threads = check_threads(num_threads)
+        self.manifest = m = artifact.read_manifest(self.path)
+        try:
+            artifact.verify(self.path, m, full=verify_checksum)
+        except OSError as e:
+            raise ArtifactError(f"artifact {self.path}: cannot read it ({e})") from None
         self.inputs = m["inputs"]
         self.outputs = m["outputs"]
         self._in_dtypes = [_np_dtype(i["dtype"]) for i in self.inputs]
@@ -159,6 +167,7 @@ class Module:
         # static models: shapes are checked by one tuple compare and outputs never change shape
         self._static_in = [tuple(i["shape"]) for i in self.inputs] if static else None
         self._static_out = self.output_shapes({}) if static else None
+        return m
 
     def close(self):
         """Free the model and unload its library. Later calls raise; do not close while another thread
@@ -249,9 +258,9 @@ class Module:
             }
         return st
 
-    def run(self, *arrays, out=None) -> list:
-        if not self._handle:
-            raise ArtifactError(f"module {self.path} is closed")
+    def _checked(self, arrays):
+        """The inputs as contiguous numpy arrays of the model's dtypes, and the output shapes they
+        imply (ShapeError, TypeError name what does not fit)."""
         if len(arrays) != len(self.inputs):
             raise ShapeError(f"expected {len(self.inputs)} inputs ({', '.join(i['name'] for i in self.inputs)}), "
                              f"got {len(arrays)}")
@@ -263,9 +272,13 @@ class Module:
             f = a.flags        # the kernels read contiguous, naturally aligned data: copy anything else
             conv.append(a if f.c_contiguous and f.aligned else np.array(a, order="C"))
         if self._static_in is not None and all(a.shape == s for a, s in zip(conv, self._static_in)):
-            shapes = self._static_out
-        else:
-            shapes = self.output_shapes(self._bind(conv))
+            return conv, self._static_out
+        return conv, self.output_shapes(self._bind(conv))
+
+    def run(self, *arrays, out=None) -> list:
+        if not self._handle:
+            raise ArtifactError(f"module {self.path} is closed")
+        conv, shapes = self._checked(arrays)
         if out is None:
             outs = [np.empty(s, dtype=dt) for s, dt in zip(shapes, self._out_dtypes)]
         else:
@@ -347,5 +360,9 @@ def _as_numpy(a, spec):
 
 
 def load(path, num_threads: int | None = None, verify_checksum: bool = True) -> Module:
-    """Load a saved artifact (needs only numpy)."""
+    """Load a saved artifact (needs only numpy). One built for another machine (target="aarch64-neon"
+    on an x86 host) runs through its C runner under the target's emulator (runtime/emulated.py)."""
+    if artifact.is_foreign(artifact.read_manifest(Path(path))):
+        from .emulated import EmulatedModule
+        return EmulatedModule(path, num_threads=num_threads, verify_checksum=verify_checksum)
     return Module(path, num_threads=num_threads, verify_checksum=verify_checksum)

@@ -1,0 +1,132 @@
+"""Cross-compilation: artifacts built here for aarch64 (gcc-aarch64-linux-gnu) run under qemu-user
+through their C runner, and match torch eager; the runner's .npy reader refuses bad files cleanly.
+`make setup` installs both Debian packages; without them these tests skip and say why."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import cuvil
+from cuvil.build import toolchain
+from cuvil.errors import ArtifactError, CompileError
+from cuvil.runtime.module import Module
+from cuvil.target import TARGETS
+
+torch = pytest.importorskip("torch")
+AARCH64 = TARGETS["aarch64-neon"]
+HAVE_CROSS = bool(shutil.which("aarch64-linux-gnu-gcc")) and AARCH64.runner_command() is not None
+needs_cross = pytest.mark.skipif(not HAVE_CROSS, reason="needs gcc-aarch64-linux-gnu and qemu-user "
+                                                        "(make setup installs them as root)")
+ZOO = ["mlp", "resnet", "bert", "minilm", "gpt2", "llama"]
+
+
+def _eager(model, args):
+    from torch.utils import _pytree
+    with torch.no_grad():
+        out = model(*args)
+    return [t.numpy() for t in _pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+
+@needs_cross
+@pytest.mark.parametrize("name", ZOO)
+def test_zoo_model_for_aarch64_matches_eager_under_qemu(name, tmp_path):
+    pytest.importorskip("transformers")
+    from . import models
+    model, args = models.ALL[name]()
+    cm = cuvil.compile(model, args, target="aarch64-neon", cache_dir=tmp_path / "cache")
+    assert type(cm.module).__name__ == "EmulatedModule"
+    with open(cm.path / "cuvil_run", "rb") as f:        # machine code for aarch64 (ELF e_machine 183)
+        assert int.from_bytes(f.read(20)[18:20], "little") == 183
+    got = cm.run(*[a.numpy() for a in args])
+    for g, e in zip(got, _eager(model, args), strict=True):
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4)
+
+
+@needs_cross
+def test_runner_needs_no_python(tmp_path):
+    """The artifact's cuvil_run, run directly under qemu-aarch64 (as on a Pi: no Python, no numpy)."""
+    from . import models
+    model, (x,) = models.mlp()
+    cuvil.compile(model, (x,), target="aarch64-neon", cache_dir=tmp_path / "cache").save(tmp_path / "m.cuvil")
+    d = tmp_path / "m.cuvil"
+    assert os.access(d / "cuvil_run", os.X_OK)
+    np.save(tmp_path / "x.npy", x.numpy())
+    subprocess.run([*AARCH64.runner_command(), str(d / "cuvil_run"), "-w", str(d / "weights.bin"), "-t", "2",
+                    "-o", str(tmp_path), str(tmp_path / "x.npy")], check=True)
+    np.testing.assert_allclose(np.load(tmp_path / "output0.npy"), _eager(model, (x,))[0], rtol=1e-4, atol=1e-4)
+
+
+@needs_cross
+def test_cli_compile_and_run_for_aarch64(tmp_path):
+    src = tmp_path / "net.py"
+    src.write_text("import torch\nclass Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                   "        torch.manual_seed(0)\n        self.l = torch.nn.Linear(6, 3)\n"
+                   "    def forward(self, x):\n        return torch.tanh(self.l(x))\n")
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).standard_normal((2, 6)).astype(np.float32))
+    cli = [sys.executable, "-m", "cuvil"]
+    subprocess.run([*cli, "compile", f"{src}::Net", "--example-input", str(tmp_path / "x.npy"), "--target",
+                    "aarch64-neon", "--verify", "--quiet", "-o", str(tmp_path / "m.cuvil")], check=True)
+    subprocess.run([*cli, "run", str(tmp_path / "m.cuvil"), "--input", str(tmp_path / "x.npy"), "--output-dir",
+                    str(tmp_path / "out")], check=True)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import net
+        want = net.Net()(torch.from_numpy(np.load(tmp_path / "x.npy"))).detach().numpy()
+    finally:
+        sys.path.remove(str(tmp_path))
+    np.testing.assert_allclose(np.load(tmp_path / "out" / "output0.npy"), want, rtol=1e-5, atol=1e-6)
+
+
+@needs_cross
+def test_int4_llama_decodes_the_same_tokens_on_aarch64(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from cuvil import llm
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+        vocab_size=256, max_position_embeddings=128)).eval()
+    prompt = list(range(3, 15))
+    tokens = {}
+    for target in ("native", "aarch64-neon"):
+        m = llm.from_transformers(model, precision="int4", max_seq_len=64, target=target, measure_error=False,
+                                  cache_dir=tmp_path / "cache")
+        tokens[target] = m.generate(prompt, max_new_tokens=16)
+    assert type(m.module).__name__ == "EmulatedModule"
+    assert tokens["aarch64-neon"] == tokens["native"]
+
+
+@needs_cross
+def test_foreign_artifact_is_not_loaded_natively(tmp_path):
+    from . import models
+    model, args = models.mlp()
+    cm = cuvil.compile(model, args, target="aarch64-neon", cache_dir=tmp_path / "cache")
+    with pytest.raises(ArtifactError, match="built for aarch64-neon .aarch64.*cuvil.load"):
+        Module(cm.path)
+
+
+def test_missing_cross_compiler_names_the_package(tmp_path, monkeypatch):
+    from . import models
+    monkeypatch.setenv("PATH", str(tmp_path))           # no aarch64-linux-gnu-gcc on it
+    toolchain.find_compiler.cache_clear()
+    toolchain.compiler_version.cache_clear()
+    try:
+        with pytest.raises(CompileError, match="aarch64-linux-gnu-gcc.*apt-get install gcc-aarch64-linux-gnu"):
+            cuvil.compile(*models.mlp(), target="aarch64-neon", cache_dir=tmp_path / "cache")
+    finally:
+        toolchain.find_compiler.cache_clear()
+        toolchain.compiler_version.cache_clear()
+
+
+@needs_cross
+def test_missing_emulator_names_the_package(tmp_path, monkeypatch):
+    from . import models
+    model, args = models.mlp()
+    cm = cuvil.compile(model, args, target="aarch64-neon", cache_dir=tmp_path / "cache")
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(ArtifactError, match="qemu-aarch64: apt-get install qemu-user"):
+        cuvil.load(cm.path)

@@ -83,7 +83,11 @@ def test_cli_compile_and_run_for_aarch64(tmp_path):
 
 
 @needs_cross
-def test_int4_llama_decodes_the_same_tokens_on_aarch64(tmp_path):
+@pytest.mark.parametrize("target,precision", [("aarch64-neon", "int4"), ("aarch64-neon-dotprod", "int4"),
+                                              ("aarch64-neon-dotprod", "int8")])
+def test_quantized_llama_decodes_the_same_tokens_on_aarch64(tmp_path, target, precision):
+    """The portable integer tiles (Armv8.0) and the SDOT ones (Armv8.2 dotprod) sum the same integers
+    as x86's maddubs/VNNI tiles: same prefill logits up to float order, same greedy tokens."""
     transformers = pytest.importorskip("transformers")
     from cuvil import llm
     torch.manual_seed(0)
@@ -91,13 +95,18 @@ def test_int4_llama_decodes_the_same_tokens_on_aarch64(tmp_path):
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
         vocab_size=256, max_position_embeddings=128)).eval()
     prompt = list(range(3, 15))
-    tokens = {}
-    for target in ("native", "aarch64-neon"):
-        m = llm.from_transformers(model, precision="int4", max_seq_len=64, target=target, measure_error=False,
+    tokens, logits = {}, {}
+    for t in ("native", target):
+        m = llm.from_transformers(model, precision=precision, max_seq_len=64, target=t, measure_error=False,
                                   cache_dir=tmp_path / "cache")
-        tokens[target] = m.generate(prompt, max_new_tokens=16)
+        logits[t] = m.prefill(prompt)
+        tokens[t] = m.generate(prompt, max_new_tokens=16)
     assert type(m.module).__name__ == "EmulatedModule"
-    assert tokens["aarch64-neon"] == tokens["native"]
+    np.testing.assert_allclose(logits[target], logits["native"], rtol=1e-4, atol=1e-4)
+    assert tokens[target] == tokens["native"]
+    dump = subprocess.run([TARGETS[target].tool("objdump"), "-d", str(m.path / "cuvil_run")], capture_output=True,
+                          text=True, check=True).stdout
+    assert ("\tsdot\t" in dump) == target.endswith("dotprod")
 
 
 @needs_cross

@@ -346,6 +346,66 @@ static inline __attribute__((always_inline)) void q8_tile512(const qargs *a, int
 }
 #endif
 #else
+#if defined(__ARM_FEATURE_DOTPROD)
+#include <arm_neon.h>
+/* Arm with SDOT (Armv8.2 dotprod: Pi 5, Graviton 2+): the layout's 32-bit lane is one column of four
+ * K values, which is what SDOT sums, so a 32-byte chunk is two SDOTs against four activation bytes
+ * broadcast, giving eight columns' integer sums. int4 nibbles become value - 8 in int8 first (low
+ * nibbles: K 8c..8c+3, high: 8c+4..8c+7). Same integers as tile_scalar; the float steps in its order. */
+static inline void block_sums(const qargs *a, const int8_t *x, const uint8_t *w, int64_t blk, int64_t kb,
+                              int32x4_t s[2]) {
+    s[0] = s[1] = vdupq_n_s32(0);
+    if (a->bits == 8) {
+        for (int64_t c = kb / 4; c < (kb + blk) / 4; c++) {
+            const int8_t *wc = (const int8_t *)w + c * 128;
+            int32x4_t xb = vdupq_n_s32(*(const int32_t *)(const void *)(x + 4 * c));
+            s[0] = vdotq_s32(s[0], vld1q_s8(wc), vreinterpretq_s8_s32(xb));
+            s[1] = vdotq_s32(s[1], vld1q_s8(wc + 16), vreinterpretq_s8_s32(xb));
+        }
+        return;
+    }
+    const uint8x16_t low4 = vdupq_n_u8(15);
+    const int8x16_t eight = vdupq_n_s8(8);
+    for (int64_t c = kb / 8; c < (kb + blk) / 8; c++) {
+        const uint8_t *wc = w + c * 128;
+        int8x16_t xlo = vreinterpretq_s8_s32(vdupq_n_s32(*(const int32_t *)(const void *)(x + 8 * c)));
+        int8x16_t xhi = vreinterpretq_s8_s32(vdupq_n_s32(*(const int32_t *)(const void *)(x + 8 * c + 4)));
+        for (int h = 0; h < 2; h++) {
+            uint8x16_t v = vld1q_u8(wc + 16 * h);
+            s[h] = vdotq_s32(s[h], vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v, low4)), eight), xlo);
+            s[h] = vdotq_s32(s[h], vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), eight), xhi);
+        }
+    }
+}
+
+static void tile_dot(const qargs *a, int64_t m0, int64_t b0, float out[4][32]) {
+    const int64_t K = a->K, nb = a->nb, blk = a->ablock, G = K / a->ablock;
+    for (int i = 0; i < a->mr; i++) {
+        int64_t m = m0 + i < a->M ? m0 + i : m0;
+        const int8_t *x = a->xq + m * K;
+        for (int64_t b = b0; b < b0 + a->nc && b < a->nblocks; b++) {
+            const uint8_t *w = q_block(a, b);
+            float32x4_t acc[2] = {vdupq_n_f32(0.f), vdupq_n_f32(0.f)};
+            for (int64_t g = 0; g < nb; g++) {
+                int32x4_t s[2];
+                block_sums(a, x, w, blk, g * blk, s);
+                float32x4_t dx = vdupq_n_f32(a->dx[m * nb + g]);
+                for (int h = 0; h < 2; h++) {
+                    float32x4_t sw = a->bits == 4
+                        ? vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)a->scales +
+                                                                     ((b >> 2) * G + g) * 32 + (b & 3) * 8 + 4 * h)))
+                        : vdupq_n_f32(1.f);
+                    acc[h] = vaddq_f32(acc[h], vmulq_f32(vmulq_f32(sw, dx), vcvtq_f32_s32(s[h])));
+                }
+            }
+            if (a->bits == 8)
+                for (int h = 0; h < 2; h++) acc[h] = vmulq_f32(acc[h], vld1q_f32((const float *)a->scales + 8 * b + 4 * h));
+            vst1q_f32(out[i] + 8 * (b - b0), acc[0]);
+            vst1q_f32(out[i] + 8 * (b - b0) + 4, acc[1]);
+        }
+    }
+}
+#else
 /* IEEE half -> float (the int4 scales), subnormals included. */
 static float half_to_float(uint16_t h) {
     int e = (h >> 10) & 31, m = h & 1023;
@@ -370,6 +430,7 @@ static void tile_scalar(const qargs *a, int64_t m0, int64_t b0, float out[4][32]
             out[i][n - b0 * 8] = a->bits == 4 ? acc : acc * ((const float *)a->scales)[n];
         }
 }
+#endif
 #endif
 
 /* Task t: blocks [t cb, (t + 1) cb) (a quad) x all rows, tiles of mr rows x nc blocks; for each tile
@@ -415,6 +476,8 @@ static void q_task(void *ctx, int64_t t0, int64_t t1) {
             else if (a->nc == 2) CUVIL_QTILE(4, 2);
             else CUVIL_QTILE(4, 1);
 #undef CUVIL_QTILE
+#elif defined(__ARM_FEATURE_DOTPROD)
+            tile_dot(a, m0, b0, out);
 #else
             tile_scalar(a, m0, b0, out);
 #endif

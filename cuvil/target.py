@@ -21,33 +21,57 @@ class Target:
     flags: tuple               # compiler flags that select its instruction set
     vector_floats: int         # float32 lanes of one vector register
     features: tuple            # CPU features an artifact built for it checks at load
-    triple: str = ""           # the GNU triple of its cross toolchain ("" : the host's own compiler)
-    packages: tuple = ()       # Debian packages that bring its cross compiler and emulator
-    runner: tuple = ()         # the command that runs one of its programs on another machine (an emulator)
+    cc: tuple = ()             # its cross compilers, the first one installed wins (() : the host's own)
+    binutils: str = ""         # the prefix of its ar and objdump ("aarch64-linux-gnu-", "llvm-")
+    tools: tuple = ()          # (command or file glob, Debian package) that building and running it need
+    runner: tuple = ()         # the command that runs its programs here (an emulator); "wasmtime": Python's
     sysroot: str = ""          # where the runner finds the target's C library
+    threads: bool = True       # False: no threads (wasm32-wasi), loops run on the caller
+    shared_library: bool = True    # False: no dlopen (wasm32): the artifact's program is its C runner
 
     def is_foreign(self) -> bool:
         """Built by a cross compiler: this machine cannot load what it builds (it may emulate it)."""
         return self.arch != host_arch()
 
     def compilers(self) -> tuple:
-        return (f"{self.triple}-gcc",) if self.is_foreign() and self.triple else ()
+        return self.cc if self.is_foreign() else ()
 
     def tool(self, name: str) -> str:
-        """A binutils program (ar, objdump) for this target: the cross one where there is a triple."""
-        return f"{self.triple}-{name}" if self.is_foreign() and self.triple else name
+        """A binutils program (ar, objdump) for this target: the cross one where there is one."""
+        return f"{self.binutils}{name}" if self.is_foreign() else name
+
+    @property
+    def packages(self) -> tuple:
+        return tuple(dict.fromkeys(p for _, p in self.tools))
+
+    def missing_packages(self) -> list:
+        """The Debian packages of the tools not found here."""
+        return list(dict.fromkeys(p for what, p in self.tools if not _found(what)))
 
     def runner_command(self) -> list | None:
         """The emulator command line prefix, or None where it is not installed."""
         if not self.is_foreign():
             return []
+        if self.runner == ("wasmtime",):
+            import importlib.util
+            return ["wasmtime"] if importlib.util.find_spec("wasmtime") else None
         if not self.runner or not shutil.which(self.runner[0]):
             return None
         return [shutil.which(self.runner[0]), *self.runner[1:], *(("-L", self.sysroot) if self.sysroot else ())]
 
 
-_AARCH64 = dict(triple="aarch64-linux-gnu", packages=("gcc-aarch64-linux-gnu", "qemu-user"),
+def _found(what: str) -> bool:
+    return bool(glob.glob(what)) if "/" in what else bool(shutil.which(what))
+
+
+_AARCH64 = dict(cc=("aarch64-linux-gnu-gcc",), binutils="aarch64-linux-gnu-",
+                tools=(("aarch64-linux-gnu-gcc", "gcc-aarch64-linux-gnu"), ("qemu-aarch64", "qemu-user")),
                 runner=("qemu-aarch64",), sysroot="/usr/aarch64-linux-gnu")
+# clang with Debian's wasi-libc and compiler-rt; run by wasmtime (PyPI, the wasm extra)
+_WASM = dict(cc=("clang",), binutils="llvm-", threads=False, shared_library=False, runner=("wasmtime",),
+             tools=(("clang", "clang"), ("wasm-ld", "lld"), ("llvm-ar", "llvm"),
+                    ("/usr/lib/wasm32-wasi/libc.a", "wasi-libc"),
+                    ("/usr/lib/llvm-*/lib/clang/*/lib/wasi/libclang_rt.builtins-wasm32.a", "libclang-rt-14-dev-wasm32")))
 
 TARGETS = {t.name: t for t in (
     Target("x86_64-avx512", "x86_64", ("-march=skylake-avx512", "-mprefer-vector-width=512"), 16,
@@ -60,6 +84,10 @@ TARGETS = {t.name: t for t in (
     # Graviton 2+, Jetson Orin), which the int8/int4 kernels use
     Target("aarch64-neon", "aarch64", ("-march=armv8-a",), 4, ("asimd",), **_AARCH64),
     Target("aarch64-neon-dotprod", "aarch64", ("-march=armv8.2-a+dotprod",), 4, ("asimd", "asimddp"), **_AARCH64),
+    # WebAssembly for WASI runtimes and browsers: SIMD128's 4 floats; -scalar: no SIMD (the baseline the
+    # benchmarks compare against, and for runtimes without it)
+    Target("wasm32-wasi", "wasm32", ("--target=wasm32-wasi", "-msimd128"), 4, (), **_WASM),
+    Target("wasm32-wasi-scalar", "wasm32", ("--target=wasm32-wasi",), 4, (), **_WASM),
 )}
 TARGET_NAMES = ("native", "cpu") + tuple(TARGETS)
 
@@ -143,13 +171,7 @@ def native_cpu(target: str) -> str:
 
 def missing_packages() -> list[str]:
     """The Debian packages that would bring the cross compilers and emulators not installed here."""
-    out = []
-    for t in TARGETS.values():
-        if not t.is_foreign():
-            continue
-        need = [p for cmd, p in zip((*t.compilers(), *t.runner[:1]), t.packages) if not shutil.which(cmd)]
-        out += [p for p in need if p not in out]
-    return out
+    return list(dict.fromkeys(p for t in TARGETS.values() if t.is_foreign() for p in t.missing_packages()))
 
 
 if __name__ == "__main__":          # `python3 cuvil/target.py`: what `make toolchains` installs

@@ -1,6 +1,7 @@
 """Cross-compilation: artifacts built here for aarch64 (gcc-aarch64-linux-gnu) run under qemu-user
-through their C runner, and match torch eager; the runner's .npy reader refuses bad files cleanly.
-`make setup` installs both Debian packages; without them these tests skip and say why."""
+through their C runner, and for wasm32-wasi (clang, lld, wasi-libc) under wasmtime, and match torch
+eager. `make setup` installs the Debian packages (and the dev requirements wasmtime); without them
+these tests skip and say why."""
 from __future__ import annotations
 
 import os
@@ -19,9 +20,21 @@ from cuvil.target import TARGETS
 
 torch = pytest.importorskip("torch")
 AARCH64 = TARGETS["aarch64-neon"]
-HAVE_CROSS = bool(shutil.which("aarch64-linux-gnu-gcc")) and AARCH64.runner_command() is not None
-needs_cross = pytest.mark.skipif(not HAVE_CROSS, reason="needs gcc-aarch64-linux-gnu and qemu-user "
-                                                        "(make setup installs them as root)")
+
+
+def _ready(target):
+    t = TARGETS[target]
+    return not t.missing_packages() and t.runner_command() is not None
+
+
+def _needs(target):
+    t = TARGETS[target]
+    return pytest.mark.skipif(not _ready(target), reason=f"{target} needs {', '.join(t.packages)} and its runner "
+                                                         f"{t.runner[0]} (make setup installs them as root)")
+
+
+needs_cross = _needs("aarch64-neon")
+CROSS_TARGETS = [pytest.param(t, marks=_needs(t)) for t in ("aarch64-neon", "wasm32-wasi")]
 ZOO = ["mlp", "resnet", "bert", "minilm", "gpt2", "llama"]
 
 
@@ -32,16 +45,17 @@ def _eager(model, args):
     return [t.numpy() for t in _pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
 
 
-@needs_cross
+@pytest.mark.parametrize("target", CROSS_TARGETS)
 @pytest.mark.parametrize("name", ZOO)
-def test_zoo_model_for_aarch64_matches_eager_under_qemu(name, tmp_path):
+def test_zoo_model_for_foreign_target_matches_eager_emulated(name, target, tmp_path):
     pytest.importorskip("transformers")
     from . import models
     model, args = models.ALL[name]()
-    cm = cuvil.compile(model, args, target="aarch64-neon", cache_dir=tmp_path / "cache")
+    cm = cuvil.compile(model, args, target=target, cache_dir=tmp_path / "cache")
     assert type(cm.module).__name__ == "EmulatedModule"
-    with open(cm.path / "cuvil_run", "rb") as f:        # machine code for aarch64 (ELF e_machine 183)
-        assert int.from_bytes(f.read(20)[18:20], "little") == 183
+    with open(cm.path / "cuvil_run", "rb") as f:        # aarch64 machine code (ELF e_machine 183), or wasm
+        head = f.read(20)
+    assert head[:4] == b"\0asm" if target.startswith("wasm") else int.from_bytes(head[18:20], "little") == 183
     got = cm.run(*[a.numpy() for a in args])
     for g, e in zip(got, _eager(model, args), strict=True):
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4)
@@ -82,9 +96,9 @@ def test_cli_compile_and_run_for_aarch64(tmp_path):
     np.testing.assert_allclose(np.load(tmp_path / "out" / "output0.npy"), want, rtol=1e-5, atol=1e-6)
 
 
-@needs_cross
-@pytest.mark.parametrize("target,precision", [("aarch64-neon", "int4"), ("aarch64-neon-dotprod", "int4"),
-                                              ("aarch64-neon-dotprod", "int8")])
+@pytest.mark.parametrize("target,precision", [pytest.param(*tp, marks=_needs(tp[0])) for tp in (
+    ("aarch64-neon", "int4"), ("aarch64-neon-dotprod", "int4"), ("aarch64-neon-dotprod", "int8"),
+    ("wasm32-wasi", "int4"))])
 def test_quantized_llama_decodes_the_same_tokens_on_aarch64(tmp_path, target, precision):
     """The portable integer tiles (Armv8.0) and the SDOT ones (Armv8.2 dotprod) sum the same integers
     as x86's maddubs/VNNI tiles: same prefill logits up to float order, same greedy tokens."""
@@ -104,9 +118,10 @@ def test_quantized_llama_decodes_the_same_tokens_on_aarch64(tmp_path, target, pr
     assert type(m.module).__name__ == "EmulatedModule"
     np.testing.assert_allclose(logits[target], logits["native"], rtol=1e-4, atol=1e-4)
     assert tokens[target] == tokens["native"]
-    dump = subprocess.run([TARGETS[target].tool("objdump"), "-d", str(m.path / "cuvil_run")], capture_output=True,
-                          text=True, check=True).stdout
-    assert ("\tsdot\t" in dump) == target.endswith("dotprod")
+    if target.startswith("aarch64"):
+        dump = subprocess.run([TARGETS[target].tool("objdump"), "-d", str(m.path / "cuvil_run")],
+                              capture_output=True, text=True, check=True).stdout
+        assert ("\tsdot\t" in dump) == target.endswith("dotprod")
 
 
 @needs_cross
@@ -118,24 +133,29 @@ def test_foreign_artifact_is_not_loaded_natively(tmp_path):
         Module(cm.path)
 
 
-def test_missing_cross_compiler_names_the_package(tmp_path, monkeypatch):
+@pytest.mark.parametrize("target,message", [("aarch64-neon", "aarch64-linux-gnu-gcc.*apt-get install gcc-aarch64-linux-gnu"),
+                                            ("wasm32-wasi", "clang.*apt-get install clang lld llvm")])
+def test_missing_cross_compiler_names_the_package(tmp_path, monkeypatch, target, message):
     from . import models
-    monkeypatch.setenv("PATH", str(tmp_path))           # no aarch64-linux-gnu-gcc on it
+    monkeypatch.setenv("PATH", str(tmp_path))           # no cross compiler on it
     toolchain.find_compiler.cache_clear()
     toolchain.compiler_version.cache_clear()
     try:
-        with pytest.raises(CompileError, match="aarch64-linux-gnu-gcc.*apt-get install gcc-aarch64-linux-gnu"):
-            cuvil.compile(*models.mlp(), target="aarch64-neon", cache_dir=tmp_path / "cache")
+        with pytest.raises(CompileError, match=message):
+            cuvil.compile(*models.mlp(), target=target, cache_dir=tmp_path / "cache")
     finally:
         toolchain.find_compiler.cache_clear()
         toolchain.compiler_version.cache_clear()
 
 
-@needs_cross
-def test_missing_emulator_names_the_package(tmp_path, monkeypatch):
+@pytest.mark.parametrize("target", CROSS_TARGETS)
+def test_missing_emulator_names_the_package(tmp_path, monkeypatch, target):
+    import importlib.util
     from . import models
     model, args = models.mlp()
-    cm = cuvil.compile(model, args, target="aarch64-neon", cache_dir=tmp_path / "cache")
+    cm = cuvil.compile(model, args, target=target, cache_dir=tmp_path / "cache")
     monkeypatch.setattr(shutil, "which", lambda name: None)
-    with pytest.raises(ArtifactError, match="qemu-aarch64: apt-get install qemu-user"):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    want = "wasmtime: pip install 'cuvil.wasm.'" if target.startswith("wasm") else "qemu-aarch64: apt-get install qemu-user"
+    with pytest.raises(ArtifactError, match=want):
         cuvil.load(cm.path)

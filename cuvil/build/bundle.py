@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import CompileError
-from .toolchain import COMMON_FLAGS, KERNELS_DIR, binutil, find_compiler, kernels_object, target_flags
+from .toolchain import KERNELS_DIR, binutil, compile_flags, find_compiler, kernels_object
 
 KINDS = {".a": "static", ".so": "shared"}
 
@@ -70,7 +70,7 @@ def build(artifact: Path, out: Path, cache_dir: Path, verbose=False) -> Path:
         for f in ("model.c", "model.h", "weights.bin"):
             shutil.copyfile(artifact / f, t / f)
         (t / "embed.c").write_text(_embed_c(prefix))
-        flags = [*COMMON_FLAGS, *target_flags(target), f"-I{KERNELS_DIR.parent}", "-I."]
+        flags = [*compile_flags(target), f"-I{KERNELS_DIR.parent}", "-I."]
         run = _runner(t, verbose, kind)
         run([cc, *flags, "-c", "model.c", "-o", "model.o"])
         run([cc, *flags, "-c", "embed.c", "-o", "embed.o"])

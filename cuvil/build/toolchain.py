@@ -27,6 +27,20 @@ def target_flags(target: str) -> list[str]:
     return ["-march=native"]
 
 
+def compile_flags(target: str) -> list[str]:
+    """COMMON_FLAGS and the target's own; a target without threads (wasm32) drops -pthread and -fPIC
+    and builds the pool's serial loops (CUVIL_SINGLE_THREAD)."""
+    t = TARGETS.get(target)
+    if t is not None and not t.threads:
+        return [f for f in COMMON_FLAGS if f not in ("-pthread", "-fPIC")] + target_flags(target) + \
+            ["-DCUVIL_SINGLE_THREAD"]
+    return COMMON_FLAGS + target_flags(target)
+
+
+# a foreign program's stack: wasm-ld gives 64 KB unless told (Linux threads get 8 MB)
+RUNNER_LINK_FLAGS = {"wasm32": ["-Wl,-z,stack-size=8388608", "-Wl,--max-memory=4294967296"]}
+
+
 def is_foreign(target: str) -> bool:
     return target in TARGETS and TARGETS[target].is_foreign()
 
@@ -41,7 +55,12 @@ def find_compiler(target: str = "native") -> str:
             if shutil.which(cc):
                 return shutil.which(cc)
         raise CompileError(f"target {target!r} needs the cross compiler {' or '.join(t.compilers())}, which is "
-                           f"not installed: apt-get install {' '.join(t.packages)} (or run `make setup` as root)")
+                           f"not installed: apt-get install {' '.join(t.missing_packages() or t.packages)} "
+                           "(or run `make setup` as root)")
+    if is_foreign(target) and TARGETS[target].missing_packages():
+        t = TARGETS[target]
+        raise CompileError(f"target {target!r} needs {', '.join(t.missing_packages())} as well: apt-get install "
+                           f"{' '.join(t.missing_packages())} (or run `make setup` as root)")
     for cc in (os.environ.get("CC"), "gcc", "clang", "cc"):
         if cc and shutil.which(cc):
             return shutil.which(cc)
@@ -106,7 +125,7 @@ def _kernels_root(cache_dir: Path) -> Path:
 def kernels_object(target: str, cache_dir: Path) -> Path:
     """kernels.a for this target and compiler, built once per machine and kept (see _kernels_root)."""
     key = hashlib.sha256(f"{target}|{compiler_version(target)}|{kernel_sources_digest()}|{native_cpu(target)}|"
-                         f"{' '.join(COMMON_FLAGS + target_flags(target))}".encode()).hexdigest()[:20]
+                         f"{' '.join(compile_flags(target))}".encode()).hexdigest()[:20]
     dest = _kernels_root(cache_dir) / key / "libcuvil_kernels.a"
     if _kernels_intact(dest):
         return dest
@@ -119,7 +138,7 @@ def kernels_object(target: str, cache_dir: Path) -> Path:
         for src in srcs:
             obj = Path(tmp) / (src.stem + ".o")
             objs.append(str(obj))
-            procs.append((subprocess.Popen([cc, *COMMON_FLAGS, *target_flags(target), "-c", str(src), "-o", str(obj)],
+            procs.append((subprocess.Popen([cc, *compile_flags(target), "-c", str(src), "-o", str(obj)],
                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), src))
         for p, src in procs:
             _, err = p.communicate()
@@ -147,25 +166,32 @@ def _kernels_intact(lib: Path) -> bool:
         return False
 
 
-def build_shared(model_dir: Path, target: str, cache_dir: Path, verbose=False, runner=False) -> Path:
+def build_shared(model_dir: Path, target: str, cache_dir: Path, verbose=False, runner=False) -> Path | None:
     """Compile model_dir/model.c against the kernel library into model_dir/model.so; with `runner`,
     also link model_dir/cuvil_run_main.c with the same object into a static program, cuvil_run (the
-    way a foreign target's artifact runs: on the device, or here under its emulator)."""
+    way a foreign target's artifact runs: on the device, or here under its emulator). A target with
+    no shared libraries (wasm32) gets only the runner (a WASI module); returns None then."""
     lib = kernels_object(target, cache_dir)
     cc = find_compiler(target)
-    flags = [*COMMON_FLAGS, *target_flags(target), f"-I{KERNELS_DIR.parent}", f"-I{model_dir}"]
+    t = TARGETS.get(target)
+    flags = [*compile_flags(target), f"-I{KERNELS_DIR.parent}", f"-I{model_dir}"]
     tail = [str(lib), "-lm"]
     shared = ["-shared", "-o", "model.so.tmp", "-Wl,--exclude-libs,ALL"]   # the kernels stay private
-    steps = [[cc, *flags, "model.c", *shared, *tail]]
-    if runner:
-        steps = [[cc, *flags, "-c", "model.c", "-o", "model.o"],
-                 [cc, *flags, "model.o", *shared, *tail],
-                 [cc, *flags, "-static", "cuvil_run_main.c", "model.o", "-o", "cuvil_run", *tail]]
+    program = [*flags, "-static", "cuvil_run_main.c", "model.o", "-o", "cuvil_run", *tail,
+               *RUNNER_LINK_FLAGS.get(t.arch if t else "", [])]
+    if t is not None and not t.shared_library:
+        steps = [[cc, *flags, "-c", "model.c", "-o", "model.o"], [cc, *program]]
+    elif runner:
+        steps = [[cc, *flags, "-c", "model.c", "-o", "model.o"], [cc, *flags, "model.o", *shared, *tail], [cc, *program]]
+    else:
+        steps = [[cc, *flags, "model.c", *shared, *tail]]
     for cmd in steps:
         if verbose:
             print("  $", " ".join(cmd))
         _run(cmd, model_dir)
     (model_dir / "model.o").unlink(missing_ok=True)
+    if not (model_dir / "model.so.tmp").exists():
+        return None
     out = model_dir / "model.so"
     os.replace(model_dir / "model.so.tmp", out)
     return out

@@ -21,7 +21,9 @@ from ..target import host_arch
 from .pages import huge_page_empty, huge_pages_available
 
 FORMAT_VERSION = 2                 # 2: sealed (files, content_hash) and cross-checked (cuvil_signature)
-FILES = ("manifest.json", "weights.bin", "model.so", "model.h", "model.c")
+FILES = ("manifest.json", "weights.bin", "model.so", "model.h", "model.c")     # a native artifact's
+# wasm32 has no shared libraries: its artifact's program is the C runner, a WASI module
+MODULE_ONLY_ARCHES = ("wasm32",)
 
 
 SLICE = 1 << 26          # 64 MiB
@@ -124,7 +126,7 @@ def write_manifest(path: Path, manifest: dict):
     path = Path(path)
     manifest = dict(manifest, format_version=FORMAT_VERSION)
     manifest["files"] = {f: {"bytes": (path / f).stat().st_size, "digest": file_digest(path / f)}
-                         for f in HASHED + RUNNER if f in HASHED or (path / f).is_file()}
+                         for f in HASHED + RUNNER if f in required_hashed(manifest) or (path / f).is_file()}
     manifest["content_hash"] = _content_hash(manifest)
     tmp = path / "manifest.json.tmp"
     tmp.write_text(json.dumps(manifest, indent=1))
@@ -136,8 +138,8 @@ def read_manifest(path: Path) -> dict:
     path = Path(path)
     if not path.is_dir():
         raise ArtifactError(f"{path} is not a cuvil artifact directory")
-    missing = [f for f in FILES if not (path / f).is_file()]
-    if missing:
+    missing = [f for f in ("manifest.json", "weights.bin", "model.h", "model.c") if not (path / f).is_file()]
+    if missing:                # what every artifact has; model.so or cuvil_run by its arch, below
         raise ArtifactError(f"artifact {path} is missing {', '.join(missing)}")
     try:
         m = json.loads((path / "manifest.json").read_bytes())
@@ -155,7 +157,18 @@ def read_manifest(path: Path) -> dict:
         _check_schema(m)
     except _Bad as e:
         raise ArtifactError(f"artifact {path}: manifest.json: {e}") from None
+    missing = [f for f in required_hashed(m) if not (path / f).is_file()]
+    if missing:
+        raise ArtifactError(f"artifact {path} is missing {', '.join(missing)}")
     return m
+
+
+def required_hashed(manifest: dict) -> tuple:
+    """The hashed files an artifact must have: model.so and its sources, or for a target without
+    shared libraries (wasm32) the sources and the runner module."""
+    if arch(manifest) in MODULE_ONLY_ARCHES:
+        return ("model.c", "model.h", "cuvil_run")
+    return HASHED
 
 
 class _Bad(Exception):
@@ -214,18 +227,19 @@ def _check_schema(m):
                             and all(isinstance(n, str) for n in names)),
           "output_names", "a list of one string per output", names)
     files = m["files"]
-    _need(isinstance(files, dict) and set(HASHED) <= set(files) <= set(HASHED + RUNNER), "files",
-          f"an object with {', '.join(HASHED)} (and {', '.join(RUNNER)} where a runner was built)", files)
+    _need(m.get("arch") is None or m["arch"] in ELF_MACHINE, "arch", f"one of {', '.join(ELF_MACHINE)}", m.get("arch"))
+    need = required_hashed(m)
+    _need(isinstance(files, dict) and set(need) <= set(files) <= set(HASHED + RUNNER), "files",
+          f"an object with {', '.join(need)} (and {', '.join(RUNNER)} where a runner was built)", files)
     for f, e in files.items():
         _need(isinstance(e, dict) and _is_int(e.get("bytes")) and isinstance(e.get("digest"), str), f"files[{f!r}]",
               '{"bytes": int, "digest": str}', e)
     _need(isinstance(m["content_hash"], str), "content_hash", "a string", m["content_hash"])
-    _need(m.get("arch") is None or m["arch"] in ELF_MACHINE, "arch", f"one of {', '.join(ELF_MACHINE)}", m.get("arch"))
     prefix = m.get("symbol_prefix", "cuvil_")
     _need(isinstance(prefix, str) and PREFIX.match(prefix), "symbol_prefix", "cuvil_ or cuvil_<name>_", prefix)
 
 
-ELF_MACHINE = {"x86_64": 62, "aarch64": 183}
+ELF_MACHINE = {"x86_64": 62, "aarch64": 183, "wasm32": None}     # wasm32: a WASI module, not ELF
 
 
 def arch(manifest: dict) -> str:
@@ -246,14 +260,19 @@ def verify(path: Path, manifest: dict, full: bool = True):
         if size != e["bytes"]:
             raise ArtifactError(f"artifact {path}: {f} is {size} bytes, but the manifest records {e['bytes']} "
                                 "(truncated or replaced)")
-    with open(path / "model.so", "rb") as fh:
-        head = fh.read(20)
-    if head[:4] != b"\x7fELF":
-        raise ArtifactError(f"artifact {path}: model.so is not a shared library (no ELF header)")
-    machine = int.from_bytes(head[18:20], "little")
-    if ELF_MACHINE.get(arch(manifest), machine) != machine:
-        raise ArtifactError(f"artifact {path}: model.so is machine code for ELF machine {machine}, but the "
-                            f"manifest says {arch(manifest)} (mixed-up files)")
+    if "model.so" in manifest["files"]:
+        with open(path / "model.so", "rb") as fh:
+            head = fh.read(20)
+        if head[:4] != b"\x7fELF":
+            raise ArtifactError(f"artifact {path}: model.so is not a shared library (no ELF header)")
+        machine = int.from_bytes(head[18:20], "little")
+        if ELF_MACHINE.get(arch(manifest), machine) != machine:
+            raise ArtifactError(f"artifact {path}: model.so is machine code for ELF machine {machine}, but the "
+                                f"manifest says {arch(manifest)} (mixed-up files)")
+    elif arch(manifest) in MODULE_ONLY_ARCHES:
+        with open(path / "cuvil_run", "rb") as fh:
+            if fh.read(4) != b"\0asm":
+                raise ArtifactError(f"artifact {path}: cuvil_run is not a WebAssembly module")
     if not full:
         return
     if _content_hash(manifest) != manifest["content_hash"]:

@@ -1,6 +1,6 @@
-"""An artifact built for another machine (an aarch64 one on an x86 host), run here through its C
-runner (cuvil_run, built with it) under the target's emulator (qemu-user): slow, but the very code
-the device runs, so its answers can be checked. Same checks and calls as Module; numpy and the
+"""An artifact built for another machine (an aarch64 one on an x86 host, or wasm32-wasi), run here
+through its C runner (cuvil_run, built with it) under the target's emulator (qemu-user, or wasmtime's
+Python API): slow, but the very code the device runs, so its answers can be checked. Same checks and calls as Module; numpy and the
 standard library only."""
 from __future__ import annotations
 
@@ -30,9 +30,11 @@ class EmulatedModule(Module):
                                 "recompile it with this cuvil")
         self._runner = target.runner_command()
         if self._runner is None:
+            how = ("pip install 'cuvil[wasm]'" if target.runner == ("wasmtime",) else
+                   f"apt-get install {dict(target.tools).get(target.runner[0])} (or run `make setup` as root)")
             raise ArtifactError(f"artifact {self.path} was built for {m['target']}; running it on this machine "
-                                f"needs the emulator {target.runner[0]}: apt-get install {target.packages[-1]} "
-                                "(or run `make setup` as root), or copy it to the device and run cuvil_run there")
+                                f"needs the emulator {target.runner[0]}: {how}, or copy it to the device and run "
+                                "cuvil_run there")
         self.target = target.name
         self.num_threads = num_threads or m.get("num_threads") or 1
         self._handle = True
@@ -56,11 +58,9 @@ class EmulatedModule(Module):
                 files.append(str(Path(tmp, "in", f"input{i}.npy")))
                 Path(files[-1]).parent.mkdir(exist_ok=True)
                 np.save(files[-1], _raw(a, spec["dtype"]), allow_pickle=False)
-            cmd = [*self._runner, str(self.path / "cuvil_run"), "-w", str(self.path / "weights.bin"),
-                   "-t", str(self.num_threads), "-o", tmp, "-i", "1", *files]
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode:
-                raise CuvilError(f"cuvil_run ({self.target}, emulated) failed: {r.stderr.strip()[-2000:]}")
+            code, err = self._execute(tmp, files)
+            if code:
+                raise CuvilError(f"cuvil_run ({self.target}, emulated) failed: {err.strip()[-2000:]}")
             got = [np.load(Path(tmp, f"output{i}.npy"), allow_pickle=False) for i in range(len(self.outputs))]
             for i, (a, c) in enumerate(zip(arrays, conv)):
                 self._write_back(a, c, np.load(Path(tmp, f"input{i}.npy"), allow_pickle=False))
@@ -74,6 +74,19 @@ class EmulatedModule(Module):
                 g = outs[i]
             results.append(g)
         return results
+
+    def _execute(self, tmp, files) -> tuple[int, str]:
+        """cuvil_run on the input files, outputs into tmp: under qemu-user, or wasmtime for wasm32
+        (whose program sees only the artifact, as /model, and tmp, as /io)."""
+        opts = ["-t", str(self.num_threads), "-i", "1"]
+        if self._runner == ["wasmtime"]:
+            from . import wasi
+            guest = ["/io/" + str(Path(f).relative_to(tmp)) for f in files]
+            return wasi.run(self.path / "cuvil_run", ["-w", "/model/weights.bin", *opts, "-o", "/io", *guest],
+                            {self.path: "/model", tmp: "/io"})
+        r = subprocess.run([*self._runner, str(self.path / "cuvil_run"), "-w", str(self.path / "weights.bin"),
+                            *opts, "-o", tmp, *files], capture_output=True, text=True)
+        return r.returncode, r.stderr
 
     @staticmethod
     def _write_back(caller, passed, after):

@@ -8,16 +8,23 @@
 /* B of the conv's GEMM, never materialized whole: rows k = (c, kh, kw), columns n = (oh, ow). */
 typedef struct { const cuvil_conv_shape *s; const float *x; } im2col_src;
 
-/* Lanes 0, 2, 4, ... of the 2 VL floats at p: one output vector of a stride-2 conv's im2col row. */
-static inline cuvil_vf even_lanes(const float *p) {
+/* Lanes 0, 2, 4, ... of the 2 VL floats at p: one output vector of a stride-2 conv's im2col row.
+ * (clang, which builds wasm32, has __builtin_shufflevector with the lanes as constants instead of
+ * GCC's __builtin_shuffle with a mask vector.) */
 #if CUVIL_VL == 16
-    const cuvil_vi even = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+#define CUVIL_EVEN_LANES 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
 #elif CUVIL_VL == 8
-    const cuvil_vi even = {0, 2, 4, 6, 8, 10, 12, 14};
+#define CUVIL_EVEN_LANES 0, 2, 4, 6, 8, 10, 12, 14
 #else
-    const cuvil_vi even = {0, 2, 4, 6};
+#define CUVIL_EVEN_LANES 0, 2, 4, 6
 #endif
+static inline cuvil_vf even_lanes(const float *p) {
+#ifdef __clang__
+    return __builtin_shufflevector(cuvil_vload(p), cuvil_vload(p + CUVIL_VL), CUVIL_EVEN_LANES);
+#else
+    const cuvil_vi even = {CUVIL_EVEN_LANES};
     return __builtin_shuffle(cuvil_vload(p), cuvil_vload(p + CUVIL_VL), even);
+#endif
 }
 
 /* The first n lanes of v to p (n < VL), the rest of p left as it is. */

@@ -1,5 +1,41 @@
 #define _GNU_SOURCE
 #include "pool.h"
+#include <stdlib.h>
+#ifdef CUVIL_SINGLE_THREAD
+/* Targets without threads (wasm32-wasi): every loop runs on the caller, in the chunks the pool would
+ * hand out (a task may size its scratch by them), and one set of scratch buffers serves all calls. */
+static void serial(int64_t n, int64_t chunk, cuvil_task_fn fn, void *ctx) {
+    if (chunk < 1) chunk = 1;
+    for (int64_t b = 0; b < n; b += chunk) fn(ctx, b, b + chunk < n ? b + chunk : n);
+}
+
+void cuvil_parallel_for(int nthreads, int64_t n, int64_t grain, cuvil_task_fn fn, void *ctx) {
+    (void)nthreads;
+    int64_t chunk = (n + 3) / 4;
+    serial(n, chunk < grain ? grain : chunk, fn, ctx);
+}
+
+void cuvil_parallel_chunks(int nthreads, int64_t n, int64_t chunk, cuvil_task_fn fn, void *ctx) {
+    (void)nthreads;
+    serial(n, chunk, fn, ctx);
+}
+
+void cuvil_parallel_guided(int nthreads, int64_t n, int64_t chunk, cuvil_task_fn fn, void *ctx) {
+    (void)nthreads;
+    serial(n, chunk, fn, ctx);
+}
+
+void *cuvil_thread_buffer(int slot, size_t bytes) {
+    static void *buf[CUVIL_NUM_BUFS];
+    static size_t cap[CUVIL_NUM_BUFS];
+    if (bytes > cap[slot]) {
+        free(buf[slot]);
+        buf[slot] = malloc(bytes + bytes / 4);
+        cap[slot] = buf[slot] ? bytes + bytes / 4 : 0;
+    }
+    return buf[slot];
+}
+#else
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -295,3 +331,4 @@ __attribute__((destructor)) static void pool_shutdown(void) {
     while (all_bufs) free_bufs(all_bufs);
     pthread_mutex_unlock(&bufs_lock);
 }
+#endif

@@ -2,7 +2,7 @@
 `load` and `InferenceSession` on a saved artifact need only numpy."""
 from .errors import (ArtifactError, CompileError, CuvilError, GraphError, InputValuesNeededError, PrecisionWarning,
                      QuantizationError, ShapeError, UnsupportedOpError, VerificationError)
-from .runtime.module import load
+from .runtime.loader import load
 from .session import InferenceSession
 from .version import __version__
 

@@ -12,7 +12,8 @@ from .build import cache, toolchain
 from .ir import dims as D
 from .options import Options
 from .runtime import artifact
-from .runtime.module import Module, load
+from .runtime.loader import load
+from .runtime.module import Module
 from .target import native_cpu, required_features, resolve_target, target_arch, vector_floats
 
 

@@ -3,7 +3,6 @@ embedded) link into examples/c/two_models.c, which runs with no Python and no fi
 torch eager computes; for aarch64 the same program is cross-linked and run under qemu-user."""
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import ArtifactError, CuvilError, ShapeError
 from ..runtime import artifact
-from ..runtime.module import Module, load
+from ..runtime.loader import load
 from . import sampling
 from .tokenizer import FILES as TOKENIZER_FILES
 from .textstream import TextStream

@@ -357,12 +357,3 @@ def _as_numpy(a, spec):
     except (TypeError, ValueError, RuntimeError) as e:
         raise TypeError(f"input {spec['name']!r}: expected an array of {spec['dtype']}{spec['shape']}, got a "
                         f"{type(a).__name__} that does not convert ({e})") from None
-
-
-def load(path, num_threads: int | None = None, verify_checksum: bool = True) -> Module:
-    """Load a saved artifact (needs only numpy). One built for another machine (target="aarch64-neon"
-    on an x86 host) runs through its C runner under the target's emulator (runtime/emulated.py)."""
-    if artifact.is_foreign(artifact.read_manifest(Path(path))):
-        from .emulated import EmulatedModule
-        return EmulatedModule(path, num_threads=num_threads, verify_checksum=verify_checksum)
-    return Module(path, num_threads=num_threads, verify_checksum=verify_checksum)

@@ -11,6 +11,9 @@ def __getattr__(name):
     if name == "AsyncInferenceSession":       # imported on first use: asyncio stays out of a plain load
         from .serve.batching import AsyncInferenceSession
         return AsyncInferenceSession
+    if name == "profiler":                    # cuvil.profiler.export_chrome_trace(...) without an import
+        import importlib
+        return importlib.import_module(".profiler", __name__)
     raise AttributeError(f"module 'cuvil' has no attribute {name!r}")
 
 

@@ -36,7 +36,8 @@ def _split_inputs(example_inputs):
 def compile(model, example_inputs=(), *, target="native", precision="fp32", fusion_level=2,  # noqa: A001
             dynamic_shapes=None, verify=False, num_threads=None, cache_dir=None, verbose=False, profile=False,
             **unknown):
-    """Compile a torch.nn.Module (or an ONNX model) into a native artifact. See DESIGN.md."""
+    """Compile a torch.nn.Module (or an ONNX model) into a native artifact. See DESIGN.md.
+    verify=True compares with the source model on the example inputs at rtol=/atol= (1e-4 each)."""
     opts = make_options(**unknown, target=target, precision=precision, fusion_level=fusion_level,
                         dynamic_shapes=dynamic_shapes, verify=verify, num_threads=num_threads,
                         cache_dir=cache_dir, verbose=verbose, profile=profile)
@@ -66,7 +67,7 @@ def compile(model, example_inputs=(), *, target="native", precision="fp32", fusi
         raise CuvilError(f"cannot compile a {type(model).__name__}: pass a torch.nn.Module, an ONNX file path, "
                          "an onnx.ModelProto or ONNX bytes")
     if opts.verify:
-        _verify(model, args, kwargs, cm, kind, opts.constant_inputs)
+        _verify(model, args, kwargs, cm, kind, opts.constant_inputs, rtol=opts.rtol, atol=opts.atol)
     cm.report["compile_seconds"] = progress.total
     cm.report["stages"] = progress.stages
     return cm
@@ -106,8 +107,25 @@ def _source_kind(model):
     return None
 
 
+def _check_example_inputs(model, args, kwargs):
+    """A torch model needs example inputs (their shapes and dtypes are what gets compiled): say so,
+    not export's "missing a required argument"."""
+    import inspect
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return
+    required = [p.name for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(args) + len(kwargs) < len(required):
+        missing = required[len(args):]
+        raise CuvilError(f"{type(model).__name__}.forward takes {', '.join(required)}: pass example inputs for "
+                         f"{', '.join(missing)}, e.g. cuvil.compile(model, example_inputs=(torch.randn(1, 3, 224, 224),)). "
+                         "Their shapes and dtypes are what gets compiled (dynamic_shapes= makes dims dynamic)")
+
+
 def _compile_torch(model, args, kwargs, opts, cdir, progress, skey):
     from .frontend import torch as torch_frontend
+    _check_example_inputs(model, args, kwargs)
     ep = torch_frontend.export(model, args, kwargs, opts.dynamic_shapes)
     progress("export", f"{len(ep.graph.nodes)} fx nodes")
     graph, out_spec, decomposed = torch_frontend.from_exported(ep, opts.dynamic_shapes)

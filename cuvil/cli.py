@@ -244,6 +244,9 @@ def _opts(a):
 
 
 def _model_and_inputs(a):
+    if (a.model is None) == (a.model_option is None):
+        raise CuvilError("give the model once: cuvil compile FILE.py::Class (or --input FILE.py::Class, or FILE.onnx)")
+    a.model = a.model or a.model_option
     model = _load_model(a.model)
     return model, _example_inputs(a.example_input, for_torch=not isinstance(model, str))
 
@@ -366,7 +369,8 @@ def cmd_llm_run(a):
 # ---- the parser
 
 def _add_compile_options(p):
-    p.add_argument("model", help="FILE.py::ClassName (instantiated with no arguments) or FILE.onnx")
+    p.add_argument("model", nargs="?", help="FILE.py::ClassName (instantiated with no arguments) or FILE.onnx")
+    p.add_argument("--input", dest="model_option", metavar="MODEL", help="the model, as --input FILE.py::ClassName")
     p.add_argument("--example-input", action="append", default=[], type=_example_spec, metavar="INPUT",
                    help="one example input, repeat per input: DTYPE[SHAPE] for random values, e.g. "
                         f"float32[1,3,224,224] or int64[2,8] ({', '.join(EXAMPLE_DTYPES)}), or FILE.npy. "

@@ -86,6 +86,12 @@ class CompiledModel:
     def set_num_threads(self, n):
         self.module.set_num_threads(n)
 
+    def to(self, device):
+        """torch's spelling: the CPU is where it runs (self); any other device is refused."""
+        from .options import check_device
+        check_device(device)
+        return self
+
     def save_library(self, path, cache_dir=None) -> Path:
         """One library for C programs with the weights embedded: NAME.so (shared) or NAME.a (static,
         the kernels merged in), for the artifact's target; NAME.h beside it declares the model's API
@@ -174,7 +180,7 @@ def _io(v, name):
 
 def wrap(path, opts, graph, plan, report):
     """A built artifact, loaded, as the CompiledModel that compile() returns."""
-    module = load(path, num_threads=opts.num_threads)
+    module = load(path, num_threads=opts.num_threads, runnable_here=False)
     spec = module.manifest.get("treespec")
     out_spec = None
     if spec and "torch" in sys.modules:

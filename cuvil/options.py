@@ -30,10 +30,13 @@ class Options:
     profile: bool = False          # per-node timers in the generated code (cuvil.profiler reads them)
     constant_inputs: object = None  # ONNX: {input name: array} fixed at compile time (shape-deciding inputs)
     name: str | None = None        # the C API's prefix: cuvil_<name>_run (default cuvil_run)
+    device: str = "cpu"            # where it runs: CPUs only (the targets); anything else is refused
+    rtol: float = 1e-4             # verify=True's tolerances against the source model
+    atol: float = 1e-4
 
     def key(self):
         d = asdict(self)
-        for k in ("verify", "num_threads", "cache_dir", "verbose"):  # run-time only: same artifact
+        for k in ("verify", "num_threads", "cache_dir", "verbose", "device", "rtol", "atol"):  # same artifact
             d.pop(k)
         d["dynamic_shapes"] = repr(self.dynamic_shapes)
         d["constant_inputs"] = _values_digest(self.constant_inputs)
@@ -87,8 +90,24 @@ def make_options(**kw) -> Options:
     if o.name is not None and not (isinstance(o.name, str) and NAME.match(o.name)):
         raise ValueError(f"option name={o.name!r} must be a C identifier of letters, digits and _ "
                          "(at most 32, starting with a letter): the model's functions become cuvil_<name>_run ...")
+    check_device(o.device)
+    for k in ("rtol", "atol"):
+        v = getattr(o, k)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
+            raise ValueError(f"option {k}={v!r} must be a finite number >= 0 (verify's tolerance)")
     if o.constant_inputs is not None and not (isinstance(o.constant_inputs, dict)
                                                and all(isinstance(k, str) for k in o.constant_inputs)):
         raise ValueError("option constant_inputs must be a dict of ONNX input name -> array, "
                          f"got {type(o.constant_inputs).__name__}")
     return o
+
+
+def check_device(device) -> None:
+    """device="cpu" (or "cpu:0"); cuvil builds for CPUs only, so a GPU or other device is refused
+    rather than ignored."""
+    if device is None or (isinstance(device, str) and device.lower() in ("cpu", "cpu:0")):
+        return
+    if type(device).__name__ == "device" and getattr(device, "type", None) == "cpu":     # torch.device("cpu")
+        return
+    raise ValueError(f"device={device!r}: cuvil compiles for CPUs (target= picks which: "
+                     f"{', '.join(TARGET_NAMES)}); GPU devices are not supported. Use device='cpu'")

@@ -2,6 +2,7 @@
 (chrome://tracing or Perfetto) of one run."""
 from __future__ import annotations
 
+import fnmatch
 import json
 from collections import defaultdict
 
@@ -42,3 +43,33 @@ def chrome_trace(nodes, path):
     with open(path, "w") as f:
         json.dump({"traceEvents": events}, f)
     return path
+
+
+def export_chrome_trace(compiled, *inputs, trace_file="cuvil_trace.json", include_ops=True, exclude_kernels=None,
+                        runs=10):
+    """Run `compiled` (a model compiled with profile=True) `runs` times on `inputs` and write one run's
+    per-node times as a Chrome trace to `trace_file`. include_ops: True for every node, False for
+    one event for the whole run, or op names to keep (e.g. {"conv", "matmul_fused"}); exclude_kernels:
+    op names or glob patterns to leave out (e.g. ["relayout*"]). Returns the path."""
+    _, nodes = profile(compiled, *inputs, runs=runs)
+    if include_ops is False:
+        nodes = [(f"0:run ({len(nodes)} nodes)", sum(ms for _, ms in nodes))]
+    elif include_ops is not True:
+        keep = _names(include_ops, "include_ops")
+        nodes = [(label, ms) for label, ms in nodes if label.split(":", 1)[1] in keep]
+    if exclude_kernels:
+        drop = _names(exclude_kernels, "exclude_kernels")
+        nodes = [(label, ms) for label, ms in nodes
+                 if not any(fnmatch.fnmatchcase(label.split(":", 1)[1], pat) for pat in drop)]
+    return chrome_trace(nodes, trace_file)
+
+
+def _names(value, what):
+    names = [value] if isinstance(value, str) else value
+    try:
+        names = set(names)
+    except TypeError:
+        raise TypeError(f"{what} must be True/False or a collection of op names, got {type(value).__name__}") from None
+    if not all(isinstance(n, str) for n in names):
+        raise TypeError(f"{what} must hold op names (strings)")
+    return names

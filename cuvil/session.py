@@ -14,12 +14,14 @@ through the compile cache (as torch.compile recompiles when a guard fails). The 
 does all the work; only the choice of artifact looks at the values."""
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
 
 from .errors import CuvilError, InputValuesNeededError, ShapeError
+from .options import check_device
 from .runtime import session as runtime_session
 
 MAX_SPECIALIZATIONS = 16     # loaded artifacts kept per session; older ones are unloaded (the disk cache keeps them)
@@ -34,8 +36,18 @@ class InferenceSession(runtime_session.InferenceSession):
     """ONNX Runtime's session surface over a cuvil artifact, or an ONNX model compiled on the spot
     (compile options apply to ONNX sources only)."""
 
-    def __init__(self, path_or_artifact, sess_options=None, providers=None, *, num_threads=None, **compile_options):
+    def __init__(self, path_or_artifact=None, sess_options=None, providers=None, *, model=None, device=None,
+                 num_threads=None, **compile_options):
+        """model= is another spelling of the first argument; device= must be the CPU (or None)."""
         self._special = None         # set for ONNX models whose inputs decide shapes (Specialized)
+        if (path_or_artifact is None) == (model is None):
+            raise CuvilError("InferenceSession takes one model: an artifact path, a CompiledModel or an ONNX model "
+                             "(positionally or as model=)")
+        path_or_artifact = model if model is not None else path_or_artifact
+        check_device(device)
+        if "torch" in sys.modules and isinstance(path_or_artifact, sys.modules["torch"].nn.Module):
+            raise CuvilError("InferenceSession runs compiled models: compile the torch module first, "
+                             "sess = cuvil.InferenceSession(cuvil.compile(module, example_inputs))")
         if not _is_onnx(path_or_artifact):
             if compile_options:
                 raise CuvilError(f"compile options {sorted(compile_options)} only apply to ONNX sources, "

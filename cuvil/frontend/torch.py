@@ -143,7 +143,10 @@ def decomposition_table():
 
 
 def export(model, args, kwargs=None, dynamic_shapes=None):
-    model = model.eval()
+    if isinstance(model, torch.jit.ScriptModule):
+        return _export_torchscript(model, args, kwargs, dynamic_shapes)
+    if not isinstance(model, torch.fx.GraphModule):     # an exported program's module() refuses eval()
+        model = model.eval()
     try:
         with torch.no_grad():
             return torch.export.export(model, tuple(args), kwargs=kwargs or None,
@@ -152,6 +155,20 @@ def export(model, args, kwargs=None, dynamic_shapes=None):
         raise
     except Exception as e:  # noqa: BLE001 - torch.export raises many types
         raise CuvilError(f"torch.export could not trace the model: {type(e).__name__}: {str(e)[:2000]}") from e
+
+
+def _export_torchscript(model, args, kwargs, dynamic_shapes):
+    """A TorchScript module (torch.jit.load / torch.jit.script) through torch's own TorchScript-to-
+    ExportedProgram converter, then exported again from the converted graph at the example shapes
+    (the converter leaves the batch dim unbounded) or the dynamic_shapes given."""
+    from torch._export.converter import TS2EPConverter
+    try:
+        with torch.no_grad():
+            converted = TS2EPConverter(model.eval(), tuple(args), kwargs or None).convert().module()
+    except Exception as e:  # noqa: BLE001 - the converter raises many types
+        raise CuvilError(f"torch's TorchScript converter could not convert the module: {type(e).__name__}: "
+                         f"{str(e)[:2000]} (compile the Python module, or torch.export it, instead)") from e
+    return export(converted, args, kwargs, dynamic_shapes)
 
 
 def _user_dim_names(ep, dynamic_shapes):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ShapeError
+from .loader import load
 from .module import Module
 
 ORT_TYPES = {"float32": "tensor(float)", "float64": "tensor(double)", "float16": "tensor(float16)",
@@ -117,7 +118,7 @@ def _open(src, num_threads) -> Module:
         if num_threads:
             src.module.set_num_threads(num_threads)
         return src.module
-    return Module(src, num_threads=num_threads)
+    return load(src, num_threads=num_threads)
 
 
 __all__ = ["InferenceSession", "NodeArg", "np"]

@@ -1501,6 +1501,72 @@ def _cache(r, L, Bmax, Hk, S, Dd):
     return rand(r, (L, Bmax, Hk, S, Dd), "float32")
 
 
+def _region(types, build):
+    """A subgraph over inputs of these types; build(graph, *inputs) returns its outputs."""
+    g = Graph()
+    g.symbols = dict(SYMS)
+    g.inputs = [Value(TensorType(tuple(shape), dtype)) for shape, dtype in types]
+    outs = build(g, *g.inputs)
+    g.outputs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    return g
+
+
+@case("cond")
+def cond_case(op):
+    """Both branches taken (one run each), a dynamic dim, a weight and a GEMM inside a branch, a
+    nested cond, an operand returned unchanged, and a branch that returns a constant."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((5, 7)).astype(np.float32)
+    types = [((B, 5), "float32"), ((), "float32")]
+    inner = _region(types, lambda g, x, s: g.add("cond", [g.add("gt", [s, g.const(np.float32(0))]), x, s], {
+        "then_graph": _region(types, lambda h, x, s: h.add("mul", [x, s])),
+        "else_graph": _region(types, lambda h, x, s: h.add("sub", [x, s]))}))
+    then_g = _region(types, lambda g, x, s: [g.add("relu", [g.add("matmul", [x, g.const(w)])]), x])
+    else_g = _region(types, lambda g, x, s: [g.add("tanh", [g.add("matmul", [g.add("add", [x, s]), g.const(w)])]),
+                                              g.add("neg", [x])])
+    for flags in ([True, False], [False, True]):
+        c = Case(runs=2, symbols=SYMS)
+        x = c.input(dyn(c.rng, (B, 5), "float32"), (B, 5))
+        s = c.input([np.float32(1.5), np.float32(-0.5)])
+        p = c.input([np.array(f) for f in flags])
+        y, z = c.add(op, [p, x, s], {"then_graph": then_g, "else_graph": else_g})
+        c.out(y, "gemm + activation in a branch")
+        c.out(z, "operand or its negation")
+        zero = _region(types, lambda g, x, s: g.add("mul", [x, g.const(np.float32(0))]))
+        c.out(c.add(op, [p, x, s], {"then_graph": inner, "else_graph": zero}), "nested cond")
+        c.check()
+
+
+@case("while_loop")
+def while_case(op):
+    """A counter and a state updated through a GEMM until a norm passes a bound read from an input
+    (a loop invariant), zero trips when it already does, and a loop inside a loop."""
+    rng = np.random.default_rng(4)
+    w = (rng.standard_normal((4, 4)) * 0.5 + np.eye(4)).astype(np.float32)
+    t = [((), "int64"), ((B, 4), "float32"), ((), "float32")]
+    cond = _region(t, lambda g, i, x, lim: g.add("lt", [g.add("reduce_sum", [g.add("abs", [x])], {"axes": None}), lim]))
+    body = _region(t, lambda g, i, x, lim: [g.add("add", [i, g.const(np.int64(1))]),
+                                            g.add("add", [g.add("matmul", [x, g.const(w)]), g.const(np.float32(0.25))])])
+    # the inner loop doubles x three times per outer step
+    t2 = [((), "int64"), ((B, 4), "float32")]
+    doubling = {"cond_graph": _region(t2, lambda h, j, y: h.add("lt", [j, h.const(np.int64(3))])),
+                "body_graph": _region(t2, lambda h, j, y: [h.add("add", [j, h.const(np.int64(1))]),
+                                                           h.add("mul", [y, h.const(np.float32(2))])]),
+                "carried": 2}
+    outer_body = _region(t2, lambda g, k, x: [g.add("add", [k, g.const(np.int64(1))]),
+                                              g.add("while_loop", [g.const(np.int64(0)), x], dict(doubling))[1]])
+    outer_cond = _region(t2, lambda g, k, x: g.add("lt", [k, g.const(np.int64(2))]))
+    c = Case(runs=2, symbols=SYMS)
+    x = c.input(dyn(c.rng, (B, 4), "float32", -1, 1), (B, 4))
+    lim = c.input([np.float32(200.0), np.float32(0.0)])
+    i, y = c.add(op, [c.const(np.int64(0)), x, lim], {"cond_graph": cond, "body_graph": body, "carried": 2})
+    c.out(i, "trip count (0 when the bound is already passed)")
+    c.out(y, "state")
+    c.out(c.add(op, [c.const(np.int64(0)), x], {"cond_graph": outer_cond, "body_graph": outer_body, "carried": 2})[1],
+          "a loop inside a loop")
+    c.check()
+
+
 @case("kv_update")
 def kv_update(op):
     """The cache is updated in place: the op's output is its first input's buffer."""

@@ -644,7 +644,9 @@ def _reduce(op):
 for _t, _op in ((aten.mean.dim, "reduce_mean"), (aten.mean.default, "reduce_mean"), (aten.sum.dim_IntList, "reduce_sum"),
                 (aten.sum.default, "reduce_sum"), (aten.amax.default, "reduce_max"), (aten.amin.default, "reduce_min"),
                 (aten.any.dim, "reduce_max"), (aten.any.dims, "reduce_max"), (aten.any.default, "reduce_max"),
-                (aten.all.dim, "reduce_min"), (aten.all.default, "reduce_min"), (aten.prod.dim_int, "reduce_prod")):
+                (aten.all.dim, "reduce_min"), (aten.all.default, "reduce_min"), (aten.prod.dim_int, "reduce_prod"),
+                # x.max() / x.min() over all elements (left as they are inside torch.cond / while_loop bodies)
+                (aten.max.default, "reduce_max"), (aten.min.default, "reduce_min")):
     HANDLERS[_t] = _reduce(_op)
 
 

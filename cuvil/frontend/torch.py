@@ -18,7 +18,7 @@ from ..errors import CuvilError, UnsupportedOpError
 from ..ir import dims as D
 from ..ir.graph import Graph, TensorType, Value
 # these register their handlers into aten.HANDLERS
-from . import aten, aten_experts, aten_export, aten_resample, aten_writes  # noqa: F401
+from . import aten, aten_experts, aten_export, aten_resample, aten_writes, torch_control  # noqa: F401
 from .torch_dtypes import TORCH_DTYPES, dtype_of
 
 
@@ -42,6 +42,7 @@ class Ctx:
     env: dict = field(default_factory=dict)
     node: object = None
     unsupported: list = field(default_factory=list)
+    direct: bool = False            # converting export's graph as it is (no core ATen decompositions)
 
     @property
     def loc(self):
@@ -248,7 +249,7 @@ def _convert(ep, dynamic_shapes, direct) -> tuple[Graph, object]:
                                    "compile the module in eval mode, without in-place updates of its inputs", None)])
     rename = _user_dim_names(ep, dynamic_shapes)
     g = Graph(symbols=_bounds(ep, rename))
-    ctx = Ctx(g, rename)
+    ctx = Ctx(g, rename, direct=direct)
     sig = ep.graph_signature
     kinds = {s.arg.name: s for s in sig.input_specs}
     consts = dict(ep.state_dict)
@@ -274,51 +275,9 @@ def _convert(ep, dynamic_shapes, direct) -> tuple[Graph, object]:
                 arr = t.detach().cpu().contiguous().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
                 ctx.env[node.name] = g.const(arr, name=re.sub(r"[^A-Za-z0-9_]", "_", spec.target))
         elif node.op == "call_function":
-            val = node.meta.get("val")
-            if isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool) and node.target is not operator.getitem:
-                ctx.env[node.name] = ctx.dim(val)
-                continue
-            if node.target is operator.getitem:
-                src = ctx.env[node.args[0].name]
-                item = src[node.args[1]] if isinstance(src, (list, tuple)) else None
-                if item is None and isinstance(src, (list, tuple)):
-                    ctx.unsupported.append((f"{node.args[0].target} output {node.args[1]}", ctx.loc))
-                ctx.env[node.name] = item
-                continue
-            target = node.target
-            if direct and aten.handler_for(target) is None:
-                target = _mutation(node, target)
-            handler = aten.handler_for(target)
-            if handler is None:
-                ctx.unsupported.append((str(node.target), ctx.loc))
-                ctx.env[node.name] = _placeholder_for(ctx, node)
-                continue
-            try:
-                out = handler(ctx, *[ctx.value(a) for a in node.args],
-                              **{k: ctx.value(v) for k, v in node.kwargs.items()})
-            except aten.Unsupported as e:
-                ctx.unsupported.append((f"{node.target} ({e})", ctx.loc))
-                out = _placeholder_for(ctx, node)
-            except Exception as e:  # noqa: BLE001 - a handler meeting export's graph: use the decomposed one
-                if direct:
-                    raise _NeedsDecomposition(f"{node.target}: {e}") from e
-                if isinstance(e, CuvilError):
-                    raise
-                if not ctx.unsupported:
-                    raise CuvilError(f"cuvil failed converting {node.target} at {ctx.loc}: "
-                                     f"{type(e).__name__}: {e} (a cuvil bug: please report it)") from e
-                out = _placeholder_for(ctx, node)       # fed by an op already reported unsupported
-            if direct and ctx.unsupported:
-                raise _NeedsDecomposition(ctx.unsupported[0][0])
-            ctx.env[node.name] = out
-            if target is not node.target:                 # in place: later readers see the result
-                ctx.env[node.args[0].name] = out
-            try:
-                _check_against_meta(node, out)
-            except CuvilError as e:
-                if direct:
-                    raise _NeedsDecomposition(str(e)) from None
-                raise
+            _call_function(ctx, node, direct)
+        elif node.op == "get_attr":       # a higher-order op's subgraph (torch.cond's branches)
+            ctx.env[node.name] = _attr(ep.graph_module, node.target)
         elif node.op == "output":
             outs = _pytree.tree_leaves(node.args[0])
             for o in outs:
@@ -333,6 +292,93 @@ def _convert(ep, dynamic_shapes, direct) -> tuple[Graph, object]:
             raise _NeedsDecomposition(ctx.unsupported[0][0])
         raise UnsupportedOpError(ctx.unsupported)
     return g, ep.call_spec.out_spec
+
+
+def _call_function(ctx, node, direct):
+    """One call_function node of an exported graph: its handler's IR, bound in ctx.env (an op
+    without a handler is recorded in ctx.unsupported and stood in for, so every one is found)."""
+    val = node.meta.get("val")
+    if isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool) and node.target is not operator.getitem:
+        ctx.env[node.name] = ctx.dim(val)
+        return
+    if node.target is operator.getitem:
+        src = ctx.env[node.args[0].name]
+        item = src[node.args[1]] if isinstance(src, (list, tuple)) else None
+        if item is None and isinstance(src, (list, tuple)):
+            ctx.unsupported.append((f"{node.args[0].target} output {node.args[1]}", ctx.loc))
+        ctx.env[node.name] = item
+        return
+    target = node.target
+    if direct and aten.handler_for(target) is None:
+        target = _mutation(node, target)
+    handler = aten.handler_for(target)
+    if handler is None:
+        ctx.unsupported.append((str(node.target), ctx.loc))
+        ctx.env[node.name] = _placeholder_for(ctx, node)
+        return
+    try:
+        out = handler(ctx, *[ctx.value(a) for a in node.args],
+                      **{k: ctx.value(v) for k, v in node.kwargs.items()})
+    except aten.Unsupported as e:
+        ctx.unsupported.append((f"{node.target} ({e})", ctx.loc))
+        out = _placeholder_for(ctx, node)
+    except Exception as e:  # noqa: BLE001 - a handler meeting export's graph: use the decomposed one
+        if direct:
+            raise _NeedsDecomposition(f"{node.target}: {e}") from e
+        if isinstance(e, CuvilError):
+            raise
+        if not ctx.unsupported:
+            raise CuvilError(f"cuvil failed converting {node.target} at {ctx.loc}: "
+                             f"{type(e).__name__}: {e} (a cuvil bug: please report it)") from e
+        out = _placeholder_for(ctx, node)       # fed by an op already reported unsupported
+    if direct and ctx.unsupported:
+        raise _NeedsDecomposition(ctx.unsupported[0][0])
+    ctx.env[node.name] = out
+    if target is not node.target:                 # in place: later readers see the result
+        ctx.env[node.args[0].name] = out
+    try:
+        _check_against_meta(node, out)
+    except CuvilError as e:
+        if direct:
+            raise _NeedsDecomposition(str(e)) from None
+        raise
+
+
+def _attr(module, target):
+    for part in target.split("."):
+        module = getattr(module, part)
+    return module
+
+
+def convert_region(parent, gm, operands, as_input):
+    """A higher-order op's subgraph (a GraphModule) -> an IR Graph. operands: what its placeholders
+    are bound to; as_input[i]: whether operand i becomes an input of the region (a tensor computed at
+    run time), else it is used in place (a constant, a size). Returns (graph, the operands taken)."""
+    sub = Graph(symbols=parent.g.symbols)
+    ctx = Ctx(sub, parent.rename, direct=parent.direct)
+    taken = []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(operands):
+        raise CuvilError(f"a subgraph takes {len(placeholders)} inputs, given {len(operands)}")
+    for node, v, take in zip(placeholders, operands, as_input):
+        if take:
+            x = Value(v.type)
+            sub.inputs.append(x)
+            taken.append(v)
+            v = x
+        ctx.env[node.name] = v
+    for node in gm.graph.nodes:
+        ctx.node = node
+        if node.op == "call_function":
+            _call_function(ctx, node, ctx.direct)
+        elif node.op == "get_attr":
+            ctx.env[node.name] = _attr(gm, node.target)
+        elif node.op == "output":
+            sub.outputs = [ctx.value(o) for o in _pytree.tree_leaves(node.args[0])]
+    parent.unsupported += ctx.unsupported
+    if not ctx.unsupported and not all(isinstance(o, Value) for o in sub.outputs):
+        raise CuvilError("a torch.cond / while_loop branch returns something other than tensors")
+    return sub, taken
 
 
 def _placeholder_for(ctx, node):
@@ -364,3 +410,6 @@ def _check_against_meta(node, out):
 def flatten_inputs(args, kwargs=None):
     flat, spec = _pytree.tree_flatten((tuple(args), dict(kwargs or {})))
     return flat, spec
+
+
+torch_control.register(convert_region)

@@ -60,6 +60,8 @@ class Node:
 
 
 def _fmt_attr(v):
+    if isinstance(v, Graph):      # a region: printed below its node (Graph.__str__)
+        return f"<region of {len(v.nodes)} nodes>"
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_fmt_attr(x) for x in v) + "]"
     return str(v)
@@ -112,7 +114,10 @@ class Graph:
             preview = np.array2string(c.data.ravel()[:4], precision=4, separator=",") if c.data.size <= 4 \
                 else f"<{c.data.size} elements>"
             lines.append(f"  %{c.name}:{c.type} = const {preview}")
-        lines += [f"  {n}" for n in self.nodes]
+        for n in self.nodes:
+            lines.append(f"  {n}")
+            for k, sub in regions(n):
+                lines += [f"    {k}: " + ln if i == 0 else "    " + ln for i, ln in enumerate(str(sub).splitlines())]
         lines.append(f"  return {', '.join('%' + o.name for o in self.outputs)}")
         return "\n".join(lines)
 
@@ -139,7 +144,14 @@ class Graph:
                 if id(o) in defined:
                     raise GraphError(f"value %{o.name} defined twice")
                 defined.add(id(o))
+            for _, sub in regions(n):
+                sub.verify()
         for o in self.outputs:
             if not o.is_const and id(o) not in defined:
                 raise GraphError(f"output %{o.name} is never defined")
         return self
+
+
+def regions(node):
+    """(attribute, Graph) of each subgraph a node holds (cond's branches, while_loop's cond and body)."""
+    return [(k, v) for k, v in node.attrs.items() if isinstance(v, Graph)]

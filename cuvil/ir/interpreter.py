@@ -5,7 +5,9 @@ import numpy as np
 
 from ..errors import ShapeError
 from . import dims as D
-from .ops import REGISTRY
+from .ops import REGIONS, REGISTRY
+
+MAX_LOOP_STEPS = 1 << 24       # a while_loop the reference runs longer than this is a ShapeError, not a hang
 
 
 def bind_symbols(graph, arrays) -> dict:
@@ -37,7 +39,23 @@ def concrete_attrs(attrs: dict, env: dict) -> dict:
     return {k: ev(v) for k, v in attrs.items()}
 
 
+def _run_region(node, arrays):
+    """cond and while_loop: their subgraphs, run by this interpreter."""
+    a = node.attrs
+    if node.op == "cond":
+        return run(a["then_graph"] if bool(arrays[0].reshape(-1)[0]) else a["else_graph"], *arrays[1:])
+    n, carried, extra = a["carried"], list(arrays[:a["carried"]]), list(arrays[a["carried"]:])
+    for _ in range(MAX_LOOP_STEPS):
+        if not bool(run(a["cond_graph"], *carried, *extra)[0].reshape(-1)[0]):
+            return carried
+        carried = run(a["body_graph"], *carried, *extra)[:n]
+    raise ShapeError(f"while_loop ran {MAX_LOOP_STEPS} steps without its condition turning false")
+
+
 def run_node(node, arrays, env):
+    if node.op in REGIONS:
+        outs = _run_region(node, arrays)
+        return [np.asarray(o, dtype=v.dtype) for o, v in zip(outs, node.outputs)]
     out = REGISTRY[node.op].ref(arrays, concrete_attrs(node.attrs, env))
     outs = out if isinstance(out, (list, tuple)) else [out]
     return [np.asarray(o, dtype=v.dtype) for o, v in zip(outs, node.outputs)]

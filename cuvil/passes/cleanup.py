@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ir.graph import Graph
+
 
 def dce(graph):
     live = {id(o) for o in graph.outputs}
@@ -20,6 +22,8 @@ def _attr_key(v):
         return tuple(_attr_key(x) for x in v)
     if isinstance(v, dict):   # e.g. the per-step attrs in a fused_pointwise body
         return tuple(sorted((k, _attr_key(x)) for k, x in v.items()))
+    if isinstance(v, Graph):      # a region: equal only to itself
+        return ("region", id(v))
     return str(v) if hasattr(v, "free_symbols") else v
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 
 from ..errors import UnsupportedOpError
+from ..ir.graph import regions
 from . import cleanup, fold, fuse, legalize, memplan, simplify
 from . import layout as layout_pass
 
@@ -41,13 +42,25 @@ def optimize(graph, fusion_level=2, *, backend, layout="nchw", verify=None, log=
             graph.verify()
         if log:
             log(name, graph)
+    for n in graph.nodes:          # control flow: each region is a graph of its own, kept in NCHW
+        for k, sub in regions(n):
+            n.attrs[k] = optimize(sub, fusion_level, backend=backend, verify=verify, log=log)
     return graph
+
+
+def _unsupported(graph, backend) -> list:
+    """What the backend cannot lower, in the graph and in the regions its nodes hold."""
+    bad = backend.unsupported(graph)
+    for n in graph.nodes:
+        for _, sub in regions(n):
+            bad += _unsupported(sub, backend)
+    return bad
 
 
 def plan_memory(graph, backend) -> memplan.MemoryPlan:
     """The last pass: every intermediate's place in the arena, and every node's scratch memory as the
     backend sizes it. The graph must be one the backend lowers whole (else UnsupportedOpError)."""
-    bad = backend.unsupported(graph)
+    bad = _unsupported(graph, backend)
     if bad:
         raise UnsupportedOpError(bad)
     return memplan.plan(graph, backend.scratch_bytes)

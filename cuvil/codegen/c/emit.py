@@ -104,6 +104,7 @@ class Emitter:
     target: str = "native"
     tasks: list = field(default_factory=list)     # outlined parallel loops (C functions)
     weights_cached: bool = False    # all constants fit in the last-level cache (weights_fit_in_cache)
+    shift: int = 0                  # where this graph's plan starts in the arena (a region's: its node's scratch)
 
     def ctype(self, v):
         return CTYPE[v.dtype]
@@ -122,7 +123,7 @@ class Emitter:
             return self.ptr(src)
         if src is not None and src.name in self.io:
             return f"(({t} *){self.io[src.name]})"
-        return f"(({t} *)(A + {self.plan.offsets[name]}))"
+        return f"(({t} *)(A + {self.shift + self.plan.offsets[name]}))"
 
     def packed(self, key, v, transform, ctype="float") -> str:
         """Pointer to a compile-time transformed copy of constant v (e.g. GEMM panels)."""
@@ -147,7 +148,7 @@ class Emitter:
         if self.node_index not in self.plan.scratch:   # the node asked for 0 bytes (e.g. K = 0): never read
             return f"(({ctype} *)0)"
         off, _ = self.plan.scratch[self.node_index]
-        return f"(({ctype} *)(A + {off}))"
+        return f"(({ctype} *)(A + {self.shift + off}))"
 
     @staticmethod
     def dim(d):
@@ -176,31 +177,34 @@ def generate(graph, plan, target="native", profile=False, weights_dir=None, sign
     _check_symbol_names(graph)
     em = Emitter(graph, plan, weights=Weights(weights_dir), target=target,
                  weights_cached=weights_fit_in_cache(graph, target))
-    em.by_name = {v.name: v for v in list(graph.inputs) + graph.constants()}
-    for n in graph.nodes:
-        for o in n.outputs:
-            em.by_name[o.name] = o
-    em.io = {}
-    for i, v in enumerate(graph.inputs):
-        em.io[v.name] = f"in{i}"
     body = []
-    out_copies = []
-    for i, v in enumerate(graph.outputs):
-        if v.is_const or v.name in em.io or em.plan.alias.get(v.name) is not None:
-            out_copies.append((i, v))
-        else:
-            em.io[v.name] = f"out{i}"
-    seen_out = set()
-    for i, v in enumerate(graph.outputs):      # the same value returned twice: copy the later ones
-        if v.name in seen_out and (i, v) not in out_copies:
-            out_copies.append((i, v))
-        seen_out.add(v.name)
+    out_copies = bind_io(em, [f"in{i}" for i in range(len(graph.inputs))], [f"out{i}" for i in range(len(graph.outputs))])
     try:
-        _emit_body(em, graph, body, out_copies, profile)
+        emit_body(em, graph, body, out_copies, profile)
     except BaseException:
         em.weights.finish().discard()
         raise
     return _frame(graph, em, body, plan, profile, signature, prefix), em.weights.finish()
+
+
+def bind_io(em, inputs, outputs) -> list:
+    """Point the graph's inputs and outputs at the C pointer expressions given; returns the outputs
+    that must be copied there at the end (constants, inputs, views, a value returned twice)."""
+    graph = em.graph
+    em.by_name = {v.name: v for v in list(graph.inputs) + graph.constants()}
+    for n in graph.nodes:
+        for o in n.outputs:
+            em.by_name[o.name] = o
+    em.io = {v.name: expr for v, expr in zip(graph.inputs, inputs)}
+    out_copies, seen = [], set()
+    for i, v in enumerate(graph.outputs):
+        if v.is_const or v.name in em.io or em.plan.alias.get(v.name) is not None or v.name in seen:
+            out_copies.append((i, v))
+        else:
+            em.io[v.name] = outputs[i]
+        seen.add(v.name)
+    em.out_exprs = list(outputs)
+    return out_copies
 
 
 def _check_symbol_names(graph):
@@ -213,7 +217,8 @@ def _check_symbol_names(graph):
                 cstr.ident(s.name)
 
 
-def _emit_body(em, graph, body, out_copies, profile):
+def emit_body(em, graph, body, out_copies, profile=False):
+    """C lines of the graph's nodes in order, then the output copies (bind_io)."""
     for idx, n in enumerate(graph.nodes):
         em.node_index = idx
         body.append(f"  /* {cstr.comment(n.op + (' @ ' + n.loc if n.loc else ''))} */")
@@ -224,7 +229,7 @@ def _emit_body(em, graph, body, out_copies, profile):
             body.append(f"  cuvil_prof_ns[{idx}] += cuvil_now_ns() - t0_; }}")
     for i, v in out_copies:
         nbytes = cexpr.nbytes(v.type.shape, np.dtype(v.dtype).itemsize)
-        body.append(f"  memcpy(out{i}, {em.ptr(v)}, (size_t)({nbytes}));")
+        body.append(f"  memcpy({em.out_exprs[i]}, {em.ptr(v)}, (size_t)({nbytes}));")
 
 
 def _frame(graph, em, body, plan, profile, signature, prefix):

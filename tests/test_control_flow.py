@@ -1,0 +1,165 @@
+"""Control flow decided at run time: torch.cond / torch.while_loop compile to C if / loops (IR regions),
+and a forward written with plain `if` / `while` on tensor values (the seed's DynamicClassifier) is
+rewritten into them; each compared with torch eager on inputs that take every branch."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cuvil
+from cuvil.errors import UnsupportedOpError
+
+torch = pytest.importorskip("torch")
+
+
+class DynamicClassifier(torch.nn.Module):
+    """The seed's example, as written: the branch depends on the input's values."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1 = torch.nn.Linear(10, 20)
+        self.fc2 = torch.nn.Linear(20, 2)
+        self.fc3 = torch.nn.Linear(20, 2)
+
+    def forward(self, x):
+        x = torch.relu(self.fc1(x))
+        if x.sum() > 5:
+            return self.fc2(x)
+        else:
+            return self.fc3(x) * 2
+
+
+class Refine(torch.nn.Module):
+    """if / elif / else assigning two variables, then a while loop whose trip count depends on the data."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(1)
+        self.l = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.l(x)
+        if y.mean() > 0:
+            y = y * 2
+            z = y + 1
+        elif y.mean() < -0.1:
+            y = -y
+            z = y - 1
+        else:
+            z = y
+        steps = torch.zeros((), dtype=torch.int64)
+        while (y.abs().sum() < 100) & (steps < 40):      # the cap: a loop that could settle still ends
+            y = y * 1.5 + 0.1 * self.l(y)
+            steps = steps + 1
+        return y, z, steps
+
+
+class Gate(torch.nn.Module):
+    """torch.cond written out: a conv branch and a pooling branch of the same shape."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(2)
+        self.conv = torch.nn.Conv2d(3, 3, 3, padding=1)
+
+    def forward(self, x):
+        return torch.cond(x.mean() > 0, lambda t: torch.relu(self.conv(t)), lambda t: torch.nn.functional.avg_pool2d(
+            t, 3, stride=1, padding=1), (x,))
+
+
+class Newton(torch.nn.Module):
+    """torch.while_loop written out: Newton steps for sqrt(a) until they converge, the tolerance an input."""
+
+    def forward(self, a, tol):
+        def cond(i, x):
+            return (x * x - a).abs().max() > tol
+
+        def body(i, x):
+            return i + 1, 0.5 * (x + a / x)
+        return torch.while_loop(cond, body, (torch.zeros((), dtype=torch.int64), a.clone()))
+
+
+def _close(got, want):
+    got = got if isinstance(got, (list, tuple)) else [got]
+    want = want if isinstance(want, (list, tuple)) else [want]
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), w.detach().numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_dynamic_classifier_compiles_unchanged_and_takes_both_branches():
+    m = DynamicClassifier().eval()
+    x = torch.randn(3, 10)
+    cm = cuvil.compile(m, (x,))
+    taken = set()
+    for scale in (0.05, 0.2, 1.0, 5.0):
+        xx = x.abs() * scale
+        taken.add(bool(torch.relu(m.fc1(xx)).sum() > 5))
+        _close(cm(xx), m(xx))
+    assert taken == {True, False}
+    assert "cond" in cm.module.manifest["node_ops"]
+
+
+def test_if_elif_and_while_on_tensors_are_rewritten():
+    m = Refine().eval()
+    cm = cuvil.compile(m, (torch.randn(2, 4),))
+    trips = set()
+    for seed, scale in ((0, 1.0), (1, -1.0), (2, 0.01), (3, 3.0)):
+        x = torch.randn(2, 4, generator=torch.Generator().manual_seed(seed)) * scale
+        want = m(x)
+        trips.add(int(want[2]))
+        _close(cm(x), want)
+    assert len(trips) > 1
+
+
+def test_torch_cond_with_conv_branch():
+    m = Gate().eval()
+    x = torch.randn(1, 3, 8, 8)
+    cm = cuvil.compile(m, (x,), verify=True)
+    for sign in (1, -1):
+        _close(cm(x.abs() * sign), m(x.abs() * sign))
+
+
+def test_torch_while_loop_with_invariant_input():
+    m = Newton()
+    a = torch.rand(5) * 10 + 0.5
+    cm = cuvil.compile(m, (a, torch.tensor(1e-3)))
+    for tol in (1.0, 1e-2, 1e-4):
+        got, want = cm(a, torch.tensor(tol)), m(a, torch.tensor(tol))
+        assert int(got[0]) == int(want[0])
+        _close(got[1], want[1])
+
+
+def test_what_cannot_be_rewritten_names_the_line():
+    class EarlyReturn(torch.nn.Module):
+        def forward(self, x):
+            if x.sum() > 0:
+                return x * 2
+            y = x - 1
+            return y
+    with pytest.raises(UnsupportedOpError, match=r"returns in one branch only.*test_control_flow.py:\d+"):
+        cuvil.compile(EarlyReturn(), (torch.randn(3),))
+
+
+def test_python_conditions_keep_their_meaning():
+    """A test on a Python value (a flag, a shape) stays an ordinary if after the rewrite."""
+    class Mixed(torch.nn.Module):
+        def __init__(self, double):
+            super().__init__()
+            self.double = double
+
+        def forward(self, x):
+            if self.double:
+                x = x * 2
+            if x.shape[0] > 1:
+                x = x + 1
+            if x.max() > 3:            # the data-dependent one
+                x = x - 10
+            return x
+    for flag in (True, False):
+        m = Mixed(flag)
+        cm = cuvil.compile(m, (torch.randn(2, 3),))
+        for scale in (0.1, 10.0):
+            x = torch.ones(2, 3) * scale
+            _close(cm(x), m(x))

@@ -1,4 +1,4 @@
-"""compile(): option checking, the frontend for the source (torch or ONNX), then driver.py's
+"""compile(): option checking, the frontend for the source (torch, ONNX or JAX), then driver.py's
 passes -> codegen -> build -> runtime through the compile cache, and verification against the
 source model."""
 from __future__ import annotations
@@ -36,7 +36,9 @@ def _split_inputs(example_inputs):
 def compile(model, example_inputs=(), *, target="native", precision="fp32", fusion_level=2,  # noqa: A001
             dynamic_shapes=None, verify=False, num_threads=None, cache_dir=None, verbose=False, profile=False,
             **unknown):
-    """Compile a torch.nn.Module (or an ONNX model) into a native artifact. See DESIGN.md.
+    """Compile a torch.nn.Module, an ONNX model or a JAX function into a native artifact. See DESIGN.md.
+    A JAX function is traced at its example inputs (numpy / jax arrays); weights it closes over
+    (functools.partial(apply_fn, params), or a lambda over params) become constants.
     verify=True compares with the source model on the example inputs at rtol=/atol= (1e-4 each)."""
     opts = make_options(**unknown, target=target, precision=precision, fusion_level=fusion_level,
                         dynamic_shapes=dynamic_shapes, verify=verify, num_threads=num_threads,
@@ -44,7 +46,7 @@ def compile(model, example_inputs=(), *, target="native", precision="fp32", fusi
     cdir = cache.usable_dir(cache_dir)
     progress = Progress(verbose)
     args, kwargs = _split_inputs(example_inputs)
-    kind = _source_kind(model)
+    kind = _source_kind(model, example_inputs)
     if opts.constant_inputs and kind != "onnx":
         raise ValueError("option constant_inputs applies to ONNX models only (a torch model's shape-deciding "
                          "values are fixed by torch.export already)")
@@ -63,9 +65,17 @@ def compile(model, example_inputs=(), *, target="native", precision="fp32", fusi
         cm = build_graph(graph, opts, cdir, progress,
                          extra_manifest={"source": "onnx", "output_names": list(graph.output_names),
                                          "constant_inputs": _describe_constants(opts.constant_inputs)})
+    elif kind == "jax":
+        if kwargs or opts.dynamic_shapes:
+            raise ValueError("a JAX function compiles at the shapes of its positional example inputs: pass them "
+                             "as a tuple, without dynamic_shapes")
+        from .frontend import jax as jax_frontend
+        graph = jax_frontend.to_graph(model, args)
+        progress("frontend", f"{len(graph.nodes)} IR nodes")
+        cm = build_graph(graph, opts, cdir, progress, extra_manifest={"source": "jax"})
     else:
         raise CuvilError(f"cannot compile a {type(model).__name__}: pass a torch.nn.Module, an ONNX file path, "
-                         "an onnx.ModelProto or ONNX bytes")
+                         "an onnx.ModelProto, ONNX bytes, or a JAX function with numpy / jax array example inputs")
     if opts.verify:
         _verify(model, args, kwargs, cm, kind, opts.constant_inputs, rtol=opts.rtol, atol=opts.atol)
     cm.report["compile_seconds"] = progress.total
@@ -95,7 +105,7 @@ def compile_model(model, example_inputs=(), *, enable_fusion=None, **options):
     return compile(model, example_inputs, **options)
 
 
-def _source_kind(model):
+def _source_kind(model, example_inputs=()):
     if isinstance(model, (str, Path)) and str(model).endswith(".onnx"):
         return "onnx"
     if isinstance(model, bytes):
@@ -104,7 +114,23 @@ def _source_kind(model):
         return "onnx"
     if "torch" in sys.modules and isinstance(model, sys.modules["torch"].nn.Module):
         return "torch"
+    if callable(model) and _jax_inputs(example_inputs):
+        return "jax"
     return None
+
+
+def _jax_inputs(example_inputs) -> bool:
+    """Whether a plain callable with these example inputs is taken for a JAX function: jax is installed
+    and every input is a numpy or jax array (checked without importing jax)."""
+    import importlib.util
+
+    def leaves(x):
+        if isinstance(x, (tuple, list)):
+            return [y for v in x for y in leaves(v)]
+        return leaves(list(x.values())) if isinstance(x, dict) else [x]
+    return importlib.util.find_spec("jax") is not None and all(
+        isinstance(a, (np.ndarray, np.generic)) or type(a).__module__.startswith(("jax.", "jaxlib."))
+        for a in leaves(example_inputs))
 
 
 def _check_example_inputs(model, args, kwargs):
@@ -126,7 +152,14 @@ def _check_example_inputs(model, args, kwargs):
 def _compile_torch(model, args, kwargs, opts, cdir, progress, skey):
     from .frontend import torch as torch_frontend
     _check_example_inputs(model, args, kwargs)
-    ep = torch_frontend.export(model, args, kwargs, opts.dynamic_shapes)
+    try:
+        ep = torch_frontend.export(model, args, kwargs, opts.dynamic_shapes)
+    except CuvilError as e:
+        from .frontend import torch_rewrite
+        if not torch_rewrite.is_data_dependent(e):
+            raise
+        progress("export", "data-dependent control flow: rewriting forward's if/while into torch.cond/while_loop")
+        ep = torch_rewrite.export_rewritten(model, lambda m: torch_frontend.export(m, args, kwargs, opts.dynamic_shapes), e)
     progress("export", f"{len(ep.graph.nodes)} fx nodes")
     graph, out_spec, decomposed = torch_frontend.from_exported(ep, opts.dynamic_shapes)
     progress("frontend", f"{len(graph.nodes)} IR nodes"
@@ -168,6 +201,9 @@ def _verify(model, args, kwargs, cm, kind, constant_inputs=None, rtol=1e-4, atol
             ref = model(*args, **kwargs)
         expected = [t.detach().numpy() for t in _pytree.tree_leaves(ref) if isinstance(t, torch.Tensor)]
         flat = _pytree.tree_leaves((tuple(args), dict(kwargs)))
+    elif kind == "jax":
+        from .frontend import jax as jax_frontend
+        expected, flat = jax_frontend.reference_outputs(model, args)
     else:
         from .frontend import onnx as onnx_frontend
         expected, flat = onnx_frontend.reference_outputs(model, args, constant_inputs)
@@ -187,7 +223,7 @@ def inspect_stages(model, example_inputs=(), stages=STAGES, **options) -> dict:
     """Text of the IR after each requested stage: frontend, passes, memplan, c."""
     opts = make_options(**options)
     args, kwargs = _split_inputs(example_inputs)
-    kind = _source_kind(model)
+    kind = _source_kind(model, example_inputs)
     if kind == "torch":
         from .frontend import torch as torch_frontend
         graph = torch_frontend.from_exported(torch_frontend.export(model, args, kwargs, opts.dynamic_shapes),
@@ -195,6 +231,9 @@ def inspect_stages(model, example_inputs=(), stages=STAGES, **options) -> dict:
     elif kind == "onnx":
         from .frontend import onnx as onnx_frontend
         graph = onnx_frontend.to_graph(model, opts.dynamic_shapes, constant_inputs=opts.constant_inputs)
+    elif kind == "jax":
+        from .frontend import jax as jax_frontend
+        graph = jax_frontend.to_graph(model, args)
     else:
         raise CuvilError(f"cannot inspect a {type(model).__name__}")
     out = {}

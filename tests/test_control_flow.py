@@ -163,3 +163,30 @@ def test_python_conditions_keep_their_meaning():
         for scale in (0.1, 10.0):
             x = torch.ones(2, 3) * scale
             _close(cm(x), m(x))
+
+
+def test_onnx_if_with_a_run_time_condition():
+    """An ONNX If whose condition is computed from the input becomes a cond region (not one artifact
+    per condition value); its branches read outer values and a weight."""
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    f = lambda name, shape: h.make_tensor_value_info(name, T.FLOAT, shape)  # noqa: E731
+    then_g = h.make_graph([h.make_node("MatMul", ["x", "w"], ["t1"]), h.make_node("Relu", ["t1"], ["t2"]),
+                           h.make_node("Identity", ["x"], ["t3"])], "then", [], [f("t2", [2, 3]), f("t3", [2, 3])])
+    else_g = h.make_graph([h.make_node("Neg", ["x"], ["e1"]), h.make_node("Add", ["x", "x"], ["e2"])], "else", [],
+                          [f("e1", [2, 3]), f("e2", [2, 3])])
+    w = np.random.default_rng(0).standard_normal((3, 3)).astype(np.float32)
+    g = h.make_graph([h.make_node("ReduceSum", ["x"], ["s"], keepdims=0), h.make_node("Greater", ["s", "zero"], ["c"]),
+                      h.make_node("If", ["c"], ["a", "b"], then_branch=then_g, else_branch=else_g)], "m",
+                     [f("x", [2, 3])], [f("a", [2, 3]), f("b", [2, 3])],
+                     initializer=[h.make_tensor("zero", T.FLOAT, [], [0.0]), onnx.numpy_helper.from_array(w, "w")])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)]).SerializeToString()
+    cm = cuvil.compile(model)
+    assert "cond" in cm.module.manifest["node_ops"]
+    sess = ort.InferenceSession(model)
+    for sign in (1, -1):
+        x = np.abs(np.random.default_rng(1).standard_normal((2, 3))).astype(np.float32) * sign
+        for got, want in zip(cm.run(x), sess.run(None, {"x": x})):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

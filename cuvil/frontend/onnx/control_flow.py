@@ -1,11 +1,14 @@
 """Control-flow op handlers: If, Loop and Scan.
 
 Each is inlined when its condition / trip count is known at compile time (at most MAX_UNROLL
-iterations): the subgraph runs in place through inline_subgraph, and loop scan outputs are stacked."""
+iterations): the subgraph runs in place through inline_subgraph, and loop scan outputs are stacked.
+An If whose condition is known only at run time becomes the IR's cond region (ir/ops/control.py):
+each branch converted into a graph of its own, the outer values it reads made its inputs."""
 from __future__ import annotations
 
 import numpy as np
 
+from ...ir.graph import Graph, Value
 from .helpers import Unsupported, is_sym, norm_axis, rank_of, shape_of
 from .model import MAX_UNROLL
 from .registry import handler
@@ -15,9 +18,46 @@ from .subgraphs import inline_subgraph
 # ---- control flow: inlined when the condition / trip count is known at compile time ---------------
 @handler("If")
 def _if(c):
-    cond = c.known(0, "cond")
-    g = c.attr("then_branch") if bool(np.asarray(cond).ravel()[0]) else c.attr("else_branch")
-    return inline_subgraph(c, g, {})
+    cond = c.inp(0)
+    if isinstance(cond, np.ndarray):
+        g = c.attr("then_branch") if bool(np.asarray(cond).ravel()[0]) else c.attr("else_branch")
+        return inline_subgraph(c, g, {})
+    branches = [_branch(c, c.attr(k)) for k in ("then_branch", "else_branch")]
+    refs = list({id(v): v for _, outer in branches for v in outer}.values())
+    graphs = [_with_inputs(g, outer, refs) for g, outer in branches]
+    if [str(o.type) for o in graphs[0].outputs] != [str(o.type) for o in graphs[1].outputs]:
+        raise Unsupported("an If whose branches' outputs differ in shape or dtype, with a run-time condition")
+    flag = c.reshape(cond, []) if cond.type.rank else cond
+    out = c.op("cond", [flag, *refs], then_graph=graphs[0], else_graph=graphs[1])
+    return list(out) if isinstance(out, list) else [out]
+
+
+def _branch(c, body):
+    """One branch converted into a Graph of its own; returns it and the outer run-time values it reads."""
+    outer_graph, sub = c.g, Graph(symbols=c.g.symbols)
+    c.g = sub
+    try:
+        outs = inline_subgraph(c, body, {})
+    finally:
+        c.g = outer_graph
+    if any(o is None for o in outs):
+        raise Unsupported("an If branch output that is not a tensor (a sequence or optional)")
+    sub.outputs = [sub.const(o) if isinstance(o, np.ndarray) else o for o in outs]
+    produced = {id(o) for n in sub.nodes for o in n.outputs}
+    outer = [v for n in sub.nodes for v in n.inputs if isinstance(v, Value) and not v.is_const
+             and id(v) not in produced] + [o for o in sub.outputs if not o.is_const and id(o) not in produced]
+    return sub, list({id(v): v for v in outer}.values())
+
+
+def _with_inputs(g, outer, refs):
+    """g with one input per outer value in refs (the same list for both branches), its reads of them
+    rewired to those inputs."""
+    mine = {id(v): Value(v.type) for v in refs}
+    g.inputs = [mine[id(v)] for v in refs]
+    for n in g.nodes:
+        n.inputs = [mine.get(id(v), v) if v is not None else None for v in n.inputs]
+    g.outputs = [mine.get(id(o), o) for o in g.outputs]
+    return g
 
 
 def _stack(c, xs, axis):

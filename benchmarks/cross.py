@@ -47,7 +47,7 @@ def wasm_ms(path: Path, inputs, runs: int) -> float:
         for i, a in enumerate(inputs):
             np.save(Path(tmp, f"in{i}.npy"), a)
             names.append(f"/io/in{i}.npy")
-        code, err = wasi.run(path / "cuvil_run", ["-w", "/model/weights.bin", "-n", str(runs), "-o", "/io", *names],
+        code, err = wasi.run(wasi.load(path / "cuvil_run"), ["-w", "/model/weights.bin", "-n", str(runs), "-o", "/io", *names],
                              {path: "/model", tmp: "/io"})
         if code:
             raise RuntimeError(err)

@@ -10,10 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cuvil.target import TARGETS
 
-torch = pytest.importorskip("torch")
+from .util import import_file
+
+torch = pytest.importorskip("torch", reason="the oracle is torch eager (a dev requirement)")
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "c" / "two_models.c"
 MODELS = """import torch
 class Encoder(torch.nn.Module):
@@ -34,15 +38,10 @@ class Head(torch.nn.Module):
 
 
 def _expected(tmp_path):
-    sys.path.insert(0, str(tmp_path))
-    try:
-        import two_nets
-        x = (torch.arange(16, dtype=torch.float32) / 16 - 0.5).reshape(1, 16)
-        with torch.no_grad():
-            return two_nets.Head()(two_nets.Encoder()(x)).numpy().ravel()
-    finally:
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop("two_nets", None)
+    two_nets = import_file(tmp_path / "two_nets.py")
+    x = (torch.arange(16, dtype=torch.float32) / 16 - 0.5).reshape(1, 16)
+    with torch.no_grad():
+        return two_nets.Head()(two_nets.Encoder()(x)).numpy().ravel()
 
 
 def _bundles(tmp_path, suffix, target="native"):
@@ -84,3 +83,52 @@ def test_bundle_suffix_and_flags_are_checked(tmp_path):
                         "--example-input", "float32[1,8]", "--embed-weights", "--quiet", "-o", str(tmp_path / "d")],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "--embed-weights builds one library" in r.stderr
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=st.text(max_size=40))
+def test_fuzz_model_names_reaching_c(name):
+    """--name / name= becomes C identifiers: only [A-Za-z][A-Za-z0-9_]{0,31} is accepted."""
+    import re
+
+    from cuvil.codegen.c.frame import symbol_prefix
+    from cuvil.options import make_options
+    try:
+        make_options(name=name)
+    except ValueError:
+        assert not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,31}", name, re.ASCII)
+        return
+    assert re.fullmatch(r"cuvil_[A-Za-z][A-Za-z0-9_]{0,31}_", symbol_prefix(name), re.ASCII)
+
+
+@pytest.fixture(scope="module")
+def small_artifact(tmp_path_factory):
+    import cuvil
+    torch.manual_seed(0)
+    return cuvil.compile(torch.nn.Linear(3, 2), (torch.randn(1, 3),), name="small").save(
+        tmp_path_factory.mktemp("small") / "a")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(prefix=st.text(max_size=40) | st.sampled_from(["cuvil_", "cuvil_x_", "cuvil_a\\nb_", 'cuvil_"_', "cuvil_x_;"]))
+def test_fuzz_manifest_prefix_reaching_the_bundle(small_artifact, tmp_path_factory, prefix):
+    """The bundle's generated C names its symbols by the manifest's symbol_prefix: an edited prefix
+    (resealed, so only the field check stands between it and the C) is refused unless it is one."""
+    import json
+    import re
+    import shutil as sh
+
+    from cuvil.build import bundle, cache
+    from cuvil.errors import CuvilError
+    from cuvil.runtime import artifact
+    d = tmp_path_factory.mktemp("p") / "a"
+    sh.copytree(small_artifact, d)
+    m = json.loads((d / "manifest.json").read_text())
+    m["symbol_prefix"] = prefix
+    m["content_hash"] = artifact._content_hash(m)
+    (d / "manifest.json").write_text(json.dumps(m))
+    valid = re.fullmatch(r"cuvil_([A-Za-z][A-Za-z0-9_]{0,31}_)?", prefix, re.ASCII)
+    if valid:
+        return                     # a valid prefix builds (test_two_models_link_into_one_c_program)
+    with pytest.raises(CuvilError, match="symbol_prefix"):
+        bundle.build(d, d.parent / "lib.a", cache.usable_dir(None))

@@ -9,7 +9,7 @@ import pytest
 import cuvil
 from cuvil.errors import UnsupportedOpError
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="the oracle is torch eager (a dev requirement)")
 
 
 class DynamicClassifier(torch.nn.Module):
@@ -168,8 +168,8 @@ def test_python_conditions_keep_their_meaning():
 def test_onnx_if_with_a_run_time_condition():
     """An ONNX If whose condition is computed from the input becomes a cond region (not one artifact
     per condition value); its branches read outer values and a weight."""
-    onnx = pytest.importorskip("onnx")
-    ort = pytest.importorskip("onnxruntime")
+    onnx = pytest.importorskip("onnx", reason="the model is built with onnx (a dev requirement)")
+    ort = pytest.importorskip("onnxruntime", reason="the oracle is onnxruntime (a dev requirement)")
     from onnx import TensorProto as T
     from onnx import helper as h
     f = lambda name, shape: h.make_tensor_value_info(name, T.FLOAT, shape)  # noqa: E731

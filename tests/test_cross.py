@@ -11,6 +11,8 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import cuvil
 from cuvil.build import toolchain
@@ -18,7 +20,9 @@ from cuvil.errors import ArtifactError, CompileError
 from cuvil.runtime.module import Module
 from cuvil.target import TARGETS
 
-torch = pytest.importorskip("torch")
+from .util import import_file
+
+torch = pytest.importorskip("torch", reason="the oracle is torch eager (a dev requirement)")
 AARCH64 = TARGETS["aarch64-neon"]
 
 
@@ -48,7 +52,7 @@ def _eager(model, args):
 @pytest.mark.parametrize("target", CROSS_TARGETS)
 @pytest.mark.parametrize("name", ZOO)
 def test_zoo_model_for_foreign_target_matches_eager_emulated(name, target, tmp_path):
-    pytest.importorskip("transformers")
+    pytest.importorskip("transformers", reason="the zoo models come from transformers configs (a dev requirement)")
     from . import models
     model, args = models.ALL[name]()
     cm = cuvil.compile(model, args, target=target, cache_dir=tmp_path / "cache")
@@ -87,12 +91,7 @@ def test_cli_compile_and_run_for_aarch64(tmp_path):
                     "aarch64-neon", "--verify", "--quiet", "-o", str(tmp_path / "m.cuvil")], check=True)
     subprocess.run([*cli, "run", str(tmp_path / "m.cuvil"), "--input", str(tmp_path / "x.npy"), "--output-dir",
                     str(tmp_path / "out")], check=True)
-    sys.path.insert(0, str(tmp_path))
-    try:
-        import net
-        want = net.Net()(torch.from_numpy(np.load(tmp_path / "x.npy"))).detach().numpy()
-    finally:
-        sys.path.remove(str(tmp_path))
+    want = import_file(src).Net()(torch.from_numpy(np.load(tmp_path / "x.npy"))).detach().numpy()
     np.testing.assert_allclose(np.load(tmp_path / "out" / "output0.npy"), want, rtol=1e-5, atol=1e-6)
 
 
@@ -102,7 +101,7 @@ def test_cli_compile_and_run_for_aarch64(tmp_path):
 def test_quantized_llama_decodes_the_same_tokens_on_aarch64(tmp_path, target, precision):
     """The portable integer tiles (Armv8.0) and the SDOT ones (Armv8.2 dotprod) sum the same integers
     as x86's maddubs/VNNI tiles: same prefill logits up to float order, same greedy tokens."""
-    transformers = pytest.importorskip("transformers")
+    transformers = pytest.importorskip("transformers", reason="the zoo models come from transformers configs (a dev requirement)")
     from cuvil import llm
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
@@ -159,3 +158,41 @@ def test_missing_emulator_names_the_package(tmp_path, monkeypatch, target):
     want = "wasmtime: pip install 'cuvil.wasm.'" if target.startswith("wasm") else "qemu-aarch64: apt-get install qemu-user"
     with pytest.raises(ArtifactError, match=want):
         cuvil.load(cm.path)
+
+
+MANIFEST_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.text(max_size=20),
+                            st.sampled_from(["aarch64", "x86_64", "wasm32", "aarch64-neon", "wasm32-wasi", "native",
+                                             "x86_64-avx512"]),
+                            st.lists(st.text(max_size=5), max_size=3), st.dictionaries(st.text(max_size=5), st.none(),
+                                                                                       max_size=2))
+
+
+@pytest.mark.parametrize("target", ["native", *CROSS_TARGETS])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_fuzz_arch_and_target_fields(tmp_path_factory, target, data):
+    """The manifest's arch and target decide how an artifact runs (natively, emulated, or refused):
+    any value there, resealed or not, gives a CuvilError or the right answer, never another error."""
+    import json
+    from cuvil.runtime import artifact
+    from . import models
+    model, (x,) = models.mlp()
+    key = f"fuzz-{target}"
+    if key not in _BUILT:
+        _BUILT[key] = cuvil.compile(model, (x,), target=target).save(tmp_path_factory.mktemp(key) / "a")
+    d = tmp_path_factory.mktemp("edit") / "a"
+    shutil.copytree(_BUILT[key], d)
+    m = json.loads((d / "manifest.json").read_text())
+    for field in data.draw(st.lists(st.sampled_from(["arch", "target"]), min_size=1, max_size=2, unique=True)):
+        m[field] = data.draw(MANIFEST_VALUES)
+    if data.draw(st.booleans()):
+        m["content_hash"] = artifact._content_hash(m)
+    (d / "manifest.json").write_text(json.dumps(m))
+    try:
+        got = cuvil.load(d).run(x.numpy())
+    except cuvil.CuvilError:
+        return
+    np.testing.assert_allclose(got[0], _eager(model, (x,))[0], rtol=1e-4, atol=1e-4)
+
+
+_BUILT = {}

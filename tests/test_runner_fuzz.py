@@ -16,7 +16,7 @@ import cuvil
 from cuvil.build import toolchain
 from cuvil.codegen.c import runner
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="the oracle is torch eager (a dev requirement)")
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,9 @@ import pytest
 
 import cuvil
 
-torch = pytest.importorskip("torch")
+from .util import import_file
+
+torch = pytest.importorskip("torch", reason="the oracle is torch eager (a dev requirement)")
 
 SIMPLE_NET = """import torch
 class SimpleNet(torch.nn.Module):
@@ -30,13 +32,7 @@ class SimpleNet(torch.nn.Module):
 @pytest.fixture()
 def simple_net(tmp_path):
     (tmp_path / "simple_net.py").write_text(SIMPLE_NET)
-    sys.path.insert(0, str(tmp_path))
-    try:
-        import simple_net
-        yield tmp_path, simple_net.SimpleNet().eval()
-    finally:
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop("simple_net", None)
+    return tmp_path, import_file(tmp_path / "simple_net.py").SimpleNet().eval()
 
 
 def test_cli_line_with_input_and_output_library(simple_net):

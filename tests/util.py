@@ -27,3 +27,18 @@ def check_graph(graph, inputs, rtol=1e-4, atol=1e-4, **opts):
         assert g.dtype == e.dtype, (g.dtype, e.dtype)
         np.testing.assert_allclose(g, e, rtol=rtol, atol=atol, equal_nan=True)
     return cm
+
+
+def import_file(path):
+    """The Python file at `path` (a model file the CLI tests also compile) as a module of its own,
+    registered in sys.modules under a name unique to the path (torch.jit.script looks it up)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+    path = Path(path)
+    name = f"_under_test_{abs(hash(str(path.resolve())))}_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -227,7 +227,9 @@ def _check_schema(m):
                             and all(isinstance(n, str) for n in names)),
           "output_names", "a list of one string per output", names)
     files = m["files"]
-    _need(m.get("arch") is None or m["arch"] in ELF_MACHINE, "arch", f"one of {', '.join(ELF_MACHINE)}", m.get("arch"))
+    _need(isinstance(m["target"], str) and len(m["target"]) <= 64, "target", "a target name", m["target"])
+    _need(m.get("arch") is None or (isinstance(m["arch"], str) and m["arch"] in ELF_MACHINE), "arch",
+          f"one of {', '.join(ELF_MACHINE)}", m.get("arch"))
     need = required_hashed(m)
     _need(isinstance(files, dict) and set(need) <= set(files) <= set(HASHED + RUNNER), "files",
           f"an object with {', '.join(need)} (and {', '.join(RUNNER)} where a runner was built)", files)
@@ -251,6 +253,22 @@ def is_foreign(manifest: dict) -> bool:
     return arch(manifest) != host_arch()
 
 
+def _check_machine(path: Path, name: str, want: str):
+    """`name` is a WebAssembly module for wasm32, else ELF code of the arch's machine number."""
+    with open(path / name, "rb") as fh:
+        head = fh.read(20)
+    if want in MODULE_ONLY_ARCHES:
+        if head[:4] != b"\0asm":
+            raise ArtifactError(f"artifact {path}: {name} is not a WebAssembly module, but the manifest says {want}")
+        return
+    if head[:4] != b"\x7fELF":
+        raise ArtifactError(f"artifact {path}: {name} is not machine code (no ELF header)")
+    machine = int.from_bytes(head[18:20], "little")
+    if ELF_MACHINE.get(want, machine) != machine:
+        raise ArtifactError(f"artifact {path}: {name} is machine code for ELF machine {machine}, but the "
+                            f"manifest says {want} (mixed-up files)")
+
+
 def verify(path: Path, manifest: dict, full: bool = True):
     """The artifact's files against its manifest: sizes and the library's header always; with `full`,
     every file's hash and the hash over the manifest (weights.bin is checked by map_weights)."""
@@ -260,19 +278,9 @@ def verify(path: Path, manifest: dict, full: bool = True):
         if size != e["bytes"]:
             raise ArtifactError(f"artifact {path}: {f} is {size} bytes, but the manifest records {e['bytes']} "
                                 "(truncated or replaced)")
-    if "model.so" in manifest["files"]:
-        with open(path / "model.so", "rb") as fh:
-            head = fh.read(20)
-        if head[:4] != b"\x7fELF":
-            raise ArtifactError(f"artifact {path}: model.so is not a shared library (no ELF header)")
-        machine = int.from_bytes(head[18:20], "little")
-        if ELF_MACHINE.get(arch(manifest), machine) != machine:
-            raise ArtifactError(f"artifact {path}: model.so is machine code for ELF machine {machine}, but the "
-                                f"manifest says {arch(manifest)} (mixed-up files)")
-    elif arch(manifest) in MODULE_ONLY_ARCHES:
-        with open(path / "cuvil_run", "rb") as fh:
-            if fh.read(4) != b"\0asm":
-                raise ArtifactError(f"artifact {path}: cuvil_run is not a WebAssembly module")
+    for f in ("model.so", "cuvil_run"):        # machine code for the arch the manifest states
+        if f in manifest["files"]:
+            _check_machine(path, f, arch(manifest))
     if not full:
         return
     if _content_hash(manifest) != manifest["content_hash"]:

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import ArtifactError, CuvilError
 from ..target import TARGETS
+from . import artifact
 from .module import Module, check_threads
 
 # dtypes numpy's .npy format has no descr for travel as raw bytes of their size (codegen/c/runner.py)
@@ -25,7 +26,10 @@ class EmulatedModule(Module):
     def __init__(self, path, num_threads: int | None = None, verify_checksum: bool = True):
         m = self._open(path, num_threads, verify_checksum)
         target = TARGETS.get(m["target"])
-        if target is None or "cuvil_run" not in m["files"]:
+        if target is None or target.arch != artifact.arch(m) or not target.is_foreign():
+            raise ArtifactError(f"artifact {self.path}: manifest.json's target {m['target']!r} and arch "
+                                f"{artifact.arch(m)!r} do not describe a target this cuvil emulates")
+        if "cuvil_run" not in m["files"]:
             raise ArtifactError(f"artifact {self.path} ({m['target']}) holds no C runner to run it with; "
                                 "recompile it with this cuvil")
         self._runner = target.runner_command()
@@ -36,6 +40,10 @@ class EmulatedModule(Module):
                                 f"needs the emulator {target.runner[0]}: {how}, or copy it to the device and run "
                                 "cuvil_run there")
         self.target = target.name
+        self._wasm = None
+        if self._runner == ["wasmtime"]:         # compiled once here, not at every run
+            from . import wasi
+            self._wasm = wasi.load(self.path / "cuvil_run")
         self.num_threads = num_threads or m.get("num_threads") or 1
         self._handle = True
 
@@ -79,13 +87,16 @@ class EmulatedModule(Module):
         """cuvil_run on the input files, outputs into tmp: under qemu-user, or wasmtime for wasm32
         (whose program sees only the artifact, as /model, and tmp, as /io)."""
         opts = ["-t", str(self.num_threads), "-i", "1"]
-        if self._runner == ["wasmtime"]:
+        if self._wasm is not None:
             from . import wasi
             guest = ["/io/" + str(Path(f).relative_to(tmp)) for f in files]
-            return wasi.run(self.path / "cuvil_run", ["-w", "/model/weights.bin", *opts, "-o", "/io", *guest],
+            return wasi.run(self._wasm, ["-w", "/model/weights.bin", *opts, "-o", "/io", *guest],
                             {self.path: "/model", tmp: "/io"})
-        r = subprocess.run([*self._runner, str(self.path / "cuvil_run"), "-w", str(self.path / "weights.bin"),
-                            *opts, "-o", tmp, *files], capture_output=True, text=True)
+        try:
+            r = subprocess.run([*self._runner, str(self.path / "cuvil_run"), "-w", str(self.path / "weights.bin"),
+                                *opts, "-o", tmp, *files], capture_output=True, text=True)
+        except OSError as e:         # the emulator vanished, or the program cannot be started
+            return 127, f"cannot start {self._runner[0]}: {e}"
         return r.returncode, r.stderr
 
     @staticmethod

@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ArtifactError
-from ..target import cpu_flags
 from . import artifact
 from .emulated import EmulatedModule
-from .module import Module
+from .module import Module, missing_cpu_features
 
 
 def load(path, num_threads: int | None = None, verify_checksum: bool = True, runnable_here: bool = True) -> Module:
@@ -19,7 +18,7 @@ def load(path, num_threads: int | None = None, verify_checksum: bool = True, run
     m = artifact.read_manifest(Path(path))
     if artifact.is_foreign(m):
         return EmulatedModule(path, num_threads=num_threads, verify_checksum=verify_checksum)
-    missing = [f for f in m.get("cpu_features", []) if cpu_flags() and f not in cpu_flags()]
+    missing = missing_cpu_features(m.get("cpu_features", []))
     if missing and not runnable_here:
         return BuiltForAnotherCPU(path, num_threads, verify_checksum, missing)
     return Module(path, num_threads=num_threads, verify_checksum=verify_checksum)

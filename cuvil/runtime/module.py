@@ -74,10 +74,15 @@ def eval_dim(text: str, env: dict) -> int:
     return v
 
 
-def check_cpu(features):
+def missing_cpu_features(features) -> list:
+    """The features this CPU lacks (none where /proc/cpuinfo cannot tell)."""
     have = cpu_flags()
-    missing = [f for f in features if f not in have]
-    if have and missing:
+    return [f for f in features if f not in have] if have else []
+
+
+def check_cpu(features):
+    missing = missing_cpu_features(features)
+    if missing:
         raise CuvilError(f"this artifact was built for a CPU with {', '.join(features)}; "
                          f"this CPU lacks {', '.join(missing)}. Recompile with target='native' on this machine.")
 

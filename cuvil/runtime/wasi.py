@@ -1,10 +1,9 @@
 """Run a WASI program (a wasm32-wasi artifact's cuvil_run) through wasmtime's Python API: the
-module compiled once per file content and process, each run in a fresh store with only the given
-folders visible to it. Needs the `wasmtime` package (the wasm extra)."""
+module compiled once when loaded (load), each run in a fresh store with only the given folders
+visible to it. Needs the `wasmtime` package (the wasm extra)."""
 from __future__ import annotations
 
 import functools
-import hashlib
 import tempfile
 from pathlib import Path
 
@@ -17,21 +16,19 @@ def _engine():
     return wasmtime.Engine()
 
 
-@functools.lru_cache(16)
-def _module(digest: str, path: str):
+def load(program: Path):
+    """The compiled module of a WASI program file (compile once; run it many times)."""
     import wasmtime
     try:
-        return wasmtime.Module.from_file(_engine(), path)
+        return wasmtime.Module(_engine(), Path(program).read_bytes())
     except wasmtime.WasmtimeError as e:
-        raise ArtifactError(f"{path} is not a valid WebAssembly module ({e})") from None
+        raise ArtifactError(f"{program} is not a valid WebAssembly module ({e})") from None
 
 
-def run(program: Path, args: list, dirs: dict) -> tuple[int, str]:
-    """Run `program` with argv [program, *args], host folders dirs {host path: guest path} preopened;
-    returns (exit code, stderr text). A trap (out of bounds, unreachable) is exit code -1."""
+def run(module, args: list, dirs: dict) -> tuple[int, str]:
+    """Run a loaded module with argv [cuvil_run, *args], host folders dirs {host path: guest path}
+    preopened; returns (exit code, stderr text). A trap (out of bounds, unreachable) is exit code -1."""
     import wasmtime
-    digest = hashlib.sha256(Path(program).read_bytes()).hexdigest()
-    module = _module(digest, str(program))
     with tempfile.TemporaryDirectory(prefix="cuvil-wasi-") as tmp:
         err_file = Path(tmp, "stderr")
         cfg = wasmtime.WasiConfig()

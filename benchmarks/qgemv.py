@@ -14,7 +14,7 @@ from cuvil.build import cache
 from cuvil.driver import Progress, build_graph
 from cuvil.ir.graph import Graph, TensorType, Value
 from cuvil.ir.ops.llm import act_block
-from cuvil.llm import quantize
+from cuvil.ir import quant as quantize
 from cuvil.options import make_options
 
 from .timing import interleaved

@@ -11,8 +11,10 @@ import numpy as np
 from .version import __version__
 from .build import cache, toolchain
 from .driver import Progress, build_graph, optimize, wrap
+from .accuracy import TOLERANCE, describe, failures, measure
 from .errors import CuvilError, VerificationError
 from .options import Options, make_options
+from .runtime import artifact
 from .target import resolve_target
 
 
@@ -39,7 +41,10 @@ def compile(model, example_inputs=(), *, target="native", precision="fp32", fusi
     """Compile a torch.nn.Module, an ONNX model or a JAX function into a native artifact. See DESIGN.md.
     A JAX function is traced at its example inputs (numpy / jax arrays); weights it closes over
     (functools.partial(apply_fn, params), or a lambda over params) become constants.
-    verify=True compares with the source model on the example inputs at rtol=/atol= (1e-4 each)."""
+    verify=True compares with the source model on the example inputs at rtol=/atol= (1e-4 each for fp32;
+    for bf16 / fp16 / int8 at the output's scale, defaults in accuracy.TOLERANCE). A lossy precision
+    measures its error against the source on the example inputs and calibration_data= (an iterable of
+    more inputs): cm.accuracy."""
     opts = make_options(**unknown, target=target, precision=precision, fusion_level=fusion_level,
                         dynamic_shapes=dynamic_shapes, verify=verify, num_threads=num_threads,
                         cache_dir=cache_dir, verbose=verbose, profile=profile)
@@ -76,8 +81,11 @@ def compile(model, example_inputs=(), *, target="native", precision="fp32", fusi
     else:
         raise CuvilError(f"cannot compile a {type(model).__name__}: pass a torch.nn.Module, an ONNX file path, "
                          "an onnx.ModelProto, ONNX bytes, or a JAX function with numpy / jax array example inputs")
+    if opts.precision != "fp32":
+        calibration = [_split_inputs(x) for x in opts.calibration_data or ()]
+        _measure_accuracy(model, kind, cm, [(args, kwargs)] + calibration, opts, progress)
     if opts.verify:
-        _verify(model, args, kwargs, cm, kind, opts.constant_inputs, rtol=opts.rtol, atol=opts.atol)
+        _verify(model, args, kwargs, cm, kind, opts)
     cm.report["compile_seconds"] = progress.total
     cm.report["stages"] = progress.stages
     return cm
@@ -193,20 +201,33 @@ def max_errors(expected, got):
     return errs
 
 
-def _verify(model, args, kwargs, cm, kind, constant_inputs=None, rtol=1e-4, atol=1e-4):
+def _reference(model, kind, args, kwargs, constant_inputs=None):
+    """(the source model's outputs, the flat input arrays) for one set of inputs."""
     if kind == "torch":
         import torch
         from torch.utils import _pytree
         with torch.no_grad():
             ref = model(*args, **kwargs)
         expected = [t.detach().numpy() for t in _pytree.tree_leaves(ref) if isinstance(t, torch.Tensor)]
-        flat = _pytree.tree_leaves((tuple(args), dict(kwargs)))
-    elif kind == "jax":
+        return expected, _pytree.tree_leaves((tuple(args), dict(kwargs)))
+    if kind == "jax":
         from .frontend import jax as jax_frontend
-        expected, flat = jax_frontend.reference_outputs(model, args)
-    else:
-        from .frontend import onnx as onnx_frontend
-        expected, flat = onnx_frontend.reference_outputs(model, args, constant_inputs)
+        return jax_frontend.reference_outputs(model, args)
+    from .frontend import onnx as onnx_frontend
+    return onnx_frontend.reference_outputs(model, args, constant_inputs)
+
+
+def _verify(model, args, kwargs, cm, kind, opts):
+    """verify=True: fp32 elementwise (np.allclose); a lossy precision by its measured accuracy, at the
+    output's scale (accuracy.py)."""
+    rtol, atol = (t if t is not None else d for t, d in zip((opts.rtol, opts.atol), TOLERANCE[opts.precision]))
+    if opts.precision != "fp32":
+        bad = failures(cm.report["accuracy"], rtol, atol)
+        cm.report["verify"] = {i: (o["max_abs"], o["rel"]) for i, o in enumerate(cm.report["accuracy"]["outputs"])}
+        if bad:
+            raise VerificationError(bad, rtol, atol)
+        return
+    expected, flat = _reference(model, kind, args, kwargs, opts.constant_inputs)
     got = cm.run(*flat)
     errs = max_errors(expected, got)
     bad = {k: v for k, v in errs.items()
@@ -214,6 +235,24 @@ def _verify(model, args, kwargs, cm, kind, constant_inputs=None, rtol=1e-4, atol
     cm.report["verify"] = errs
     if bad:
         raise VerificationError(bad, rtol, atol)
+
+
+def _measure_accuracy(model, kind, cm, inputs, opts, progress):
+    """A lossy precision's error against the source model on every (args, kwargs) of `inputs`:
+    cm.report["accuracy"], sealed into the artifact's manifest (cuvil inspect shows it)."""
+    from .runtime.loader import BuiltForAnotherCPU
+    if isinstance(cm.module, BuiltForAnotherCPU):
+        progress("accuracy", "not measured: the artifact is for a CPU this machine is not (measure it where it runs)")
+        return
+    pairs = []
+    for args, kwargs in inputs:
+        expected, flat = _reference(model, kind, args, kwargs, opts.constant_inputs)
+        pairs.append((expected, cm.run(*flat)))
+    acc = measure(pairs)
+    cm.report["accuracy"] = acc
+    progress("accuracy", describe(acc, opts.precision))
+    artifact.amend_manifest(cm.path, accuracy=acc)
+    cm.module.manifest["accuracy"] = acc
 
 
 STAGES = ("frontend", "passes", "memplan", "c")

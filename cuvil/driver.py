@@ -50,6 +50,11 @@ class CompiledModel:
         self.run = module.run
 
     @property
+    def accuracy(self) -> dict | None:
+        """A lossy precision's measured error against the source model (accuracy.py), else None."""
+        return self.report.get("accuracy")
+
+    @property
     def path(self) -> Path:
         return self.module.path
 
@@ -115,7 +120,8 @@ def optimize(graph, opts: Options):
     """The passes that opts ask for, for the C backend (passes/pipeline.py)."""
     from .codegen.c import C_BACKEND
     from .passes import pipeline
-    return pipeline.optimize(graph, opts.fusion_level, backend=C_BACKEND, layout=conv_layout(opts))
+    return pipeline.optimize(graph, opts.fusion_level, backend=C_BACKEND, layout=conv_layout(opts),
+                             precision=opts.precision)
 
 
 def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None, load=True):
@@ -125,8 +131,12 @@ def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None,
     from .codegen.c import C_BACKEND, emit
     from .codegen.c.frame import api_h, symbol_prefix
     from .passes.pipeline import plan_memory
+    from .passes.quantize import precision_summary
     graph = optimize(graph, opts)
     progress("passes", f"{len(graph.nodes)} nodes after optimisation")
+    formats = precision_summary(graph)
+    if opts.precision != "fp32":
+        progress("precision", f"{opts.precision}: " + "; ".join(f"{k} x{v}" for k, v in formats.items()))
     plan = plan_memory(graph, C_BACKEND)
     target = resolve_target(opts.target)
     io = {"inputs": [_io(v, n) for v, n in zip(graph.inputs, graph.input_names or [v.name for v in graph.inputs])],
@@ -158,6 +168,7 @@ def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None,
             "weights": {"bytes": weights.nbytes, "checksum": weights.checksum},
             "arena_bytes": plan.arena_bytes, "num_threads": opts.num_threads,
             "options": {"precision": opts.precision, "fusion_level": opts.fusion_level},
+            "precision_ops": formats,
             "compiler": toolchain.compiler_version(target), "cache_key": key, "symbol_prefix": prefix,
             "node_ops": [n.op for n in graph.nodes],
         }

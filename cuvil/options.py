@@ -12,7 +12,7 @@ PRECISIONS = ("fp32", "bf16", "fp16", "int8", "int4")
 # width ("nchw16c" on AVX-512, "nchw8c" on AVX2, "nchw4c" on SSE2 / NEON; naming one checks it against
 # the target); "nchw" keeps every conv in NCHW
 LAYOUT_CHOICES = ("auto", "blocked", "nchw", "nchw4c", "nchw8c", "nchw16c")
-SUPPORTED_PRECISIONS = ("fp32",)
+SUPPORTED_PRECISIONS = ("fp32", "bf16", "fp16", "int8")      # int4: the LLM path only (cuvil.llm)
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}\Z")
 
 
@@ -31,12 +31,14 @@ class Options:
     constant_inputs: object = None  # ONNX: {input name: array} fixed at compile time (shape-deciding inputs)
     name: str | None = None        # the C API's prefix: cuvil_<name>_run (default cuvil_run)
     device: str = "cpu"            # where it runs: CPUs only (the targets); anything else is refused
-    rtol: float = 1e-4             # verify=True's tolerances against the source model
-    atol: float = 1e-4
+    rtol: float | None = None      # verify=True's tolerances against the source model (None: the
+    atol: float | None = None      # precision's default, accuracy.TOLERANCE)
+    calibration_data: object = None  # lossy precisions: more inputs to measure the error on (accuracy.py)
 
     def key(self):
         d = asdict(self)
-        for k in ("verify", "num_threads", "cache_dir", "verbose", "device", "rtol", "atol"):  # same artifact
+        for k in ("verify", "num_threads", "cache_dir", "verbose", "device", "rtol", "atol",  # same artifact
+                  "calibration_data"):
             d.pop(k)
         d["dynamic_shapes"] = repr(self.dynamic_shapes)
         d["constant_inputs"] = _values_digest(self.constant_inputs)
@@ -69,8 +71,8 @@ def make_options(**kw) -> Options:
     if o.precision not in PRECISIONS:
         raise ValueError(f"option precision={o.precision!r} is not one of {', '.join(PRECISIONS)}")
     if o.precision not in SUPPORTED_PRECISIONS:
-        raise ValueError(f"option precision={o.precision!r}: only {', '.join(SUPPORTED_PRECISIONS)} is implemented "
-                         "for general models so far (int8/int4 come with the LLM path)")
+        raise ValueError(f"option precision={o.precision!r}: general models take {', '.join(SUPPORTED_PRECISIONS)}; "
+                         "int4 weights are for language models (cuvil.llm.from_transformers(..., precision='int4'))")
     if not isinstance(o.fusion_level, int) or isinstance(o.fusion_level, bool) or not 0 <= o.fusion_level <= 3:
         raise ValueError(f"option fusion_level={o.fusion_level!r} is not one of 0, 1, 2, 3")
     if o.layout not in LAYOUT_CHOICES:
@@ -93,8 +95,14 @@ def make_options(**kw) -> Options:
     check_device(o.device)
     for k in ("rtol", "atol"):
         v = getattr(o, k)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf")):
             raise ValueError(f"option {k}={v!r} must be a finite number >= 0 (verify's tolerance)")
+    if o.calibration_data is not None and (isinstance(o.calibration_data, (str, bytes, dict))
+                                           or not hasattr(o.calibration_data, "__iter__")):
+        raise ValueError("option calibration_data must be an iterable of example inputs (each a tuple of arrays, "
+                         f"one array or a dict), got {type(o.calibration_data).__name__}")
+    if o.calibration_data is not None and o.precision == "fp32":
+        raise ValueError("option calibration_data applies to the lossy precisions (bf16, fp16, int8), not fp32")
     if o.constant_inputs is not None and not (isinstance(o.constant_inputs, dict)
                                                and all(isinstance(k, str) for k in o.constant_inputs)):
         raise ValueError("option constant_inputs must be a dict of ONNX input name -> array, "

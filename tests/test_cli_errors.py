@@ -115,7 +115,7 @@ CASES = [
      "input 0 axis 0 given twice"),
     (["compile", "{d}/m.py::Net", "--target", "mips", "-o", "{d}/o"], "invalid choice: 'mips'"),
     (["compile", "{d}/m.py::Net", "--precision", "fp8", "-o", "{d}/o"], "invalid choice: 'fp8'"),
-    (["compile", "{d}/m.py::Net", "--precision", "bf16", "-o", "{d}/o"], "only fp32 is implemented"),
+    (["compile", "{d}/m.py::Net", "--precision", "int4", "-o", "{d}/o"], "int4 weights are for language models"),
     (["compile", "{d}/m.py::Net", "--fusion-level", "9", "-o", "{d}/o"], "'9' is not in [0, 3]"),
     (["compile", "{d}/m.py::Net", "--constant-input", "shape", "-o", "{d}/o"], "wants NAME=FILE.npy or NAME=1,2,3"),
     (["compile", "{d}/m.py::Net", "--constant-input", "s=1,x", "-o", "{d}/o"], "values must be integers"),

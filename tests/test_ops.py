@@ -1425,6 +1425,34 @@ def matmul_q(op):
     c.check()
 
 
+@case("matmul_q", name="fp16 weights and epilogues")
+def matmul_q_epilogue(op):
+    """IEEE-half weights (the precision="fp16" format: F16C / AVX-512 widening, or the portable bit
+    operations) including subnormals, and the fused epilogue (bias, residual, activation) on every
+    kernel: the float GEMM, the one-row GEMV and the integer-dot tiles."""
+    from cuvil.ir.ops.llm import act_block
+    c = Case(runs=2, symbols=SYMS)
+    r = c.rng
+    for m, k, n in [(1, 71, 200), (5, 300, 33), (7, 65, 17)]:
+        w = rand(r, (k, n), "float32", -1, 1).astype(np.float16)
+        w[0, :4] = np.array([6e-8, -6e-8, 3e-5, 65504], np.float16)     # subnormals and the largest half
+        c.out(c.add(op, [c.input(rand(r, (m, k), "float32", -1, 1)), c.const(w)], {"bits": 16}),
+              f"fp16 M={m} N={n} K={k}")
+    for bits, group, k, ab in [(16, 1 << 30, 64, 0), (8, 1 << 30, 64, 0), (8, 1 << 30, 64, 64), (4, 32, 64, 32)]:
+        for m, act in [(1, "gelu"), (6, "relu"), (9, "tanh")]:
+            n = 20
+            w, s = _quantize(r, k, n, bits, group)
+            if bits == 16 and act == "relu":
+                w = rand(r, (k, n), "float32", -1, 1).astype(np.float16)
+            assert not ab or ab == act_block(bits, k, group)
+            res = c.input(rand(r, (m, n), "float32")) if m > 1 else None
+            ins = [c.input(rand(r, (m, k), "float32", -1, 1)), c.const(w), c.const(s) if s is not None else None,
+                   res, c.const(rand(r, (n,), "float32"))]
+            c.out(c.add(op, ins, {"bits": bits, "group": group, "act_block": ab, "act": act}),
+                  f"bits={bits} act_block={ab} M={m} bias{' + residual' if res is not None else ''} + {act}")
+    c.check()
+
+
 @case("expert_matmul")
 def expert_matmul(op):
     """Every (token, slot) pair times its expert's weights, in each weight format: one row per token

@@ -17,7 +17,8 @@ from ..driver import Progress, build_graph
 from ..errors import CuvilError
 from ..options import make_options
 from ..target import native_cpu, resolve_target
-from . import quantize, sampling, weights
+from ..ir import quant as quantize
+from . import sampling, weights
 from .lower import build_step_graph
 from .model import LLM, copy_tokenizer
 from .spec import LlamaSpec, rope_parameters

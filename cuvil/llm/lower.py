@@ -11,7 +11,7 @@ from ..errors import CuvilError, QuantizationError
 from ..ir import dims as D
 from ..ir.graph import Graph, TensorType, Value
 from ..ir.ops.llm import act_block
-from . import quantize
+from ..ir import quant as quantize
 from .spec import NORM_WEIGHTS, LlamaSpec
 
 

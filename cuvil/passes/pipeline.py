@@ -1,11 +1,13 @@
 """The passes in their order, for a backend that describes what it lowers (passes/backend.py):
 
-    fusion_level 0:  cleanup -> legalize
+    fusion_level 0:  cleanup -> legalize (-> quantize -> cleanup)
     fusion_level 1+: cleanup -> fold -> simplify -> cleanup -> fold -> cleanup -> legalize -> fuse
+                     (-> quantize -> cleanup, for a precision other than fp32)
                      (-> layout, where the convs run channel-blocked)
 
-then plan_memory (memplan) on the result. Quantization is not a pass here: the LLM path builds its
-quantized graph directly (llm/lower.py). Layout comes after fusion: a conv's fused residual has to be
+then plan_memory (memplan) on the result. quantize comes after fusion: a linear layer's bias and
+activation are fused first and kept in its quantized form. The LLM path builds its quantized graph
+directly (llm/lower.py). Layout comes after fusion: a conv's fused residual has to be
 read in the conv's layout (passes/layout.py). Under the tests (CUVIL_VERIFY_PASSES set, tests/conftest.py)
 Graph.verify() runs after every pass."""
 from __future__ import annotations
@@ -14,13 +16,13 @@ import os
 
 from ..errors import UnsupportedOpError
 from ..ir.graph import regions
-from . import cleanup, fold, fuse, legalize, memplan, simplify
+from . import cleanup, fold, fuse, legalize, memplan, quantize, simplify
 from . import layout as layout_pass
 
 
-def optimize(graph, fusion_level=2, *, backend, layout="nchw", verify=None, log=None):
+def optimize(graph, fusion_level=2, *, backend, layout="nchw", precision="fp32", verify=None, log=None):
     """backend: passes/backend.py's Backend; layout: the layout pass's target layout, a blocked
-    "nchw<B>c" to run it (driver.conv_layout picks it per target); verify: Graph.verify() after every pass (default: when
+    "nchw<B>c" to run it (driver.conv_layout picks it per target); precision: quantize.py's; verify: Graph.verify() after every pass (default: when
     CUVIL_VERIFY_PASSES is set to anything but 0); log(name, graph) after every pass."""
     if verify is None:
         verify = os.environ.get("CUVIL_VERIFY_PASSES", "0") not in ("", "0")
@@ -31,9 +33,12 @@ def optimize(graph, fusion_level=2, *, backend, layout="nchw", verify=None, log=
         "legalize": lambda g: legalize.run(g, backend),
         "fuse": lambda g: fuse.run(g, fusion_level, backend),
         "layout": lambda g: layout_pass.run(g, layout),
+        "quantize": lambda g: quantize.run(g, precision),
     }
     order = ["cleanup", "legalize"] if fusion_level == 0 else \
         ["cleanup", "fold", "simplify", "cleanup", "fold", "cleanup", "legalize", "fuse"]
+    if precision != "fp32":
+        order += ["quantize", "cleanup"]
     if fusion_level > 0 and layout != "nchw":
         order.append("layout")
     for name in order:
@@ -44,7 +49,7 @@ def optimize(graph, fusion_level=2, *, backend, layout="nchw", verify=None, log=
             log(name, graph)
     for n in graph.nodes:          # control flow: each region is a graph of its own, kept in NCHW
         for k, sub in regions(n):
-            n.attrs[k] = optimize(sub, fusion_level, backend=backend, verify=verify, log=log)
+            n.attrs[k] = optimize(sub, fusion_level, backend=backend, precision=precision, verify=verify, log=log)
     return graph
 
 

@@ -133,6 +133,14 @@ def write_manifest(path: Path, manifest: dict):
     os.replace(tmp, path / "manifest.json")
 
 
+def amend_manifest(path: Path, **fields):
+    """Add fields to a finished artifact's manifest and seal it again (the compile's accuracy report)."""
+    m = read_manifest(path)
+    for k in ("files", "content_hash", "format_version"):
+        m.pop(k, None)
+    write_manifest(path, {**m, **fields})
+
+
 def read_manifest(path: Path) -> dict:
     """manifest.json, parsed and checked field by field (ArtifactError names the field)."""
     path = Path(path)
@@ -237,8 +245,29 @@ def _check_schema(m):
         _need(isinstance(e, dict) and _is_int(e.get("bytes")) and isinstance(e.get("digest"), str), f"files[{f!r}]",
               '{"bytes": int, "digest": str}', e)
     _need(isinstance(m["content_hash"], str), "content_hash", "a string", m["content_hash"])
+    ops = m.get("precision_ops", {})
+    _need(isinstance(ops, dict) and len(ops) <= 64 and all(isinstance(k, str) and len(k) <= 128 and _is_int(v)
+                                                           for k, v in ops.items()),
+          "precision_ops", "an object of format name -> count", ops)
+    _check_accuracy(m.get("accuracy"))
     prefix = m.get("symbol_prefix", "cuvil_")
     _need(isinstance(prefix, str) and PREFIX.match(prefix), "symbol_prefix", "cuvil_ or cuvil_<name>_", prefix)
+
+
+def _is_num(v):
+    return type(v) in (int, float)             # NaN and inf included: a broken output is reported as such
+
+
+def _check_accuracy(acc):
+    """The compile's accuracy report (accuracy.py), where one was measured."""
+    if acc is None:
+        return
+    _need(isinstance(acc, dict) and _is_int(acc.get("inputs")) and isinstance(acc.get("outputs"), list)
+          and len(acc["outputs"]) <= MAX_IO, "accuracy", '{"inputs": int, "outputs": [...]}', acc)
+    for i, o in enumerate(acc["outputs"]):
+        _need(isinstance(o, dict) and all(_is_num(o.get(k)) for k in ("max_abs", "scale", "rel", "cosine"))
+              and (o.get("top1") is None or _is_num(o["top1"])), f"accuracy.outputs[{i}]",
+              "numbers max_abs, scale, rel, cosine and top1 (or null)", o)
 
 
 ELF_MACHINE = {"x86_64": 62, "aarch64": 183, "wasm32": None}     # wasm32: a WASI module, not ELF

@@ -8,6 +8,7 @@ from ...ir import dims as D
 from ...ir.ops.llm import int4_scales
 from . import cexpr
 from .emit import lowering
+from .gen_activations import ACT_CODES
 from .gemm_plan import pack_b, panel_width
 
 
@@ -94,6 +95,19 @@ def _q8_block_scales(s: np.ndarray) -> np.ndarray:
     return full
 
 
+def _epilogue(em, node):
+    """(C lines declaring `ep`, its pointer or "0"): matmul_q's bias, residual and activation."""
+    res = node.inputs[3] if len(node.inputs) > 3 else None
+    bias = node.inputs[4] if len(node.inputs) > 4 else None
+    act = node.attrs.get("act", "none")
+    if res is None and bias is None and act == "none":
+        return [], "0"
+    N = node.outputs[0].shape[-1]
+    return [f"  const cuvil_epilogue ep = {{.bias_col = {em.ptr(bias) if bias is not None else '0'}, "
+            f".residual = {em.ptr(res) if res is not None else '0'}, .ldr = {N}, .alpha = 1.0f, "
+            f".act = {ACT_CODES[act]}}};"], "&ep"
+
+
 def _lower_qgemm(em, node):
     """Integer-dot kernel (act_block > 0): weights in column blocks, K contiguous (kernels/qgemm.h)."""
     x, w = node.inputs[0], node.inputs[1]
@@ -105,10 +119,11 @@ def _lower_qgemm(em, node):
     else:
         wp = em.packed("q8blocks", w, _q8_blocks, "int8_t")
         sp = em.packed("q8blockscales", node.inputs[2], _q8_block_scales)
-    res = node.inputs[3] if len(node.inputs) > 3 else None
+    ep_lines, ep = _epilogue(em, node)
     M = cexpr.prod(x.shape[:-1])
-    return [f"if (cuvil_qgemm({M}, {N}, {K}, {em.ptr(x)}, {K}, {wp}, {bits}, {sp}, {ab}, {em.ptr(node.outputs[0])}, "
-            f"{N}, {em.ptr(res) if res is not None else '0'}, NT)) CUVIL_FAIL(\"out of memory for quantized activations\");"]
+    return ["{", *ep_lines,
+            f"  if (cuvil_qgemm({M}, {N}, {K}, {em.ptr(x)}, {K}, {wp}, {bits}, {sp}, {ab}, {em.ptr(node.outputs[0])}, "
+            f"{N}, {ep}, NT)) CUVIL_FAIL(\"out of memory for quantized activations\");", "}"]
 
 
 def _mmq_supports(node):
@@ -130,8 +145,12 @@ def lower_matmul_q(em, node):
     nr = 2 * vector_floats(em.target)
     K = w.shape[0]
     N = node.outputs[0].shape[-1]
+    fmt = bits
     if bits == 4:
         wp = em.packed("q4panels", w, lambda d: _q4_panels(d, nr), "uint8_t")
+    elif bits == 16 and w.dtype == "float16":
+        wp = em.packed("f16panels", w, lambda d: _panels(d.view(np.uint16), nr, 0), "uint16_t")
+        fmt = "CUVIL_B_FP16"
     elif bits == 16:
         wp = em.packed("bf16panels", w, lambda d: _bf16_panels(d, nr), "uint16_t")
     else:
@@ -140,17 +159,11 @@ def lower_matmul_q(em, node):
     if bits != 16:
         scales = int4_scales if bits == 4 else (lambda d: d.astype(np.float32))
         sp = em.packed("qscales", node.inputs[2], lambda d: _panels(scales(d), nr, 0.0))
-    res = node.inputs[3] if len(node.inputs) > 3 else None
-    ep = "0"
-    lines = ["{"]
-    if res is not None:
-        lines.append(f"  const cuvil_epilogue ep = {{.residual = {em.ptr(res)}, .ldr = {N}, .alpha = 1.0f}};")
-        ep = "&ep"
+    ep_lines, ep = _epilogue(em, node)
     M = cexpr.prod(x.shape[:-1])
-    lines.append(f"  cuvil_sgemm_quant({M}, {N}, {K}, {em.ptr(x)}, {K}, {wp}, {bits}, {sp}, "
-                 f"{min(group, K)}, {em.ptr(node.outputs[0])}, {N}, {ep}, NT);")
-    lines.append("}")
-    return lines
+    return ["{", *ep_lines,
+            f"  cuvil_sgemm_quant({M}, {N}, {K}, {em.ptr(x)}, {K}, {wp}, {fmt}, {sp}, "
+            f"{min(group, K)}, {em.ptr(node.outputs[0])}, {N}, {ep}, NT);", "}"]
 
 
 def _expert_pairs(node, bounds=None):

@@ -7,6 +7,7 @@ import numpy as np
 from ...errors import ShapeError
 from .. import dims as D
 from ..types import TensorType
+from .fused import ACTIVATIONS, apply_act
 from .registry import REGISTRY, OpDef, declare
 
 BITS = (4, 8, 16)
@@ -21,6 +22,8 @@ def int4_scales(scales):
 
 def dequantize(q, scales, bits, group):
     """Logical weights [K, N] (float64) of a quantized constant (see matmul_q)."""
+    if bits == 16 and q.dtype == np.float16:
+        return q.astype(np.float64)
     if bits == 16:
         return (q.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
     if bits == 4:
@@ -53,18 +56,25 @@ def act_block_ok(bits, K, group, ab):
     return ab == act_block(bits, K, group)
 
 
-# ---- matmul_q: x @ dequant(weight) (+ residual) ---------------------------------------------
+# ---- matmul_q: act(x @ dequant(weight) + bias + residual) -----------------------------------
+# inputs (x, weight, scales, residual, bias), the last three optional (None).
 # weight: bits 8 -> int8 [K, N]; bits 4 -> uint8 [K, N/2] (low nibble = even column, value - 8);
-# bits 16 -> uint16 [K, N] bf16 bit patterns. scales: float32 [ceil(K/group), N] (absent for bf16);
-# int4 scales act as float16 values (int4_scales), the precision the kernels store.
+# bits 16 -> uint16 [K, N] bf16 bit patterns, or float16 [K, N] (IEEE half). scales: float32
+# [ceil(K/group), N] (absent for 16 bits); int4 scales act as float16 values (int4_scales), the
+# precision the kernels store. bias: float32 [N]; act: one of fused.ACTIVATIONS.
+WEIGHT_DTYPES_Q = {4: ("uint8",), 8: ("int8",), 16: ("uint16", "float16")}
+
+
 def _mmq_infer(types, attrs, inputs):
     x, w = types[0], types[1]
     bits = attrs["bits"]
     if bits not in BITS:
         raise ShapeError(f"matmul_q: bits {bits} not one of {BITS}")
-    want = {4: "uint8", 8: "int8", 16: "uint16"}[bits]
-    if w.dtype != want or w.rank != 2:
-        raise ShapeError(f"matmul_q: {bits}-bit weight must be {want}[K, N], got {w}")
+    want = WEIGHT_DTYPES_Q[bits]
+    if w.dtype not in want or w.rank != 2:
+        raise ShapeError(f"matmul_q: {bits}-bit weight must be {' or '.join(want)}[K, N], got {w}")
+    if attrs.get("act", "none") not in ACTIVATIONS:
+        raise ShapeError(f"matmul_q: act {attrs['act']!r} not one of {ACTIVATIONS}")
     K = w.shape[0]
     N = w.shape[1] * (2 if bits == 4 else 1)
     if x.dtype != "float32" or not D.dims_equal(x.shape[-1], K):
@@ -77,6 +87,8 @@ def _mmq_infer(types, attrs, inputs):
     out = TensorType(x.shape[:-1] + (N,), "float32")
     if len(types) > 3 and types[3] is not None and types[3].shape != out.shape:
         raise ShapeError(f"matmul_q: residual {types[3]} must match the output {out}")
+    if len(types) > 4 and types[4] is not None and (types[4].shape != (N,) or types[4].dtype != "float32"):
+        raise ShapeError(f"matmul_q: bias {types[4]} must be float32[{N}]")
     return [out]
 
 
@@ -96,15 +108,17 @@ def _mmq_ref(xs, a):
     if a.get("act_block"):
         x = quantize_activations(xs[0], a["act_block"])
     y = x @ w
-    if len(xs) > 3 and xs[3] is not None:
-        y = y + xs[3]
-    return y.astype(np.float32)
+    for extra in xs[4:5] + xs[3:4]:                  # bias, then residual (the kernels' order)
+        if extra is not None:
+            y = y + extra
+    return apply_act(y.astype(np.float32), a.get("act", "none"))
 
 
 # act_block > 0: activations are quantized to int8 in blocks of act_block values along K and the
 # products summed in integers (ggml's Q8 activations), at every number of rows; 0 keeps float32
 # activations.
-declare(OpDef("matmul_q", {"bits": 8, "group": 1 << 30, "act_block": 0}, _mmq_infer, _mmq_ref, kind="matmul"))
+declare(OpDef("matmul_q", {"bits": 8, "group": 1 << 30, "act_block": 0, "act": "none"}, _mmq_infer, _mmq_ref,
+              kind="matmul"))
 
 
 # ---- expert_matmul: each (token, slot) pair's row times the weight of the expert routed to it --------

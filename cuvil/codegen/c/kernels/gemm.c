@@ -108,8 +108,28 @@ static inline void cuvil_vload_bf16_pair(const uint16_t *p, cuvil_vf *lo, cuvil_
     *lo = (cuvil_vf)(w << 16);
     *hi = (cuvil_vf)(w & 0xffff0000u);
 }
+/* VL IEEE halves -> floats: F16C / AVX-512 conversions where the target has them, else bit operations
+ * (exponent rebias by a multiply, which also gets subnormals right; infinities and NaNs by an OR). */
+static inline cuvil_vf cuvil_vload_f16(const uint16_t *p) {
+#if defined(__AVX512F__) && CUVIL_VL == 16
+    return (cuvil_vf)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+#elif defined(__F16C__) && CUVIL_VL == 8
+    return (cuvil_vf)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#else
+    typedef uint16_t vu16 __attribute__((vector_size(CUVIL_VL * 2), aligned(2)));
+    cuvil_vu32 h = __builtin_convertvector(*(const vu16 *)p, cuvil_vu32);
+    cuvil_vu32 e = h & 0x7fffu;
+    cuvil_vf f = (cuvil_vf)(e << 13) * cuvil_vsplat(0x1p112f);
+    cuvil_vu32 special = (cuvil_vu32)(e >= 0x7c00u) & 0x7f800000u;
+    return (cuvil_vf)((cuvil_vu32)f | special | ((h & 0x8000u) << 16));
+#endif
+}
+/* Bytes per weight of a B format (gemm.h: the bits, or CUVIL_B_FP16). */
+static inline int b_bytes(int bits) { return bits == CUVIL_B_FP16 ? 2 : bits / 8; }
 static inline void gemv_load(const void *B, int bits, int64_t i, cuvil_vf *lo, cuvil_vf *hi) {
     if (bits == 16) cuvil_vload_bf16_pair((const uint16_t *)B + i, lo, hi);
+    else if (bits == CUVIL_B_FP16)
+        *lo = cuvil_vload_f16((const uint16_t *)B + i), *hi = cuvil_vload_f16((const uint16_t *)B + i + CUVIL_VL);
     else *lo = cuvil_vload((const float *)B + i), *hi = cuvil_vload((const float *)B + i + CUVIL_VL);
 }
 
@@ -125,12 +145,12 @@ static inline __attribute__((always_inline)) void gemv_panels(int S, int bits, i
      * tuning.h). bf16 costs ~6 vector instructions per 32 bytes where fp32's costs 2 per 64, so the
      * out-of-order window alone held a quarter of the bytes in flight. fp32 weights held in the
      * last-level cache (`prefetch` 0: gemm_args.b_cached) go without (benchmarks/README.md, Kernel notes). */
-    if (bits == 16 || (CUVIL_GEMV_PREFETCH_FP32 && prefetch))
+    if (bits != 32 || (CUVIL_GEMV_PREFETCH_FP32 && prefetch))
         for (; k + 2 <= K; k += 2) {
             for (int s = 0; s < S; s++)
-                for (int line = 0; line < 2 * CUVIL_NR * bits / 8; line += 64)
-                    __builtin_prefetch((const char *)B + (s * K + k) * CUVIL_NR * (bits / 8) + line +
-                                       (bits == 16 ? CUVIL_GEMV_PREFETCH_BF16 : CUVIL_GEMV_PREFETCH),
+                for (int line = 0; line < 2 * CUVIL_NR * b_bytes(bits); line += 64)
+                    __builtin_prefetch((const char *)B + (s * K + k) * CUVIL_NR * b_bytes(bits) + line +
+                                       (bits != 32 ? CUVIL_GEMV_PREFETCH_BF16 : CUVIL_GEMV_PREFETCH),
                                        0, CUVIL_GEMV_PREFETCH_HINT);
             #pragma GCC unroll 2
             for (int u = 0; u < 2; u++) {
@@ -468,6 +488,14 @@ static inline const float *b_block(const void *B, int bits, const float *scales,
         }
         return buf;
     }
+    if (bits == CUVIL_B_FP16) {
+        const uint16_t *q = (const uint16_t *)B + (p * K + k0) * CUVIL_NR;
+        for (int64_t k = 0; k < kc; k++) {
+            cuvil_vstore(buf + k * CUVIL_NR, cuvil_vload_f16(q + k * CUVIL_NR));
+            cuvil_vstore(buf + k * CUVIL_NR + CUVIL_VL, cuvil_vload_f16(q + k * CUVIL_NR + CUVIL_VL));
+        }
+        return buf;
+    }
     const float *sc = scales + p * ((K + group - 1) / group) * CUVIL_NR;
     for (int64_t k = 0; k < kc;) {
         int64_t kk = k0 + k, end = (kk / group + 1) * group - k0;
@@ -683,7 +711,7 @@ static void gemm_task(void *ctx, int64_t t0, int64_t t1) {
 static void gemv_task(void *ctx, int64_t p0, int64_t p1) {
     const gemm_args *g = ctx;
     float acc[CUVIL_GEMV_STREAMS][CUVIL_MR][CUVIL_NR];
-    int esize = g->bits / 8;
+    int esize = b_bytes(g->bits);
     for (int64_t p = p0; p < p1; p += CUVIL_GEMV_STREAMS) {
         int S = p1 - p < CUVIL_GEMV_STREAMS ? (int)(p1 - p) : CUVIL_GEMV_STREAMS;
         const void *b = (const char *)g->B + p * g->K * CUVIL_NR * esize;
@@ -692,14 +720,14 @@ static void gemv_task(void *ctx, int64_t p0, int64_t p1) {
 #define GEMV_CASES(BITS, PF) GEMV_CASE(1, BITS, PF) GEMV_CASE(2, BITS, PF) GEMV_CASE(3, BITS, PF) \
                              GEMV_CASE(4, BITS, PF) GEMV_CASE(5, BITS, PF) GEMV_CASE(6, BITS, PF)
         _Static_assert(CUVIL_GEMV_STREAMS == 6, "GEMV_CASES lists 1..6 streams");
-        int from_dram = g->bits == 16 || !g->b_cached;
+        int from_dram = g->bits != 32 || !g->b_cached;
         /* weights held in the cache keep the six streams (benchmarks/README.md, Kernel notes) */
         int streams = from_dram ? CUVIL_GEMV_DRAM_STREAMS : S;
         for (int s = 0; s < S; s += streams) {
             const void *bs = (const char *)b + s * g->K * CUVIL_NR * esize;
             float (*as)[CUVIL_MR][CUVIL_NR] = acc + s;
             switch ((S - s < streams ? S - s : streams) * 100 + g->bits + 1000 * from_dram) {
-            GEMV_CASES(32, 1) GEMV_CASES(32, 0) GEMV_CASES(16, 1)
+            GEMV_CASES(32, 1) GEMV_CASES(32, 0) GEMV_CASES(16, 1) GEMV_CASES(CUVIL_B_FP16, 1)
             }
         }
 #undef GEMV_CASES
@@ -737,7 +765,7 @@ static void gemm_driver(int64_t M, int64_t N, int64_t K, const float *A, const f
                         int64_t ldc, const cuvil_epilogue *ep, int nthreads, int b_cached) {
     if (M <= 0 || N <= 0) return;
     int64_t np = (N + CUVIL_NR - 1) / CUVIL_NR;
-    if (M == 1 && A && K > 0 && (bits == 32 || bits == 16) && (!a_trans || lda == 1)) {
+    if (M == 1 && A && K > 0 && (bits == 32 || bits == 16 || bits == CUVIL_B_FP16) && (!a_trans || lda == 1)) {
         gemv_parts v = {{M, N, K, lda, ldc, group, np, 0, 0, 1, ldb, A, scales, 0, B, bits, C, ep, 0, 0, b_cached}, 1};
         int nt = N * K > CUVIL_GEMV_PARALLEL_MIN && nthreads > 1 ? nthreads : 1;
         /* few stream groups a thread: equal parts, one a thread (chunks of one stream group left a

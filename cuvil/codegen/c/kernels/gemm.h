@@ -56,7 +56,10 @@ void cuvil_sgemm_packed_ab(int64_t M, int64_t N, int64_t K, const float *Ap, con
 
 /* Weight-only quantized B, dequantized inside the GEMM one K block x NR panel at a time:
  * bits 8: int8 panels [np][K][NR]; bits 4: uint8 panels [np][K][NR/2] (byte j: column j in the low
- * nibble, column j + NR/2 in the high one; value - 8); bits 16: bf16 panels [np][K][NR]. scales [np][K/group][NR] (NULL for bf16). */
+ * nibble, column j + NR/2 in the high one; value - 8); bits 16: bf16 panels [np][K][NR] (32-bit lane e:
+ * column e low, e + VL high); CUVIL_B_FP16: IEEE half panels [np][K][NR] in column order.
+ * scales [np][K/group][NR] (NULL for 16-bit formats). */
+#define CUVIL_B_FP16 (-16)
 void cuvil_sgemm_quant(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const void *Bq, int bits,
                        const float *scales, int64_t group, float *C, int64_t ldc, const cuvil_epilogue *ep,
                        int nthreads);

@@ -64,7 +64,7 @@ typedef struct {
     const int8_t *xq;
     const float *dx;
     const void *scales;           /* int4: float16 [N/32][G][32]; int8: float [N/8 * 8] */
-    const float *residual;
+    const cuvil_epilogue *ep;     /* bias, residual, activation (gemm.h); NULL: the plain product */
     const void *noff;             /* int4: [M][K / run] int16 x 16 starting partials (q4_offsets) */
     const uint8_t *W;
     int bits, mr, nc, cb;         /* tile rows, tile blocks, blocks per task */
@@ -436,6 +436,22 @@ static void tile_scalar(const qargs *a, int64_t m0, int64_t b0, float out[4][32]
 /* Task t: blocks [t cb, (t + 1) cb) (a quad) x all rows, tiles of mr rows x nc blocks; for each tile
  * of rows the quad's blocks in turn, so the lines they share are read from memory once per quad and
  * then from the cache. */
+/* A finished tile into C through the epilogue: act(alpha * out + bias + residual). */
+static void q_store(const qargs *a, float out[4][32], int64_t m0, int64_t n0, int64_t nc) {
+    const cuvil_epilogue *ep = a->ep;
+    int64_t rows = a->M - m0 < a->mr ? a->M - m0 : a->mr;
+    for (int64_t i = 0; i < rows; i++) {
+        float *c = a->C + (m0 + i) * a->ldc + n0;
+        if (!ep) { for (int64_t j = 0; j < nc; j++) c[j] = out[i][j]; continue; }
+        const float *r = ep->residual ? ep->residual + (m0 + i) * ep->ldr + n0 : 0;
+        float br = ep->bias_row ? ep->bias_row[m0 + i] : 0.f;
+        for (int64_t j = 0; j < nc; j++) {
+            float v = ep->alpha * out[i][j] + br + (ep->bias_col ? ep->bias_col[n0 + j] : 0.f) + (r ? r[j] : 0.f);
+            c[j] = cuvil_act(v, ep->act);
+        }
+    }
+}
+
 static void q_task(void *ctx, int64_t t0, int64_t t1) {
     const qargs *a = ctx;
     float out[4][32] __attribute__((aligned(64)));
@@ -482,11 +498,7 @@ static void q_task(void *ctx, int64_t t0, int64_t t1) {
             tile_scalar(a, m0, b0, out);
 #endif
             int64_t n0 = b0 * 8, nc = a->N - n0 < a->nc * 8 ? a->N - n0 : a->nc * 8;
-            for (int64_t i = 0; i < (a->M - m0 < a->mr ? a->M - m0 : a->mr); i++)
-                for (int64_t j = 0; j < nc; j++) {
-                    int64_t o = (m0 + i) * a->ldc + n0 + j;
-                    a->C[o] = out[i][j] + (a->residual ? a->residual[o] : 0.f);
-                }
+            q_store(a, out, m0, n0, nc);
         }
 }
 
@@ -497,7 +509,7 @@ static void q_task(void *ctx, int64_t t0, int64_t t1) {
 /* Quantized activations live in a per-thread buffer that grows and is kept: no allocation per call. */
 
 int cuvil_qgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const void *W, int bits,
-                const void *scales, int64_t ablock, float *C, int64_t ldc, const float *residual, int nthreads) {
+                const void *scales, int64_t ablock, float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads) {
     if (M <= 0 || N <= 0) return 0;
     int64_t nb = K / ablock, run = ablock < 64 ? ablock : 64;      /* int4: K values per int16 run */
     size_t need = (size_t)(M * K + 64) + sizeof(float) * (size_t)(M * nb) + 32 * (size_t)(M * (K / run)) + 128;
@@ -518,7 +530,7 @@ int cuvil_qgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, co
     int64_t nblocks = (N + 7) / 8, quad_bytes = 4 * K * bits;
     int64_t pf = M == 1 && CUVIL_QGEMM_PREFETCH_BYTES ? CUVIL_QGEMM_PREFETCH_BYTES : quad_bytes;
     int64_t nc = M == 1 ? 4 : CUVIL_QGEMM_PREFILL_BLOCKS;
-    qargs a = {M, N, K, ablock, ldc, nb, pf, nblocks, xq, dx, scales, residual, noff, W, bits,
+    qargs a = {M, N, K, ablock, ldc, nb, pf, nblocks, xq, dx, scales, ep, noff, W, bits,
                M == 1 ? 1 : 4, (int)nc, 4, C};
     int64_t nquads = (nblocks + 3) / 4, work = M * N * K > 65536;
     if (M == 1) cuvil_parallel_chunks(work ? nthreads : 1, nquads, (nquads + nthreads - 1) / nthreads, q_task, &a);

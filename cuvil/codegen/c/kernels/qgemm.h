@@ -16,14 +16,15 @@
  *         group 32, 0.9x at 64).
  *   int8: int8 [N/8][K/4][32]: chunk c holds K values 4c .. 4c + 3, byte 4j + i holding k = 4c + i
  *         of column j. One scale per column (float [N/32 * 32]); ablock in {32, 64, 128}.
- * K must be a multiple of 64 (int4) or of ablock (int8). C[M,N] (ldc) = A[M,K] (lda) @ W (+ residual).
+ * K must be a multiple of 64 (int4) or of ablock (int8). C[M,N] (ldc) = epilogue(A[M,K] (lda) @ W), the
+ * epilogue of gemm.h (bias, residual, activation; NULL: the plain product).
  * Returns nonzero when the activation buffer cannot be allocated. */
 #ifndef CUVIL_QGEMM_H
 #define CUVIL_QGEMM_H
-#include "common.h"
+#include "gemm.h"
 
 int cuvil_qgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const void *W, int bits,
-                 const void *scales, int64_t ablock, float *C, int64_t ldc, const float *residual, int nthreads);
+                 const void *scales, int64_t ablock, float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads);
 
 /* Activation quantization: q[M][K] int8, d[M][K/blk] scales (q * d ~ A). */
 void cuvil_quantize_rows(int64_t M, int64_t K, const float *A, int64_t lda, int64_t blk, int8_t *q, float *d);

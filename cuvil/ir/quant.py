@@ -1,5 +1,6 @@
-"""Weight-only quantization of a [K, N] weight (K = input features): int8 per output channel,
-int4 in groups along K with one scale per group and column, bf16 by rounding."""
+"""Weight quantization of a [K, N] weight (K = input features) into matmul_q's storage (ir/ops/llm.py):
+int8 per output channel, int4 in groups along K with one scale per group and column, bf16 and fp16
+by rounding to nearest even. Shared by the LLM path and the general precision pass (passes/quantize.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,6 +15,15 @@ def to_bf16(w: np.ndarray) -> np.ndarray:
     u = np.ascontiguousarray(w, np.float32).view(np.uint32)
     rounded = u + 0x7FFF + ((u >> 16) & 1)
     return (rounded >> 16).astype(np.uint16)
+
+
+def to_fp16(w: np.ndarray) -> np.ndarray:
+    """fp32 -> IEEE half, rounding to nearest even; a weight beyond half's range (65504) is an error,
+    not an infinity."""
+    big = float(np.abs(w).max()) if w.size else 0.0
+    if big > 65504:
+        raise QuantizationError(f"fp16: a weight of magnitude {big:.4g} exceeds float16's range (65504)")
+    return np.asarray(w, np.float32).astype(np.float16)
 
 
 def quantize_int8(w: np.ndarray):

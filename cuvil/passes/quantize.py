@@ -1,0 +1,94 @@
+"""Lower-precision weights for general models (compile's precision="bf16" | "fp16" | "int8"): every
+matmul with a constant float32 [K, N] weight (linear layers, after fusion, with their epilogue)
+becomes a matmul_q reading that weight in the precision, with fp32 accumulation and the same fused
+bias / residual / activation:
+
+  bf16, fp16  weights stored in 16 bits, widened in registers (AVX2: a shift for bf16, F16C for fp16);
+              the arithmetic stays fp32, so memory-bound layers (batch 1) gain and the rest pay little.
+  int8        symmetric per-output-channel int8 weights; activations quantized dynamically to int8 per
+              block of 32-128 values along K (ONNX Runtime's quantize_dynamic quantizes per tensor) and
+              multiplied in integers (qgemm.c: AVX-512 VNNI, AVX2 maddubs, NEON SDOT, portable). A K
+              that is no multiple of 32 keeps fp32 activations over int8 weights.
+
+What is not a constant-weight matmul (convs, attention, norms, softmax, reductions) stays fp32:
+precision_summary() says which nodes got which format, for the compile report and --verbose."""
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from ..errors import QuantizationError
+from ..ir import quant
+from ..ir.graph import Node
+from ..ir.ops import REGISTRY
+from ..ir.ops.llm import act_block
+
+LOSSY = ("bf16", "fp16", "int8")
+
+
+def _weight(n):
+    """The constant float32 [K, N] weight of a matmul node, or None."""
+    if n.op not in ("matmul", "matmul_fused") or n.inputs[0].dtype != "float32" or n.inputs[0].type.rank < 2:
+        return None
+    w = n.inputs[1]
+    return w if w.is_const and w.dtype == "float32" and w.data.ndim == 2 else None
+
+
+def _quantized(graph, n, precision):
+    """The matmul_q node doing n's work in `precision`."""
+    w = _weight(n).data.astype(np.float32)
+    K = w.shape[0]
+    fused = n.op == "matmul_fused"
+    if fused and n.attrs["alpha"] != 1.0:
+        w = w * np.float32(n.attrs["alpha"])
+    if precision == "int8":
+        q, s = quant.quantize_int8(w)
+        ins = [n.inputs[0], graph.const(q), graph.const(s)]
+        attrs = {"bits": 8, "group": K, "act_block": act_block(8, K, K)}
+    else:
+        store = quant.to_bf16 if precision == "bf16" else quant.to_fp16
+        try:
+            ins, attrs = [n.inputs[0], graph.const(store(w)), None], {"bits": 16}
+        except QuantizationError as e:
+            raise QuantizationError(f"{n.op} at {n.loc or 'an unknown location'}: {e}") from None
+    bias = n.inputs[2] if fused and len(n.inputs) > 2 else None
+    res = n.inputs[3] if fused and len(n.inputs) > 3 else None
+    attrs["act"] = n.attrs["act"] if fused else "none"
+    ins += [res, bias]
+    while ins[-1] is None:
+        ins.pop()
+    attrs = {**REGISTRY["matmul_q"].attrs, **attrs}
+    node = Node("matmul_q", ins, attrs, n.outputs, n.loc)
+    REGISTRY["matmul_q"].infer([None if i is None else i.type for i in ins], attrs, ins)
+    return node
+
+
+def run(graph, precision):
+    """graph with its constant-weight matmuls in `precision` (fp32: unchanged)."""
+    if precision == "fp32":
+        return graph
+    if precision not in LOSSY:
+        raise QuantizationError(f"precision {precision!r}: general models take one of fp32, {', '.join(LOSSY)}")
+    graph.nodes = [_quantized(graph, n, precision) if _weight(n) is not None else n for n in graph.nodes]
+    return graph
+
+
+def describe(node) -> str | None:
+    """The precision a node computes in, as precision_summary counts it (None: not a weighted op)."""
+    if node.op == "matmul_q":
+        w = node.inputs[1]
+        if node.attrs["bits"] == 16:
+            return "fp16 weights" if w.dtype == "float16" else "bf16 weights"
+        fmt = f"int{node.attrs['bits']} weights"
+        return fmt + (", int8 activations (integer dot)" if node.attrs.get("act_block") else ", fp32 activations")
+    if node.op in ("matmul", "matmul_fused", "conv", "grouped_matmul", "attention", "expert_matmul"):
+        return "fp32"
+    return None
+
+
+def precision_summary(graph) -> dict:
+    """{"<op>: <format>": count} over the weighted ops (matmuls, convs, attention) of an optimised graph."""
+    counts = Counter(f"{'matmul' if n.op.startswith('matmul') else n.op}: {d}"
+                     for n in graph.nodes if (d := describe(n)) is not None)
+    return dict(sorted(counts.items()))

@@ -245,9 +245,14 @@ def _measure_accuracy(model, kind, cm, inputs, opts, progress):
         progress("accuracy", "not measured: the artifact is for a CPU this machine is not (measure it where it runs)")
         return
     pairs = []
-    for args, kwargs in inputs:
+    for i, (args, kwargs) in enumerate(inputs):
         expected, flat = _reference(model, kind, args, kwargs, opts.constant_inputs)
-        pairs.append((expected, cm.run(*flat)))
+        try:
+            pairs.append((expected, cm.run(*flat)))
+        except CuvilError as e:     # inputs[0] are the example inputs, the rest calibration_data
+            if i:
+                e.args = (f"calibration_data[{i - 1}]: {e}",)
+            raise
     acc = measure(pairs)
     cm.report["accuracy"] = acc
     progress("accuracy", describe(acc, opts.precision))

@@ -6,6 +6,7 @@ inputs, and the error is measured per output:
   scale     largest |source|
   rel       max_abs / scale: the error at the output's own scale (verify checks this)
   cosine    the worst cosine similarity of one row (last axis) against the source's
+  mean_cosine  the mean over the rows (a padded position's garbage row can be the worst one)
   top1      for [batch, classes] outputs: the share of rows whose argmax agrees (None otherwise)
 
 verify=True then checks max_abs <= atol + rtol * largest |source| per output: a scale-aware bound,
@@ -31,7 +32,7 @@ def measure(pairs) -> dict:
     outputs = []
     for i in range(len(pairs[0][0]) if pairs else 0):
         max_abs = scale = 0.0
-        cosine, agree, rows, classifier = 1.0, 0, 0, True
+        cosine, cos_sum, agree, rows, classifier = 1.0, 0.0, 0, 0, True
         for expected, got in pairs:
             e, g = np.asarray(expected[i]), np.asarray(got[i])
             if e.dtype.kind not in "fc" or e.size == 0:
@@ -44,11 +45,12 @@ def measure(pairs) -> dict:
             norms = np.linalg.norm(er, axis=1) * np.linalg.norm(gr, axis=1)
             cos = np.where(norms > 0, (er * gr).sum(axis=1) / np.where(norms > 0, norms, 1.0), 1.0)
             cosine = min(cosine, float(cos.min()))
+            cos_sum += float(cos.sum())
             classifier = classifier and e.ndim == 2 and e.shape[1] > 1
             agree += int((er.argmax(axis=1) == gr.argmax(axis=1)).sum())
             rows += er.shape[0]
         outputs.append({"max_abs": max_abs, "scale": scale, "rel": max_abs / scale if scale > 0 else max_abs,
-                        "cosine": cosine,
+                        "cosine": cosine, "mean_cosine": cos_sum / rows if rows else 1.0,
                         "top1": agree / rows if classifier and rows else None})
     return {"inputs": len(pairs), "outputs": outputs}
 
@@ -68,5 +70,5 @@ def describe(acc: dict, precision: str) -> str:
     for i, o in enumerate(acc["outputs"]):
         top1 = f", top-1 agreement {100 * o['top1']:.1f}%" if o.get("top1") is not None else ""
         lines.append(f"  output {i}: max abs err {o['max_abs']:.3g}, rel {o['rel']:.3g}, "
-                     f"worst row cosine {o['cosine']:.6f}{top1}")
+                     f"row cosine worst {o['cosine']:.6f} mean {o['mean_cosine']:.6f}{top1}")
     return "\n".join(lines)

@@ -627,7 +627,7 @@ static inline byte_run prefetch_slice(byte_run next, int64_t part, int64_t parts
 }
 
 /* C[m0:m1, n0:n1] = act(C) in place, the switch outside the loops so each activation is inlined. */
-static void activate_block(float *C, int64_t ldc, int64_t m0, int64_t m1, int64_t n0, int64_t n1, int act) {
+void cuvil_activate_block(float *C, int64_t ldc, int64_t m0, int64_t m1, int64_t n0, int64_t n1, int act) {
     #define ACTIVATE(A) for (int64_t i = m0; i < m1; i++) {                                          \
         float *c = C + i * ldc;                                                                       \
         int64_t j = n0;                                                                               \
@@ -702,7 +702,7 @@ static void gemm_task(void *ctx, int64_t t0, int64_t t1) {
             }
             k0 += CUVIL_KC;
         } while (k0 < g->K);
-        if (post_act) activate_block(g->C, g->ldc, m0, m1, p0 * CUVIL_NR, p1 * CUVIL_NR < g->N ? p1 * CUVIL_NR : g->N, post_act);
+        if (post_act) cuvil_activate_block(g->C, g->ldc, m0, m1, p0 * CUVIL_NR, p1 * CUVIL_NR < g->N ? p1 * CUVIL_NR : g->N, post_act);
     }
 }
 

@@ -35,6 +35,9 @@ typedef struct {
     int act;
 } cuvil_epilogue;
 
+/* C[m0:m1, n0:n1] = act(C) in place, vectorised (the epilogue's activation after the tiles). */
+void cuvil_activate_block(float *C, int64_t ldc, int64_t m0, int64_t m1, int64_t n0, int64_t n1, int act);
+
 /* C[M,N] (ldc) = epilogue(A[M,K] (lda) @ Bp); ep may be NULL (plain product). b_cached: Bp is
  * expected in the last-level cache (a model whose weights fit in it, called again and again), so a
  * one-row product reads it without the software prefetch that streams from DRAM need. */

@@ -436,20 +436,27 @@ static void tile_scalar(const qargs *a, int64_t m0, int64_t b0, float out[4][32]
 /* Task t: blocks [t cb, (t + 1) cb) (a quad) x all rows, tiles of mr rows x nc blocks; for each tile
  * of rows the quad's blocks in turn, so the lines they share are read from memory once per quad and
  * then from the cache. */
-/* A finished tile into C through the epilogue: act(alpha * out + bias + residual). */
+/* A finished tile into C through the epilogue: act(alpha * out + bias + residual), each term its
+ * own loop (they vectorise) and the activation over the stored tile: a scalar GELU per element had
+ * made an int8 MLP at 64 rows 1.2x its fp32 time where the products alone ran at 0.66x. */
 static void q_store(const qargs *a, float out[4][32], int64_t m0, int64_t n0, int64_t nc) {
     const cuvil_epilogue *ep = a->ep;
     int64_t rows = a->M - m0 < a->mr ? a->M - m0 : a->mr;
     for (int64_t i = 0; i < rows; i++) {
         float *c = a->C + (m0 + i) * a->ldc + n0;
-        if (!ep) { for (int64_t j = 0; j < nc; j++) c[j] = out[i][j]; continue; }
-        const float *r = ep->residual ? ep->residual + (m0 + i) * ep->ldr + n0 : 0;
-        float br = ep->bias_row ? ep->bias_row[m0 + i] : 0.f;
-        for (int64_t j = 0; j < nc; j++) {
-            float v = ep->alpha * out[i][j] + br + (ep->bias_col ? ep->bias_col[n0 + j] : 0.f) + (r ? r[j] : 0.f);
-            c[j] = cuvil_act(v, ep->act);
+        for (int64_t j = 0; j < nc; j++) c[j] = out[i][j];
+        if (!ep) continue;
+        float alpha = ep->alpha, br = ep->bias_row ? ep->bias_row[m0 + i] : 0.f;
+        if (alpha != 1.f || br != 0.f)
+            for (int64_t j = 0; j < nc; j++) c[j] = alpha * c[j] + br;
+        if (ep->bias_col)
+            for (int64_t j = 0; j < nc; j++) c[j] += ep->bias_col[n0 + j];
+        if (ep->residual) {
+            const float *r = ep->residual + (m0 + i) * ep->ldr + n0;
+            for (int64_t j = 0; j < nc; j++) c[j] += r[j];
         }
     }
+    if (ep && ep->act) cuvil_activate_block(a->C, a->ldc, m0, m0 + rows, n0, n0 + nc, ep->act);
 }
 
 static void q_task(void *ctx, int64_t t0, int64_t t1) {

@@ -1,0 +1,104 @@
+"""Lower precisions for general models (issue "Precision for every model"): cuvil bf16 / fp16 / int8
+against cuvil fp32, and int8 against ONNX Runtime's quantize_dynamic of the same network, in one
+interleaved run per workload and thread count. Medians; ratios are against cuvil fp32 and ORT int8
+measured in the same rounds.
+
+    python -m benchmarks.precision [--threads 1 2] [--rounds 15] [--only NAME ...]
+
+The error columns are cuvil's own accuracy report (max |error| / output scale, worst and mean row
+cosine) on the workload's inputs; MiniLM's inputs are padded to 128 tokens, and the worst rows are
+padded positions."""
+from __future__ import annotations
+
+import argparse
+import os
+
+import numpy as np
+import torch
+
+from benchmarks import workloads
+from benchmarks.scratch import temp_dir
+from benchmarks.systems import export_onnx
+from benchmarks.timing import interleaved, machine_line
+
+WORKLOADS = {
+    "MLP b1": workloads.mlp(1), "MLP b64": workloads.mlp(64),
+    "MiniLM b1 s128": workloads.minilm(1), "MiniLM b32 s128": workloads.minilm(32),
+    "BERT-base s128": workloads.bert_base,
+}
+PRECISIONS = ("fp32", "bf16", "fp16", "int8")
+
+
+class _LastHidden(torch.nn.Module):
+    """transformers models return a ModelOutput: one tensor out for every system alike."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, *args):
+        out = self.m(*args)
+        return out if isinstance(out, torch.Tensor) else out[0]
+
+
+def _ort_int8(model, args, threads):
+    """ONNX Runtime on quantize_dynamic's model (int8 weights, per-tensor uint8 activations), or None
+    when onnxruntime is not installed."""
+    try:
+        import onnxruntime as ort
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+    except ImportError:
+        return None
+    path, _ = export_onnx(model, args)
+    qpath = os.path.join(temp_dir("cuvil-bench-q-"), "model.int8.onnx")
+    quantize_dynamic(path, qpath, weight_type=QuantType.QInt8)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    sess = ort.InferenceSession(qpath, so, providers=["CPUExecutionProvider"])
+    feed = {i.name: a.numpy() for i, a in zip(sess.get_inputs(), args)}
+    return lambda: sess.run(None, feed)
+
+
+def run(names, thread_counts, rounds):
+    import cuvil
+    print(machine_line())
+    print("| workload | threads | fp32 ms | bf16 | fp16 | int8 | ORT int8 ms | int8 / ORT int8 | int8 rel err, row cosine worst / mean |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    keep = []           # export_onnx caches by id(model): no wrapper may be freed and its id reused
+    for name in names:
+        model, args = WORKLOADS[name]()
+        model = _LastHidden(model).eval()
+        keep.append(model)
+        arrays = [a.numpy() for a in args]
+        for threads in thread_counts:
+            cache = temp_dir("cuvil-bench-cache-")
+            fns, errs = {}, {}
+            for p in PRECISIONS:
+                cm = cuvil.compile(model, args, precision=p, num_threads=threads, cache_dir=cache)
+                outs = [np.empty(o.shape, o.dtype) for o in cm.run(*arrays)]
+                fns[p] = (lambda cm=cm, outs=outs: cm.run(*arrays, out=outs))
+                if cm.accuracy:
+                    errs[p] = cm.accuracy["outputs"][0]
+            ort = _ort_int8(model, args, threads)
+            if ort:
+                fns["ort int8"] = ort
+            t = interleaved(fns, rounds=rounds)
+            ratio = {p: t[p] / t["fp32"] for p in PRECISIONS}
+            vs_ort = f"{t['int8'] / t['ort int8']:.2f}x" if ort else "n/a (no onnxruntime)"
+            ort_ms = f"{1000 * t['ort int8']:.2f}" if ort else "n/a"
+            e = errs["int8"]
+            print(f"| {name} | {threads} | {1000 * t['fp32']:.2f} | {ratio['bf16']:.2f}x | {ratio['fp16']:.2f}x | "
+                  f"{ratio['int8']:.2f}x | {ort_ms} | {vs_ort} | {e['rel']:.3g}, {e['cosine']:.4f} / {e['mean_cosine']:.5f} |", flush=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--only", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
+    a = ap.parse_args(argv)
+    run(a.only, a.threads, a.rounds)
+
+
+if __name__ == "__main__":
+    main()

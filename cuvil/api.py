@@ -65,7 +65,8 @@ def compile(model, example_inputs=(), *, target="native", precision="fp32", fusi
             cm = _compile_torch(model, args, kwargs, opts, cdir, progress, skey)
     elif kind == "onnx":
         from .frontend import onnx as onnx_frontend
-        graph = onnx_frontend.to_graph(model, opts.dynamic_shapes, constant_inputs=opts.constant_inputs)
+        graph = onnx_frontend.to_graph(model, opts.dynamic_shapes, constant_inputs=opts.constant_inputs,
+                                       integer_kernels=opts.precision == "int8")
         progress("frontend", f"{len(graph.nodes)} IR nodes")
         cm = build_graph(graph, opts, cdir, progress,
                          extra_manifest={"source": "onnx", "output_names": list(graph.output_names),

@@ -14,11 +14,11 @@ import sympy
 import torch
 from torch.utils import _pytree
 
-from ..errors import CuvilError, UnsupportedOpError
+from ..errors import CuvilError, QuantizationError, UnsupportedOpError
 from ..ir import dims as D
 from ..ir.graph import Graph, TensorType, Value
 # these register their handlers into aten.HANDLERS
-from . import aten, aten_experts, aten_export, aten_resample, aten_writes, torch_control  # noqa: F401
+from . import aten, aten_experts, aten_export, aten_quant, aten_resample, aten_writes, torch_control  # noqa: F401
 from .torch_dtypes import TORCH_DTYPES, dtype_of
 
 
@@ -143,11 +143,25 @@ def decomposition_table():
     return table
 
 
+def _refuse_converted_quantized(model):
+    """Eager-mode quantized modules (torch.ao.quantization.convert) keep their weights in packed
+    objects torch.export cannot trace: say what compiles instead."""
+    for name, m in model.named_modules():
+        if type(m).__module__.startswith(("torch.ao.nn.quantized", "torch.nn.quantized")):
+            raise QuantizationError(
+                f"{name or 'the model'} is an eager-mode quantized {type(m).__name__} "
+                "(torch.ao.quantization.convert): its packed int8 weights cannot be exported. Compile the float "
+                "model with precision='int8', or the QAT model before convert() (observers off: "
+                "model.apply(torch.ao.quantization.disable_observer)) with precision='int8', which keeps its "
+                "learned int8 weights")
+
+
 def export(model, args, kwargs=None, dynamic_shapes=None):
     if isinstance(model, torch.jit.ScriptModule):
         return _export_torchscript(model, args, kwargs, dynamic_shapes)
     if not isinstance(model, torch.fx.GraphModule):     # an exported program's module() refuses eval()
         model = model.eval()
+    _refuse_converted_quantized(model)
     try:
         with torch.no_grad():
             return torch.export.export(model, tuple(args), kwargs=kwargs or None,
@@ -242,11 +256,6 @@ def _convert(ep, dynamic_shapes, direct) -> tuple[Graph, object]:
     if direct and any(s.kind != torch.export.graph_signature.OutputKind.USER_OUTPUT
                       for s in ep.graph_signature.output_specs):
         raise _NeedsDecomposition("the program mutates a buffer or an input")
-    mutated = [s.target for s in ep.graph_signature.output_specs
-               if s.kind != torch.export.graph_signature.OutputKind.USER_OUTPUT]
-    if mutated:       # a compiled artifact returns its outputs; it never writes into its inputs or buffers
-        raise UnsupportedOpError([(f"writes into the model's inputs or buffers ({', '.join(map(str, mutated))}): "
-                                   "compile the module in eval mode, without in-place updates of its inputs", None)])
     rename = _user_dim_names(ep, dynamic_shapes)
     g = Graph(symbols=_bounds(ep, rename))
     ctx = Ctx(g, rename, direct=direct)
@@ -279,7 +288,7 @@ def _convert(ep, dynamic_shapes, direct) -> tuple[Graph, object]:
         elif node.op == "get_attr":       # a higher-order op's subgraph (torch.cond's branches)
             ctx.env[node.name] = _attr(ep.graph_module, node.target)
         elif node.op == "output":
-            outs = _pytree.tree_leaves(node.args[0])
+            outs = _user_outputs(ctx, _pytree.tree_leaves(node.args[0]), ep.graph_signature.output_specs, consts)
             for o in outs:
                 v = ctx.value(o)
                 if isinstance(v, Value):
@@ -292,6 +301,26 @@ def _convert(ep, dynamic_shapes, direct) -> tuple[Graph, object]:
             raise _NeedsDecomposition(ctx.unsupported[0][0])
         raise UnsupportedOpError(ctx.unsupported)
     return g, ep.call_spec.out_spec
+
+
+def _user_outputs(ctx, outs, specs, consts):
+    """The program's own outputs. A write into an input or buffer is refused (an artifact returns its
+    outputs, it never writes into its inputs), unless it writes back the value the buffer holds (a
+    QAT fake-quant with its observer off hands its buffers through unchanged)."""
+    user, writes = [], []
+    for o, spec in zip(outs, specs):
+        if spec.kind == torch.export.graph_signature.OutputKind.USER_OUTPUT:
+            user.append(o)
+            continue
+        v, old = ctx.value(o), consts.get(spec.target)
+        same = isinstance(v, Value) and v.is_const and isinstance(old, torch.Tensor) and \
+            np.array_equal(v.data, old.detach().cpu().numpy())
+        if not same:
+            writes.append(str(spec.target))
+    if writes and not ctx.unsupported:        # an unsupported op (a QAT observer left on) says why first
+        raise UnsupportedOpError([(f"writes into the model's inputs or buffers ({', '.join(writes)}): compile the "
+                                   "module in eval mode, without in-place updates of its inputs or buffers", None)])
+    return user
 
 
 def _call_function(ctx, node, direct):

@@ -26,6 +26,42 @@ def to_fp16(w: np.ndarray) -> np.ndarray:
     return np.asarray(w, np.float32).astype(np.float16)
 
 
+def int8_grid(w: np.ndarray):
+    """(int8 [K, N], float32 scales [1, N]) when every column of w is integers in [-128, 127] times a
+    scale of its own: the weights of a model quantized before it reached cuvil (ONNX QDQ per tensor or
+    per channel, QAT fake-quant, MatMulInteger's integers), kept exactly rather than re-rounded onto
+    quantize_int8's amax / 127 grid. None for any other weight.
+
+    A column's scale is its largest |value| over its largest |integer| k, which is not known (a QAT
+    weight moved after its scale was fixed; per tensor, most columns stop short of 127): each k in
+    128..1 is tried on the first rows, then the whole column is checked at the k that fits."""
+    w = np.asarray(w, np.float32)
+    if w.ndim != 2 or w.size == 0:
+        return None
+    col = np.abs(w).max(axis=0)
+    ks = np.arange(128, 0, -1, dtype=np.float32)[:, None]
+
+    def largest_fitting_k(cols):
+        """Per column of cols: the scale at the largest k that fits its first 32 rows (None if one has none)."""
+        sample, c = w[:32, cols], col[cols]
+        scales = np.where(c > 0, c / ks, 1).astype(np.float32)                     # [128, n]
+        q = np.rint(sample[None] / scales[:, None, :])
+        fits = np.all(np.abs(q * scales[:, None, :] - sample[None]) <= 2 ** -20 * np.abs(sample[None]), axis=1)
+        return scales[fits.argmax(axis=0), np.arange(len(c))] if fits.any(axis=0).all() else None
+
+    N = w.shape[1]
+    if largest_fitting_k(np.unique([0, N // 2, N - 1])) is None:                   # a float weight: said at once
+        return None
+    parts = [largest_fitting_k(np.arange(n, min(n + 1024, N))) for n in range(0, N, 1024)]
+    if any(p is None for p in parts):
+        return None
+    s = np.concatenate(parts)[None, :]
+    q = np.rint(w / s)
+    if q.min() < -128 or q.max() > 127 or not np.allclose(q * s, w, rtol=2 ** -20, atol=0):
+        return None
+    return q.astype(np.int8), s
+
+
 def quantize_int8(w: np.ndarray):
     """Symmetric per output channel: returns (int8 [K, N], float32 scales [1, N])."""
     amax = np.abs(w).max(axis=0, keepdims=True)

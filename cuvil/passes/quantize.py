@@ -5,7 +5,8 @@ bias / residual / activation:
 
   bf16, fp16  weights stored in 16 bits, widened in registers (AVX2: a shift for bf16, F16C for fp16);
               the arithmetic stays fp32, so memory-bound layers (batch 1) gain and the rest pay little.
-  int8        symmetric per-output-channel int8 weights; activations quantized dynamically to int8 per
+  int8        symmetric per-output-channel int8 weights (a weight already on an int8 grid, as a QAT,
+              ONNX QDQ or PT2E model's dequantized weights are, keeps its values and scales); activations quantized dynamically to int8 per
               block of 32-128 values along K (ONNX Runtime's quantize_dynamic quantizes per tensor) and
               multiplied in integers (qgemm.c: AVX-512 VNNI, AVX2 maddubs, NEON SDOT, portable). A K
               that is no multiple of 32 keeps fp32 activations over int8 weights.
@@ -43,7 +44,7 @@ def _quantized(graph, n, precision):
     if fused and n.attrs["alpha"] != 1.0:
         w = w * np.float32(n.attrs["alpha"])
     if precision == "int8":
-        q, s = quant.quantize_int8(w)
+        q, s = quant.int8_grid(w) or quant.quantize_int8(w)     # a grid already there (QDQ, QAT) is kept
         ins = [n.inputs[0], graph.const(q), graph.const(s)]
         attrs = {"bits": 8, "group": K, "act_block": act_block(8, K, K)}
     else:

@@ -20,8 +20,11 @@ from .subgraphs import rename_outer_refs, schema_default, schema_function, topos
 
 
 class Converter:
-    def __init__(self, model, dynamic_shapes=None, default_max_dim=DEFAULT_MAX_DIM, constant_inputs=None):
+    def __init__(self, model, dynamic_shapes=None, default_max_dim=DEFAULT_MAX_DIM, constant_inputs=None,
+                 integer_kernels=False):
         self.model = model
+        self.integer_kernels = integer_kernels   # precision="int8": quantized matmuls onto the integer kernels
+        self._producers = None
         self.constant_inputs = dict(constant_inputs or {})   # graph input name -> value fixed at compile time
         self.g = Graph()
         self.env = {}                   # onnx name -> Value | np.ndarray | None (optional absent)
@@ -50,6 +53,14 @@ class Converter:
                 raise Unsupported("a symbolic shape value is used as tensor data")
             return self.g.const(x)
         raise Unsupported(f"cannot use {type(x).__name__} as a tensor")
+
+    def producer(self, name):
+        """The main graph's node that writes `name` (None for inputs, initializers and names inside
+        subgraphs or function bodies)."""
+        if self._producers is None:
+            self._producers = {o: n for n in self.model.graph.node for o in n.output if o}
+        p = self._producers.get(name)
+        return p if p is not None and self.node in self.model.graph.node else None
 
     def inp(self, i):
         ins = self.node.input

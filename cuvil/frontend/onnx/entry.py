@@ -12,11 +12,14 @@ from .converter import Converter
 from .model import DEFAULT_MAX_DIM, DTYPE_NAMES, ONNX_DTYPES, load_model
 
 
-def to_graph(model, dynamic_shapes=None, default_max_dim=DEFAULT_MAX_DIM, constant_inputs=None):
+def to_graph(model, dynamic_shapes=None, default_max_dim=DEFAULT_MAX_DIM, constant_inputs=None,
+             integer_kernels=False):
     """ONNX model (path, bytes or ModelProto) -> IR Graph. Inputs named in constant_inputs are fixed
-    to the given values (they are not inputs of the graph)."""
+    to the given values (they are not inputs of the graph). integer_kernels (precision="int8"):
+    quantize_dynamic's MatMulInteger becomes a matmul the quantize pass puts on the integer kernels
+    (quantization.py), not its exact emulation in int32."""
     m = _inlined(load_model(model))
-    conv = Converter(m, dynamic_shapes, default_max_dim, constant_inputs)
+    conv = Converter(m, dynamic_shapes, default_max_dim, constant_inputs, integer_kernels)
     g = conv.convert()
     g.verify()
     return g

@@ -94,8 +94,34 @@ def _qlinear_matmul(c):
     return c.cast(c.op("clip", [c.op("round", [d])], min=float(lo), max=float(hi)), out_dt)
 
 
+def _dynamic_matmul_on_integer_kernels(c):
+    """quantize_dynamic's MatMulInteger(DynamicQuantizeLinear(x), constant W) at precision="int8":
+    round(x @ (W - W_zero_point) / x_scale) in int32, what the node computes up to its activation
+    rounding. The float matmul over integer weights is what passes/quantize.py puts on the integer
+    kernels, W's values kept exactly (ir/quant.int8_grid); the model's Cast and scale multiply follow
+    as it has them. ONNX Runtime quantizes x per tensor to uint8 with a zero point, the kernels per
+    block of K to int8: the results differ by about ORT's own activation rounding. None where the
+    pattern does not hold (the exact int32 emulation below runs instead)."""
+    p = c.producer(c.node.input[0])
+    azp_name = c.node.input[2] if len(c.node.input) > 2 else ""
+    if p is None or p.op_type != "DynamicQuantizeLinear" or (azp_name and azp_name != p.output[2]):
+        return None
+    b, bzp = c.inp(1), c.inp(3)
+    if not isinstance(b, np.ndarray) or b.dtype not in (np.int8, np.uint8) or b.ndim != 2 or \
+            not (bzp is None or isinstance(bzp, np.ndarray) and bzp.size in (1, b.shape[1])):
+        return None
+    w = b.astype(np.float32) - (np.asarray(bzp, np.float32).reshape(-1) if bzp is not None else np.float32(0))
+    x = c.env[p.input[0]]
+    if w.min() < -128 or w.max() > 127 or dtype_of(x) != "float32" or rank_of(x) < 2:
+        return None
+    y = c.op("div", [c.op("matmul", [c.val(x), c.g.const(w)]), c.val(c.env[p.output[1]])])
+    return c.cast(c.op("round", [y]), "int32")
+
+
 @handler("MatMulInteger")
 def _matmul_integer(c):
+    if c.integer_kernels and (y := _dynamic_matmul_on_integer_kernels(c)) is not None:
+        return y
     a, b, azp, bzp = (c.inp(i) for i in range(4))
     A = c.cast(a, "int32")
     if azp is not None:

@@ -1,0 +1,168 @@
+"""Models quantized before they reach cuvil: ONNX QDQ (onnxruntime.quantization.quantize_static),
+ONNX quantize_dynamic (MatMulInteger), PyTorch QAT (prepare_qat, fake quantization). At fp32 they run
+as their framework defines them (checked against the ONNX reference evaluator / torch eager); at
+precision="int8" their matmuls run on the integer kernels with the model's own int8 weights kept
+exactly, within one output quantization step of the framework's quantized execution."""
+import numpy as np
+import pytest
+import torch
+
+import cuvil
+from cuvil.ir.quant import int8_grid, quantize_int8
+
+onnx = pytest.importorskip("onnx", reason="the ONNX imports need the onnx package (dev requirements)")
+ort = pytest.importorskip("onnxruntime", reason="ONNX Runtime quantizes the models and is the oracle")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic,  # noqa: E402
+                                      quantize_static)
+
+INT8_DOT = "matmul: int8 weights, int8 activations (integer dot)"
+
+
+def test_int8_grid_keeps_quantized_weights_and_rejects_float_ones():
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 24)).astype(np.float32)
+    q, s = quantize_int8(w)
+    per_channel = q.astype(np.float32) * s
+    got = int8_grid(per_channel)
+    assert got is not None and np.array_equal(got[0].astype(np.float32) * got[1], per_channel)
+    per_tensor = np.clip(np.rint(w / 0.01), -128, 127).astype(np.float32) * np.float32(0.01)
+    got = int8_grid(per_tensor)
+    assert got is not None and np.allclose(got[0] * got[1], per_tensor, rtol=2 ** -20, atol=0)
+    assert got[0].min() == -128                      # the full signed range, as torch's qint8 uses it
+    assert int8_grid(w) is None
+    assert int8_grid(per_channel + np.float32(1e-3)) is None
+
+
+# ---- ONNX -----------------------------------------------------------------------------------------
+def _float_mlp(path, rng):
+    w1 = (rng.standard_normal((64, 96)) * 0.2).astype(np.float32)
+    b1 = (rng.standard_normal(96) * 0.1).astype(np.float32)
+    w2 = (rng.standard_normal((96, 10)) * 0.2).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("MatMul", ["r", "W2"], ["y"])]
+    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 10])],
+                          [numpy_helper.from_array(a, n) for a, n in ((w1, "W1"), (b1, "b1"), (w2, "W2"))])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+class _Calibration(CalibrationDataReader):
+    def __init__(self, rng):
+        self.batches = iter([{"x": rng.standard_normal((8, 64)).astype(np.float32)} for _ in range(8)])
+
+    def get_next(self):
+        return next(self.batches, None)
+
+
+def _reference(path, x):
+    """The ONNX reference evaluator (its DequantizeLinear needs opset 19 or later)."""
+    from onnx.reference import ReferenceEvaluator
+    m = onnx.load(path)
+    m.opset_import[0].version = 21
+    return ReferenceEvaluator(m).run(None, {"x": x})[0]
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_onnx_qdq_model(tmp_path, per_channel):
+    rng = np.random.default_rng(1)
+    fp, qp = str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx")
+    _float_mlp(fp, rng)
+    quantize_static(fp, qp, _Calibration(rng), quant_format=QuantFormat.QDQ, per_channel=per_channel,
+                    weight_type=QuantType.QInt8, activation_type=QuantType.QUInt8)
+    x = rng.standard_normal((8, 64)).astype(np.float32)
+    want = _reference(qp, x)
+    step = float(numpy_helper.to_array(next(t for t in onnx.load(qp).graph.initializer if t.name == "y_scale")))
+    np.testing.assert_allclose(cuvil.compile(qp).run(x)[0], want, rtol=0, atol=1e-6)   # exact emulation at fp32
+    cm = cuvil.compile(qp, precision="int8")
+    assert cuvil.load(cm.path).manifest["precision_ops"] == {INT8_DOT: 2}
+    assert "cuvil_qgemm" in cm.c_source
+    # the kernels quantize the activations again (per block, dynamically): a hidden value that lands on
+    # the other side of a rounding boundary of the model's next QuantizeLinear moves its output by one
+    # step there, so each of the two quantized layers can add one output step
+    assert np.abs(cm.run(x)[0] - want).max() <= 2 * step * 1.001
+    if not per_channel:       # ORT agrees with the reference here (on per-channel weights it does not)
+        assert np.abs(cm.run(x)[0] - ort.InferenceSession(qp).run(None, {"x": x})[0]).max() <= 2 * step * 1.001
+
+
+def test_onnx_quantize_dynamic_model(tmp_path):
+    rng = np.random.default_rng(2)
+    fp, dp = str(tmp_path / "f.onnx"), str(tmp_path / "d.onnx")
+    _float_mlp(fp, rng)
+    quantize_dynamic(fp, dp, weight_type=QuantType.QInt8)
+    assert "MatMulInteger" in [n.op_type for n in onnx.load(dp).graph.node]
+    x = rng.standard_normal((8, 64)).astype(np.float32)
+    # the reference, not ORT: on AVX2 ORT's u8 x s8 maddubs saturates (0.36 off the reference on this
+    # model's second row; the reference itself is 0.09 off fp32)
+    want = _reference(dp, x)
+    fp32 = ort.InferenceSession(fp).run(None, {"x": x})[0]
+    np.testing.assert_allclose(cuvil.compile(dp).run(x)[0], want, rtol=0, atol=1e-5)  # the int32 emulation
+    cm = cuvil.compile(dp, precision="int8")
+    assert cuvil.load(cm.path).manifest["precision_ops"] == {INT8_DOT: 2}
+    got = cm.run(x)[0]
+    # the model rounds x per tensor to uint8 (255 levels over [min, max]), the kernels per block to int8
+    # (127 over [0, amax] for ReLU's outputs): each is near fp32, neither always nearer
+    spec_err = np.abs(want - fp32).max()
+    assert np.abs(got - want).max() <= 2 * spec_err
+
+
+# ---- PyTorch QAT -----------------------------------------------------------------------------------
+class _QatMlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        tq = torch.ao.quantization
+        self.q, self.dq = tq.QuantStub(), tq.DeQuantStub()
+        self.fc1, self.relu, self.fc2 = torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 10)
+
+    def forward(self, x):
+        return self.dq(self.fc2(self.relu(self.fc1(self.q(x)))))
+
+
+def _qat_model():
+    tq = torch.ao.quantization
+    torch.manual_seed(0)
+    m = _QatMlp().train()
+    m.qconfig = tq.get_default_qat_qconfig("x86")
+    m = tq.prepare_qat(m)
+    opt = torch.optim.SGD(m.parameters(), 0.05)
+    for _ in range(20):
+        x = torch.randn(32, 64)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(m(x), x[:, :10]).backward()
+        opt.step()
+    return m.eval()
+
+
+def test_qat_model_needs_its_observers_off():
+    m = _qat_model()
+    with pytest.raises(cuvil.UnsupportedOpError, match="disable_observer"):
+        cuvil.compile(m, (torch.randn(4, 64),))
+
+
+def test_qat_model_fp32_exact_and_int8_on_its_own_weights():
+    m = _qat_model()
+    m.apply(torch.ao.quantization.disable_observer)
+    x = torch.randn(16, 64)
+    with torch.no_grad():
+        want = m(x).numpy()
+    np.testing.assert_allclose(cuvil.compile(m, (x,))(x).numpy(), want, rtol=0, atol=1e-6)
+    cm = cuvil.compile(m, (x,), precision="int8")
+    assert cuvil.load(cm.path).manifest["precision_ops"] == {INT8_DOT: 2}
+    # the learned int8 weights, exactly: the compiled graph's weights dequantize to eager's fake-quantized ones
+    mmq = [n for n in cm.graph.nodes if n.op == "matmul_q"]
+    for node, fc in zip(mmq, (m.fc1, m.fc2)):
+        with torch.no_grad():
+            fq = fc.weight_fake_quant(fc.weight).numpy().T
+        np.testing.assert_allclose(node.inputs[1].data.astype(np.float32) * node.inputs[2].data, fq, rtol=2 ** -20,
+                                   atol=0)
+    step = float(m.fc2.activation_post_process.scale)     # the output's fake-quant step
+    assert np.abs(cm(x).numpy() - want).max() <= 2 * step
+
+
+def test_converted_eager_quantized_model_gets_a_clear_error():
+    tq = torch.ao.quantization
+    m = _qat_model()
+    m.apply(tq.disable_observer)
+    converted = tq.convert(m)
+    with pytest.raises(cuvil.QuantizationError, match="precision='int8'"):
+        cuvil.compile(converted, (torch.randn(4, 64),))

@@ -166,3 +166,33 @@ def test_converted_eager_quantized_model_gets_a_clear_error():
     converted = tq.convert(m)
     with pytest.raises(cuvil.QuantizationError, match="precision='int8'"):
         cuvil.compile(converted, (torch.randn(4, 64),))
+
+
+# ---- PyTorch PT2E (torchao) ------------------------------------------------------------------------
+def test_pt2e_converted_model():
+    """export -> prepare_pt2e (X86InductorQuantizer) -> calibrate -> convert_pt2e: quantize / dequantize
+    pairs around each linear, the weights int8 per channel. fp32 runs the graph as torch does; int8 puts
+    the linears on the integer kernels with the converted int8 weights exactly."""
+    pytest.importorskip("torchao", reason="PT2E quantization lives in torchao (dev requirements)")
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+        X86InductorQuantizer, get_default_x86_inductor_quantization_config)
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 10)).eval()
+    x = torch.randn(8, 64)
+    prepared = prepare_pt2e(torch.export.export(m, (x,)).module(),
+                            X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config()))
+    for _ in range(4):
+        prepared(torch.randn(8, 64))
+    converted = convert_pt2e(prepared)
+    assert "quantized_decomposed" in converted.code
+    with torch.no_grad():
+        want = converted(x).numpy()
+    np.testing.assert_allclose(cuvil.compile(converted, (x,))(x).numpy(), want, rtol=0, atol=1e-6)
+    cm = cuvil.compile(converted, (x,), precision="int8")
+    assert cuvil.load(cm.path).manifest["precision_ops"] == {INT8_DOT: 2}
+    weights = [converted._frozen_param0, converted._frozen_param1]     # int8 [out, in], per output channel
+    for node, q in zip([n for n in cm.graph.nodes if n.op == "matmul_q"], weights):
+        np.testing.assert_array_equal(node.inputs[1].data, q.numpy().T)
+    steps = [n.args[1] for n in converted.graph.nodes if "quantize_per_tensor" in str(n.target)]
+    assert np.abs(cm(x).numpy() - want).max() <= 2 * max(steps)      # the activations' calibrated steps

@@ -1,6 +1,7 @@
-"""ATen fake quantization -> IR (quantization-aware-trained models, torch.ao.quantization.prepare_qat):
-fake_quantize_per_tensor_affine / _per_channel_affine and the fused observer + fake-quant op that
-FusedMovingAvgObsFakeQuantize exports as. A compiled model is inference: its observers must be off
+"""Quantized PyTorch graphs -> IR: fake quantization of quantization-aware-trained models
+(torch.ao.quantization.prepare_qat: fake_quantize_per_tensor_affine / _per_channel_affine and the fused
+observer + fake-quant op that FusedMovingAvgObsFakeQuantize exports as), and the quantize /
+dequantize pairs of PT2E-converted graphs (torchao's convert_pt2e: quantized_decomposed ops). A compiled model is inference: its observers must be off
 (model.apply(torch.ao.quantization.disable_observer)), the scales and zero points then are the
 constants training left, and the op is exactly (clamp(round(x / scale) + zp, qmin, qmax) - zp) * scale
 as torch computes it (x times the float32 reciprocal of scale, rounded half to even).
@@ -21,20 +22,36 @@ def _constant(v, what):
     return np.asarray(v.data)
 
 
-def _fake_quant(ctx, x, scale, zero_point, qmin, qmax, axis=None):
-    """The fake-quantized x; scale / zero_point scalars, or vectors along `axis`."""
+def _params(ctx, rank, scale, zero_point, axis):
+    """(scale, zero point, a maker of float32 constants shaped to broadcast them along axis)."""
     s = np.asarray(scale, np.float32).reshape(-1)
-    zp = np.asarray(zero_point).astype(np.float32).reshape(-1)
-    shape = [1] * x.type.rank
-    if axis is not None and s.size > 1:
-        shape[axis % x.type.rank] = s.size
+    zp = np.zeros(1, np.float32) if zero_point is None else np.asarray(zero_point).astype(np.float32).reshape(-1)
+    shape = [1] * rank
+    n = max(s.size, zp.size)
+    if axis is not None and n > 1:
+        shape[axis % rank] = n
+        s, zp = np.broadcast_to(s, (n,)), np.broadcast_to(zp, (n,))
     else:
         s, zp, shape = s[:1], zp[:1], []
+    return s, zp, lambda a: ctx.g.const(np.ascontiguousarray(a).reshape(shape).astype(np.float32))
+
+
+def _quantize(ctx, x, scale, zero_point, qmin, qmax, axis=None):
+    """clamp(round(x * (1 / scale)) + zp, qmin, qmax), in float (the caller casts)."""
+    s, zp, c = _params(ctx, x.type.rank, scale, zero_point, axis)
     inv = (np.float32(1) / s).astype(np.float32)
-    c = lambda a: ctx.g.const(a.reshape(shape).astype(np.float32))      # noqa: E731
-    q = ctx.add("add", [ctx.add("round", [ctx.add("mul", [x, c(inv)])]), c(zp)])
-    q = ctx.add("clip", [q], {"min": float(qmin), "max": float(qmax)})
-    return ctx.add("mul", [ctx.add("sub", [q, c(zp)]), c(s)])
+    q = ctx.add("add", [ctx.add("round", [ctx.add("mul", [ctx.tensor(x, "float32"), c(inv)])]), c(zp)])
+    return ctx.add("clip", [q], {"min": float(qmin), "max": float(qmax)})
+
+
+def _dequantize(ctx, q, scale, zero_point, axis=None):
+    s, zp, c = _params(ctx, q.type.rank, scale, zero_point, axis)
+    return ctx.add("mul", [ctx.add("sub", [ctx.tensor(q, "float32"), c(zp)]), c(s)])
+
+
+def _fake_quant(ctx, x, scale, zero_point, qmin, qmax, axis=None):
+    """The fake-quantized x; scale / zero_point scalars, or vectors along `axis`."""
+    return _dequantize(ctx, _quantize(ctx, x, scale, zero_point, qmin, qmax, axis), scale, zero_point, axis)
 
 
 @handles(aten.fake_quantize_per_tensor_affine.default, aten.fake_quantize_per_tensor_affine.tensor_qparams)
@@ -75,3 +92,45 @@ def _fused(ctx, x, observer_on, fake_quant_on, running_min, running_max, scale, 
            quant_min, quant_max, ch_axis, per_row_fake_quant=False, symmetric_quant=False):
     return _fused_functional(ctx, x, observer_on, fake_quant_on, running_min, running_max, scale, zero_point,
                              averaging_const, quant_min, quant_max, ch_axis, per_row_fake_quant, symmetric_quant)[0]
+
+
+# ---- PT2E (torchao convert_pt2e): quantized_decomposed quantize / dequantize ------------------------
+try:
+    import torch.ao.quantization.fx._decomposed  # noqa: F401 - registers torch.ops.quantized_decomposed
+    import torch
+    _QD = torch.ops.quantized_decomposed
+    _INT_DTYPES = {torch.int8: "int8", torch.uint8: "uint8", torch.int16: "int16", torch.int32: "int32"}
+except (ImportError, AttributeError):       # a torch without them: PT2E graphs stop at an unsupported op
+    _QD = None
+
+
+def _param(v, what):
+    return v if isinstance(v, (int, float)) else _constant(v, what)
+
+
+def _int_dtype(dtype):
+    if dtype not in _INT_DTYPES:
+        raise Unsupported(f"quantized dtype {dtype}")
+    return _INT_DTYPES[dtype]
+
+
+if _QD is not None:
+    @handles(_QD.quantize_per_tensor.default, _QD.quantize_per_tensor.tensor, _QD.quantize_per_tensor.tensor2)
+    def _q_per_tensor(ctx, x, scale, zero_point, quant_min, quant_max, dtype):
+        q = _quantize(ctx, x, _param(scale, "the scale"), _param(zero_point, "the zero point"), quant_min, quant_max)
+        return ctx.add("cast", [q], {"to": _int_dtype(dtype)})
+
+    @handles(_QD.dequantize_per_tensor.default, _QD.dequantize_per_tensor.tensor, _QD.dequantize_per_tensor.tensor2)
+    def _dq_per_tensor(ctx, q, scale, zero_point, quant_min, quant_max, dtype, *, out_dtype=None):
+        return _dequantize(ctx, q, _param(scale, "the scale"), _param(zero_point, "the zero point"))
+
+    @handles(_QD.quantize_per_channel.default)
+    def _q_per_channel(ctx, x, scales, zero_points, axis, quant_min, quant_max, dtype):
+        q = _quantize(ctx, x, _constant(scales, "the scales"), _constant(zero_points, "the zero points"), quant_min,
+                      quant_max, axis)
+        return ctx.add("cast", [q], {"to": _int_dtype(dtype)})
+
+    @handles(_QD.dequantize_per_channel.default)
+    def _dq_per_channel(ctx, q, scales, zero_points, axis, quant_min, quant_max, dtype, *, out_dtype=None):
+        zp = None if zero_points is None else _constant(zero_points, "the zero points")
+        return _dequantize(ctx, q, _constant(scales, "the scales"), zp, axis)

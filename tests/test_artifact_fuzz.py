@@ -92,9 +92,30 @@ def _paths(v, prefix=()):
             yield from _paths(x, prefix + (i,))
 
 
+@pytest.fixture(scope="module")
+def built_lossy(tmp_path_factory):
+    """A bf16 artifact: its manifest also carries the accuracy report and the per-op formats."""
+    torch.manual_seed(0)
+    m = Net().eval()
+    x = torch.randn(4, 6)
+    cm = cuvil.compile(m, (x,), precision="bf16")
+    assert "accuracy" in cuvil.load(cm.path).manifest
+    return cm.save(tmp_path_factory.mktemp("fuzz") / "lossy"), x, cm.run(x.numpy())
+
+
 @FUZZ
 @given(data=st.data(), reseal=st.booleans(), verify=st.booleans())
 def test_fuzz_manifest_edits(built, data, reseal, verify):
+    _edit_manifest_and_load(built, data, reseal, verify)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@given(data=st.data(), reseal=st.booleans(), verify=st.booleans())
+def test_fuzz_lossy_manifest_edits(built_lossy, data, reseal, verify):
+    _edit_manifest_and_load(built_lossy, data, reseal, verify)
+
+
+def _edit_manifest_and_load(built, data, reseal, verify):
     src, x, want = built
     d = _copy(src)
     try:

@@ -190,3 +190,52 @@ def test_onnx_if_with_a_run_time_condition():
         x = np.abs(np.random.default_rng(1).standard_normal((2, 3))).astype(np.float32) * sign
         for got, want in zip(cm.run(x), sess.run(None, {"x": x})):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_onnx_loop_with_a_run_time_trip_count_and_condition():
+    """An ONNX Loop whose trip count M and condition are inputs and whose body computes its own
+    condition becomes a while_loop region: every (M, cond, limit) gives ONNX Runtime's answer,
+    including zero trips, a false start and a stop by the body's condition before M."""
+    onnx = pytest.importorskip("onnx", reason="the model is built with onnx (a dev requirement)")
+    ort = pytest.importorskip("onnxruntime", reason="the oracle is onnxruntime (a dev requirement)")
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    v = h.make_tensor_value_info
+    body = h.make_graph(
+        [h.make_node("Mul", ["acc", "k"], ["t"]), h.make_node("Add", ["t", "x"], ["acc2"]),
+         h.make_node("ReduceSum", ["acc2"], ["s"], keepdims=0), h.make_node("Less", ["s", "limit"], ["c2"])],
+        "body", [v("i", T.INT64, []), v("c", T.BOOL, []), v("acc", T.FLOAT, [4])],
+        [v("c2", T.BOOL, []), v("acc2", T.FLOAT, [4])], [h.make_tensor("k", T.FLOAT, [], [1.5])])
+    g = h.make_graph([h.make_node("Loop", ["M", "c0", "a0"], ["out"], body=body)], "g",
+                     [v("M", T.INT64, []), v("c0", T.BOOL, []), v("a0", T.FLOAT, [4]), v("x", T.FLOAT, [4]),
+                      v("limit", T.FLOAT, [])], [v("out", T.FLOAT, [4])])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)]).SerializeToString()
+    cm = cuvil.compile(model)
+    assert cm.module.manifest["node_ops"] == ["while_loop"]
+    sess = ort.InferenceSession(model)
+    rng = np.random.default_rng(0)
+    for trips, go, limit in [(5, True, 1e9), (100, True, 30.0), (0, True, 1e9), (7, False, 1e9), (3, True, -1.0)]:
+        feed = {"M": np.array(trips, np.int64), "c0": np.array(go), "a0": rng.standard_normal(4).astype(np.float32),
+                "x": rng.random(4).astype(np.float32), "limit": np.array(limit, np.float32)}
+        np.testing.assert_allclose(cm.run(*feed.values())[0], sess.run(None, feed)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_onnx_loop_with_run_time_trips_and_scan_outputs_asks_for_the_trip_count():
+    """Scan outputs' length is the trip count: a Loop that has them and a run-time M is not a region;
+    compile() names M as the input to fix (cuvil.InferenceSession specializes on it)."""
+    onnx = pytest.importorskip("onnx", reason="the model is built with onnx (a dev requirement)")
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    v = h.make_tensor_value_info
+    body = h.make_graph([h.make_node("Identity", ["c"], ["c2"]), h.make_node("Identity", ["acc"], ["acc2"]),
+                         h.make_node("Identity", ["acc"], ["scan"])], "body",
+                        [v("i", T.INT64, []), v("c", T.BOOL, []), v("acc", T.FLOAT, [2])],
+                        [v("c2", T.BOOL, []), v("acc2", T.FLOAT, [2]), v("scan", T.FLOAT, [2])])
+    g = h.make_graph([h.make_node("Loop", ["M", "", "a0"], ["out", "ys"], body=body)], "g",
+                     [v("M", T.INT64, []), v("a0", T.FLOAT, [2])], [v("out", T.FLOAT, [2]), v("ys", T.FLOAT, None)])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)]).SerializeToString()
+    with pytest.raises(cuvil.CuvilError, match="'M'"):
+        cuvil.compile(model)
+    fixed = cuvil.compile(model, constant_inputs={"M": np.array(3, np.int64)})
+    out, ys = fixed.run(np.array([1.0, 2.0], np.float32))
+    np.testing.assert_array_equal(ys, np.array([[1, 2]] * 3, np.float32))

@@ -3,12 +3,15 @@
 Each is inlined when its condition / trip count is known at compile time (at most MAX_UNROLL
 iterations): the subgraph runs in place through inline_subgraph, and loop scan outputs are stacked.
 An If whose condition is known only at run time becomes the IR's cond region (ir/ops/control.py):
-each branch converted into a graph of its own, the outer values it reads made its inputs."""
+each branch converted into a graph of its own, the outer values it reads made its inputs. A Loop
+whose trip count or condition is known only at run time becomes the IR's while_loop, carrying the
+iteration number and the condition beside the loop's own values (which must keep their shapes; scan
+outputs, whose length would then be known only at run time, are not supported there)."""
 from __future__ import annotations
 
 import numpy as np
 
-from ...ir.graph import Graph, Value
+from ...ir.graph import Graph, TensorType, Value
 from .helpers import Unsupported, is_sym, norm_axis, rank_of, shape_of
 from .model import MAX_UNROLL
 from .registry import handler
@@ -80,9 +83,64 @@ def _take_slice(c, x, axis, t):
     return c.reshape(y, sh)
 
 
+def _flag(c, v, dtype):
+    """A one-element value as a scalar of dtype."""
+    v = c.reshape(v, []) if rank_of(v) else v
+    return c.cast(v, dtype)
+
+
+def _loop_region(c, body):
+    """Loop(M, cond, v...) with a run-time M or cond -> while_loop over (i, cond, v...): the body a
+    graph of its own returning (i + 1, cond_out, v_out...), the condition i < M and cond."""
+    n = len(c.node.input) - 2
+    M = c.inp(0)
+    carried = [c.val(c.inp(2 + k)) for k in range(n)]
+    start = [c.val(np.array(0, np.int64)), c.val(np.array(True)) if c.inp(1) is None else c.val(_flag(c, c.inp(1), "bool"))]
+    names = [i.name for i in body.input]
+    sub, outer_graph = Graph(symbols=c.g.symbols), c.g
+    own = [Value(v.type) for v in start + carried]
+    c.g = sub
+    try:
+        outs = inline_subgraph(c, body, dict(zip(names, own)))
+        if any(o is None for o in outs):
+            raise Unsupported("a Loop body output that is not a tensor (a sequence or optional)")
+        step = sub.add("add", [own[0], sub.const(np.array(1, np.int64))], {})
+        sub.outputs = [step, c.val(_flag(c, outs[0], "bool"))] + [c.val(o) for o in outs[1:]]
+    finally:
+        c.g = outer_graph
+    for v, o in zip(carried, sub.outputs[2:]):
+        if str(v.type) != str(o.type):
+            raise Unsupported(f"a Loop whose carried value changes from {v.type} to {o.type} (run-time trip count)")
+    produced = {id(o) for nd in sub.nodes for o in nd.outputs} | {id(v) for v in own}
+    reads = [v for nd in sub.nodes for v in nd.inputs] + sub.outputs      # an output may be an outer value itself
+    refs = list({id(v): v for v in reads if isinstance(v, Value) and not v.is_const and id(v) not in produced}.values())
+    limit = c.val(_flag(c, M, "int64")) if M is not None else None
+    extra = refs + ([limit] if limit is not None and not limit.is_const else [])
+    mine = {id(v): Value(v.type) for v in extra}
+    sub.inputs = own + [mine[id(v)] for v in extra]
+    for nd in sub.nodes:
+        nd.inputs = [mine.get(id(v), v) if v is not None else None for v in nd.inputs]
+    sub.outputs = [mine.get(id(o), o) for o in sub.outputs]
+    cond_g = Graph(symbols=c.g.symbols)
+    cond_g.inputs = [Value(v.type) for v in own + extra]
+    go = cond_g.inputs[1]
+    if limit is not None:
+        bound = cond_g.inputs[len(own) + extra.index(limit)] if not limit.is_const else cond_g.const(limit.data)
+        go = cond_g.add("and", [go, cond_g.add("lt", [cond_g.inputs[0], bound], {})], {})
+    cond_g.outputs = [go]
+    out = c.op("while_loop", start + carried + extra, cond_graph=cond_g, body_graph=sub, carried=2 + n)
+    return list(out)[2:]
+
+
 @handler("Loop")
 def _loop(c):
     body = c.attr("body")
+    runtime = any(c.inp(k) is not None and not isinstance(c.inp(k), np.ndarray) for k in (0, 1))
+    scans = len(body.output) - 1 - (len(c.node.input) - 2)
+    if runtime and not scans:
+        return _loop_region(c, body)
+    # scan outputs: their length must be known, so M and cond are asked for as compile-time values
+    # (cuvil.InferenceSession specializes on them; compile() says which inputs to fix)
     M = c.known(0, "M") if c.inp(0) is not None else None
     cond = c.known(1, "cond") if c.inp(1) is not None else None
     trips = int(np.asarray(M).ravel()[0]) if M is not None else MAX_UNROLL

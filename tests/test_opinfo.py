@@ -9,7 +9,7 @@ from . import opinfo
 
 # ops the zoo's models (CNNs, ViT/Swin/SegFormer, wav2vec2, CLIP/SigLIP, UNets, LLMs) are built from
 MODEL_OPS = [
-    "nn.functional.conv2d", "nn.functional.linear", "matmul", "bmm", "addmm", "nn.functional.layer_norm",
+    "nn.functional.conv2d", "nn.functional.conv_transpose2d", "nn.functional.linear", "matmul", "bmm", "addmm", "nn.functional.layer_norm",
     "nn.functional.group_norm", "nn.functional.rms_norm", "softmax", "log_softmax",
     "nn.functional.gelu", "nn.functional.silu", "nn.functional.softplus", "nn.functional.hardswish",
     "nn.functional.mish", "sigmoid", "tanh", "nn.functional.interpolate.nearest",

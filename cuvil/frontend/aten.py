@@ -201,9 +201,30 @@ def _leaky(ctx, x, slope=0.01):
 
 @handles(aten.elu.default)
 def _elu(ctx, x, alpha=1.0, scale=1.0, input_scale=1.0):
-    if scale != 1.0 or input_scale != 1.0:
-        raise Unsupported("scaled elu")
-    return ctx.add("elu", [x], {"alpha": alpha})
+    """scale * (x if x > 0 else alpha * (exp(input_scale * x) - 1)); SELU is its scaled form."""
+    if scale == 1.0 and input_scale == 1.0:
+        return ctx.add("elu", [x], {"alpha": alpha})
+    c = lambda v: ctx.tensor(float(v), x.dtype)      # noqa: E731
+    neg = ctx.add("mul", [ctx.add("expm1", [ctx.add("mul", [x, c(input_scale)])]), c(alpha * scale)])
+    return ctx.add("where", [ctx.add("gt", [x, c(0.0)]), ctx.add("mul", [x, c(scale)]), neg])
+
+
+@handles(aten.signbit.default)
+def _signbit(ctx, x):
+    """The sign bit: true for -0.0 and negative NaNs too (copysign carries it)."""
+    if x.dtype == "bool":
+        return ctx.add("ne", [x, x])
+    if not x.dtype.startswith(("float", "bfloat")):
+        return ctx.add("lt", [x, ctx.tensor(0, x.dtype)])
+    one = ctx.add("copysign", [ctx.tensor(1.0, x.dtype), x])
+    return ctx.add("lt", [one, ctx.tensor(0.0, x.dtype)])
+
+
+@handles(aten.ldexp.Tensor)
+def _ldexp(ctx, x, e):
+    """x * 2 ** e, in x's floating type (torch's result type)."""
+    dt = _out_dtype(ctx)
+    return ctx.add("mul", [ctx.tensor(x, dt), ctx.add("pow", [ctx.tensor(2.0, dt), ctx.tensor(e, dt)])])
 
 
 @handles(aten.softplus.default)
@@ -250,7 +271,7 @@ def _assert(ctx, *a, **kw):
 
 
 # ---- shapes and movement ----------------------------------------------------------------
-@handles(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+@handles(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default)
 def _view(ctx, x, shape):
     shape = [ctx.dim(d) for d in shape]
     if -1 in shape:
@@ -260,7 +281,7 @@ def _view(ctx, x, shape):
     return ctx.add("reshape", [x], {"shape": shape})
 
 
-@handles(aten.permute.default)
+@handles(aten.permute.default, aten.permute_copy.default)
 def _permute(ctx, x, perm):
     return ctx.add("transpose", [x], {"perm": [p % max(x.type.rank, 1) for p in perm]})
 
@@ -329,7 +350,7 @@ def _slice(ctx, x, dim=0, start=None, end=None, step=1):
     return ctx.add("slice", [x], {"axis": dim, "start": start, "step": step, "length": length})
 
 
-@handles(aten.narrow.default)
+@handles(aten.narrow.default, aten.narrow_copy.default)
 def _narrow(ctx, x, dim, start, length):
     return ctx.add("slice", [x], {"axis": dim % x.type.rank, "start": start, "step": 1, "length": length})
 
@@ -469,9 +490,12 @@ def _mm(ctx, a, b):
     return ctx.add("matmul", [a, b])
 
 
-@handles(aten.addmm.default, aten.baddbmm.default)
+@handles(aten.addmm.default, aten.baddbmm.default, aten.addmv.default, aten.addbmm.default)
 def _addmm(ctx, bias, a, b, beta=1, alpha=1):
+    """beta * bias + alpha * (a @ b); addbmm sums its batch of products first."""
     y = ctx.add("matmul", [a, b])
+    if ctx.node.target == aten.addbmm.default:
+        y = ctx.add("reduce_sum", [y], {"axes": [0], "keepdims": False})
     if alpha != 1:
         y = ctx.add("mul", [y, ctx.tensor(alpha, y.dtype)])
     if beta == 0:
@@ -492,10 +516,45 @@ def _sdpa(ctx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=No
     return ctx.add("attention", ins, {"scale": float(scale), "causal": bool(is_causal)})
 
 
+def _spread(ctx, x, axis, s):
+    """x with s - 1 zeros between neighbours along axis (a transposed conv's stride)."""
+    shape, n = list(x.shape), x.shape[axis]
+    y = ctx.add("reshape", [x], {"shape": shape[:axis + 1] + [1] + shape[axis + 1:]})
+    pads = [(0, 0)] * (len(shape) + 1)
+    pads[axis + 1] = (0, s - 1)
+    y = ctx.add("reshape", [ctx.add("pad", [y], {"pads": pads})], {"shape": shape[:axis] + [n * s] + shape[axis + 1:]})
+    return ctx.add("slice", [y], {"axis": axis, "start": 0, "step": 1, "length": (n - 1) * s + 1})
+
+
+def _conv_transposed(ctx, x, w, b, stride, padding, dilation, output_padding, groups):
+    """A transposed convolution as the plain one it equals: the input spread by the stride, padded by
+    dilation * (k - 1) - padding (plus output_padding at the end; a negative pad crops), convolved at
+    stride 1 with the weight's in / out channels swapped within each group and its taps flipped."""
+    nsp = x.type.rank - 2
+    rep = (lambda v: list(v) * nsp if len(v) == 1 else list(v))
+    s, p, d, op = rep(stride), rep(padding), rep(dilation), rep(output_padding)
+    ks = list(w.shape[2:])
+    if not all(isinstance(v, int) for v in ks + list(x.shape[2:]) + list(w.shape[:2])):
+        raise Unsupported("a transposed convolution over symbolic sizes")
+    for a in range(nsp):
+        if s[a] > 1:
+            x = _spread(ctx, x, 2 + a, s[a])
+    edge = [d[a] * (ks[a] - 1) - p[a] for a in range(nsp)]
+    x = ctx.add("pad", [x], {"pads": [(0, 0), (0, 0)] + [(edge[a], edge[a] + op[a]) for a in range(nsp)]})
+    cin, cout_g = w.shape[:2]
+    wt = ctx.add("reshape", [w], {"shape": [groups, cin // groups, cout_g] + ks})
+    wt = ctx.add("transpose", [wt], {"perm": [0, 2, 1] + list(range(3, 3 + nsp))})
+    wt = ctx.add("reshape", [wt], {"shape": [groups * cout_g, cin // groups] + ks})
+    for a in range(nsp):
+        wt = ctx.add("slice", [wt], {"axis": 2 + a, "start": ks[a] - 1, "step": -1, "length": ks[a]})
+    ins = [x, wt] + ([b] if b is not None else [])
+    return ctx.add("conv", ins, {"strides": [1] * nsp, "pads": [(0, 0)] * nsp, "dilations": d, "groups": groups})
+
+
 @handles(aten.convolution.default)
 def _conv(ctx, x, w, b, stride, padding, dilation, transposed, output_padding, groups):
     if transposed:
-        raise Unsupported("transposed convolution")
+        return _conv_transposed(ctx, x, w, b, stride, padding, dilation, output_padding, groups)
     nsp = x.type.rank - 2
     rep = (lambda v: list(v) * nsp if len(v) == 1 else list(v))
     pads = [(p, p) for p in rep(padding)]
@@ -645,6 +704,7 @@ for _t, _op in ((aten.mean.dim, "reduce_mean"), (aten.mean.default, "reduce_mean
                 (aten.sum.default, "reduce_sum"), (aten.amax.default, "reduce_max"), (aten.amin.default, "reduce_min"),
                 (aten.any.dim, "reduce_max"), (aten.any.dims, "reduce_max"), (aten.any.default, "reduce_max"),
                 (aten.all.dim, "reduce_min"), (aten.all.default, "reduce_min"), (aten.prod.dim_int, "reduce_prod"),
+                (aten.prod.default, "reduce_prod"),
                 # x.max() / x.min() over all elements (left as they are inside torch.cond / while_loop bodies)
                 (aten.max.default, "reduce_max"), (aten.min.default, "reduce_min")):
     HANDLERS[_t] = _reduce(_op)
@@ -668,6 +728,12 @@ def _vector_norm(ctx, x, ord=2, dim=None, keepdim=False, dtype=None):
     return ctx.add("pow", [ctx.add("reduce_sum", [powered], red), ctx.tensor(1.0 / ord, x.dtype)])
 
 
+@handles(aten.dist.default)
+def _dist(ctx, x, y, p=2):
+    """The p-norm of x - y over every element."""
+    return _vector_norm(ctx, ctx.add("sub", [x, y]), p)
+
+
 @handles(aten.topk.default)
 def _topk(ctx, x, k, dim=-1, largest=True, sorted=True):
     """The k largest (smallest) along dim, sorted, ties by the lower index first."""
@@ -675,6 +741,71 @@ def _topk(ctx, x, k, dim=-1, largest=True, sorted=True):
         raise Unsupported("top-k with a symbolic k")
     v, i = ctx.add("topk", [x], {"k": k, "axis": dim % max(x.type.rank, 1), "largest": bool(largest), "sorted": True})
     return (v, i)
+
+
+def _kth_smallest(ctx, x, k, dim, keepdim):
+    """(value, index) of the k-th smallest (from 1) along dim: a sorted top-k, ties by the lower index."""
+    axis = dim % max(x.type.rank, 1)
+    if x.type.rank == 0:
+        return x, ctx.tensor(0, "int64")
+    v, i = ctx.add("topk", [x], {"k": k, "axis": axis, "largest": False, "sorted": True})
+    pick = {"axis": axis, "start": k - 1, "step": 1, "length": 1}
+    v, i = ctx.add("slice", [v], pick), ctx.add("slice", [i], pick)
+    if not keepdim:
+        shape = [d for a, d in enumerate(v.shape) if a != axis]
+        v, i = ctx.add("reshape", [v], {"shape": shape}), ctx.add("reshape", [i], {"shape": shape})
+    return v, i
+
+
+@handles(aten.kthvalue.default)
+def _kthvalue(ctx, x, k, dim=-1, keepdim=False):
+    return _kth_smallest(ctx, x, k, dim, keepdim)
+
+
+@handles(aten.median.default, aten.median.dim)
+def _median(ctx, x, dim=None, keepdim=False):
+    """The lower median (torch's: the ((n - 1) // 2 + 1)-th smallest); over every element for
+    median.default, which returns the value alone."""
+    whole = ctx.node.target == aten.median.default
+    if whole:
+        x = ctx.add("reshape", [x], {"shape": [D.numel(x.shape)]})
+        dim = 0
+    n = x.shape[dim % x.type.rank] if x.type.rank else 1
+    if not isinstance(n, int):
+        raise Unsupported("a median along a symbolic dim")
+    v, i = _kth_smallest(ctx, x, (n - 1) // 2 + 1, dim, keepdim)
+    return v if whole else (v, i)
+
+
+def _count_below(ctx, sorted_seq, values, right, out_int32):
+    """For each value, how many entries of its row of sorted_seq are < it (<= it with right=True)."""
+    cmp = "le" if right else "lt"
+    s = ctx.add("reshape", [sorted_seq], {"shape": list(sorted_seq.shape[:-1]) + [1, sorted_seq.shape[-1]]}) \
+        if sorted_seq.type.rank > 1 else sorted_seq
+    v = ctx.add("reshape", [values], {"shape": list(values.shape) + [1]})
+    hit = ctx.add("cast", [ctx.add(cmp, [s, v])], {"to": "int64"})
+    n = ctx.add("reduce_sum", [hit], {"axes": [values.type.rank], "keepdims": False})
+    return ctx.add("cast", [n], {"to": "int32"}) if out_int32 else n
+
+
+@handles(aten.bucketize.Tensor)
+def _bucketize(ctx, x, boundaries, *, out_int32=False, right=False):
+    return _count_below(ctx, boundaries, x, right, out_int32)
+
+
+@handles(aten.searchsorted.Tensor)
+def _searchsorted(ctx, sorted_seq, values, *, out_int32=False, right=False, side=None, sorter=None):
+    if sorter is not None:
+        raise Unsupported("searchsorted with a sorter")
+    return _count_below(ctx, sorted_seq, values, right or side == "right", out_int32)
+
+
+@handles(aten._cdist_forward.default)
+def _cdist(ctx, x1, x2, p, compute_mode=None):
+    """||x1[..., i, :] - x2[..., j, :]||_p for every pair (i, j)."""
+    a = ctx.add("reshape", [x1], {"shape": list(x1.shape[:-1]) + [1, x1.shape[-1]]})
+    b = ctx.add("reshape", [x2], {"shape": list(x2.shape[:-2]) + [1] + list(x2.shape[-2:])})
+    return _vector_norm(ctx, ctx.add("sub", [a, b]), p, dim=[-1])
 
 
 @handles(aten.sort.default, aten.sort.stable)
@@ -716,6 +847,18 @@ def _cumulative(ctx, x, dim, dtype=None):
     op = "cumsum" if ctx.node.target == aten.cumsum.default else "cumprod"
     x = ctx.tensor(x, _out_dtype(ctx))
     return x if x.type.rank == 0 else ctx.add(op, [x], {"axis": dim % x.type.rank})
+
+
+@handles(aten.logcumsumexp.default)
+def _logcumsumexp(ctx, x, dim):
+    """log(cumsum(exp(x - m))) + m along dim, m the largest value along it (0 where that is infinite)."""
+    if x.type.rank == 0:
+        return x
+    dim %= x.type.rank
+    m = ctx.add("reduce_max", [x], {"axes": [dim], "keepdims": True})
+    m = ctx.add("where", [ctx.add("isinf", [m]), ctx.tensor(0.0, x.dtype), m])
+    s = ctx.add("cumsum", [ctx.add("exp", [ctx.add("sub", [x, m])])], {"axis": dim})
+    return ctx.add("add", [ctx.add("log", [s]), m])
 
 
 @handles(aten.var.correction, aten.var_mean.correction)

@@ -220,6 +220,38 @@ def _signbit(ctx, x):
     return ctx.add("lt", [one, ctx.tensor(0.0, x.dtype)])
 
 
+@handles(aten.angle.default)
+def _angle(ctx, x):
+    """A real number's angle: pi below zero, 0 from zero up, NaN kept."""
+    dt = _out_dtype(ctx)
+    x = ctx.tensor(x, dt)
+    y = ctx.add("where", [ctx.add("lt", [x, ctx.tensor(0.0, dt)]), ctx.tensor(math.pi, dt), ctx.tensor(0.0, dt)])
+    return ctx.add("where", [ctx.add("isnan", [x]), x, y])
+
+
+@handles(aten.frexp.Tensor)
+def _frexp(ctx, x):
+    """(mantissa in [0.5, 1) by magnitude, int32 exponent) with x = mantissa * 2 ** exponent; from
+    floor(log2 |x|) + 1, corrected by one either way where log2 rounded across a power of two. Zero,
+    infinities and NaN: (x, 0)."""
+    c = lambda v, dt=x.dtype: ctx.tensor(v, dt)      # noqa: E731
+    a = ctx.add("abs", [x])
+    finite = ctx.add("and", [ctx.add("not", [ctx.add("or", [ctx.add("isinf", [x]), ctx.add("isnan", [x])])]),
+                             ctx.add("ne", [x, c(0.0)])])
+    safe = ctx.add("where", [finite, a, c(1.0)])
+    e = ctx.add("add", [ctx.add("floor", [ctx.add("log2", [safe])]), c(1.0)])
+    m = ctx.add("div", [safe, ctx.add("pow", [c(2.0), e])])
+    up = ctx.add("ge", [m, c(1.0)])
+    e = ctx.add("where", [up, ctx.add("add", [e, c(1.0)]), e])
+    m = ctx.add("where", [up, ctx.add("mul", [m, c(0.5)]), m])
+    down = ctx.add("lt", [m, c(0.5)])
+    e = ctx.add("where", [down, ctx.add("sub", [e, c(1.0)]), e])
+    m = ctx.add("where", [down, ctx.add("mul", [m, c(2.0)]), m])
+    m = ctx.add("where", [finite, ctx.add("copysign", [m, x]), x])
+    e = ctx.add("where", [finite, e, c(0.0)])
+    return m, ctx.add("cast", [e], {"to": "int32"})
+
+
 @handles(aten.ldexp.Tensor)
 def _ldexp(ctx, x, e):
     """x * 2 ** e, in x's floating type (torch's result type)."""
@@ -503,6 +535,19 @@ def _addmm(ctx, bias, a, b, beta=1, alpha=1):
     if beta != 1:
         bias = ctx.add("mul", [bias, ctx.tensor(beta, y.dtype)])
     return ctx.add("add", [y, bias])
+
+
+@handles(aten._trilinear.default)
+def _trilinear(ctx, i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    """i1 * i2 * i3, each unsqueezed at its expand dims, summed over sumdim (F.bilinear's core)."""
+    def grow(v, dims):
+        for d in sorted(dims):
+            shape = list(v.shape)
+            shape.insert(d, 1)
+            v = ctx.add("reshape", [v], {"shape": shape})
+        return v
+    y = ctx.add("mul", [ctx.add("mul", [grow(i1, expand1), grow(i2, expand2)]), grow(i3, expand3)])
+    return ctx.add("reduce_sum", [y], {"axes": sorted(sumdim), "keepdims": False}) if sumdim else y
 
 
 @handles(aten.scaled_dot_product_attention.default)
@@ -847,6 +892,37 @@ def _cumulative(ctx, x, dim, dtype=None):
     op = "cumsum" if ctx.node.target == aten.cumsum.default else "cumprod"
     x = ctx.tensor(x, _out_dtype(ctx))
     return x if x.type.rank == 0 else ctx.add(op, [x], {"axis": dim % x.type.rank})
+
+
+@handles(aten.cummax.default, aten.cummin.default)
+def _cummax(ctx, x, dim):
+    """(running max / min along dim, the index it was last seen at): log2(n) doubling steps, each
+    combining a window with the one `step` positions earlier, which wins only if strictly better
+    (or NaN), so ties keep the later index as torch does."""
+    if x.type.rank == 0:
+        return x, ctx.tensor(0, "int64")
+    axis = dim % x.type.rank
+    n = x.shape[axis]
+    if not isinstance(n, int):
+        raise Unsupported("a running max along a symbolic dim")
+    better = "gt" if ctx.node.target == aten.cummax.default else "lt"
+    shape = [1] * x.type.rank
+    shape[axis] = n
+    v, i = x, ctx.add("expand", [ctx.g.const(np.arange(n, dtype=np.int64).reshape(shape))], {"shape": list(x.shape)})
+    floating = x.dtype.startswith(("float", "bfloat"))
+    step = 1
+    while step < n:
+        pads = [(0, 0)] * x.type.rank
+        pads[axis] = (step, -step)                      # shift right by step (a negative pad crops)
+        vs, is_ = ctx.add("pad", [v], {"pads": pads}), ctx.add("pad", [i], {"pads": pads})
+        has = ctx.add("expand", [ctx.g.const((np.arange(n) >= step).reshape(shape))], {"shape": list(x.shape)})
+        win = ctx.add(better, [vs, v])
+        if floating:
+            win = ctx.add("or", [win, ctx.add("and", [ctx.add("isnan", [vs]), ctx.add("not", [ctx.add("isnan", [v])])])])
+        take = ctx.add("and", [has, win])
+        v, i = ctx.add("where", [take, vs, v]), ctx.add("where", [take, is_, i])
+        step *= 2
+    return v, i
 
 
 @handles(aten.logcumsumexp.default)

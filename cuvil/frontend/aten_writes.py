@@ -1,7 +1,8 @@
 """ATen writes into a copy and gathered reads -> IR: slice_scatter, select_scatter, index_put, scatter /
 scatter_add / scatter_reduce (as the functional graph has them); as_strided over a contiguous source,
 diagonal, unfold and flip (gathers of positions computed from the static shape); histc (a scatter-add
-of ones); round to decimals; empty_permuted (its contents are undefined: zeros)."""
+of ones); round to decimals; empty_permuted (its contents are undefined: zeros); the scatter twins of
+the gathers (diagonal_scatter, as_strided_scatter), put and masked_scatter."""
 from __future__ import annotations
 
 import numpy as np
@@ -83,9 +84,8 @@ def _masked_put(ctx, x, mask, values, accumulate):
     return ctx.add("where", [m, v, x])
 
 
-@handles(aten.as_strided.default, aten.as_strided_copy.default)
-def _as_strided(ctx, x, size, stride, storage_offset=None):
-    """A strided view of a contiguous tensor's memory: one gather of the flat positions it reads."""
+def _strided_positions(ctx, x, size, stride, storage_offset):
+    """The flat positions of x's memory a strided view (size, stride, offset) reads."""
     src = ctx.node.args[0].meta.get("val")
     if src is None or not src.is_contiguous():
         raise Unsupported("as_strided of a tensor that is not contiguous in memory")
@@ -98,7 +98,55 @@ def _as_strided(ctx, x, size, stride, storage_offset=None):
     numel = D.numel(x.shape)
     if pos.size and (pos.min() < 0 or pos.max() >= numel):
         raise Unsupported(f"as_strided reaching outside its source's {numel} elements")
-    return _gather_positions(ctx, x, pos)
+    return pos
+
+
+@handles(aten.as_strided.default, aten.as_strided_copy.default)
+def _as_strided(ctx, x, size, stride, storage_offset=None):
+    """A strided view of a contiguous tensor's memory: one gather of the flat positions it reads."""
+    return _gather_positions(ctx, x, _strided_positions(ctx, x, size, stride, storage_offset))
+
+
+@handles(aten.as_strided_scatter.default)
+def _as_strided_scatter(ctx, x, src, size, stride, storage_offset=None):
+    return _scatter_positions(ctx, x, _strided_positions(ctx, x, size, stride, storage_offset), src)
+
+
+def _scatter_positions(ctx, x, pos, src, indices=None, accumulate=False):
+    """x with src written at flat (row-major) positions pos (a constant) or run-time `indices`."""
+    numel = D.numel(x.shape)
+    flat = ctx.add("reshape", [x], {"shape": [numel]})
+    idx = indices if indices is not None else ctx.g.const(np.ascontiguousarray(pos, np.int64).reshape(-1))
+    vals = ctx.add("reshape", [ctx.tensor(src, x.dtype)], {"shape": [D.numel(idx.shape)]})
+    out = ctx.add("scatter_elements", [flat, idx, vals], {"axis": 0, "reduction": "add" if accumulate else "none"})
+    return ctx.add("reshape", [out], {"shape": list(x.shape)})
+
+
+@handles(aten.put.default)
+def _put(ctx, x, index, source, accumulate=False):
+    """x's flat elements at index (negative from the end) set to source (+= with accumulate)."""
+    numel = D.numel(x.shape)
+    _static(numel)
+    idx = ctx.add("reshape", [index], {"shape": [D.numel(index.shape)]})
+    idx = ctx.add("where", [ctx.add("lt", [idx, ctx.tensor(0, "int64")]),
+                            ctx.add("add", [idx, ctx.tensor(numel, "int64")]), idx])
+    return _scatter_positions(ctx, x, None, source, idx, accumulate)
+
+
+@handles(aten.masked_scatter.default)
+def _masked_scatter(ctx, x, mask, source):
+    """The positions where mask is true (row-major) take source's elements in order: each reads
+    source at its running count of trues, so the count need not be known ahead."""
+    _static(*x.shape)
+    m = mask if tuple(mask.shape) == tuple(x.shape) else ctx.add("expand", [mask], {"shape": list(x.shape)})
+    numel = D.numel(x.shape)
+    flat_m = ctx.add("reshape", [m], {"shape": [numel]})
+    k = ctx.add("sub", [ctx.add("cumsum", [ctx.add("cast", [flat_m], {"to": "int64"})], {"axis": 0}),
+                        ctx.tensor(1, "int64")])
+    k = ctx.add("clip", [k], {"min": 0.0, "max": float(max(D.numel(source.shape) - 1, 0))})
+    src = ctx.add("reshape", [source], {"shape": [D.numel(source.shape)]})
+    taken = ctx.add("reshape", [ctx.add("gather", [src, k], {"axis": 0})], {"shape": list(x.shape)})
+    return ctx.add("where", [m, taken, x])
 
 
 @handles(aten.empty_permuted.default)
@@ -161,6 +209,14 @@ def _diagonal(ctx, x, offset=0, dim1=0, dim2=1):
     return _gather_positions(ctx, x, np.diagonal(pos, offset, dim1, dim2))
 
 
+@handles(aten.diagonal_scatter.default)
+def _diagonal_scatter(ctx, x, src, offset=0, dim1=0, dim2=1):
+    _static(*x.shape)
+    r = x.type.rank
+    pos = np.arange(int(np.prod(x.shape)), dtype=np.int64).reshape(x.shape)
+    return _scatter_positions(ctx, x, np.diagonal(pos, offset, dim1 % r, dim2 % r), src)
+
+
 @handles(aten.unfold.default)
 def _unfold(ctx, x, dim, size, step):
     """Windows of `size` every `step` along dim: that dim counts the windows, a new last one the taps."""
@@ -175,6 +231,10 @@ def _unfold(ctx, x, dim, size, step):
 
 
 SCATTER_REDUCE = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min"}
+# include_self=False: the value a scattered-to place starts from
+SCATTER_IDENTITY = {"sum": lambda dt: 0, "mean": lambda dt: 0, "prod": lambda dt: 1,
+                    "amax": lambda dt: -np.inf if dt.kind == "f" else np.iinfo(dt).min,
+                    "amin": lambda dt: np.inf if dt.kind == "f" else np.iinfo(dt).max}
 
 
 @handles(aten.scatter_reduce.two, aten.scatter_add.default, aten.scatter.src, aten.scatter.value)
@@ -183,16 +243,48 @@ def _scatter_reduce(ctx, x, dim, index, src, reduce="sum", include_self=True):
     if target == aten.scatter.value:
         src = ctx.add("full", [], {"shape": list(index.shape), "value": src, "dtype": x.dtype})
     red = ("add" if target == aten.scatter_add.default else "none" if target in (aten.scatter.src, aten.scatter.value)
-           else SCATTER_REDUCE.get(reduce))
-    if red is None or not include_self:
-        raise Unsupported(f"scatter_reduce with reduce={reduce!r}, include_self={include_self}")
+           else "add" if reduce == "mean" else SCATTER_REDUCE.get(reduce))
+    if red is None:
+        raise Unsupported(f"scatter_reduce with reduce={reduce!r}")
     if x.type.rank == 0:
         raise Unsupported("scatter into a 0-d tensor")
     src = ctx.tensor(src, x.dtype)
     if tuple(src.shape) != tuple(index.shape):          # src may be larger than index: its leading block
         src = _leading_block(ctx, src, index.shape)
-    return ctx.add("scatter_elements", [x, ctx.tensor(index, "int64"), src], {"axis": dim % x.type.rank,
-                                                                           "reduction": red})
+    idx, attrs = ctx.tensor(index, "int64"), {"axis": dim % x.type.rank, "reduction": red}
+    hit = count = None
+    if not include_self or reduce == "mean":            # where src lands, and how often
+        ones = ctx.add("full", [], {"shape": list(index.shape), "value": 1, "dtype": x.dtype})
+        zeros = ctx.add("full", [], {"shape": list(x.shape), "value": 0, "dtype": x.dtype})
+        count = ctx.add("scatter_elements", [zeros, idx, ones], dict(attrs, reduction="add"))
+        hit = ctx.add("gt", [count, ctx.tensor(0, x.dtype)])
+    start = x
+    if not include_self:                                # those places start from the reduction's identity
+        start = ctx.add("where", [hit, ctx.tensor(SCATTER_IDENTITY[reduce](np.dtype(x.dtype)), x.dtype), x])
+    y = ctx.add("scatter_elements", [start, idx, src], attrs)
+    if reduce != "mean":
+        return y
+    n = count if not include_self else ctx.add("add", [count, ctx.tensor(1, x.dtype)])
+    mean = ctx.add("div", [y, ctx.add("where", [hit, n, ctx.tensor(1, x.dtype)])])
+    if not x.dtype.startswith(("float", "bfloat")):     # torch floors an integer mean
+        mean = ctx.add("floor", [ctx.add("cast", [mean], {"to": "float64"})])
+        mean = ctx.add("cast", [mean], {"to": x.dtype})
+    return ctx.add("where", [hit, mean, x])
+
+
+@handles(aten.index_reduce.default)
+def _index_reduce(ctx, x, dim, index, source, reduce, include_self=True):
+    """x's slices index[j] along dim reduced with source's slice j: a scatter_reduce with the index
+    spread over source's shape."""
+    if x.type.rank == 0:                                # a 0-d x (and source): as one element of a 1-d one
+        one = lambda v: ctx.add("reshape", [v], {"shape": [1]})      # noqa: E731
+        y = _index_reduce(ctx, one(x), 0, index, one(source), reduce, include_self)
+        return ctx.add("reshape", [y], {"shape": []})
+    dim %= x.type.rank
+    shape = [1] * source.type.rank
+    shape[dim] = index.shape[0]
+    idx = ctx.add("expand", [ctx.add("reshape", [index], {"shape": shape})], {"shape": list(source.shape)})
+    return _scatter_reduce(ctx, x, dim, idx, source, reduce, include_self)
 
 
 def _leading_block(ctx, v, shape):

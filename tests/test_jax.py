@@ -146,15 +146,48 @@ def test_primitives():
 # ---- (4) every unsupported primitive in one error --------------------------------------------------
 def test_unsupported_listed_at_once():
     def fn(x):
-        steps = lax.while_loop(lambda c: c[0] < x[0], lambda c: (c[0] + 1.0, c[1] * 2.0), (0.0, x))[1]
+        written = x.at[0].set(2.0)
         spectrum = jnp.fft.fft(x).real
-        return steps + spectrum + lax.cummax(x, 0)
+        return written + spectrum + lax.cummax(x, 0)
 
     with pytest.raises(cuvil.UnsupportedOpError) as ei:
         cuvil.compile(fn, (np.ones(8, np.float32),))
     names = {op.split(" ")[0] for op, _ in ei.value.ops}
-    assert {"while", "fft", "cummax"} <= names
+    assert {"scatter", "fft", "cummax"} <= names
     assert all(loc and __file__ in loc for _, loc in ei.value.ops), ei.value.ops
+
+
+# ---- (4b) control flow: while / cond / switch as regions, scan and static fori_loop unrolled ----------
+def control(x, n, h, xs, w):
+    def grow(c):
+        i, v = c
+        return i + 1, v * 1.5 + 1.0
+    steps, grown = lax.while_loop(lambda c: (c[0] < n) & (jnp.sum(c[1]) < 100.0), grow, (0, x))
+    signed = lax.cond(jnp.sum(x) > 0, lambda a: a * w[0, 0], lambda a: -a, grown)    # a branch reads a const
+    switched = lax.switch(n - 3, [lambda a: a + 1, lambda a: a * 3, lambda a: a - 7], signed)
+    last, ys = lax.scan(lambda hh, xx: (jnp.tanh(hh @ w + xx), jnp.sum(hh)), h, xs)
+    ys_back = lax.scan(lambda c, xx: (c + xx, c * xx), 0.0, xs[:, 0, 0], reverse=True)[1]
+    counted = lax.fori_loop(0, 4, lambda i, v: v * 2 + i, x)
+    return steps, switched, last, ys, ys_back, counted
+
+
+def test_control_flow_matches_jit_on_every_path():
+    rng = np.random.default_rng(7)
+    h, xs = rng.standard_normal((2, 4)).astype(np.float32), rng.standard_normal((5, 2, 4)).astype(np.float32)
+    w = rng.standard_normal((4, 4)).astype(np.float32)
+    args = (np.ones(3, np.float32), np.int32(5), h, xs, w)
+    cm = _agrees(control, args)
+    ops = cm.module.manifest["node_ops"]
+    assert "while_loop" in ops and ops.count("cond") == 2      # cond, and a switch of three (its second cond nested)
+    # both cond branches, every switch branch (n - 3 clamped below 0 and above 2), loops stopped by
+    # either half of their condition
+    for x, n in [(-np.ones(3), 2), (np.full(3, 2.0), 40), (np.ones(3), 4), (np.ones(3), 100), (np.zeros(3), 0)]:
+        _agrees(control, (x.astype(np.float32), np.int32(n), h, xs, w), cm)
+
+
+def test_scan_longer_than_the_unroll_limit_is_refused_clearly():
+    with pytest.raises(cuvil.UnsupportedOpError, match="unrolls up to"):
+        cuvil.compile(lambda xs: lax.scan(lambda c, x: (c + x, c), 0.0, xs), (np.ones(1000, np.float32),))
 
 
 # ---- (5) verify=True compares with jax.jit(fn) -------------------------------------------------------

@@ -18,10 +18,10 @@ from ..errors import CuvilError, UnsupportedOpError
 from ..ir import dims as D
 from ..ir.graph import DTYPES, Graph, TensorType, Value
 from ..ir.interpreter import run_node
-from . import jax_movement, jax_nn, jax_pointwise, jax_reduce
+from . import jax_control, jax_movement, jax_nn, jax_pointwise, jax_reduce
 from .jax_registry import HANDLERS, Unsupported
 
-FAMILIES = (jax_pointwise, jax_movement, jax_reduce, jax_nn)     # importing them filled HANDLERS
+FAMILIES = (jax_pointwise, jax_movement, jax_reduce, jax_nn, jax_control)     # importing them filled HANDLERS
 
 # call-like primitives -> the parameter holding the jaxpr they run (inlined)
 CALLS = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
@@ -84,6 +84,25 @@ class Ctx:
             vals = [self.g.const(r) for r in results]
             return vals[0] if len(vals) == 1 else vals
         return out
+
+    def inline(self, jaxpr, args) -> list:
+        """A (closed) jaxpr's outputs applied to args, its equations added to this graph."""
+        return inline(self, jaxpr, args)
+
+    def region(self, jaxpr, inputs, bind) -> Graph:
+        """A (closed) jaxpr converted into a graph of its own (a cond branch, a while loop's condition or
+        body): the graph's inputs are fresh values of `inputs`' types; bind(graph inputs) gives the
+        jaxpr's arguments from them."""
+        g, consts, outer = Graph(), self._consts, self.g
+        g.inputs = [Value(v.type) for v in inputs]
+        self.g, self._consts = g, {}            # constants are made in the region's own graph
+        try:
+            g.outputs = inline(self, jaxpr, bind(g.inputs))
+        finally:
+            self.g, self._consts = outer, consts
+        if any(o is MISSING for o in g.outputs):
+            raise Unsupported("its body holds what is reported above")
+        return g
 
     def const(self, array) -> Value:
         hit = self._consts.get(id(array))

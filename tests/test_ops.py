@@ -1450,6 +1450,13 @@ def matmul_q_epilogue(op):
                    res, c.const(rand(r, (n,), "float32"))]
             c.out(c.add(op, ins, {"bits": bits, "group": group, "act_block": ab, "act": act}),
                   f"bits={bits} act_block={ab} M={m} bias{' + residual' if res is not None else ''} + {act}")
+    for m, kx in [(1, 100), (5, 97), (9, 65)]:     # int8 weights padded with zero rows to whole blocks
+        kp = -(-kx // 32) * 32
+        w, s = _quantize(r, kp, 24, 8, 1 << 30)
+        w[kx:] = 0
+        ab = next(b for b in (128, 64, 32) if kp % b == 0)
+        c.out(c.add(op, [c.input(rand(r, (m, kx), "float32", -1, 1)), c.const(w), c.const(s)],
+                    {"bits": 8, "group": kp, "act_block": ab}), f"int8 K={kx} padded to {kp} M={m}")
     c.check()
 
 

@@ -62,7 +62,8 @@ def _check(portable_lib, bits, group, w, s, x, atol):
     sp = _q4_block_scales(s) if bits == 4 else _q8_block_scales(s)
     got = np.zeros((m, n), np.float32)
     p = ctypes.c_void_p
-    rc = portable_lib.cuvil_qgemm(ctypes.c_int64(m), ctypes.c_int64(n), ctypes.c_int64(k), p(x.ctypes.data),
+    rc = portable_lib.cuvil_qgemm(ctypes.c_int64(m), ctypes.c_int64(n), ctypes.c_int64(k), ctypes.c_int64(k),
+                                  p(x.ctypes.data),
                                   ctypes.c_int64(k), p(wp.ctypes.data), bits, p(sp.ctypes.data), ctypes.c_int64(ab),
                                   p(got.ctypes.data), ctypes.c_int64(n), None, 1)
     assert rc == 0

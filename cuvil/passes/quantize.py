@@ -8,8 +8,8 @@ bias / residual / activation:
   int8        symmetric per-output-channel int8 weights (a weight already on an int8 grid, as a QAT,
               ONNX QDQ or PT2E model's dequantized weights are, keeps its values and scales); activations quantized dynamically to int8 per
               block of 32-128 values along K (ONNX Runtime's quantize_dynamic quantizes per tensor) and
-              multiplied in integers (qgemm.c: AVX-512 VNNI, AVX2 maddubs, NEON SDOT, portable). A K
-              that is no multiple of 32 keeps fp32 activations over int8 weights.
+              multiplied in integers (qgemm.c: AVX-512 VNNI, AVX2 maddubs, NEON SDOT, portable); a K that
+              is no multiple of 32 gets zero weight rows up to the next one.
 
 What is not a constant-weight matmul (convs, attention, norms, softmax, reductions) stays fp32:
 precision_summary() says which nodes got which format, for the compile report and --verbose."""
@@ -45,8 +45,11 @@ def _quantized(graph, n, precision):
         w = w * np.float32(n.attrs["alpha"])
     if precision == "int8":
         q, s = quant.int8_grid(w) or quant.quantize_int8(w)     # a grid already there (QDQ, QAT) is kept
+        Kp = -(-K // 32) * 32                   # zero rows to whole activation blocks: integer dots at any K
+        if Kp != K:
+            q = np.concatenate([q, np.zeros((Kp - K, q.shape[1]), np.int8)])
         ins = [n.inputs[0], graph.const(q), graph.const(s)]
-        attrs = {"bits": 8, "group": K, "act_block": act_block(8, K, K)}
+        attrs = {"bits": 8, "group": Kp, "act_block": act_block(8, Kp, Kp)}
     else:
         store = quant.to_bf16 if precision == "bf16" else quant.to_fp16
         try:

@@ -121,8 +121,10 @@ def _lower_qgemm(em, node):
         sp = em.packed("q8blockscales", node.inputs[2], _q8_block_scales)
     ep_lines, ep = _epilogue(em, node)
     M = cexpr.prod(x.shape[:-1])
+    kv = x.shape[-1]                    # < K: the weight's rows past it pad K to a whole activation block
     return ["{", *ep_lines,
-            f"  if (cuvil_qgemm({M}, {N}, {K}, {em.ptr(x)}, {K}, {wp}, {bits}, {sp}, {ab}, {em.ptr(node.outputs[0])}, "
+            f"  if (cuvil_qgemm({M}, {N}, {K}, {kv}, {em.ptr(x)}, {kv}, {wp}, {bits}, {sp}, {ab}, "
+            f"{em.ptr(node.outputs[0])}, "
             f"{N}, {ep}, NT)) CUVIL_FAIL(\"out of memory for quantized activations\");", "}"]
 
 

@@ -59,7 +59,8 @@ def act_block_ok(bits, K, group, ab):
 # ---- matmul_q: act(x @ dequant(weight) + bias + residual) -----------------------------------
 # inputs (x, weight, scales, residual, bias), the last three optional (None).
 # weight: bits 8 -> int8 [K, N]; bits 4 -> uint8 [K, N/2] (low nibble = even column, value - 8);
-# bits 16 -> uint16 [K, N] bf16 bit patterns, or float16 [K, N] (IEEE half). scales: float32
+# bits 16 -> uint16 [K, N] bf16 bit patterns, or float16 [K, N] (IEEE half). With int8 activations
+# (act_block) an int8 weight may have up to act_block - 1 zero rows past x's K (padded to a whole block). scales: float32
 # [ceil(K/group), N] (absent for 16 bits); int4 scales act as float16 values (int4_scales), the
 # precision the kernels store. bias: float32 [N]; act: one of fused.ACTIVATIONS.
 WEIGHT_DTYPES_Q = {4: ("uint8",), 8: ("int8",), 16: ("uint16", "float16")}
@@ -77,9 +78,11 @@ def _mmq_infer(types, attrs, inputs):
         raise ShapeError(f"matmul_q: act {attrs['act']!r} not one of {ACTIVATIONS}")
     K = w.shape[0]
     N = w.shape[1] * (2 if bits == 4 else 1)
-    if x.dtype != "float32" or not D.dims_equal(x.shape[-1], K):
-        raise ShapeError(f"matmul_q: input {x} does not match weight K = {K}")
     ab = attrs.get("act_block", 0)
+    kx = x.shape[-1]
+    padded = bits == 8 and ab and isinstance(kx, int) and K - ab < kx < K    # zero rows to a whole block
+    if x.dtype != "float32" or not (D.dims_equal(kx, K) or padded):
+        raise ShapeError(f"matmul_q: input {x} does not match weight K = {K}")
     if ab and not act_block_ok(bits, K, attrs["group"], ab):
         raise ShapeError(f"matmul_q: act_block {ab} does not fit bits {bits}, K {K}, group {attrs['group']}")
     if bits != 16 and (len(types) < 3 or types[2] is None or types[2].shape != (-(-K // attrs["group"]), N)):
@@ -104,9 +107,12 @@ def quantize_activations(x, block):
 
 def _mmq_ref(xs, a):
     w = dequantize(xs[1], xs[2] if len(xs) > 2 else None, a["bits"], a["group"])
-    x = xs[0].astype(np.float64)
+    x0 = xs[0]
+    if x0.shape[-1] < w.shape[0]:           # int8 weights padded with zero rows to a whole activation block
+        x0 = np.concatenate([x0, np.zeros(x0.shape[:-1] + (w.shape[0] - x0.shape[-1],), x0.dtype)], axis=-1)
+    x = x0.astype(np.float64)
     if a.get("act_block"):
-        x = quantize_activations(xs[0], a["act_block"])
+        x = quantize_activations(x0, a["act_block"])
     y = x @ w
     for extra in xs[4:5] + xs[3:4]:                  # bias, then residual (the kernels' order)
         if extra is not None:

@@ -23,11 +23,18 @@ static inline __m256i dot4_add(__m256i acc, __m256i u, __m256i s) {
 #endif
 
 /* ---- activation quantization ------------------------------------------------------------ */
-void cuvil_quantize_rows(int64_t M, int64_t K, const float *A, int64_t lda, int64_t blk, int8_t *q, float *d) {
+void cuvil_quantize_rows(int64_t M, int64_t K, int64_t kv, const float *A, int64_t lda, int64_t blk, int8_t *q,
+                         float *d) {
     int64_t nb = K / blk;
+    float tail[128] __attribute__((aligned(32)));      /* the last block's kv .. K, as zeros (blk <= 128) */
     for (int64_t m = 0; m < M; m++) {
         for (int64_t b = 0; b < nb; b++) {
             const float *x = A + m * lda + b * blk;
+            if ((b + 1) * blk > kv) {
+                int64_t valid = kv - b * blk > 0 ? kv - b * blk : 0;
+                for (int64_t i = 0; i < blk; i++) tail[i] = i < valid ? x[i] : 0.f;
+                x = tail;
+            }
             int8_t *qq = q + m * K + b * blk;
             float amax = 0.f;
             for (int64_t i = 0; i < blk; i++) {
@@ -515,7 +522,7 @@ static void q_task(void *ctx, int64_t t0, int64_t t1) {
 /* (CUVIL_QGEMM_PREFILL_BLOCKS per CPU: tuning.h) */
 /* Quantized activations live in a per-thread buffer that grows and is kept: no allocation per call. */
 
-int cuvil_qgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const void *W, int bits,
+int cuvil_qgemm(int64_t M, int64_t N, int64_t K, int64_t kv, const float *A, int64_t lda, const void *W, int bits,
                 const void *scales, int64_t ablock, float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads) {
     if (M <= 0 || N <= 0) return 0;
     int64_t nb = K / ablock, run = ablock < 64 ? ablock : 64;      /* int4: K values per int16 run */
@@ -525,7 +532,7 @@ int cuvil_qgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, co
     int8_t *xq = scratch;
     float *dx = (float *)(((uintptr_t)(xq + M * K) + 63) & ~(uintptr_t)63);
     void *noff = (void *)(((uintptr_t)(dx + M * nb) + 63) & ~(uintptr_t)63);
-    cuvil_quantize_rows(M, K, A, lda, ablock, xq, dx);
+    cuvil_quantize_rows(M, K, kv, A, lda, ablock, xq, dx);
 #ifdef CUVIL_QGEMM_AVX2
     if (bits == 4) q4_offsets(M, K, run / 8, xq, noff);
 #endif

@@ -17,15 +17,17 @@
  *   int8: int8 [N/8][K/4][32]: chunk c holds K values 4c .. 4c + 3, byte 4j + i holding k = 4c + i
  *         of column j. One scale per column (float [N/32 * 32]); ablock in {32, 64, 128}.
  * K must be a multiple of 64 (int4) or of ablock (int8). C[M,N] (ldc) = epilogue(A[M,K] (lda) @ W), the
- * epilogue of gemm.h (bias, residual, activation; NULL: the plain product).
+ * epilogue of gemm.h (bias, residual, activation; NULL: the plain product). A has kv <= K columns: the
+ * weights' rows past kv are zero padding to a whole activation block, and A reads as zeros there.
  * Returns nonzero when the activation buffer cannot be allocated. */
 #ifndef CUVIL_QGEMM_H
 #define CUVIL_QGEMM_H
 #include "gemm.h"
 
-int cuvil_qgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const void *W, int bits,
+int cuvil_qgemm(int64_t M, int64_t N, int64_t K, int64_t kv, const float *A, int64_t lda, const void *W, int bits,
                  const void *scales, int64_t ablock, float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads);
 
-/* Activation quantization: q[M][K] int8, d[M][K/blk] scales (q * d ~ A). */
-void cuvil_quantize_rows(int64_t M, int64_t K, const float *A, int64_t lda, int64_t blk, int8_t *q, float *d);
+/* Activation quantization: q[M][K] int8, d[M][K/blk] scales (q * d ~ A; A's columns past kv read as 0). */
+void cuvil_quantize_rows(int64_t M, int64_t K, int64_t kv, const float *A, int64_t lda, int64_t blk, int8_t *q,
+                         float *d);
 #endif

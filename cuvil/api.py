@@ -84,6 +84,9 @@ def compile(model, example_inputs=(), *, target="native", precision="fp32", fusi
                          "an onnx.ModelProto, ONNX bytes, or a JAX function with numpy / jax array example inputs")
     if opts.precision != "fp32":
         calibration = [_split_inputs(x) for x in opts.calibration_data or ()]
+        if kind != "torch" and any(kw for _, kw in calibration):
+            raise ValueError("option calibration_data: an ONNX model or a JAX function takes each input set as a "
+                             "tuple of arrays in the order of its inputs, not a dict")
         _measure_accuracy(model, kind, cm, [(args, kwargs)] + calibration, opts, progress)
     if opts.verify:
         _verify(model, args, kwargs, cm, kind, opts)
@@ -223,6 +226,9 @@ def _verify(model, args, kwargs, cm, kind, opts):
     output's scale (accuracy.py)."""
     rtol, atol = (t if t is not None else d for t, d in zip((opts.rtol, opts.atol), TOLERANCE[opts.precision]))
     if opts.precision != "fp32":
+        if cm.report.get("accuracy") is None:      # not measured: running the artifact here says why
+            cm.module.run(*_reference(model, kind, args, kwargs, opts.constant_inputs)[1])
+            raise CuvilError("verify=True: the accuracy of this lossy compile could not be measured (see --verbose)")
         bad = failures(cm.report["accuracy"], rtol, atol)
         cm.report["verify"] = {i: (o["max_abs"], o["rel"]) for i, o in enumerate(cm.report["accuracy"]["outputs"])}
         if bad:
@@ -247,7 +253,11 @@ def _measure_accuracy(model, kind, cm, inputs, opts, progress):
         return
     pairs = []
     for i, (args, kwargs) in enumerate(inputs):
-        expected, flat = _reference(model, kind, args, kwargs, opts.constant_inputs)
+        try:
+            expected, flat = _reference(model, kind, args, kwargs, opts.constant_inputs)
+        except Exception as e:  # noqa: BLE001 - the source framework raises anything; the artifact is fine
+            progress("accuracy", f"not measured: the source model did not run ({type(e).__name__}: {str(e)[:300]})")
+            return
         try:
             pairs.append((expected, cm.run(*flat)))
         except CuvilError as e:     # inputs[0] are the example inputs, the rest calibration_data
@@ -257,8 +267,11 @@ def _measure_accuracy(model, kind, cm, inputs, opts, progress):
     acc = measure(pairs)
     cm.report["accuracy"] = acc
     progress("accuracy", describe(acc, opts.precision))
-    artifact.amend_manifest(cm.path, accuracy=acc)
     cm.module.manifest["accuracy"] = acc
+    try:
+        artifact.amend_manifest(cm.path, accuracy=acc)
+    except OSError as e:        # a read-only cache: the report stays in cm.accuracy
+        progress("accuracy", f"not written into the artifact's manifest ({e})")
 
 
 STAGES = ("frontend", "passes", "memplan", "c")

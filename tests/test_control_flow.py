@@ -220,6 +220,26 @@ def test_onnx_loop_with_a_run_time_trip_count_and_condition():
         np.testing.assert_allclose(cm.run(*feed.values())[0], sess.run(None, feed)[0], rtol=1e-5, atol=1e-5)
 
 
+def test_onnx_loop_whose_body_reads_its_trip_count():
+    """M is both the loop's bound and a value the body reads: one input of the region, not two."""
+    onnx = pytest.importorskip("onnx", reason="the model is built with onnx (a dev requirement)")
+    ort = pytest.importorskip("onnxruntime", reason="the oracle is onnxruntime (a dev requirement)")
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    v = h.make_tensor_value_info
+    body = h.make_graph([h.make_node("Cast", ["M"], ["mf"], to=T.FLOAT), h.make_node("Add", ["acc", "mf"], ["acc2"]),
+                         h.make_node("Identity", ["c"], ["c2"])], "body",
+                        [v("i", T.INT64, []), v("c", T.BOOL, []), v("acc", T.FLOAT, [2])],
+                        [v("c2", T.BOOL, []), v("acc2", T.FLOAT, [2])])
+    g = h.make_graph([h.make_node("Loop", ["M", "", "a0"], ["out"], body=body)], "g",
+                     [v("M", T.INT64, []), v("a0", T.FLOAT, [2])], [v("out", T.FLOAT, [2])])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)]).SerializeToString()
+    cm, sess = cuvil.compile(model), ort.InferenceSession(model)
+    for trips in (0, 1, 4):
+        feed = {"M": np.array(trips, np.int64), "a0": np.array([1.0, -2.0], np.float32)}
+        np.testing.assert_allclose(cm.run(*feed.values())[0], sess.run(None, feed)[0])
+
+
 def test_onnx_loop_with_run_time_trips_and_scan_outputs_asks_for_the_trip_count():
     """Scan outputs' length is the trip count: a Loop that has them and a run-time M is not a region;
     compile() names M as the input to fix (cuvil.InferenceSession specializes on it)."""

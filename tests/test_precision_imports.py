@@ -196,3 +196,17 @@ def test_pt2e_converted_model():
         np.testing.assert_array_equal(node.inputs[1].data, q.numpy().T)
     steps = [n.args[1] for n in converted.graph.nodes if "quantize_per_tensor" in str(n.target)]
     assert np.abs(cm(x).numpy() - want).max() <= 2 * max(steps)      # the activations' calibrated steps
+
+
+def test_float_functional_is_no_quantized_module():
+    """FloatFunctional lives under torch.ao.nn.quantized but is a float module (quantizable models
+    use it before conversion): it compiles; only modules holding packed weights are refused."""
+    class Residual(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.skip = torch.nn.Linear(8, 8), torch.ao.nn.quantized.FloatFunctional()
+
+        def forward(self, x):
+            return self.skip.add(self.fc(x), x)
+    m, x = Residual().eval(), torch.randn(3, 8)
+    np.testing.assert_allclose(cuvil.compile(m, (x,))(x).numpy(), m(x).detach().numpy(), rtol=1e-5, atol=1e-6)

@@ -63,3 +63,17 @@ def test_unknown_op_falls_back(name):
     m, args = models.ALL[name]()
     _, _, decomposed = torch_frontend.from_exported(torch_frontend.export(m, args))
     assert decomposed            # aten.diff (the causal mask) has no direct handler
+
+
+def test_running_reductions_and_integer_scatter_means_match_eager():
+    """logcumsumexp keeps a small early value beside a later large one (a running, not a global,
+    shift); an integer scatter mean floors as torch does; frexp at float32's largest exponents."""
+    class Ops(torch.nn.Module):
+        def forward(self, x, i, s, big):
+            return (torch.logcumsumexp(x, 1), torch.zeros(2, dtype=torch.int64).scatter_reduce(0, i, s, "mean",
+                    include_self=False), *torch.frexp(big))
+    args = (torch.tensor([[-200.0, 0.0, 3.0, -1e4, float("-inf")], [1.0, 2.0, float("-inf"), 5.0, 0.0]]),
+            torch.tensor([0, 0, 1]), torch.tensor([-1, -2, 7]), torch.tensor([3e38, -3.4e38, 1.0, 0.0]))
+    m = Ops()
+    for got, want in zip(cuvil.compile(m, args)(*args), m(*args)):
+        torch.testing.assert_close(got, want)

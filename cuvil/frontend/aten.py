@@ -240,7 +240,8 @@ def _frexp(ctx, x):
                              ctx.add("ne", [x, c(0.0)])])
     safe = ctx.add("where", [finite, a, c(1.0)])
     e = ctx.add("add", [ctx.add("floor", [ctx.add("log2", [safe])]), c(1.0)])
-    m = ctx.add("div", [safe, ctx.add("pow", [c(2.0), e])])
+    half = ctx.add("pow", [c(2.0), ctx.add("sub", [e, c(1.0)])])       # 2 ** (e - 1): finite up to e = 128
+    m = ctx.add("mul", [ctx.add("div", [safe, half]), c(0.5)])
     up = ctx.add("ge", [m, c(1.0)])
     e = ctx.add("where", [up, ctx.add("add", [e, c(1.0)]), e])
     m = ctx.add("where", [up, ctx.add("mul", [m, c(0.5)]), m])
@@ -925,16 +926,35 @@ def _cummax(ctx, x, dim):
     return v, i
 
 
+def _shifted(ctx, x, axis, step, fill):
+    """x moved `step` places along axis, the first `step` positions `fill`."""
+    n = x.shape[axis]
+    pads = [(0, 0)] * x.type.rank
+    pads[axis] = (step, -step)                          # a negative pad crops
+    shape = [1] * x.type.rank
+    shape[axis] = n
+    has = ctx.add("expand", [ctx.g.const((np.arange(n) >= step).reshape(shape))], {"shape": list(x.shape)})
+    return ctx.add("where", [has, ctx.add("pad", [x], {"pads": pads}), ctx.tensor(fill, x.dtype)])
+
+
 @handles(aten.logcumsumexp.default)
 def _logcumsumexp(ctx, x, dim):
-    """log(cumsum(exp(x - m))) + m along dim, m the largest value along it (0 where that is infinite)."""
+    """log(cumsum(exp(x))) along dim in log2(n) doubling steps of logaddexp (each position combined
+    with the one `step` before it), so a small early value is kept beside a later large one."""
     if x.type.rank == 0:
         return x
-    dim %= x.type.rank
-    m = ctx.add("reduce_max", [x], {"axes": [dim], "keepdims": True})
-    m = ctx.add("where", [ctx.add("isinf", [m]), ctx.tensor(0.0, x.dtype), m])
-    s = ctx.add("cumsum", [ctx.add("exp", [ctx.add("sub", [x, m])])], {"axis": dim})
-    return ctx.add("add", [ctx.add("log", [s]), m])
+    axis = dim % x.type.rank
+    n = x.shape[axis]
+    if not isinstance(n, int):
+        raise Unsupported("logcumsumexp along a symbolic dim")
+    y, step = x, 1
+    while step < n:
+        prev = _shifted(ctx, y, axis, step, -math.inf)
+        m = ctx.add("max", [y, prev])
+        d = ctx.add("neg", [ctx.add("abs", [ctx.add("sub", [y, prev])])])
+        y = ctx.add("where", [ctx.add("isinf", [m]), m, ctx.add("add", [m, ctx.add("log1p", [ctx.add("exp", [d])])])])
+        step *= 2
+    return y
 
 
 @handles(aten.var.correction, aten.var_mean.correction)

@@ -117,7 +117,8 @@ def _int_dtype(dtype):
 if _QD is not None:
     @handles(_QD.quantize_per_tensor.default, _QD.quantize_per_tensor.tensor, _QD.quantize_per_tensor.tensor2)
     def _q_per_tensor(ctx, x, scale, zero_point, quant_min, quant_max, dtype):
-        q = _quantize(ctx, x, _param(scale, "the scale"), _param(zero_point, "the zero point"), quant_min, quant_max)
+        q = _quantize(ctx, x, _param(scale, "the scale"), _param(zero_point, "the zero point"),
+                      float(_param(quant_min, "quant_min")), float(_param(quant_max, "quant_max")))
         return ctx.add("cast", [q], {"to": _int_dtype(dtype)})
 
     @handles(_QD.dequantize_per_tensor.default, _QD.dequantize_per_tensor.tensor, _QD.dequantize_per_tensor.tensor2)

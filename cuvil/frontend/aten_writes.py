@@ -244,8 +244,8 @@ def _scatter_reduce(ctx, x, dim, index, src, reduce="sum", include_self=True):
         src = ctx.add("full", [], {"shape": list(index.shape), "value": src, "dtype": x.dtype})
     red = ("add" if target == aten.scatter_add.default else "none" if target in (aten.scatter.src, aten.scatter.value)
            else "add" if reduce == "mean" else SCATTER_REDUCE.get(reduce))
-    if red is None:
-        raise Unsupported(f"scatter_reduce with reduce={reduce!r}")
+    if red is None or (x.dtype == "bool" and (reduce == "mean" or not include_self)):
+        raise Unsupported(f"scatter_reduce with reduce={reduce!r}, include_self={include_self} on {x.dtype}")
     if x.type.rank == 0:
         raise Unsupported("scatter into a 0-d tensor")
     src = ctx.tensor(src, x.dtype)
@@ -254,21 +254,20 @@ def _scatter_reduce(ctx, x, dim, index, src, reduce="sum", include_self=True):
     idx, attrs = ctx.tensor(index, "int64"), {"axis": dim % x.type.rank, "reduction": red}
     hit = count = None
     if not include_self or reduce == "mean":            # where src lands, and how often
-        ones = ctx.add("full", [], {"shape": list(index.shape), "value": 1, "dtype": x.dtype})
-        zeros = ctx.add("full", [], {"shape": list(x.shape), "value": 0, "dtype": x.dtype})
+        ones = ctx.add("full", [], {"shape": list(index.shape), "value": 1, "dtype": "int64"})
+        zeros = ctx.add("full", [], {"shape": list(x.shape), "value": 0, "dtype": "int64"})
         count = ctx.add("scatter_elements", [zeros, idx, ones], dict(attrs, reduction="add"))
-        hit = ctx.add("gt", [count, ctx.tensor(0, x.dtype)])
+        hit = ctx.add("gt", [count, ctx.tensor(0, "int64")])
     start = x
     if not include_self:                                # those places start from the reduction's identity
         start = ctx.add("where", [hit, ctx.tensor(SCATTER_IDENTITY[reduce](np.dtype(x.dtype)), x.dtype), x])
     y = ctx.add("scatter_elements", [start, idx, src], attrs)
     if reduce != "mean":
         return y
-    n = count if not include_self else ctx.add("add", [count, ctx.tensor(1, x.dtype)])
-    mean = ctx.add("div", [y, ctx.add("where", [hit, n, ctx.tensor(1, x.dtype)])])
-    if not x.dtype.startswith(("float", "bfloat")):     # torch floors an integer mean
-        mean = ctx.add("floor", [ctx.add("cast", [mean], {"to": "float64"})])
-        mean = ctx.add("cast", [mean], {"to": x.dtype})
+    n = count if not include_self else ctx.add("add", [count, ctx.tensor(1, "int64")])
+    n = ctx.add("cast", [ctx.add("where", [hit, n, ctx.tensor(1, "int64")])], {"to": x.dtype})
+    floating = x.dtype.startswith(("float", "bfloat"))
+    mean = ctx.add("div" if floating else "floordiv", [y, n])      # torch floors an integer mean
     return ctx.add("where", [hit, mean, x])
 
 

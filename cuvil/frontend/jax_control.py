@@ -64,6 +64,8 @@ def _scan(ctx, *ops, jaxpr, num_consts, num_carry, length, reverse=False, **para
         x_t = [ctx.reshape(ctx.add("slice", [x], {"axis": 0, "start": t, "step": 1, "length": 1}), x.shape[1:])
                for x in xs]
         outs = ctx.inline(jaxpr, consts + carry + x_t)
+        if any(not hasattr(o, "type") for o in outs):       # MISSING: the cause was recorded where it arose
+            raise Unsupported("its body holds what is reported above")
         carry, ys[t] = outs[:num_carry], outs[num_carry:]
     stacked = []
     for k in range(len(ys[0]) if length else 0):

@@ -147,7 +147,8 @@ def _refuse_converted_quantized(model):
     """Eager-mode quantized modules (torch.ao.quantization.convert) keep their weights in packed
     objects torch.export cannot trace: say what compiles instead."""
     for name, m in model.named_modules():
-        if type(m).__module__.startswith(("torch.ao.nn.quantized", "torch.nn.quantized")):
+        packed = hasattr(m, "_packed_params") or any(isinstance(v, torch.ScriptObject) for v in vars(m).values())
+        if packed and type(m).__module__.startswith(("torch.ao.nn.quantized", "torch.nn.quantized")):
             raise QuantizationError(
                 f"{name or 'the model'} is an eager-mode quantized {type(m).__name__} "
                 "(torch.ao.quantization.convert): its packed int8 weights cannot be exported. Compile the float "

@@ -41,12 +41,16 @@ def int8_grid(w: np.ndarray):
     col = np.abs(w).max(axis=0)
     ks = np.arange(128, 0, -1, dtype=np.float32)[:, None]
 
+    positive_peak = w[np.abs(w).argmax(axis=0), np.arange(w.shape[1])] > 0
+
     def largest_fitting_k(cols):
-        """Per column of cols: the scale at the largest k that fits its first 32 rows (None if one has none)."""
+        """Per column of cols: the scale at the largest k that fits its first 32 rows (None if one has none);
+        k = 128 only where the column's largest magnitude is negative (+128 is no int8)."""
         sample, c = w[:32, cols], col[cols]
         scales = np.where(c > 0, c / ks, 1).astype(np.float32)                     # [128, n]
         q = np.rint(sample[None] / scales[:, None, :])
         fits = np.all(np.abs(q * scales[:, None, :] - sample[None]) <= 2 ** -20 * np.abs(sample[None]), axis=1)
+        fits[0] &= ~positive_peak[cols]
         return scales[fits.argmax(axis=0), np.arange(len(c))] if fits.any(axis=0).all() else None
 
     N = w.shape[1]

@@ -33,7 +33,7 @@ def _weight(n):
     if n.op not in ("matmul", "matmul_fused") or n.inputs[0].dtype != "float32" or n.inputs[0].type.rank < 2:
         return None
     w = n.inputs[1]
-    return w if w.is_const and w.dtype == "float32" and w.data.ndim == 2 else None
+    return w if w.is_const and w.dtype == "float32" and w.data.ndim == 2 and w.data.size else None
 
 
 def _quantized(graph, n, precision):

@@ -128,17 +128,26 @@ def write_manifest(path: Path, manifest: dict):
     manifest["files"] = {f: {"bytes": (path / f).stat().st_size, "digest": file_digest(path / f)}
                          for f in HASHED + RUNNER if f in required_hashed(manifest) or (path / f).is_file()}
     manifest["content_hash"] = _content_hash(manifest)
-    tmp = path / "manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp, path / "manifest.json")
+    _replace_manifest(path, manifest)
+
+
+def _replace_manifest(path: Path, manifest: dict):
+    """manifest.json written whole beside the old one and renamed over it (a name of this process's
+    own, so two processes writing at once never share a half-written file)."""
+    tmp = path / f"manifest.json.{os.getpid()}-{id(manifest)}.tmp"
+    try:
+        tmp.write_text(json.dumps(manifest, indent=1))
+        os.replace(tmp, path / "manifest.json")
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def amend_manifest(path: Path, **fields):
-    """Add fields to a finished artifact's manifest and seal it again (the compile's accuracy report)."""
-    m = read_manifest(path)
-    for k in ("files", "content_hash", "format_version"):
-        m.pop(k, None)
-    write_manifest(path, {**m, **fields})
+    """Add fields to a finished artifact's manifest (the compile's accuracy report): its file digests
+    stay the ones sealed when it was built; only the manifest's own hash is computed again."""
+    m = {**read_manifest(path), **fields}
+    m["content_hash"] = _content_hash(m)
+    _replace_manifest(Path(path), m)
 
 
 def read_manifest(path: Path) -> dict:

@@ -115,7 +115,7 @@ def _loop_region(c, body):
     reads = [v for nd in sub.nodes for v in nd.inputs] + sub.outputs      # an output may be an outer value itself
     refs = list({id(v): v for v in reads if isinstance(v, Value) and not v.is_const and id(v) not in produced}.values())
     limit = c.val(_flag(c, M, "int64")) if M is not None else None
-    extra = refs + ([limit] if limit is not None and not limit.is_const else [])
+    extra = refs + ([limit] if limit is not None and not limit.is_const and all(limit is not r for r in refs) else [])
     mine = {id(v): Value(v.type) for v in extra}
     sub.inputs = own + [mine[id(v)] for v in extra]
     for nd in sub.nodes:

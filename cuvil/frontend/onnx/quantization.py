@@ -104,7 +104,10 @@ def _dynamic_matmul_on_integer_kernels(c):
     pattern does not hold (the exact int32 emulation below runs instead)."""
     p = c.producer(c.node.input[0])
     azp_name = c.node.input[2] if len(c.node.input) > 2 else ""
-    if p is None or p.op_type != "DynamicQuantizeLinear" or (azp_name and azp_name != p.output[2]):
+    # A must be the quantized x and its zero point the one computed with it (without it, the node
+    # would take A's zero point as 0 and the rewrite would not compute the same thing)
+    if p is None or p.op_type != "DynamicQuantizeLinear" or c.node.input[0] != p.output[0] or \
+            azp_name != p.output[2]:
         return None
     b, bzp = c.inp(1), c.inp(3)
     if not isinstance(b, np.ndarray) or b.dtype not in (np.int8, np.uint8) or b.ndim != 2 or \

@@ -8,6 +8,8 @@ inputs, and the error is measured per output:
   cosine    the worst cosine similarity of one row (last axis) against the source's
   mean_cosine  the mean over the rows (a padded position's garbage row can be the worst one)
   top1      for [batch, classes] outputs: the share of rows whose argmax agrees (None otherwise)
+  mismatch  for integer and bool outputs (labels, indices): the share of elements that differ; verify
+            allows at most rtol of them (None for float outputs)
 
 verify=True then checks max_abs <= atol + rtol * largest |source| per output: a scale-aware bound,
 since elementwise relative error means little near zero for a quantized model. rtol / atol left
@@ -33,10 +35,15 @@ def measure(pairs) -> dict:
     for i in range(len(pairs[0][0]) if pairs else 0):
         max_abs = scale = 0.0
         cosine, cos_sum, agree, rows, classifier = 1.0, 0.0, 0, 0, True
+        differ = counted = 0
         for expected, got in pairs:
             e, g = np.asarray(expected[i]), np.asarray(got[i])
-            if e.dtype.kind not in "fc" or e.size == 0:
+            if e.size == 0:
+                continue
+            if e.dtype.kind not in "fc":               # labels / indices: how many differ
                 classifier = False
+                differ += int((e != g).sum()) if e.shape == g.shape else e.size
+                counted += e.size
                 continue
             e64, g64 = e.astype(np.float64), g.astype(np.float64)
             max_abs = max(max_abs, float(np.abs(e64 - g64).max()))
@@ -51,15 +58,20 @@ def measure(pairs) -> dict:
             rows += er.shape[0]
         outputs.append({"max_abs": max_abs, "scale": scale, "rel": max_abs / scale if scale > 0 else max_abs,
                         "cosine": cosine, "mean_cosine": cos_sum / rows if rows else 1.0,
-                        "top1": agree / rows if classifier and rows else None})
+                        "top1": agree / rows if classifier and rows else None,
+                        "mismatch": differ / counted if counted else None})
     return {"inputs": len(pairs), "outputs": outputs}
 
 
 def failures(acc: dict, rtol: float, atol: float) -> dict:
-    """{output: (max_abs, rel)} of the outputs past max_abs <= atol + rtol * scale."""
+    """{output: (max_abs, rel)} of the float outputs past max_abs <= atol + rtol * scale, and
+    {output: (mismatch, mismatch)} of the integer ones where more than rtol of the elements differ."""
     bad = {}
     for i, o in enumerate(acc["outputs"]):
-        if not o["max_abs"] <= atol + rtol * o["scale"]:
+        if o.get("mismatch") is not None:
+            if o["mismatch"] > rtol:
+                bad[i] = (o["mismatch"], o["mismatch"])
+        elif not o["max_abs"] <= atol + rtol * o["scale"]:
             bad[i] = (o["max_abs"], o["rel"])
     return bad
 
@@ -68,6 +80,9 @@ def describe(acc: dict, precision: str) -> str:
     """One line per output for --verbose and cuvil inspect."""
     lines = [f"{precision} against fp32 on {acc['inputs']} input(s):"]
     for i, o in enumerate(acc["outputs"]):
+        if o.get("mismatch") is not None:
+            lines.append(f"  output {i}: {100 * o['mismatch']:.2f}% of its (integer) elements differ")
+            continue
         top1 = f", top-1 agreement {100 * o['top1']:.1f}%" if o.get("top1") is not None else ""
         lines.append(f"  output {i}: max abs err {o['max_abs']:.3g}, rel {o['rel']:.3g}, "
                      f"row cosine worst {o['cosine']:.6f} mean {o['mean_cosine']:.6f}{top1}")

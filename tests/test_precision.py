@@ -145,3 +145,28 @@ def test_16_bit_weights_on_the_portable_and_avx2_builds(target):
             want = cuvil.compile(net, (x,), precision=precision)(x).numpy()
             got = cuvil.compile(net, (x,), precision=precision, target=target)(x).numpy()
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_integer_outputs_are_counted_and_verified():
+    """A lossy model's label output (argmax) is measured by the share of labels that differ, and
+    verify=True allows at most rtol of them."""
+    class Labels(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(64, 10)
+
+        def forward(self, x):
+            y = self.fc(x)
+            return y, y.argmax(-1)
+    torch.manual_seed(0)
+    m, x = Labels().eval(), torch.randn(256, 64)
+    cm = cuvil.compile(m, (x,), precision="int8")
+    labels = cm.accuracy["outputs"][1]
+    with torch.no_grad():
+        want = m(x)[1].numpy()
+    assert labels["mismatch"] == pytest.approx(float((cm(x)[1].numpy() != want).mean()))
+    assert cm.accuracy["outputs"][0]["mismatch"] is None
+    if labels["mismatch"] > 0:          # some labels flipped: an rtol below their share fails
+        with pytest.raises(cuvil.VerificationError):
+            cuvil.compile(m, (x,), precision="int8", verify=True, rtol=labels["mismatch"] / 2)
+    cuvil.compile(m, (x,), precision="int8", verify=True, rtol=max(labels["mismatch"], 0.05))

@@ -275,8 +275,8 @@ def _check_accuracy(acc):
           and len(acc["outputs"]) <= MAX_IO, "accuracy", '{"inputs": int, "outputs": [...]}', acc)
     for i, o in enumerate(acc["outputs"]):
         _need(isinstance(o, dict) and all(_is_num(o.get(k)) for k in ("max_abs", "scale", "rel", "cosine", "mean_cosine"))
-              and (o.get("top1") is None or _is_num(o["top1"])), f"accuracy.outputs[{i}]",
-              "numbers max_abs, scale, rel, cosine, mean_cosine and top1 (or null)", o)
+              and all(o.get(k) is None or _is_num(o[k]) for k in ("top1", "mismatch")), f"accuracy.outputs[{i}]",
+              "numbers max_abs, scale, rel, cosine, mean_cosine, and top1 and mismatch (or null)", o)
 
 
 ELF_MACHINE = {"x86_64": 62, "aarch64": 183, "wasm32": None}     # wasm32: a WASI module, not ELF

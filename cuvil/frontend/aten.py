@@ -562,6 +562,11 @@ def _sdpa(ctx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=No
     return ctx.add("attention", ins, {"scale": float(scale), "causal": bool(is_causal)})
 
 
+def _per_dim(v, nsp):
+    """A conv parameter given once for every spatial dim, or per dim, as a list per dim."""
+    return list(v) * nsp if len(v) == 1 else list(v)
+
+
 def _spread(ctx, x, axis, s):
     """x with s - 1 zeros between neighbours along axis (a transposed conv's stride)."""
     shape, n = list(x.shape), x.shape[axis]
@@ -577,8 +582,7 @@ def _conv_transposed(ctx, x, w, b, stride, padding, dilation, output_padding, gr
     dilation * (k - 1) - padding (plus output_padding at the end; a negative pad crops), convolved at
     stride 1 with the weight's in / out channels swapped within each group and its taps flipped."""
     nsp = x.type.rank - 2
-    rep = (lambda v: list(v) * nsp if len(v) == 1 else list(v))
-    s, p, d, op = rep(stride), rep(padding), rep(dilation), rep(output_padding)
+    s, p, d, op = (_per_dim(v, nsp) for v in (stride, padding, dilation, output_padding))
     ks = list(w.shape[2:])
     if not all(isinstance(v, int) for v in ks + list(x.shape[2:]) + list(w.shape[:2])):
         raise Unsupported("a transposed convolution over symbolic sizes")
@@ -602,10 +606,10 @@ def _conv(ctx, x, w, b, stride, padding, dilation, transposed, output_padding, g
     if transposed:
         return _conv_transposed(ctx, x, w, b, stride, padding, dilation, output_padding, groups)
     nsp = x.type.rank - 2
-    rep = (lambda v: list(v) * nsp if len(v) == 1 else list(v))
-    pads = [(p, p) for p in rep(padding)]
+    pads = [(p, p) for p in _per_dim(padding, nsp)]
     ins = [x, w] + ([b] if b is not None else [])
-    return ctx.add("conv", ins, {"strides": rep(stride), "pads": pads, "dilations": rep(dilation), "groups": groups})
+    return ctx.add("conv", ins, {"strides": _per_dim(stride, nsp), "pads": pads, "dilations": _per_dim(dilation, nsp),
+                                 "groups": groups})
 
 
 @handles(aten._native_batch_norm_legit_no_training.default)
@@ -906,21 +910,22 @@ def _cummax(ctx, x, dim):
     n = x.shape[axis]
     if not isinstance(n, int):
         raise Unsupported("a running max along a symbolic dim")
-    better = "gt" if ctx.node.target == aten.cummax.default else "lt"
+    is_max = ctx.node.target == aten.cummax.default
     shape = [1] * x.type.rank
     shape[axis] = n
     v, i = x, ctx.add("expand", [ctx.g.const(np.arange(n, dtype=np.int64).reshape(shape))], {"shape": list(x.shape)})
     floating = x.dtype.startswith(("float", "bfloat"))
+    if floating:
+        worst = -math.inf if is_max else math.inf
+    else:
+        info = np.iinfo(np.uint8 if x.dtype == "bool" else np.dtype(x.dtype))
+        worst = info.min if is_max else info.max
     step = 1
-    while step < n:
-        pads = [(0, 0)] * x.type.rank
-        pads[axis] = (step, -step)                      # shift right by step (a negative pad crops)
-        vs, is_ = ctx.add("pad", [v], {"pads": pads}), ctx.add("pad", [i], {"pads": pads})
-        has = ctx.add("expand", [ctx.g.const((np.arange(n) >= step).reshape(shape))], {"shape": list(x.shape)})
-        win = ctx.add(better, [vs, v])
+    while step < n:                 # the head positions, shifted in as the worst value, never win
+        vs, is_ = _shifted(ctx, v, axis, step, worst), _shifted(ctx, i, axis, step, 0)
+        take = ctx.add("gt" if is_max else "lt", [vs, v])
         if floating:
-            win = ctx.add("or", [win, ctx.add("and", [ctx.add("isnan", [vs]), ctx.add("not", [ctx.add("isnan", [v])])])])
-        take = ctx.add("and", [has, win])
+            take = ctx.add("or", [take, ctx.add("and", [ctx.add("isnan", [vs]), ctx.add("not", [ctx.add("isnan", [v])])])])
         v, i = ctx.add("where", [take, vs, v]), ctx.add("where", [take, is_, i])
         step *= 2
     return v, i

@@ -36,9 +36,9 @@ def _weight(n):
     return w if w.is_const and w.dtype == "float32" and w.data.ndim == 2 and w.data.size else None
 
 
-def _quantized(graph, n, precision):
-    """The matmul_q node doing n's work in `precision`."""
-    w = _weight(n).data.astype(np.float32)
+def _quantized(graph, n, weight, precision):
+    """The matmul_q node doing n's work (weight: its constant [K, N]) in `precision`."""
+    w = weight.data.astype(np.float32)
     K = w.shape[0]
     fused = n.op == "matmul_fused"
     if fused and n.attrs["alpha"] != 1.0:
@@ -74,7 +74,7 @@ def run(graph, precision):
         return graph
     if precision not in LOSSY:
         raise QuantizationError(f"precision {precision!r}: general models take one of fp32, {', '.join(LOSSY)}")
-    graph.nodes = [_quantized(graph, n, precision) if _weight(n) is not None else n for n in graph.nodes]
+    graph.nodes = [n if (w := _weight(n)) is None else _quantized(graph, n, w, precision) for n in graph.nodes]
     return graph
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ir.graph import Graph, TensorType, Value
+from ...ir.graph import Graph, Value
 from .helpers import Unsupported, is_sym, norm_axis, rank_of, shape_of
 from .model import MAX_UNROLL
 from .registry import handler
@@ -46,10 +46,15 @@ def _branch(c, body):
     if any(o is None for o in outs):
         raise Unsupported("an If branch output that is not a tensor (a sequence or optional)")
     sub.outputs = [sub.const(o) if isinstance(o, np.ndarray) else o for o in outs]
-    produced = {id(o) for n in sub.nodes for o in n.outputs}
-    outer = [v for n in sub.nodes for v in n.inputs if isinstance(v, Value) and not v.is_const
-             and id(v) not in produced] + [o for o in sub.outputs if not o.is_const and id(o) not in produced]
-    return sub, list({id(v): v for v in outer}.values())
+    return sub, _outer_values(sub)
+
+
+def _outer_values(sub, own=()):
+    """The run-time values of the enclosing graph that sub reads (in its nodes or as outputs), each
+    once: what neither its nodes produce nor its own inputs `own` are."""
+    inside = {id(o) for n in sub.nodes for o in n.outputs} | {id(v) for v in own}
+    reads = [v for n in sub.nodes for v in n.inputs] + sub.outputs
+    return list({id(v): v for v in reads if isinstance(v, Value) and not v.is_const and id(v) not in inside}.values())
 
 
 def _with_inputs(g, outer, refs):
@@ -111,9 +116,7 @@ def _loop_region(c, body):
     for v, o in zip(carried, sub.outputs[2:]):
         if str(v.type) != str(o.type):
             raise Unsupported(f"a Loop whose carried value changes from {v.type} to {o.type} (run-time trip count)")
-    produced = {id(o) for nd in sub.nodes for o in nd.outputs} | {id(v) for v in own}
-    reads = [v for nd in sub.nodes for v in nd.inputs] + sub.outputs      # an output may be an outer value itself
-    refs = list({id(v): v for v in reads if isinstance(v, Value) and not v.is_const and id(v) not in produced}.values())
+    refs = _outer_values(sub, own)
     limit = c.val(_flag(c, M, "int64")) if M is not None else None
     extra = refs + ([limit] if limit is not None and not limit.is_const and all(limit is not r for r in refs) else [])
     mine = {id(v): Value(v.type) for v in extra}

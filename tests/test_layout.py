@@ -139,18 +139,22 @@ class _Bottlenecks(torch.nn.Module):
         return x, self.fc(x.mean((2, 3)))
 
 
-@pytest.mark.parametrize("threads, target", [(1, "native"), (2, "native"), (2, "x86_64-avx2"), (2, "x86_64-sse2")])
-def test_small_resnet_blocked_matches_torch(tmp_path, threads, target):
-    """layout="blocked": blocks of the target's vector width (nchw8c and 6-row tiles on AVX2, nchw4c with
-    SSE2, the width of NEON and the portable kernels)."""
+def _skip_unless_host_runs(target):
     import platform
 
-    import cuvil
     from cuvil.target import cpu_flags
     if target == "x86_64-avx2" and "avx2" not in cpu_flags():
         pytest.skip(f"this CPU cannot run {target} code")
     if target == "x86_64-sse2" and platform.machine() != "x86_64":
         pytest.skip("x86_64-sse2 code runs on x86-64 hosts only")
+
+
+@pytest.mark.parametrize("threads, target", [(1, "native"), (2, "native"), (2, "x86_64-avx2"), (2, "x86_64-sse2")])
+def test_small_resnet_blocked_matches_torch(tmp_path, threads, target):
+    """layout="blocked": blocks of the target's vector width (nchw8c and 6-row tiles on AVX2, nchw4c with
+    SSE2, the width of NEON and the portable kernels)."""
+    import cuvil
+    _skip_unless_host_runs(target)
     torch.manual_seed(0)
     m = _Bottlenecks().eval()
     for mod in m.modules():                        # BN statistics away from identity, so folding matters
@@ -309,6 +313,42 @@ def test_grouped_convs_run_blocked_and_match_torch(tmp_path):
     cm = cuvil.compile(m, (x,), layout="blocked", num_threads=2, cache_dir=str(tmp_path))
     with torch.no_grad():
         np.testing.assert_allclose(cm.run(x.numpy())[0], m(x).numpy(), rtol=1e-4, atol=1e-4)
+
+
+class _DepthwiseBranches(torch.nn.Module):
+    """One blocked map into depthwise convs of every filter size and stride the kernel's tiles claim, and
+    the shapes that go pixel by pixel (dilation, a stride it has no tile for), each then a 1x1 conv."""
+    CASES = [(3, 1, 1, 1), (3, 2, 1, 1), (5, 1, 2, 1), (5, 2, 2, 1), (7, 1, 3, 1), (3, 1, 0, 1), (3, 1, 2, 2),
+             (7, 2, 3, 1), (3, 3, 1, 1)]                  # (kernel, stride, pad, dilation)
+
+    def __init__(self, c):
+        super().__init__()
+        self.inp = torch.nn.Conv2d(3, c, 1)
+        self.dws = torch.nn.ModuleList(torch.nn.Conv2d(c, c, k, s, p, d, groups=c) for k, s, p, d in self.CASES)
+        self.outs = torch.nn.ModuleList(torch.nn.Conv2d(c, c, 1) for _ in self.CASES)
+        self.res = torch.nn.Conv2d(c, c, 3, 1, 1, groups=c)
+
+    def forward(self, x):
+        h = self.inp(x)
+        ys = [o(torch.nn.functional.hardswish(dw(h))) for dw, o in zip(self.dws, self.outs)]
+        return (*ys, self.outs[0](torch.relu(self.res(h) + h)))
+
+
+@pytest.mark.parametrize("target", ["native", "x86_64-avx2", "x86_64-sse2"])
+def test_depthwise_tiles_and_edges_match_torch(tmp_path, target):
+    """The blocked depthwise kernel at an odd map (13 x 29: rows of 8-, 4- and 1-pixel tiles between
+    the edge pixels) for each (kernel, stride, pad, dilation) case, with a fused activation and a fused
+    residual; blocks of 8 and of 4 (AVX2, SSE2) on any x86 host."""
+    import cuvil
+    _skip_unless_host_runs(target)
+    torch.manual_seed(0)
+    m = _DepthwiseBranches(16).eval()
+    x = torch.randn(1, 3, 13, 29)
+    cm = cuvil.compile(m, (x,), layout="blocked", target=target, num_threads=2, cache_dir=str(tmp_path))
+    assert cm.c_source.count("cuvil_depthwise_blocked(") == len(m.CASES) + 1
+    with torch.no_grad():
+        for got, want in zip(cm.run(x.numpy()), m(x)):
+            np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)
 
 
 def test_channel_concat_and_slice_in_whole_blocks_stay_blocked(tmp_path):

@@ -562,36 +562,27 @@ typedef struct {
 } blocked_dw;
 
 /* Adjacent output pixels of a row computed together where their windows lie inside the input: each
- * input vector is loaded once per filter row for all of them (3x3 stride 1: 6 loads a row for 12 FMAs,
- * where pixel by pixel took 12), the filter row's taps held as they are used. */
-#define DW_TILE 4
+ * input vector loaded once per filter row for all of them, each filter vector once per tile, and 8 sums
+ * in flight cover the FMA's latency at two a cycle (tiles of 4 left an FMA unit idle: 3x3 on 144
+ * channels at 56x56 took 13 cycles an output vector where its 9 multiply-adds need 4.5; 8 took 9.5, and
+ * a 7x7 filter half the time). Edge pixels go one by one (window): copying their columns zero-padded,
+ * or whole rows, to run them tiled too measured slower on AVX2 (the copies cost what the tiles saved). */
+#define DW_TILE 8
 
-/* The tile's sums: x0 its first window's top-left input pixel; KW and SW (the filter's width and the
- * stride along W) constants, so the loads' offsets are and repeated ones are loaded once; dilation 1
- * along W. */
-static inline __attribute__((always_inline)) void dw_tile(int KW, int SW, const cuvil_conv_shape *s, const float *x0,
-                                                          const float *w, cuvil_vf acc[DW_TILE]) {
-    for (int64_t kh = 0; kh < s->KH; kh++) {
-        const float *row = x0 + kh * s->dh * s->W * CUVIL_BLOCK, *wr = w + kh * KW * s->C;
+/* The sums of T pixels from x0, their first window's top-left input pixel: KW, SW (the filter's width,
+ * the stride along W) and T constants, so the loads' offsets are and a repeated one is loaded once;
+ * dilation 1 along W. */
+static inline __attribute__((always_inline)) void dw_tile(int KW, int SW, int T, const cuvil_conv_shape *s,
+                                                          const float *x0, const float *w, cuvil_vf *acc) {
+    const int64_t KH = s->KH, row = s->dh * s->W * CUVIL_BLOCK, C = s->C;
+    for (int64_t kh = 0; kh < KH; kh++) {
+        const float *xr = x0 + kh * row, *wr = w + kh * KW * C;
         #pragma GCC unroll 7
         for (int kw = 0; kw < KW; kw++) {
-            cuvil_vf wv = cuvil_vload(wr + kw * s->C);
-            #pragma GCC unroll 4
-            for (int j = 0; j < DW_TILE; j++) acc[j] += cuvil_vload(row + (j * SW + kw) * CUVIL_BLOCK) * wv;
+            cuvil_vf wv = cuvil_vload(wr + kw * C);
+            #pragma GCC unroll 8
+            for (int j = 0; j < T; j++) acc[j] += cuvil_vload(xr + (j * SW + kw) * CUVIL_BLOCK) * wv;
         }
-    }
-}
-
-/* dw_tile for the filter widths and strides MobileNets, EfficientNets and ConvNeXt use; 0 for others. */
-static int dw_tiled(const cuvil_conv_shape *s, const float *x0, const float *w, cuvil_vf acc[DW_TILE]) {
-    if (s->dw != 1) return 0;
-    switch (s->KW * 4 + s->sw) {
-    case 3 * 4 + 1: dw_tile(3, 1, s, x0, w, acc); return 1;
-    case 3 * 4 + 2: dw_tile(3, 2, s, x0, w, acc); return 1;
-    case 5 * 4 + 1: dw_tile(5, 1, s, x0, w, acc); return 1;
-    case 5 * 4 + 2: dw_tile(5, 2, s, x0, w, acc); return 1;
-    case 7 * 4 + 1: dw_tile(7, 1, s, x0, w, acc); return 1;
-    default: return 0;
     }
 }
 
@@ -603,29 +594,64 @@ static inline void dw_store(const blocked_dw *a, int64_t o, cuvil_vf acc) {
     cuvil_vstore(a->y + o, acc);
 }
 
+/* T pixels from ow of one output row (off: the row's offset in y; xr: its input row at the window of
+ * output pixel 0, which may lie left of the row: only offsets from it are formed) */
+static inline __attribute__((always_inline)) void dw_pixels(int KW, int SW, int T, const blocked_dw *a,
+                                                            const float *xr, int64_t ow, const float *w,
+                                                            cuvil_vf bias, int64_t off) {
+    cuvil_vf acc[DW_TILE];
+    #pragma GCC unroll 8
+    for (int j = 0; j < T; j++) acc[j] = bias;
+    dw_tile(KW, SW, T, a->s, xr + (ow * SW - a->s->pw) * CUVIL_BLOCK, w, acc);
+    #pragma GCC unroll 8
+    for (int j = 0; j < T; j++) dw_store(a, off + (ow + j) * CUVIL_BLOCK, acc[j]);
+}
+
+/* Pixels [ow, end) of a row whose windows all lie inside the input: tiles of 8, of 4, then one by one. */
+static inline __attribute__((always_inline)) void dw_inside(int KW, int SW, const blocked_dw *a,
+                                                            const float *xr, const float *w, cuvil_vf bias,
+                                                            int64_t off, int64_t ow, int64_t end) {
+    for (; ow + 8 <= end; ow += 8) dw_pixels(KW, SW, 8, a, xr, ow, w, bias, off);
+    if (ow + 4 <= end) {
+        dw_pixels(KW, SW, 4, a, xr, ow, w, bias, off);
+        ow += 4;
+    }
+    for (; ow < end; ow++) dw_pixels(KW, SW, 1, a, xr, ow, w, bias, off);
+}
+
+/* dw_inside for the filter widths and strides MobileNets, EfficientNets and ConvNeXt use, one switch a
+ * row; 0 for the others (left to window), else 1 */
+static int dw_row(const blocked_dw *a, const float *xr, const float *w, cuvil_vf bias, int64_t off,
+                  int64_t ow, int64_t end) {
+    switch (a->s->dw == 1 ? a->s->KW * 4 + a->s->sw : 0) {
+    case 3 * 4 + 1: dw_inside(3, 1, a, xr, w, bias, off, ow, end); return 1;
+    case 3 * 4 + 2: dw_inside(3, 2, a, xr, w, bias, off, ow, end); return 1;
+    case 5 * 4 + 1: dw_inside(5, 1, a, xr, w, bias, off, ow, end); return 1;
+    case 5 * 4 + 2: dw_inside(5, 2, a, xr, w, bias, off, ow, end); return 1;
+    case 7 * 4 + 1: dw_inside(7, 1, a, xr, w, bias, off, ow, end); return 1;
+    default: return 0;
+    }
+}
+
 /* Output rows r = (n * C / B + cb) * OH + oh in [r0, r1): each output pixel's B channels a vector, the
- * taps' B filter values (w [KH * KW][C]) side by side as the input's channels are; tiles of DW_TILE
- * pixels where the windows lie inside the input, pixel by pixel (window) at the edges. */
+ * taps' B filter values (w [KH * KW][C]) side by side as the input's channels are; tiles of pixels
+ * where the windows lie inside the input (dw_row), pixel by pixel (window) at the edges. */
 static void depthwise_blocked_task(void *ctx, int64_t r0, int64_t r1) {
     const blocked_dw *a = ctx;
     const cuvil_conv_shape *s = a->s;
-    int64_t CB = s->C / CUVIL_BLOCK;
+    const int64_t CB = s->C / CUVIL_BLOCK;
+    /* the first pixel whose window starts inside the input along W, one past the last that ends in it */
+    int64_t first = (s->pw + s->sw - 1) / s->sw, last_in = s->W - 1 + s->pw - (s->KW - 1) * s->dw;
+    int64_t end = last_in >= 0 ? last_in / s->sw + 1 : 0;
+    if (end > s->OW) end = s->OW;
     for (int64_t r = r0; r < r1; r++) {
         int64_t plane = r / s->OH, oh = r % s->OH, c = plane % CB * CUVIL_BLOCK;
         const float *xc = a->x + plane * s->H * s->W * CUVIL_BLOCK, *w = a->w + c;
         int64_t off = r * s->OW * CUVIL_BLOCK, ih0 = oh * s->sh - s->ph, ow = 0;
         cuvil_vf bias = a->bias ? cuvil_vload(a->bias + c) : cuvil_vsplat(0.f);
-        if (ih0 >= 0 && ih0 + (s->KH - 1) * s->dh < s->H) {
-            int64_t first = (s->pw + s->sw - 1) / s->sw;          /* the first window inside on the left */
-            for (; ow < first && ow < s->OW; ow++) dw_store(a, off + ow * CUVIL_BLOCK, window(1, s, xc, w, oh, ow, 0, bias));
-            for (; ow + DW_TILE <= s->OW && (ow + DW_TILE - 1) * s->sw - s->pw + s->KW - 1 < s->W; ow += DW_TILE) {
-                cuvil_vf acc[DW_TILE];
-                #pragma GCC unroll 4
-                for (int j = 0; j < DW_TILE; j++) acc[j] = bias;
-                if (!dw_tiled(s, xc + (ih0 * s->W + ow * s->sw - s->pw) * CUVIL_BLOCK, w, acc)) break;
-                #pragma GCC unroll 4
-                for (int j = 0; j < DW_TILE; j++) dw_store(a, off + (ow + j) * CUVIL_BLOCK, acc[j]);
-            }
+        if (ih0 >= 0 && ih0 + (s->KH - 1) * s->dh < s->H && first < end) {
+            for (; ow < first; ow++) dw_store(a, off + ow * CUVIL_BLOCK, window(1, s, xc, w, oh, ow, 0, bias));
+            if (dw_row(a, xc + ih0 * s->W * CUVIL_BLOCK, w, bias, off, first, end)) ow = end;
         }
         for (; ow < s->OW; ow++) dw_store(a, off + ow * CUVIL_BLOCK, window(1, s, xc, w, oh, ow, 0, bias));
     }

@@ -1,0 +1,77 @@
+/* The C harness behind the depthwise numbers in benchmarks/README.md ("Kernel notes"): one blocked
+ * depthwise conv of cuvil's kernel library timed alone, hot, one thread count.
+ *
+ *   dw_bench C H W K STRIDE THREADS CALLS
+ *
+ * Input [1][C/B][H][W][B], pad K/2, bias, ReLU. Prints the median microseconds a call; exits 1 if any
+ * output then disagrees with a plain loop. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "kernels/blocked.h"
+#include "kernels/pool.h"
+
+static double now_us(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+
+static int by_value(const void *x, const void *y) {
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 8) {
+        fprintf(stderr, "usage: %s C H W K STRIDE THREADS CALLS\n", argv[0]);
+        return 2;
+    }
+    int64_t C = atoll(argv[1]), H = atoll(argv[2]), W = atoll(argv[3]), K = atoll(argv[4]), S = atoll(argv[5]);
+    int threads = atoi(argv[6]), calls = atoi(argv[7]);
+    if (C < 1 || C % CUVIL_BLOCK || H < 1 || W < 1 || K < 1 || S < 1 || threads < 1 || calls < 1) {
+        fprintf(stderr, "sizes must be positive, C a multiple of %d\n", CUVIL_BLOCK);
+        return 2;
+    }
+    int64_t P = K / 2, OH = (H + 2 * P - K) / S + 1, OW = (W + 2 * P - K) / S + 1;
+    cuvil_conv_shape s = {1, C, H, W, C, K, K, OH, OW, S, S, P, P, 1, 1, C};
+    float *x = aligned_alloc(64, (size_t)(C * H * W * 4 + 63) / 64 * 64);
+    float *w = aligned_alloc(64, (size_t)(C * K * K * 4 + 63) / 64 * 64);
+    float *b = aligned_alloc(64, (size_t)(C * 4 + 63) / 64 * 64);
+    float *y = aligned_alloc(64, (size_t)(C * OH * OW * 4 + 63) / 64 * 64);
+    double *t = malloc(sizeof(double) * calls);
+    if (!x || !w || !b || !y || !t) return 1;
+    for (int64_t i = 0; i < C * H * W; i++) x[i] = (float)((i * 7919) % 1000) * 1e-3f - 0.5f;
+    for (int64_t i = 0; i < C * K * K; i++) w[i] = (float)((i * 104729) % 1000) * 1e-3f - 0.5f;
+    for (int64_t i = 0; i < C; i++) b[i] = (float)i * 1e-3f;
+    for (int i = -3; i < calls; i++) {
+        double t0 = now_us();
+        cuvil_depthwise_blocked(&s, x, w, b, 0, y, CUVIL_ACT_RELU, threads);
+        if (i >= 0) t[i] = now_us() - t0;
+    }
+    qsort(t, calls, sizeof(double), by_value);
+    printf("%.2f\n", t[calls / 2]);
+    fflush(stdout);
+    const int64_t B = CUVIL_BLOCK;
+    for (int64_t c = 0; c < C; c++)
+        for (int64_t oh = 0; oh < OH; oh++)
+            for (int64_t ow = 0; ow < OW; ow++) {
+                double want = b[c];
+                for (int64_t kh = 0; kh < K; kh++)
+                    for (int64_t kw = 0; kw < K; kw++) {
+                        int64_t ih = oh * S - P + kh, iw = ow * S - P + kw;
+                        if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                        want += (double)x[((c / B * H + ih) * W + iw) * B + c % B] * w[(kh * K + kw) * C + c];
+                    }
+                want = want > 0 ? want : 0;
+                float got = y[((c / B * OH + oh) * OW + ow) * B + c % B];
+                if (fabs(got - want) > 1e-4 * (1 + fabs(want))) {
+                    fprintf(stderr, "y[c=%lld][%lld][%lld] = %g, a plain loop gives %g\n", (long long)c,
+                            (long long)oh, (long long)ow, got, want);
+                    return 1;
+                }
+            }
+    return 0;
+}

@@ -1817,6 +1817,96 @@ def test_expert_index_out_of_range_is_an_error_not_a_crash():
             cm.run(c.runs[0][0], np.array([[0, 1], [2, bad], [1, 1]], np.int64))
 
 
+# ---- linear algebra (ir/ops/linalg.py) ---------------------------------------------------------
+def _well_conditioned(rng, shape):
+    """Random matrices plus n on the diagonal: solves stay accurate at float32."""
+    a = rand(rng, shape, "float32", -1, 1)
+    n = shape[-1]
+    a[..., np.arange(n), np.arange(n)] += n
+    return a
+
+
+@case("lu_factor")
+def lu_factor(op):
+    """Square, wide and tall matrices, a batch, rows that need swapping, a singular matrix (info) and an
+    empty batch; LU, pivots and info checked."""
+    c = Case()
+    r = c.rng
+    mats = {"batch 3x5x5": rand(r, (3, 5, 5), "float32"), "wide 3x6": rand(r, (3, 6), "float32"),
+            "tall 6x3": rand(r, (6, 3), "float32"),
+            "zero column": np.array([[0, 1, 2], [0, 3, 4], [0, 5, 7]], np.float32),
+            "empty batch": rand(r, (0, 4, 4), "float32"), "1x1": np.array([[-2.5]], np.float32)}
+    for label, a in mats.items():
+        lu, piv, info = c.add(op, [c.input(a)])
+        c.out(lu, label + " LU")
+        c.out(piv, label + " pivots")
+        c.out(info, label + " info")
+    c.check(rtol=1e-5, atol=1e-5)
+
+
+@case("lu_permutation")
+def lu_permutation(op):
+    """Pivots from a factorization, the identity, and out-of-range pivots (clamped, never out of bounds)."""
+    c = Case()
+    for label, piv, rows in [("swaps", np.array([[3, 3, 3], [1, 3, 3]], np.int32), 4),
+                             ("identity", np.array([1, 2, 3], np.int32), 3),
+                             ("corrupt", np.array([0, -7, 99], np.int32), 3)]:
+        c.out(c.add(op, [c.input(piv)], {"rows": rows}), label)
+    c.check()
+
+
+@case("cholesky")
+def cholesky(op):
+    """A batch of positive-definite matrices (upper triangle garbage: only the lower is read), and one
+    that is not (info names its first failing minor)."""
+    c = Case()
+    b = rand(c.rng, (2, 5, 5), "float32", -1, 1)
+    spd = (b @ np.swapaxes(b, -1, -2) + 5 * np.eye(5, dtype=np.float32)).astype(np.float32)
+    spd[..., np.triu_indices(5, 1)[0], np.triu_indices(5, 1)[1]] = 99
+    low, info = c.add(op, [c.input(spd)])
+    c.out(low, "L")
+    c.out(info, "info")
+    _, info_bad = c.add(op, [c.input(np.array([[4, 0, 0], [0, 1, 0], [0, 0, -1]], np.float32))])
+    c.out(info_bad, "not positive definite: info")
+    c.check(rtol=1e-5, atol=1e-5)
+
+
+@case("triangular_solve")
+def triangular_solve(op):
+    """Lower and upper, unit diagonal or not, several right-hand sides, a batch; the other triangle
+    holds garbage that must not be read."""
+    c = Case()
+    r = c.rng
+    a = _well_conditioned(r, (2, 6, 6))
+    b = rand(r, (2, 6, 3), "float32")
+    for upper in (False, True):
+        for unit in (False, True):
+            c.out(c.add(op, [c.input(a), c.input(b)], {"upper": upper, "unit": unit}), f"upper={upper} unit={unit}")
+    c.check(rtol=1e-4, atol=1e-4)
+
+
+def test_linalg_references_match_lapack():
+    """The numpy references of lu_factor, cholesky and triangular_solve against scipy's LAPACK calls
+    (getrf, potrf, trtrs): an oracle the C kernels are not derived from."""
+    scipy_linalg = pytest.importorskip("scipy.linalg", reason="scipy (from scikit-learn) is the LAPACK oracle")
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((7, 7)).astype(np.float32)
+    lu, piv, info = REGISTRY["lu_factor"].ref([a], {})
+    want_lu, want_piv = scipy_linalg.lu_factor(a)
+    np.testing.assert_allclose(lu, want_lu, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(piv, want_piv + 1)          # LAPACK's 1-based pivots (scipy shows them 0-based)
+    assert info == 0
+    perm = REGISTRY["lu_permutation"].ref([piv], {"rows": 7})[0]
+    low, up = np.tril(lu, -1) + np.eye(7), np.triu(lu)
+    np.testing.assert_allclose((low @ up), a[perm], rtol=1e-4, atol=1e-4)
+    spd = a @ a.T + 7 * np.eye(7, dtype=np.float32)
+    np.testing.assert_allclose(REGISTRY["cholesky"].ref([spd], {})[0], np.linalg.cholesky(spd), rtol=1e-5, atol=1e-5)
+    b = rng.standard_normal((7, 2)).astype(np.float32)
+    for upper in (False, True):
+        x = REGISTRY["triangular_solve"].ref([spd, b], {"upper": upper, "unit": False})[0]
+        np.testing.assert_allclose(x, scipy_linalg.solve_triangular(spd, b, lower=not upper), rtol=1e-4, atol=1e-6)
+
+
 # ---- the tests --------------------------------------------------------------------------------
 PARAMS = [pytest.param(op, variant, id=f"{op}-{variant}") for op in sorted(CASES) for variant in CASES[op]]
 

@@ -18,7 +18,8 @@ from ..errors import CuvilError, QuantizationError, UnsupportedOpError
 from ..ir import dims as D
 from ..ir.graph import Graph, TensorType, Value
 # these register their handlers into aten.HANDLERS
-from . import aten, aten_experts, aten_export, aten_quant, aten_resample, aten_writes, torch_control  # noqa: F401
+from . import (aten, aten_experts, aten_export, aten_linalg, aten_quant, aten_resample, aten_writes,  # noqa: F401
+               torch_control)
 from .torch_dtypes import TORCH_DTYPES, dtype_of
 
 
@@ -277,6 +278,8 @@ def _convert(ep, dynamic_shapes, direct) -> tuple[Graph, object]:
                 g.inputs.append(v)
                 g.input_names.append(node.name)
                 ctx.env[node.name] = v
+            elif spec.kind == torch.export.graph_signature.InputKind.TOKEN:
+                ctx.env[node.name] = aten_linalg.EFFECT_TOKEN     # orders side effects: no value
             else:
                 if spec.target not in consts:
                     raise UnsupportedOpError([(f"an exported input of kind {spec.kind.name} with no value ({node.name})",
@@ -312,6 +315,8 @@ def _user_outputs(ctx, outs, specs, consts):
     for o, spec in zip(outs, specs):
         if spec.kind == torch.export.graph_signature.OutputKind.USER_OUTPUT:
             user.append(o)
+            continue
+        if spec.kind == torch.export.graph_signature.OutputKind.TOKEN:
             continue
         v, old = ctx.value(o), consts.get(spec.target)
         same = isinstance(v, Value) and v.is_const and isinstance(old, torch.Tensor) and \

@@ -12,4 +12,5 @@
 #include "attention.h"
 #include "llm.h"
 #include "lowp.h"
+#include "linalg.h"
 #endif

@@ -1,0 +1,25 @@
+/* Dense linear algebra on batches of small row-major matrices (ir/ops/linalg.py): LU with partial
+ * pivoting as LAPACK's getrf, its pivots as a row order, Cholesky, triangular solves. Scalar loops:
+ * these ops sit outside a network's hot path (a det, an inverse, a solve of a few dozen unknowns). */
+#ifndef CUVIL_LINALG_H
+#define CUVIL_LINALG_H
+#include <stdint.h>
+
+/* a [batch][m][n] -> lu (the unit lower factor below the diagonal, the upper on and above it), piv
+ * [batch][min(m, n)] (1-based: row j was swapped with row piv[j] - 1), info [batch] (0, or the 1-based
+ * column of the first zero pivot). lu may be a. Float32 arithmetic, as sgetrf. */
+void cuvil_lu_factor(int64_t batch, int64_t m, int64_t n, const float *a, float *lu, int32_t *piv, int32_t *info);
+
+/* piv [batch][k] -> perm [batch][m]: the swaps applied in order to 0..m-1 (a pivot out of [1, m]
+ * clamps into it: a corrupt input gives some order, never a write out of bounds). */
+void cuvil_lu_permutation(int64_t batch, int64_t k, int64_t m, const int32_t *piv, int64_t *perm);
+
+/* a [batch][n][n] (its lower triangle) -> l [batch][n][n] with a = l l^T (zeros above the diagonal),
+ * info [batch] (0, or the order of the first leading minor that is not positive). Sums in double. */
+void cuvil_cholesky(int64_t batch, int64_t n, const float *a, float *l, int32_t *info);
+
+/* x [batch][n][k] with a x = b, a [batch][n][n] triangular (upper or lower; its other triangle not
+ * read; unit: its diagonal read as ones), b [batch][n][k]. Sums in double. */
+void cuvil_triangular_solve(int64_t batch, int64_t n, int64_t k, const float *a, const float *b, float *x,
+                            int upper, int unit);
+#endif

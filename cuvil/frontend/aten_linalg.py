@@ -1,0 +1,247 @@
+"""ATen linear algebra -> IR: LU (factor, unpack, solve), det, slogdet, inverse, solve, triangular
+solves and Cholesky, all on the IR's lu_factor / lu_permutation / triangular_solve / cholesky
+(ir/ops/linalg.py) and plain matmuls, gathers and reductions. Matrices of a static size.
+
+torch raises on a singular or non-positive-definite input when it checks errors (an effect token and
+_linalg_check_errors in the exported graph); a compiled model cannot raise mid-call, so the check is
+dropped: a singular matrix gives infinities or NaNs where torch would raise, and the `_ex` variants'
+info outputs say which matrices failed, as torch's do."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .aten import Unsupported, aten, handles
+
+
+# what an effect token is bound to (it carries no value)
+EFFECT_TOKEN = object()
+
+
+def _static(*dims):
+    if not all(isinstance(d, int) for d in dims):
+        raise Unsupported("a matrix of symbolic size")
+
+
+def _mT(ctx, x):
+    perm = list(range(x.type.rank))
+    perm[-2:] = perm[-1], perm[-2]
+    return ctx.add("transpose", [x], {"perm": perm})
+
+
+def _triangle(ctx, x, upper, diagonal=0, unit=False):
+    """x's upper (lower) triangle from `diagonal` on, zeros elsewhere; unit: ones on the diagonal."""
+    m, n = x.shape[-2:]
+    keep = np.triu(np.ones((m, n), bool), diagonal) if upper else np.tril(np.ones((m, n), bool), diagonal)
+    y = ctx.add("where", [ctx.g.const(keep), x, ctx.scalar(0, x.dtype)])
+    if unit:
+        y = ctx.add("add", [y, ctx.g.const(np.eye(m, n, dtype=x.dtype))])
+    return y
+
+
+def _cols(ctx, x, start, length, axis):
+    return ctx.add("slice", [x], {"axis": axis % x.type.rank, "start": start, "step": 1, "length": length})
+
+
+def _common_batch(ctx, a, b):
+    """a [..., m, n] and b [..., p, q] expanded to one batch shape."""
+    _static(*a.shape, *b.shape)
+    batch = tuple(np.broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2])))
+    def grow(x):
+        shape = [*batch, *x.shape[-2:]]
+        return x if list(x.shape) == shape else ctx.add("expand", [x], {"shape": shape})
+    return grow(a), grow(b)
+
+
+def _diagonal(ctx, x):
+    """The main diagonals of x [..., n, n], as [..., n]."""
+    n = x.shape[-1]
+    flat = ctx.add("reshape", [x], {"shape": [*x.shape[:-2], n * n]})
+    idx = np.arange(n, dtype=np.int64) * (n + 1)
+    idx = np.broadcast_to(idx, (*x.shape[:-2], n))
+    return ctx.add("gather_elements", [flat, ctx.g.const(np.ascontiguousarray(idx))], {"axis": -1})
+
+
+def _lu(ctx, a):
+    _static(*a.shape)
+    return ctx.add("lu_factor", [a])
+
+
+def _permutation_matrix(ctx, piv, m, dtype):
+    """P [..., m, m] with A = P L U: P[perm[i], i] = 1."""
+    perm = ctx.add("lu_permutation", [ctx.tensor(piv, "int32")], {"rows": m})
+    rows = ctx.g.const(np.arange(m, dtype=np.int64).reshape(m, 1))
+    hit = ctx.add("eq", [ctx.add("reshape", [perm], {"shape": [*perm.shape[:-1], 1, m]}), rows])
+    return ctx.add("cast", [hit], {"to": dtype})
+
+
+def _swap_sign(ctx, piv, dtype):
+    """(-1) ** (the number of rows the pivots swapped), per matrix."""
+    k = piv.shape[-1]
+    moved = ctx.add("ne", [piv, ctx.g.const(np.arange(1, k + 1, dtype=np.int32))])
+    count = ctx.add("reduce_sum", [ctx.add("cast", [moved], {"to": "int64"})], {"axes": [piv.type.rank - 1],
+                                                                                 "keepdims": False})
+    odd = ctx.add("mod", [count, ctx.scalar(2, "int64")])
+    return ctx.add("sub", [ctx.scalar(1, dtype), ctx.add("mul", [ctx.add("cast", [odd], {"to": dtype}),
+                                                                 ctx.scalar(2, dtype)])])
+
+
+def _lu_solve(ctx, lu, piv, b, left=True, adjoint=False):
+    """X with A X = B (A^T X = B when adjoint; X A = B when not left), A = P L U given as (lu, piv)."""
+    if not left:                               # X A = B  <=>  A^T X^T = B^T
+        return _mT(ctx, _lu_solve(ctx, lu, piv, _mT(ctx, b), True, not adjoint))
+    lu, b = _common_batch(ctx, lu, b)
+    n = lu.shape[-1]
+    p = _permutation_matrix(ctx, _expand_like(ctx, piv, lu), n, lu.dtype)
+    if not adjoint:                            # L U X = P^T B
+        y = ctx.add("matmul", [_mT(ctx, p), b])
+        y = ctx.add("triangular_solve", [lu, y], {"upper": False, "unit": True})
+        return ctx.add("triangular_solve", [lu, y], {"upper": True, "unit": False})
+    lt = _mT(ctx, lu)                          # U^T L^T P^T X = B
+    y = ctx.add("triangular_solve", [lt, b], {"upper": False, "unit": False})
+    y = ctx.add("triangular_solve", [lt, y], {"upper": True, "unit": True})
+    return ctx.add("matmul", [p, y])
+
+
+def _expand_like(ctx, piv, lu):
+    shape = [*lu.shape[:-2], piv.shape[-1]]
+    return piv if list(piv.shape) == shape else ctx.add("expand", [piv], {"shape": shape})
+
+
+def _eye_like(ctx, a):
+    n = a.shape[-1]
+    return ctx.add("expand", [ctx.g.const(np.eye(n, dtype=a.dtype))], {"shape": list(a.shape)})
+
+
+@handles(aten.linalg_lu_factor_ex.default)
+def _lu_factor_ex(ctx, a, pivot=True, check_errors=False):
+    if not pivot:
+        raise Unsupported("LU without pivoting")
+    return tuple(_lu(ctx, a))
+
+
+@handles(aten.lu_unpack.default)
+def _lu_unpack(ctx, lu, piv, unpack_data=True, unpack_pivots=True):
+    """(P, L, U) from a packed LU and its pivots: L m x k with a unit diagonal, U k x n."""
+    _static(*lu.shape)
+    m, n = lu.shape[-2:]
+    k = min(m, n)
+    low = _triangle(ctx, _cols(ctx, lu, 0, k, -1), upper=False, diagonal=-1, unit=True)
+    up = _triangle(ctx, _cols(ctx, lu, 0, k, -2), upper=True)
+    return _permutation_matrix(ctx, piv, m, lu.dtype), low, up
+
+
+@handles(aten.linalg_lu.default)
+def _linalg_lu(ctx, a, pivot=True):
+    if not pivot:
+        raise Unsupported("LU without pivoting")
+    lu, piv, _ = _lu(ctx, a)
+    return _lu_unpack(ctx, lu, piv)
+
+
+@handles(aten.linalg_lu_solve.default)
+def _linalg_lu_solve(ctx, lu, piv, b, left=True, adjoint=False):
+    return _lu_solve(ctx, lu, piv, b, left, adjoint)
+
+
+@handles(aten._linalg_det.default)
+def _det(ctx, a):
+    """(det, LU, pivots): the product of U's diagonal, its sign flipped once per row swap."""
+    lu, piv, _ = _lu(ctx, a)
+    diag = _diagonal(ctx, lu)
+    prod = ctx.add("reduce_prod", [diag], {"axes": [diag.type.rank - 1], "keepdims": False})
+    return ctx.add("mul", [prod, _swap_sign(ctx, piv, a.dtype)]), lu, piv
+
+
+@handles(aten._linalg_slogdet.default)
+def _slogdet(ctx, a):
+    """(sign, log |det|, LU, pivots)."""
+    lu, piv, _ = _lu(ctx, a)
+    diag = _diagonal(ctx, lu)
+    last = {"axes": [diag.type.rank - 1], "keepdims": False}
+    sign = ctx.add("reduce_prod", [ctx.add("sign", [diag])], last)
+    logabs = ctx.add("reduce_sum", [ctx.add("log", [ctx.add("abs", [diag])])], last)
+    return ctx.add("mul", [sign, _swap_sign(ctx, piv, a.dtype)]), logabs, lu, piv
+
+
+@handles(aten.linalg_inv_ex.default)
+def _inv_ex(ctx, a, check_errors=False):
+    lu, piv, info = _lu(ctx, a)
+    return _lu_solve(ctx, lu, piv, _eye_like(ctx, a)), info
+
+
+@handles(aten._linalg_solve_ex.default)
+def _solve_ex(ctx, a, b, left=True, check_errors=False):
+    """(X, LU, pivots, info) with A X = B (X A = B when not left); a B of A's batch dims and one fewer
+    (or a 1-d B) is a vector."""
+    lu, piv, info = _lu(ctx, a)
+    vector = b.type.rank == 1 or (b.type.rank == a.type.rank - 1 and list(b.shape) == list(a.shape[:-1]))
+    if vector:
+        b = ctx.add("reshape", [b], {"shape": [*b.shape, 1] if left else [*b.shape[:-1], 1, b.shape[-1]]})
+    x = _lu_solve(ctx, lu, piv, b, left)
+    if vector:
+        x = ctx.add("reshape", [x], {"shape": [*x.shape[:-2], x.shape[-2] if left else x.shape[-1]]})
+    return x, lu, piv, info
+
+
+def _tri_solve(ctx, a, b, upper, left=True, unit=False):
+    """X with A X = B (X A = B when not left), A triangular."""
+    if not left:
+        return _mT(ctx, _tri_solve(ctx, _mT(ctx, a), _mT(ctx, b), not upper, True, unit))
+    a, b = _common_batch(ctx, a, b)
+    return ctx.add("triangular_solve", [a, b], {"upper": bool(upper), "unit": bool(unit)})
+
+
+@handles(aten.linalg_solve_triangular.default)
+def _solve_triangular(ctx, a, b, upper, left=True, unitriangular=False):
+    return _tri_solve(ctx, a, b, upper, left, unitriangular)
+
+
+@handles(aten.triangular_solve.default)
+def _triangular_solve(ctx, b, a, upper=True, transpose=False, unitriangular=False):
+    """(X, a copy of A) with A X = B, or A^T X = B when transpose."""
+    if transpose:
+        x = _tri_solve(ctx, _mT(ctx, a), b, not upper, True, unitriangular)
+    else:
+        x = _tri_solve(ctx, a, b, upper, True, unitriangular)
+    return x, ctx.add("reshape", [a], {"shape": list(a.shape)})
+
+
+def _cholesky_lower(ctx, a, upper):
+    """L of A = L L^T, read from A's lower triangle (its upper one when upper: A's transpose's lower)."""
+    _static(*a.shape)
+    return ctx.add("cholesky", [_mT(ctx, a) if upper else a])
+
+
+@handles(aten.linalg_cholesky_ex.default)
+def _cholesky_ex(ctx, a, upper=False, check_errors=False):
+    low, info = _cholesky_lower(ctx, a, upper)
+    return (_mT(ctx, low) if upper else low), info
+
+
+@handles(aten.cholesky.default)
+def _cholesky(ctx, a, upper=False):
+    return _cholesky_ex(ctx, a, upper)[0]
+
+
+@handles(aten.cholesky_solve.default)
+def _cholesky_solve(ctx, b, factor, upper=False):
+    """X with A X = B, A = L L^T (= U^T U when upper) given by its factor."""
+    low = _mT(ctx, factor) if upper else factor
+    y = _tri_solve(ctx, low, b, upper=False)
+    return _tri_solve(ctx, _mT(ctx, low), y, upper=True)
+
+
+@handles(aten.cholesky_inverse.default)
+def _cholesky_inverse(ctx, factor, upper=False):
+    _static(*factor.shape)
+    return _cholesky_solve(ctx, _eye_like(ctx, factor), factor, upper)
+
+
+@handles(torch.ops.higher_order.with_effects)
+def _with_effects(ctx, token, op, *args, **kwargs):
+    """An op run for its side effect, ordered by a token: torch's error checks of the factorizations
+    are dropped (the module docstring says why); any other effect is not compiled."""
+    if op is not aten._linalg_check_errors.default:
+        raise Unsupported(f"the side effect {op}")
+    return (EFFECT_TOKEN,)

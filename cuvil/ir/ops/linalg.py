@@ -1,0 +1,142 @@
+"""Dense linear algebra on batches of small matrices: LU factorization with partial pivoting (LAPACK's
+getrf: 1-based row swaps), LAPACK's swaps as a row order, Cholesky, and triangular solves. The
+frontends build det, slogdet, inv, solve, lu_solve, cholesky_solve and the rest from these four.
+Every op works on the last two dims and keeps the leading (batch) dims; a solve's batch dims match."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import ShapeError
+from ..types import TensorType
+from .registry import OpDef, declare
+
+
+def _matrix(op, t, square=False):
+    if t.rank < 2:
+        raise ShapeError(f"{op}: expected a matrix or a batch of them, got shape {list(t.shape)}")
+    if not t.dtype.startswith("float"):
+        raise ShapeError(f"{op}: expected float matrices, got {t.dtype}")
+    m, n = t.shape[-2:]
+    if square and isinstance(m, int) and isinstance(n, int) and m != n:
+        raise ShapeError(f"{op}: expected square matrices, got {m} x {n}")
+    return m, n
+
+
+def _lu_infer(types, attrs, inputs):
+    m, n = _matrix("lu_factor", types[0])
+    if not (isinstance(m, int) and isinstance(n, int)):
+        raise ShapeError("lu_factor: the matrix size must be static")
+    batch = types[0].shape[:-2]
+    return [types[0], TensorType((*batch, min(m, n)), "int32"), TensorType(batch, "int32")]
+
+
+def _lu_one(a):
+    """getrf on one matrix, in float32 as LAPACK's sgetrf: (LU, 1-based pivots, info)."""
+    a = a.copy()
+    m, n = a.shape
+    piv, info = np.zeros(min(m, n), np.int32), 0
+    for j in range(min(m, n)):
+        p = j + int(np.argmax(np.abs(a[j:, j])))          # the first of equal magnitudes, as isamax
+        piv[j] = p + 1
+        if a[p, j] != 0:
+            a[[j, p]] = a[[p, j]]
+            a[j + 1:, j] /= a[j, j]
+        elif info == 0:
+            info = j + 1
+        a[j + 1:, j + 1:] -= np.outer(a[j + 1:, j], a[j, j + 1:])
+    return a, piv, info
+
+
+def _lu_ref(xs, attrs):
+    x = xs[0]
+    m, n = x.shape[-2:]
+    flat = x.reshape(-1, m, n)
+    out = [_lu_one(a) for a in flat]
+    batch = x.shape[:-2]
+    lu = np.stack([o[0] for o in out]).reshape(x.shape) if out else x.copy()
+    piv = np.stack([o[1] for o in out]).reshape(*batch, min(m, n)) if out else np.zeros((*batch, min(m, n)), np.int32)
+    info = np.array([o[2] for o in out], np.int32).reshape(batch)
+    return [lu.astype(x.dtype), piv, info]
+
+
+declare(OpDef("lu_factor", {}, _lu_infer, _lu_ref, doc="LU with partial pivoting: (LU, pivots, info) as getrf"))
+
+
+def _perm_infer(types, attrs, inputs):
+    t = types[0]
+    if t.dtype != "int32" or t.rank < 1:
+        raise ShapeError(f"lu_permutation: expected int32 pivots [..., k], got {t.dtype} {list(t.shape)}")
+    if not isinstance(attrs["rows"], int) or attrs["rows"] < t.shape[-1]:
+        raise ShapeError(f"lu_permutation: rows={attrs['rows']} for {t.shape[-1]} pivots")
+    return [TensorType((*t.shape[:-1], attrs["rows"]), "int64")]
+
+
+def _perm_ref(xs, attrs):
+    piv, m = xs[0], attrs["rows"]
+    flat = piv.reshape(-1, piv.shape[-1])
+    perm = np.tile(np.arange(m, dtype=np.int64), (len(flat), 1))
+    for b, row in enumerate(flat):
+        for j, p in enumerate(row):
+            p = min(max(int(p) - 1, 0), m - 1)             # out-of-range pivots clamp, as the kernel
+            perm[b, [j, p]] = perm[b, [p, j]]
+    return [perm.reshape(*piv.shape[:-1], m)]
+
+
+declare(OpDef("lu_permutation", {"rows": 0}, _perm_infer, _perm_ref,
+              doc="LAPACK's row swaps (1-based pivots) applied in order to 0..rows-1: LU's row i is A's row perm[i]"))
+
+
+def _cholesky_infer(types, attrs, inputs):
+    _matrix("cholesky", types[0], square=True)
+    return [types[0], TensorType(types[0].shape[:-2], "int32")]
+
+
+def _cholesky_ref(xs, attrs):
+    x = xs[0].astype(np.float64)
+    n = x.shape[-1]
+    flat = x.reshape(-1, n, n)
+    out, info = np.zeros_like(flat), np.zeros(len(flat), np.int32)
+    with np.errstate(invalid="ignore"):
+        for b, a in enumerate(flat):
+            low = out[b]
+            for j in range(n):           # reads the lower triangle only
+                d = a[j, j] - low[j, :j] @ low[j, :j]
+                if not d > 0 and info[b] == 0:
+                    info[b] = j + 1
+                low[j, j] = np.sqrt(d)
+                low[j + 1:, j] = (a[j + 1:, j] - low[j + 1:, :j] @ low[j, :j]) / low[j, j]
+    return [out.reshape(x.shape).astype(xs[0].dtype), info.reshape(x.shape[:-2])]
+
+
+declare(OpDef("cholesky", {}, _cholesky_infer, _cholesky_ref,
+              doc="A = L L^T from A's lower triangle: (L, info: the order of the first minor not positive)"))
+
+
+def _trsm_infer(types, attrs, inputs):
+    a, b = types
+    n, _ = _matrix("triangular_solve", a, square=True)
+    if b.rank != a.rank or b.shape[:-2] != a.shape[:-2] or b.shape[-2] != n:
+        raise ShapeError(f"triangular_solve: A {list(a.shape)} and B {list(b.shape)}: expected B [..., {n}, k] "
+                         "with A's batch dims")
+    if b.dtype != a.dtype:
+        raise ShapeError(f"triangular_solve: A is {a.dtype}, B is {b.dtype}")
+    return [b]
+
+
+def _trsm_ref(xs, attrs):
+    a, b = (x.astype(np.float64) for x in xs)
+    n = a.shape[-1]
+    tri = np.triu(a) if attrs["upper"] else np.tril(a)
+    if attrs["unit"]:
+        idx = np.arange(n)
+        tri[..., idx, idx] = 1
+    x = np.zeros_like(b)
+    order = range(n - 1, -1, -1) if attrs["upper"] else range(n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for i in order:
+            x[..., i, :] = (b[..., i, :] - np.einsum("...j,...jk->...k", tri[..., i, :], x)) / tri[..., i, i, None]
+    return [x.astype(xs[1].dtype)]
+
+
+declare(OpDef("triangular_solve", {"upper": False, "unit": False}, _trsm_infer, _trsm_ref,
+              doc="X with A X = B, A triangular (the other triangle unread; unit: its diagonal taken as ones)"))

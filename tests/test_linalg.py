@@ -1,0 +1,76 @@
+"""Linear algebra compiled from torch (frontend/aten_linalg.py on ir/ops/linalg.py) against torch eager:
+det, slogdet, inverse, solves (batched, broadcast, from the right, vector right-hand sides), LU
+(factor, unpack, solve with adjoint), triangular solves and Cholesky, in one compiled module."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the cases compile torch modules and compare with eager")
+
+
+class _Linalg(torch.nn.Module):
+    def forward(self, a, b, v, spd, low):
+        lin = torch.linalg
+        lu, piv = lin.lu_factor(a)
+        p, l_, u = lin.lu(a[0, :, :4])                        # a wide 5 x 4 slice: L 5 x 4, U 4 x 4
+        sign, logabs = lin.slogdet(a)
+        factor = lin.cholesky(spd)
+        return (lin.det(a), sign, logabs, lin.inv(a), lin.solve(a, b), lin.solve(a[0], b),     # broadcast
+                lin.solve(a, b.mT, left=False), lin.solve(a[0], v), lu, piv, p, l_, u,
+                lin.lu_solve(lu, piv, b, adjoint=True), lin.lu_solve(lu, piv, b.mT, left=False),
+                lin.solve_triangular(low, b, upper=False), lin.solve_triangular(low.mT, b.mT, upper=True, left=False),
+                lin.solve_triangular(low, b, upper=False, unitriangular=True),
+                torch.triangular_solve(b, low, upper=False, transpose=True)[0],
+                factor, lin.cholesky(spd, upper=True), torch.cholesky_solve(b, factor),
+                torch.cholesky_solve(b, factor.mT, upper=True), torch.cholesky_inverse(factor),
+                torch.logdet(spd))
+
+
+def _inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(2, 5, 5, generator=g) + 3 * torch.eye(5)
+    b = torch.randn(2, 5, 3, generator=g)
+    v = torch.randn(5, generator=g)
+    m = torch.randn(2, 5, 5, generator=g)
+    spd = m @ m.mT + 5 * torch.eye(5)
+    low = torch.tril(torch.randn(2, 5, 5, generator=g)) + 4 * torch.eye(5)
+    return a, b, v, spd, low
+
+
+def test_linalg_ops_match_eager(tmp_path):
+    import cuvil
+    m = _Linalg().eval()
+    args = _inputs()
+    cm = cuvil.compile(m, args, cache_dir=str(tmp_path))
+    for seed in (0, 1):                         # the same artifact on other matrices
+        args = _inputs(seed)
+        with torch.no_grad():
+            want = m(*args)
+        got = cm.run(*[t.numpy() for t in args])
+        assert len(got) == len(want)
+        for i, (g, w) in enumerate(zip(got, want)):
+            if w.dtype == torch.int32:
+                np.testing.assert_array_equal(g, w.numpy(), err_msg=f"output {i}")
+            else:
+                np.testing.assert_allclose(g, w.numpy(), rtol=1e-4, atol=1e-4, err_msg=f"output {i}")
+
+
+def test_singular_matrix_gives_info_not_an_exception(tmp_path):
+    """A compiled model cannot raise mid-call: torch's error check is dropped, det of a singular matrix
+    is 0 and lu_factor_ex / inv_ex / cholesky_ex report the failure in info, as torch's _ex ops do."""
+    import cuvil
+
+    class M(torch.nn.Module):
+        def forward(self, a, spd):
+            return (torch.linalg.det(a), torch.linalg.lu_factor_ex(a).info, torch.linalg.inv_ex(a).info,
+                    torch.linalg.cholesky_ex(spd).info)
+
+    a = torch.tensor([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [0.0, 1.0, 1.0]])   # rank 2
+    spd = torch.diag(torch.tensor([2.0, -1.0, 3.0]))                      # not positive definite
+    cm = cuvil.compile(M().eval(), (a, spd), cache_dir=str(tmp_path))
+    det, lu_info, inv_info, chol_info = cm.run(a.numpy(), spd.numpy())
+    want = M()(a, spd)
+    assert abs(float(det)) < 1e-5 and float(want[0]) == pytest.approx(0, abs=1e-5)
+    assert int(lu_info) == int(want[1]) == 3 and int(inv_info) == int(want[2]) == 3
+    assert int(chol_info) == int(want[3]) == 2

@@ -1,7 +1,8 @@
 """Runner of PyTorch's own OpInfo database (torch.testing._internal.common_methods_invocations.op_db)
 against cuvil: each OpInfo's float32 CPU samples become a tiny module (the sample's tensors as its
 inputs, everything else as constants), compiled by cuvil and compared with eager at torch's float32
-tolerances (torch.testing.assert_close).
+tolerances (torch.testing.assert_close); an output that misses eager's float32 result but matches eager's
+float64 result (rounded to float32) at that tolerance passes: it is closer to the exact value than eager.
 
     python -m tests.opinfo                      # every OpInfo, its first sample: summary + table
     python -m tests.opinfo --samples 3 -k norm  # a subset, more samples
@@ -125,12 +126,39 @@ def check_sample(op, sample, cache_dir) -> tuple[str, str]:
     got = [torch.as_tensor(g) for g in (got if isinstance(got, (list, tuple)) else [got])]
     if len(got) != len(want):
         return "mismatch", f"{len(got)} outputs, eager has {len(want)}"
+    exact = None
     for i, (g, w) in enumerate(zip(got, want)):
         try:
             torch.testing.assert_close(g, w, equal_nan=True)
         except AssertionError as e:
-            return "mismatch", f"output {i}: {' '.join(str(e).split())[:300]}"
+            exact = _eager_in_float64(module, tensors) if exact is None else exact
+            if not _close_to(g, exact[i] if i < len(exact) else None):
+                return "mismatch", f"output {i}: {' '.join(str(e).split())[:300]}"
     return "pass", ""
+
+
+def _eager_in_float64(module, tensors) -> list:
+    """Eager's outputs with the float32 inputs in float64 (a better oracle where float32 eager rounds
+    worse than the compiled code: torch's trigamma reflects in float32, 7e-6 off near the poles); []
+    when the op does not run so."""
+    import torch
+    try:
+        with torch.no_grad():
+            return _tensor_leaves(module(*[t.double() if t.dtype == torch.float32 else t.clone() for t in tensors]))
+    except Exception:
+        return []
+
+
+def _close_to(got, exact) -> bool:
+    """got matches the float64 result, rounded to got's dtype, at got's dtype's tolerance."""
+    import torch
+    if exact is None or not exact.is_floating_point() or exact.shape != got.shape:
+        return False
+    try:
+        torch.testing.assert_close(got, exact.to(got.dtype), equal_nan=True)
+        return True
+    except AssertionError:
+        return False
 
 
 def check_op(op, samples: int, cache_dir) -> tuple[str, str]:

@@ -21,6 +21,10 @@ MODEL_OPS = [
     "chunk", "transpose", "permute", "reshape", "expand", "repeat", "mean", "sum", "amax", "var", "std",
     "logsumexp", "clamp", "isfinite", "isclose", "logaddexp", "nn.functional.embedding", "einsum",
 ]
+# one op per family of the special functions and the linear algebra (torch's names -> the IR's): the
+# frontend's mapping of each family checked against eager; their kernels against scipy in test_ops.py
+FAMILY_OPS = ["erfinv", "polygamma.polygamma_n_1", "special.i1e", "special.bessel_y1", "special.legendre_polynomial_p",
+              "igammac", "linalg.det", "linalg.solve", "linalg.cholesky", "linalg.lu_factor"]
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +32,7 @@ def ops():
     return opinfo.opinfos()
 
 
-@pytest.mark.parametrize("name", MODEL_OPS)
+@pytest.mark.parametrize("name", MODEL_OPS + FAMILY_OPS)
 def test_model_op_matches_eager(ops, name, tmp_path):
     status, detail = opinfo.check_op(ops[name], samples=2, cache_dir=str(tmp_path))
     assert status == "pass", f"{name}: {status}: {detail}"

@@ -66,6 +66,16 @@ UNARY = {
     aten.isnan.default: "isnan", aten.isinf.default: "isinf", aten.silu.default: "silu",
     aten.erfc.default: "erfc", aten.lgamma.default: "lgamma", aten.exp2.default: "exp2", aten.trunc.default: "trunc",
     aten.log2.default: "log2", aten.log10.default: "log10",
+    # special functions (ir/ops/special.py)
+    aten.erfinv.default: "erfinv", aten.digamma.default: "digamma", aten.i0.default: "i0",
+    aten.special_i0e.default: "i0e", aten.special_i1.default: "i1", aten.special_i1e.default: "i1e",
+    aten.special_ndtri.default: "ndtri", aten.special_log_ndtr.default: "log_ndtr", aten.special_erfcx.default: "erfcx",
+    aten.special_modified_bessel_i0.default: "i0", aten.special_modified_bessel_i1.default: "i1",
+    aten.special_modified_bessel_k0.default: "k0", aten.special_modified_bessel_k1.default: "k1",
+    aten.special_scaled_modified_bessel_k0.default: "k0e", aten.special_scaled_modified_bessel_k1.default: "k1e",
+    aten.special_bessel_j0.default: "j0", aten.special_bessel_j1.default: "j1",
+    aten.special_bessel_y0.default: "y0", aten.special_bessel_y1.default: "y1",
+    aten.special_spherical_bessel_j0.default: "spherical_j0",
 }
 
 
@@ -88,6 +98,10 @@ BINARY = {
     "eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge",
     "logical_and": "and", "logical_or": "or", "logical_xor": "xor",
     "bitwise_and": "and", "bitwise_or": "or", "bitwise_xor": "xor",
+    "special_zeta": "zeta", "igamma": "igamma", "igammac": "igammac",
+    **{f"special_{k}_polynomial_{p}": f"{k}_{p}_polynomial" for k, ps in (
+        ("chebyshev", "tuvw"), ("hermite", ("h", "he")), ("laguerre", "l"), ("legendre", "p")) for p in ps},
+    **{f"special_shifted_chebyshev_polynomial_{p}": f"shifted_chebyshev_{p}_polynomial" for p in "tuvw"},
 }
 COMPARES = {"eq", "ne", "lt", "le", "gt", "ge"}
 LOGICALS = {"and", "or", "xor"}
@@ -128,12 +142,21 @@ BOOL_ARITHMETIC = {"mul": "and", "add": "or", "max": "or", "min": "and"}
 def _overloads(name):
     pkt = getattr(aten, name)
     return [getattr(pkt, o) for o in pkt.overloads() if o in
-            ("Tensor", "Scalar", "default", "Tensor_Tensor", "Tensor_Scalar", "Tensor_mode", "Scalar_mode", "self")]
+            ("Tensor", "Scalar", "default", "Tensor_Tensor", "Tensor_Scalar", "Tensor_mode", "Scalar_mode", "self",
+             "self_scalar", "other_scalar", "x_scalar", "n_scalar")]
 
 
 for _name, _op in BINARY.items():
     for _ov in _overloads(_name):
         HANDLERS[_ov] = _binary(_op)
+
+
+@handles(aten.polygamma.default)
+def _polygamma(ctx, n, x):
+    """The n-th derivative of digamma (n a constant)."""
+    if not isinstance(n, int) or n < 0:
+        raise Unsupported(f"polygamma of order {n!r}")
+    return ctx.add("polygamma", [ctx.tensor(x, _out_dtype(ctx))], {"n": n})
 
 
 @handles(aten.pow.Scalar)

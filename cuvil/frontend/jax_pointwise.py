@@ -14,11 +14,13 @@ UNARY = {
     "erfc": "erfc", "sin": "sin", "cos": "cos", "tan": "tan", "asin": "asin", "acos": "acos", "atan": "atan",
     "sinh": "sinh", "cosh": "cosh", "asinh": "asinh", "acosh": "acosh", "atanh": "atanh", "lgamma": "lgamma",
     "floor": "floor", "ceil": "ceil",
+    "digamma": "digamma", "erf_inv": "erfinv", "bessel_i0e": "i0e", "bessel_i1e": "i1e",
 }
 BINARY = {
     "add": "add", "sub": "sub", "mul": "mul", "div": "div", "max": "max", "min": "min", "atan2": "atan2",
     "rem": "fmod",          # lax.rem is C's fmod: the result has the dividend's sign
-    "nextafter": "nextafter", "eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge",
+    "nextafter": "nextafter", "igamma": "igamma", "igammac": "igammac", "zeta": "zeta",
+    "eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge",
 }
 # the same primitive is logic on bools and bit arithmetic on integers
 LOGICAL = {"and": ("and", "bitwise_and"), "or": ("or", "bitwise_or"), "xor": ("xor", "bitwise_xor")}

@@ -32,6 +32,21 @@ UNARY_F = {
         "_HS_", "(({T}){alpha} * {0} + ({T}){beta})"),
     "clip": "(({0} < ({T}){min} ? ({T}){min} : {0}) > ({T}){max} ? ({T}){max} : ({0} < ({T}){min} ? ({T}){min} : {0}))",
 }
+# special functions (kernels/special.c, in double)
+SPECIAL_C = {
+    "erfinv": "cuvil_erfinv({0})", "ndtri": "cuvil_ndtri({0})", "erfcx": "cuvil_erfcx({0})",
+    "log_ndtr": "cuvil_log_ndtr({0})", "digamma": "cuvil_digamma({0})", "polygamma": "cuvil_polygamma({n}, {0})",
+    **{f"{f}{nu}{e}": f"cuvil_bessel_{f}({nu}, {int(bool(e))}, {{0}})" for f in "ik" for nu in (0, 1) for e in ("", "e")},
+    **{f"{f}{nu}": f"cuvil_bessel_{f}({nu}, {{0}})" for f in "jy" for nu in (0, 1)},
+    "spherical_j0": "cuvil_spherical_j0({0})",
+    "zeta": "cuvil_zeta({0}, {1})", "igamma": "cuvil_igamma({0}, {1})", "igammac": "cuvil_igammac({0}, {1})",
+    **{f"{kind}_polynomial": f"cuvil_polynomial('{code}', {{0}}, {{1}})" for kind, code in (
+        ("chebyshev_t", "t"), ("chebyshev_u", "u"), ("chebyshev_v", "v"), ("chebyshev_w", "w"), ("hermite_h", "h"),
+        ("hermite_he", "e"), ("laguerre_l", "l"), ("legendre_p", "p"))},
+    **{f"shifted_chebyshev_{k}_polynomial": f"cuvil_polynomial('{k.upper()}', {{0}}, {{1}})" for k in "tuvw"},
+}
+UNARY_F.update({k: v for k, v in SPECIAL_C.items() if "{1}" not in v})
+
 # float32 versions that keep a loop vectorizable (kernels/smath.h), used in place of libm calls
 FAST_F32 = {
     "exp": "cuvil_fexp({0})", "erf": "cuvil_ferf({0})", "tanh": "cuvil_ftanh({0})",
@@ -49,6 +64,7 @@ BINARY_F = {
     "mod": "cuvil_pymod{fsuf}({0}, {1})", "fmod": "fmod({0}, {1})", "atan2": "atan2({0}, {1})",
     "copysign": "copysign({0}, {1})", "hypot": "hypot({0}, {1})", "nextafter": "nextafter({0}, {1})",
     "fmax": "fmax({0}, {1})", "fmin": "fmin({0}, {1})",
+    **{k: v for k, v in SPECIAL_C.items() if "{1}" in v},
 }
 BINARY_I = {
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})",

@@ -9,6 +9,7 @@ from ...errors import ShapeError
 from ..types import TensorType
 from .registry import OpDef, declare
 from ._shape import broadcast
+from .special import SPECIAL_BINARY, SPECIAL_UNARY, polygamma_ref
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 _erfc = np.vectorize(math.erfc, otypes=[np.float64])
@@ -85,6 +86,8 @@ UNARY = {
     "elu": (None, FLOAT_ONLY, {"alpha": 1.0}),
     "hardsigmoid": (None, FLOAT_ONLY, {"alpha": 0.2, "beta": 0.5}),
     "clip": (None, ANY, {"min": -math.inf, "max": math.inf}),
+    **{name: (ref, FLOAT_ONLY, {}) for name, ref in SPECIAL_UNARY.items()},
+    "polygamma": (None, FLOAT_ONLY, {"n": 0}),
 }
 
 _PARAM_REFS = {
@@ -92,6 +95,7 @@ _PARAM_REFS = {
     "elu": lambda x, a: np.where(x > 0, x, a["alpha"] * np.expm1(np.minimum(x, 0))).astype(x.dtype),
     "hardsigmoid": lambda x, a: np.clip(a["alpha"] * x + a["beta"], 0, 1).astype(x.dtype),
     "clip": lambda x, a: np.clip(x, _cast_bound(a["min"], x.dtype), _cast_bound(a["max"], x.dtype)).astype(x.dtype),
+    "polygamma": polygamma_ref,
 }
 
 BOOL_RESULT_UNARY = {"not", "isnan", "isinf"}
@@ -151,8 +155,9 @@ BINARY = {
     "pow": _pow, "max": np.maximum, "min": np.minimum, "mod": _mod, "fmod": _fmod,
     "atan2": np.arctan2, "copysign": np.copysign, "hypot": np.hypot, "nextafter": np.nextafter,
     "fmax": np.fmax, "fmin": np.fmin,       # fmax / fmin: a NaN operand loses (max / min propagate it)
+    **SPECIAL_BINARY,
 }
-FLOAT_BINARY = {"atan2", "copysign", "hypot", "nextafter", "fmax", "fmin"}
+FLOAT_BINARY = {"atan2", "copysign", "hypot", "nextafter", "fmax", "fmin", *SPECIAL_BINARY}
 COMPARE = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
            "gt": np.greater, "ge": np.greater_equal}
 LOGICAL = {"and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}

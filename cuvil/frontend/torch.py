@@ -18,7 +18,7 @@ from ..errors import CuvilError, QuantizationError, UnsupportedOpError
 from ..ir import dims as D
 from ..ir.graph import Graph, TensorType, Value
 # these register their handlers into aten.HANDLERS
-from . import (aten, aten_experts, aten_export, aten_linalg, aten_quant, aten_resample, aten_writes,  # noqa: F401
+from . import (aten, aten_experts, aten_export, aten_grid, aten_linalg, aten_quant, aten_resample, aten_writes,  # noqa: F401
                torch_control)
 from .torch_dtypes import TORCH_DTYPES, dtype_of
 

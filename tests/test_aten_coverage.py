@@ -99,6 +99,24 @@ def test_adaptive_avg_pool(shape, out):
     check(pool, torch.randn(*shape))
 
 
+@pytest.mark.parametrize("shape,out", [((2, 3, 7, 9), (3, 4)), ((3, 5, 5), (2, 3)), ((1, 2, 5, 6, 7), (2, 4, 3)),
+                                       ((2, 3, 10), (4,))])
+def test_adaptive_max_pool_with_indices(shape, out):
+    """Windows of unequal sizes (the shorter ones' last position repeated), batched and unbatched, 1-3
+    spatial dims; the maxima and their flat input positions."""
+    torch.manual_seed(0)
+    pool = {1: F.adaptive_max_pool1d, 2: F.adaptive_max_pool2d, 3: F.adaptive_max_pool3d}[len(out)]
+    check(Fn(lambda x: pool(x, out, return_indices=True)), torch.randn(*shape))
+
+
+def test_pooling_in_three_dims():
+    """max_pool3d with indices (strides, pads, dilation, ceil mode) and avg_pool3d (3-d CNNs)."""
+    torch.manual_seed(0)
+    check(Fn(lambda x: (*F.max_pool3d(x, (2, 3, 3), (2, 1, 2), (1, 1, 0), dilation=(1, 2, 1), ceil_mode=True,
+                                      return_indices=True),
+                        F.avg_pool3d(x, 3, 2, 1, count_include_pad=False))), torch.randn(2, 3, 5, 8, 7))
+
+
 @pytest.mark.parametrize("k,dim,largest", [(3, -1, True), (2, 0, False), (5, 1, True)])
 def test_topk(k, dim, largest):
     x = torch.randperm(60).reshape(5, 12).float()            # distinct values: one right order

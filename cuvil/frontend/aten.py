@@ -724,7 +724,7 @@ def _softmax(ctx, x, dim, half_to_float=False):
     return ctx.add(op, [x], {"axis": dim})
 
 
-@handles(aten.max_pool2d.default)
+@handles(aten.max_pool2d.default, aten.max_pool3d.default)
 def max_pool(ctx, x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
     nsp = x.type.rank - 2
     rep = (lambda v: [v] * nsp if isinstance(v, int) else (list(v) * nsp if len(v) == 1 else list(v)))
@@ -733,7 +733,7 @@ def max_pool(ctx, x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
     return ctx.add("max_pool", [x], attrs)       # with indices: aten_resample.py
 
 
-@handles(aten.avg_pool2d.default, aten.avg_pool1d.default)
+@handles(aten.avg_pool2d.default, aten.avg_pool1d.default, aten.avg_pool3d.default)
 def _avg_pool(ctx, x, kernel, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
     nsp = x.type.rank - 2
     rep = (lambda v: [v] * nsp if isinstance(v, int) else (list(v) * nsp if len(v) == 1 else list(v)))

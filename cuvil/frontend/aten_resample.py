@@ -152,35 +152,75 @@ def _antialiased(ctx, x, *args):
 
 
 
-@handles(aten.max_pool2d_with_indices.default)
+@handles(aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default)
 def _max_pool_with_indices(ctx, x, *args, **kwargs):
     """The pool and its indices (cleanup drops the indices where nothing reads them)."""
     y = max_pool(ctx, x, *args, **kwargs)
     return y, max_pool_indices(ctx, x, y.producer.attrs, y.shape[2:])
 
 
+def _static_spatial(x, out_spatial, what):
+    sp = list(x.shape[x.type.rank - len(out_spatial):])
+    if not all(isinstance(d, int) for d in sp + list(out_spatial)):
+        raise Unsupported(f"{what} of a symbolic size")
+    return sp
+
+
+def _window_max(ctx, x, taps, fill=-np.inf):
+    """Max over windows of x and the flat input position of each maximum (the first, on ties).
+    taps[d]: [out_d, k_d] the input coordinates along spatial dim d of each window's taps (those
+    outside [0, size) read `fill`; the dims before the spatial ones are kept). Every window is gathered
+    from x padded with fill, then reduced."""
+    nsp = len(taps)
+    sp, lead = list(x.shape[x.type.rank - nsp:]), list(x.shape[:x.type.rank - nsp])
+    lo = [max(0, -int(t.min())) for t in taps]
+    hi = [max(0, int(t.max()) + 1 - n) for t, n in zip(taps, sp)]
+    padded = [n + a + b for n, a, b in zip(sp, lo, hi)]
+    out, ks = [t.shape[0] for t in taps], [t.shape[1] for t in taps]
+
+    def flat_positions(coords, sizes):
+        pos = 0
+        for d, (c, n) in enumerate(zip(coords, sizes)):
+            shape = [1] * (2 * nsp)
+            shape[d], shape[nsp + d] = c.shape
+            pos = pos * n + c.reshape(shape)
+        return np.broadcast_to(pos, out + ks).reshape(out + [int(np.prod(ks))])
+    padded_pos = flat_positions([t + a for t, a in zip(taps, lo)], padded)
+    input_pos = flat_positions(taps, sp)
+    xp = x if not any(lo + hi) else ctx.add("pad", [x], {"pads": [(0, 0)] * len(lead) + list(zip(lo, hi)),
+                                                          "value": fill})
+    flat = ctx.add("reshape", [xp], {"shape": lead + [int(np.prod(padded))]})
+    windows = ctx.add("gather", [flat, ctx.g.const(np.ascontiguousarray(padded_pos, np.int64))], {"axis": len(lead)})
+    last = len(lead) + nsp
+    tap = ctx.add("argmax", [windows], {"axis": last, "keepdims": True})
+    table = ctx.add("expand", [ctx.g.const(np.ascontiguousarray(input_pos, np.int64))],
+                    {"shape": lead + list(input_pos.shape)})
+    pos = ctx.add("reshape", [ctx.add("gather_elements", [table, tap], {"axis": last})], {"shape": lead + out})
+    return ctx.add("reduce_max", [windows], {"axes": [last], "keepdims": False}), pos
+
+
 def max_pool_indices(ctx, x, attrs, out_spatial):
     """The flat (h * W + w) input position of each max-pool window's maximum (the first, on ties), as
-    torch's max_pool2d_with_indices returns it: every window gathered from the input padded with
-    -inf, an argmax over its taps, and a table from tap to input position."""
-    sp = list(x.shape[2:])
-    if not all(isinstance(d, int) for d in sp + list(out_spatial)) or len(sp) != 2:
-        raise Unsupported("max-pool indices of a symbolic or non-2-d input")
-    (kh, kw), (sh, sw), (dh, dw) = attrs["kernel"], attrs["strides"], attrs["dilations"]
-    (ph, _), (pw, _) = attrs["pads"]
-    (H, W), (OH, OW) = sp, out_spatial
-    hp = max(H + ph, (OH - 1) * sh + (kh - 1) * dh + 1)       # rows of the padded input the windows reach
-    wp = max(W + pw, (OW - 1) * sw + (kw - 1) * dw + 1)
-    ih = (np.arange(OH)[:, None] * sh + np.arange(kh)[None, :] * dh)          # [OH, kh], padded rows
-    iw = (np.arange(OW)[:, None] * sw + np.arange(kw)[None, :] * dw)          # [OW, kw]
-    taps_h, taps_w = ih[:, None, :, None], iw[None, :, None, :]               # [OH, OW, kh, kw] by broadcast
-    padded_pos = (taps_h * wp + taps_w).reshape(OH, OW, kh * kw)
-    input_pos = ((taps_h - ph) * W + (taps_w - pw)).reshape(OH, OW, kh * kw)
-    lead = list(x.shape[:2])
-    xp = ctx.add("pad", [x], {"pads": [(0, 0), (0, 0), (ph, hp - H - ph), (pw, wp - W - pw)], "value": -np.inf})
-    flat = ctx.add("reshape", [xp], {"shape": lead + [hp * wp]})
-    windows = ctx.add("gather", [flat, ctx.g.const(padded_pos.astype(np.int64))], {"axis": 2})
-    tap = ctx.add("argmax", [windows], {"axis": 4, "keepdims": True})
-    table = ctx.add("expand", [ctx.g.const(input_pos.astype(np.int64))], {"shape": lead + [OH, OW, kh * kw]})
-    pos = ctx.add("gather_elements", [table, tap], {"axis": 4})
-    return ctx.add("reshape", [pos], {"shape": lead + [OH, OW]})
+    torch's max_pool2d_with_indices returns it."""
+    _static_spatial(x, out_spatial, "max-pool indices")
+    taps = [np.arange(o)[:, None] * s + np.arange(k)[None, :] * dl - p
+            for o, k, s, dl, (p, _) in zip(out_spatial, attrs["kernel"], attrs["strides"], attrs["dilations"],
+                                           attrs["pads"])]
+    return _window_max(ctx, x, taps)[1]
+
+
+def _adaptive_taps(n, m):
+    """[m, k] the input positions of adaptive window i ([floor(i n / m), ceil((i + 1) n / m))), the
+    shorter windows' last position repeated (a max is unchanged by it)."""
+    start = np.arange(m) * n // m
+    end = -(-(np.arange(m) + 1) * n // m)
+    k = int((end - start).max())
+    return start[:, None] + np.minimum(np.arange(k)[None, :], (end - start - 1)[:, None])
+
+
+@handles(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default)
+def _adaptive_max_pool(ctx, x, output_size):
+    """(the max of each adaptive window, the flat input position of it)."""
+    out = tuple(ctx.node.meta["val"][0].shape)[-len(output_size):]
+    sp = _static_spatial(x, out, "adaptive max pooling")
+    return _window_max(ctx, x, [_adaptive_taps(n, m) for n, m in zip(sp, out)])

@@ -260,3 +260,13 @@ def test_same_padding_and_relu6_fold_into_the_conv():
     text = api.inspect_stages(m, (x,), stages=("passes",))["passes"]
     assert " pad(" not in text and " clip(" not in text and text.count("act=relu6") == 2, text
     check(m, x)
+
+
+def test_nanmedian_mode_unbind_pdist():
+    """nanmedian (NaNs skipped, an all-NaN row NaN), mode (the smallest of the most frequent values, the
+    index of its last occurrence), unbind and pdist, against eager."""
+    x = torch.tensor([[1.0, float("nan"), 3.0, 2.0], [float("nan")] * 4, [5.0, 5.0, 1.0, 1.0]])
+    ints = torch.tensor([[3, 1, 3, 1, 2], [4, 4, 4, 0, 0]])
+    check(Fn(lambda a, b: (*torch.nanmedian(a, 1), torch.nanmedian(a), *torch.mode(b, 1), *torch.mode(a[2:], -1),
+                           *torch.unbind(a, 1))), x, ints)
+    check(Fn(lambda a: F.pdist(a, 1.5)), torch.randn(5, 3))

@@ -411,6 +411,17 @@ def _narrow(ctx, x, dim, start, length):
     return ctx.add("slice", [x], {"axis": dim % x.type.rank, "start": start, "step": 1, "length": length})
 
 
+@handles(aten.unbind.int, aten.unbind_copy.int)
+def _unbind(ctx, x, dim=0):
+    axis = dim % x.type.rank
+    n = x.shape[axis]
+    if not isinstance(n, int):
+        raise Unsupported("unbind along a symbolic dim")
+    shape = [d for a, d in enumerate(x.shape) if a != axis]
+    return tuple(ctx.add("reshape", [ctx.add("slice", [x], {"axis": axis, "start": k, "step": 1, "length": 1})],
+                         {"shape": shape}) for k in range(n))
+
+
 @handles(aten.split_with_sizes.default, aten.split.Tensor)
 def _split(ctx, x, sizes, dim=0):
     dim %= x.type.rank
@@ -850,6 +861,58 @@ def _median(ctx, x, dim=None, keepdim=False):
     return v if whole else (v, i)
 
 
+@handles(aten.nanmedian.default, aten.nanmedian.dim)
+def _nanmedian(ctx, x, dim=None, keepdim=False):
+    """The lower median of the values that are not NaN (NaN where all are): the sort puts NaN last, and
+    the pick is at (count - 1) // 2 of each row's count of numbers."""
+    whole, scalar = ctx.node.target == aten.nanmedian.default, x.type.rank == 0
+    if whole or scalar:
+        x = ctx.add("reshape", [x], {"shape": [D.numel(x.shape)]})
+        dim = 0
+    axis = dim % x.type.rank
+    n = x.shape[axis]
+    if not isinstance(n, int):
+        raise Unsupported("a median along a symbolic dim")
+    v, i = ctx.add("topk", [x], {"k": n, "axis": axis, "largest": False, "sorted": True})
+    numbers = ctx.add("reduce_sum", [ctx.add("cast", [ctx.add("not", [ctx.add("isnan", [x])])], {"to": "int64"})],
+                      {"axes": [axis], "keepdims": True})
+    at = ctx.add("floordiv", [ctx.add("max", [ctx.add("sub", [numbers, ctx.scalar(1, "int64")]), ctx.scalar(0, "int64")]),
+                              ctx.scalar(2, "int64")])
+    v, i = (ctx.add("gather_elements", [t, at], {"axis": axis}) for t in (v, i))
+    if not keepdim or whole or scalar:
+        shape = [d for a, d in enumerate(v.shape) if a != axis]
+        v, i = ctx.add("reshape", [v], {"shape": shape}), ctx.add("reshape", [i], {"shape": shape})
+    return v if whole else (v, i)
+
+
+@handles(aten.mode.default)
+def _mode(ctx, x, dim=-1, keepdim=False):
+    """The most frequent value along dim (the smallest of equally frequent ones) and the index of its
+    last occurrence: each element's count of equals (n x n compares), then the picks by reductions."""
+    if x.type.rank == 0:
+        return x, ctx.tensor(0, "int64")
+    axis = dim % x.type.rank
+    n = x.shape[axis]
+    if not isinstance(n, int):
+        raise Unsupported("mode along a symbolic dim")
+    xa = ctx.add("reshape", [x], {"shape": [*x.shape[:axis + 1], 1, *x.shape[axis + 1:]]})
+    xb = ctx.add("reshape", [x], {"shape": [*x.shape[:axis], 1, *x.shape[axis:]]})
+    same = ctx.add("eq", [xa, xb])                                       # [..., n (this), n (other), ...]
+    count = ctx.add("reduce_sum", [ctx.add("cast", [same], {"to": "int64"})], {"axes": [axis + 1], "keepdims": False})
+    top = ctx.add("reduce_max", [count], {"axes": [axis], "keepdims": True})
+    big = ctx.scalar(np.inf if x.dtype.startswith("float") else np.iinfo(x.dtype).max, x.dtype)
+    value = ctx.add("reduce_min", [ctx.add("where", [ctx.add("eq", [count, top]), x, big])], {"axes": [axis], "keepdims": True})
+    shape = [1] * x.type.rank
+    shape[axis] = n
+    pos = ctx.g.const(np.arange(n, dtype=np.int64).reshape(shape))
+    index = ctx.add("reduce_max", [ctx.add("where", [ctx.add("eq", [x, value]), pos, ctx.scalar(-1, "int64")])],
+                    {"axes": [axis], "keepdims": True})
+    if not keepdim:
+        shape = [d for a, d in enumerate(value.shape) if a != axis]
+        value, index = ctx.add("reshape", [value], {"shape": shape}), ctx.add("reshape", [index], {"shape": shape})
+    return value, index
+
+
 def _count_below(ctx, sorted_seq, values, right, out_int32):
     """For each value, how many entries of its row of sorted_seq are < it (<= it with right=True)."""
     cmp = "le" if right else "lt"
@@ -879,6 +942,17 @@ def _cdist(ctx, x1, x2, p, compute_mode=None):
     a = ctx.add("reshape", [x1], {"shape": list(x1.shape[:-1]) + [1, x1.shape[-1]]})
     b = ctx.add("reshape", [x2], {"shape": list(x2.shape[:-2]) + [1] + list(x2.shape[-2:])})
     return _vector_norm(ctx, ctx.add("sub", [a, b]), p, dim=[-1])
+
+
+@handles(aten._pdist_forward.default)
+def _pdist(ctx, x, p=2):
+    """The p-norm distances of the rows of x [n, m], pair (i, j) for i < j in row-major order."""
+    n = x.shape[0]
+    if not isinstance(n, int):
+        raise Unsupported("pdist over a symbolic number of rows")
+    full = _cdist(ctx, x, x, p)
+    upper = np.flatnonzero(np.triu(np.ones((n, n), bool), 1)).astype(np.int64)
+    return ctx.add("gather", [ctx.add("reshape", [full], {"shape": [n * n]}), ctx.g.const(upper)], {"axis": 0})
 
 
 @handles(aten.sort.default, aten.sort.stable)

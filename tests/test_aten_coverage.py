@@ -263,9 +263,10 @@ def test_same_padding_and_relu6_fold_into_the_conv():
 
 
 def test_nanmedian_mode_unbind_pdist():
-    """nanmedian (NaNs skipped, an all-NaN row NaN), mode (the smallest of the most frequent values, the
-    index of its last occurrence), unbind and pdist, against eager."""
-    x = torch.tensor([[1.0, float("nan"), 3.0, 2.0], [float("nan")] * 4, [5.0, 5.0, 1.0, 1.0]])
+    """nanmedian (NaNs skipped), mode (the smallest of the most frequent values, the index of its last
+    occurrence), unbind and pdist, against eager. (An all-NaN row's median is NaN; torch's index for it
+    is its selection algorithm's, unspecified, so not compared.)"""
+    x = torch.tensor([[1.0, float("nan"), 3.0, 2.0], [float("nan"), 0.5, float("nan"), -1.0], [5.0, 5.0, 1.0, 1.0]])
     ints = torch.tensor([[3, 1, 3, 1, 2], [4, 4, 4, 0, 0]])
     check(Fn(lambda a, b: (*torch.nanmedian(a, 1), torch.nanmedian(a), *torch.mode(b, 1), *torch.mode(a[2:], -1),
                            *torch.unbind(a, 1))), x, ints)

@@ -1,6 +1,7 @@
 """Linear algebra compiled from torch (frontend/aten_linalg.py on ir/ops/linalg.py) against torch eager:
 det, slogdet, inverse, solves (batched, broadcast, from the right, vector right-hand sides), LU
-(factor, unpack, solve with adjoint), triangular solves and Cholesky, in one compiled module."""
+(factor, unpack, solve with adjoint), triangular solves, Cholesky and Householder QR, in one compiled
+module."""
 from __future__ import annotations
 
 import numpy as np
@@ -24,7 +25,8 @@ class _Linalg(torch.nn.Module):
                 torch.triangular_solve(b, low, upper=False, transpose=True)[0],
                 factor, lin.cholesky(spd, upper=True), torch.cholesky_solve(b, factor),
                 torch.cholesky_solve(b, factor.mT, upper=True), torch.cholesky_inverse(factor),
-                torch.logdet(spd))
+                torch.logdet(spd), *torch.linalg.qr(a), *torch.linalg.qr(b, mode="complete"), *torch.geqrf(b),
+                torch.ormqr(*torch.geqrf(a), b, transpose=True))
 
 
 def _inputs(seed=0):

@@ -1885,9 +1885,35 @@ def triangular_solve(op):
     c.check(rtol=1e-4, atol=1e-4)
 
 
+@case("householder_qr")
+def householder_qr(op):
+    """Square, tall, wide and batched matrices, and a column already zero below the diagonal (tau 0)."""
+    c = Case()
+    r = c.rng
+    triangular = np.triu(rand(r, (4, 4), "float32"))
+    for label, a in {"5x5": rand(r, (5, 5), "float32"), "tall 6x3": rand(r, (6, 3), "float32"),
+                     "wide 3x5": rand(r, (3, 5), "float32"), "batch 2x4x3": rand(r, (2, 4, 3), "float32"),
+                     "upper triangular": triangular}.items():
+        qr, tau = c.add(op, [c.input(a)])
+        c.out(qr, label + " qr")
+        c.out(tau, label + " tau")
+    c.check(rtol=1e-4, atol=1e-5)
+
+
+@case("householder_product")
+def householder_product(op):
+    """Q from geqrf's reflectors: k < n <= m and k = n, batched."""
+    c = Case()
+    for shape, k in (((6, 4), 3), ((2, 5, 5), 5)):
+        qr, tau = REGISTRY["householder_qr"].ref([rand(c.rng, shape, "float32")], {})
+        c.out(c.add(op, [c.input(qr), c.input(np.ascontiguousarray(tau[..., :k]))]), f"{shape} k={k}")
+    c.check(rtol=1e-4, atol=1e-5)
+
+
 def test_linalg_references_match_lapack():
-    """The numpy references of lu_factor, cholesky and triangular_solve against scipy's LAPACK calls
-    (getrf, potrf, trtrs): an oracle the C kernels are not derived from."""
+    """The numpy references of lu_factor, cholesky, triangular_solve and householder_qr / _product
+    against scipy's LAPACK calls (getrf, potrf, trtrs, geqrf): an oracle the C kernels are not derived
+    from."""
     scipy_linalg = pytest.importorskip("scipy.linalg", reason="scipy (from scikit-learn) is the LAPACK oracle")
     rng = np.random.default_rng(3)
     a = rng.standard_normal((7, 7)).astype(np.float32)
@@ -1901,6 +1927,12 @@ def test_linalg_references_match_lapack():
     np.testing.assert_allclose((low @ up), a[perm], rtol=1e-4, atol=1e-4)
     spd = a @ a.T + 7 * np.eye(7, dtype=np.float32)
     np.testing.assert_allclose(REGISTRY["cholesky"].ref([spd], {})[0], np.linalg.cholesky(spd), rtol=1e-5, atol=1e-5)
+    qr, tau = REGISTRY["householder_qr"].ref([a], {})
+    want_qr, want_tau = scipy_linalg.qr(a.astype(np.float64), mode="raw")[0]
+    np.testing.assert_allclose(qr, want_qr, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(tau, want_tau, rtol=1e-4, atol=1e-5)
+    q = REGISTRY["householder_product"].ref([qr, tau], {})[0]
+    np.testing.assert_allclose(q @ np.triu(qr), a, rtol=1e-4, atol=1e-4)
     b = rng.standard_normal((7, 2)).astype(np.float32)
     for upper in (False, True):
         x = REGISTRY["triangular_solve"].ref([spd, b], {"upper": upper, "unit": False})[0]

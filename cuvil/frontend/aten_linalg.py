@@ -1,5 +1,6 @@
 """ATen linear algebra -> IR: LU (factor, unpack, solve), det, slogdet, inverse, solve, triangular
-solves and Cholesky, all on the IR's lu_factor / lu_permutation / triangular_solve / cholesky
+solves, Cholesky and Householder QR (geqrf, qr, householder_product, ormqr), all on the IR's
+lu_factor / lu_permutation / triangular_solve / cholesky / householder_qr / householder_product
 (ir/ops/linalg.py) and plain matmuls, gathers and reductions. Matrices of a static size.
 
 torch raises on a singular or non-positive-definite input when it checks errors (an effect token and
@@ -236,6 +237,56 @@ def _cholesky_solve(ctx, b, factor, upper=False):
 def _cholesky_inverse(ctx, factor, upper=False):
     _static(*factor.shape)
     return _cholesky_solve(ctx, _eye_like(ctx, factor), factor, upper)
+
+
+def _full_q(ctx, v, tau, m):
+    """The m x m product of the reflectors in v [..., m, c] (a zero column, with a zero tau, is H = I)."""
+    _static(*v.shape, *tau.shape)
+    c, k = v.shape[-1], tau.shape[-1]
+    if c < m:
+        v = ctx.add("pad", [v], {"pads": [(0, 0)] * (v.type.rank - 1) + [(0, m - c)], "value": 0.0})
+    elif c > m:
+        v = _cols(ctx, v, 0, m, -1)
+    if k < m:
+        tau = ctx.add("pad", [tau], {"pads": [(0, 0)] * (tau.type.rank - 1) + [(0, m - k)], "value": 0.0})
+    return ctx.add("householder_product", [v, tau])
+
+
+@handles(aten.geqrf.default)
+def _geqrf(ctx, a):
+    _static(*a.shape)
+    return tuple(ctx.add("householder_qr", [a]))
+
+
+@handles(aten.linalg_householder_product.default)
+def _householder_product(ctx, v, tau):
+    _static(*v.shape, *tau.shape)
+    return ctx.add("householder_product", [v, tau])
+
+
+@handles(aten.linalg_qr.default)
+def _linalg_qr(ctx, a, mode="reduced"):
+    """(Q, R) of Householder QR, as LAPACK's (R's diagonal may be negative): reduced Q m x k and R k x n,
+    complete Q m x m and R m x n; mode "r" returns an empty Q."""
+    _static(*a.shape)
+    m, n = a.shape[-2:]
+    k = min(m, n)
+    qr, tau = ctx.add("householder_qr", [a])
+    if mode == "complete":
+        return _full_q(ctx, qr, tau, m), _triangle(ctx, qr, upper=True)
+    r = _triangle(ctx, _cols(ctx, qr, 0, k, -2), upper=True)
+    if mode == "r":
+        return ctx.g.const(np.zeros((0,), a.dtype)), r
+    return ctx.add("householder_product", [_cols(ctx, qr, 0, k, -1), tau]), r
+
+
+@handles(aten.ormqr.default)
+def _ormqr(ctx, v, tau, other, left=True, transpose=False):
+    """other multiplied by Q (from the left, or the right), or by Q^T, Q from geqrf's reflectors."""
+    q = _full_q(ctx, v, tau, v.shape[-2])
+    if transpose:
+        q = _mT(ctx, q)
+    return ctx.add("matmul", [q, other] if left else [other, q])
 
 
 @handles(torch.ops.higher_order.with_effects)

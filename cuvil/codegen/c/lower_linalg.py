@@ -45,3 +45,19 @@ def lower_triangular_solve(em, node):
     n, k = b.type.shape[-2:]
     return [f"cuvil_triangular_solve({_batch(a)}, {D.to_c(n)}, {D.to_c(k)}, {em.ptr(a)}, {em.ptr(b)}, {em.ptr(x)}, "
             f"{int(bool(node.attrs['upper']))}, {int(bool(node.attrs['unit']))});"]
+
+
+@lowering("householder_qr", supports=_float32_only)
+def lower_householder_qr(em, node):
+    x = node.inputs[0]
+    qr, tau = node.outputs
+    m, n = x.type.shape[-2:]
+    return [f"cuvil_householder_qr({_batch(x)}, {D.to_c(m)}, {D.to_c(n)}, {em.ptr(x)}, {em.ptr(qr)}, {em.ptr(tau)});"]
+
+
+@lowering("householder_product", supports=_float32_only)
+def lower_householder_product(em, node):
+    v, tau = node.inputs
+    m, n = v.type.shape[-2:]
+    return [f"cuvil_householder_product({_batch(v)}, {D.to_c(m)}, {D.to_c(n)}, {D.to_c(tau.type.shape[-1])}, "
+            f"{em.ptr(v)}, {em.ptr(tau)}, {em.ptr(node.outputs[0])});"]

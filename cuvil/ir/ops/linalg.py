@@ -140,3 +140,72 @@ def _trsm_ref(xs, attrs):
 
 declare(OpDef("triangular_solve", {"upper": False, "unit": False}, _trsm_infer, _trsm_ref,
               doc="X with A X = B, A triangular (the other triangle unread; unit: its diagonal taken as ones)"))
+
+
+def _qr_infer(types, attrs, inputs):
+    m, n = _matrix("householder_qr", types[0])
+    if not (isinstance(m, int) and isinstance(n, int)):
+        raise ShapeError("householder_qr: the matrix size must be static")
+    return [types[0], TensorType((*types[0].shape[:-2], min(m, n)), types[0].dtype)]
+
+
+def _qr_one(a):
+    """geqr2 on one matrix: (R and the reflectors below it, tau)."""
+    a = a.astype(np.float64)
+    m, n = a.shape
+    tau = np.zeros(min(m, n))
+    for j in range(min(m, n)):
+        alpha, norm2 = a[j, j], a[j + 1:, j] @ a[j + 1:, j]
+        if norm2 == 0:
+            continue
+        beta = -np.copysign(np.sqrt(alpha * alpha + norm2), alpha)
+        tau[j] = (beta - alpha) / beta
+        a[j + 1:, j] /= alpha - beta
+        a[j, j] = beta
+        v = np.concatenate([[1.0], a[j + 1:, j]])
+        a[j:, j + 1:] -= tau[j] * np.outer(v, v @ a[j:, j + 1:])
+    return a, tau
+
+
+def _qr_ref(xs, attrs):
+    x = xs[0]
+    m, n = x.shape[-2:]
+    outs = [_qr_one(a) for a in x.reshape(-1, m, n)]
+    qr = np.stack([o[0] for o in outs]).reshape(x.shape) if outs else x.astype(np.float64)
+    tau = np.stack([o[1] for o in outs]).reshape(*x.shape[:-2], min(m, n)) if outs else \
+        np.zeros((*x.shape[:-2], min(m, n)))
+    return [qr.astype(x.dtype), tau.astype(x.dtype)]
+
+
+declare(OpDef("householder_qr", {}, _qr_infer, _qr_ref,
+              doc="Householder QR as LAPACK's geqrf: (R with the reflectors below it, tau)"))
+
+
+def _hprod_infer(types, attrs, inputs):
+    v, tau = types
+    m, n = _matrix("householder_product", v)
+    k = tau.shape[-1] if tau.rank else None
+    if tau.rank != v.rank - 1 or tau.shape[:-1] != v.shape[:-2] or tau.dtype != v.dtype:
+        raise ShapeError(f"householder_product: tau {tau} for reflectors {v}: expected [..., k] of their dtype")
+    if all(isinstance(d, int) for d in (m, n, k)) and not m >= n >= k:
+        raise ShapeError(f"householder_product: needs m >= n >= k, got {m} x {n} with {k} reflectors")
+    return [v]
+
+
+def _hprod_ref(xs, attrs):
+    v, tau = (x.astype(np.float64) for x in xs)
+    m, n = v.shape[-2:]
+    k = tau.shape[-1]
+    flat_v, flat_t = v.reshape(-1, m, n), tau.reshape(-1, k)
+    q = np.zeros_like(flat_v)
+    for b in range(len(flat_v)):
+        qb = np.eye(m, n)
+        for j in range(min(k, n) - 1, -1, -1):
+            w = np.concatenate([[1.0], flat_v[b, j + 1:, j]])
+            qb[j:] -= flat_t[b, j] * np.outer(w, w @ qb[j:])
+        q[b] = qb
+    return [q.reshape(v.shape).astype(xs[0].dtype)]
+
+
+declare(OpDef("householder_product", {}, _hprod_infer, _hprod_ref,
+              doc="the first n columns of H_0 ... H_{k-1} from geqrf's reflectors and tau (LAPACK's orgqr)"))

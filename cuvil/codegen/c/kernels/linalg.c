@@ -85,3 +85,51 @@ void cuvil_triangular_solve(int64_t batch, int64_t n, int64_t k, const float *a,
         }
     }
 }
+
+void cuvil_householder_qr(int64_t batch, int64_t m, int64_t n, const float *a, float *qr, float *tau) {
+    const int64_t k = m < n ? m : n;
+    for (int64_t b = 0; b < batch; b++) {
+        float *A = qr + b * m * n, *t = tau + b * k;
+        if (A != a + b * m * n) memcpy(A, a + b * m * n, sizeof(float) * m * n);
+        for (int64_t j = 0; j < k; j++) {
+            double alpha = A[j * n + j], norm2 = 0;
+            for (int64_t i = j + 1; i < m; i++) norm2 += (double)A[i * n + j] * A[i * n + j];
+            if (norm2 == 0) {                    /* nothing below the diagonal: H = I, as slarfg */
+                t[j] = 0.f;
+                continue;
+            }
+            double beta = -copysign(sqrt(alpha * alpha + norm2), alpha), tj = (beta - alpha) / beta;
+            double scale = 1 / (alpha - beta);
+            for (int64_t i = j + 1; i < m; i++) A[i * n + j] = (float)(A[i * n + j] * scale);
+            A[j * n + j] = (float)beta;
+            t[j] = (float)tj;
+            for (int64_t c = j + 1; c < n; c++) {            /* the trailing columns times H = I - tau v v^T */
+                double w = A[j * n + c];
+                for (int64_t i = j + 1; i < m; i++) w += (double)A[i * n + j] * A[i * n + c];
+                w *= tj;
+                A[j * n + c] = (float)(A[j * n + c] - w);
+                for (int64_t i = j + 1; i < m; i++) A[i * n + c] = (float)(A[i * n + c] - w * A[i * n + j]);
+            }
+        }
+    }
+}
+
+void cuvil_householder_product(int64_t batch, int64_t m, int64_t n, int64_t k, const float *v, const float *tau,
+                               float *q) {
+    for (int64_t b = 0; b < batch; b++) {
+        const float *V = v + b * m * n, *t = tau + b * k;
+        float *Q = q + b * m * n;
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t c = 0; c < n; c++) Q[i * n + c] = i == c ? 1.f : 0.f;
+        for (int64_t j = (k < n ? k : n) - 1; j >= 0; j--) {    /* Q = H_0 (H_1 (... (H_{k-1} I))) */
+            double tj = t[j];
+            for (int64_t c = 0; c < n; c++) {
+                double w = Q[j * n + c];
+                for (int64_t i = j + 1; i < m; i++) w += (double)V[i * n + j] * Q[i * n + c];
+                w *= tj;
+                Q[j * n + c] = (float)(Q[j * n + c] - w);
+                for (int64_t i = j + 1; i < m; i++) Q[i * n + c] = (float)(Q[i * n + c] - w * V[i * n + j]);
+            }
+        }
+    }
+}

@@ -1,5 +1,5 @@
 /* Dense linear algebra on batches of small row-major matrices (ir/ops/linalg.py): LU with partial
- * pivoting as LAPACK's getrf, its pivots as a row order, Cholesky, triangular solves. Scalar loops:
+ * pivoting as LAPACK's getrf, its pivots as a row order, Cholesky, triangular solves, Householder QR. Scalar loops:
  * these ops sit outside a network's hot path (a det, an inverse, a solve of a few dozen unknowns). */
 #ifndef CUVIL_LINALG_H
 #define CUVIL_LINALG_H
@@ -22,4 +22,12 @@ void cuvil_cholesky(int64_t batch, int64_t n, const float *a, float *l, int32_t 
  * read; unit: its diagonal read as ones), b [batch][n][k]. Sums in double. */
 void cuvil_triangular_solve(int64_t batch, int64_t n, int64_t k, const float *a, const float *b, float *x,
                             int upper, int unit);
+/* a [batch][m][n] -> qr, tau [batch][min(m, n)] as LAPACK's geqrf: R on and above the diagonal, below it
+ * reflector j's entries past its leading 1 (H_j = I - tau_j v_j v_j^T, A = H_0 ... H_{k-1} R). qr may be a. */
+void cuvil_householder_qr(int64_t batch, int64_t m, int64_t n, const float *a, float *qr, float *tau);
+
+/* the first n columns of H_0 ... H_{k-1} (LAPACK's orgqr), reflectors as geqrf leaves them in v
+ * [batch][m][n] (m >= n >= k) -> q [batch][m][n] */
+void cuvil_householder_product(int64_t batch, int64_t m, int64_t n, int64_t k, const float *v, const float *tau,
+                               float *q);
 #endif

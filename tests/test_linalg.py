@@ -1,7 +1,7 @@
 """Linear algebra compiled from torch (frontend/aten_linalg.py on ir/ops/linalg.py) against torch eager:
 det, slogdet, inverse, solves (batched, broadcast, from the right, vector right-hand sides), LU
-(factor, unpack, solve with adjoint), triangular solves, Cholesky and Householder QR, in one compiled
-module."""
+(factor, unpack, solve with adjoint), triangular solves, Cholesky, Householder QR, eigenvalues, singular
+values, pinv, rank and condition number, in one compiled module; and eigen/singular vectors refused."""
 from __future__ import annotations
 
 import numpy as np
@@ -26,7 +26,8 @@ class _Linalg(torch.nn.Module):
                 factor, lin.cholesky(spd, upper=True), torch.cholesky_solve(b, factor),
                 torch.cholesky_solve(b, factor.mT, upper=True), torch.cholesky_inverse(factor),
                 torch.logdet(spd), *torch.linalg.qr(a), *torch.linalg.qr(b, mode="complete"), *torch.geqrf(b),
-                torch.ormqr(*torch.geqrf(a), b, transpose=True))
+                torch.ormqr(*torch.geqrf(a), b, transpose=True), lin.eigvalsh(spd), lin.svdvals(b), lin.pinv(b),
+                lin.pinv(spd, hermitian=True), lin.matrix_rank(a), lin.cond(a), lin.matrix_norm(b, "nuc"))
 
 
 def _inputs(seed=0):
@@ -76,3 +77,16 @@ def test_singular_matrix_gives_info_not_an_exception(tmp_path):
     assert abs(float(det)) < 1e-5 and float(want[0]) == pytest.approx(0, abs=1e-5)
     assert int(lu_info) == int(want[1]) == 3 and int(inv_info) == int(want[2]) == 3
     assert int(chol_info) == int(want[3]) == 2
+
+
+def test_eigenvectors_and_singular_vectors_are_refused():
+    """Their signs are LAPACK's choice (unspecified), so torch's and cuvil's differ: a clear error, not a
+    wrong answer."""
+    import cuvil
+
+    class M(torch.nn.Module):
+        def forward(self, a):
+            return torch.linalg.svd(a).U
+
+    with pytest.raises(cuvil.UnsupportedOpError, match="singular vectors"):
+        cuvil.compile(M(), (torch.randn(4, 3),))

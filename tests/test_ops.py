@@ -1910,6 +1910,35 @@ def householder_product(op):
     c.check(rtol=1e-4, atol=1e-5)
 
 
+@case("eigh")
+def eigh(op):
+    """Symmetric matrices (the upper triangle garbage: only the lower is read), a batch, a diagonal one
+    and 1 x 1; eigenvalues ascending and eigenvectors with their largest entry positive."""
+    c = Case()
+    b = rand(c.rng, (2, 5, 5), "float32", -1, 1)
+    sym = (b + np.swapaxes(b, -1, -2)).astype(np.float32)
+    garbage = np.tril(sym) + np.triu(np.full((5, 5), 7, np.float32), 1)
+    for label, a in {"batch 2x5x5": sym, "upper garbage": garbage,
+                     "diagonal": np.diag(np.array([3, -1, 2], np.float32)), "1x1": np.array([[-2.0]], np.float32)}.items():
+        w, v = c.add(op, [c.input(a)])
+        c.out(w, label + " eigenvalues")
+        c.out(v, label + " eigenvectors")
+    c.check(rtol=1e-4, atol=1e-4)
+
+
+@case("svd")
+def svd(op):
+    """Tall, wide, square and batched full-rank matrices: u, s descending, vt (the tall side's vectors
+    with their largest entry positive)."""
+    c = Case()
+    for shape in ((6, 4), (3, 5), (4, 4), (2, 5, 3)):
+        u, s, vt = c.add(op, [c.input(rand(c.rng, shape, "float32", -1, 1))])
+        c.out(u, f"{shape} u")
+        c.out(s, f"{shape} s")
+        c.out(vt, f"{shape} vt")
+    c.check(rtol=1e-4, atol=1e-4)
+
+
 def test_linalg_references_match_lapack():
     """The numpy references of lu_factor, cholesky, triangular_solve and householder_qr / _product
     against scipy's LAPACK calls (getrf, potrf, trtrs, geqrf): an oracle the C kernels are not derived

@@ -1,7 +1,7 @@
 """ATen linear algebra -> IR: LU (factor, unpack, solve), det, slogdet, inverse, solve, triangular
-solves, Cholesky and Householder QR (geqrf, qr, householder_product, ormqr), all on the IR's
-lu_factor / lu_permutation / triangular_solve / cholesky / householder_qr / householder_product
-(ir/ops/linalg.py) and plain matmuls, gathers and reductions. Matrices of a static size.
+solves, Cholesky, Householder QR (geqrf, qr, householder_product, ormqr), eigenvalues and singular
+values (eigvalsh, svdvals, matrix_rank, cond, nuclear norm) and pinv, all on the IR's linear algebra
+ops (ir/ops/linalg.py) and plain matmuls, gathers and reductions. Matrices of a static size.
 
 torch raises on a singular or non-positive-definite input when it checks errors (an effect token and
 _linalg_check_errors in the exported graph); a compiled model cannot raise mid-call, so the check is
@@ -287,6 +287,66 @@ def _ormqr(ctx, v, tau, other, left=True, transpose=False):
     if transpose:
         q = _mT(ctx, q)
     return ctx.add("matmul", [q, other] if left else [other, q])
+
+
+VECTORS = ("{0} of a matrix: their signs are LAPACK's (unspecified), cuvil's differ; eigenvalues, singular "
+           "values, pinv, matrix_rank, cond and nuclear norms compile")
+
+
+def _outputs_read(ctx):
+    """The indices of the current node's tuple outputs that some node reads."""
+    import operator
+    return {u.args[1] for u in ctx.node.users if u.target is operator.getitem and u.users}
+
+
+@handles(aten._linalg_eigh.default)
+def _eigh(ctx, a, UPLO="L", compute_v=True):
+    """(eigenvalues ascending, an empty eigenvector tensor): eigvalsh and the hermitian matrix rank
+    (torch asks for the vectors for its gradient; unread, they are not computed)."""
+    if compute_v and 1 in _outputs_read(ctx):
+        raise Unsupported(VECTORS.format("eigenvectors"))
+    _static(*a.shape)
+    w, _ = ctx.add("eigh", [_mT(ctx, a) if UPLO == "U" else a])
+    return w, ctx.g.const(np.zeros((0,), a.dtype))
+
+
+@handles(aten._linalg_svd.default)
+def _svd(ctx, a, full_matrices=True, compute_uv=True, driver=None):
+    """(empty, singular values descending, empty): svdvals, matrix_rank, cond, the nuclear norm."""
+    if compute_uv and _outputs_read(ctx) & {0, 2}:
+        raise Unsupported(VECTORS.format("singular vectors"))
+    _static(*a.shape)
+    _, s, _ = ctx.add("svd", [a])
+    empty = ctx.g.const(np.zeros((0,), a.dtype))
+    return empty, s, empty
+
+
+@handles(aten.linalg_pinv.atol_rtol_tensor, aten.linalg_pinv.atol_rtol_float)
+def _pinv(ctx, a, atol=None, rtol=None, hermitian=False):
+    """The pseudo-inverse by torch's rule: singular values (|eigenvalues| when hermitian) above
+    max(atol, rtol * the largest) inverted, the rest 0; the vectors' signs cancel in the product."""
+    _static(*a.shape)
+    m, n = a.shape[-2:]
+    dt = a.dtype
+    default_rtol = float(np.finfo(np.float32).eps) * max(m, n)
+    zero_atol = atol is None or (not isinstance(atol, type(a)) and atol == 0)
+    atol = ctx.tensor(0.0 if atol is None else atol, dt)
+    if rtol is None:
+        rtol = default_rtol if zero_atol else 0.0
+    rtol = ctx.tensor(rtol, dt)
+    if hermitian:
+        s, u = ctx.add("eigh", [a])
+        v = u
+        mag = ctx.add("abs", [s])
+    else:
+        u, s, vt = ctx.add("svd", [a])
+        v, mag = _mT(ctx, vt), s
+    s = ctx.add("reshape", [s], {"shape": [*s.shape[:-1], 1, s.shape[-1]]})
+    mag = ctx.add("reshape", [mag], {"shape": list(s.shape)})
+    largest = ctx.add("reduce_max", [mag], {"axes": [s.type.rank - 1], "keepdims": True})
+    tol = ctx.add("max", [ctx.add("mul", [rtol, largest]), atol])
+    inv = ctx.add("where", [ctx.add("gt", [mag, tol]), ctx.add("reciprocal", [s]), ctx.scalar(0, dt)])
+    return ctx.add("matmul", [ctx.add("mul", [v, inv]), _mT(ctx, u)])
 
 
 @handles(torch.ops.higher_order.with_effects)

@@ -61,3 +61,18 @@ def lower_householder_product(em, node):
     m, n = v.type.shape[-2:]
     return [f"cuvil_householder_product({_batch(v)}, {D.to_c(m)}, {D.to_c(n)}, {D.to_c(tau.type.shape[-1])}, "
             f"{em.ptr(v)}, {em.ptr(tau)}, {em.ptr(node.outputs[0])});"]
+
+
+@lowering("eigh", supports=_float32_only)
+def lower_eigh(em, node):
+    x = node.inputs[0]
+    w, v = node.outputs
+    return [f"cuvil_eigh({_batch(x)}, {D.to_c(x.type.shape[-1])}, {em.ptr(x)}, {em.ptr(w)}, {em.ptr(v)});"]
+
+
+@lowering("svd", supports=_float32_only)
+def lower_svd(em, node):
+    x = node.inputs[0]
+    u, s, vt = node.outputs
+    m, n = x.type.shape[-2:]
+    return [f"cuvil_svd({_batch(x)}, {D.to_c(m)}, {D.to_c(n)}, {em.ptr(x)}, {em.ptr(u)}, {em.ptr(s)}, {em.ptr(vt)});"]

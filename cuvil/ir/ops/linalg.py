@@ -209,3 +209,56 @@ def _hprod_ref(xs, attrs):
 
 declare(OpDef("householder_product", {}, _hprod_infer, _hprod_ref,
               doc="the first n columns of H_0 ... H_{k-1} from geqrf's reflectors and tau (LAPACK's orgqr)"))
+
+
+def _largest_positive(vectors, axis):
+    """vectors with each one (along axis) negated where its largest-magnitude entry (the first of equal
+    ones) is negative: the sign convention of eigh and svd here (torch's follow LAPACK's, unspecified)."""
+    moved = np.moveaxis(vectors, axis, -1)
+    pick = np.take_along_axis(moved, np.abs(moved).argmax(-1)[..., None], -1)
+    return np.moveaxis(np.where(pick < 0, -moved, moved), -1, axis)
+
+
+def _eigh_infer(types, attrs, inputs):
+    n, _ = _matrix("eigh", types[0], square=True)
+    return [TensorType((*types[0].shape[:-2], n), types[0].dtype), types[0]]
+
+
+def _eigh_ref(xs, attrs):
+    x = xs[0].astype(np.float64)
+    w, v = np.linalg.eigh(x, UPLO="L")
+    return [w.astype(xs[0].dtype), _largest_positive(v, -2).astype(xs[0].dtype)]
+
+
+declare(OpDef("eigh", {}, _eigh_infer, _eigh_ref,
+              doc="eigenvalues ascending and eigenvectors (columns; largest entry positive) of a symmetric "
+                  "matrix's lower triangle"))
+
+
+def _svd_infer(types, attrs, inputs):
+    m, n = _matrix("svd", types[0])
+    if not (isinstance(m, int) and isinstance(n, int)):
+        raise ShapeError("svd: the matrix size must be static")
+    batch, k = types[0].shape[:-2], min(m, n)
+    dt = types[0].dtype
+    return [TensorType((*batch, m, k), dt), TensorType((*batch, k), dt), TensorType((*batch, k, n), dt)]
+
+
+def _svd_ref(xs, attrs):
+    x = xs[0].astype(np.float64)
+    u, s, vt = np.linalg.svd(x, full_matrices=False)
+    m, n = x.shape[-2:]
+    if m >= n:                   # the tall side's vectors carry the sign rule, the other side follows
+        fixed = _largest_positive(u, -2)
+        flip = np.sign((fixed * u).sum(-2, keepdims=True))
+        u, vt = fixed, vt * np.swapaxes(flip, -1, -2)
+    else:
+        fixed = _largest_positive(vt, -1)
+        flip = np.sign((fixed * vt).sum(-1, keepdims=True))
+        vt, u = fixed, u * np.swapaxes(flip, -1, -2)
+    dt = xs[0].dtype
+    return [u.astype(dt), s.astype(dt), vt.astype(dt)]
+
+
+declare(OpDef("svd", {}, _svd_infer, _svd_ref,
+              doc="thin SVD (u, s descending, vt); the tall side's vectors have their largest entry positive"))

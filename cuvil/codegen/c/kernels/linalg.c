@@ -1,5 +1,7 @@
 #include "linalg.h"
 
+#include "pool.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -130,6 +132,189 @@ void cuvil_householder_product(int64_t batch, int64_t m, int64_t n, int64_t k, c
                 Q[j * n + c] = (float)(Q[j * n + c] - w);
                 for (int64_t i = j + 1; i < m; i++) Q[i * n + c] = (float)(Q[i * n + c] - w * V[i * n + j]);
             }
+        }
+    }
+}
+
+/* ---- symmetric eigenvalues and singular values by Jacobi rotations (in double, in a thread buffer) ---- */
+#define JACOBI_SWEEPS 60
+
+/* the rotation (c, s) that zeroes the (p, q) entry of a symmetric 2x2 [[app, apq], [apq, aqq]] */
+static void jacobi_rotation(double app, double aqq, double apq, double *c, double *s) {
+    double theta = (aqq - app) / (2 * apq);
+    double t = (theta >= 0 ? 1 : -1) / (fabs(theta) + sqrt(theta * theta + 1));
+    *c = 1 / sqrt(t * t + 1);
+    *s = t * *c;
+}
+
+/* +1 or -1: the sign that makes the column's largest entry (the first of equal magnitudes) positive,
+ * the vectors' convention (eigen- and singular vectors are defined up to sign); col[k * stride], k < n */
+static double column_sign(const double *col, int64_t n, int64_t stride) {
+    int64_t best = 0;
+    for (int64_t k = 1; k < n; k++)
+        if (fabs(col[k * stride]) > fabs(col[best * stride])) best = k;
+    return n && col[best * stride] < 0 ? -1 : 1;
+}
+
+/* w [n] ascending and v [n][n] (columns the eigenvectors) of the symmetric A [n][n] (its lower triangle
+ * read), by cyclic Jacobi on a double copy; work holds n * n + n * n doubles. */
+static void eigh_one(int64_t n, const float *a, double *A, double *V, float *w, float *v) {
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < n; j++) {
+            A[i * n + j] = i >= j ? a[i * n + j] : a[j * n + i];
+            V[i * n + j] = i == j;
+        }
+    for (int sweep = 0; sweep < JACOBI_SWEEPS; sweep++) {
+        double off = 0, diag = 0;
+        for (int64_t i = 0; i < n; i++) {
+            diag += A[i * n + i] * A[i * n + i];
+            for (int64_t j = i + 1; j < n; j++) off += A[i * n + j] * A[i * n + j];
+        }
+        if (off <= 1e-30 * diag || off == 0) break;
+        for (int64_t p = 0; p < n; p++)
+            for (int64_t q = p + 1; q < n; q++) {
+                if (A[p * n + q] == 0) continue;
+                double c, s;
+                jacobi_rotation(A[p * n + p], A[q * n + q], A[p * n + q], &c, &s);
+                for (int64_t k = 0; k < n; k++) {            /* A = J^T A J, V = V J */
+                    double akp = A[k * n + p], akq = A[k * n + q];
+                    A[k * n + p] = c * akp - s * akq;
+                    A[k * n + q] = s * akp + c * akq;
+                }
+                for (int64_t k = 0; k < n; k++) {
+                    double apk = A[p * n + k], aqk = A[q * n + k];
+                    A[p * n + k] = c * apk - s * aqk;
+                    A[q * n + k] = s * apk + c * aqk;
+                }
+                for (int64_t k = 0; k < n; k++) {
+                    double vkp = V[k * n + p], vkq = V[k * n + q];
+                    V[k * n + p] = c * vkp - s * vkq;
+                    V[k * n + q] = s * vkp + c * vkq;
+                }
+            }
+    }
+    for (int64_t i = 0; i < n; i++) {                        /* ascending, by selection */
+        int64_t best = i;
+        for (int64_t j = i + 1; j < n; j++)
+            if (A[j * n + j] < A[best * n + best]) best = j;
+        double d = A[i * n + i];
+        A[i * n + i] = A[best * n + best];
+        A[best * n + best] = d;
+        for (int64_t k = 0; k < n; k++) {
+            double t = V[k * n + i];
+            V[k * n + i] = V[k * n + best];
+            V[k * n + best] = t;
+        }
+        w[i] = (float)A[i * n + i];
+    }
+    for (int64_t i = 0; i < n; i++) {
+        double sign = column_sign(V + i, n, n);
+        for (int64_t k = 0; k < n; k++) v[k * n + i] = (float)(sign * V[k * n + i]);
+    }
+}
+
+void cuvil_eigh(int64_t batch, int64_t n, const float *a, float *w, float *v) {
+    double *work = cuvil_thread_buffer(CUVIL_BUF_LINALG, sizeof(double) * 2 * (size_t)(n * n + 1));
+    for (int64_t b = 0; b < batch; b++) {
+        if (!work) {                                         /* out of memory: NaN, never a wrong number */
+            for (int64_t i = 0; i < n; i++) w[b * n + i] = NAN;
+            for (int64_t i = 0; i < n * n; i++) v[b * n * n + i] = NAN;
+            continue;
+        }
+        eigh_one(n, a + b * n * n, work, work + n * n, w + b * n, v + b * n * n);
+    }
+}
+
+/* Thin SVD by one-sided Jacobi (Hestenes): the columns of U = A (m >= n; a wide A is done transposed)
+ * rotated until orthogonal, the rotations gathered in V; s their norms, descending. u [m][k], s [k],
+ * vt [k][n], k = min(m, n). */
+static void svd_tall(int64_t m, int64_t n, double *U, double *V, double *norms, float *u, float *s, float *vt,
+                     int transposed, int64_t ld_u, int64_t ld_vt) {
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < n; j++) V[i * n + j] = i == j;
+    for (int sweep = 0; sweep < JACOBI_SWEEPS; sweep++) {
+        int rotated = 0;
+        for (int64_t p = 0; p < n; p++)
+            for (int64_t q = p + 1; q < n; q++) {
+                double alpha = 0, beta = 0, gamma = 0;
+                for (int64_t k = 0; k < m; k++) {
+                    alpha += U[k * n + p] * U[k * n + p];
+                    beta += U[k * n + q] * U[k * n + q];
+                    gamma += U[k * n + p] * U[k * n + q];
+                }
+                if (gamma == 0 || fabs(gamma) <= 1e-15 * sqrt(alpha * beta)) continue;
+                rotated = 1;
+                double c, sn;
+                jacobi_rotation(alpha, beta, gamma, &c, &sn);
+                for (int64_t k = 0; k < m; k++) {
+                    double up = U[k * n + p], uq = U[k * n + q];
+                    U[k * n + p] = c * up - sn * uq;
+                    U[k * n + q] = sn * up + c * uq;
+                }
+                for (int64_t k = 0; k < n; k++) {
+                    double vp = V[k * n + p], vq = V[k * n + q];
+                    V[k * n + p] = c * vp - sn * vq;
+                    V[k * n + q] = sn * vp + c * vq;
+                }
+            }
+        if (!rotated) break;
+    }
+    for (int64_t j = 0; j < n; j++) {
+        double t = 0;
+        for (int64_t k = 0; k < m; k++) t += U[k * n + j] * U[k * n + j];
+        norms[j] = sqrt(t);
+    }
+    for (int64_t i = 0; i < n; i++) {                        /* descending, by selection: column i */
+        int64_t j = i;
+        for (int64_t c = i + 1; c < n; c++)
+            if (norms[c] > norms[j]) j = c;
+        if (j != i) {
+            double t = norms[i];
+            norms[i] = norms[j];
+            norms[j] = t;
+            for (int64_t k = 0; k < m; k++) {
+                t = U[k * n + i];
+                U[k * n + i] = U[k * n + j];
+                U[k * n + j] = t;
+            }
+            for (int64_t k = 0; k < n; k++) {
+                t = V[k * n + i];
+                V[k * n + i] = V[k * n + j];
+                V[k * n + j] = t;
+            }
+        }
+        double inv = norms[i] > 0 ? column_sign(U + i, m, n) / norms[i] : 0, vsign = inv < 0 ? -1 : 1;
+        s[i] = (float)norms[i];
+        for (int64_t k = 0; k < m; k++) {                    /* A = U S V^T; transposed (A^T's): swapped */
+            float uk = (float)(U[k * n + i] * inv);
+            if (transposed) vt[i * ld_vt + k] = uk; else u[k * ld_u + i] = uk;
+        }
+        for (int64_t k = 0; k < n; k++) {
+            float vk = (float)(vsign * V[k * n + i]);
+            if (transposed) u[k * ld_u + i] = vk; else vt[i * ld_vt + k] = vk;
+        }
+    }
+}
+
+void cuvil_svd(int64_t batch, int64_t m, int64_t n, const float *a, float *u, float *s, float *vt) {
+    const int64_t k = m < n ? m : n, rows = m > n ? m : n;
+    double *work = cuvil_thread_buffer(CUVIL_BUF_LINALG, sizeof(double) * (size_t)(rows * k + k * k + k + 1));
+    for (int64_t b = 0; b < batch; b++) {
+        const float *A = a + b * m * n;
+        float *U = u + b * m * k, *S = s + b * k, *VT = vt + b * k * n;
+        if (!work) {
+            for (int64_t i = 0; i < m * k; i++) U[i] = NAN;
+            for (int64_t i = 0; i < k; i++) S[i] = NAN;
+            for (int64_t i = 0; i < k * n; i++) VT[i] = NAN;
+            continue;
+        }
+        if (m >= n) {
+            for (int64_t i = 0; i < m * n; i++) work[i] = A[i];
+            svd_tall(m, n, work, work + m * n, work + m * n + n * n, U, S, VT, 0, k, n);
+        } else {                                             /* A^T = V S U^T: U and V^T trade places */
+            for (int64_t i = 0; i < m; i++)
+                for (int64_t j = 0; j < n; j++) work[j * m + i] = A[i * n + j];
+            svd_tall(n, m, work, work + n * m, work + n * m + m * m, U, S, VT, 1, k, n);
         }
     }
 }

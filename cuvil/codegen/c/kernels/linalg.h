@@ -1,5 +1,6 @@
 /* Dense linear algebra on batches of small row-major matrices (ir/ops/linalg.py): LU with partial
- * pivoting as LAPACK's getrf, its pivots as a row order, Cholesky, triangular solves, Householder QR. Scalar loops:
+ * pivoting as LAPACK's getrf, its pivots as a row order, Cholesky, triangular solves, Householder QR,
+ * symmetric eigenvalues and singular values (Jacobi). Scalar loops:
  * these ops sit outside a network's hot path (a det, an inverse, a solve of a few dozen unknowns). */
 #ifndef CUVIL_LINALG_H
 #define CUVIL_LINALG_H
@@ -30,4 +31,11 @@ void cuvil_householder_qr(int64_t batch, int64_t m, int64_t n, const float *a, f
  * [batch][m][n] (m >= n >= k) -> q [batch][m][n] */
 void cuvil_householder_product(int64_t batch, int64_t m, int64_t n, int64_t k, const float *v, const float *tau,
                                float *q);
+/* a [batch][n][n] symmetric (its lower triangle read) -> w [batch][n] ascending, v [batch][n][n] with
+ * the eigenvectors as columns: cyclic Jacobi in double (NaN if its buffer cannot be allocated). */
+void cuvil_eigh(int64_t batch, int64_t n, const float *a, float *w, float *v);
+
+/* a [batch][m][n] -> u [batch][m][k], s [batch][k] descending, vt [batch][k][n] (k = min(m, n)), a = u
+ * diag(s) vt: one-sided Jacobi in double. The vectors' signs are this algorithm's, not LAPACK's. */
+void cuvil_svd(int64_t batch, int64_t m, int64_t n, const float *a, float *u, float *s, float *vt);
 #endif

@@ -86,10 +86,13 @@ def test_interpolate_1d_3d(mode, shape, size):
     check(Fn(lambda x: F.interpolate(x, size=size, mode=mode, **kw)), torch.randn(*shape), rtol=1e-4, atol=1e-5)
 
 
-def test_antialiased_resize_is_a_clear_error():
-    m = Fn(lambda x: F.interpolate(x, size=(3, 3), mode="bilinear", antialias=True))
-    with pytest.raises(cuvil.UnsupportedOpError, match="antialias"):
-        cuvil.compile(m, (torch.randn(1, 2, 8, 8),))
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("align", [False, True])
+def test_antialiased_resize(mode, align):
+    """antialias=True (torchvision's Resize on tensors): shrinking by non-integer factors along one axis,
+    growing along the other, at once."""
+    check(Fn(lambda x: F.interpolate(x, size=(5, 13), mode=mode, align_corners=align, antialias=True)),
+          torch.randn(2, 3, 17, 9), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("shape,out", [((2, 3, 7, 9), (3, 4)), ((1, 4, 8, 8), (2, 4)), ((1, 2, 5, 5), (1, 1)),

@@ -1,5 +1,5 @@
-"""ATen resampling -> IR: nearest, (bi/tri)linear and bicubic upsampling (align_corners both ways) and
-adaptive average pooling. Each spatial axis is a weighted sum of a few gathers ("taps") whose indices
+"""ATen resampling -> IR: nearest, (bi/tri)linear and bicubic resizing (align_corners both ways, and
+antialiased as torchvision's Resize does it), adaptive average and max pooling, max-pool indices. Each spatial axis is a weighted sum of a few gathers ("taps") whose indices
 and weights are computed here from the static sizes, by torch's own rules (aten/src/ATen/native/
 UpSample.h: area_pixel_compute_scale, area_pixel_compute_source_index, nearest_idx)."""
 from __future__ import annotations
@@ -145,11 +145,55 @@ def _adaptive_avg_pool(ctx, x, output_size):
     return _resample(ctx, x, lambda i, n, m: adaptive_taps(n, m), nsp)
 
 
-@handles(aten._upsample_bilinear2d_aa.default, aten._upsample_bilinear2d_aa.vec,
-         aten._upsample_bicubic2d_aa.default, aten._upsample_bicubic2d_aa.vec)
-def _antialiased(ctx, x, *args):
-    raise Unsupported("antialiased resampling (antialias=True)")
+def _aa_filter(cubic):
+    if not cubic:
+        return lambda x: np.maximum(np.float32(1) - np.abs(x), np.float32(0))
+    a = np.float32(-0.5)                 # torch's antialiased bicubic (not the plain bicubic's -0.75)
 
+    def f(x):
+        x = np.abs(x)
+        near = ((a + 2) * x - (a + 3)) * x * x + 1
+        far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+        return np.where(x < 1, near, np.where(x < 2, far, np.float32(0))).astype(np.float32)
+    return f
+
+
+def antialias_taps(in_size, out_size, align_corners, scale, cubic):
+    """torch's antialiased taps (UpSampleKernel.cpp, _compute_weights_aa): when shrinking, the filter is
+    stretched by the scale so each output pixel averages every input pixel under it; the window of
+    pixel i is [center - support + 0.5, center + support + 0.5) clipped, its weights normalized."""
+    s = _scale(in_size, out_size, align_corners, scale)
+    support = np.float32((4 if cubic else 2) * 0.5) * (s if s >= 1 else np.float32(1))
+    invscale = np.float32(1) / s if s >= 1 else np.float32(1)
+    filt = _aa_filter(cubic)
+    center = s * (np.arange(out_size, dtype=np.float32) + np.float32(0.5))
+    xmin = np.maximum((center - support + np.float32(0.5)).astype(np.int64), 0)
+    xsize = np.minimum((center + support + np.float32(0.5)).astype(np.int64), in_size) - xmin
+    width = int(xsize.max())
+    taps, total = [], np.zeros(out_size, np.float32)
+    for j in range(width):
+        w = np.where(j < xsize, filt((j + xmin - center + np.float32(0.5)) * invscale), np.float32(0))
+        taps.append((np.minimum(xmin + j, in_size - 1), w.astype(np.float32)))
+        total += w
+    total = np.where(total != 0, total, np.float32(1))
+    return [(idx, (w / total).astype(np.float32)) for idx, w in taps]
+
+
+def _antialiased(cubic):
+    def vec(ctx, x, output_size, align_corners, scale_factors):
+        sc = _scales(scale_factors, [], x.type.rank - 2)
+        return _resample(ctx, x, lambda i, n, m: antialias_taps(n, m, align_corners, sc[i], cubic))
+
+    def default(ctx, x, output_size, align_corners, *scales):
+        sc = _scales(None, scales, x.type.rank - 2)
+        return _resample(ctx, x, lambda i, n, m: antialias_taps(n, m, align_corners, sc[i], cubic))
+    return vec, default
+
+
+for _op, _cubic in ((aten._upsample_bilinear2d_aa, False), (aten._upsample_bicubic2d_aa, True)):
+    _vec, _default = _antialiased(_cubic)
+    handles(_op.vec)(_vec)
+    handles(_op.default)(_default)
 
 
 @handles(aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default)

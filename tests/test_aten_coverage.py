@@ -274,3 +274,17 @@ def test_nanmedian_mode_unbind_pdist():
     check(Fn(lambda a, b: (*torch.nanmedian(a, 1), torch.nanmedian(a), *torch.mode(b, 1), *torch.mode(a[2:], -1),
                            *torch.unbind(a, 1))), x, ints)
     check(Fn(lambda a: F.pdist(a, 1.5)), torch.randn(5, 3))
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag(mode):
+    """Bags from offsets (an empty bag among them, include_last_offset), from rows of 2-d indices,
+    per-sample weights (sum), padding_idx left out; the offsets are a run-time input."""
+    torch.manual_seed(0)
+    weight = torch.randn(10, 4)
+    idx, offsets = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9]), torch.tensor([0, 3, 3, 6])
+    psw = torch.rand(8) if mode == "sum" else None
+    check(Fn(lambda i, o: (F.embedding_bag(i, weight, o, mode=mode, per_sample_weights=psw),
+                           F.embedding_bag(i, weight, torch.cat([o, o.new_tensor([8])]), mode=mode,
+                                           include_last_offset=True, padding_idx=4),
+                           F.embedding_bag(i.reshape(2, 4), weight, mode=mode))), idx, offsets)

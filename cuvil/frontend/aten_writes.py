@@ -301,3 +301,60 @@ def _round_decimals(ctx, x, decimals=0):
         return ctx.add("div", [ctx.add("round", [ctx.add("mul", [x, k])]), k])
     k = ctx.tensor(float(10 ** -decimals), x.dtype)
     return ctx.add("mul", [ctx.add("round", [ctx.add("div", [x, k])]), k])
+
+
+EMBEDDING_BAG_MODES = {0: "sum", 1: "mean", 2: "max"}
+
+
+@handles(aten._embedding_bag_forward_only.default, aten._embedding_bag.default)
+def _embedding_bag(ctx, weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    """(bags [B, D], each index's bag, each bag's size, the max's rows): the rows of weight at indices,
+    times per_sample_weights, summed / averaged / maxed per bag (a row of 2-d indices, or the run from
+    each offset of 1-d ones); padding_idx entries left out; an empty bag is zeros. The max mode's row
+    indices (for the gradient) are not computed."""
+    from .aten import _count_below
+    _static(*weight.shape, *indices.shape, *offsets.shape)
+    reduce = EMBEDDING_BAG_MODES[mode]
+    rows, dim = weight.shape
+    flat = ctx.add("reshape", [indices], {"shape": [D.numel(indices.shape)]})
+    n = flat.shape[0]
+    if indices.type.rank == 2:
+        bags, per = indices.shape
+        bag = ctx.g.const(np.repeat(np.arange(bags, dtype=np.int64), per))
+    else:
+        starts = _slice_of(ctx, offsets, offsets.shape[0] - 1) if include_last_offset else offsets
+        bags = starts.shape[0]
+        bag = ctx.add("sub", [_count_below(ctx, ctx.tensor(starts, "int64"), ctx.g.const(np.arange(n, dtype=np.int64)),
+                                           True, False), ctx.scalar(1, "int64")])
+    flat = ctx.tensor(flat, "int64")
+    keep = ctx.g.const(np.ones(n, bool)) if padding_idx is None or padding_idx < 0 else \
+        ctx.add("ne", [flat, ctx.scalar(padding_idx, "int64")])
+    bag = ctx.add("where", [keep, bag, ctx.scalar(bags, "int64")])        # a left-out entry goes to a spare bag
+    vals = ctx.add("gather", [weight, flat], {"axis": 0})                  # [n, D]
+    if per_sample_weights is not None:
+        w = ctx.add("reshape", [per_sample_weights], {"shape": [n, 1]})
+        vals = ctx.add("mul", [vals, ctx.tensor(w, weight.dtype)])
+    target = ctx.add("expand", [ctx.add("reshape", [bag], {"shape": [n, 1]})], {"shape": [n, dim]})
+    start = np.full((bags + 1, dim), -np.inf if reduce == "max" else 0, weight.dtype)
+    out = ctx.add("scatter_elements", [ctx.g.const(start), target, vals], {"axis": 0, "reduction":
+                                                                           "max" if reduce == "max" else "add"})
+    out = _slice_of(ctx, out, bags)
+    size = ctx.add("scatter_elements", [ctx.g.const(np.zeros(bags + 1, np.int64)), bag,
+                                        ctx.add("cast", [keep], {"to": "int64"})], {"axis": 0, "reduction": "add"})
+    size = _slice_of(ctx, size, bags)
+    if reduce == "mean":
+        count = ctx.add("max", [ctx.add("cast", [size], {"to": weight.dtype}), ctx.scalar(1, weight.dtype)])
+        out = ctx.add("div", [out, ctx.add("reshape", [count], {"shape": [bags, 1]})])
+    elif reduce == "max":
+        empty = ctx.add("reshape", [ctx.add("eq", [size, ctx.scalar(0, "int64")])], {"shape": [bags, 1]})
+        out = ctx.add("where", [empty, ctx.scalar(0, weight.dtype), out])
+    from .aten_linalg import _outputs_read
+    if 3 in _outputs_read(ctx):
+        raise Unsupported("embedding_bag's max indices (its gradient's)")
+    return out, bag, size, ctx.g.const(np.zeros(bags, np.int64))
+
+
+def _slice_of(ctx, x, length):
+    """x's first `length` entries along axis 0."""
+    return ctx.add("slice", [x], {"axis": 0, "start": 0, "step": 1, "length": length})

@@ -101,8 +101,21 @@ def _meta_type(node):
     return None
 
 
+def _input_symbols(ep) -> set:
+    """The names of the symbols in the program's user inputs' shapes."""
+    user = {sp.arg.name for sp in ep.graph_signature.input_specs
+            if sp.kind == torch.export.graph_signature.InputKind.USER_INPUT}
+    names = set()
+    for node in ep.graph.nodes:
+        val = node.meta.get("val") if node.op == "placeholder" and node.name in user else None
+        for d in getattr(val, "shape", ()):
+            names |= {str(f) for f in getattr(d, "node", d).expr.free_symbols} if isinstance(d, torch.SymInt) else set()
+    return names
+
+
 def _bounds(ep, rename):
     syms = {}
+    inputs = _input_symbols(ep)
     for s, vr in ep.range_constraints.items():
         lo, hi = vr.lower, vr.upper
         name = rename.get(str(s), str(s))
@@ -114,6 +127,8 @@ def _bounds(ep, rename):
             if str(s).startswith(("u", "zuf")):    # unbacked: a size or a number computed from the input's values
                 raise UnsupportedOpError([(f"a size that depends on the input's values ({name}): cuvil compiles "
                                            "static or bounded shapes", None)])
+            if str(s) not in inputs:       # a size only in an op's meta (an output cuvil computes itself)
+                continue
             raise CuvilError(f"dynamic dim {name} has no upper bound: give it one, e.g. Dim('{name}', max=512)")
         syms[name] = (max(int(lo), 0), hi)
     return syms

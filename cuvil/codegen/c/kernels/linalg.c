@@ -147,6 +147,16 @@ static void jacobi_rotation(double app, double aqq, double apq, double *c, doubl
     *s = t * *c;
 }
 
+/* (x, y) <- (c x - s y, s x + c y) over n pairs x[k * stride], y[k * stride]: one Jacobi rotation of
+ * two rows or two columns */
+static void rotate(double *x, double *y, int64_t n, int64_t stride, double c, double s) {
+    for (int64_t k = 0; k < n; k++) {
+        double a = x[k * stride], b = y[k * stride];
+        x[k * stride] = c * a - s * b;
+        y[k * stride] = s * a + c * b;
+    }
+}
+
 /* +1 or -1: the sign that makes the column's largest entry (the first of equal magnitudes) positive,
  * the vectors' convention (eigen- and singular vectors are defined up to sign); col[k * stride], k < n */
 static double column_sign(const double *col, int64_t n, int64_t stride) {
@@ -176,21 +186,9 @@ static void eigh_one(int64_t n, const float *a, double *A, double *V, float *w, 
                 if (A[p * n + q] == 0) continue;
                 double c, s;
                 jacobi_rotation(A[p * n + p], A[q * n + q], A[p * n + q], &c, &s);
-                for (int64_t k = 0; k < n; k++) {            /* A = J^T A J, V = V J */
-                    double akp = A[k * n + p], akq = A[k * n + q];
-                    A[k * n + p] = c * akp - s * akq;
-                    A[k * n + q] = s * akp + c * akq;
-                }
-                for (int64_t k = 0; k < n; k++) {
-                    double apk = A[p * n + k], aqk = A[q * n + k];
-                    A[p * n + k] = c * apk - s * aqk;
-                    A[q * n + k] = s * apk + c * aqk;
-                }
-                for (int64_t k = 0; k < n; k++) {
-                    double vkp = V[k * n + p], vkq = V[k * n + q];
-                    V[k * n + p] = c * vkp - s * vkq;
-                    V[k * n + q] = s * vkp + c * vkq;
-                }
+                rotate(A + p, A + q, n, n, c, s);             /* A = J^T A J (columns, then rows), V = V J */
+                rotate(A + p * n, A + q * n, n, 1, c, s);
+                rotate(V + p, V + q, n, n, c, s);
             }
     }
     for (int64_t i = 0; i < n; i++) {                        /* ascending, by selection */
@@ -246,16 +244,8 @@ static void svd_tall(int64_t m, int64_t n, double *U, double *V, double *norms, 
                 rotated = 1;
                 double c, sn;
                 jacobi_rotation(alpha, beta, gamma, &c, &sn);
-                for (int64_t k = 0; k < m; k++) {
-                    double up = U[k * n + p], uq = U[k * n + q];
-                    U[k * n + p] = c * up - sn * uq;
-                    U[k * n + q] = sn * up + c * uq;
-                }
-                for (int64_t k = 0; k < n; k++) {
-                    double vp = V[k * n + p], vq = V[k * n + q];
-                    V[k * n + p] = c * vp - sn * vq;
-                    V[k * n + q] = sn * vp + c * vq;
-                }
+                rotate(U + p, U + q, m, n, c, sn);
+                rotate(V + p, V + q, n, n, c, sn);
             }
         if (!rotated) break;
     }

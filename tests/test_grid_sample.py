@@ -41,3 +41,17 @@ def test_grid_sample_matches_eager(tmp_path, rank):
             want = m(x, pts)
         for combo, got, w in zip(m.combos, cm.run(x.numpy(), pts.numpy()), want):
             np.testing.assert_allclose(got, w.numpy(), rtol=1e-4, atol=1e-5, err_msg=str(combo))
+
+
+def test_grid_sample_edge_values(tmp_path):
+    """A tap outside the input under zeros padding reads 0 even where the clamped pixel is inf; a NaN
+    sample point gives NaN for that point (as torch), the others stay right."""
+    import cuvil
+    x = torch.tensor([[[[0.0, 1.0], [2.0, float("inf")]]]])
+    grid = torch.tensor([[[[3.0, 3.0], [float("nan"), 0.0], [0.5, -0.25]]]])
+    m = _Sampler(("bilinear", "nearest")).eval()
+    cm = cuvil.compile(m, (x, grid), cache_dir=str(tmp_path))
+    with torch.no_grad():
+        want = m(x, grid)
+    for combo, got, w in zip(m.combos, cm.run(x.numpy(), grid.numpy()), want):
+        np.testing.assert_allclose(got, w.numpy(), rtol=1e-5, atol=1e-6, err_msg=str(combo))

@@ -1835,6 +1835,7 @@ def lu_factor(op):
     mats = {"batch 3x5x5": rand(r, (3, 5, 5), "float32"), "wide 3x6": rand(r, (3, 6), "float32"),
             "tall 6x3": rand(r, (6, 3), "float32"),
             "zero column": np.array([[0, 1, 2], [0, 3, 4], [0, 5, 7]], np.float32),
+            "subnormal pivot": np.array([[1e-39, 1], [0, 1]], np.float32),
             "empty batch": rand(r, (0, 4, 4), "float32"), "1x1": np.array([[-2.5]], np.float32)}
     for label, a in mats.items():
         lu, piv, info = c.add(op, [c.input(a)])
@@ -1937,6 +1938,16 @@ def svd(op):
         c.out(s, f"{shape} s")
         c.out(vt, f"{shape} vt")
     c.check(rtol=1e-4, atol=1e-4)
+
+
+@case("igamma", "igammac", name="large")
+def igamma_large(op):
+    """a and x up to 1e10 (where the series needs ~sqrt(a) terms and x^a e^-x / Gamma(a) cancels)."""
+    c = Case()
+    a = np.array([20.0, 1e4, 1e6, 1e8, 1e10, 1e10], np.float64)
+    x = np.array([21.0, 1e4 - 50, 1e6 + 900, 1e8, 1e10, 1e10 + 2e5], np.float64)
+    c.out(c.add(op, [c.input(a), c.input(x)]), "large a, x near a")
+    c.check(rtol=1e-7, atol=1e-9)
 
 
 def test_linalg_references_match_lapack():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import operator
 
 import numpy as np
 import torch
@@ -34,6 +35,11 @@ def handler_for(target):
     if found is None and hasattr(target, "_schema"):
         found = HANDLERS.get(target._schema.name)
     return found
+
+
+def outputs_read(ctx) -> set:
+    """The indices of the current node's tuple outputs that some node reads."""
+    return {u.args[1] for u in ctx.node.users if u.target is operator.getitem and u.users}
 
 
 def _out_dtype(ctx):
@@ -871,8 +877,8 @@ def _nanmedian(ctx, x, dim=None, keepdim=False):
         dim = 0
     axis = dim % x.type.rank
     n = x.shape[axis]
-    if not isinstance(n, int):
-        raise Unsupported("a median along a symbolic dim")
+    if not isinstance(n, int) or n == 0:
+        raise Unsupported("a median along a symbolic or empty dim")
     v, i = ctx.add("topk", [x], {"k": n, "axis": axis, "largest": False, "sorted": True})
     numbers = ctx.add("reduce_sum", [ctx.add("cast", [ctx.add("not", [ctx.add("isnan", [x])])], {"to": "int64"})],
                       {"axes": [axis], "keepdims": True})
@@ -885,6 +891,9 @@ def _nanmedian(ctx, x, dim=None, keepdim=False):
     return v if whole else (v, i)
 
 
+MODE_MAX = 4096
+
+
 @handles(aten.mode.default)
 def _mode(ctx, x, dim=-1, keepdim=False):
     """The most frequent value along dim (the smallest of equally frequent ones) and the index of its
@@ -895,6 +904,8 @@ def _mode(ctx, x, dim=-1, keepdim=False):
     n = x.shape[axis]
     if not isinstance(n, int):
         raise Unsupported("mode along a symbolic dim")
+    if x.dtype == "bool" or x.dtype.startswith("bfloat") or n > MODE_MAX:
+        raise Unsupported(f"mode of {x.dtype} along {n} values (up to {MODE_MAX}: it compares every pair)")
     xa = ctx.add("reshape", [x], {"shape": [*x.shape[:axis + 1], 1, *x.shape[axis + 1:]]})
     xb = ctx.add("reshape", [x], {"shape": [*x.shape[:axis], 1, *x.shape[axis:]]})
     same = ctx.add("eq", [xa, xb])                                       # [..., n (this), n (other), ...]

@@ -2,9 +2,11 @@
 deformable attention) with (bi/tri)linear, nearest and (2-d) bicubic interpolation and zeros, border
 and reflection padding, align_corners both ways. The sample points come from a run-time tensor, so the
 taps are gathers at computed indices, by torch's rules (aten/src/ATen/native/GridSampler.h):
-unnormalize, pad (clip or reflect), then weight each tap; a tap outside the input reads 0 under zeros
-padding (its index clamped in, its weight masked)."""
+unnormalize, pad (clip or reflect), then weight each tap; a tap outside the input reads 0 (its index
+clamped in, its value masked)."""
 from __future__ import annotations
+
+import math
 
 from .aten import Unsupported, aten, handles
 
@@ -59,33 +61,28 @@ class _Taps:
 
     def __init__(self, ctx, x, n_points):
         self.ctx, self.N, self.C, self.sizes, self.P = ctx, x.shape[0], x.shape[1], list(x.shape[2:]), n_points
-        self.xf = ctx.add("reshape", [x], {"shape": [self.N, self.C, _prod(self.sizes)]})
+        self.xf = ctx.add("reshape", [x], {"shape": [self.N, self.C, math.prod(self.sizes)]})
         self.total = None
 
-    def add(self, coords, weight, zeros_outside):
-        """coords: per spatial dim (outermost first) the float tap coordinates (whole numbers) [N, P]."""
+    def add(self, coords, weight):
+        """coords: per spatial dim (outermost first) the float tap coordinates (whole numbers) [N, P]. The
+        index is built in int64 from each coordinate clamped in (NaN to 0): a float index is exact only up
+        to 2^24 elements. A tap outside the input (or at NaN) reads 0 whatever its weight, as torch skips
+        it (after border or reflection padding only the bilinear corner past the last pixel is)."""
         ctx, dt = self.ctx, weight.dtype
-        if zeros_outside:
-            for c, size in zip(coords, self.sizes):
-                inside = ctx.add("and", [ctx.add("ge", [c, _f(ctx, 0, dt)]), ctx.add("le", [c, _f(ctx, size - 1, dt)])])
-                weight = ctx.add("where", [inside, weight, _f(ctx, 0, dt)])
-        flat = None
+        inside, flat = None, None
         for c, size in zip(coords, self.sizes):
-            c = _clip(ctx, c, size)
-            flat = c if flat is None else ctx.add("add", [ctx.add("mul", [flat, _f(ctx, size, dt)]), c])
-        idx = ctx.add("cast", [flat], {"to": "int64"})
-        idx = ctx.add("expand", [ctx.add("reshape", [idx], {"shape": [self.N, 1, self.P]})],
+            ok = ctx.add("and", [ctx.add("ge", [c, _f(ctx, 0, dt)]), ctx.add("le", [c, _f(ctx, size - 1, dt)])])
+            inside = ok if inside is None else ctx.add("and", [inside, ok])
+            c = ctx.add("where", [ctx.add("isnan", [c]), _f(ctx, 0, dt), _clip(ctx, c, size)])
+            c = ctx.add("cast", [c], {"to": "int64"})
+            flat = c if flat is None else ctx.add("add", [ctx.add("mul", [flat, ctx.scalar(size, "int64")]), c])
+        idx = ctx.add("expand", [ctx.add("reshape", [flat], {"shape": [self.N, 1, self.P]})],
                       {"shape": [self.N, self.C, self.P]})
         val = ctx.add("gather_elements", [self.xf, idx], {"axis": 2})
+        val = ctx.add("where", [ctx.add("reshape", [inside], {"shape": [self.N, 1, self.P]}), val, _f(ctx, 0, dt)])
         term = ctx.add("mul", [val, ctx.add("reshape", [weight], {"shape": [self.N, 1, self.P]})])
         self.total = term if self.total is None else ctx.add("add", [self.total, term])
-
-
-def _prod(sizes):
-    out = 1
-    for s_ in sizes:
-        out *= s_
-    return out
 
 
 def _cubic_weights(ctx, t):
@@ -113,14 +110,14 @@ def _grid_sampler(ctx, x, grid, interpolation_mode=0, padding_mode=0, align_corn
     if not all(isinstance(s_, int) for s_ in (*x.shape, *grid.shape)):
         raise Unsupported("grid sampling at a symbolic size")
     N, sizes, out = x.shape[0], list(x.shape[2:]), list(grid.shape[1:-1])
-    P = _prod(out)
+    P = math.prod(out)
     g = ctx.add("reshape", [grid], {"shape": [N, P, d]})
     # the grid's last axis is (x, y[, z]): the innermost spatial dim first
     coords = [_unnormalize(ctx, ctx.add("reshape", [ctx.add("slice", [g], {"axis": 2, "start": d - 1 - k, "step": 1,
                                                                                  "length": 1})], {"shape": [N, P]}),
                            sizes[k], align_corners) for k in range(d)]
     taps = _Taps(ctx, x, P)
-    zeros, dt = padding_mode == 0, coords[0].dtype
+    dt = coords[0].dtype
     one = _f(ctx, 1, dt)
 
     def pad(c, k):
@@ -132,10 +129,10 @@ def _grid_sampler(ctx, x, grid, interpolation_mode=0, padding_mode=0, align_corn
             for i in range(4):
                 taps.add([pad(ctx.add("add", [base[0], _f(ctx, j - 1, dt)]), 0),
                           pad(ctx.add("add", [base[1], _f(ctx, i - 1, dt)]), 1)],
-                         ctx.add("mul", [w[0][j], w[1][i]]), zeros)
+                         ctx.add("mul", [w[0][j], w[1][i]]))
     elif MODES[interpolation_mode] == "nearest":
         taps.add([ctx.add("round", [pad(c, k)]) for k, c in enumerate(coords)],
-                 ctx.add("add", [ctx.add("mul", [coords[0], _f(ctx, 0, dt)]), one]), zeros)
+                 ctx.add("expand", [one], {"shape": list(coords[0].shape)}))
     else:                                            # (bi/tri)linear: the 2^d corners around each point
         coords = [pad(c, k) for k, c in enumerate(coords)]
         lows = [ctx.add("floor", [c]) for c in coords]
@@ -147,5 +144,5 @@ def _grid_sampler(ctx, x, grid, interpolation_mode=0, padding_mode=0, align_corn
                 picks.append(ctx.add("add", [lows[k], one]) if up else lows[k])
                 wk = frac[k] if up else ctx.add("sub", [one, frac[k]])
                 weight = wk if weight is None else ctx.add("mul", [weight, wk])
-            taps.add(picks, weight, zeros)
+            taps.add(picks, weight)
     return ctx.add("reshape", [taps.total], {"shape": [N, x.shape[1], *out]})

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .aten import Unsupported, aten, handles
+from .aten import Unsupported, aten, handles, outputs_read
 
 
 # what an effect token is bound to (it carries no value)
@@ -87,21 +87,31 @@ def _swap_sign(ctx, piv, dtype):
                                                                  ctx.scalar(2, dtype)])])
 
 
+def _rows(ctx, x, order):
+    """x [..., n, k] with row i taken from row order[..., i] (order [..., n] int64)."""
+    idx = ctx.add("expand", [ctx.add("reshape", [order], {"shape": [*order.shape, 1]})], {"shape": list(x.shape)})
+    return ctx.add("gather_elements", [x, idx], {"axis": x.type.rank - 2})
+
+
 def _lu_solve(ctx, lu, piv, b, left=True, adjoint=False):
-    """X with A X = B (A^T X = B when adjoint; X A = B when not left), A = P L U given as (lu, piv)."""
+    """X with A X = B (A^T X = B when adjoint; X A = B when not left), A = P L U given as (lu, piv): the
+    row swaps as gathers (a dense P would cost n^3 and spread an inf in B into NaN everywhere)."""
     if not left:                               # X A = B  <=>  A^T X^T = B^T
         return _mT(ctx, _lu_solve(ctx, lu, piv, _mT(ctx, b), True, not adjoint))
     lu, b = _common_batch(ctx, lu, b)
     n = lu.shape[-1]
-    p = _permutation_matrix(ctx, _expand_like(ctx, piv, lu), n, lu.dtype)
-    if not adjoint:                            # L U X = P^T B
-        y = ctx.add("matmul", [_mT(ctx, p), b])
-        y = ctx.add("triangular_solve", [lu, y], {"upper": False, "unit": True})
+    perm = ctx.add("lu_permutation", [ctx.tensor(_expand_like(ctx, piv, lu), "int32")], {"rows": n})
+    if not adjoint:                            # L U X = P^T B: B's rows in the factorization's order
+        y = ctx.add("triangular_solve", [lu, _rows(ctx, b, perm)], {"upper": False, "unit": True})
         return ctx.add("triangular_solve", [lu, y], {"upper": True, "unit": False})
-    lt = _mT(ctx, lu)                          # U^T L^T P^T X = B
+    lt = _mT(ctx, lu)                          # U^T L^T P^T X = B: X's row perm[i] is Y's row i
     y = ctx.add("triangular_solve", [lt, b], {"upper": False, "unit": False})
     y = ctx.add("triangular_solve", [lt, y], {"upper": True, "unit": True})
-    return ctx.add("matmul", [p, y])
+    where = ctx.add("scatter_elements", [ctx.add("mul", [perm, ctx.scalar(0, "int64")]), perm,
+                                         ctx.add("expand", [ctx.g.const(np.arange(n, dtype=np.int64))],
+                                                 {"shape": list(perm.shape)})],
+                    {"axis": perm.type.rank - 1, "reduction": "none"})
+    return _rows(ctx, y, where)
 
 
 def _expand_like(ctx, piv, lu):
@@ -293,17 +303,11 @@ VECTORS = ("{0} of a matrix: their signs are LAPACK's (unspecified), cuvil's dif
            "values, pinv, matrix_rank, cond and nuclear norms compile")
 
 
-def _outputs_read(ctx):
-    """The indices of the current node's tuple outputs that some node reads."""
-    import operator
-    return {u.args[1] for u in ctx.node.users if u.target is operator.getitem and u.users}
-
-
 @handles(aten._linalg_eigh.default)
 def _eigh(ctx, a, UPLO="L", compute_v=True):
     """(eigenvalues ascending, an empty eigenvector tensor): eigvalsh and the hermitian matrix rank
     (torch asks for the vectors for its gradient; unread, they are not computed)."""
-    if compute_v and 1 in _outputs_read(ctx):
+    if compute_v and 1 in outputs_read(ctx):
         raise Unsupported(VECTORS.format("eigenvectors"))
     _static(*a.shape)
     w, _ = ctx.add("eigh", [_mT(ctx, a) if UPLO == "U" else a])
@@ -313,7 +317,7 @@ def _eigh(ctx, a, UPLO="L", compute_v=True):
 @handles(aten._linalg_svd.default)
 def _svd(ctx, a, full_matrices=True, compute_uv=True, driver=None):
     """(empty, singular values descending, empty): svdvals, matrix_rank, cond, the nuclear norm."""
-    if compute_uv and _outputs_read(ctx) & {0, 2}:
+    if compute_uv and outputs_read(ctx) & {0, 2}:
         raise Unsupported(VECTORS.format("singular vectors"))
     _static(*a.shape)
     _, s, _ = ctx.add("svd", [a])
@@ -329,11 +333,15 @@ def _pinv(ctx, a, atol=None, rtol=None, hermitian=False):
     m, n = a.shape[-2:]
     dt = a.dtype
     default_rtol = float(np.finfo(np.float32).eps) * max(m, n)
-    zero_atol = atol is None or (not isinstance(atol, type(a)) and atol == 0)
-    atol = ctx.tensor(0.0 if atol is None else atol, dt)
-    if rtol is None:
-        rtol = default_rtol if zero_atol else 0.0
-    rtol = ctx.tensor(rtol, dt)
+
+    def per_matrix(t):                         # a tolerance per matrix [...] against the [..., 1, 1] largest
+        t = ctx.tensor(t, dt)
+        return ctx.add("reshape", [t], {"shape": [*t.shape, 1, 1]}) if t.type.rank else t
+    if rtol is None:                           # torch: rtol = 0 where atol > 0, else eps * max(m, n)
+        rtol = default_rtol if atol is None else ctx.add(
+            "where", [ctx.add("gt", [ctx.tensor(atol, dt), ctx.scalar(0, dt)]), ctx.scalar(0, dt),
+                      ctx.scalar(default_rtol, dt)])
+    atol, rtol = per_matrix(0.0 if atol is None else atol), per_matrix(rtol)
     if hermitian:
         s, u = ctx.add("eigh", [a])
         v = u

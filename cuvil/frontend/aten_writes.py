@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import dims as D
-from .aten import Unsupported, _out_dtype, aten, handles
+from .aten import Unsupported, _out_dtype, aten, handles, outputs_read
 
 
 def _static(*dims):
@@ -304,6 +304,7 @@ def _round_decimals(ctx, x, decimals=0):
 
 
 EMBEDDING_BAG_MODES = {0: "sum", 1: "mean", 2: "max"}
+BAG_COMPARES_MAX = 1 << 26
 
 
 @handles(aten._embedding_bag_forward_only.default, aten._embedding_bag.default)
@@ -315,6 +316,13 @@ def _embedding_bag(ctx, weight, indices, offsets, scale_grad_by_freq=False, mode
     indices (for the gradient) are not computed."""
     from .aten import _count_below
     _static(*weight.shape, *indices.shape, *offsets.shape)
+    if mode not in EMBEDDING_BAG_MODES:
+        raise Unsupported(f"embedding_bag mode {mode!r}")
+    if 3 in outputs_read(ctx):
+        raise Unsupported("embedding_bag's max indices (its gradient's)")
+    if indices.type.rank == 1 and D.numel(indices.shape) * offsets.shape[0] > BAG_COMPARES_MAX:
+        raise Unsupported(f"embedding_bag over {D.numel(indices.shape)} indices in {offsets.shape[0]} bags "
+                          f"(each index's bag is found by comparing it with every offset: up to {BAG_COMPARES_MAX})")
     reduce = EMBEDDING_BAG_MODES[mode]
     rows, dim = weight.shape
     flat = ctx.add("reshape", [indices], {"shape": [D.numel(indices.shape)]})
@@ -349,9 +357,6 @@ def _embedding_bag(ctx, weight, indices, offsets, scale_grad_by_freq=False, mode
     elif reduce == "max":
         empty = ctx.add("reshape", [ctx.add("eq", [size, ctx.scalar(0, "int64")])], {"shape": [bags, 1]})
         out = ctx.add("where", [empty, ctx.scalar(0, weight.dtype), out])
-    from .aten_linalg import _outputs_read
-    if 3 in _outputs_read(ctx):
-        raise Unsupported("embedding_bag's max indices (its gradient's)")
     return out, bag, size, ctx.g.const(np.zeros(bags, np.int64))
 
 

@@ -102,14 +102,17 @@ def _meta_type(node):
 
 
 def _input_symbols(ep) -> set:
-    """The names of the symbols in the program's user inputs' shapes."""
+    """The names of the symbols in the program's user inputs: their shapes' and the symbolic ints'."""
     user = {sp.arg.name for sp in ep.graph_signature.input_specs
             if sp.kind == torch.export.graph_signature.InputKind.USER_INPUT}
     names = set()
     for node in ep.graph.nodes:
-        val = node.meta.get("val") if node.op == "placeholder" and node.name in user else None
-        for d in getattr(val, "shape", ()):
-            names |= {str(f) for f in getattr(d, "node", d).expr.free_symbols} if isinstance(d, torch.SymInt) else set()
+        if node.op != "placeholder" or node.name not in user:
+            continue
+        val = node.meta.get("val")
+        for d in [val] if isinstance(val, torch.SymInt) else getattr(val, "shape", ()):
+            if isinstance(d, torch.SymInt):
+                names |= {str(f) for f in d.node.expr.free_symbols}
     return names
 
 

@@ -2,6 +2,7 @@
 
 #include "pool.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -24,8 +25,11 @@ void cuvil_lu_factor(int64_t batch, int64_t m, int64_t n, const float *a, float 
                         A[j * n + c] = A[best * n + c];
                         A[best * n + c] = t;
                     }
-                float r = 1.f / A[j * n + j];
-                for (int64_t i = j + 1; i < m; i++) A[i * n + j] *= r;
+                float pivot = A[j * n + j], r = 1.f / pivot;
+                if (fabsf(pivot) >= FLT_MIN)        /* as sgetrf2: a subnormal pivot's reciprocal is inf */
+                    for (int64_t i = j + 1; i < m; i++) A[i * n + j] *= r;
+                else
+                    for (int64_t i = j + 1; i < m; i++) A[i * n + j] /= pivot;
             } else if (!info[b]) {
                 info[b] = (int32_t)(j + 1);
             }

@@ -288,3 +288,20 @@ def test_embedding_bag(mode):
                            F.embedding_bag(i, weight, torch.cat([o, o.new_tensor([8])]), mode=mode,
                                            include_last_offset=True, padding_idx=4),
                            F.embedding_bag(i.reshape(2, 4), weight, mode=mode))), idx, offsets)
+
+
+def test_nonzero_static():
+    """Coordinates of the nonzero elements in row-major order, cut at size or padded with fill_value."""
+    x = torch.tensor([[0.0, 1.5, 0.0], [2.0, 0.0, -1.0], [0.0, 0.0, 3.0]])
+    check(Fn(lambda a: (torch.nonzero_static(a, size=2), torch.nonzero_static(a, size=7, fill_value=-5),
+                        torch.nonzero_static(a > 1, size=4))), x)
+
+
+def test_histogram():
+    """Bins over the data's range (a single value widened), over a given range (values outside left out,
+    the last edge closed), given edges, weights and density."""
+    torch.manual_seed(0)
+    x, w = torch.randn(40), torch.rand(40)
+    edges = torch.tensor([-2.0, -0.5, 0.0, 0.3, 2.5])
+    check(Fn(lambda a, b: (*torch.histogram(a, 7), *torch.histogram(a, 5, range=(-1.0, 1.0), weight=b),
+                           *torch.histogram(a, edges, density=True), *torch.histogram(a * 0 + 1, 3))), x, w)

@@ -363,3 +363,75 @@ def _embedding_bag(ctx, weight, indices, offsets, scale_grad_by_freq=False, mode
 def _slice_of(ctx, x, length):
     """x's first `length` entries along axis 0."""
     return ctx.add("slice", [x], {"axis": 0, "start": 0, "step": 1, "length": length})
+
+
+@handles(aten.nonzero_static.default)
+def _nonzero_static(ctx, x, *, size, fill_value=-1):
+    """The coordinates of x's first `size` nonzero elements in row-major order, [size, rank], the rows
+    past their count filled with fill_value: each nonzero element's rank among them (a running count)
+    picks its row, the others go to a spare row."""
+    _static(*x.shape)
+    numel, rank = D.numel(x.shape), x.type.rank
+    if rank == 0 or size == 0:                 # no coordinates, or no rows: nothing to compute
+        return ctx.g.const(np.full((size, rank), fill_value, np.int64))
+    flat = ctx.add("reshape", [x], {"shape": [numel]})
+    hit = ctx.add("ne", [flat, ctx.tensor(0, x.dtype)]) if x.dtype != "bool" else flat
+    order = ctx.add("sub", [ctx.add("cumsum", [ctx.add("cast", [hit], {"to": "int64"})], {"axis": 0}),
+                            ctx.scalar(1, "int64")])
+    row = ctx.add("where", [ctx.add("and", [hit, ctx.add("lt", [order, ctx.scalar(size, "int64")])]), order,
+                            ctx.scalar(size, "int64")])
+    coords = np.stack(np.unravel_index(np.arange(numel), x.shape), axis=1).astype(np.int64).reshape(numel, rank)
+    target = ctx.add("expand", [ctx.add("reshape", [row], {"shape": [numel, 1]})], {"shape": [numel, rank]})
+    out = ctx.g.const(np.full((size + 1, rank), fill_value, np.int64))
+    out = ctx.add("scatter_elements", [out, target, ctx.g.const(coords)], {"axis": 0, "reduction": "none"})
+    return _slice_of(ctx, out, size)
+
+
+def _linspace(ctx, lo, hi, steps, dt):
+    """torch.linspace(lo, hi, steps) of run-time ends, with torch's rounding: the first half stepped
+    from lo, the second back from hi."""
+    i = np.arange(steps, dtype=np.float64)
+    step = ctx.add("div", [ctx.add("sub", [hi, lo]), ctx.tensor(float(max(steps - 1, 1)), dt)])
+    up = ctx.add("add", [lo, ctx.add("mul", [ctx.g.const(i.astype(dt)), step])])
+    down = ctx.add("sub", [hi, ctx.add("mul", [ctx.g.const((steps - 1 - i).astype(dt)), step])])
+    return ctx.add("where", [ctx.g.const(i < steps // 2), up, down])
+
+
+@handles(aten.histogram.bin_ct, aten.histogram.bins_tensor)
+def _histogram(ctx, x, bins, *, range=None, weight=None, density=False):
+    """(hist, bin_edges): counts (or summed weights) of x in the bins, bins[i] <= x < bins[i + 1] and the
+    last bin closed; values outside ignored. An int `bins` spreads bins + 1 edges over `range`, or over
+    the data's own [min, max] (a single value widened by 0.5 each way); density divides by the total and
+    the bins' widths."""
+    from .aten import _count_below
+    _static(*x.shape)
+    dt = x.dtype
+    flat = ctx.add("reshape", [x], {"shape": [D.numel(x.shape)]})
+    if isinstance(bins, int):
+        if range is not None:
+            lo, hi = ctx.tensor(float(range[0]), dt), ctx.tensor(float(range[1]), dt)
+        else:
+            lo = ctx.add("reduce_min", [flat], {"axes": [0], "keepdims": False})
+            hi = ctx.add("reduce_max", [flat], {"axes": [0], "keepdims": False})
+            same, half = ctx.add("eq", [lo, hi]), ctx.tensor(0.5, dt)
+            lo = ctx.add("where", [same, ctx.add("sub", [lo, half]), lo])
+            hi = ctx.add("where", [same, ctx.add("add", [hi, half]), hi])
+        edges, n = _linspace(ctx, lo, hi, bins + 1, dt), bins
+    else:
+        _static(*bins.shape)
+        edges, n = ctx.tensor(bins, dt), bins.shape[0] - 1
+    first, last = (ctx.add("slice", [edges], {"axis": 0, "start": k, "step": 1, "length": 1}) for k in (0, n))
+    idx = ctx.add("sub", [_count_below(ctx, edges, flat, True, False), ctx.scalar(1, "int64")])
+    idx = ctx.add("where", [ctx.add("eq", [flat, last]), ctx.scalar(n - 1, "int64"), idx])
+    inside = ctx.add("and", [ctx.add("ge", [flat, first]), ctx.add("le", [flat, last])])
+    idx = ctx.add("where", [inside, idx, ctx.scalar(n, "int64")])           # outside: a spare bin
+    w = ctx.add("reshape", [ctx.tensor(weight, dt)], {"shape": list(flat.shape)}) if weight is not None else \
+        ctx.add("full", [], {"shape": list(flat.shape), "value": 1, "dtype": dt})
+    hist = ctx.add("scatter_elements", [ctx.g.const(np.zeros(n + 1, dt)), idx, w], {"axis": 0, "reduction": "add"})
+    hist = _slice_of(ctx, hist, n)
+    if density:
+        widths = ctx.add("sub", [ctx.add("slice", [edges], {"axis": 0, "start": 1, "step": 1, "length": n}),
+                                 _slice_of(ctx, edges, n)])
+        total = ctx.add("reduce_sum", [hist], {"axes": [0], "keepdims": True})
+        hist = ctx.add("div", [hist, ctx.add("mul", [total, widths])])
+    return hist, edges

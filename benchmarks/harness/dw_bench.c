@@ -8,21 +8,10 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "kernels/blocked.h"
 #include "kernels/pool.h"
-
-static double now_us(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
-}
-
-static int by_value(const void *x, const void *y) {
-    double a = *(const double *)x, b = *(const double *)y;
-    return (a > b) - (a < b);
-}
+#include "timing.h"
 
 int main(int argc, char **argv) {
     if (argc < 8) {

@@ -13,27 +13,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "kernels/gemm.h"
 #include "kernels/pool.h"
+#include "timing.h"
 
 typedef struct { float *a; int64_t K; float v; } rows_args;
 
 static void write_rows(void *ctx, int64_t r0, int64_t r1) {
     const rows_args *r = ctx;
     for (int64_t i = r0 * r->K; i < r1 * r->K; i++) r->a[i] = r->v + (float)(i & 15) * 0.01f;
-}
-
-static double now_us(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
-}
-
-static int by_value(const void *x, const void *y) {
-    double a = *(const double *)x, b = *(const double *)y;
-    return (a > b) - (a < b);
 }
 
 int main(int argc, char **argv) {

@@ -37,6 +37,15 @@ def handler_for(target):
     return found
 
 
+def _static_axis(x, dim, what) -> tuple:
+    """(dim as an axis of x, its static size); Unsupported naming `what` where the size is symbolic."""
+    axis = dim % x.type.rank
+    n = x.shape[axis]
+    if not isinstance(n, int):
+        raise Unsupported(f"{what} along a symbolic dim")
+    return axis, n
+
+
 def outputs_read(ctx) -> set:
     """The indices of the current node's tuple outputs that some node reads."""
     return {u.args[1] for u in ctx.node.users if u.target is operator.getitem and u.users}
@@ -419,10 +428,7 @@ def _narrow(ctx, x, dim, start, length):
 
 @handles(aten.unbind.int, aten.unbind_copy.int)
 def _unbind(ctx, x, dim=0):
-    axis = dim % x.type.rank
-    n = x.shape[axis]
-    if not isinstance(n, int):
-        raise Unsupported("unbind along a symbolic dim")
+    axis, n = _static_axis(x, dim, "unbind")
     shape = [d for a, d in enumerate(x.shape) if a != axis]
     return tuple(ctx.add("reshape", [ctx.add("slice", [x], {"axis": axis, "start": k, "step": 1, "length": 1})],
                          {"shape": shape}) for k in range(n))
@@ -875,10 +881,9 @@ def _nanmedian(ctx, x, dim=None, keepdim=False):
     if whole or scalar:
         x = ctx.add("reshape", [x], {"shape": [D.numel(x.shape)]})
         dim = 0
-    axis = dim % x.type.rank
-    n = x.shape[axis]
-    if not isinstance(n, int) or n == 0:
-        raise Unsupported("a median along a symbolic or empty dim")
+    axis, n = _static_axis(x, dim, "a median")
+    if n == 0:
+        raise Unsupported("a median along an empty dim")
     v, i = ctx.add("topk", [x], {"k": n, "axis": axis, "largest": False, "sorted": True})
     numbers = ctx.add("reduce_sum", [ctx.add("cast", [ctx.add("not", [ctx.add("isnan", [x])])], {"to": "int64"})],
                       {"axes": [axis], "keepdims": True})
@@ -900,10 +905,7 @@ def _mode(ctx, x, dim=-1, keepdim=False):
     last occurrence: each element's count of equals (n x n compares), then the picks by reductions."""
     if x.type.rank == 0:
         return x, ctx.tensor(0, "int64")
-    axis = dim % x.type.rank
-    n = x.shape[axis]
-    if not isinstance(n, int):
-        raise Unsupported("mode along a symbolic dim")
+    axis, n = _static_axis(x, dim, "mode")
     if x.dtype == "bool" or x.dtype.startswith("bfloat") or n > MODE_MAX:
         raise Unsupported(f"mode of {x.dtype} along {n} values (up to {MODE_MAX}: it compares every pair)")
     xa = ctx.add("reshape", [x], {"shape": [*x.shape[:axis + 1], 1, *x.shape[axis + 1:]]})
@@ -1014,10 +1016,7 @@ def _cummax(ctx, x, dim):
     (or NaN), so ties keep the later index as torch does."""
     if x.type.rank == 0:
         return x, ctx.tensor(0, "int64")
-    axis = dim % x.type.rank
-    n = x.shape[axis]
-    if not isinstance(n, int):
-        raise Unsupported("a running max along a symbolic dim")
+    axis, n = _static_axis(x, dim, "a running max")
     is_max = ctx.node.target == aten.cummax.default
     shape = [1] * x.type.rank
     shape[axis] = n
@@ -1056,10 +1055,7 @@ def _logcumsumexp(ctx, x, dim):
     with the one `step` before it), so a small early value is kept beside a later large one."""
     if x.type.rank == 0:
         return x
-    axis = dim % x.type.rank
-    n = x.shape[axis]
-    if not isinstance(n, int):
-        raise Unsupported("logcumsumexp along a symbolic dim")
+    axis, n = _static_axis(x, dim, "logcumsumexp")
     y, step = x, 1
     while step < n:
         prev = _shifted(ctx, y, axis, step, -math.inf)

@@ -11,68 +11,50 @@ def _float32_only(node):
     return None if node.inputs[0].dtype == "float32" else f"{node.op} of {node.inputs[0].dtype} matrices"
 
 
-def _batch(v):
-    return cexpr.prod(v.type.shape[:-2])
+def _call(em, fn, sizes, node, flags=()):
+    """fn(the batch of the first input's matrices, sizes..., every input's and output's pointer, flags...)"""
+    lead = cexpr.prod(node.inputs[0].type.shape[:-2 if node.op != "lu_permutation" else -1])
+    args = [lead, *(D.to_c(d) for d in sizes), *(em.ptr(v) for v in (*node.inputs, *node.outputs)), *flags]
+    return [f"{fn}({', '.join(str(a) for a in args)});"]
 
 
 @lowering("lu_factor", supports=_float32_only)
 def lower_lu_factor(em, node):
-    x = node.inputs[0]
-    lu, piv, info = node.outputs
-    m, n = x.type.shape[-2:]
-    return [f"cuvil_lu_factor({_batch(x)}, {D.to_c(m)}, {D.to_c(n)}, {em.ptr(x)}, {em.ptr(lu)}, {em.ptr(piv)}, "
-            f"{em.ptr(info)});"]
+    return _call(em, "cuvil_lu_factor", node.inputs[0].type.shape[-2:], node)
 
 
 @lowering("lu_permutation")
 def lower_lu_permutation(em, node):
-    piv, perm = node.inputs[0], node.outputs[0]
-    return [f"cuvil_lu_permutation({cexpr.prod(piv.type.shape[:-1])}, {D.to_c(piv.type.shape[-1])}, "
-            f"{node.attrs['rows']}, {em.ptr(piv)}, {em.ptr(perm)});"]
+    return _call(em, "cuvil_lu_permutation", [node.inputs[0].type.shape[-1], node.attrs["rows"]], node)
 
 
 @lowering("cholesky", supports=_float32_only)
 def lower_cholesky(em, node):
-    x = node.inputs[0]
-    low, info = node.outputs
-    return [f"cuvil_cholesky({_batch(x)}, {D.to_c(x.type.shape[-1])}, {em.ptr(x)}, {em.ptr(low)}, {em.ptr(info)});"]
+    return _call(em, "cuvil_cholesky", node.inputs[0].type.shape[-1:], node)
 
 
 @lowering("triangular_solve", supports=_float32_only)
 def lower_triangular_solve(em, node):
-    a, b = node.inputs
-    x = node.outputs[0]
-    n, k = b.type.shape[-2:]
-    return [f"cuvil_triangular_solve({_batch(a)}, {D.to_c(n)}, {D.to_c(k)}, {em.ptr(a)}, {em.ptr(b)}, {em.ptr(x)}, "
-            f"{int(bool(node.attrs['upper']))}, {int(bool(node.attrs['unit']))});"]
+    return _call(em, "cuvil_triangular_solve", node.inputs[1].type.shape[-2:], node,
+                 [int(bool(node.attrs["upper"])), int(bool(node.attrs["unit"]))])
 
 
 @lowering("householder_qr", supports=_float32_only)
 def lower_householder_qr(em, node):
-    x = node.inputs[0]
-    qr, tau = node.outputs
-    m, n = x.type.shape[-2:]
-    return [f"cuvil_householder_qr({_batch(x)}, {D.to_c(m)}, {D.to_c(n)}, {em.ptr(x)}, {em.ptr(qr)}, {em.ptr(tau)});"]
+    return _call(em, "cuvil_householder_qr", node.inputs[0].type.shape[-2:], node)
 
 
 @lowering("householder_product", supports=_float32_only)
 def lower_householder_product(em, node):
     v, tau = node.inputs
-    m, n = v.type.shape[-2:]
-    return [f"cuvil_householder_product({_batch(v)}, {D.to_c(m)}, {D.to_c(n)}, {D.to_c(tau.type.shape[-1])}, "
-            f"{em.ptr(v)}, {em.ptr(tau)}, {em.ptr(node.outputs[0])});"]
+    return _call(em, "cuvil_householder_product", [*v.type.shape[-2:], tau.type.shape[-1]], node)
 
 
 @lowering("eigh", supports=_float32_only)
 def lower_eigh(em, node):
-    x = node.inputs[0]
-    w, v = node.outputs
-    return [f"cuvil_eigh({_batch(x)}, {D.to_c(x.type.shape[-1])}, {em.ptr(x)}, {em.ptr(w)}, {em.ptr(v)});"]
+    return _call(em, "cuvil_eigh", node.inputs[0].type.shape[-1:], node)
 
 
 @lowering("svd", supports=_float32_only)
 def lower_svd(em, node):
-    x = node.inputs[0]
-    u, s, vt = node.outputs
-    m, n = x.type.shape[-2:]
-    return [f"cuvil_svd({_batch(x)}, {D.to_c(m)}, {D.to_c(n)}, {em.ptr(x)}, {em.ptr(u)}, {em.ptr(s)}, {em.ptr(vt)});"]
+    return _call(em, "cuvil_svd", node.inputs[0].type.shape[-2:], node)

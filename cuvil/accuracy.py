@@ -38,6 +38,8 @@ def measure(pairs) -> dict:
         differ = counted = 0
         for expected, got in pairs:
             e, g = np.asarray(expected[i]), np.asarray(got[i])
+            if e.dtype.kind == "c":                    # complex: its (real, imaginary) pairs
+                e, g = (np.stack([np.real(x), np.imag(x)], -1) for x in (e, g))
             if e.size == 0:
                 continue
             if e.dtype.kind not in "fc":               # labels / indices: how many differ

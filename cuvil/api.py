@@ -192,8 +192,8 @@ def _compile_torch(model, args, kwargs, opts, cdir, progress, skey):
 def max_errors(expected, got):
     errs = {}
     for i, (e, g) in enumerate(zip(expected, got)):
-        e = np.asarray(e, dtype=np.float64)
-        g = np.asarray(g, dtype=np.float64)
+        wide = np.complex128 if np.iscomplexobj(e) or np.iscomplexobj(g) else np.float64
+        e, g = np.asarray(e, dtype=wide), np.asarray(g, dtype=wide)
         if e.shape != g.shape:
             errs[i] = (float("inf"), float("inf"))
             continue

@@ -139,8 +139,9 @@ def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None,
         progress("precision", f"{opts.precision}: " + "; ".join(f"{k} x{v}" for k, v in formats.items()))
     plan = plan_memory(graph, C_BACKEND)
     target = resolve_target(opts.target)
-    io = {"inputs": [_io(v, n) for v, n in zip(graph.inputs, graph.input_names or [v.name for v in graph.inputs])],
-          "outputs": [_io(v, f"output{i}") for i, v in enumerate(graph.outputs)],
+    names = graph.input_names or [v.name for v in graph.inputs]
+    io = {"inputs": [_io(v, n, i in graph.complex_inputs) for i, (v, n) in enumerate(zip(graph.inputs, names))],
+          "outputs": [_io(v, f"output{i}", i in graph.complex_outputs) for i, v in enumerate(graph.outputs)],
           "symbols": {k: [int(lo), int(hi)] for k, (lo, hi) in graph.symbols.items()}}
     prefix = symbol_prefix(opts.name)
     c_src, weights = emit.generate(graph, plan, target, profile=opts.profile, weights_dir=cache.tmp_dir(cdir),
@@ -185,8 +186,16 @@ def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None,
     return wrap(hit, opts, graph, plan, {"cache": status, "cache_key": key})
 
 
-def _io(v, name):
-    return {"name": name, "dtype": v.dtype, "shape": [d if isinstance(d, int) else D.to_py(d) for d in v.type.shape]}
+COMPLEX_OF = {"float32": "complex64", "float64": "complex128"}
+
+
+def _io(v, name, is_complex=False):
+    """A manifest entry. A complex one states the caller's view (complex64 of shape s) of the library's
+    float32 (s, 2) pairs: the same bytes."""
+    shape = [d if isinstance(d, int) else D.to_py(d) for d in v.type.shape]
+    if is_complex:
+        return {"name": name, "dtype": COMPLEX_OF[v.dtype], "shape": shape[:-1]}
+    return {"name": name, "dtype": v.dtype, "shape": shape}
 
 
 def wrap(path, opts, graph, plan, report):

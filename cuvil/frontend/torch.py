@@ -18,8 +18,8 @@ from ..errors import CuvilError, QuantizationError, UnsupportedOpError
 from ..ir import dims as D
 from ..ir.graph import Graph, TensorType, Value
 # these register their handlers into aten.HANDLERS
-from . import (aten, aten_experts, aten_export, aten_grid, aten_linalg, aten_quant, aten_resample, aten_writes,  # noqa: F401
-               torch_control)
+from . import (aten, aten_complex, aten_experts, aten_export, aten_grid, aten_linalg, aten_quant,  # noqa: F401
+               aten_resample, aten_writes, torch_control)
 from .torch_dtypes import TORCH_DTYPES, dtype_of
 
 
@@ -292,8 +292,10 @@ def _convert(ep, dynamic_shapes, direct) -> tuple[Graph, object]:
                 if not isinstance(t, torch.Tensor):
                     ctx.env[node.name] = ctx.dim(t)
                     continue
-                v = Value(TensorType(tuple(ctx.dim(d) for d in t.shape), dtype_of(t.dtype)), name=node.name)
-                g.inputs.append(v)
+                v = _input_value(ctx, t, node.name)
+                if isinstance(v, aten_complex.Complex):
+                    g.complex_inputs.add(len(g.inputs))
+                g.inputs.append(getattr(v, "pair", v))
                 g.input_names.append(node.name)
                 ctx.env[node.name] = v
             elif spec.kind == torch.export.graph_signature.InputKind.TOKEN:
@@ -304,7 +306,11 @@ def _convert(ep, dynamic_shapes, direct) -> tuple[Graph, object]:
                                                None)])
                 t = consts[spec.target]
                 arr = t.detach().cpu().contiguous().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
-                ctx.env[node.name] = g.const(arr, name=re.sub(r"[^A-Za-z0-9_]", "_", spec.target))
+                name = re.sub(r"[^A-Za-z0-9_]", "_", spec.target)
+                if arr.dtype.kind == "c":       # a complex buffer (a rotary table): its (real, imaginary) pairs
+                    ctx.env[node.name] = aten_complex.Complex(g.const(np.stack([arr.real, arr.imag], -1), name=name))
+                else:
+                    ctx.env[node.name] = g.const(arr, name=name)
         elif node.op == "call_function":
             _call_function(ctx, node, direct)
         elif node.op == "get_attr":       # a higher-order op's subgraph (torch.cond's branches)
@@ -313,6 +319,9 @@ def _convert(ep, dynamic_shapes, direct) -> tuple[Graph, object]:
             outs = _user_outputs(ctx, _pytree.tree_leaves(node.args[0]), ep.graph_signature.output_specs, consts)
             for o in outs:
                 v = ctx.value(o)
+                if isinstance(v, aten_complex.Complex):
+                    g.complex_outputs.add(len(g.outputs))
+                    v = v.pair
                 if isinstance(v, Value):
                     g.outputs.append(v)
                 elif v is not None:
@@ -362,16 +371,18 @@ def _call_function(ctx, node, direct):
         ctx.env[node.name] = item
         return
     target = node.target
-    if direct and aten.handler_for(target) is None:
+    args = [ctx.value(a) for a in node.args]
+    on_complex = aten_complex.involves_complex(node, args)
+    table = aten_complex.HANDLERS.get if on_complex else aten.handler_for
+    if direct and table(target) is None:
         target = _mutation(node, target)
-    handler = aten.handler_for(target)
+    handler = table(target)
     if handler is None:
-        ctx.unsupported.append((str(node.target), ctx.loc))
+        ctx.unsupported.append((f"{node.target} on complex tensors" if on_complex else str(node.target), ctx.loc))
         ctx.env[node.name] = _placeholder_for(ctx, node)
         return
     try:
-        out = handler(ctx, *[ctx.value(a) for a in node.args],
-                      **{k: ctx.value(v) for k, v in node.kwargs.items()})
+        out = handler(ctx, *args, **{k: ctx.value(v) for k, v in node.kwargs.items()})
     except aten.Unsupported as e:
         ctx.unsupported.append((f"{node.target} ({e})", ctx.loc))
         out = _placeholder_for(ctx, node)
@@ -434,30 +445,45 @@ def convert_region(parent, gm, operands, as_input):
     return sub, taken
 
 
+def _input_value(ctx, t, name=None):
+    """A Value of tensor t's shape and dtype; a complex t is a Complex over its (real, imaginary) pairs."""
+    shape = tuple(ctx.dim(d) for d in t.shape)
+    if t.dtype.is_complex:
+        return aten_complex.Complex(Value(TensorType(shape + (2,), aten_complex.pair_dtype(t.dtype)), name=name))
+    return Value(TensorType(shape, dtype_of(t.dtype)), name=name)
+
+
 def _placeholder_for(ctx, node):
     """A stand-in value of the right type so the walk continues and finds every unsupported op."""
-    val = node.meta.get("val")
-    if isinstance(val, torch.Tensor):
+    def one(v):
         try:
-            return Value(TensorType(tuple(ctx.dim(d) for d in val.shape), dtype_of(val.dtype)))
-        except CuvilError:
+            return _input_value(ctx, v) if isinstance(v, torch.Tensor) else None
+        except (CuvilError, aten.Unsupported):
             return None
+    val = node.meta.get("val")
     if isinstance(val, (list, tuple)):
-        return tuple(Value(TensorType(tuple(ctx.dim(d) for d in v.shape), dtype_of(v.dtype)))
-                     if isinstance(v, torch.Tensor) else None for v in val)
-    return None
+        return tuple(one(v) for v in val)
+    return one(val)
 
 
 def _check_against_meta(node, out):
     t = _meta_type(node)
-    if t is None or not isinstance(out, Value):
+    if isinstance(out, aten_complex.Complex):
+        shape, dtype, table = out.shape, out.pair.dtype, aten_complex.PAIR_DTYPES
+    elif isinstance(out, Value):
+        shape, dtype, table = out.type.shape, out.dtype, TORCH_DTYPES
+    else:
         return
-    if out.type.rank != t.dim() or any(isinstance(a, int) and isinstance(b, int) and a != b
-                                       for a, b in zip(out.type.shape, [int(d) if isinstance(d, int) else d for d in t.shape])):
-        raise CuvilError(f"internal: {node.target} lowered to {out.type}, torch says {tuple(t.shape)} "
+    if t is None:
+        return
+    want = table.get(t.dtype)
+    if len(shape) != t.dim() or any(isinstance(a, int) and isinstance(b, int) and a != b
+                                    for a, b in zip(shape, [int(d) if isinstance(d, int) else d for d in t.shape])):
+        raise CuvilError(f"internal: {node.target} lowered to shape {tuple(shape)}, torch says {tuple(t.shape)} "
                          f"(at {source_location(node)})")
-    if out.dtype != TORCH_DTYPES.get(t.dtype):
-        raise CuvilError(f"internal: {node.target} lowered to dtype {out.dtype}, torch says {t.dtype}")
+    if dtype != want:
+        kind = "complex parts of " if isinstance(out, aten_complex.Complex) else ""
+        raise CuvilError(f"internal: {node.target} lowered to {kind}dtype {dtype}, torch says {t.dtype}")
 
 
 def flatten_inputs(args, kwargs=None):

@@ -75,6 +75,10 @@ class Graph:
     symbols: dict = field(default_factory=dict)       # name -> (min, max)
     input_names: list[str] = field(default_factory=list)
     output_names: list[str] = field(default_factory=list)
+    # indices of inputs / outputs the caller sees as complex: their Values hold (real, imaginary)
+    # pairs in a trailing axis of 2, the same bytes as numpy's complex64 / complex128
+    complex_inputs: set = field(default_factory=set)
+    complex_outputs: set = field(default_factory=set)
 
     # ---- construction -------------------------------------------------
     def const(self, array, name=None) -> Value:

@@ -249,7 +249,7 @@ class Module:
         st = getattr(self._local, "state", None)
         if st is None:
             n_in, n_out = max(len(self.inputs), 1), max(len(self.outputs), 1)
-            shapes = [(ctypes.c_int64 * max(len(i["shape"]), 1))() for i in self.inputs]
+            shapes = [_shape_buffer(i, dt) for i, dt in zip(self.inputs, self._in_dtypes)]
             arena = arena_buffer(self.arena_bytes)
             st = self._local.state = {
                 "arena": arena, "arena_ptr": arena.ctypes.data,
@@ -350,6 +350,16 @@ class Module:
     def __repr__(self):
         ins = ", ".join(f"{i['name']}: {i['dtype']}{i['shape']}" for i in self.inputs)
         return f"<cuvil.Module {self.path} ({ins})>"
+
+
+def _shape_buffer(spec, dtype):
+    """The int64 dims the library reads for one input. A complex input is (real, imaginary) float
+    pairs to the library: one more dim, of 2, that the caller's shape never writes over."""
+    rank = len(spec["shape"])
+    buf = (ctypes.c_int64 * max(rank + (dtype.kind == "c"), 1))()
+    if dtype.kind == "c":
+        buf[rank] = 2
+    return buf
 
 
 def _as_numpy(a, spec):

@@ -1,12 +1,13 @@
 """Spectral op handlers.
 
-DFT as matmuls with constant cos / sin matrices over the transformed axis, STFT through the same
+DFT as one GEMM per transformed axis with a constant matrix (../dft.py), STFT through the same
 transform over strided frames, and MelWeightMatrix evaluated at compile time."""
 from __future__ import annotations
 
 import numpy as np
 
 from ...errors import ShapeError
+from .. import dft
 from .helpers import Unsupported, dtype_of, rank_of, shape_of
 from .registry import handler
 
@@ -36,52 +37,24 @@ def _dft(c):
 
 
 def _dft_apply(c, x, ax, L, inverse, onesided):
-    r = rank_of(x)
+    """x (..., n, 1 | 2): real samples or (real, imaginary) pairs along logical axis ax -> pairs (..., k, 2),
+    or real samples (..., L, 1) for an inverse one-sided transform (irfft)."""
+    x = c.val(x)
     shp = list(shape_of(x))
-    nin = shp[ax]
-    dt = dtype_of(x)
-    comp = shp[-1]
-    perm = [i for i in range(r - 1) if i != ax] + [ax]
-
-    def part(k):
-        p = c.reshape(c.op("slice", [x], axis=r - 1, start=k, length=1), shp[:-1])
-        return c.op("transpose", [p], perm=tuple(perm)) if perm != list(range(r - 1)) else p
-    xr = part(0)
-    xi = part(1) if comp == 2 else None
-    n = np.arange(nin)[:, None].astype(np.float64)
-    if inverse and onesided:          # irfft: hermitian input of L // 2 + 1 bins -> L real samples
-        kout = L
-        theta = 2 * np.pi * n * np.arange(L)[None, :] / L
-        w = np.where((n == 0) | ((L % 2 == 0) & (n == L // 2)), 1.0, 2.0) * (n <= L // 2)
-        A, B, Cm, Dm = w * np.cos(theta) / L, -w * np.sin(theta) / L, None, None
+    r, nin, comp = len(shp) - 1, shp[ax], shp[-1]
+    scale = 1.0 / L if inverse else 1.0
+    if inverse and onesided:
+        w, pair_out = dft.hermitian_matrix(nin, L, scale), False
     else:
-        kout = L // 2 + 1 if onesided and not inverse else L
-        sgn = 1.0 if inverse else -1.0
-        theta = sgn * 2 * np.pi * n * np.arange(kout)[None, :] / L
-        keep = (n < L).astype(np.float64)
-        scale = 1.0 / L if inverse else 1.0
-        A, B = keep * np.cos(theta) * scale, -keep * np.sin(theta) * scale
-        Cm, Dm = keep * np.sin(theta) * scale, keep * np.cos(theta) * scale
-
-    def mm(v, m):
-        return c.op("matmul", [v, c.g.const(m.astype(dt))])
-    re = mm(xr, A)
-    if xi is not None:
-        re = c.op("add", [re, mm(xi, B)])
-    parts = [re]
-    if Cm is not None:
-        im = mm(xr, Cm)
-        if xi is not None:
-            im = c.op("add", [im, mm(xi, Dm)])
-        parts.append(im)
-    inv = [perm.index(i) for i in range(r - 1)]
-    oshape = [kout if i == ax else d for i, d in enumerate(shp[:-1])]
-    outs = []
-    for p in parts:
-        if perm != list(range(r - 1)):
-            p = c.op("transpose", [p], perm=tuple(inv))
-        outs.append(c.reshape(p, oshape + [1]))
-    return outs[0] if len(outs) == 1 else c.op("concat", outs, axis=r - 1)
+        bins = L // 2 + 1 if onesided else L
+        w, pair_out = dft.forward_matrix(nin, L, bins, 1.0 if inverse else -1.0, scale, False), True
+    if comp == 1:                      # real samples: only the rows that read real parts
+        w, x = w[0::2], c.reshape(x, shp[:-1])
+    try:
+        y = dft.transform(lambda op, ins, attrs: c.op(op, ins, **attrs), c.g.const, x, ax, r, w, comp == 2, pair_out)
+    except dft.TooLarge as e:
+        raise Unsupported(str(e)) from None
+    return y if pair_out else c.reshape(y, list(y.shape) + [1])
 
 
 @handler("STFT")

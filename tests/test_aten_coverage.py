@@ -1,5 +1,5 @@
 """ATen ops that common models need beyond the tuned set (issue 39): group norm, vector norms
-(F.normalize), upsampling in every mode, adaptive average pooling, top-k and sort. Each compiled
+(F.normalize), upsampling in every mode, adaptive average pooling, top-k and sort, segment_reduce, max-pool backward, matrix_exp, resize_. Each compiled
 module is checked against torch eager."""
 import numpy as np
 import pytest
@@ -305,3 +305,45 @@ def test_histogram():
     edges = torch.tensor([-2.0, -0.5, 0.0, 0.3, 2.5])
     check(Fn(lambda a, b: (*torch.histogram(a, 7), *torch.histogram(a, 5, range=(-1.0, 1.0), weight=b),
                            *torch.histogram(a, edges, density=True), *torch.histogram(a * 0 + 1, 3))), x, w)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min", "prod"])
+@pytest.mark.parametrize("initial", [None, 2.0])
+def test_segment_reduce_lengths_and_offsets(reduce, initial):
+    """Empty segments (the identity, NaN for an empty mean, or `initial`), inner dims, both spellings."""
+    torch.manual_seed(1)
+    data = torch.randn(7, 3)
+    lengths = torch.tensor([0, 2, 1, 4, 0])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    check(Fn(lambda d: (torch.segment_reduce(d, reduce, lengths=lengths, initial=initial),
+                        torch.segment_reduce(d, reduce, offsets=offsets, initial=initial))), data)
+
+
+@pytest.mark.parametrize("dilation, ceil_mode", [(1, False), ((1, 2), True)])
+def test_max_pool_backward_scatters_to_the_maxima(dilation, ceil_mode):
+    x = torch.randn(2, 3, 7, 9)
+
+    def pool_grad(x):
+        y, idx = torch.ops.aten.max_pool2d_with_indices(x, [3, 3], [2, 2], [1, 1], dilation, ceil_mode)
+        return torch.ops.aten.max_pool2d_with_indices_backward(y * 3 + 1, x, [3, 3], [2, 2], [1, 1], dilation,
+                                                                ceil_mode, idx)
+    check(Fn(pool_grad), x)
+
+
+def test_matrix_exp_over_norms():
+    """Scaling and squaring: tiny, unit, large (10x) and strongly negative matrices, a zero one, batched."""
+    torch.manual_seed(2)
+    a = torch.randn(5, 6, 6)
+    a[1] *= 1e-4
+    a[2] *= 10
+    a[3] = -300 * torch.eye(6)
+    a[4] = 0
+    with torch.no_grad():
+        want = torch.linalg.matrix_exp(a.double())
+    got = cuvil.compile(Fn(torch.linalg.matrix_exp), (a,))(a).double()
+    scale = want.abs().amax(dim=(1, 2), keepdim=True).clamp(min=1e-30)
+    assert ((got - want).abs() / scale).max() < 1e-5
+
+
+def test_resize_to_fewer_elements():
+    check(Fn(lambda x: x.clone().resize_(3, 4) * 2), torch.randn(5, 5))

@@ -421,6 +421,19 @@ def _slice(ctx, x, dim=0, start=None, end=None, step=1):
     return ctx.add("slice", [x], {"axis": dim, "start": start, "step": step, "length": length})
 
 
+@handles(aten.resize.default)
+def _resize(ctx, x, size, memory_format=None):
+    """resize_ to no more elements than x holds: its first elements in order (growing would expose
+    memory torch leaves uninitialised)."""
+    shape = [ctx.dim(d) for d in size]
+    n, have = D.numel(shape), D.numel(list(x.shape))
+    if not (isinstance(n, int) and isinstance(have, int)) or n > have:
+        raise Unsupported("resize_ to more elements than the tensor holds, or to a symbolic size")
+    flat = ctx.add("reshape", [x], {"shape": [have]})
+    return ctx.add("reshape", [ctx.add("slice", [flat], {"axis": 0, "start": 0, "step": 1, "length": n})],
+                   {"shape": shape})
+
+
 @handles(aten.narrow.default, aten.narrow_copy.default)
 def _narrow(ctx, x, dim, start, length):
     return ctx.add("slice", [x], {"axis": dim % x.type.rank, "start": start, "step": 1, "length": length})

@@ -364,3 +364,30 @@ def _with_effects(ctx, token, op, *args, **kwargs):
     if op is not aten._linalg_check_errors.default:
         raise Unsupported(f"the side effect {op}")
     return (EFFECT_TOKEN,)
+
+
+MATRIX_EXP_TAYLOR = 18          # terms: the truncation error of ||X|| <= 1/2 is 0.5^19 / 19! ~ 2e-23
+MATRIX_EXP_SQUARINGS = 48       # ||A|| up to 2^47 (exp of anything larger overflows or underflows)
+
+
+@handles(aten.linalg_matrix_exp.default)
+def _matrix_exp(ctx, a):
+    """Scaling and squaring in float64: X = A / 2^s with s per matrix from its 1-norm so ||X|| <= 1/2,
+    exp(X) by Horner's Taylor sum, then squared s times (every squaring step computed, kept where the
+    matrix needs it)."""
+    _static(*a.shape)
+    dt = a.dtype
+    x = ctx.add("cast", [a], {"to": "float64"}) if dt != "float64" else a
+    norm = ctx.add("reduce_max", [ctx.add("reduce_sum", [ctx.add("abs", [x])], {"axes": [x.type.rank - 2],
+                                                                               "keepdims": True})],
+                   {"axes": [x.type.rank - 1], "keepdims": True})              # [..., 1, 1]
+    s = ctx.add("ceil", [ctx.add("log2", [ctx.add("mul", [norm, ctx.scalar(2.0, "float64")])])])
+    s = ctx.add("min", [ctx.add("max", [s, ctx.scalar(0.0, "float64")]), ctx.scalar(MATRIX_EXP_SQUARINGS, "float64")])
+    x = ctx.add("mul", [x, ctx.add("exp2", [ctx.add("neg", [s])])])
+    eye = _eye_like(ctx, x)
+    e = eye
+    for k in range(MATRIX_EXP_TAYLOR, 0, -1):
+        e = ctx.add("add", [eye, ctx.add("mul", [ctx.add("matmul", [x, e]), ctx.scalar(1.0 / k, "float64")])])
+    for i in range(MATRIX_EXP_SQUARINGS):
+        e = ctx.add("where", [ctx.add("lt", [ctx.scalar(float(i), "float64"), s]), ctx.add("matmul", [e, e]), e])
+    return ctx.add("cast", [e], {"to": dt}) if dt != "float64" else e

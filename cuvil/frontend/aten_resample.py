@@ -1,11 +1,13 @@
 """ATen resampling -> IR: nearest, (bi/tri)linear and bicubic resizing (align_corners both ways, and
-antialiased as torchvision's Resize does it), adaptive average and max pooling, max-pool indices. Each spatial axis is a weighted sum of a few gathers ("taps") whose indices
+antialiased as torchvision's Resize does it), adaptive average and max pooling, max-pool indices and their backward (a
+scatter-add of the gradient). Each spatial axis is a weighted sum of a few gathers ("taps") whose indices
 and weights are computed here from the static sizes, by torch's own rules (aten/src/ATen/native/
 UpSample.h: area_pixel_compute_scale, area_pixel_compute_source_index, nearest_idx)."""
 from __future__ import annotations
 
 import numpy as np
 
+from ..ir import dims as D
 from .aten import Unsupported, aten, handles, max_pool
 
 CUBIC_A = -0.75     # torch's bicubic kernel (Keys, a = -0.75)
@@ -268,3 +270,17 @@ def _adaptive_max_pool(ctx, x, output_size):
     out = tuple(ctx.node.meta["val"][0].shape)[-len(output_size):]
     sp = _static_spatial(x, out, "adaptive max pooling")
     return _window_max(ctx, x, [_adaptive_taps(n, m) for n, m in zip(sp, out)])
+
+
+@handles(aten.max_pool2d_with_indices_backward.default, aten.max_pool3d_with_indices_backward.default)
+def _max_pool_backward(ctx, grad, x, kernel, stride, padding, dilation, ceil_mode, indices):
+    """Each window's gradient added at its maximum's flat spatial index (what the forward returned)."""
+    nsp = 2 if ctx.node.target is aten.max_pool2d_with_indices_backward.default else 3
+    lead, spatial = list(x.shape[:-nsp]), list(x.shape[-nsp:])
+    flat = [*lead, D.numel(spatial)]
+    out = [*lead, D.numel(list(grad.shape[-nsp:]))]
+    zeros = ctx.add("full", [], {"shape": flat, "value": 0.0, "dtype": grad.dtype})
+    idx = ctx.add("reshape", [ctx.tensor(indices, "int64")], {"shape": out})
+    y = ctx.add("scatter_elements", [zeros, idx, ctx.add("reshape", [grad], {"shape": out})],
+                {"axis": len(lead), "reduction": "add"})
+    return ctx.add("reshape", [y], {"shape": list(x.shape)})

@@ -435,3 +435,43 @@ def _histogram(ctx, x, bins, *, range=None, weight=None, density=False):
         total = ctx.add("reduce_sum", [hist], {"axes": [0], "keepdims": True})
         hist = ctx.add("div", [hist, ctx.add("mul", [total, widths])])
     return hist, edges
+
+
+SEGMENT_REDUCE = {"sum": "add", "mean": "add", "prod": "mul", "max": "max", "min": "min"}
+SEGMENT_EMPTY = {"sum": 0.0, "mean": 0.0, "prod": 1.0, "max": -np.inf, "min": np.inf}
+
+
+@handles(aten.segment_reduce.default)
+def _segment_reduce(ctx, data, reduce, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
+    """Consecutive segments of data along axis 0 reduced: each element's segment (how many segment
+    ends lie at or before it) scatters it into its row, which starts from `initial` (or the
+    reduction's identity: what an empty segment keeps; an empty mean is NaN without an initial)."""
+    if reduce not in SEGMENT_REDUCE or indices is not None or (lengths is None) == (offsets is None):
+        raise Unsupported(f"segment_reduce with reduce={reduce!r} and these segment arguments")
+    if axis % data.type.rank != 0 or (lengths if lengths is not None else offsets).type.rank != 1:
+        raise Unsupported("segment_reduce along an axis other than 0")
+    if offsets is not None:
+        nseg = offsets.shape[0] - 1
+        ends = ctx.add("slice", [offsets], {"axis": 0, "start": 1, "step": 1, "length": nseg})
+        lengths = ctx.add("sub", [ends, ctx.add("slice", [offsets], {"axis": 0, "start": 0, "step": 1, "length": nseg})])
+    else:
+        nseg = lengths.shape[0]
+        ends = ctx.add("cumsum", [lengths], {"axis": 0})
+    n, inner = data.shape[0], list(data.shape[1:])
+    pos = ctx.add("iota", [], {"length": n, "start": 0, "step": 1, "dtype": ends.dtype})
+    pos = ctx.add("reshape", [pos], {"shape": [n, 1]})
+    seg = ctx.add("reduce_sum", [ctx.add("cast", [ctx.add("le", [ends, pos])], {"to": "int64"})],
+                  {"axes": [1], "keepdims": False})                      # [n]: the segment of each element
+    seg = ctx.add("min", [seg, ctx.tensor(max(nseg - 1, 0), "int64")])     # lengths summing short of n
+    seg = ctx.add("expand", [ctx.add("reshape", [seg], {"shape": [n] + [1] * len(inner)})], {"shape": list(data.shape)})
+    start = SEGMENT_EMPTY[reduce] if initial is None else float(initial)
+    rows = ctx.add("full", [], {"shape": [nseg] + inner, "value": start, "dtype": data.dtype})
+    y = ctx.add("scatter_elements", [rows, seg, data], {"axis": 0, "reduction": SEGMENT_REDUCE[reduce]})
+    if reduce != "mean":
+        return y
+    count = ctx.add("reshape", [ctx.add("cast", [lengths], {"to": data.dtype})], {"shape": [nseg] + [1] * len(inner)})
+    mean = ctx.add("div", [y, count])
+    if initial is None:
+        return mean
+    return ctx.add("where", [ctx.add("eq", [count, ctx.tensor(0.0, data.dtype)]), ctx.tensor(float(initial), data.dtype),
+                             mean])

@@ -1,6 +1,6 @@
 """ATen ops that common models need beyond the tuned set (issue 39): group norm, vector norms
-(F.normalize), upsampling in every mode, adaptive average pooling, top-k and sort, segment_reduce, max-pool backward, matrix_exp, resize_. Each compiled
-module is checked against torch eager."""
+(F.normalize), upsampling in every mode, adaptive average pooling, top-k and sort, segment_reduce,
+max-pool backward, matrix_exp, resize_. Each compiled module is checked against torch eager."""
 import numpy as np
 import pytest
 import torch

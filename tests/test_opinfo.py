@@ -21,11 +21,12 @@ MODEL_OPS = [
     "chunk", "transpose", "permute", "reshape", "expand", "repeat", "mean", "sum", "amax", "var", "std",
     "logsumexp", "clamp", "isfinite", "isclose", "logaddexp", "nn.functional.embedding", "einsum",
 ]
-# one op per family of the special functions, the linear algebra and the complex / FFT ops (torch's names -> the IR's): the
+# one op per family of the special functions, the linear algebra, the complex / FFT ops and the
+# data-dependent sizes (torch's names -> the IR's): the
 # frontend's mapping of each family checked against eager; their kernels against scipy in test_ops.py
 FAMILY_OPS = ["erfinv", "polygamma.polygamma_n_1", "special.i1e", "special.bessel_y1", "special.legendre_polynomial_p",
               "igammac", "linalg.det", "linalg.solve", "linalg.cholesky", "linalg.lu_factor",
-              "fft.rfft2", "fft.ihfftn", "view_as_complex"]
+              "fft.rfft2", "fft.ihfftn", "view_as_complex", "nonzero", "masked_select", "unique"]
 
 
 @pytest.fixture(scope="module")

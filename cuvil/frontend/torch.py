@@ -18,8 +18,8 @@ from ..errors import CuvilError, QuantizationError, UnsupportedOpError
 from ..ir import dims as D
 from ..ir.graph import Graph, TensorType, Value
 # these register their handlers into aten.HANDLERS
-from . import (aten, aten_complex, aten_experts, aten_export, aten_grid, aten_linalg, aten_quant,  # noqa: F401
-               aten_resample, aten_writes, torch_control)
+from . import (aten, aten_complex, aten_dynamic, aten_experts, aten_export, aten_grid, aten_linalg,  # noqa: F401
+               aten_quant, aten_resample, aten_writes, torch_control)
 from .torch_dtypes import TORCH_DTYPES, dtype_of
 
 
@@ -117,7 +117,9 @@ def _input_symbols(ep) -> set:
 
 
 def _bounds(ep, rename):
-    syms = {}
+    """{symbol: (lo, hi)} of the program's dims, and the unbacked ones without a bound (a data-dependent
+    op's handler bounds its own symbol; any left at the end is refused)."""
+    syms, unbounded = {}, set()
     inputs = _input_symbols(ep)
     for s, vr in ep.range_constraints.items():
         lo, hi = vr.lower, vr.upper
@@ -128,13 +130,13 @@ def _bounds(ep, rename):
             hi = None
         if hi is None or hi > 2**40:
             if str(s).startswith(("u", "zuf")):    # unbacked: a size or a number computed from the input's values
-                raise UnsupportedOpError([(f"a size that depends on the input's values ({name}): cuvil compiles "
-                                           "static or bounded shapes", None)])
+                unbounded.add(name)
+                continue
             if str(s) not in inputs:       # a size only in an op's meta (an output cuvil computes itself)
                 continue
             raise CuvilError(f"dynamic dim {name} has no upper bound: give it one, e.g. Dim('{name}', max=512)")
         syms[name] = (max(int(lo), 0), hi)
-    return syms
+    return syms, unbounded
 
 
 def to_torch_dynamic_shapes(spec):
@@ -277,7 +279,8 @@ def _convert(ep, dynamic_shapes, direct) -> tuple[Graph, object]:
                       for s in ep.graph_signature.output_specs):
         raise _NeedsDecomposition("the program mutates a buffer or an input")
     rename = _user_dim_names(ep, dynamic_shapes)
-    g = Graph(symbols=_bounds(ep, rename))
+    symbols, unbounded = _bounds(ep, rename)
+    g = Graph(symbols=symbols)
     ctx = Ctx(g, rename, direct=direct)
     sig = ep.graph_signature
     kinds = {s.arg.name: s for s in sig.input_specs}
@@ -327,6 +330,8 @@ def _convert(ep, dynamic_shapes, direct) -> tuple[Graph, object]:
                 elif v is not None:
                     raise CuvilError(f"model output {o} is not a tensor; cuvil returns tensors only")
             g.output_names = [getattr(o, "name", f"output{i}") for i, o in enumerate(outs)]
+    ctx.unsupported += [(f"a size that depends on the input's values ({name}): cuvil compiles static or bounded "
+                         "shapes", None) for name in sorted(unbounded - set(g.symbols))]
     if ctx.unsupported:
         if direct:
             raise _NeedsDecomposition(ctx.unsupported[0][0])
@@ -362,6 +367,9 @@ def _call_function(ctx, node, direct):
     val = node.meta.get("val")
     if isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool) and node.target is not operator.getitem:
         ctx.env[node.name] = ctx.dim(val)
+        return
+    if aten_dynamic.is_size_check(node):
+        ctx.env[node.name] = True
         return
     if node.target is operator.getitem:
         src = ctx.env[node.args[0].name]

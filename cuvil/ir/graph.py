@@ -95,6 +95,14 @@ class Graph:
         return outs[0] if len(outs) == 1 else outs
 
     # ---- queries ------------------------------------------------------
+    def data_dims(self) -> list[str]:
+        """The dim symbols computed at run time (bind_dim: nonzero's count, unique's size), in order."""
+        seen: dict = {}
+        for n in self.nodes:
+            if n.op == "bind_dim":
+                seen.setdefault(n.attrs["symbol"], None)
+        return list(seen)
+
     def constants(self) -> list[Value]:
         seen, out = set(), []
         for v in itertools.chain((i for n in self.nodes for i in n.inputs), self.outputs):

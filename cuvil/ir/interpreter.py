@@ -56,6 +56,8 @@ def run_node(node, arrays, env):
     if node.op in REGIONS:
         outs = _run_region(node, arrays)
         return [np.asarray(o, dtype=v.dtype) for o, v in zip(outs, node.outputs)]
+    if node.op == "bind_dim":             # a data-dependent dim: later nodes' attrs read its value
+        env[node.attrs["symbol"]] = int(arrays[1])
     out = REGISTRY[node.op].ref(arrays, concrete_attrs(node.attrs, env))
     outs = out if isinstance(out, (list, tuple)) else [out]
     return [np.asarray(o, dtype=v.dtype) for o, v in zip(outs, node.outputs)]

@@ -86,7 +86,8 @@ def crc_text(crc: int) -> str:
 # An artifact is native code: load only artifacts you trust. The hashes below catch corruption, edits
 # and stale copies (no one can sign here); what keeps an edited manifest from turning into a buffer
 # overflow is the cross-check against the signature the library itself reports (signature()).
-SIGNED = ("inputs", "outputs", "symbols")       # what the library reports about itself
+# what the library reports about itself; data_dims (the symbols computed at run time) only where present
+SIGNED = ("inputs", "outputs", "symbols", "data_dims")
 HASHED = ("model.so", "model.c", "model.h")     # weights.bin has its own (parallel) checksum
 RUNNER = ("cuvil_run", "cuvil_run_main.c", "cuvil_run_io.h")   # the C runner, where one was built
 PREFIX = re.compile(r"cuvil_([A-Za-z][A-Za-z0-9_]{0,31}_)?\Z")
@@ -97,7 +98,12 @@ MAX_IO = 4096
 def signature(manifest: dict) -> str:
     """The canonical text of what the library's cuvil_signature() returns: its inputs, outputs and
     dim symbols exactly as the manifest states them."""
-    return json.dumps({k: manifest[k] for k in SIGNED}, sort_keys=True, separators=(",", ":"))
+    return json.dumps(signed_part(manifest), sort_keys=True, separators=(",", ":"))
+
+
+def signed_part(manifest: dict) -> dict:
+    return {k: manifest.get(k, {} if k == "symbols" else None) for k in SIGNED
+            if manifest.get(k) is not None or k == "symbols"}
 
 
 def file_digest(path: Path) -> str:
@@ -228,6 +234,9 @@ def _check_schema(m):
     for k, b in syms.items():
         _need(k.isidentifier() and isinstance(b, list) and len(b) == 2 and all(_is_int(x) for x in b)
               and b[0] <= b[1], f"symbols[{k!r}]", "[lo, hi] with 0 <= lo <= hi", b)
+    dd = m.get("data_dims")
+    _need(dd is None or (isinstance(dd, list) and all(isinstance(k, str) and k in syms for k in dd)), "data_dims",
+          "null or a list of names from symbols", dd)
     w = m["weights"]
     _need(isinstance(w, dict) and _is_int(w.get("bytes")) and isinstance(w.get("checksum"), str), "weights",
           '{"bytes": int >= 0, "checksum": str}', w)

@@ -89,14 +89,14 @@ class Library:
     def check_signature(self, manifest: dict, where) -> None:
         """The manifest's inputs, outputs and symbols must be what the library was built for: an
         edited shape or dtype would otherwise size buffers the library writes past."""
-        from .artifact import SIGNED
+        from .artifact import SIGNED, signed_part
         try:
             own = json.loads(self.fn.signature().decode())
         except (ValueError, UnicodeDecodeError):
             own = None
-        stated = {k: manifest.get(k, {} if k == "symbols" else None) for k in SIGNED}
+        stated = signed_part(manifest)
         if own != stated:
-            bad = [k for k in SIGNED if not isinstance(own, dict) or own.get(k) != stated[k]]
+            bad = [k for k in SIGNED if not isinstance(own, dict) or own.get(k) != stated.get(k)]
             raise ArtifactError(f"artifact {where}: manifest.json's {', '.join(bad)} do not match model.so "
                                 "(the manifest was edited, or belongs to another build)")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import ctypes
 import os
+import re
 import sys
 import threading
 import weakref
@@ -43,6 +44,7 @@ def arena_buffer(nbytes: int) -> np.ndarray:
     return aligned_empty(max(nbytes, 64))
 
 
+_NAMES = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _OPS = {ast.Add: lambda a, b: a + b, ast.Mult: lambda a, b: a * b, ast.Sub: lambda a, b: a - b,
         ast.FloorDiv: lambda a, b: a // b, ast.Mod: lambda a, b: a % b}
 
@@ -151,6 +153,12 @@ class Module:
         self._finalizer = weakref.finalize(self, _release, lib, self._handle)
         self._finalizer.atexit = False     # at exit the process unmaps it; a daemon thread may still run it
         self._crun = lib.fn.run
+        self._data_dims = list(m.get("data_dims") or [])
+        if self._data_dims:
+            self._data_dims_fn = getattr(lib.cdll, lib.prefix + "data_dims")
+            self._data_dims_fn.restype, self._data_dims_fn.argtypes = ctypes.c_int, [ctypes.c_void_p]
+            self._data_sized_outputs = [i for i, o in enumerate(self.outputs) if any(
+                isinstance(d, str) and set(_NAMES.findall(d)) & set(self._data_dims) for d in o["shape"])]
         self.arena_bytes = lib.fn.arena_size()
         self._local = threading.local()
 
@@ -286,6 +294,9 @@ class Module:
         conv, shapes = self._checked(arrays)
         if out is None:
             outs = [np.empty(s, dtype=dt) for s, dt in zip(shapes, self._out_dtypes)]
+        elif self._data_dims:
+            raise ShapeError(f"out= buffers are not taken by a model whose outputs are sized by the data "
+                             f"({', '.join(self._data_dims)})")
         else:
             outs = self._check_out(out, shapes)
         st = self._call_state()
@@ -312,6 +323,18 @@ class Module:
         rc = self._crun(self._handle, in_ptrs, st["shape_ptrs"], out_ptrs, st["arena_ptr"])
         if rc:
             raise ShapeError(f"cuvil run failed: {self._lib.fn.last_error().decode(errors='replace')}")
+        return self._data_sized(outs, conv) if self._data_dims else outs
+
+    def _data_sized(self, outs, inputs):
+        """Outputs with a dim the run computed from the data (allocated at its upper bound): the front
+        of each buffer, at the shape the computed dims give."""
+        vals = (ctypes.c_int64 * len(self._data_dims))()
+        self._data_dims_fn(vals)
+        env = dict(self._bind(inputs), **dict(zip(self._data_dims, vals)))
+        outs = list(outs)
+        for i in self._data_sized_outputs:
+            shape = tuple(d if isinstance(d, int) else eval_dim(d, env) for d in self.outputs[i]["shape"])
+            outs[i] = outs[i].reshape(-1)[:int(np.prod(shape, dtype=np.int64))].reshape(shape)
         return outs
 
     def _check_out(self, out, shapes):

@@ -47,6 +47,10 @@ int {p}run(cuvil_model *m, const void *const *inputs, const int64_t *const *inpu
            void *const *outputs, void *arena);
 /* Output shape for the given input shapes (rank entries written to shape); 0 on success. */
 int {p}output_shape(const int64_t *const *input_shapes, int output, int64_t *shape);
+/* The dims the last {p}run on this thread computed from the data (nonzero's count, unique's size), in
+ * the order of manifest.json's "data_dims"; returns how many. Outputs are allocated for their upper
+ * bounds ({p}output_shape), and an output with such a dim fills its front: its shape at these values. */
+int {p}data_dims(int64_t *dims);
 const char *{p}last_error(void);
 #ifdef __cplusplus
 }}
@@ -82,8 +86,10 @@ def _bind(graph):
                 bound.add(d.name)
                 lines.append(f"const int64_t S_{cstr.ident(d.name)} = input_shapes[{i}][{j}];")
     missing = set(graph.symbols) - bound
-    for name in sorted(missing):   # a symbol no input carries plainly: use its upper bound
-        lines.append(f"const int64_t S_{cstr.ident(name)} = {int(graph.symbols[name][1])};")
+    computed = set(graph.data_dims())
+    for name in sorted(missing):   # a symbol no input carries plainly: its upper bound (bind_dim sets a computed one)
+        const = "" if name in computed else "const "
+        lines.append(f"{const}int64_t S_{cstr.ident(name)} = {int(graph.symbols[name][1])};")
     for name in sorted(bound):
         lo, hi = (int(b) for b in graph.symbols.get(name, (0, 2**62)))
         msg = cstr.format_string(f"dynamic dim {name} = ") + f'"%lld is outside its bounds [{lo}, {hi}]"'
@@ -113,7 +119,8 @@ def _locals_macro(graph):
         [f"out{i}" for i in range(len(graph.outputs))] + [f"S_{n}" for n in syms]
     decl.append(" ".join(f"(void){u};" for u in uses))
     macro = "#define CUVIL_LOCALS(c) \\\n  " + " \\\n  ".join(decl)
-    init = (f"const cuvil_ctx cuvil_ctx_ = {{W, A, inputs, outputs, {{{', '.join('S_' + n for n in syms) or '0'}}}}};"
+    const = "" if graph.data_dims() else "const "      # bind_dim updates its symbols in the context
+    init = (f"{const}cuvil_ctx cuvil_ctx_ = {{W, A, inputs, outputs, {{{', '.join('S_' + n for n in syms) or '0'}}}}};"
             " (void)cuvil_ctx_;")
     return "\n".join(struct) + "\n" + macro + "\n", init
 
@@ -126,6 +133,8 @@ def model_c(graph, em, body, plan, signature="", prefix=DEFAULT_PREFIX):
     p = cstr.ident(prefix)
     out.append(f"""
 const char *{p}last_error(void) {{ return cuvil_err; }}
+static __thread int64_t cuvil_dd_values[{max(len(graph.data_dims()), 1)}];
+int {p}data_dims(int64_t *dims) {{ for (int i = 0; i < {len(graph.data_dims())}; i++) dims[i] = cuvil_dd_values[i]; return {len(graph.data_dims())}; }}
 const char *{p}signature(void) {{ return {cstr.string(signature, clip=False)}; }}
 int {p}num_inputs(void) {{ return {nin}; }}
 int {p}num_outputs(void) {{ return {nout}; }}

@@ -1,4 +1,4 @@
-"""C lowering of data movement: views, strided copies, concat, pad, gather, iota, full."""
+"""C lowering of data movement: views, strided copies, bind_dim (a dim computed at run time), concat, pad, gather, iota, full."""
 from __future__ import annotations
 
 import numpy as np
@@ -26,6 +26,21 @@ def lower_reshape(em, node):
     if em.plan.alias.get(y.name) is not None:
         return []                                    # a view: shares its source's buffer
     return [f"memcpy({em.ptr(y)}, {em.ptr(x)}, {_nbytes(y)});"]
+
+
+@lowering("bind_dim")
+def lower_bind_dim(em, node):
+    """The symbol takes the count computed at run time (for the kernels after it, the parallel tasks'
+    context and the caller's data_dims), and x's first `count` entries along axis are copied out."""
+    x, count = node.inputs
+    name = node.attrs["symbol"]
+    hi = int(em.graph.symbols[name][1])
+    k, j = sorted(em.graph.symbols).index(name), em.graph.data_dims().index(name)
+    return [f"S_{name} = *(const int64_t *){em.ptr(count)};",
+            f'if (S_{name} < 0 || S_{name} > {hi}) CUVIL_FAIL("data-dependent dim {name} = %lld is outside [0, {hi}]", '
+            f"(long long)S_{name});",
+            f"cuvil_ctx_.sym[{k}] = S_{name}; cuvil_dd_values[{j}] = S_{name};"] + \
+        _copy(em, node.outputs[0], em.ptr(x), contiguous_strides(x.type.shape))
 
 
 @lowering("transpose")

@@ -1,4 +1,4 @@
-"""Ops that move data: reshape, transpose, expand, slice, concat, pad, gather, scatter, iota, full, relayout."""
+"""Ops that move data: reshape, transpose, expand, slice, bind_dim, concat, pad, gather, scatter, iota, full, relayout."""
 from __future__ import annotations
 
 import numpy as np
@@ -104,6 +104,25 @@ def _slice_ref(xs, a):
 
 declare(OpDef("slice", {"axis": REQUIRED, "start": REQUIRED, "step": 1, "length": REQUIRED},
               _slice_infer, _slice_ref, kind="movement"))
+
+
+def _bind_dim_infer(types, attrs, inputs):
+    """x (its `axis` sized for the most it can hold) and a 0-d int64 count -> x's first `count` entries
+    along axis, that dim now the data-dependent symbol `symbol` (nonzero's row count, unique's size)."""
+    t, c = types
+    ax = norm_axis(attrs["axis"], t.rank)
+    attrs["axis"] = ax
+    if c.rank != 0 or c.dtype != "int64":
+        raise ShapeError(f"bind_dim: the count must be a 0-d int64, got {c}")
+    if not isinstance(attrs["symbol"], str) or not attrs["symbol"].isidentifier():
+        raise ShapeError(f"bind_dim: symbol must be an identifier, got {attrs['symbol']!r}")
+    shape = list(t.shape)
+    shape[ax] = D.Sym(attrs["symbol"])
+    return [TensorType(tuple(shape), t.dtype)]
+
+
+declare(OpDef("bind_dim", {"symbol": REQUIRED, "axis": 0}, _bind_dim_infer,
+              lambda xs, a: np.take(xs[0], np.arange(int(xs[1])), axis=a["axis"]), kind="movement"))
 
 
 def _concat_infer(types, attrs, inputs):

@@ -125,14 +125,15 @@ def _unique_of(ctx, vals, n, order, return_inverse, return_counts, shape):
         inv = run if order is None else ctx.add("scatter_elements", [run, order, run], {"axis": 0, "reduction": "none"})
         inverse = ctx.add("reshape", [inv], {"shape": shape})
     if return_counts:
-        tally = ctx.add("scatter_elements", [ctx.g.const(np.zeros(n, np.int64)), run, ctx.g.const(np.ones(n, np.int64))],
-                        {"axis": 0, "reduction": "add"})
+        zeros, ones = ctx.g.const(np.zeros(n, np.int64)), ctx.g.const(np.ones(n, np.int64))
+        tally = ctx.add("scatter_elements", [zeros, run, ones], {"axis": 0, "reduction": "add"})
         counts = bind_to(ctx, tally, count, 0, sym)
     return values, inverse, counts
 
 
-def _empty_int(ctx):
-    return ctx.g.const(np.zeros(0, np.int64))
+def _with_empties(ctx, values, inverse, counts):
+    """unique's three outputs, the ones not asked for as torch gives them (empty int64 tensors)."""
+    return values, *(v if v is not None else ctx.g.const(np.zeros(0, np.int64)) for v in (inverse, counts))
 
 
 @handles(aten._unique2.default)
@@ -145,7 +146,7 @@ def _unique2(ctx, x, sorted=True, return_inverse=False, return_counts=False):
     flat = _flat(ctx, x)
     vals, order = ctx.add("topk", [flat], {"k": n, "axis": 0, "largest": False, "sorted": True})
     values, inverse, counts = _unique_of(ctx, vals, n, order, return_inverse, return_counts, list(x.shape))
-    return values, inverse if inverse is not None else _empty_int(ctx), counts if counts is not None else _empty_int(ctx)
+    return _with_empties(ctx, values, inverse, counts)
 
 
 @handles(aten.unique_consecutive.default)
@@ -157,7 +158,7 @@ def _unique_consecutive(ctx, x, return_inverse=False, return_counts=False, dim=N
     if n == 0:
         raise Unsupported("unique_consecutive of an empty tensor")
     values, inverse, counts = _unique_of(ctx, _flat(ctx, x), n, None, return_inverse, return_counts, list(x.shape))
-    return values, inverse if inverse is not None else _empty_int(ctx), counts if counts is not None else _empty_int(ctx)
+    return _with_empties(ctx, values, inverse, counts)
 
 
 # the range checks torch.export puts on an unbacked size (u0 >= 0, u0 <= n): true by construction here

@@ -1,4 +1,5 @@
-"""C lowering of data movement: views, strided copies, bind_dim (a dim computed at run time), concat, pad, gather, iota, full."""
+"""C lowering of data movement: views, strided copies, bind_dim (a dim computed at run time), concat, pad,
+gather, iota, full."""
 from __future__ import annotations
 
 import numpy as np

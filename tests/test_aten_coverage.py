@@ -347,3 +347,21 @@ def test_matrix_exp_over_norms():
 
 def test_resize_to_fewer_elements():
     check(Fn(lambda x: x.clone().resize_(3, 4) * 2), torch.randn(5, 5))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_linear_cross_entropy_chunked(reduction):
+    """F.linear_cross_entropy's chunked custom op (class weights, an ignored target, label smoothing)
+    against the unchunked definition, F.cross_entropy of F.linear."""
+    from torch.nn.modules.linear_cross_entropy_options import LinearCrossEntropyOptions
+    torch.manual_seed(3)
+    x, w, b, cw = torch.randn(6, 5), torch.randn(4, 5), torch.randn(4), torch.rand(4) + 0.5
+    target = torch.tensor([0, 3, 1, 2, 3, 1])
+    smoothing = 0.0 if reduction == "none" else 0.1         # the reduction="none" op takes no smoothing
+    opts = LinearCrossEntropyOptions(batch_chunk_size=2)
+    m = Fn(lambda x, t: F.linear_cross_entropy(x, w, t, linear_bias=b, weight=cw, reduction=reduction,
+                                                ignore_index=1, label_smoothing=smoothing, options=opts))
+    got = cuvil.compile(m, (x, target))(x, target)
+    want = F.cross_entropy(F.linear(x, w, b), target, weight=cw, reduction=reduction, ignore_index=1,
+                           label_smoothing=smoothing)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)

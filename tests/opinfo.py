@@ -123,7 +123,7 @@ def check_sample(op, sample, cache_dir) -> tuple[str, str]:
     except Exception as e:
         tb = traceback.extract_tb(e.__traceback__)[-1]
         return "crash", f"{type(e).__name__}: {str(e)[:200]} ({Path(tb.filename).name}:{tb.lineno})"
-    got = [torch.as_tensor(g) for g in (got if isinstance(got, (list, tuple)) else [got])]
+    got = [torch.as_tensor(g) for g in torch.utils._pytree.tree_leaves(got)]       # (hist, [edges]) nests
     if len(got) != len(want):
         return "mismatch", f"{len(got)} outputs, eager has {len(want)}"
     exact = None

@@ -365,3 +365,17 @@ def test_linear_cross_entropy_chunked(reduction):
     want = F.cross_entropy(F.linear(x, w, b), target, weight=cw, reduction=reduction, ignore_index=1,
                            label_smoothing=smoothing)
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("density", [False, True])
+def test_histogramdd(density):
+    """Bin counts per dim with and without a range, given edges, weights, values on the last edge."""
+    torch.manual_seed(4)
+    x = torch.randn(40, 3)
+    x[0] = torch.tensor([1.0, 1.0, 1.0])                                     # on the closing edge
+    wts = torch.rand(40)
+    edges = [torch.tensor([-2.0, -0.5, 0.0, 1.0]), torch.tensor([-1.0, 1.0]), torch.tensor([-3.0, 0.0, 0.5, 3.0])]
+    check(Fn(lambda x, w: (torch.histogramdd(x, [3, 4, 2], density=density),
+                           torch.histogramdd(x, [2, 2, 5], range=[-1.0, 1.0, -2.0, 2.0, 0.0, 1.0], weight=w,
+                                             density=density),
+                           torch.histogramdd(x, edges, density=density))), x, wts)

@@ -397,44 +397,108 @@ def _linspace(ctx, lo, hi, steps, dt):
     return ctx.add("where", [ctx.g.const(i < steps // 2), up, down])
 
 
+def _edges(ctx, vals, bins, lohi):
+    """bins + 1 edges over lohi (a pair of numbers) or over the values' own [min, max] (a single value
+    widened by 0.5 each way), with torch's linspace rounding; a tensor of edges is taken as it is."""
+    dt = vals.dtype
+    if not isinstance(bins, int):
+        _static(*bins.shape)
+        return ctx.tensor(bins, dt), bins.shape[0] - 1
+    if lohi is not None:
+        lo, hi = ctx.tensor(float(lohi[0]), dt), ctx.tensor(float(lohi[1]), dt)
+    else:
+        lo = ctx.add("reduce_min", [vals], {"axes": [0], "keepdims": False})
+        hi = ctx.add("reduce_max", [vals], {"axes": [0], "keepdims": False})
+        same, half = ctx.add("eq", [lo, hi]), ctx.tensor(0.5, dt)
+        lo = ctx.add("where", [same, ctx.add("sub", [lo, half]), lo])
+        hi = ctx.add("where", [same, ctx.add("add", [hi, half]), hi])
+    return _linspace(ctx, lo, hi, bins + 1, dt), bins
+
+
+def _bin_of(ctx, vals, edges, n):
+    """(each value's bin: edges[i] <= v < edges[i + 1], the last bin closed; whether it is inside)."""
+    from .aten import _count_below
+    first, last = (ctx.add("slice", [edges], {"axis": 0, "start": k, "step": 1, "length": 1}) for k in (0, n))
+    idx = ctx.add("sub", [_count_below(ctx, edges, vals, True, False), ctx.scalar(1, "int64")])
+    idx = ctx.add("where", [ctx.add("eq", [vals, last]), ctx.scalar(n - 1, "int64"), idx])
+    return idx, ctx.add("and", [ctx.add("ge", [vals, first]), ctx.add("le", [vals, last])])
+
+
+def _widths(ctx, edges, n):
+    return ctx.add("sub", [ctx.add("slice", [edges], {"axis": 0, "start": 1, "step": 1, "length": n}),
+                           _slice_of(ctx, edges, n)])
+
+
+def _tally(ctx, idx, inside, weight, cells, dt, shape):
+    """Counts (or summed weights) per cell; values outside go to a spare cell that is dropped."""
+    idx = ctx.add("where", [inside, idx, ctx.scalar(cells, "int64")])
+    w = ctx.add("reshape", [ctx.tensor(weight, dt)], {"shape": list(idx.shape)}) if weight is not None else \
+        ctx.add("full", [], {"shape": list(idx.shape), "value": 1, "dtype": dt})
+    hist = ctx.add("scatter_elements", [ctx.g.const(np.zeros(cells + 1, dt)), idx, w], {"axis": 0, "reduction": "add"})
+    return ctx.add("reshape", [_slice_of(ctx, hist, cells)], {"shape": shape})
+
+
 @handles(aten.histogram.bin_ct, aten.histogram.bins_tensor)
 def _histogram(ctx, x, bins, *, range=None, weight=None, density=False):
-    """(hist, bin_edges): counts (or summed weights) of x in the bins, bins[i] <= x < bins[i + 1] and the
-    last bin closed; values outside ignored. An int `bins` spreads bins + 1 edges over `range`, or over
-    the data's own [min, max] (a single value widened by 0.5 each way); density divides by the total and
-    the bins' widths."""
-    from .aten import _count_below
+    """(hist, bin_edges): counts (or summed weights) of x in the bins, values outside ignored; density
+    divides by the total and the bins' widths."""
     _static(*x.shape)
-    dt = x.dtype
     flat = ctx.add("reshape", [x], {"shape": [D.numel(x.shape)]})
-    if isinstance(bins, int):
-        if range is not None:
-            lo, hi = ctx.tensor(float(range[0]), dt), ctx.tensor(float(range[1]), dt)
-        else:
-            lo = ctx.add("reduce_min", [flat], {"axes": [0], "keepdims": False})
-            hi = ctx.add("reduce_max", [flat], {"axes": [0], "keepdims": False})
-            same, half = ctx.add("eq", [lo, hi]), ctx.tensor(0.5, dt)
-            lo = ctx.add("where", [same, ctx.add("sub", [lo, half]), lo])
-            hi = ctx.add("where", [same, ctx.add("add", [hi, half]), hi])
-        edges, n = _linspace(ctx, lo, hi, bins + 1, dt), bins
-    else:
-        _static(*bins.shape)
-        edges, n = ctx.tensor(bins, dt), bins.shape[0] - 1
-    first, last = (ctx.add("slice", [edges], {"axis": 0, "start": k, "step": 1, "length": 1}) for k in (0, n))
-    idx = ctx.add("sub", [_count_below(ctx, edges, flat, True, False), ctx.scalar(1, "int64")])
-    idx = ctx.add("where", [ctx.add("eq", [flat, last]), ctx.scalar(n - 1, "int64"), idx])
-    inside = ctx.add("and", [ctx.add("ge", [flat, first]), ctx.add("le", [flat, last])])
-    idx = ctx.add("where", [inside, idx, ctx.scalar(n, "int64")])           # outside: a spare bin
-    w = ctx.add("reshape", [ctx.tensor(weight, dt)], {"shape": list(flat.shape)}) if weight is not None else \
-        ctx.add("full", [], {"shape": list(flat.shape), "value": 1, "dtype": dt})
-    hist = ctx.add("scatter_elements", [ctx.g.const(np.zeros(n + 1, dt)), idx, w], {"axis": 0, "reduction": "add"})
-    hist = _slice_of(ctx, hist, n)
+    edges, n = _edges(ctx, flat, bins, range)
+    idx, inside = _bin_of(ctx, flat, edges, n)
+    hist = _tally(ctx, idx, inside, weight, n, x.dtype, [n])
     if density:
-        widths = ctx.add("sub", [ctx.add("slice", [edges], {"axis": 0, "start": 1, "step": 1, "length": n}),
-                                 _slice_of(ctx, edges, n)])
         total = ctx.add("reduce_sum", [hist], {"axes": [0], "keepdims": True})
-        hist = ctx.add("div", [hist, ctx.add("mul", [total, widths])])
+        hist = ctx.add("div", [hist, ctx.add("mul", [total, _widths(ctx, edges, n)])])
     return hist, edges
+
+
+def _histogramdd_edges(ctx, x, bins, range):
+    """Per dim of x [..., D]: (its values [N], its edges, its bin count)."""
+    _static(*x.shape)
+    dims = x.shape[-1]
+    rows = ctx.add("reshape", [x], {"shape": [D.numel(x.shape) // max(dims, 1), dims]})
+    out = []
+    for d in builtins_range(dims):
+        col = ctx.add("slice", [rows], {"axis": 1, "start": d, "step": 1, "length": 1})
+        col = ctx.add("reshape", [col], {"shape": [rows.shape[0]]})
+        b = bins[d] if isinstance(bins, (list, tuple)) else bins
+        lohi = None if range is None else (range[2 * d], range[2 * d + 1])
+        out.append((col, *_edges(ctx, col, b, lohi)))
+    return out
+
+
+@handles(aten._histogramdd_bin_edges.default)
+def _histogramdd_bin_edges(ctx, x, bins, range=None, weight=None, density=False):
+    return [e for _, e, _ in _histogramdd_edges(ctx, x, bins, range)]
+
+
+@handles(aten._histogramdd_from_bin_cts.default, aten._histogramdd_from_bin_tensors.default)
+def _histogramdd(ctx, x, bins, range=None, weight=None, density=False):
+    """The D-dimensional histogram of x's rows: each row's cell is its bins' row-major index."""
+    per_dim = _histogramdd_edges(ctx, x, bins, range)
+    sizes = [n for _, _, n in per_dim]
+    cell, inside, stride = None, None, 1
+    for col, edges, n in reversed(per_dim):
+        idx, ok = _bin_of(ctx, col, edges, n)
+        term = idx if stride == 1 else ctx.add("mul", [idx, ctx.scalar(stride, "int64")])
+        cell = term if cell is None else ctx.add("add", [cell, term])
+        inside = ok if inside is None else ctx.add("and", [inside, ok])
+        stride *= n
+    hist = _tally(ctx, cell, inside, weight, stride, x.dtype, sizes)
+    if density:
+        volume = None
+        for k, (_, edges, n) in enumerate(per_dim):
+            shape = [1] * len(sizes)
+            shape[k] = n
+            w = ctx.add("reshape", [_widths(ctx, edges, n)], {"shape": shape})
+            volume = w if volume is None else ctx.add("mul", [volume, w])
+        total = ctx.add("reduce_sum", [hist], {"axes": list(builtins_range(len(sizes))), "keepdims": True})
+        hist = ctx.add("div", [hist, ctx.add("mul", [total, volume])])
+    return hist
+
+
+builtins_range = range
 
 
 SEGMENT_REDUCE = {"sum": "add", "mean": "add", "prod": "mul", "max": "max", "min": "min"}

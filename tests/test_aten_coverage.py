@@ -380,3 +380,11 @@ def test_histogramdd(density):
         torch.histogramdd(x, [3, 4, 2], density=density),
         torch.histogramdd(x, [2, 2, 5], range=[-1.0, 1.0, -2.0, 2.0, 0.0, 1.0], weight=w, density=density),
         torch.histogramdd(x, edges, density=density))))), x, wts)
+
+
+def test_hash_tensor_over_dims():
+    """xor of the 64-bit patterns: float32 widened to float64, ints to int64; odd lengths; keepdim."""
+    torch.manual_seed(5)
+    x, n = torch.randn(3, 5, 7), torch.randint(-9, 9, (4, 3))
+    check(Fn(lambda x, n: (torch.hash_tensor(x), torch.hash_tensor(x, dim=[0, 2], keepdim=True),
+                           torch.hash_tensor(x, dim=1), torch.hash_tensor(n, dim=0))), x, n)

@@ -18,8 +18,8 @@ from ..errors import CuvilError, QuantizationError, UnsupportedOpError
 from ..ir import dims as D
 from ..ir.graph import Graph, TensorType, Value
 # these register their handlers into aten.HANDLERS
-from . import (aten, aten_complex, aten_dynamic, aten_experts, aten_export, aten_grid, aten_linalg,  # noqa: F401
-               aten_losses, aten_quant, aten_resample, aten_writes, torch_control)
+from . import (aten, aten_complex, aten_dynamic, aten_experts, aten_export, aten_grid, aten_hash,  # noqa: F401
+               aten_linalg, aten_losses, aten_quant, aten_resample, aten_writes, torch_control)
 from .torch_dtypes import TORCH_DTYPES, dtype_of
 
 

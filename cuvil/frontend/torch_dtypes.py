@@ -7,7 +7,8 @@ from ..errors import UnsupportedOpError
 
 TORCH_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
                 torch.int64: "int64", torch.int32: "int32", torch.int16: "int16", torch.int8: "int8",
-                torch.uint8: "uint8", torch.bool: "bool"}
+                torch.uint8: "uint8", torch.uint16: "uint16", torch.uint32: "uint32", torch.uint64: "uint64",
+                torch.bool: "bool"}
 
 
 def dtype_of(t) -> str:

@@ -74,10 +74,8 @@ class CompiledModel:
             flat = _pytree.tree_leaves((tuple(args), dict(kwargs)))
         else:
             flat = list(args)
-        outs = self.module.run(*flat)
+        outs = self.module.as_returned(self.module.run(*flat), torch_in)
         if torch_in:
-            import torch
-            outs = [torch.from_numpy(o) for o in outs]
             if self._out_spec is not None:
                 from torch.utils import _pytree
                 return _pytree.tree_unflatten(outs, self._out_spec)
@@ -141,7 +139,8 @@ def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None,
     target = resolve_target(opts.target)
     names = graph.input_names or [v.name for v in graph.inputs]
     io = {"inputs": [_io(v, n, i in graph.complex_inputs) for i, (v, n) in enumerate(zip(graph.inputs, names))],
-          "outputs": [_io(v, f"output{i}", i in graph.complex_outputs) for i, v in enumerate(graph.outputs)],
+          "outputs": [_io(v, f"output{i}", i in graph.complex_outputs, i in graph.scalar_outputs)
+                      for i, v in enumerate(graph.outputs)],
           "symbols": {k: [int(lo), int(hi)] for k, (lo, hi) in graph.symbols.items()}}
     if graph.data_dims():
         io["data_dims"] = graph.data_dims()
@@ -191,13 +190,13 @@ def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None,
 COMPLEX_OF = {"float32": "complex64", "float64": "complex128"}
 
 
-def _io(v, name, is_complex=False):
+def _io(v, name, is_complex=False, is_scalar=False):
     """A manifest entry. A complex one states the caller's view (complex64 of shape s) of the library's
-    float32 (s, 2) pairs: the same bytes."""
+    float32 (s, 2) pairs: the same bytes. A scalar one is returned by a call as a python number."""
     shape = [d if isinstance(d, int) else D.to_py(d) for d in v.type.shape]
     if is_complex:
         return {"name": name, "dtype": COMPLEX_OF[v.dtype], "shape": shape[:-1]}
-    return {"name": name, "dtype": v.dtype, "shape": shape}
+    return {"name": name, "dtype": v.dtype, "shape": shape, **({"scalar": True} if is_scalar else {})}
 
 
 def wrap(path, opts, graph, plan, report):

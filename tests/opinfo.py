@@ -94,9 +94,11 @@ def _exportable(module, tensors) -> bool:
 
 
 def _tensor_leaves(out):
+    """The output's tensors, and its python numbers (x.item()) as 0-d tensors."""
     import torch
     import torch.utils._pytree as pytree
-    return [v for v in pytree.tree_leaves(out) if isinstance(v, torch.Tensor)]
+    return [torch.as_tensor(v) if isinstance(v, (bool, int, float)) else v for v in pytree.tree_leaves(out)
+            if isinstance(v, (torch.Tensor, bool, int, float))]
 
 
 def check_sample(op, sample, cache_dir) -> tuple[str, str]:

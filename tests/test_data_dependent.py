@@ -105,3 +105,24 @@ def test_bind_dim_in_the_reference_interpreter():
     np.testing.assert_allclose(got[0], xs[:2].reshape(-1) * 3)
     with pytest.raises(Exception, match="outside"):
         cm.run(xs, np.array(7, np.int64))
+
+
+def test_python_numbers_returned_as_numbers(tmp_path):
+    """x.item() (also used inside the graph) and a size come back as python numbers, as eager returns
+    them; run() keeps them as 0-d arrays."""
+    import cuvil
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return x.sum().item(), x * x.max().item(), x.shape[0]
+    x = torch.randn(5)
+    cm = cuvil.compile(M(), (x,), cache_dir=str(tmp_path / "c"))
+    y = torch.randn(5)
+    got, want = cm(y), M()(y)
+    assert isinstance(got[0], float) and got[0] == pytest.approx(want[0], rel=1e-6)
+    torch.testing.assert_close(got[1], want[1])
+    assert got[2] == 5 and isinstance(got[2], int)
+    cm.save(tmp_path / "m.cuvil")
+    loaded = cuvil.load(tmp_path / "m.cuvil")
+    assert isinstance(loaded(y)[0], float)
+    assert loaded.run(y.numpy())[0].shape == ()

@@ -336,6 +336,12 @@ def _identity(ctx, x, **kw):
     return x
 
 
+@handles(aten._local_scalar_dense.default)
+def _item(ctx, x):
+    """x.item(): the one element, as a 0-d tensor (returned as a python number where it is an output)."""
+    return ctx.add("reshape", [x], {"shape": []})
+
+
 @handles(aten._assert_tensor_metadata.default, aten._assert_scalar.default, aten.sym_constrain_range_for_size.default)
 def _assert(ctx, *a, **kw):
     return None

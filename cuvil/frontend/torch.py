@@ -325,18 +325,32 @@ def _convert(ep, dynamic_shapes, direct) -> tuple[Graph, object]:
                 if isinstance(v, aten_complex.Complex):
                     g.complex_outputs.add(len(g.outputs))
                     v = v.pair
+                elif _is_number(o):                 # x.item(), a size: returned as a python number
+                    g.scalar_outputs.add(len(g.outputs))
+                    v = v if isinstance(v, Value) else ctx.tensor(v, "int64")
                 if isinstance(v, Value):
                     g.outputs.append(v)
                 elif v is not None:
                     raise CuvilError(f"model output {o} is not a tensor; cuvil returns tensors only")
             g.output_names = [getattr(o, "name", f"output{i}") for i, o in enumerate(outs)]
     ctx.unsupported += [(f"a size that depends on the input's values ({name}): cuvil compiles static or bounded "
-                         "shapes", None) for name in sorted(unbounded - set(g.symbols))]
+                         "shapes", None) for name in sorted((unbounded & _shape_symbols(g)) - set(g.symbols))]
     if ctx.unsupported:
         if direct:
             raise _NeedsDecomposition(ctx.unsupported[0][0])
         raise UnsupportedOpError(ctx.unsupported)
     return g, ep.call_spec.out_spec
+
+
+def _is_number(o) -> bool:
+    val = o.meta.get("val") if isinstance(o, torch.fx.Node) else o
+    return isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool))
+
+
+def _shape_symbols(g) -> set:
+    """The names of the symbols the graph's tensors are shaped by."""
+    values = list(g.inputs) + [o for n in g.nodes for o in n.outputs]
+    return {str(f) for v in values for d in v.type.shape for f in getattr(d, "free_symbols", ())}
 
 
 def _user_outputs(ctx, outs, specs, consts):

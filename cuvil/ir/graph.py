@@ -79,6 +79,8 @@ class Graph:
     # pairs in a trailing axis of 2, the same bytes as numpy's complex64 / complex128
     complex_inputs: set = field(default_factory=set)
     complex_outputs: set = field(default_factory=set)
+    # indices of 0-d outputs the source model returned as python numbers (x.item(), a size)
+    scalar_outputs: set = field(default_factory=set)
 
     # ---- construction -------------------------------------------------
     def const(self, array, name=None) -> Value:

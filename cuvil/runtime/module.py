@@ -354,12 +354,17 @@ class Module:
                                  f"got {' '.join(flags + [str(o.dtype)])}{list(o.shape)}")
         return list(out)
 
+    def as_returned(self, outs, torch_in: bool) -> list:
+        """run()'s arrays as the source model returned them: torch tensors for torch inputs, and python
+        numbers where it returned numbers (x.item())."""
+        if torch_in and "torch" in sys.modules:
+            outs = [sys.modules["torch"].from_numpy(o) for o in outs]
+        return [o.item() if spec.get("scalar") else o for o, spec in zip(outs, self.outputs)]
+
     def __call__(self, *args):
         torch_in = any(type(a).__module__.startswith("torch") for a in args)
-        outs = self.run(*args)
+        outs = self.as_returned(self.run(*args), torch_in)
         if torch_in and "torch" in sys.modules:
-            torch = sys.modules["torch"]
-            outs = [torch.from_numpy(o) for o in outs]
             spec = self.manifest.get("treespec")
             if spec:
                 from torch.utils import _pytree

@@ -151,7 +151,7 @@ SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 0.5], np.floa
 
 # input ranges inside each op's domain (and away from poles, where fp32 rounding of the input dominates)
 DOMAIN = {
-    "log": (0.05, 6), "sqrt": (0.0, 6), "rsqrt": (0.05, 6), "log1p": (-0.9, 6), "reciprocal": (0.2, 4),
+    "airy_ai": (-30, 12), "log": (0.05, 6), "sqrt": (0.0, 6), "rsqrt": (0.05, 6), "log1p": (-0.9, 6), "reciprocal": (0.2, 4),
     "asin": (-0.95, 0.95), "acos": (-0.95, 0.95), "atanh": (-0.95, 0.95), "acosh": (1.05, 6),
     "tan": (-1.4, 1.4), "exp": (-8, 8), "expm1": (-8, 8), "sinh": (-6, 6), "cosh": (-6, 6),
 }

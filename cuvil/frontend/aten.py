@@ -90,7 +90,7 @@ UNARY = {
     aten.special_scaled_modified_bessel_k0.default: "k0e", aten.special_scaled_modified_bessel_k1.default: "k1e",
     aten.special_bessel_j0.default: "j0", aten.special_bessel_j1.default: "j1",
     aten.special_bessel_y0.default: "y0", aten.special_bessel_y1.default: "y1",
-    aten.special_spherical_bessel_j0.default: "spherical_j0",
+    aten.special_spherical_bessel_j0.default: "spherical_j0", aten.special_airy_ai.default: "airy_ai",
 }
 
 

@@ -38,7 +38,7 @@ SPECIAL_C = {
     "log_ndtr": "cuvil_log_ndtr({0})", "digamma": "cuvil_digamma({0})", "polygamma": "cuvil_polygamma({n}, {0})",
     **{f"{f}{nu}{e}": f"cuvil_bessel_{f}({nu}, {int(bool(e))}, {{0}})" for f in "ik" for nu in (0, 1) for e in ("", "e")},
     **{f"{f}{nu}": f"cuvil_bessel_{f}({nu}, {{0}})" for f in "jy" for nu in (0, 1)},
-    "spherical_j0": "cuvil_spherical_j0({0})",
+    "spherical_j0": "cuvil_spherical_j0({0})", "airy_ai": "cuvil_airy_ai({0})",
     "zeta": "cuvil_zeta({0}, {1})", "igamma": "cuvil_igamma({0}, {1})", "igammac": "cuvil_igammac({0}, {1})",
     **{f"{kind}_polynomial": f"cuvil_polynomial('{code}', {{0}}, {{1}})" for kind, code in (
         ("chebyshev_t", "t"), ("chebyshev_u", "u"), ("chebyshev_v", "v"), ("chebyshev_w", "w"), ("hermite_h", "h"),

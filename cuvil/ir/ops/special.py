@@ -1,5 +1,5 @@
 """Special functions, elementwise: the error-function inverses, digamma / polygamma / zeta, the
-incomplete gamma functions, Bessel functions of order 0 and 1, and the classical orthogonal
+incomplete gamma functions, Bessel functions of order 0 and 1, Airy's Ai, and the classical orthogonal
 polynomials. Their numpy references are scipy.special's (imported when a reference runs: scipy is a
 development dependency, as the oracle, never the runtime's), and their special values are scipy's,
 which are torch's (both Cephes). The polynomials follow torch.special: the degree is truncated to an
@@ -37,7 +37,7 @@ SPECIAL_UNARY = {
     "i0": _ref("i0"), "i0e": _ref("i0e"), "i1": _ref("i1"), "i1e": _ref("i1e"),
     "k0": _ref("k0"), "k0e": _ref("k0e"), "k1": _ref("k1"), "k1e": _ref("k1e"),
     "j0": _ref("j0"), "j1": _ref("j1"), "y0": _ref("y0"), "y1": _ref("y1"),
-    "spherical_j0": _spherical_j0,
+    "spherical_j0": _spherical_j0, "airy_ai": lambda x: _scipy_special().airy(x.astype(np.float64))[0].astype(x.dtype),
 }
 
 

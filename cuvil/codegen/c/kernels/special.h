@@ -18,6 +18,7 @@ double cuvil_bessel_k(int nu, int scaled, double x);    /* K0, K1; scaled: times
 double cuvil_bessel_j(int nu, double x);        /* J0, J1 */
 double cuvil_bessel_y(int nu, double x);        /* Y0, Y1 */
 double cuvil_spherical_j0(double x);
+double cuvil_airy_ai(double x);
 /* orthogonal polynomials of degree n (truncated to an integer; negative: 0), kind a character:
  * 't' 'u' 'v' 'w' Chebyshev, 'T' 'U' 'V' 'W' shifted Chebyshev, 'h' Hermite, 'e' Hermite He, 'l'
  * Laguerre, 'p' Legendre */

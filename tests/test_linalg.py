@@ -1,7 +1,8 @@
 """Linear algebra compiled from torch (frontend/aten_linalg.py on ir/ops/linalg.py) against torch eager:
 det, slogdet, inverse, solves (batched, broadcast, from the right, vector right-hand sides), LU
 (factor, unpack, solve with adjoint), triangular solves, Cholesky, Householder QR, eigenvalues, singular
-values, pinv, rank and condition number, in one compiled module; and eigen/singular vectors refused."""
+values, pinv, rank and condition number, in one compiled module; LDL (Bunch-Kaufman) factor and solve;
+and eigen/singular vectors refused."""
 from __future__ import annotations
 
 import numpy as np
@@ -91,3 +92,31 @@ def test_eigenvectors_and_singular_vectors_are_refused():
 
     with pytest.raises(cuvil.UnsupportedOpError, match="singular vectors"):
         cuvil.compile(M(), (torch.randn(4, 3),))
+
+
+class _Ldl(torch.nn.Module):
+    def forward(self, a, b):
+        ld, piv, info = torch.linalg.ldl_factor_ex(a)
+        return ld, piv, info, torch.linalg.ldl_solve(ld, piv, b)
+
+
+def test_ldl_factor_and_solve_match_lapack_through_torch(tmp_path):
+    """Bunch-Kaufman pivots of every kind: diagonally dominant (no swaps), indefinite with small diagonals
+    (2 x 2 blocks), a zero column (info), a non-symmetric input (its lower triangle read), odd sizes."""
+    import cuvil
+    g = torch.Generator().manual_seed(7)
+    m = torch.randn(6, 7, 7, generator=g)
+    a = m + m.mT
+    a[0] += 10 * torch.eye(7)
+    a[1] -= torch.diag(torch.diagonal(a[1])) * 0.99                 # tiny diagonal: 2 x 2 pivots
+    a[2, :, 3] = 0
+    a[2, 3, :] = 0                                                   # a zero row and column
+    a[3] = torch.randn(7, 7, generator=g)                            # not symmetric: the lower triangle counts
+    b = torch.randn(6, 7, 2, generator=g)
+    cm = cuvil.compile(_Ldl(), (a, b), cache_dir=str(tmp_path))
+    got, want = cm(a, b), _Ldl()(a, b)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-4)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+    ok = want[2] == 0                                                 # solves of the nonsingular ones
+    torch.testing.assert_close(got[3][ok], want[3][ok], rtol=1e-3, atol=1e-3)
+    assert (want[1][1] < 0).any()                                    # the case did exercise 2 x 2 blocks

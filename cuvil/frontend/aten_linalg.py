@@ -391,3 +391,25 @@ def _matrix_exp(ctx, a):
     for i in range(MATRIX_EXP_SQUARINGS):
         e = ctx.add("where", [ctx.add("lt", [ctx.scalar(float(i), "float64"), s]), ctx.add("matmul", [e, e]), e])
     return ctx.add("cast", [e], {"to": dt}) if dt != "float64" else e
+
+
+def _symmetric_only(hermitian):
+    if hermitian:
+        raise Unsupported("ldl with hermitian=True (complex matrices)")
+
+
+@handles(aten.linalg_ldl_factor_ex.default)
+def _ldl_factor_ex(ctx, a, *, hermitian=False, check_errors=False):
+    """Bunch-Kaufman LDL^T of A's lower triangle, as LAPACK's sytrf (and torch)."""
+    _symmetric_only(hermitian)
+    _static(*a.shape)
+    return tuple(ctx.add("ldl_factor", [a]))
+
+
+@handles(aten.linalg_ldl_solve.default)
+def _ldl_solve(ctx, ld, piv, b, *, hermitian=False):
+    _symmetric_only(hermitian)
+    ld, b = _common_batch(ctx, ld, b)
+    piv = ctx.add("expand", [ctx.tensor(piv, "int32")], {"shape": [*ld.shape[:-1]]}) \
+        if tuple(piv.shape) != tuple(ld.shape[:-1]) else ctx.tensor(piv, "int32")
+    return ctx.add("ldl_solve", [ld, piv, b])

@@ -58,3 +58,13 @@ def lower_eigh(em, node):
 @lowering("svd", supports=_float32_only)
 def lower_svd(em, node):
     return _call(em, "cuvil_svd", node.inputs[0].type.shape[-2:], node)
+
+
+@lowering("ldl_factor", supports=_float32_only)
+def lower_ldl_factor(em, node):
+    return _call(em, "cuvil_ldl_factor", node.inputs[0].type.shape[-1:], node)
+
+
+@lowering("ldl_solve", supports=_float32_only)
+def lower_ldl_solve(em, node):
+    return _call(em, "cuvil_ldl_solve", node.inputs[2].type.shape[-2:], node)

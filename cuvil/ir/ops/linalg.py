@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...errors import ShapeError
+from ...errors import CuvilError, ShapeError
 from ..types import TensorType
 from .registry import OpDef, declare
 
@@ -262,3 +262,59 @@ def _svd_ref(xs, attrs):
 
 declare(OpDef("svd", {}, _svd_infer, _svd_ref,
               doc="thin SVD (u, s descending, vt); the tall side's vectors have their largest entry positive"))
+
+
+def _lapack():
+    try:
+        import scipy.linalg.lapack as lapack
+    except ImportError as e:
+        raise CuvilError("the reference of an LDL factorization needs scipy (pip install scipy)") from e
+    return lapack
+
+
+def _ldl_infer(types, attrs, inputs):
+    t = types[0]
+    n, _ = _matrix("ldl_factor", t, square=True)
+    if not isinstance(n, int):
+        raise ShapeError("ldl_factor: the matrix size must be static")
+    return [t, TensorType((*t.shape[:-2], n), "int32"), TensorType(t.shape[:-2], "int32")]
+
+
+def _ldl_ref(xs, attrs):
+    """LAPACK's sytrf (uplo 'L', scipy's) per matrix, in the input's precision; the upper triangle zeroed
+    as torch returns it."""
+    x = xs[0]
+    n = x.shape[-1]
+    sytrf = _lapack().ssytrf if x.dtype == np.float32 else _lapack().dsytrf
+    out = [sytrf(a, lower=1) for a in x.reshape(-1, n, n)]
+    batch = x.shape[:-2]
+    ld = np.stack([np.tril(o[0]) for o in out]).reshape(x.shape) if out else x.copy()
+    piv = np.stack([o[1] for o in out]).astype(np.int32).reshape(*batch, n) if out else np.zeros((*batch, n), np.int32)
+    return [ld.astype(x.dtype), piv, np.array([o[2] for o in out], np.int32).reshape(batch)]
+
+
+declare(OpDef("ldl_factor", {}, _ldl_infer, _ldl_ref,
+              doc="A = P L D L^T P^T by Bunch-Kaufman pivoting from A's lower triangle: (LD, pivots, info) as sytrf"))
+
+
+def _ldl_solve_infer(types, attrs, inputs):
+    ld, piv, b = types
+    n, _ = _matrix("ldl_solve", ld, square=True)
+    if piv.dtype != "int32" or tuple(piv.shape) != (*ld.shape[:-2], n):
+        raise ShapeError(f"ldl_solve: pivots {piv.dtype}{list(piv.shape)} for LD {list(ld.shape)}")
+    if b.rank != ld.rank or b.shape[:-2] != ld.shape[:-2] or b.shape[-2] != n or b.dtype != ld.dtype:
+        raise ShapeError(f"ldl_solve: LD {ld.dtype}{list(ld.shape)} and B {b.dtype}{list(b.shape)}: expected B "
+                         f"[..., {n}, k] of LD's dtype and batch dims")
+    return [b]
+
+
+def _ldl_solve_ref(xs, attrs):
+    ld, piv, b = xs
+    n = ld.shape[-1]
+    sytrs = _lapack().ssytrs if ld.dtype == np.float32 else _lapack().dsytrs
+    flat_b = b.reshape(-1, n, b.shape[-1])
+    out = [sytrs(a, p, rhs, lower=1)[0] for a, p, rhs in zip(ld.reshape(-1, n, n), piv.reshape(-1, n), flat_b)]
+    return [np.stack(out).reshape(b.shape).astype(b.dtype) if out else b.copy()]
+
+
+declare(OpDef("ldl_solve", {}, _ldl_solve_infer, _ldl_solve_ref, doc="X with A X = B from ldl_factor's (LD, pivots)"))

@@ -312,3 +312,145 @@ void cuvil_svd(int64_t batch, int64_t m, int64_t n, const float *a, float *u, fl
         }
     }
 }
+
+/* ---- LDL^T (Bunch-Kaufman), as LAPACK's ssytf2 with uplo = 'L' ----------------------------------------- */
+static int64_t ldl_iamax(const float *x, int64_t n, int64_t stride) {     /* the first of equal magnitudes */
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (fabsf(x[i * stride]) > fabsf(x[best * stride])) best = i;
+    return best;
+}
+
+static void ldl_swap(float *x, float *y, int64_t n, int64_t sx, int64_t sy) {
+    for (int64_t i = 0; i < n; i++) {
+        float t = x[i * sx];
+        x[i * sx] = y[i * sy];
+        y[i * sy] = t;
+    }
+}
+
+void cuvil_ldl_factor(int64_t batch, int64_t n, const float *a, float *ld, int32_t *piv, int32_t *info) {
+    const float alpha = (1.f + sqrtf(17.f)) / 8.f;
+    for (int64_t b = 0; b < batch; b++) {
+        float *A = ld + b * n * n;
+        int32_t *p = piv + b * n;
+        if (A != a + b * n * n) memcpy(A, a + b * n * n, sizeof(float) * n * n);
+        info[b] = 0;
+#define AT(i, j) A[(i) * n + (j)]
+        for (int64_t k = 0; k < n;) {
+            int64_t kstep = 1, kp = k, imax = k;
+            float absakk = fabsf(AT(k, k)), colmax = 0.f;
+            if (k < n - 1) {
+                imax = k + 1 + ldl_iamax(&AT(k + 1, k), n - k - 1, n);
+                colmax = fabsf(AT(imax, k));
+            }
+            if (fmaxf(absakk, colmax) == 0.f || isnan(absakk)) {
+                if (!info[b]) info[b] = (int32_t)(k + 1);                   /* a zero column: D is singular */
+            } else {
+                if (absakk < alpha * colmax) {
+                    int64_t jmax = k + ldl_iamax(&AT(imax, k), imax - k, 1);     /* row imax, left of the diagonal */
+                    float rowmax = fabsf(AT(imax, jmax));
+                    if (imax < n - 1) {
+                        jmax = imax + 1 + ldl_iamax(&AT(imax + 1, imax), n - imax - 1, n);
+                        rowmax = fmaxf(rowmax, fabsf(AT(jmax, imax)));
+                    }
+                    if (absakk >= alpha * colmax * (colmax / rowmax)) kp = k;
+                    else if (fabsf(AT(imax, imax)) >= alpha * rowmax) kp = imax;
+                    else { kp = imax; kstep = 2; }
+                }
+                int64_t kk = k + kstep - 1;
+                if (kp != kk) {                  /* swap rows and columns kk and kp of the trailing matrix */
+                    if (kp < n - 1) ldl_swap(&AT(kp + 1, kk), &AT(kp + 1, kp), n - kp - 1, n, n);
+                    ldl_swap(&AT(kk + 1, kk), &AT(kp, kk + 1), kp - kk - 1, n, 1);
+                    float t = AT(kk, kk); AT(kk, kk) = AT(kp, kp); AT(kp, kp) = t;
+                    if (kstep == 2) { t = AT(k + 1, k); AT(k + 1, k) = AT(kp, k); AT(kp, k) = t; }
+                }
+                if (kstep == 1) {
+                    if (k < n - 1) {
+                        float d11 = 1.f / AT(k, k);
+                        for (int64_t j = k + 1; j < n; j++)          /* the lower triangle: A -= d11 x x^T */
+                            for (int64_t i = j; i < n; i++) AT(i, j) -= d11 * AT(i, k) * AT(j, k);
+                        for (int64_t i = k + 1; i < n; i++) AT(i, k) *= d11;
+                    }
+                } else if (k < n - 2) {
+                    float d21 = AT(k + 1, k), d11 = AT(k + 1, k + 1) / d21, d22 = AT(k, k) / d21;
+                    float t = 1.f / (d11 * d22 - 1.f);
+                    d21 = t / d21;
+                    for (int64_t j = k + 2; j < n; j++) {
+                        float wk = d21 * (d11 * AT(j, k) - AT(j, k + 1));
+                        float wkp1 = d21 * (d22 * AT(j, k + 1) - AT(j, k));
+                        for (int64_t i = j; i < n; i++) AT(i, j) -= AT(i, k) * wk + AT(i, k + 1) * wkp1;
+                        AT(j, k) = wk;
+                        AT(j, k + 1) = wkp1;
+                    }
+                }
+            }
+            if (kstep == 1) p[k] = (int32_t)(kp + 1);
+            else p[k] = p[k + 1] = (int32_t)(-(kp + 1));
+            k += kstep;
+        }
+        for (int64_t i = 0; i < n; i++)                           /* torch zeroes the upper triangle */
+            for (int64_t j = i + 1; j < n; j++) AT(i, j) = 0.f;
+    }
+}
+
+/* A X = B from the factors, as LAPACK's ssytrs (uplo = 'L'): L D then L^T, pivots applied on the way. A
+ * pivot out of [1, n] clamps into it (a corrupt input gives some answer, never a read out of bounds). */
+void cuvil_ldl_solve(int64_t batch, int64_t n, int64_t m, const float *ld, const int32_t *piv, const float *bin,
+                     float *x) {
+    for (int64_t b = 0; b < batch; b++) {
+        const float *A = ld + b * n * n;
+        const int32_t *p = piv + b * n;
+        float *B = x + b * n * m;
+        if (B != bin + b * n * m) memcpy(B, bin + b * n * m, sizeof(float) * n * m);
+#define ROW(i) (B + (i) * m)
+#define PIVOT(v) ((v) > 0 ? ((v) > n ? n - 1 : (v) - 1) : (-(v) > n ? n - 1 : -(v) - 1))
+        for (int64_t k = 0; k < n;) {
+            int64_t kp = PIVOT(p[k]);
+            if (p[k] > 0 || k == n - 1) {
+                if (kp != k) ldl_swap(ROW(k), ROW(kp), m, 1, 1);
+                for (int64_t i = k + 1; i < n; i++)
+                    for (int64_t c = 0; c < m; c++) ROW(i)[c] -= AT(i, k) * ROW(k)[c];
+                for (int64_t c = 0; c < m; c++) ROW(k)[c] /= AT(k, k);
+                k += 1;
+            } else {
+                if (kp != k + 1) ldl_swap(ROW(k + 1), ROW(kp), m, 1, 1);
+                for (int64_t i = k + 2; i < n; i++)
+                    for (int64_t c = 0; c < m; c++) ROW(i)[c] -= AT(i, k) * ROW(k)[c] + AT(i, k + 1) * ROW(k + 1)[c];
+                float akm1k = AT(k + 1, k), akm1 = AT(k, k) / akm1k, ak = AT(k + 1, k + 1) / akm1k;
+                float denom = akm1 * ak - 1.f;
+                for (int64_t c = 0; c < m; c++) {
+                    float bkm1 = ROW(k)[c] / akm1k, bk = ROW(k + 1)[c] / akm1k;
+                    ROW(k)[c] = (ak * bkm1 - bk) / denom;
+                    ROW(k + 1)[c] = (akm1 * bk - bkm1) / denom;
+                }
+                k += 2;
+            }
+        }
+        for (int64_t k = n - 1; k >= 0;) {
+            if (p[k] > 0 || k == 0) {
+                for (int64_t c = 0; c < m; c++) {
+                    float s = 0.f;
+                    for (int64_t i = k + 1; i < n; i++) s += AT(i, k) * ROW(i)[c];
+                    ROW(k)[c] -= s;
+                }
+                int64_t kp = PIVOT(p[k]);
+                if (kp != k) ldl_swap(ROW(k), ROW(kp), m, 1, 1);
+                k -= 1;
+            } else {
+                for (int64_t c = 0; c < m; c++) {
+                    float s = 0.f, s1 = 0.f;
+                    for (int64_t i = k + 1; i < n; i++) { s += AT(i, k) * ROW(i)[c]; s1 += AT(i, k - 1) * ROW(i)[c]; }
+                    ROW(k)[c] -= s;
+                    ROW(k - 1)[c] -= s1;
+                }
+                int64_t kp = PIVOT(p[k]);
+                if (kp != k) ldl_swap(ROW(k), ROW(kp), m, 1, 1);
+                k -= 2;
+            }
+        }
+#undef ROW
+#undef PIVOT
+    }
+}
+#undef AT

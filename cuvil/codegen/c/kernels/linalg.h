@@ -38,4 +38,13 @@ void cuvil_eigh(int64_t batch, int64_t n, const float *a, float *w, float *v);
 /* a [batch][m][n] -> u [batch][m][k], s [batch][k] descending, vt [batch][k][n] (k = min(m, n)), a = u
  * diag(s) vt: one-sided Jacobi in double. The vectors' signs are this algorithm's, not LAPACK's. */
 void cuvil_svd(int64_t batch, int64_t m, int64_t n, const float *a, float *u, float *s, float *vt);
+/* a [batch][n][n] symmetric (its lower triangle read) -> ld [batch][n][n] (L's multipliers below the
+ * diagonal, D's 1x1 and 2x2 blocks on and beside it, zeros above), piv [batch][n] (1-based; a 2x2 block's
+ * two entries negative) and info [batch]: Bunch-Kaufman, as LAPACK's ssytrf with uplo = 'L'. ld may be a. */
+void cuvil_ldl_factor(int64_t batch, int64_t n, const float *a, float *ld, int32_t *piv, int32_t *info);
+
+/* x [batch][n][m] with A x = b, A = P L D L^T P^T as cuvil_ldl_factor leaves it (ssytrs). x may be b. */
+void cuvil_ldl_solve(int64_t batch, int64_t n, int64_t m, const float *ld, const int32_t *piv, const float *b,
+                     float *x);
+
 #endif

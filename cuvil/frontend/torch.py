@@ -334,7 +334,7 @@ def _convert(ep, dynamic_shapes, direct) -> tuple[Graph, object]:
                     raise CuvilError(f"model output {o} is not a tensor; cuvil returns tensors only")
             g.output_names = [getattr(o, "name", f"output{i}") for i, o in enumerate(outs)]
     ctx.unsupported += [(f"a size that depends on the input's values ({name}): cuvil compiles static or bounded "
-                         "shapes", None) for name in sorted((unbounded & _shape_symbols(g)) - set(g.symbols))]
+                         "shapes", None) for name in sorted((unbounded & _used_symbols(g)) - set(g.symbols))]
     if ctx.unsupported:
         if direct:
             raise _NeedsDecomposition(ctx.unsupported[0][0])
@@ -347,10 +347,18 @@ def _is_number(o) -> bool:
     return isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool))
 
 
-def _shape_symbols(g) -> set:
-    """The names of the symbols the graph's tensors are shaped by."""
+def _used_symbols(g) -> set:
+    """The names of the symbols the graph's tensors are shaped by or its nodes' attributes read."""
+    def walk(x):
+        if isinstance(x, (list, tuple)):
+            for y in x:
+                yield from walk(y)
+        elif isinstance(x, dict):
+            yield from walk(list(x.values()))
+        else:
+            yield from (str(f) for f in getattr(x, "free_symbols", ()))
     values = list(g.inputs) + [o for n in g.nodes for o in n.outputs]
-    return {str(f) for v in values for d in v.type.shape for f in getattr(d, "free_symbols", ())}
+    return set(walk([list(v.type.shape) for v in values])) | set(walk([n.attrs for n in g.nodes]))
 
 
 def _user_outputs(ctx, outs, specs, consts):

@@ -103,6 +103,28 @@ def built_lossy(tmp_path_factory):
     return cm.save(tmp_path_factory.mktemp("fuzz") / "lossy"), x, cm.run(x.numpy())
 
 
+class Selective(torch.nn.Module):
+    """Outputs sized by the data, a complex output and a python number: the manifest's data_dims, its
+    complex dtypes and its scalar flags are what the edits hit."""
+
+    def forward(self, x):
+        return x[x > 0], torch.fft.rfft(x), x.sum().item()
+
+
+@pytest.fixture(scope="module")
+def built_dynamic(tmp_path_factory):
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(1))
+    want = [np.asarray(t) for t in Selective()(x)]
+    src = cuvil.compile(Selective(), (x,)).save(tmp_path_factory.mktemp("fuzz") / "dynamic")
+    return src, x, want
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@given(data=st.data(), reseal=st.booleans(), verify=st.booleans())
+def test_fuzz_dynamic_manifest_edits(built_dynamic, data, reseal, verify):
+    _edit_manifest_and_load(built_dynamic, data, reseal, verify)
+
+
 @FUZZ
 @given(data=st.data(), reseal=st.booleans(), verify=st.booleans())
 def test_fuzz_manifest_edits(built, data, reseal, verify):

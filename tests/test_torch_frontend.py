@@ -77,3 +77,24 @@ def test_running_reductions_and_integer_scatter_means_match_eager():
     m = Ops()
     for got, want in zip(cuvil.compile(m, args)(*args), m(*args)):
         torch.testing.assert_close(got, want)
+
+
+def test_bfloat16_checkpoint_in_and_out(tmp_path):
+    """A model cast to bfloat16 (as checkpoints are loaded): bf16 inputs, weights and outputs, computed in
+    float32 between casts; verify=True allows two bf16 units in the last place (one rounding per chain,
+    not per op); the saved artifact takes and returns bf16 torch tensors (numpy: ml_dtypes')."""
+    import cuvil
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).to(torch.bfloat16).eval()
+    x = torch.randn(3, 8, dtype=torch.bfloat16)
+    cm = cuvil.compile(m, (x,), verify=True, cache_dir=str(tmp_path / "c"))
+    with torch.no_grad():
+        want = m(x)
+    got = cm(x)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -6, atol=2 ** -6)
+    cm.save(tmp_path / "m.cuvil")
+    loaded = cuvil.load(tmp_path / "m.cuvil")
+    import ml_dtypes
+    assert loaded(x).dtype == torch.bfloat16
+    assert loaded.run(x.view(torch.int16).numpy().view(ml_dtypes.bfloat16))[0].dtype == ml_dtypes.bfloat16

@@ -20,7 +20,7 @@ from ..ir.graph import Graph, TensorType, Value
 # these register their handlers into aten.HANDLERS
 from . import (aten, aten_complex, aten_dynamic, aten_experts, aten_export, aten_grid, aten_hash,  # noqa: F401
                aten_linalg, aten_losses, aten_quant, aten_resample, aten_writes, torch_control)
-from .torch_dtypes import TORCH_DTYPES, dtype_of
+from .torch_dtypes import TORCH_DTYPES, dtype_of, to_numpy
 
 
 def source_location(node) -> str | None:
@@ -308,7 +308,7 @@ def _convert(ep, dynamic_shapes, direct) -> tuple[Graph, object]:
                     raise UnsupportedOpError([(f"an exported input of kind {spec.kind.name} with no value ({node.name})",
                                                None)])
                 t = consts[spec.target]
-                arr = t.detach().cpu().contiguous().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
+                arr = to_numpy(t) if isinstance(t, torch.Tensor) else np.asarray(t)
                 name = re.sub(r"[^A-Za-z0-9_]", "_", spec.target)
                 if arr.dtype.kind == "c":       # a complex buffer (a rotary table): its (real, imaginary) pairs
                     ctx.env[node.name] = aten_complex.Complex(g.const(np.stack([arr.real, arr.imag], -1), name=name))
@@ -374,7 +374,7 @@ def _user_outputs(ctx, outs, specs, consts):
             continue
         v, old = ctx.value(o), consts.get(spec.target)
         same = isinstance(v, Value) and v.is_const and isinstance(old, torch.Tensor) and \
-            np.array_equal(v.data, old.detach().cpu().numpy())
+            np.array_equal(v.data, to_numpy(old))
         if not same:
             writes.append(str(spec.target))
     if writes and not ctx.unsupported:        # an unsupported op (a QAT observer left on) says why first

@@ -137,7 +137,9 @@ class Module:
         self._weights = artifact.load_weights(self.path, m, verify_checksum)
         if self._weights.size == 0:
             self._weights = aligned_empty(0)
-        self._lib = lib = Library(self.path / "model.so", m["files"]["model.so"]["digest"] if verify_checksum else None,
+        # the library's hash is checked even with verify_checksum=False: Library reads and hashes the
+        # file anyway, and a damaged one would otherwise run (a flipped byte of machine code can crash)
+        self._lib = lib = Library(self.path / "model.so", m["files"]["model.so"]["digest"],
                                   m.get("symbol_prefix", "cuvil_"))
         try:
             lib.check_signature(m, self.path)
@@ -358,7 +360,7 @@ class Module:
         """run()'s arrays as the source model returned them: torch tensors for torch inputs, and python
         numbers where it returned numbers (x.item())."""
         if torch_in and "torch" in sys.modules:
-            outs = [sys.modules["torch"].from_numpy(o) for o in outs]
+            outs = [_to_torch(sys.modules["torch"], o) for o in outs]
         return [o.item() if spec.get("scalar") else o for o, spec in zip(outs, self.outputs)]
 
     def __call__(self, *args):
@@ -390,12 +392,23 @@ def _shape_buffer(spec, dtype):
     return buf
 
 
+def _to_torch(torch, o):
+    """A numpy output as a torch tensor; bfloat16 (ml_dtypes', which torch does not take) by its bits."""
+    if o.dtype.name == "bfloat16":
+        return torch.from_numpy(o.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(o)
+
+
 def _as_numpy(a, spec):
     if isinstance(a, np.ndarray):
         return a
     try:
         if type(a).__module__.startswith("torch"):
-            return a.detach().cpu().numpy() if a.requires_grad or a.device.type != "cpu" else a.numpy()
+            if a.requires_grad or a.device.type != "cpu":
+                a = a.detach().cpu()
+            if str(a.dtype) == "torch.bfloat16":          # numpy has no bfloat16: ml_dtypes' by its bits
+                return a.view(sys.modules["torch"].int16).numpy().view(_np_dtype("bfloat16"))
+            return a.numpy()
         return np.asarray(a)
     except (TypeError, ValueError, RuntimeError) as e:
         raise TypeError(f"input {spec['name']!r}: expected an array of {spec['dtype']}{spec['shape']}, got a "

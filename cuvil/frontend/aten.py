@@ -19,12 +19,12 @@ class Unsupported(Exception):
     """This use of a known ATen op is outside what the IR expresses."""
 
 
-def handles(*targets):
+def handles(*targets, table=None):
     """Targets: ATen overloads, or "namespace::op" names of custom ops that exist only once their
-    library is imported (transformers')."""
+    library is imported (transformers'). table: where to register (HANDLERS unless given)."""
     def deco(fn):
         for t in targets:
-            HANDLERS[t] = fn
+            (HANDLERS if table is None else table)[t] = fn
         return fn
     return deco
 

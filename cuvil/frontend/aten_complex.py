@@ -16,6 +16,7 @@ import torch
 from ..ir.graph import Value
 from . import dft
 from .aten import Unsupported, _norm_bound, aten
+from .aten import handles as aten_handles
 from .torch_dtypes import dtype_of
 
 PAIR_DTYPES = {torch.complex64: "float32", torch.complex128: "float64"}
@@ -40,11 +41,7 @@ class Complex:
 
 
 def handles(*targets):
-    def deco(fn):
-        for t in targets:
-            HANDLERS[t] = fn
-        return fn
-    return deco
+    return aten_handles(*targets, table=HANDLERS)
 
 
 def is_complex_meta(val) -> bool:

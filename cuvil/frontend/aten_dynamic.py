@@ -12,6 +12,7 @@ import operator
 import numpy as np
 
 from ..ir import dims as D
+from . import data_sized
 from .aten import HANDLERS, Unsupported, aten, handles
 
 
@@ -25,16 +26,7 @@ def _flat(ctx, x):
 
 
 def _compact(ctx, hit):
-    """hit [n] bool -> (the positions of its true entries in order, padded to n with 0; their count)."""
-    n = hit.shape[0]
-    order = ctx.add("cumsum", [ctx.add("cast", [hit], {"to": "int64"})], {"axis": 0})
-    count = ctx.add("reshape", [ctx.add("slice", [order], {"axis": 0, "start": n - 1, "step": 1, "length": 1})],
-                    {"shape": []})
-    row = ctx.add("where", [hit, ctx.add("sub", [order, ctx.scalar(1, "int64")]), ctx.scalar(n, "int64")])
-    spots = ctx.g.const(np.zeros(n + 1, np.int64))          # row n: where the misses go
-    pos = ctx.add("scatter_elements", [spots, row, ctx.g.const(np.arange(n, dtype=np.int64))],
-                  {"axis": 0, "reduction": "none"})
-    return ctx.add("slice", [pos], {"axis": 0, "start": 0, "step": 1, "length": n}), count
+    return data_sized.compact(ctx.add, ctx.g.const, hit)
 
 
 def _bind(ctx, padded, count, axis, output=None):
@@ -51,9 +43,7 @@ def bind_to(ctx, padded, count, axis, sym):
         raise Unsupported(f"a data-dependent size {sym} that is not a plain symbol")
     # the bound is the padded size, not export's range for the symbol (it can be short: masked_select's
     # is the mask's own size when the mask broadcasts against x)
-    bound = padded.shape[axis]
-    ctx.g.symbols[sym.name] = (0, max(bound, ctx.g.symbols.get(sym.name, (0, 0))[1]))
-    return ctx.add("bind_dim", [padded, count], {"symbol": sym.name, "axis": axis})
+    return data_sized.bind(ctx.add, ctx.g, padded, count, axis, sym.name)
 
 
 def _hits(ctx, x):
@@ -103,20 +93,10 @@ def _masked_select(ctx, x, mask):
     return _bind(ctx, ctx.add("gather", [_flat(ctx, x), pos], {"axis": 0}), count, 0)
 
 
-def _runs(ctx, vals, n):
-    """vals [n], equal values adjacent -> (first: [n] bool, run: [n] int64 the run index of each entry)."""
-    prev = ctx.add("slice", [vals], {"axis": 0, "start": 0, "step": 1, "length": n - 1})
-    rest = ctx.add("slice", [vals], {"axis": 0, "start": 1, "step": 1, "length": n - 1})
-    first = ctx.add("concat", [ctx.g.const(np.ones(1, bool)), ctx.add("ne", [rest, prev])], {"axis": 0})
-    run = ctx.add("sub", [ctx.add("cumsum", [ctx.add("cast", [first], {"to": "int64"})], {"axis": 0}),
-                          ctx.scalar(1, "int64")])
-    return first, run
-
-
 def _unique_of(ctx, vals, n, order, return_inverse, return_counts, shape):
     """The distinct runs of vals [n] (sorted or consecutive), their inverse (at the original positions:
     `order` maps sorted -> original, None when unsorted) and counts."""
-    first, run = _runs(ctx, vals, n)
+    first, run = data_sized.runs(ctx.add, ctx.g.const, vals)
     pos, count = _compact(ctx, first)
     values = _bind(ctx, ctx.add("gather", [vals, pos], {"axis": 0}), count, 0, output=0)
     sym = values.shape[0]

@@ -128,8 +128,10 @@ def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None,
     at one copy of the weights)."""
     from .codegen.c import C_BACKEND, emit
     from .codegen.c.frame import api_h, symbol_prefix
+    from .passes import data_dims
     from .passes.pipeline import plan_memory
     from .passes.quantize import precision_summary
+    data_dims.check(graph)
     graph = optimize(graph, opts)
     progress("passes", f"{len(graph.nodes)} nodes after optimisation")
     formats = precision_summary(graph)

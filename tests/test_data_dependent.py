@@ -126,3 +126,36 @@ def test_python_numbers_returned_as_numbers(tmp_path):
     loaded = cuvil.load(tmp_path / "m.cuvil")
     assert isinstance(loaded(y)[0], float)
     assert loaded.run(y.numpy())[0].shape == ()
+
+
+class _SizeOnly(torch.nn.Module):
+    def forward(self, x):
+        return torch.unique(x.round()).shape[0], (x > 0).sum().item()
+
+
+def test_a_computed_size_used_only_as_a_number(tmp_path):
+    """len(unique(x)) and an int x.item() returned: the count is computed (not the bound)."""
+    import cuvil
+    cm = cuvil.compile(_SizeOnly(), (torch.randn(6),), cache_dir=str(tmp_path))
+    for x in (torch.tensor([1.0, 1, 2, 3, 3, 3]), torch.tensor([-1.0, -2, -3, -4, -5, -6])):
+        assert cm(x) == _SizeOnly()(x)
+
+
+class _Shrinks(torch.nn.Module):
+    def forward(self, x):
+        return torch.zeros(x.shape[0] - x[x > 0].shape[0])
+
+
+class _ItemAsSize(torch.nn.Module):
+    def forward(self, x):
+        return x[:(x > 0).sum().item()]
+
+
+@pytest.mark.parametrize("model, message", [(_Shrinks, "shrinks as the data-dependent size"),
+                                            (_ItemAsSize, "depends on the input's values")])
+def test_sizes_that_cannot_be_planned_are_refused(tmp_path, model, message):
+    """A size that falls as a computed one grows would be planned too small; a value used as a size (not
+    one of the data-sized ops) has no computed bound: both are clean refusals."""
+    import cuvil
+    with pytest.raises(cuvil.UnsupportedOpError, match=message):
+        cuvil.compile(model(), (torch.randn(6),), cache_dir=str(tmp_path))

@@ -120,3 +120,21 @@ def test_ldl_factor_and_solve_match_lapack_through_torch(tmp_path):
     ok = want[2] == 0                                                 # solves of the nonsingular ones
     torch.testing.assert_close(got[3][ok], want[3][ok], rtol=1e-3, atol=1e-3)
     assert (want[1][1] < 0).any()                                    # the case did exercise 2 x 2 blocks
+
+
+def test_ldl_solve_with_corrupt_pivots_stays_in_bounds(tmp_path):
+    """Pivots are an input of ldl_solve: 0, INT_MIN and out-of-range ones clamp (some answer, no write
+    outside the buffers)."""
+    import cuvil
+    a = torch.randn(5, 5)
+    a = a + a.mT
+    ld, piv = torch.linalg.ldl_factor(a)
+    cm = cuvil.compile(_LdlSolve(), (ld, piv, torch.randn(5, 2)), cache_dir=str(tmp_path))
+    for bad in ([0, 0, 0, 0, 0], [-2**31, 7, -9, 2**31 - 1, 1]):
+        out = cm(ld, torch.tensor(bad, dtype=torch.int32), torch.randn(5, 2))
+        assert out.shape == (5, 2)
+
+
+class _LdlSolve(torch.nn.Module):
+    def forward(self, ld, piv, b):
+        return torch.linalg.ldl_solve(ld, piv, b)

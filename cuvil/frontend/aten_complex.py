@@ -99,9 +99,9 @@ def lift(ctx, x, dt: str) -> Complex:
     """x (Complex, real tensor or python number) as a Complex of part dtype dt."""
     if isinstance(x, Complex):
         return x if x.pair.dtype == dt else Complex(ctx.add("cast", [x.pair], {"to": dt}))
-    if isinstance(x, Value):
+    if isinstance(x, Value):                 # imaginary zeros (0 * re would be NaN at an infinite re)
         re = _trailing_one(ctx, ctx.tensor(x, dt))
-        return join(ctx, re, ctx.add("mul", [re, ctx.tensor(0.0, dt)]))
+        return join(ctx, re, ctx.add("full", [], {"shape": list(re.shape), "value": 0.0, "dtype": dt}))
     if isinstance(x, (bool, int, float, complex)):
         return Complex(ctx.g.const(np.array([complex(x).real, complex(x).imag], dtype=dt)))
     raise Unsupported(f"{type(x).__name__} as a complex operand")
@@ -175,6 +175,11 @@ def _conj_h(ctx, z):
          aten.detach.default, aten.contiguous.default, aten.lift_fresh_copy.default)
 def _identity(ctx, z, **kw):
     return z
+
+
+@handles(aten._assert_tensor_metadata.default)
+def _assert(ctx, *a, **kw):
+    return None
 
 
 @handles(aten.abs.default)

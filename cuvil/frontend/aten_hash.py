@@ -28,7 +28,7 @@ def _hash_tensor(ctx, x, dim=(), *, keepdim=False, mode=0):
         raise Unsupported(f"hash_tensor mode {mode}")
     if not all(isinstance(d, int) for d in x.shape):
         raise Unsupported("hash_tensor over a symbolic shape")
-    wide = "float64" if x.dtype.startswith("float") else "int64"
+    wide = "float64" if x.dtype.startswith(("float", "bfloat")) else "int64"
     bits = ctx.add("bitcast", [ctx.tensor(x, wide)], {"to": "uint64"})
     axes = _axes(bits, list(dim) or None)
     if D.numel(list(x.shape)) == 0:

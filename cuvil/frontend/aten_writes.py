@@ -514,6 +514,8 @@ def _segment_reduce(ctx, data, reduce, lengths=None, indices=None, offsets=None,
         raise Unsupported(f"segment_reduce with reduce={reduce!r} and these segment arguments")
     if axis % data.type.rank != 0 or (lengths if lengths is not None else offsets).type.rank != 1:
         raise Unsupported("segment_reduce along an axis other than 0")
+    if initial is None and not data.dtype.startswith("float") and reduce in ("max", "min"):
+        raise Unsupported("segment_reduce max / min of integers without an initial value")
     if offsets is not None:
         nseg = offsets.shape[0] - 1
         ends = ctx.add("slice", [offsets], {"axis": 0, "start": 1, "step": 1, "length": nseg})

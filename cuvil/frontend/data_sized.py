@@ -12,6 +12,8 @@ def compact(add, const, hit):
     """hit [n] bool -> (the positions of its true entries in order, padded to n with 0; their count, 0-d
     int64): each hit's running count is its row, the misses go to a spare row n."""
     n = hit.shape[0]
+    if n == 0:
+        return const(np.zeros(0, np.int64)), const(np.int64(0))
     order = add("cumsum", [add("cast", [hit], {"to": "int64"})], {"axis": 0})
     count = add("reshape", [add("slice", [order], {"axis": 0, "start": n - 1, "step": 1, "length": 1})], {"shape": []})
     row = add("where", [hit, add("sub", [order, const(np.int64(1))]), const(np.int64(n))])

@@ -117,13 +117,15 @@ def _input_symbols(ep) -> set:
 
 
 def _bounds(ep, rename):
-    """{symbol: (lo, hi)} of the program's dims, and the unbacked ones without a bound (a data-dependent
-    op's handler bounds its own symbol; any left at the end is refused)."""
-    syms, unbounded = {}, set()
+    """{symbol: (lo, hi)} of the program's dims, the unbacked ones without a bound, and every unbacked one
+    (a data-dependent op's handler binds its own symbol; any other used at the end is refused)."""
+    syms, unbounded, unbacked = {}, set(), set()
     inputs = _input_symbols(ep)
     for s, vr in ep.range_constraints.items():
         lo, hi = vr.lower, vr.upper
         name = rename.get(str(s), str(s))
+        if str(s).startswith(("u", "zuf")):        # unbacked: computed from the input's values
+            unbacked.add(name)
         try:
             hi = int(hi)
         except (TypeError, ValueError, OverflowError, AttributeError):
@@ -136,7 +138,7 @@ def _bounds(ep, rename):
                 continue
             raise CuvilError(f"dynamic dim {name} has no upper bound: give it one, e.g. Dim('{name}', max=512)")
         syms[name] = (max(int(lo), 0), hi)
-    return syms, unbounded
+    return syms, unbounded, unbacked
 
 
 def to_torch_dynamic_shapes(spec):
@@ -279,7 +281,7 @@ def _convert(ep, dynamic_shapes, direct) -> tuple[Graph, object]:
                       for s in ep.graph_signature.output_specs):
         raise _NeedsDecomposition("the program mutates a buffer or an input")
     rename = _user_dim_names(ep, dynamic_shapes)
-    symbols, unbounded = _bounds(ep, rename)
+    symbols, unbounded, unbacked = _bounds(ep, rename)
     g = Graph(symbols=symbols)
     ctx = Ctx(g, rename, direct=direct)
     sig = ep.graph_signature
@@ -325,21 +327,28 @@ def _convert(ep, dynamic_shapes, direct) -> tuple[Graph, object]:
                 if isinstance(v, aten_complex.Complex):
                     g.complex_outputs.add(len(g.outputs))
                     v = v.pair
-                elif _is_number(o):                 # x.item(), a size: returned as a python number
+                elif _is_number(o) and v is not None:      # x.item(), a size: returned as a python number
                     g.scalar_outputs.add(len(g.outputs))
-                    v = v if isinstance(v, Value) else ctx.tensor(v, "int64")
+                    v = v if isinstance(v, Value) else ctx.tensor(v, _number_dtype(o))
                 if isinstance(v, Value):
                     g.outputs.append(v)
                 elif v is not None:
                     raise CuvilError(f"model output {o} is not a tensor; cuvil returns tensors only")
             g.output_names = [getattr(o, "name", f"output{i}") for i, o in enumerate(outs)]
-    ctx.unsupported += [(f"a size that depends on the input's values ({name}): cuvil compiles static or bounded "
-                         "shapes", None) for name in sorted((unbounded & _used_symbols(g)) - set(g.symbols))]
+    ctx.unsupported += [(f"a size that depends on the input's values ({name}): cuvil computes such sizes for "
+                         "nonzero, boolean masks and unique only", None)
+                        for name in sorted(((unbounded | unbacked) & _used_symbols(g)) - set(g.data_dims()))]
     if ctx.unsupported:
         if direct:
             raise _NeedsDecomposition(ctx.unsupported[0][0])
         raise UnsupportedOpError(ctx.unsupported)
     return g, ep.call_spec.out_spec
+
+
+def _number_dtype(o) -> str:
+    val = o.meta.get("val") if isinstance(o, torch.fx.Node) else o
+    return ("bool" if isinstance(val, (bool, torch.SymBool)) else
+            "float64" if isinstance(val, (float, torch.SymFloat)) else "int64")
 
 
 def _is_number(o) -> bool:
@@ -355,6 +364,8 @@ def _used_symbols(g) -> set:
                 yield from walk(y)
         elif isinstance(x, dict):
             yield from walk(list(x.values()))
+        elif isinstance(x, Graph):               # a cond / while_loop region
+            yield from _used_symbols(x)
         else:
             yield from (str(f) for f in getattr(x, "free_symbols", ()))
     values = list(g.inputs) + [o for n in g.nodes for o in n.outputs]
@@ -387,7 +398,9 @@ def _call_function(ctx, node, direct):
     """One call_function node of an exported graph: its handler's IR, bound in ctx.env (an op
     without a handler is recorded in ctx.unsupported and stood in for, so every one is found)."""
     val = node.meta.get("val")
-    if isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool) and node.target is not operator.getitem:
+    returned_item = node.target is torch.ops.aten._local_scalar_dense.default and all(u.op == "output" for u in node.users)
+    if isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool) and node.target is not operator.getitem \
+            and not returned_item:           # (an int x.item() the model only returns: its value, as data)
         ctx.env[node.name] = ctx.dim(val)
         return
     if aten_dynamic.is_size_check(node):

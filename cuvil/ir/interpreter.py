@@ -57,7 +57,10 @@ def run_node(node, arrays, env):
         outs = _run_region(node, arrays)
         return [np.asarray(o, dtype=v.dtype) for o, v in zip(outs, node.outputs)]
     if node.op == "bind_dim":             # a data-dependent dim: later nodes' attrs read its value
-        env[node.attrs["symbol"]] = int(arrays[1])
+        count, bound = int(arrays[1]), arrays[0].shape[node.attrs["axis"]]
+        if not 0 <= count <= bound:
+            raise ShapeError(f"data-dependent dim {node.attrs['symbol']} = {count} is outside [0, {bound}]")
+        env[node.attrs["symbol"]] = count
     out = REGISTRY[node.op].ref(arrays, concrete_attrs(node.attrs, env))
     outs = out if isinstance(out, (list, tuple)) else [out]
     return [np.asarray(o, dtype=v.dtype) for o, v in zip(outs, node.outputs)]

@@ -10,7 +10,7 @@ def dce(graph):
     live = {id(o) for o in graph.outputs}
     kept = []
     for n in reversed(graph.nodes):
-        if any(id(o) in live for o in n.outputs):
+        if n.op == "bind_dim" or any(id(o) in live for o in n.outputs):     # bind_dim sets a symbol too
             kept.append(n)
             live.update(id(i) for i in n.inputs if i is not None)
     graph.nodes = kept[::-1]

@@ -396,6 +396,12 @@ void cuvil_ldl_factor(int64_t batch, int64_t n, const float *a, float *ld, int32
 
 /* A X = B from the factors, as LAPACK's ssytrs (uplo = 'L'): L D then L^T, pivots applied on the way. A
  * pivot out of [1, n] clamps into it (a corrupt input gives some answer, never a read out of bounds). */
+/* A pivot's 0-based row, clamped into [0, n) (0, INT_MIN and out-of-range entries included). */
+static inline int64_t ldl_row(int32_t v, int64_t n) {
+    int64_t a = v > 0 ? (int64_t)v : -(int64_t)v;
+    return (a < 1 ? 1 : a > n ? n : a) - 1;
+}
+
 void cuvil_ldl_solve(int64_t batch, int64_t n, int64_t m, const float *ld, const int32_t *piv, const float *bin,
                      float *x) {
     for (int64_t b = 0; b < batch; b++) {
@@ -404,7 +410,7 @@ void cuvil_ldl_solve(int64_t batch, int64_t n, int64_t m, const float *ld, const
         float *B = x + b * n * m;
         if (B != bin + b * n * m) memcpy(B, bin + b * n * m, sizeof(float) * n * m);
 #define ROW(i) (B + (i) * m)
-#define PIVOT(v) ((v) > 0 ? ((v) > n ? n - 1 : (v) - 1) : (-(v) > n ? n - 1 : -(v) - 1))
+#define PIVOT(v) ldl_row((v), n)
         for (int64_t k = 0; k < n;) {
             int64_t kp = PIVOT(p[k]);
             if (p[k] > 0 || k == n - 1) {

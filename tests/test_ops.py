@@ -1856,6 +1856,54 @@ def lu_permutation(op):
     c.check()
 
 
+@case("ldl_factor")
+def ldl_factor(op):
+    """Bunch-Kaufman against LAPACK's ssytrf: no swaps (diagonally dominant), 2 x 2 blocks (a small
+    diagonal), a zero column (info), garbage above the diagonal (only the lower triangle is read)."""
+    c = Case()
+    m = rand(c.rng, (3, 6, 6), "float32", -1, 1)
+    a = (m + np.swapaxes(m, -1, -2)).astype(np.float32)
+    a[0] += 8 * np.eye(6, dtype=np.float32)
+    a[1] -= np.diag(np.diagonal(a[1])) * np.float32(0.99)
+    a[2, :, 2] = a[2, 2, :] = 0
+    a[..., np.triu_indices(6, 1)[0], np.triu_indices(6, 1)[1]] = 99
+    ld, piv, info = c.add(op, [c.input(a)])
+    c.out(ld, "LD")
+    c.out(piv, "pivots")
+    c.out(info, "info")
+    c.check(rtol=1e-4, atol=1e-4)
+
+
+@case("ldl_solve")
+def ldl_solve(op):
+    """Solves from LAPACK's own factors (1 x 1 and 2 x 2 pivots), several right-hand sides, a batch."""
+    import scipy.linalg.lapack as lapack
+    c = Case()
+    m = rand(c.rng, (2, 5, 5), "float32", -1, 1)
+    a = (m + np.swapaxes(m, -1, -2)).astype(np.float32)
+    a[1] -= np.diag(np.diagonal(a[1])) * np.float32(0.99)
+    facs = [lapack.ssytrf(x, lower=1) for x in a]
+    ld = np.stack([np.tril(f[0]) for f in facs]).astype(np.float32)
+    piv = np.stack([f[1] for f in facs]).astype(np.int32)
+    c.out(c.add(op, [c.input(ld), c.input(piv), c.input(rand(c.rng, (2, 5, 3), "float32"))]), "X")
+    c.check(rtol=1e-3, atol=1e-3)
+
+
+@case("bind_dim")
+def bind_dim(op):
+    """The front of a padded buffer cut at a count given at run time (two runs, two counts), along the
+    first and a middle axis; an op after it runs over the computed size."""
+    c = Case(runs=2, symbols={"k": (0, 6), "m": (0, 4)})
+    x = c.input(rand(c.rng, (6, 4, 2), "float32"))
+    k = c.input([np.array(3, np.int64), np.array(6, np.int64)], ())
+    m = c.input([np.array(0, np.int64), np.array(2, np.int64)], ())
+    rows = c.add(op, [x, k], dict(symbol="k", axis=0))
+    c.out(rows, "rows")
+    c.out(c.add("reduce_sum", [rows], dict(axes=[0], keepdims=False)), "sum over the rows")
+    c.out(c.add(op, [x, m], dict(symbol="m", axis=1)), "middle axis")
+    c.check()
+
+
 @case("cholesky")
 def cholesky(op):
     """A batch of positive-definite matrices (upper triangle garbage: only the lower is read), and one

@@ -421,7 +421,8 @@ def _call_function(ctx, node, direct):
         target = _mutation(node, target)
     handler = table(target)
     if handler is None:
-        ctx.unsupported.append((f"{node.target} on complex tensors" if on_complex else str(node.target), ctx.loc))
+        real_only = on_complex and aten.handler_for(target) is not None       # handled, but not for complex
+        ctx.unsupported.append((f"{node.target} on complex tensors" if real_only else str(node.target), ctx.loc))
         ctx.env[node.name] = _placeholder_for(ctx, node)
         return
     try:

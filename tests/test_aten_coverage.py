@@ -388,3 +388,10 @@ def test_hash_tensor_over_dims():
     x, n = torch.randn(3, 5, 7), torch.randint(-9, 9, (4, 3))
     check(Fn(lambda x, n: (torch.hash_tensor(x), torch.hash_tensor(x, dim=[0, 2], keepdim=True),
                            torch.hash_tensor(x, dim=1), torch.hash_tensor(n, dim=0))), x, n)
+
+
+@pytest.mark.parametrize("reduce", ["max", "min"])
+def test_segment_reduce_keeps_nan(reduce):
+    """A NaN in a segment makes its max / min NaN, as torch (a scatter's compare would skip it)."""
+    data = torch.tensor([1.0, float("nan"), 3.0, -2.0, 5.0])
+    check(Fn(lambda d: torch.segment_reduce(d, reduce, lengths=torch.tensor([2, 0, 3]))), data)

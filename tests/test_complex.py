@@ -167,3 +167,16 @@ def test_verification_measures_the_imaginary_part():
     from cuvil.api import max_errors
     assert max_errors([np.array([1 + 1j, 2.0])], [np.array([1 + 0j, 2.0])])[0][0] == pytest.approx(1.0)
     assert max_errors([np.array([1 + 1j])], [np.array([1 + 1j])])[0] == (0.0, 0.0)
+
+
+def test_division_of_large_and_small_magnitudes(tmp_path):
+    """Smith's scaling: |b|^2 of 1e25 or 1e-25 would overflow / underflow float32; the quotient does not."""
+    import cuvil
+
+    class M(torch.nn.Module):
+        def forward(self, a, b):
+            return a / b
+    a = torch.tensor([1e25 + 3e24j, 2 - 1j, 1e-25 + 1e-25j, 5 + 0j, 0 + 7j], dtype=torch.complex64)
+    b = torch.tensor([3e25 - 1e25j, 1e-25 + 2e-25j, 2e-25 - 1e-26j, 0 + 2j, 3 + 0j], dtype=torch.complex64)
+    cm = cuvil.compile(M(), (a, b), cache_dir=str(tmp_path))
+    torch.testing.assert_close(cm(a, b), M()(a, b), rtol=1e-5, atol=0)

@@ -127,11 +127,6 @@ def _conj(ctx, z: Complex) -> Complex:
     return Complex(ctx.add("mul", [z.pair, ctx.g.const(np.array([1.0, -1.0], dtype=z.pair.dtype))]))
 
 
-def _abs2(ctx, z: Complex):
-    re, im = parts(ctx, z)
-    return ctx.add("add", [ctx.add("mul", [re, re]), ctx.add("mul", [im, im])])
-
-
 # ---- pointwise -------------------------------------------------------------------------------
 @handles(aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar)
 def _add(ctx, a, b, alpha=1):
@@ -157,8 +152,23 @@ def _div(ctx, a, b):
     dt = _out_pair(ctx)
     if _is_real(b):
         return Complex(ctx.add("div", [lift(ctx, a, dt).pair, _real_operand(ctx, b, dt)]))
-    b = lift(ctx, b, dt)           # a / b = a conj(b) / |b|^2
-    return Complex(ctx.add("div", [_mul(ctx, lift(ctx, a, dt), _conj(ctx, b)).pair, _abs2(ctx, b)]))
+    return _smith_div(ctx, lift(ctx, a, dt), lift(ctx, b, dt))
+
+
+def _smith_div(ctx, a, b):
+    """(p + iq) / (c + id) by Smith's algorithm: scaled by the larger of |c|, |d|, so |b|^2 never
+    overflows or underflows (it would past about 1e19 or below 1e-19 in float32)."""
+    p, q = parts(ctx, a)
+    c, d = parts(ctx, b)
+    wide = ctx.add("ge", [ctx.add("abs", [c]), ctx.add("abs", [d])])
+    big, small = ctx.add("where", [wide, c, d]), ctx.add("where", [wide, d, c])
+    r = ctx.add("div", [small, big])                           # |r| <= 1
+    den = ctx.add("add", [big, ctx.add("mul", [small, r])])
+    # wide: ((p + q r) + i (q - p r)) / den; else ((p r + q) + i (q r - p)) / den
+    pr, qr = ctx.add("mul", [p, r]), ctx.add("mul", [q, r])
+    re = ctx.add("where", [wide, ctx.add("add", [p, qr]), ctx.add("add", [pr, q])])
+    im = ctx.add("where", [wide, ctx.add("sub", [q, pr]), ctx.add("sub", [qr, p])])
+    return join(ctx, ctx.add("div", [re, den]), ctx.add("div", [im, den]))
 
 
 @handles(aten.neg.default)

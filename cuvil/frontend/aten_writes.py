@@ -519,20 +519,34 @@ def _segment_reduce(ctx, data, reduce, lengths=None, indices=None, offsets=None,
     if offsets is not None:
         nseg = offsets.shape[0] - 1
         ends = ctx.add("slice", [offsets], {"axis": 0, "start": 1, "step": 1, "length": nseg})
-        lengths = ctx.add("sub", [ends, ctx.add("slice", [offsets], {"axis": 0, "start": 0, "step": 1, "length": nseg})])
+        lengths = ctx.add("sub", [ends, _slice_of(ctx, offsets, nseg)])
+        first = ctx.add("slice", [offsets], {"axis": 0, "start": 0, "step": 1, "length": 1})
     else:
         nseg = lengths.shape[0]
         ends = ctx.add("cumsum", [lengths], {"axis": 0})
+        first = ctx.tensor(0, ends.dtype)
     n, inner = data.shape[0], list(data.shape[1:])
+    if nseg == 0:
+        return ctx.add("full", [], {"shape": [0] + inner, "value": 0, "dtype": data.dtype})
     pos = ctx.add("iota", [], {"length": n, "start": 0, "step": 1, "dtype": ends.dtype})
-    pos = ctx.add("reshape", [pos], {"shape": [n, 1]})
-    seg = ctx.add("reduce_sum", [ctx.add("cast", [ctx.add("le", [ends, pos])], {"to": "int64"})],
+    col = ctx.add("reshape", [pos], {"shape": [n, 1]})
+    seg = ctx.add("reduce_sum", [ctx.add("cast", [ctx.add("le", [ends, col])], {"to": "int64"})],
                   {"axes": [1], "keepdims": False})                      # [n]: the segment of each element
-    seg = ctx.add("min", [seg, ctx.tensor(max(nseg - 1, 0), "int64")])     # lengths summing short of n
-    seg = ctx.add("expand", [ctx.add("reshape", [seg], {"shape": [n] + [1] * len(inner)})], {"shape": list(data.shape)})
+    last = ctx.add("slice", [ends], {"axis": 0, "start": nseg - 1, "step": 1, "length": 1})
+    inside = ctx.add("and", [ctx.add("ge", [pos, first]), ctx.add("lt", [pos, last])])
+    seg = ctx.add("where", [inside, seg, ctx.tensor(nseg, "int64")])       # outside every segment: a spare row
+    seg = ctx.add("reshape", [seg], {"shape": [n] + [1] * len(inner)})
+    seg = ctx.add("expand", [seg], {"shape": list(data.shape)})
     start = SEGMENT_EMPTY[reduce] if initial is None else float(initial)
-    rows = ctx.add("full", [], {"shape": [nseg] + inner, "value": start, "dtype": data.dtype})
+    rows = ctx.add("full", [], {"shape": [nseg + 1] + inner, "value": start, "dtype": data.dtype})
     y = ctx.add("scatter_elements", [rows, seg, data], {"axis": 0, "reduction": SEGMENT_REDUCE[reduce]})
+    y = _slice_of(ctx, y, nseg)
+    if reduce in ("max", "min") and data.dtype.startswith("float"):   # the scatter's compare skips NaN; torch keeps it
+        nan = ctx.add("cast", [ctx.add("isnan", [data])], {"to": data.dtype})
+        zeros = ctx.add("full", [], {"shape": [nseg + 1] + inner, "value": 0, "dtype": data.dtype})
+        hits = ctx.add("scatter_elements", [zeros, seg, nan], {"axis": 0, "reduction": "add"})
+        y = ctx.add("where", [ctx.add("gt", [_slice_of(ctx, hits, nseg), ctx.tensor(0.0, data.dtype)]),
+                              ctx.tensor(float("nan"), data.dtype), y])
     if reduce != "mean":
         return y
     count = ctx.add("reshape", [ctx.add("cast", [lengths], {"to": data.dtype})], {"shape": [nseg] + [1] * len(inner)})

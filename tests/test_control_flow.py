@@ -259,3 +259,113 @@ def test_onnx_loop_with_run_time_trips_and_scan_outputs_asks_for_the_trip_count(
     fixed = cuvil.compile(model, constant_inputs={"M": np.array(3, np.int64)})
     out, ys = fixed.run(np.array([1.0, 2.0], np.float32))
     np.testing.assert_array_equal(ys, np.array([[1, 2]] * 3, np.float32))
+
+
+def _onnx_model(nodes, inputs, outputs, opset=17, initializer=()):
+    from onnx import helper as h
+    g = h.make_graph(nodes, "m", inputs, outputs, initializer=list(initializer))
+    return h.make_model(g, opset_imports=[h.make_opsetid("", opset)]).SerializeToString()
+
+
+def test_onnx_scan_over_a_run_time_length():
+    """A Scan over a symbolic dim becomes a while_loop: a running sum and product carried, one input read
+    backwards, one scan output written backwards and one stacked along axis 1; ONNX Runtime's answer
+    at every length in the dim's bounds, 1 included (a length past MAX_UNROLL steps too)."""
+    pytest.importorskip("onnx", reason="the model is built with onnx (a dev requirement)")
+    ort = pytest.importorskip("onnxruntime", reason="the oracle is onnxruntime (a dev requirement)")
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    v = h.make_tensor_value_info
+    f = lambda name, shape: v(name, T.FLOAT, shape)  # noqa: E731
+    body = h.make_graph(
+        [h.make_node("Add", ["s", "a"], ["s2"]), h.make_node("Mul", ["p", "b"], ["p2"]),
+         h.make_node("Tanh", ["p2"], ["p3"]), h.make_node("Sub", ["s2", "b"], ["y1"]), h.make_node("Identity", ["p3"], ["y2"])],
+        "body", [f("s", [3]), f("p", [3]), f("a", [3]), f("b", [3])], [f("s2", [3]), f("p3", [3]), f("y1", [3]), f("y2", [3])])
+    scan = h.make_node("Scan", ["s0", "p0", "xa", "xb"], ["s", "p", "ya", "yb"], body=body, num_scan_inputs=2,
+                       scan_input_directions=[0, 1], scan_output_directions=[1, 0], scan_output_axes=[0, -1])
+    model = _onnx_model([scan], [f("s0", [3]), f("p0", [3]), f("xa", ["T", 3]), f("xb", ["T", 3])],
+                        [f("s", [3]), f("p", [3]), f("ya", ["T", 3]), f("yb", [3, "T"])])
+    cm = cuvil.compile(model, dynamic_shapes={"xa": {0: ("T", 1, 80)}, "xb": {0: ("T", 1, 80)}})
+    assert "while_loop" in cm.module.manifest["node_ops"]
+    sess, rng = ort.InferenceSession(model), np.random.default_rng(0)
+    for n in (1, 2, 7, 80):
+        feed = {"s0": rng.standard_normal(3).astype(np.float32), "p0": rng.standard_normal(3).astype(np.float32),
+                "xa": rng.standard_normal((n, 3)).astype(np.float32), "xb": rng.standard_normal((n, 3)).astype(np.float32)}
+        got, want = cm.run(*feed.values()), sess.run(None, feed)
+        for a, b in zip(got, want):
+            assert a.shape == b.shape
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_onnx_scan8_batched():
+    """Scan-8 (a batch axis before the scan axis, sequence_lens absent or the full length): each batch
+    entry scanned on its own, as ONNX Runtime does; per-entry lengths are refused by name."""
+    onnx = pytest.importorskip("onnx", reason="the model is built with onnx (a dev requirement)")
+    ort = pytest.importorskip("onnxruntime", reason="the oracle is onnxruntime (a dev requirement)")
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    f = lambda name, shape: h.make_tensor_value_info(name, T.FLOAT, shape)  # noqa: E731
+    body = h.make_graph([h.make_node("Mul", ["s", "x"], ["s2"]), h.make_node("Add", ["s2", "x"], ["y"])], "body",
+                        [f("s", [2]), f("x", [2])], [f("s2", [2]), f("y", [2])])
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 4, 2)).astype(np.float32)
+    s0 = rng.standard_normal((3, 2)).astype(np.float32)
+    for lens in (None, np.array([4, 4, 4], np.int64), np.array([4, 2, 4], np.int64)):
+        init = [onnx.numpy_helper.from_array(lens, "lens")] if lens is not None else []
+        node = h.make_node("Scan", ["lens" if lens is not None else "", "s0", "x"], ["s", "y"], body=body,
+                           num_scan_inputs=1, directions=[1])
+        model = _onnx_model([node], [f("s0", [3, 2]), f("x", [3, 4, 2])], [f("s", [3, 2]), f("y", [3, 4, 2])],
+                            opset=8, initializer=init)
+        if lens is not None and (lens != 4).any():
+            with pytest.raises(UnsupportedOpError, match="per-entry sequence lengths"):
+                cuvil.compile(model)
+            continue
+        want = ort.InferenceSession(model).run(None, {"s0": s0, "x": x})
+        for a, b in zip(cuvil.compile(model).run(s0, x), want):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _loop_with_scan_outputs(declared_rows):
+    """Loop(M, cond) carrying acc [2]; the body stops once acc's sum passes `limit`, and its scan
+    outputs are acc and a window x[i:i+2] of a weight (an exporter's run-time Slice)."""
+    import onnx
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    v = h.make_tensor_value_info
+    w = np.arange(20, dtype=np.float32) * 0.5
+    body = h.make_graph(
+        [h.make_node("Unsqueeze", ["i", "zero"], ["st"]), h.make_node("Add", ["st", "two"], ["en"]),
+         h.make_node("Slice", ["w", "st", "en"], ["win"]), h.make_node("Add", ["acc", "win"], ["acc2"]),
+         h.make_node("ReduceSum", ["acc2"], ["tot"], keepdims=0), h.make_node("Less", ["tot", "limit"], ["c2"]),
+         h.make_node("Identity", ["acc2"], ["row"]), h.make_node("Identity", ["win"], ["wrow"])],
+        "body", [v("i", T.INT64, []), v("c", T.BOOL, []), v("acc", T.FLOAT, [2])],
+        [v("c2", T.BOOL, []), v("acc2", T.FLOAT, [2]), v("row", T.FLOAT, [2]), v("wrow", T.FLOAT, [2])],
+        [h.make_tensor("zero", T.INT64, [1], [0]), h.make_tensor("two", T.INT64, [1], [2])])
+    loop = h.make_node("Loop", ["M", "", "a0"], ["out", "rows", "wrows"], body=body)
+    return _onnx_model([loop], [v("M", T.INT64, []), v("a0", T.FLOAT, [2]), v("limit", T.FLOAT, [])],
+                       [v("out", T.FLOAT, [2]), v("rows", T.FLOAT, [declared_rows, 2]), v("wrows", T.FLOAT, [declared_rows, 2])],
+                       initializer=[onnx.numpy_helper.from_array(w, "w")])
+
+
+def test_onnx_loop_with_run_time_trips_and_scan_outputs():
+    """A Loop with scan outputs and a run-time trip count is a while_loop when the model declares the
+    outputs' length: their rows are the iterations run (the body's condition can stop it early, M can
+    be 0), as ONNX Runtime gives; more iterations than declared, or a window past the weight's end,
+    fail the run with the reason instead of writing past a buffer."""
+    pytest.importorskip("onnx", reason="the model is built with onnx (a dev requirement)")
+    ort = pytest.importorskip("onnxruntime", reason="the oracle is onnxruntime (a dev requirement)")
+    model = _loop_with_scan_outputs(12)
+    cm = cuvil.compile(model)
+    assert "while_loop" in cm.module.manifest["node_ops"]
+    sess = ort.InferenceSession(model)
+    for trips, limit in [(0, 1e9), (1, 1e9), (5, 1e9), (12, 30.0), (12, 1e9), (9, -1.0)]:
+        feed = {"M": np.array(trips, np.int64), "a0": np.array([0.5, -1.0], np.float32), "limit": np.array(limit, np.float32)}
+        got, want = cm.run(*feed.values()), sess.run(None, feed)
+        for a, b in zip(got, want):
+            assert a.shape == b.shape, (trips, limit)
+            np.testing.assert_allclose(a, b, rtol=1e-6)
+    with pytest.raises(cuvil.CuvilError, match="outside"):
+        cm.run(np.array(13, np.int64), np.zeros(2, np.float32), np.array(1e9, np.float32))
+    wide = cuvil.compile(_loop_with_scan_outputs(40))
+    with pytest.raises(cuvil.CuvilError, match="out of range"):    # x[19:21] of a 20-entry weight
+        wide.run(np.array(25, np.int64), np.zeros(2, np.float32), np.array(1e9, np.float32))

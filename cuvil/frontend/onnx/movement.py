@@ -51,6 +51,8 @@ def _slice(c, ins=None):
         axes = c.attr("axes") or list(range(len(starts)))
         steps = [1] * len(starts)
     else:
+        if isinstance(c.inp(1), Value) and _window_length(c.inp(1), c.inp(2)) is not None:
+            return _window(c, x)
         starts, ends = ints(c.known(1, "starts")), ints(c.known(2, "ends"))
         a = c.known(3, "axes")
         axes = ints(a) if a is not None else list(range(len(starts)))
@@ -70,6 +72,43 @@ def _slice(c, ins=None):
             continue
         y = c.op("slice", [y], axis=ax, start=start, step=st, length=length)
     return y
+
+
+def _peel(v):
+    while isinstance(v, Value) and v.producer is not None and v.producer.op == "reshape":
+        v = v.producer.inputs[0]
+    return v
+
+
+def _window_length(starts, ends):
+    """k when ends is computed as starts + k (k a constant of one element, starts of one element)."""
+    s, e = _peel(starts), _peel(ends)
+    if not isinstance(e, Value) or e.producer is None or e.producer.op != "add" or D.numel(starts.shape) != 1:
+        return None
+    a, b = (_peel(v) for v in e.producer.inputs)
+    k = b if a is s else a if b is s else None
+    if not isinstance(k, Value) or not k.is_const or k.data.size != 1:
+        return None
+    return int(k.data.ravel()[0])
+
+
+def _window(c, x):
+    """Slice whose start is known only at run time and whose end is start + k, one axis, step 1 (the
+    x[i:i+k] exporters write inside loops) -> a gather of the k entries from start. A window that does
+    not fit inside the dim, a negative start included, fails the run where ONNX would return fewer
+    entries: the result keeps its length k."""
+    sh = shape_of(x)
+    axes = ints(c.known(3, "axes")) if c.inp(3) is not None else [0]
+    steps = ints(c.known(4, "steps")) if c.inp(4) is not None else [1]
+    k = _window_length(c.inp(1), c.inp(2))
+    if steps != [1] or len(axes) != 1 or k < 0:
+        raise Unsupported("a run-time Slice other than x[i:i+k] along one axis with step 1")
+    ax = norm_axis(axes[0], len(sh))
+    start = c.reshape(c.cast(c.inp(1), "int64"), [])
+    idx = c.op("add", [start, c.op("iota", [], length=k, dtype="int64")])
+    past = np.array(sh[ax], np.int64) if isinstance(sh[ax], int) else c.op("full", [], shape=[], value=sh[ax], dtype="int64")
+    idx = c.op("where", [c.op("lt", [idx, np.array(0, np.int64)]), past, idx])
+    return c.op("gather", [x, idx], axis=ax)
 
 
 @handler("Gather")

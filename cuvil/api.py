@@ -70,6 +70,7 @@ def compile(model, example_inputs=(), *, target="native", precision="fp32", fusi
         progress("frontend", f"{len(graph.nodes)} IR nodes")
         cm = build_graph(graph, opts, cdir, progress,
                          extra_manifest={"source": "onnx", "output_names": list(graph.output_names),
+                                         "output_sequences": {k: list(v) for k, v in graph.sequence_outputs.items()},
                                          "constant_inputs": _describe_constants(opts.constant_inputs)})
     elif kind == "jax":
         if kwargs or opts.dynamic_shapes:
@@ -100,6 +101,10 @@ def _describe_constants(values):
     import numpy as np
     out = {}
     for name, v in (values or {}).items():
+        if v is None or isinstance(v, (list, tuple)):      # an optional left empty, a sequence
+            out[name] = {"dtype": "optional", "shape": None, "values": None} if v is None else \
+                {"dtype": "sequence", "shape": [len(v)], "values": None}
+            continue
         a = np.asarray(v)
         out[name] = {"dtype": str(a.dtype), "shape": list(a.shape),
                      "values": a.ravel().tolist() if a.size <= 64 and a.dtype.kind in "biuf" else None}

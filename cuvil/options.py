@@ -45,18 +45,26 @@ class Options:
         return repr(sorted(d.items()))
 
 
+def value_key(v):
+    """A hashable, comparable form of an ONNX input value: an array (dtype, shape, bytes), a list of
+    them (a sequence) or None (an empty optional)."""
+    if v is None:
+        return ("none",)
+    if isinstance(v, (list, tuple)):
+        return ("sequence",) + tuple(value_key(e) for e in v)
+    import numpy as np
+    a = np.ascontiguousarray(v)
+    return (str(a.dtype), a.shape, a.tobytes())
+
+
 def _values_digest(values):
-    """A short digest of {name: array} (dtype, shape and bytes of each) for cache keys."""
+    """A short digest of {name: value} (see value_key) for cache keys."""
     if not values:
         return None
     import hashlib
-
-    import numpy as np
     h = hashlib.sha256()
     for name in sorted(values):
-        a = np.ascontiguousarray(values[name])
-        h.update(f"{name}|{a.dtype}|{a.shape}|".encode())
-        h.update(a.tobytes())
+        h.update(repr((name, value_key(values[name]))).encode())
     return h.hexdigest()[:24]
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import CuvilError, InputValuesNeededError, ShapeError
-from .options import check_device
+from .options import check_device, value_key
 from .runtime import session as runtime_session
 
 MAX_SPECIALIZATIONS = 16     # loaded artifacts kept per session; older ones are unloaded (the disk cache keeps them)
@@ -112,11 +112,7 @@ class Specialized:
         self.compiles = 0
 
     def key(self, feed):
-        parts = []
-        for n in self.names:
-            a = np.ascontiguousarray(feed[n])
-            parts.append((n, str(a.dtype), a.shape, a.tobytes()))
-        return tuple(parts)
+        return tuple((n, value_key(feed[n])) for n in self.names)
 
     def module(self, feed):
         missing = [n for n in self.names if n not in feed]
@@ -129,7 +125,8 @@ class Specialized:
             return mod
         from .api import compile as _compile
         while True:
-            consts = {n: np.asarray(feed[n]) for n in self.names}
+            consts = {n: feed[n] if feed[n] is None or isinstance(feed[n], (list, tuple)) else np.asarray(feed[n])
+                      for n in self.names}
             try:
                 cm = _compile(self.model, (), num_threads=self.num_threads, constant_inputs=consts,
                               **self.compile_options)
@@ -154,9 +151,14 @@ class Specialized:
         g = self.model.graph
         inits = {t.name for t in g.initializer}
 
-        def spec(vi):
-            tt = vi.type.tensor_type
+        def spec(vi, tp=None, kind=None):
+            tp = tp or vi.type
+            for k, field in (("seq", "sequence_type"), ("optional", "optional_type")):
+                if tp.HasField(field):
+                    return spec(vi, getattr(tp, field).elem_type, kind or k)
+            tt = tp.tensor_type
             shape = ([d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim]
-                     if tt.HasField("shape") else None)
-            return {"name": vi.name, "shape": shape, "dtype": ONNX_DTYPES.get(tt.elem_type, str(tt.elem_type))}
+                     if tt.HasField("shape") and not kind else None)
+            return {"name": vi.name, "shape": shape, "dtype": ONNX_DTYPES.get(tt.elem_type, str(tt.elem_type)),
+                    **({"kind": kind} if kind else {})}
         return [spec(vi) for vi in g.input if vi.name not in inits], [spec(vi) for vi in g.output]

@@ -93,7 +93,7 @@ def _cache_file():
     import onnx
     root = Path(os.environ.get("CUVIL_ONNX_TESTS_CACHE") or Path.home() / ".cache" / "cuvil")
     # the expected outputs are generated with ml_dtypes, whose casts changed between releases
-    return root / f"onnx-node-tests-{onnx.__version__}-mldtypes{ml_dtypes.__version__}-v2.pkl"
+    return root / f"onnx-node-tests-{onnx.__version__}-mldtypes{ml_dtypes.__version__}-v3.pkl"
 
 
 def _load_from_dir(d):
@@ -145,8 +145,11 @@ def _generate():
 
 
 def _plain(x):
-    if isinstance(x, np.ndarray):
+    """A test value as plain data: a numpy array, a list of them (a sequence) or None (an empty optional)."""
+    if isinstance(x, np.ndarray) or x is None:
         return x
+    if isinstance(x, list):
+        return [_plain(e) for e in x]
     if isinstance(x, (np.generic, bool, int, float)):
         return np.asarray(x)
     try:
@@ -215,9 +218,12 @@ def convert_case(case):
     if len(case.data_sets) != 1:
         raise CuvilError(f"{len(case.data_sets)} data sets")
     ins, outs = case.data_sets[0]
-    for x in list(ins) + list(outs):
-        if not isinstance(x, np.ndarray):
-            raise UnsupportedOpError([("non-tensor test data (sequence/optional/map)", None)])
+    outs = [y for x in outs for y in (x if isinstance(x, list) else [x])]   # a sequence: one output per element
+    for x in list(ins) + outs:
+        if not (isinstance(x, (np.ndarray, list)) or x is None):
+            raise UnsupportedOpError([("non-tensor test data (a map)", None)])
+    if any(x is None for x in outs):
+        raise UnsupportedOpError([("an empty optional as an expected output", None)])
     inits = {t.name for t in m.graph.initializer}
     names = [i.name for i in m.graph.input if i.name not in inits]
     feed = dict(zip(names, ins))

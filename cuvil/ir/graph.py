@@ -81,6 +81,8 @@ class Graph:
     complex_outputs: set = field(default_factory=set)
     # indices of 0-d outputs the source model returned as python numbers (x.item(), a size)
     scalar_outputs: set = field(default_factory=set)
+    # name -> (first output, count): a sequence the source model returns, one output per element
+    sequence_outputs: dict = field(default_factory=dict)
 
     # ---- construction -------------------------------------------------
     def const(self, array, name=None) -> Value:

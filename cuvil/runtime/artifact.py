@@ -252,6 +252,9 @@ def _check_schema(m):
     _need(names is None or (isinstance(names, list) and len(names) == len(m["outputs"])
                             and all(isinstance(n, str) for n in names)),
           "output_names", "a list of one string per output", names)
+    seqs = m.get("output_sequences")
+    _need(seqs is None or _sequences_ok(seqs, len(m["outputs"])), "output_sequences",
+          "an object of name -> [first output, count], the ranges inside the outputs and apart", seqs)
     files = m["files"]
     _need(isinstance(m["target"], str) and len(m["target"]) <= 64, "target", "a target name", m["target"])
     _need(m.get("arch") is None or (isinstance(m["arch"], str) and m["arch"] in ELF_MACHINE), "arch",
@@ -430,3 +433,14 @@ def map_weights(path: Path, manifest: dict, verify=True) -> np.ndarray:
 # weights.bin files this process has checked: path -> (inode, size, mtime, checksum). A repeat load of
 # an unchanged file (a cache hit after the compile that wrote it) skips re-reading every byte.
 _VERIFIED = _Recent()
+
+
+def _sequences_ok(seqs, n_outputs):
+    if not isinstance(seqs, dict) or not all(
+            isinstance(r, list) and len(r) == 2 and all(_is_int(x) for x in r) for r in seqs.values()):
+        return False
+    ranges = sorted(tuple(r) for r in seqs.values())
+    ends = [0] + [f + c for f, c in ranges]
+    return all(isinstance(k, str) for k in seqs) and all(f >= e for (f, _), e in zip(ranges, ends)) \
+        and ends[-1] <= n_outputs
+

@@ -35,7 +35,34 @@ class NodeArg:
 
 def node_arg(spec, name=None):
     shape = None if spec["shape"] is None else [d if isinstance(d, int) else str(d) for d in spec["shape"]]
-    return NodeArg(name or spec["name"], shape, ORT_TYPES.get(spec["dtype"], f"tensor({spec['dtype']})"))
+    kind = spec.get("kind")           # "seq" / "optional": ONNX Runtime's seq(tensor(float)) style
+    t = ORT_TYPES.get(spec["dtype"], f"tensor({spec['dtype']})")
+    return NodeArg(name or spec["name"], shape, f"{kind}({t})" if kind else t)
+
+
+def _layout(m):
+    """Where each output the source model returns lies among the library's outputs: (name, index) for
+    a tensor, (name, slice) for a sequence (manifest output_sequences: name -> [first, count]), in order."""
+    names = m.get("output_names") or [o["name"] for o in m["outputs"]]
+    out, i = [], 0
+    for first, count, name in sorted((f, c, n) for n, (f, c) in (m.get("output_sequences") or {}).items()):
+        out += [(names[k], k) for k in range(i, first)]
+        out.append((name, slice(first, first + count)))
+        i = first + count
+    return out + [(names[k], k) for k in range(i, len(names))]
+
+
+def visible_outputs(m):
+    """The model's outputs as the source declares them (a sequence is one), as NodeArg specs."""
+    specs = m["outputs"]
+    return [dict(specs[at], name=name) if isinstance(at, int) else
+            {"name": name, "shape": None, "kind": "seq",
+             "dtype": specs[at.start]["dtype"] if at.stop > at.start else "float32"} for name, at in _layout(m)]
+
+
+def group_outputs(m, outs):
+    """The library's outputs in the source's structure: a sequence output as a list of arrays."""
+    return [outs[at] if isinstance(at, int) else list(outs[at]) for _, at in _layout(m)]
 
 
 class InferenceSession:
@@ -45,8 +72,7 @@ class InferenceSession:
     def __init__(self, path_or_artifact, sess_options=None, providers=None, *, num_threads=None):
         self._module = _open(path_or_artifact, num_threads)
         m = self._module.manifest
-        out_names = m.get("output_names") or [o["name"] for o in m["outputs"]]
-        self._declare([node_arg(s) for s in m["inputs"]], [node_arg(s, n) for s, n in zip(m["outputs"], out_names)])
+        self._declare([node_arg(s) for s in m["inputs"]], [node_arg(s) for s in visible_outputs(m)])
 
     def _declare(self, inputs, outputs):
         self._inputs, self._outputs = inputs, outputs
@@ -80,7 +106,7 @@ class InferenceSession:
         if missing:
             raise ShapeError(f"missing input(s) {missing}; the model takes {names}")
         module, arrays = self._select(input_feed)
-        outs = module.run(*arrays)
+        outs = group_outputs(module.manifest, module.run(*arrays))
         if output_names is None:
             return outs
         if isinstance(output_names, str):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 # the op families: importing them fills registry.HANDLERS and registry.SYM_FOLD
 from . import (control_flow, conv, data_sized, elementwise, linalg, movement, normalization,  # noqa: F401
-               quantization, recurrent, reduce, sampling, scan, shape, spectral, training)
+               quantization, recurrent, reduce, sampling, scan, sequences, shape, spectral, training)
 from .converter import Converter
 from .entry import example_inputs, reference_outputs, shape_deciding_inputs, specialize, to_graph
 from .helpers import NeedsConstant, Unsupported, dtype_of, rank_of, shape_of

@@ -18,7 +18,7 @@ from ...ir.graph import Graph
 from ..data_sized import bind, fresh_symbol
 from .model import MAX_UNROLL
 from .registry import handler
-from .helpers import Unsupported, shape_of
+from .helpers import ABSENT, Absent, Seq, Unsupported, shape_of
 from .regions import flag, outer_values, rewire, stack, while_region, write_row
 from .subgraphs import inline_subgraph
 
@@ -31,17 +31,20 @@ def _if(c):
         g = c.attr("then_branch") if bool(np.asarray(cond).ravel()[0]) else c.attr("else_branch")
         return inline_subgraph(c, g, {})
     branches = [_branch(c, c.attr(k)) for k in ("then_branch", "else_branch")]
-    refs = list({id(v): v for _, outer in branches for v in outer}.values())
-    graphs = [rewire(g, refs) for g, _ in branches]
+    if branches[0][2] != branches[1][2]:        # sequences of other lengths, an optional empty in one branch
+        c.known(0, "cond (the branches return sequences or optionals of different structure)")
+    refs = list({id(v): v for _, outer, _ in branches for v in outer}.values())
+    graphs = [rewire(g, refs) for g, _, _ in branches]
     if [str(o.type) for o in graphs[0].outputs] != [str(o.type) for o in graphs[1].outputs]:
         raise Unsupported("an If whose branches' outputs differ in shape or dtype, with a run-time condition")
     pred = c.reshape(cond, []) if cond.type.rank else cond
-    out = c.op("cond", [pred, *refs], then_graph=graphs[0], else_graph=graphs[1])
-    return list(out) if isinstance(out, list) else [out]
+    out = c.op("cond", [pred, *refs], then_graph=graphs[0], else_graph=graphs[1]) if graphs[0].outputs else []
+    return _regroup(list(out) if isinstance(out, list) else [out], branches[0][2])
 
 
 def _branch(c, body):
-    """One branch converted into a Graph of its own; returns it and the outer run-time values it reads."""
+    """One branch converted into a Graph of its own; returns it, the outer run-time values it reads
+    and its outputs' structure (sequences and optionals are flattened into their tensors)."""
     outer_graph, sub = c.g, Graph(symbols=c.g.symbols)
     c.g = sub
     try:
@@ -49,9 +52,26 @@ def _branch(c, body):
     finally:
         c.g = outer_graph
     if any(o is None for o in outs):
-        raise Unsupported("an If branch output that is not a tensor (a sequence or optional)")
-    sub.outputs = [sub.const(o) if isinstance(o, np.ndarray) else o for o in outs]
-    return sub, outer_values(sub)
+        raise Unsupported("an If branch output that is missing")
+    shape = [len(o) if isinstance(o, Seq) else "absent" if o is ABSENT else None for o in outs]
+    flat = [e for o in outs for e in (o.items if isinstance(o, Seq) else [] if o is ABSENT else [o])]
+    sub.outputs = [sub.const(o) if isinstance(o, np.ndarray) else o for o in flat]
+    return sub, outer_values(sub), shape
+
+
+def _regroup(flat, shape):
+    """The cond's tensors back into the branches' structure (see _branch)."""
+    out, at = [], 0
+    for s in shape:
+        if s == "absent":
+            out.append(ABSENT)
+        elif s is None:
+            out.append(flat[at])
+            at += 1
+        else:
+            out.append(Seq(flat[at:at + s]))
+            at += s
+    return out
 
 
 # ---- Loop -------------------------------------------------------------------------------------
@@ -116,12 +136,12 @@ def _loop(c):
     runtime = any(c.inp(k) is not None and not isinstance(c.inp(k), np.ndarray) for k in (0, 1))
     n_carried = len(c.node.input) - 2
     n_scan = len(body.output) - 1 - n_carried
-    if runtime:
+    if runtime and not any(isinstance(c.inp(2 + k), (Seq, Absent)) for k in range(n_carried)):
         bound = _scan_bound(c, n_scan) if n_scan else 0
         if bound is not None:
             return _loop_region(c, body, bound)
-    # scan outputs without a bound on their length: M and cond are asked for as compile-time values
-    # (cuvil.InferenceSession specializes on them; compile() says which inputs to fix)
+    # scan outputs without a bound on their length, or sequences / optionals carried: M and cond are
+    # asked for as compile-time values (cuvil.InferenceSession specializes on them; compile() says which)
     M = c.known(0, "M") if c.inp(0) is not None else None
     cond = c.known(1, "cond") if c.inp(1) is not None else None
     trips = int(np.asarray(M).ravel()[0]) if M is not None else MAX_UNROLL

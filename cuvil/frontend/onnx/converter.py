@@ -12,7 +12,7 @@ import numpy as np
 from ...errors import GraphError, InputValuesNeededError, ShapeError, UnsupportedOpError
 from ...ir import dims as D
 from ...ir.graph import Graph, TensorType, Value
-from .helpers import NeedsConstant, Unsupported, contig, dtype_of, is_sym, maybe_int, require_onnx, shape_of, to_dim
+from .helpers import ABSENT, NeedsConstant, Seq, Unsupported, contig, dtype_of, is_sym, maybe_int, require_onnx, shape_of, to_dim
 from .model import (DEFAULT_MAX_DIM, DTYPE_NAMES, IR_TO_ONNX, MAX_FOLD_BYTES, MAX_KNOWN_ELEMS, MAX_NODES,
                     MAX_TENSOR_BYTES, ONNX_DTYPES, attr_value, ident, safe_name, tensor_to_numpy)
 from .registry import FOLD_NO_INPUT, HANDLERS, NO_FOLD, SYM_FOLD, SYM_ONLY
@@ -152,7 +152,13 @@ class Converter:
             if vi.name in self.env:
                 raise GraphError(f"graph input {vi.name!r} is declared twice")
             if vi.name in self.constant_inputs:
-                self.env[vi.name] = self._constant_input(vi)
+                self.env[vi.name] = self._typed_constant(vi.name, vi.type, self.constant_inputs[vi.name])
+                continue
+            if vi.type.HasField("sequence_type") or vi.type.HasField("optional_type"):
+                self.need_const.add(vi.name)          # its length / presence decides the graph
+                self.unsupported.append(("a sequence or optional input (fixed at compile time by constant_inputs)",
+                                         f"input {vi.name!r}"))
+                self._poison_name(vi.name)
                 continue
             v = self._input_value(vi)
             self.env[vi.name] = v
@@ -176,25 +182,47 @@ class Converter:
             if o.name not in self.env:
                 raise GraphError(f"graph output {o.name!r} is never produced")
             x = self.env[o.name]
-            if x is None:
+            if x is None or x is ABSENT:
                 raise GraphError(f"graph output {o.name!r} is an absent optional value")
-            if o.type.HasField("sequence_type") or o.type.HasField("optional_type") or o.type.HasField("map_type"):
+            if o.type.HasField("map_type"):
                 raise UnsupportedOpError([("non-tensor graph output", f"output {o.name!r}")])
+            if isinstance(x, Seq):            # one output per element, grouped again by the session
+                self.g.sequence_outputs[o.name] = (len(self.g.outputs), len(x))
+                for k, e in enumerate(x.items):
+                    self.g.outputs.append(self.val(e))
+                    self.g.output_names.append(f"{o.name}[{k}]")
+                continue
             self.g.outputs.append(self.val(x))
             self.g.output_names.append(o.name)
         return self.g
 
-    def _constant_input(self, vi):
-        """A graph input whose value is fixed at compile time: checked against its declared type."""
-        a = np.asarray(self.constant_inputs[vi.name])
-        tt = vi.type.tensor_type
+    def _poison_name(self, name):
+        self.poison.add(name)
+        self.env[name] = None
+
+    def _typed_constant(self, name, tp, value):
+        """A graph input whose value is fixed at compile time, checked against its declared type: a
+        tensor (numpy array), a sequence (a list of them) or an optional (None when empty)."""
+        what = f"constant input {name!r}"
+        if tp.HasField("optional_type"):
+            return ABSENT if value is None else self._typed_constant(name, tp.optional_type.elem_type, value)
+        if tp.HasField("sequence_type"):
+            if not isinstance(value, (list, tuple)):
+                raise ShapeError(f"{what}: expected a list of arrays (a sequence), got {type(value).__name__}")
+            et = tp.sequence_type.elem_type
+            items = [self._typed_constant(name, et, v) for v in value]
+            return Seq(items, ONNX_DTYPES.get(et.tensor_type.elem_type) if et.HasField("tensor_type") else None)
+        if not tp.HasField("tensor_type"):
+            raise UnsupportedOpError([("a map input", f"input {name!r}")])
+        a = np.asarray(value)
+        tt = tp.tensor_type
         want = ONNX_DTYPES.get(tt.elem_type)
         if want is None or a.dtype != np.dtype(want):
-            raise ShapeError(f"constant input {vi.name!r}: dtype {a.dtype}, expected {want}")
+            raise ShapeError(f"{what}: dtype {a.dtype}, expected {want}")
         if tt.HasField("shape"):
             dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
             if len(dims) != a.ndim or any(d is not None and d != s for d, s in zip(dims, a.shape)):
-                raise ShapeError(f"constant input {vi.name!r}: shape {list(a.shape)}, expected "
+                raise ShapeError(f"{what}: shape {list(a.shape)}, expected "
                                  f"{['?' if d is None else d for d in dims]}")
         return a.copy()
 
@@ -294,8 +322,7 @@ class Converter:
     def _poison(self, node):
         for o in node.output:
             if o:
-                self.poison.add(o)
-                self.env[o] = None
+                self._poison_name(o)
 
     def can_handle(self, node, domain):
         if domain == "":

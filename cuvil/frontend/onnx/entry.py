@@ -38,7 +38,8 @@ def specialize(model, feed, dynamic_shapes=None, default_max_dim=DEFAULT_MAX_DIM
             new = [n for n in e.names if n in feed and n not in fixed]
             if not new:
                 raise
-            fixed.update((n, np.asarray(feed[n])) for n in new)
+            fixed.update((n, feed[n] if feed[n] is None or isinstance(feed[n], (list, tuple)) else np.asarray(feed[n]))
+                         for n in new)
 
 
 def shape_deciding_inputs(model, dynamic_shapes=None):

@@ -1,7 +1,8 @@
 """Helpers shared by the converter and the op-family handlers.
 
 The Unsupported / NeedsConstant signals a handler raises, the lazy import of the onnx package,
-compile-time-known values (numpy arrays; object arrays hold symbolic dims), the shape, dtype and rank
+sequences and the empty optional (Seq, ABSENT), compile-time-known values (numpy arrays; object arrays
+hold symbolic dims), the shape, dtype and rank
 of a value, axis normalisation, ONNX padding (pads / auto_pad) and a transpose that folds known arrays."""
 from __future__ import annotations
 
@@ -18,6 +19,25 @@ class Unsupported(Exception):
 
 class NeedsConstant(Unsupported):
     """A shape-determining input is only known at run time."""
+
+
+class Seq:
+    """An ONNX sequence whose length is known at compile time: its elements (Value | np.ndarray), and
+    the element dtype when known (an empty sequence's)."""
+
+    def __init__(self, items, dtype=None):
+        self.items = list(items)
+        self.dtype = dtype if dtype is not None or not self.items else dtype_of(self.items[0])
+
+    def __len__(self):
+        return len(self.items)
+
+
+class Absent:
+    """The empty ONNX optional (None in the converter's env means a value that is missing)."""
+
+
+ABSENT = Absent()
 
 
 def require_onnx():

@@ -12,7 +12,11 @@ from __future__ import annotations
 HANDLERS = {}
 SYM_FOLD = {}
 NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
-           "If", "Loop", "Scan"}
+           "If", "Loop", "Scan",
+           # sequences and optionals: their handlers build Seq / ABSENT values, which a folded node would not
+           "SequenceEmpty", "SequenceConstruct", "SequenceLength", "SequenceAt", "SequenceInsert", "SequenceErase",
+           "ConcatFromSequence", "SplitToSequence", "SequenceMap", "Optional", "OptionalHasElement",
+           "OptionalGetElement"}
 FOLD_NO_INPUT = {"Constant"}
 SYM_ONLY = {"Shape", "Size", "Add", "Sub", "Mul", "Div", "Cast", "Equal", "Max", "Min", "Where", "ConstantOfShape",
             "Expand"}

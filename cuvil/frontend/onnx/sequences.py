@@ -11,7 +11,7 @@ import numpy as np
 
 from ...errors import ShapeError
 from .helpers import ABSENT, Seq, Unsupported, ints, norm_axis, rank_of, shape_of
-from .model import ONNX_DTYPES
+from .model import MAX_UNROLL, ONNX_DTYPES
 from .registry import handler
 from .regions import stack
 from .subgraphs import inline_subgraph
@@ -104,6 +104,8 @@ def _split_to(c):
         sizes, keep = ints(split), 1
         if sum(sizes) != n or min(sizes, default=0) < 0:
             raise ShapeError(f"SplitToSequence: split {sizes} does not add up to the dim's {n}")
+    if len(sizes) > MAX_UNROLL:
+        raise Unsupported(f"a sequence of {len(sizes)} elements (more than {MAX_UNROLL})")
     parts, at = [], 0
     for k in sizes:
         part = np.take(x, range(at, at + k), axis=axis) if isinstance(x, np.ndarray) else \

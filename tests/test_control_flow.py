@@ -369,3 +369,54 @@ def test_onnx_loop_with_run_time_trips_and_scan_outputs():
     wide = cuvil.compile(_loop_with_scan_outputs(40))
     with pytest.raises(cuvil.CuvilError, match="out of range"):    # x[19:21] of a 20-entry weight
         wide.run(np.array(25, np.int64), np.zeros(2, np.float32), np.array(1e9, np.float32))
+
+
+def test_onnx_loop_bounds_and_nesting_fall_back_to_specializing():
+    """Review cases: a negative declared length is no bound (the trip count is asked for, never a buffer
+    of negative size); a Loop with scan outputs inside an If cannot cut its rows there, so its run-time
+    condition is asked for and InferenceSession specializes on it, matching ONNX Runtime."""
+    pytest.importorskip("onnx", reason="the model is built with onnx (a dev requirement)")
+    ort = pytest.importorskip("onnxruntime", reason="the oracle is onnxruntime (a dev requirement)")
+    with pytest.raises(cuvil.CuvilError, match="'M'"):
+        cuvil.compile(_loop_with_scan_outputs(-3))
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    v = h.make_tensor_value_info
+    body = h.make_graph([h.make_node("Identity", ["c"], ["c2"]), h.make_node("Add", ["acc", "x"], ["acc2"]),
+                         h.make_node("Identity", ["acc2"], ["row"])], "body",
+                        [v("i", T.INT64, []), v("c", T.BOOL, []), v("acc", T.FLOAT, [2])],
+                        [v("c2", T.BOOL, []), v("acc2", T.FLOAT, [2]), v("row", T.FLOAT, [2])])
+    loop = h.make_node("Loop", ["four", "b", "x"], ["last", "rows"], body=body)
+    then_g = h.make_graph([h.make_node("Constant", [], ["four"], value=h.make_tensor("k", T.INT64, [], [4])),
+                           loop], "then", [], [v("rows", T.FLOAT, None)])
+    else_g = h.make_graph([h.make_node("Neg", ["x"], ["n"]), h.make_node("Unsqueeze", ["n", "zero"], ["rows2"])],
+                          "else", [], [v("rows2", T.FLOAT, None)])
+    model = _onnx_model([h.make_node("If", ["b"], ["out"], then_branch=then_g, else_branch=else_g)],
+                        [v("b", T.BOOL, []), v("x", T.FLOAT, [2])], [v("out", T.FLOAT, None)],
+                        initializer=[h.make_tensor("zero", T.INT64, [1], [0])])
+    with pytest.raises(cuvil.CuvilError, match="'b'"):
+        cuvil.compile(model)
+    sess, oracle = cuvil.InferenceSession(model), ort.InferenceSession(model)
+    for b in (True, False):
+        feed = {"b": np.array(b), "x": np.array([1.0, -2.0], np.float32)}
+        np.testing.assert_allclose(sess.run(None, feed)[0], oracle.run(None, feed)[0])
+
+
+def test_onnx_long_static_scan_is_a_loop():
+    """A Scan of a known length past the unrolling limit (1024 steps) runs as a while_loop: a running
+    sum over 1500 rows equals numpy's cumsum."""
+    pytest.importorskip("onnx", reason="the model is built with onnx (a dev requirement)")
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    f = lambda name, shape: h.make_tensor_value_info(name, T.FLOAT, shape)  # noqa: E731
+    body = h.make_graph([h.make_node("Add", ["s", "x"], ["s2"]), h.make_node("Identity", ["s2"], ["y"])], "body",
+                        [f("s", [2]), f("x", [2])], [f("s2", [2]), f("y", [2])])
+    model = _onnx_model([h.make_node("Scan", ["s0", "xs"], ["s", "ys"], body=body, num_scan_inputs=1)],
+                        [f("s0", [2]), f("xs", [1500, 2])], [f("s", [2]), f("ys", [1500, 2])])
+    cm = cuvil.compile(model)
+    assert "while_loop" in cm.module.manifest["node_ops"]
+    xs = np.random.default_rng(3).standard_normal((1500, 2)).astype(np.float32)
+    s, ys = cm.run(np.zeros(2, np.float32), xs)
+    want = np.cumsum(xs.astype(np.float64), axis=0)
+    np.testing.assert_allclose(ys, want, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(s, want[-1], rtol=1e-4, atol=1e-3)

@@ -184,3 +184,18 @@ def test_fuzz_hostile_sequence_graphs(split, axis, keepdims, pos, op, cat_axis, 
     except Exception:  # noqa: BLE001 - the reference refusing what cuvil accepted is a finding
         pytest.fail(f"cuvil compiled a graph the ONNX reference refuses: split={split} axis={axis} pos={pos} {op}")
     _same(cm.run(*feed.values()), want)
+
+
+def test_bad_sequence_graphs_are_clean_errors():
+    """A sequence holding a missing value, a graph listing an output twice, a graph whose only output
+    is an empty sequence: each a CuvilError naming the problem, never a stray exception."""
+    x = v("x", T.FLOAT, [2])
+    seq = h.make_tensor_sequence_value_info
+    cases = [
+        ([h.make_node("SequenceConstruct", ["x", ""], ["s"])], [seq("s", T.FLOAT, None)], "not a tensor"),
+        ([h.make_node("SequenceConstruct", ["x"], ["s"])], [seq("s", T.FLOAT, None), seq("s", T.FLOAT, None)], "twice"),
+        ([h.make_node("SequenceEmpty", [], ["s"])], [seq("s", T.FLOAT, None)], "empty sequences"),
+    ]
+    for nodes, outs, why in cases:
+        with pytest.raises(cuvil.CuvilError, match=why):
+            cuvil.compile(_model(nodes, [x], outs))

@@ -91,7 +91,7 @@ def _scan_bound(c, n_scan):
     bounds = []
     for name in c.node.output[len(c.node.output) - n_scan:]:
         dims = declared[name].dim if name in declared else []
-        if not dims or not dims[0].HasField("dim_value"):
+        if not dims or not dims[0].HasField("dim_value") or dims[0].dim_value < 0:
             return None
         bounds.append(dims[0].dim_value)
     return min(bounds) if min(bounds) <= MAX_LOOP_ROWS else None
@@ -137,7 +137,8 @@ def _loop(c):
     n_carried = len(c.node.input) - 2
     n_scan = len(body.output) - 1 - n_carried
     if runtime and not any(isinstance(c.inp(2 + k), (Seq, Absent)) for k in range(n_carried)):
-        bound = _scan_bound(c, n_scan) if n_scan else 0
+        # (scan rows are cut by bind_dim, which only the top-level graph may hold)
+        bound = 0 if not n_scan else _scan_bound(c, n_scan) if c.g is c.main else None
         if bound is not None:
             return _loop_region(c, body, bound)
     # scan outputs without a bound on their length, or sequences / optionals carried: M and cond are

@@ -27,6 +27,7 @@ class Converter:
         self._producers = None
         self.constant_inputs = dict(constant_inputs or {})   # graph input name -> value fixed at compile time
         self.g = Graph()
+        self.main = self.g              # the top-level graph (c.g is a region's while one is built)
         self.env = {}                   # onnx name -> Value | np.ndarray | None (optional absent)
         self.poison = set()
         self.unsupported = []           # (op, loc)
@@ -178,6 +179,19 @@ class Converter:
             raise UnsupportedOpError(self.unsupported)
         if not g.output:
             raise GraphError("the graph has no outputs")
+        if len({o.name for o in g.output}) != len(g.output):
+            raise GraphError(f"the graph lists an output twice: {[o.name for o in g.output]}")
+        try:
+            self._bind_outputs(g)
+        except Unsupported as e:
+            raise UnsupportedOpError([(str(e), "graph outputs")]) from None
+        if not self.g.outputs:
+            raise GraphError("the graph's outputs are all empty sequences")
+        if len(set(self.g.output_names)) != len(self.g.output_names):
+            raise GraphError(f"output names collide with a sequence's element names: {self.g.output_names}")
+        return self.g
+
+    def _bind_outputs(self, g):
         for o in g.output:
             if o.name not in self.env:
                 raise GraphError(f"graph output {o.name!r} is never produced")
@@ -194,7 +208,6 @@ class Converter:
                 continue
             self.g.outputs.append(self.val(x))
             self.g.output_names.append(o.name)
-        return self.g
 
     def _poison_name(self, name):
         self.poison.add(name)

@@ -51,8 +51,9 @@ def _slice(c, ins=None):
         axes = c.attr("axes") or list(range(len(starts)))
         steps = [1] * len(starts)
     else:
-        if isinstance(c.inp(1), Value) and _window_length(c.inp(1), c.inp(2)) is not None:
-            return _window(c, x)
+        k = _window_length(c.inp(1), c.inp(2)) if isinstance(c.inp(1), Value) and c.g is not c.main else None
+        if k is not None and k >= 0 and not is_sym(x):
+            return _window(c, x)        # inside a loop body; at top level the session specializes on the start
         starts, ends = ints(c.known(1, "starts")), ints(c.known(2, "ends"))
         a = c.known(3, "axes")
         axes = ints(a) if a is not None else list(range(len(starts)))
@@ -93,17 +94,19 @@ def _window_length(starts, ends):
 
 
 def _window(c, x):
-    """Slice whose start is known only at run time and whose end is start + k, one axis, step 1 (the
-    x[i:i+k] exporters write inside loops) -> a gather of the k entries from start. A window that does
+    """Slice (inside a loop or branch) whose start is known only at run time and whose end is start + k,
+    one axis, step 1 (the x[i:i+k] exporters write inside loops) -> a gather of the k entries from start. A window that does
     not fit inside the dim, a negative start included, fails the run where ONNX would return fewer
     entries: the result keeps its length k."""
     sh = shape_of(x)
     axes = ints(c.known(3, "axes")) if c.inp(3) is not None else [0]
     steps = ints(c.known(4, "steps")) if c.inp(4) is not None else [1]
     k = _window_length(c.inp(1), c.inp(2))
-    if steps != [1] or len(axes) != 1 or k < 0:
+    if steps != [1] or len(axes) != 1:
         raise Unsupported("a run-time Slice other than x[i:i+k] along one axis with step 1")
     ax = norm_axis(axes[0], len(sh))
+    if isinstance(sh[ax], int) and k > sh[ax]:
+        raise Unsupported(f"a run-time Slice of {k} entries from a dim of {sh[ax]}")
     start = c.reshape(c.cast(c.inp(1), "int64"), [])
     idx = c.op("add", [start, c.op("iota", [], length=k, dtype="int64")])
     past = np.array(sh[ax], np.int64) if isinstance(sh[ax], int) else c.op("full", [], shape=[], value=sh[ax], dtype="int64")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...ir import dims as D
+
 from .helpers import Unsupported, is_sym, norm_axis, rank_of, shape_of
 from .model import MAX_UNROLL
 from .registry import handler
@@ -40,6 +42,8 @@ def _scan8(c, body, m, ins):
     B, T = shape_of(rest[0])[0], shape_of(rest[n])[1]
     if not isinstance(B, int):
         raise Unsupported("Scan-8 over a symbolic batch size")
+    if B * (T if isinstance(T, int) else 1) > MAX_UNROLL:
+        raise Unsupported(f"Scan-8 over {B} batch entries of {T} steps (more than {MAX_UNROLL} in all)")
     if lens is not None and not (isinstance(lens, np.ndarray) and not is_sym(lens) and (np.asarray(lens) == T).all()):
         raise Unsupported("Scan-8 with per-entry sequence lengths (sequence_lens other than the full length)")
     dirs = c.attr("directions") or [0] * m
@@ -51,6 +55,8 @@ def _scan8(c, body, m, ins):
 def _scan_steps(c, body, states, xs, in_axes, in_dirs, out_axes, out_dirs):
     """The final states, then each scan output stacked along its axis."""
     T = shape_of(xs[0])[in_axes[0]]
+    if not all(D.dims_equal(shape_of(x)[a], T) for x, a in zip(xs, in_axes)):
+        raise Unsupported(f"scan inputs of different lengths: {[shape_of(x)[a] for x, a in zip(xs, in_axes)]}")
     n = len(states)
     if isinstance(T, int) and T <= MAX_UNROLL:
         return _unrolled(c, body, states, xs, T, in_axes, in_dirs, out_axes, out_dirs)

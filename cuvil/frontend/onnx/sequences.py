@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import ShapeError
-from .helpers import ABSENT, Seq, Unsupported, ints, norm_axis, rank_of, shape_of
+from .helpers import ABSENT, Absent, Seq, Unsupported, ints, norm_axis, rank_of, shape_of
 from .model import MAX_UNROLL, ONNX_DTYPES
 from .registry import handler
 from .regions import stack
@@ -22,6 +22,13 @@ def _seq(c, i):
     if not isinstance(s, Seq):
         raise Unsupported(f"input {i} is not a sequence")
     return s
+
+
+def _tensor(c, i):
+    x = c.inp(i)
+    if x is None or isinstance(x, (Seq, Absent)):
+        raise Unsupported(f"input {i} is not a tensor (a sequence holds tensors)")
+    return x
 
 
 def _position(c, i, n, insert=False):
@@ -42,7 +49,7 @@ def _empty(c):
 
 @handler("SequenceConstruct")
 def _construct(c):
-    return [Seq([c.inp(i) for i in range(len(c.node.input))])]
+    return [Seq([_tensor(c, i) for i in range(len(c.node.input))])]
 
 
 @handler("SequenceLength")
@@ -60,7 +67,7 @@ def _at(c):
 def _insert(c):
     s = _seq(c, 0)
     items = list(s.items)
-    items.insert(_position(c, 2, len(s), insert=True), c.inp(1))
+    items.insert(_position(c, 2, len(s), insert=True), _tensor(c, 1))
     return [Seq(items, s.dtype)]
 
 

@@ -300,7 +300,13 @@ declare(OpDef("scatter_nd", {"reduction": "none"}, _scatter_nd_infer, _scatter_n
 
 
 def _iota_infer(types, attrs, inputs):
+    _no_negative("iota", [attrs["length"]])
     return [TensorType((attrs["length"],), attrs["dtype"])]
+
+
+def _no_negative(op, dims):
+    if any(isinstance(d, int) and d < 0 for d in dims):
+        raise ShapeError(f"{op}: negative size in {list(dims)}")
 
 
 declare(OpDef("iota", {"length": REQUIRED, "start": 0, "step": 1, "dtype": "int64"}, _iota_infer,
@@ -309,6 +315,7 @@ declare(OpDef("iota", {"length": REQUIRED, "start": 0, "step": 1, "dtype": "int6
 
 
 def _full_infer(types, attrs, inputs):
+    _no_negative("full", attrs["shape"])
     return [TensorType(tuple(attrs["shape"]), attrs["dtype"])]
 
 

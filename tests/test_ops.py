@@ -1904,6 +1904,27 @@ def bind_dim(op):
     c.check()
 
 
+@case("nms_select")
+def nms_select(op):
+    """Greedy suppression in score order against the reference: corner boxes (either corner first)
+    and center boxes, equal scores, a score threshold, a per-class limit given at run time."""
+    for center in (0, 1):
+        c = Case(seed=center)
+        B, C, N = 2, 3, 24
+        xy = rand(c.rng, (B, N, 2), "float32", 0, 6)
+        wh = rand(c.rng, (B, N, 2), "float32", 0.5, 3)
+        boxes = np.concatenate([xy, wh] if center else [xy, xy + wh], -1).astype(np.float32)
+        scores = np.round(rand(c.rng, (B, C, N), "float32", 0, 1), 1).astype(np.float32)
+        order = np.argsort(-scores, axis=-1, kind="stable").astype(np.int64)
+        scalar = lambda x, t: np.array(x, t)  # noqa: E731
+        sel, count = c.add(op, [c.input(boxes), c.input(scores), c.input(order), c.input(scalar(4, np.int64)),
+                                c.input(scalar(0.4, np.float32)), c.input(scalar(0.3, np.float32))],
+                           dict(center_point_box=center, use_score_threshold=1))
+        c.out(sel, "rows (padded)")
+        c.out(count, "count")
+        c.check()
+
+
 @case("cholesky")
 def cholesky(op):
     """A batch of positive-definite matrices (upper triangle garbage: only the lower is read), and one

@@ -21,7 +21,7 @@ families, and no module of the package imports a family module or this file.
 from __future__ import annotations
 
 # the op families: importing them fills registry.HANDLERS and registry.SYM_FOLD
-from . import (control_flow, conv, data_sized, elementwise, linalg, movement, normalization,  # noqa: F401
+from . import (control_flow, conv, data_sized, detection, elementwise, linalg, movement, normalization,  # noqa: F401
                quantization, recurrent, reduce, sampling, scan, sequences, shape, spectral, training)
 from .converter import Converter
 from .entry import example_inputs, reference_outputs, shape_deciding_inputs, specialize, to_graph

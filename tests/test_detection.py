@@ -102,3 +102,45 @@ def test_nms_over_a_symbolic_box_count_is_refused():
     model = _nms_model(1, 1, "N", 0)
     with pytest.raises(cuvil.UnsupportedOpError, match="symbolic number of boxes"):
         cuvil.compile(model)
+
+
+def _roi_model(N, C, H, W, R, opset=16, **attrs):
+    v = h.make_tensor_value_info
+    g = h.make_graph([h.make_node("RoiAlign", ["x", "rois", "idx"], ["y"], **attrs)], "m",
+                     [v("x", T.FLOAT, [N, C, H, W]), v("rois", T.FLOAT, [R, 4]), v("idx", T.INT64, [R])],
+                     [v("y", T.FLOAT, None)])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", opset)]).SerializeToString()
+
+
+@pytest.mark.parametrize("attrs", [
+    dict(mode="avg", output_height=3, output_width=4, sampling_ratio=0, spatial_scale=0.5),
+    dict(mode="max", output_height=2, output_width=2, sampling_ratio=2, spatial_scale=1.0),
+    dict(mode="avg", output_height=5, output_width=3, sampling_ratio=1, spatial_scale=0.25,
+         coordinate_transformation_mode="output_half_pixel"),
+])
+def test_roi_align_matches_onnxruntime(attrs):
+    """Rois inside, across and outside the map, smaller than a pixel and reversed, on two images."""
+    N, C, H, W = 2, 3, 9, 11
+    model = _roi_model(N, C, H, W, 6, **attrs)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((N, C, H, W)).astype(np.float32)
+    s = 1 / attrs["spatial_scale"]
+    rois = np.array([[1, 1, 6, 5], [-3, -2, 4, 3], [8, 6, 14, 12], [2.2, 3.1, 2.4, 3.3], [6, 5, 2, 1], [0, 0, 10.9, 8.9]],
+                    np.float32) * np.float32(s)
+    idx = np.array([0, 1, 1, 0, 1, 0], np.int64)
+    got = cuvil.compile(model).run(x, rois, idx)[0]
+    want = ort.InferenceSession(model).run(None, {"x": x, "rois": rois, "idx": idx})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_roi_align_bad_rois_fail_the_run():
+    """A batch index outside the batch, and a roi whose sampling grid would be absurd (NaN or huge
+    coordinates), are run-time CuvilErrors naming them, never a read outside the image or a hang."""
+    model = _roi_model(1, 2, 5, 5, 1, output_height=2, output_width=2)
+    cm = cuvil.compile(model)
+    x = np.ones((1, 2, 5, 5), np.float32)
+    with pytest.raises(cuvil.CuvilError, match="batch index 1"):
+        cm.run(x, np.array([[0, 0, 2, 2]], np.float32), np.array([1], np.int64))
+    for roi in ([0, 0, np.nan, 2], [0, 0, 1e9, 2]):
+        with pytest.raises(cuvil.CuvilError, match="grid per bin"):
+            cm.run(x, np.array([roi], np.float32), np.array([0], np.int64))

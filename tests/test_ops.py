@@ -1925,6 +1925,20 @@ def nms_select(op):
         c.check()
 
 
+@case("roi_align")
+def roi_align(op):
+    """Bilinear pooling of regions against the reference: average and max, an adaptive grid and a fixed
+    one, half-pixel or not, rois inside, across the edge and reversed."""
+    c = Case()
+    x = c.input(rand(c.rng, (2, 3, 7, 9), "float32"))
+    rois = c.input(np.array([[1, 1, 5, 4], [-2, -1, 3, 6], [7, 5, 2, 1]], np.float32))
+    idx = c.input(np.array([1, 0, 1], np.int64))
+    for mode, ratio, half in (("avg", 0, 1), ("max", 2, 0), ("avg", 1, 0)):
+        c.out(c.add(op, [x, rois, idx], dict(mode=mode, output_height=3, output_width=2, sampling_ratio=ratio,
+                                             spatial_scale=0.75, half_pixel=half)), f"{mode} ratio {ratio} half {half}")
+    c.check(rtol=1e-5, atol=1e-5)
+
+
 @case("cholesky")
 def cholesky(op):
     """A batch of positive-definite matrices (upper triangle garbage: only the lower is read), and one

@@ -159,3 +159,26 @@ def test_sizes_that_cannot_be_planned_are_refused(tmp_path, model, message):
     import cuvil
     with pytest.raises(cuvil.UnsupportedOpError, match=message):
         cuvil.compile(model(), (torch.randn(6),), cache_dir=str(tmp_path))
+
+
+@pytest.mark.parametrize("axis,sorted_", [(0, 1), (1, 1), (-1, 0), (2, 0)])
+def test_onnx_unique_along_an_axis(axis, sorted_):
+    """ONNX Unique over slices (compared element by element: a stable sort per element of a slice),
+    sorted or by first occurrence, against ONNX Runtime: the unique slices, first indices, inverse
+    indices and counts, several inputs through one artifact (the count differs per input)."""
+    pytest.importorskip("onnx", reason="the model is built with onnx (a dev requirement)")
+    ort = pytest.importorskip("onnxruntime", reason="the oracle is onnxruntime (a dev requirement)")
+    import cuvil
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    v = h.make_tensor_value_info
+    g = h.make_graph([h.make_node("Unique", ["x"], ["y", "i", "inv", "n"], axis=axis, sorted=sorted_)], "m",
+                     [v("x", T.FLOAT, [4, 6, 3])],
+                     [v("y", T.FLOAT, None), v("i", T.INT64, None), v("inv", T.INT64, None), v("n", T.INT64, None)])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)]).SerializeToString()
+    cm, sess = cuvil.compile(model), ort.InferenceSession(model)
+    rng = np.random.default_rng(axis + 5)
+    for hi in (1, 2, 5):                          # few distinct values: many equal slices
+        x = rng.integers(0, hi, (4, 6, 3)).astype(np.float32)
+        for got, want in zip(cm.run(x), sess.run(None, {"x": x})):
+            np.testing.assert_array_equal(got, want)

@@ -1,4 +1,4 @@
-"""Ops whose output size depends on the input's values: NonZero, Compress and Unique (without an axis),
+"""Ops whose output size depends on the input's values: NonZero, Compress and Unique (flattened or along an axis),
 through the frontends' shared padded-result-and-count helpers (../data_sized.py) and bind_dim."""
 from __future__ import annotations
 
@@ -58,20 +58,34 @@ def _compress(c):
                            data_sized.fresh_symbol(c.g))
 
 
+MAX_UNIQUE_SLICE = 64      # elements of a slice Unique along an axis sorts by (one stable sort per element)
+
+
 @handler("Unique")
 def _unique(c):
-    """(Y, indices of first occurrences, inverse indices, counts) of x flattened, Y sorted or in order of
-    first occurrence."""
-    if c.attr("axis") is not None:
-        raise Unsupported("Unique along an axis")
+    """(Y, indices of first occurrences, inverse indices, counts) of x flattened, or of its slices along
+    axis (compared element by element, in order); Y sorted or in order of first occurrence."""
     x = c.val(c.inp(0))
-    n = D.numel(_static(x))
-    if n == 0:
-        raise Unsupported("Unique of an empty tensor")
+    shape = _static(x)
     add, const = _builders(c)
-    flat = c.reshape(x, [n])
-    vals, order = add("topk", [flat], {"k": n, "axis": 0, "largest": False, "sorted": True})   # stable: ties by index
-    first, run = data_sized.runs(add, const, vals)
+    axis = c.attr("axis")
+    if axis is None:
+        n = D.numel(shape)
+        if n == 0:
+            raise Unsupported("Unique of an empty tensor")
+        vals, order = add("topk", [c.reshape(x, [n])], {"k": n, "axis": 0, "largest": False, "sorted": True})
+        first, run = data_sized.runs(add, const, vals)        # (topk is stable: ties by index)
+    else:
+        axis = norm_axis(axis, len(shape))
+        n, rest = shape[axis], shape[:axis] + shape[axis + 1:]
+        m = D.numel(rest)
+        if n == 0 or m == 0 or m > MAX_UNIQUE_SLICE:
+            raise Unsupported(f"Unique along an axis of {n} slices of {m} elements (at most {MAX_UNIQUE_SLICE})")
+        perm = [axis] + [k for k in range(len(shape)) if k != axis]
+        rows = c.reshape(add("transpose", [x], {"perm": perm}) if axis else x, [n, m])
+        order = _lexicographic_order(add, const, rows, n, m)
+        vals = add("gather", [rows, order], {"axis": 0})
+        first, run = _row_runs(add, const, vals, n, m)
     pos, count = data_sized.compact(add, const, first)
     y = add("gather", [vals, pos], {"axis": 0})
     firsts = add("gather", [order, pos], {"axis": 0})          # a run's first entry is its earliest occurrence
@@ -88,4 +102,31 @@ def _unique(c):
         inverse = add("gather", [rank, inverse], {"axis": 0})
     name = data_sized.fresh_symbol(c.g)
     y, firsts, counts = (data_sized.bind(add, c.g, v, count, 0, name) for v in (y, firsts, counts))
+    if axis is not None:                 # the unique rows back into slices along axis
+        y = c.reshape(y, [y.type.shape[0]] + rest)
+        if axis:
+            back = list(range(1, len(shape)))
+            back.insert(axis, 0)
+            y = add("transpose", [y], {"perm": back})
     return [y, firsts, inverse, counts]
+
+
+def _lexicographic_order(add, const, rows, n, m):
+    """The stable order of rows [n, m] compared element by element: one stable sort per column, the
+    last column first (a least-significant-digit sort)."""
+    order = const(np.arange(n, dtype=np.int64))
+    for j in reversed(range(m)):
+        col = add("reshape", [add("slice", [rows], {"axis": 1, "start": j, "step": 1, "length": 1})], {"shape": [n]})
+        _, step = add("topk", [add("gather", [col, order], {"axis": 0})], {"k": n, "axis": 0, "largest": False, "sorted": True})
+        order = add("gather", [order, step], {"axis": 0})
+    return order
+
+
+def _row_runs(add, const, vals, n, m):
+    """As data_sized.runs, for sorted rows [n, m]: where a run of equal rows starts, each row's run."""
+    prev = add("slice", [vals], {"axis": 0, "start": 0, "step": 1, "length": n - 1})
+    rest = add("slice", [vals], {"axis": 0, "start": 1, "step": 1, "length": n - 1})
+    differs = add("reduce_max", [add("cast", [add("ne", [rest, prev])], {"to": "int32"})], {"axes": [1], "keepdims": False})
+    first = add("concat", [const(np.ones(1, bool)), add("cast", [differs], {"to": "bool"})], {"axis": 0})
+    run = add("sub", [add("cumsum", [add("cast", [first], {"to": "int64"})], {"axis": 0}), const(np.int64(1))])
+    return first, run

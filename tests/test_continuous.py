@@ -1,5 +1,6 @@
 """Continuous batching against the oracle of one sequence at a time (LLM.generate on its own)."""
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -61,7 +62,13 @@ def test_text_stops_and_streams_from_threads(tmp_path):
     assert results == [alone[0], alone_stop, alone[2]]
 
 
-def test_cancel_frees_the_slot_and_errors_are_per_request(llm):
+def test_cancel_frees_the_slot_and_errors_are_per_request(llm, monkeypatch):
+    step = llm._step
+
+    def paced(*a, **k):          # a big model's pace (3 ms a step): the tiny one could finish all 50
+        time.sleep(0.003)        # tokens between the first one and the cancel
+        return step(*a, **k)
+    monkeypatch.setattr(llm, "_step", paced)
     batcher = ContinuousBatcher(llm, prefill_chunk=8)
     try:
         long = batcher.submit(PROMPTS[0], 50)

@@ -1,5 +1,7 @@
 """The LLM path against transformers eager: prefill logits, 32 decode steps, greedy tokens, per
 architecture; lossy precisions report their error; text, streaming, stops and the KV cache limits."""
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -145,7 +147,47 @@ def test_cache_overflow_is_a_clear_error():
         llm.step(np.array([[1] * 8]))
 
 
+def test_fp16_kv_cache(tmp_path):
+    """kv_cache="fp16": the cache arrays are halves (half the bytes), the error against fp32 is measured
+    and reported, prefill logits stay within 1e-3 of the fp32 cache's (against eager: 1e-3 too), greedy
+    tokens equal over 24 steps, batched decode equals single sequences, and the saved artifact loads
+    with its fp16 cache (a llm.json claiming another cache is refused)."""
+    model = small_model("llama")
+    ref = cuvil.llm.from_transformers(model, max_seq_len=64, max_batch=2)
+    llm = cuvil.llm.from_transformers(model, max_seq_len=64, max_batch=2, kv_cache="fp16")
+    assert llm.k_cache.dtype == np.float16 and llm.k_cache.nbytes * 2 == ref.k_cache.nbytes
+    assert llm.meta["kv_cache"] == "fp16" and llm.meta["error"]["top1_agreement"] >= 0.99
+    ids = list(range(5, 35))
+    got = llm.prefill(ids)
+    np.testing.assert_allclose(got, ref.prefill(ids), atol=1e-3)
+    with torch.no_grad():
+        eager = model(torch.tensor([ids])).logits[0].numpy()
+    np.testing.assert_allclose(got, eager, atol=1e-3)
+    assert llm.generate(ids, 24) == ref.generate(ids, 24)
+    p1, p2 = [5, 6, 7, 8], [9, 10, 11, 12, 13]
+    singles = []
+    for p in (p1, p2):
+        llm.reset()
+        llm.step(np.array([p]), np.array([0]))
+        singles.append(llm.step(np.array([[42]]), np.array([len(p)]))[0, 0])
+    llm.reset()
+    llm.step(np.array([p1 + [0]]), np.array([0]), slots=np.array([0]))
+    llm.step(np.array([p2]), np.array([0]), slots=np.array([1]))
+    both = llm.step(np.array([[42], [42]]), np.array([len(p1), len(p2)]))
+    np.testing.assert_allclose(both[:, 0], np.stack(singles), atol=1e-5)
+    path = llm.save(tmp_path / "fp16kv")
+    again = cuvil.llm.load(path)
+    assert again.v_cache.dtype == np.float16 and again.generate(ids, 8) == ref.generate(ids, 8)
+    meta = json.loads((path / "llm.json").read_text())
+    meta["kv_cache"] = "fp32"
+    (path / "llm.json").write_text(json.dumps(meta))
+    with pytest.raises(cuvil.ArtifactError, match="kv_cache"):
+        cuvil.llm.load(path)
+
+
 def test_bad_options():
+    with pytest.raises(ValueError, match="kv_cache"):
+        cuvil.llm.from_transformers(small_model("llama"), kv_cache="int8")
     with pytest.raises(ValueError, match="precision"):
         cuvil.llm.from_transformers(small_model("llama"), precision="int3")
     with pytest.raises(ValueError, match="group"):

@@ -1623,6 +1623,17 @@ def kv_update(op):
     c.check(inplace=(0,))
 
 
+@case("kv_update", name="fp16 cache")
+def kv_update_fp16(op):
+    """An fp16 KV cache: rows rounded to nearest even as they are stored (numpy's rounding), in place."""
+    c = Case()
+    cache = c.input(_cache(c.rng, 2, 3, 2, 10, 12).astype(np.float16))
+    new = rand(c.rng, (2, 3, 2, 12), "float32") * np.float32(3e4)       # some past the half range: inf
+    c.out(c.add(op, [cache, c.input(new), c.input(np.array([0, 7])), c.input(np.array([2, 0]))], {"layer": 1}),
+          "layer 1, slots 2 and 0")
+    c.check(inplace=(0,), rtol=0, atol=0)
+
+
 @case("kv_update", name="bad slots")
 def kv_update_bad_slots(op):
     """A slot outside the cache, or two rows in one slot, is a run-time error (nothing written)."""
@@ -1694,6 +1705,11 @@ def cached_attention(op):
     for h, t in [(2, 1), (1, 3)]:
         c.out(c.add(op, [c.input(rand(r, (2, t, 2 * h, 8), "float32")), kv4, kv4, c.input(np.array([7, 2])),
                          c.input(np.array([3, 0]))], {"scale": 0.5}), f"H={2 * h} T={t} slots 3 and 0")
+    # an fp16 cache: its rows widened (vectors of 8 and the scalar tail: head dim 12), decode and prefill
+    kv16 = c.input(_cache(r, 2, 3, 2, 20, 12).astype(np.float16))
+    for b, t, h, start, slots in [(2, 1, 4, [7, 19], [2, 0]), (1, 6, 2, [3], [1]), (1, 1, 2, [0], [0])]:
+        c.out(c.add(op, [c.input(rand(r, (b, t, h, 12), "float32")), kv16, kv16, c.input(np.array(start)),
+                         c.input(np.array(slots))], {"layer": 1, "scale": 0.3}), f"fp16 cache B={b} T={t} H={h}")
     kv64 = c.input(_cache(r, 1, 1, 1, 6, 4).astype("float64"))
     c.out(c.add(op, [c.input(rand(r, (1, 2, 2, 4), "float64")), kv64, kv64, c.input(np.array([3]))]), "float64",
           LEGALIZED_F64)

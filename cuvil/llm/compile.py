@@ -24,9 +24,12 @@ from .model import LLM, copy_tokenizer
 from .spec import LlamaSpec, rope_parameters
 
 GROUPS = (32, 64, 128)
+KV_CACHES = {"fp32": "float32", "fp16": "float16"}     # kv_cache= -> the cache arrays' dtype
 
 
-def _check(precision, group, max_seq_len, max_batch):
+def _check(precision, group, max_seq_len, max_batch, kv_cache="fp32"):
+    if kv_cache not in KV_CACHES:
+        raise ValueError(f"option kv_cache={kv_cache!r} is not one of {', '.join(KV_CACHES)}")
     if precision not in quantize.PRECISIONS:
         raise ValueError(f"option precision={precision!r} is not one of {', '.join(quantize.PRECISIONS)}")
     if group not in GROUPS:
@@ -48,12 +51,15 @@ def _eos_ids(cfg, src_dir):
 
 def from_transformers(src, *, precision="fp32", max_seq_len=2048, max_batch=1, num_threads=None, group=64,
                       cache_dir=None, verbose=False, measure_error=True, error_prompts=None, profile=False,
-                      target="native"):
+                      target="native", kv_cache="fp32"):
     """Compile a decoder-only language model of spec.ARCHITECTURES (a transformers model object or a
     checkpoint directory of config.json + safetensors) into prefill/decode code sharing weights and
     a KV cache. target: as cuvil.compile's (an aarch64 artifact built here runs under qemu-user).
-    profile=True times every node (`llm.module.profile_counters()`), as cuvil.compile's does."""
-    _check(precision, group, max_seq_len, max_batch)
+    profile=True times every node (`llm.module.profile_counters()`), as cuvil.compile's does.
+    kv_cache="fp16" keeps the KV cache in IEEE halves (half the memory, so twice the sequences or the
+    context; keys and values rounded once as they are stored, attention computed in fp32): its error
+    against fp32 is measured as a lossy precision's is."""
+    _check(precision, group, max_seq_len, max_batch, kv_cache)
     t0 = time.perf_counter()
     src_dir = None
     if isinstance(src, (str, Path)):
@@ -73,7 +79,7 @@ def from_transformers(src, *, precision="fp32", max_seq_len=2048, max_batch=1, n
     rope = rope_parameters(cfg, spec.layer_types)
 
     opts = make_options(num_threads=num_threads, cache_dir=cache_dir, verbose=verbose, profile=profile, target=target)
-    settings = (precision, group, max_seq_len, max_batch, profile, resolve_target(opts.target))
+    settings = (precision, group, max_seq_len, max_batch, profile, kv_cache, resolve_target(opts.target))
     cdir = cache.usable_dir(cache_dir)
     skey = _source_key(src, src_dir, settings)
     path = cache.lookup_source(cdir, skey)
@@ -86,8 +92,8 @@ def from_transformers(src, *, precision="fp32", max_seq_len=2048, max_batch=1, n
         if verbose:
             print(f"\r[cuvil] converting layer {i}/{n} ({precision})", end="\n" if i == n else "", file=sys.stderr,
                   flush=True)
-    graph = build_step_graph(spec, tensors, rope, precision=precision, group=group,
-                             max_batch=max_batch, max_seq_len=max_seq_len, progress=layer_progress)
+    graph = build_step_graph(spec, tensors, rope, precision=precision, group=group, max_batch=max_batch,
+                             max_seq_len=max_seq_len, progress=layer_progress, kv_dtype=KV_CACHES[kv_cache])
     path = build_graph(graph, opts, cdir, Progress(verbose), load=False)
     del graph, tensors               # the graph's constants: free them before the artifact is loaded
     gc.collect()                     # (the graph's nodes and values refer to each other)
@@ -95,6 +101,7 @@ def from_transformers(src, *, precision="fp32", max_seq_len=2048, max_batch=1, n
     meta = {"arch": spec.arch, "layers": spec.layers, "heads": spec.heads, "kv_heads": spec.kv_heads,
             "head_dim": spec.head_dim, "hidden": spec.hidden, "vocab": spec.vocab, "max_batch": max_batch,
             "max_seq_len": max_seq_len, "precision": precision, "group": group if precision == "int4" else None,
+            "kv_cache": kv_cache,
             "eos_token_ids": _eos_ids(cfg, src_dir), "compile_seconds": time.perf_counter() - t0}
     (path / "llm.json").write_text(json.dumps(meta, indent=1))
     if src_dir:
@@ -115,14 +122,15 @@ def _return_freed_memory():
 def _finish(llm, src, src_dir, spec, measure_error, error_prompts, verbose):
     """Measure a lossy precision's error against fp32 (once per artifact, unless new prompts are given)."""
     meta = llm.meta
-    if meta["precision"] == "fp32" or not measure_error or ("error" in meta and not error_prompts):
+    lossless = meta["precision"] == "fp32" and meta.get("kv_cache", "fp32") == "fp32"
+    if lossless or not measure_error or ("error" in meta and not error_prompts):
         return llm
     ref = src if not isinstance(src, (str, Path)) else _load_reference(src_dir)
     meta["error"] = measure(llm, ref, error_prompts or _default_prompts(spec.vocab))
     (llm.path / "llm.json").write_text(json.dumps(meta, indent=1))
     if verbose:
         e = meta["error"]
-        print(f"[cuvil] {meta['precision']} vs fp32: top-1 agreement {e['top1_agreement']:.3f}, "
+        print(f"[cuvil] {meta['precision']} (KV cache {meta.get('kv_cache', 'fp32')}) vs fp32: top-1 agreement {e['top1_agreement']:.3f}, "
               f"mean KL {e['kl_mean']:.4g}", file=sys.stderr)
     return llm
 

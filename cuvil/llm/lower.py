@@ -169,14 +169,14 @@ def _moe(g, h, tensors, t, spec: LlamaSpec, precision, group):
 
 
 def build_step_graph(spec: LlamaSpec, tensors, rope, *, precision="fp32", group=64,
-                     max_batch=1, max_seq_len=2048, progress=None) -> Graph:
+                     max_batch=1, max_seq_len=2048, progress=None, kv_dtype="float32") -> Graph:
     """`rope`: {layer type: (inv_freq, attention scaling)} from spec.rope_parameters."""
     B, T = D.Sym("batch"), D.Sym("seq")
     g = Graph(symbols={"batch": (1, max_batch), "seq": (1, max_seq_len)})
     H, Hk, Dh = spec.heads, spec.kv_heads, spec.head_dim
     ids = Value(TensorType((B, T), "int64"), "input_ids")
     start = Value(TensorType((B,), "int64"), "start")
-    cache_t = TensorType((spec.layers, max_batch, Hk, max_seq_len, Dh), "float32")
+    cache_t = TensorType((spec.layers, max_batch, Hk, max_seq_len, Dh), kv_dtype)
     kc, vc = Value(cache_t, "k_cache"), Value(cache_t, "v_cache")
     slots = Value(TensorType((B,), "int64"), "slots")     # each row's KV cache slot (continuous batching)
     g.inputs, g.input_names = [ids, start, kc, vc, slots], ["input_ids", "start", "k_cache", "v_cache", "slots"]

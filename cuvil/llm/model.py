@@ -109,8 +109,13 @@ class LLM:
         if ins.get("k_cache", list(shape)) != list(shape) or vocab != m["vocab"]:
             raise ArtifactError(f"{meta_file} does not match model.so: KV cache {list(shape)} and vocab {m['vocab']} "
                                 f"there, {ins.get('k_cache')} and {vocab} in the compiled code")
-        self.k_cache = np.zeros(shape, np.float32)
-        self.v_cache = np.zeros(shape, np.float32)
+        kv = {"fp32": np.float32, "fp16": np.float16}.get(m.get("kv_cache", "fp32"))
+        cache_dtype = {i["name"]: i["dtype"] for i in self.module.inputs}.get("k_cache", "float32")
+        if kv is None or np.dtype(kv).name != cache_dtype:
+            raise ArtifactError(f"{meta_file}: kv_cache {m.get('kv_cache')!r} does not match the compiled cache "
+                                f"({cache_dtype})")
+        self.k_cache = np.zeros(shape, kv)
+        self.v_cache = np.zeros(shape, kv)
         self.lengths = np.zeros(m["max_batch"], np.int64)     # tokens in the cache per sequence slot
         self._first_slots = np.arange(m["max_batch"], dtype=np.int64)
         self._takes_slots = "slots" in ins

@@ -249,7 +249,16 @@ def lower_rope(em, node):
             f"{float(node.attrs['scale'])!r}f, {em.ptr(node.outputs[0])}, NT);"]
 
 
-@lowering("kv_update", supports=_f32_only)
+def _kv_supports(node):
+    """float32 tensors, the caches float32 or float16 (an fp16 KV cache)."""
+    caches = [v for v in node.inputs if v is not None and v.type.rank == 5]
+    rest = [v for v in node.inputs if v is not None and v.type.rank != 5]
+    if all(v.dtype in ("float32", "float16") for v in caches) and all(v.dtype in ("float32", "int64") for v in rest):
+        return None
+    return "float32 tensors (and float32 or float16 caches) are supported"
+
+
+@lowering("kv_update", supports=_kv_supports)
 def lower_kv_update(em, node):
     cache, new, start = node.inputs[:3]
     slots = em.ptr(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else "0"
@@ -259,14 +268,16 @@ def lower_kv_update(em, node):
     y = node.outputs[0]
     lines = []
     if em.plan.alias.get(y.name) is None:   # not updated in place (the result is a graph output): copy first
-        lines.append(f"memcpy({em.ptr(y)}, {em.ptr(cache)}, (size_t)({L} * {Bmax} * {Hk} * {S} * {Dd}) * sizeof(float));")
-    dst = f"((float *){em.ptr(y)}) + (int64_t){layer} * {Bmax} * {Hk} * {S} * {Dd}"
+        lines.append(f"memcpy({em.ptr(y)}, {em.ptr(cache)}, (size_t)({L} * {Bmax} * {Hk} * {S} * {Dd}) * "
+                     f"{cache.type.itemsize});")
+    half = int(cache.dtype == "float16")
+    dst = f"(({'uint16_t' if half else 'float'} *){em.ptr(y)}) + (int64_t){layer} * {Bmax} * {Hk} * {S} * {Dd}"
     return lines + [f"if (cuvil_kv_update({B}, {Bmax}, {T}, {Hk}, {S}, {Dd}, {em.ptr(new)}, {em.ptr(start)}, {slots}, "
-                    f"{dst})) CUVIL_FAIL(\"KV cache full: a sequence would pass {S} tokens, the batch exceeds {Bmax}, "
+                    f"{dst}, {half})) CUVIL_FAIL(\"KV cache full: a sequence would pass {S} tokens, the batch exceeds {Bmax}, "
                     f"or the cache slots are not distinct slots in [0, {Bmax})\");"]
 
 
-@lowering("cached_attention", supports=_f32_only)
+@lowering("cached_attention", supports=_kv_supports)
 def lower_cached_attention(em, node):
     q, kc, vc, start = node.inputs[:4]
     slots = em.ptr(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else "0"
@@ -283,9 +294,9 @@ def lower_cached_attention(em, node):
             f".ob = {T} * {H} * {Ev}, .oh = {Ev}, .ol = {H} * {Ev}, "
             f".scale = {float(node.attrs['scale'])!r}f, .causal = 1, .q_offset = {em.ptr(start)}, "
             f".softcap = {float(node.attrs['softcap'])!r}f, .window = {int(node.attrs['window'])}, "
-            f".kv_slot = {slots}}}")
+            f".kv_slot = {slots}, .kv_half = {int(kc.dtype == 'float16')}}}")
     return ["{", f"  if (cuvil_check_slots({B}, {Bmax}, {slots})) "
             f"CUVIL_FAIL(\"cache slots must be distinct and in [0, {Bmax})\");",
             f"  const cuvil_attn at = {init};",
-            f"  cuvil_attention(&at, {em.ptr(q)}, {em.ptr(kc)} + {kv_layer} * {E}, {em.ptr(vc)} + {kv_layer} * {Ev}, "
-            f"{em.ptr(y)}, NT);", "}"]
+            f"  if (cuvil_attention(&at, {em.ptr(q)}, {em.ptr(kc)} + {kv_layer} * {E}, {em.ptr(vc)} + {kv_layer} * {Ev}, "
+            f"{em.ptr(y)}, NT)) CUVIL_FAIL(\"out of memory widening the fp16 KV cache's rows\");", "}"]

@@ -194,6 +194,8 @@ declare(OpDef("rope", {"scale": 1.0}, _rope_infer, _rope_ref, kind="llm"))
 
 
 # ---- kv_update: cache[layer, slot[b], h, start[b] + t] = new[b, t, h]; the output is the cache itself ---
+# an fp16 cache holds rows rounded to nearest even, which attention widens; float64 is legalized to float32
+KV_DTYPES = ("float32", "float16", "float64")
 # slots (optional, int64 [B]): the cache slot of each batch row (default: row b in slot b), distinct
 def _slots_type_ok(t, batch):
     return t is None or (t.rank == 1 and t.dtype == "int64" and D.dims_equal(t.shape[0], batch))
@@ -217,6 +219,8 @@ def _kv_infer(types, attrs, inputs):
             not _slots_type_ok(types[3] if len(types) > 3 else None, new.shape[0]):
         raise ShapeError(f"kv_update: expects cache[L, B, Hk, S, D], new[B, T, Hk, D], int64 start[B] (and "
                          f"slots[B]); got {cache}, {new}, {start}")
+    if cache.dtype not in KV_DTYPES or new.dtype not in ("float32", "float64"):
+        raise ShapeError(f"kv_update: a cache of {', '.join(KV_DTYPES)} takes float rows; got {cache.dtype}, {new.dtype}")
     return [cache]
 
 
@@ -242,6 +246,8 @@ def _ca_infer(types, attrs, inputs):
     if q.rank != 4 or kc.rank != 5 or vc.rank != 5 or not _slots_type_ok(types[4] if len(types) > 4 else None,
                                                                           q.shape[0]):
         raise ShapeError(f"cached_attention: expects q[B, T, H, D] and caches [L, B, Hk, S, D]; got {q}, {kc}")
+    if kc.dtype != vc.dtype or kc.dtype not in KV_DTYPES:
+        raise ShapeError(f"cached_attention: caches of one dtype of {', '.join(KV_DTYPES)}; got {kc.dtype}, {vc.dtype}")
     if isinstance(q.shape[2], int) and isinstance(kc.shape[2], int) and q.shape[2] % kc.shape[2]:
         raise ShapeError("cached_attention: query heads must be a multiple of kv heads")
     w, cap = attrs["window"], attrs["softcap"]

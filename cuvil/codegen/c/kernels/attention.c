@@ -9,13 +9,18 @@
 #include "attention.h"
 #include "pool.h"
 
+#include "half.h"
 #include "smath.h"
+#include <stdlib.h>
 #include "vmath.h"
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
-typedef struct { const cuvil_attn *a; const float *q, *k, *v; float *out; int64_t blocks, qb; } attn_args;
+typedef struct {
+    const cuvil_attn *a; const float *q; const void *k, *v; float *out; int64_t blocks, qb;
+    int out_of_memory;                 /* set by a task that could not widen an fp16 cache's rows */
+} attn_args;
 
 #define KT_MAX_FLOATS (1 << 17)    /* 512 KiB of K^T on the task's stack at most */
 
@@ -380,6 +385,33 @@ static int64_t padding_keys(const cuvil_attn *a, int64_t b, int64_t hk, int64_t 
     return n;
 }
 
+/* n rows of E halves (row stride ld) -> n rows of E floats, contiguous. */
+static void widen_rows(const uint16_t *src, int64_t ld, int64_t n, int64_t E, float *dst) {
+    for (int64_t s = 0; s < n; s++) {
+        const uint16_t *r = src + s * ld;
+        float *d = dst + s * E;
+        int64_t e = 0;
+        for (; e + CUVIL_VL <= E; e += CUVIL_VL) cuvil_vstore(d + e, cuvil_vload_f16(r + e));
+        for (; e < E; e++) d[e] = cuvil_f16_to_f32(r[e]);
+    }
+}
+
+/* An fp16 KV cache: the block's S keys and values widened to floats on the heap (a long context does
+ * not fit a task's stack), then attended as an fp32 cache's are. Nonzero when memory ran out. */
+static int widened_block(const cuvil_attn *a, const attn_args *args, int64_t b, int64_t hk, int64_t i0, int64_t i1,
+                         int64_t off, int64_t S, int64_t slot) {
+    float *kf = malloc((size_t)(S * a->E + S * a->Ev + 1) * sizeof(float));
+    if (!kf) return 1;
+    float *vf = kf + S * a->E;
+    widen_rows((const uint16_t *)args->k + slot * a->kb + hk * a->kh, a->kl, S, a->E, kf);
+    widen_rows((const uint16_t *)args->v + slot * a->vb + hk * a->vh, a->vl, S, a->Ev, vf);
+    cuvil_attn wide = *a;
+    wide.S = S, wide.kl = a->E, wide.vl = a->Ev, wide.kv_half = 0;
+    attend_block(&wide, args, b, hk, i0, i1, off, S, kf, vf);
+    free(kf);
+    return 0;
+}
+
 /* Task t: batch b, KV head hk, rows [i0, i0 + qb) of the rows that read it: row i is query head
  * hk * group + i / L at position i % L. The query heads of a KV group share one K^T, so a decode
  * step (L = 1) attends for all of a group's heads at once. */
@@ -396,8 +428,12 @@ static void attention_task(void *ctx, int64_t t0, int64_t t1) {
         int64_t lmax = i0 / a->L == (i1 - 1) / a->L ? (i1 - 1) % a->L : a->L - 1;
         int64_t S = a->causal && off + lmax + 1 < a->S ? off + lmax + 1 : a->S;
         const int64_t slot = a->kv_slot ? a->kv_slot[b] : b;
-        const float *kb = args->k + slot * a->kb + hk * a->kh;
-        const float *vb = args->v + slot * a->vb + hk * a->vh;
+        if (a->kv_half) {
+            if (widened_block(a, args, b, hk, i0, i1, off, S, slot)) __atomic_store_n((int *)&args->out_of_memory, 1, __ATOMIC_RELAXED);
+            continue;
+        }
+        const float *kb = (const float *)args->k + slot * a->kb + hk * a->kh;
+        const float *vb = (const float *)args->v + slot * a->vb + hk * a->vh;
         int small = S * (a->E + a->Ev) <= KT_MAX_FLOATS / 2;   /* the gathered rows on the stack too */
         int32_t idx[small ? S : 1];
         int64_t n = small ? padding_keys(a, b, hk, i0, i1, S, idx) : -1;
@@ -420,7 +456,7 @@ static void attention_task(void *ctx, int64_t t0, int64_t t1) {
 /* Rows of a KV head are split into as few blocks as keep every thread busy (about 3 tasks per
  * thread, 1 for a decode step): each block transposes K once, so 48-row blocks made MiniLM (12
  * heads, 128 rows) transpose every head's K three times at one thread, 15% of its attention time. */
-void cuvil_attention(const cuvil_attn *a, const float *q, const float *k, const float *v, float *out, int nthreads) {
+int cuvil_attention(const cuvil_attn *a, const float *q, const void *k, const void *v, float *out, int nthreads) {
     int64_t Hk = a->Hk > 0 ? a->Hk : 1, rows = a->H / Hk * a->L, heads = a->B * Hk;
     /* a decode step (one row per query head) only as many blocks as give every thread a task: each
      * further block reads the head's K and V from memory once more (2 threads, 4 KV heads: 0.75x) */
@@ -429,7 +465,8 @@ void cuvil_attention(const cuvil_attn *a, const float *q, const float *k, const 
     blocks = blocks < 1 ? 1 : blocks > most ? most : blocks;
     int64_t qb = ((rows + blocks - 1) / blocks + RB - 1) / RB * RB;
     blocks = qb > 0 ? (rows + qb - 1) / qb : 1;
-    attn_args args = {a, q, k, v, out, blocks, qb > 0 ? qb : 1};
+    attn_args args = {a, q, k, v, out, blocks, qb > 0 ? qb : 1, 0};
     int64_t tasks = a->B * Hk * blocks;
     cuvil_parallel_for(a->B * a->H * a->L * a->S * a->E > 32768 ? nthreads : 1, tasks, 1, attention_task, &args);
+    return __atomic_load_n(&args.out_of_memory, __ATOMIC_RELAXED);
 }

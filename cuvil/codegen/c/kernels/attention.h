@@ -16,7 +16,9 @@ typedef struct {
     float softcap;                                 /* > 0: scores become softcap * tanh(score / softcap) */
     int64_t window;                                /* > 0 (causal): keep only the last `window` positions */
     const int64_t *kv_slot;                        /* per batch: the slot of k and v it reads (NULL = b) */
+    int kv_half;                                   /* k and v are IEEE halves (an fp16 KV cache), else floats */
 } cuvil_attn;
 
-void cuvil_attention(const cuvil_attn *a, const float *q, const float *k, const float *v, float *out, int nthreads);
+/* Returns nonzero when the memory to widen an fp16 KV cache's rows could not be had (nothing written). */
+int cuvil_attention(const cuvil_attn *a, const float *q, const void *k, const void *v, float *out, int nthreads);
 #endif

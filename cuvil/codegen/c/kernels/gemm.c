@@ -1,4 +1,5 @@
 #include "gemm.h"
+#include "half.h"
 #include "pool.h"
 #include "vmath.h"
 #include "tuning.h"
@@ -100,29 +101,12 @@ static inline __attribute__((always_inline)) void ukernel_loop(int mr, int nv, i
  * fp32, widened in registers). Memory bound: S concurrent sequential streams keep more DRAM reads in
  * flight than one (where software prefetch pays on top of them, gemv_panels says). Six, the most whose
  * 12 accumulators stay in AVX2 registers (benchmarks/README.md, Kernel notes). */
-typedef uint32_t cuvil_vu32 __attribute__((vector_size(CUVIL_VL * 4), aligned(4), may_alias));
 /* A bf16 panel row of NR columns, packed so 32-bit lane e holds column e (low half) and column
  * e + VL (high half): one load and two bit operations give both fp32 vectors. */
 static inline void cuvil_vload_bf16_pair(const uint16_t *p, cuvil_vf *lo, cuvil_vf *hi) {
     cuvil_vu32 w = *(const cuvil_vu32 *)p;
     *lo = (cuvil_vf)(w << 16);
     *hi = (cuvil_vf)(w & 0xffff0000u);
-}
-/* VL IEEE halves -> floats: F16C / AVX-512 conversions where the target has them, else bit operations
- * (exponent rebias by a multiply, which also gets subnormals right; infinities and NaNs by an OR). */
-static inline cuvil_vf cuvil_vload_f16(const uint16_t *p) {
-#if defined(__AVX512F__) && CUVIL_VL == 16
-    return (cuvil_vf)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-#elif defined(__F16C__) && CUVIL_VL == 8
-    return (cuvil_vf)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-#else
-    typedef uint16_t vu16 __attribute__((vector_size(CUVIL_VL * 2), aligned(2)));
-    cuvil_vu32 h = __builtin_convertvector(*(const vu16 *)p, cuvil_vu32);
-    cuvil_vu32 e = h & 0x7fffu;
-    cuvil_vf f = (cuvil_vf)(e << 13) * cuvil_vsplat(0x1p112f);
-    cuvil_vu32 special = (cuvil_vu32)(e >= 0x7c00u) & 0x7f800000u;
-    return (cuvil_vf)((cuvil_vu32)f | special | ((h & 0x8000u) << 16));
-#endif
 }
 /* Bytes per weight of a B format (gemm.h: the bits, or CUVIL_B_FP16). */
 static inline int b_bytes(int bits) { return bits == CUVIL_B_FP16 ? 2 : bits / 8; }

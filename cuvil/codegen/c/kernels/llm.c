@@ -1,4 +1,5 @@
 #include "llm.h"
+#include "half.h"
 #include "pool.h"
 
 typedef struct { int64_t H, D; const float *x; const int64_t *pos; const float *inv_freq; float scale; float *y; } rope_args;
@@ -44,16 +45,19 @@ int cuvil_check_slots(int64_t B, int64_t Bmax, const int64_t *slots) {
 }
 
 int cuvil_kv_update(int64_t B, int64_t Bmax, int64_t T, int64_t Hk, int64_t S, int64_t D, const float *new_,
-                    const int64_t *start, const int64_t *slots, float *cache) {
+                    const int64_t *start, const int64_t *slots, void *cache, int half) {
     if (cuvil_check_slots(B, Bmax, slots)) return 1;
     for (int64_t b = 0; b < B; b++)
         if (start[b] < 0 || start[b] + T > S) return 1;
     for (int64_t b = 0; b < B; b++) {
         const int64_t slot = slots ? slots[b] : b;
         for (int64_t t = 0; t < T; t++)
-            for (int64_t h = 0; h < Hk; h++)
-                memcpy(cache + ((slot * Hk + h) * S + start[b] + t) * D, new_ + ((b * T + t) * Hk + h) * D,
-                       (size_t)D * sizeof(float));
+            for (int64_t h = 0; h < Hk; h++) {
+                const int64_t row = ((slot * Hk + h) * S + start[b] + t) * D;
+                const float *src = new_ + ((b * T + t) * Hk + h) * D;
+                if (!half) memcpy((float *)cache + row, src, (size_t)D * sizeof(float));
+                else for (int64_t d = 0; d < D; d++) ((uint16_t *)cache)[row + d] = cuvil_f32_to_f16(src[d]);
+            }
     }
     return 0;
 }

@@ -8,9 +8,10 @@ void cuvil_rope(int64_t B, int64_t T, int64_t H, int64_t D, const float *x, cons
                 const float *inv_freq, float attn_scale, float *y, int nthreads);
 /* Nonzero unless B <= Bmax and slots (NULL: row b in slot b) are distinct and in [0, Bmax). */
 int cuvil_check_slots(int64_t B, int64_t Bmax, const int64_t *slots);
-/* cache: one layer, [Bmax, Hk, S, D]; new_: [B, T, Hk, D], row b written into slot slots[b] (NULL: b)
- * at rows start[b] .. start[b] + T. Returns nonzero (writing nothing) when a sequence would run past
- * S, B exceeds Bmax or the slots are not distinct slots of the cache. */
+/* cache: one layer, [Bmax, Hk, S, D] of floats, or of IEEE halves where half is nonzero (an fp16 KV
+ * cache: new rows rounded to nearest even); new_: [B, T, Hk, D], row b written into slot slots[b]
+ * (NULL: b) at rows start[b] .. start[b] + T. Returns nonzero (writing nothing) when a sequence would
+ * run past S, B exceeds Bmax or the slots are not distinct slots of the cache. */
 int cuvil_kv_update(int64_t B, int64_t Bmax, int64_t T, int64_t Hk, int64_t S, int64_t D, const float *new_,
-                    const int64_t *start, const int64_t *slots, float *cache);
+                    const int64_t *start, const int64_t *slots, void *cache, int half);
 #endif

@@ -340,9 +340,10 @@ def cmd_llm_compile(a):
     t = time.perf_counter()
     llm = cuvil.llm.from_transformers(a.checkpoint, precision=a.precision, max_seq_len=a.max_seq_len,
                                       max_batch=a.max_batch, group=a.group, num_threads=a.num_threads,
-                                      cache_dir=a.cache_dir, verbose=not a.quiet)
+                                      cache_dir=a.cache_dir, verbose=not a.quiet, kv_cache=a.kv_cache)
     llm.save(a.output)
-    print(f"compiled {a.checkpoint} ({a.precision}) -> {a.output} in {time.perf_counter() - t:.1f} s")
+    print(f"compiled {a.checkpoint} ({a.precision}, KV cache {a.kv_cache}) -> {a.output} in "
+          f"{time.perf_counter() - t:.1f} s")
     if "error" in llm.meta:
         e = llm.meta["error"]
         print(f"  vs fp32: top-1 agreement {e['top1_agreement']:.3f}, mean KL {e['kl_mean']:.4g}")
@@ -414,6 +415,8 @@ def _add_llm(sub):
     c.add_argument("-o", "--output", required=True, type=_out_dir)
     c.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "int8", "int4"))
     c.add_argument("--group", type=int, default=64, choices=(32, 64, 128), help="int4 group size along K")
+    c.add_argument("--kv-cache", default="fp32", choices=("fp32", "fp16"),
+                   help="KV cache precision (fp16: half the memory, error measured against fp32)")
     c.add_argument("--max-seq-len", type=_int_in(1, 1 << 20), default=2048)
     c.add_argument("--max-batch", type=_int_in(1, 4096), default=1)
     c.add_argument("--num-threads", **THREADS)

@@ -42,8 +42,15 @@ def _ptr(a):
 
 @pytest.mark.parametrize("k,stride,pad,dil,mult,act,hw", [
     (3, 1, 1, 1, 1, "relu", (13, 37)), (3, 2, 1, 1, 1, "none", (14, 35)), (5, 2, 2, 1, 2, "silu", (11, 29)),
-    (7, 1, 3, 1, 1, "gelu", (9, 23)), (3, 1, 2, 2, 1, "none", (10, 19)), (3, 1, 0, 1, 1, "none", (5, 6))])
+    (7, 1, 3, 1, 1, "gelu", (9, 23)), (3, 1, 2, 2, 1, "none", (10, 19)), (3, 1, 0, 1, 1, "none", (5, 6)),
+    (5, 1, 2, 1, 1, "relu", (14, 14)), (3, 1, 1, 1, 1, "none", (7, 7)), (5, 2, 2, 1, 1, "none", (28, 28)),
+    (3, 1, 1, 1, 1, "relu", (20, 20, "in place"))])
 def test_depthwise_matches_torch(conv_lib, k, stride, pad, dil, mult, act, hw):
+    """Maps of every width class at 4, 8 and 16 floats: whole vectors, an overlapping last vector,
+    8-float halves (16-float builds), the untested one-by-one columns; and a residual the output
+    overwrites in place (no column recomputed from it)."""
+    in_place = len(hw) == 3
+    hw = hw[:2]
     rng = np.random.default_rng(k * 7 + stride)
     n, c, (h, w) = 2, 3, hw
     x = rng.standard_normal((n, c, h, w), np.float32)
@@ -57,7 +64,7 @@ def test_depthwise_matches_torch(conv_lib, k, stride, pad, dil, mult, act, hw):
             "none": lambda t: t}[act](want).numpy()
     oh, ow = want.shape[2:]
     s = ConvShape(n, c, h, w, c * mult, k, k, oh, ow, stride, stride, pad, pad, dil, dil, c)
-    y = np.full(want.shape, np.nan, np.float32)
-    conv_lib.cuvil_conv2d(ctypes.byref(s), 0, _ptr(x), _ptr(wt), None, _ptr(b), _ptr(res), _ptr(y), ACT_CODES[act],
-                          None, 2)
+    y = res.copy() if in_place else np.full(want.shape, np.nan, np.float32)
+    conv_lib.cuvil_conv2d(ctypes.byref(s), 0, _ptr(x), _ptr(wt), None, _ptr(b), _ptr(y if in_place else res), _ptr(y),
+                          ACT_CODES[act], None, 2)
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)

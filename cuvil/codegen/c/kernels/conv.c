@@ -212,6 +212,54 @@ static inline void depthwise_inner_columns(const cuvil_conv_shape *s, int64_t sp
 
 #define DEPTHWISE_MAX_TAPS 64      /* 8x8: the filter's splats kept in a local array up to this */
 
+/* VL outputs of row oh from column ow, every tap inside the input (taps' rows kh0 .. kh1). */
+static inline void depthwise_vector(const cuvil_conv_shape *s, const float *xc, const cuvil_vf *wv, float b,
+                                    const float *rr, float *yr, int act, int64_t oh, int64_t ow, int64_t kh0,
+                                    int64_t kh1) {
+    cuvil_vf acc = cuvil_vsplat(b);
+    const int64_t ih0 = oh * s->sh - s->ph;
+    for (int64_t kh = kh0; kh < kh1; kh++) {
+        const float *xr = xc + (ih0 + kh * s->dh) * s->W + ow * s->sw - s->pw;
+        for (int64_t kw = 0; kw < s->KW; kw++) {
+            const float *p = xr + kw * s->dw;
+            acc += wv[kh * s->KW + kw] * (s->sw == 1 ? cuvil_vload(p) : even_lanes(p));
+        }
+    }
+    if (rr) acc += cuvil_vload(rr + ow);
+    cuvil_vstore(yr + ow, cuvil_vact(acc, act));
+}
+
+#if CUVIL_VL == 16
+typedef float cuvil_v8 __attribute__((vector_size(32), aligned(4), may_alias));
+typedef int32_t cuvil_v8i __attribute__((vector_size(32)));
+
+/* As depthwise_vector, 8 outputs (half a 16-float vector; the activation lane by lane). */
+static inline void depthwise_half_vector(const cuvil_conv_shape *s, const float *xc, const float *wo, float b,
+                                         const float *rr, float *yr, int act, int64_t oh, int64_t ow, int64_t kh0,
+                                         int64_t kh1) {
+    cuvil_v8 acc = {b, b, b, b, b, b, b, b};
+    const int64_t ih0 = oh * s->sh - s->ph;
+    for (int64_t kh = kh0; kh < kh1; kh++) {
+        const float *xr = xc + (ih0 + kh * s->dh) * s->W + ow * s->sw - s->pw;
+        for (int64_t kw = 0; kw < s->KW; kw++) {
+            const float *p = xr + kw * s->dw;
+            cuvil_v8 x;
+            if (s->sw == 1) x = *(const cuvil_v8 *)p;
+            else {
+#ifdef __clang__
+                x = __builtin_shufflevector(*(const cuvil_v8 *)p, *(const cuvil_v8 *)(p + 8), 0, 2, 4, 6, 8, 10, 12, 14);
+#else
+                const cuvil_v8i even = {0, 2, 4, 6, 8, 10, 12, 14};
+                x = __builtin_shuffle(*(const cuvil_v8 *)p, *(const cuvil_v8 *)(p + 8), even);
+#endif
+            }
+            acc += wo[kh * s->KW + kw] * x;
+        }
+    }
+    for (int i = 0; i < 8; i++) yr[ow + i] = cuvil_act(acc[i] + (rr ? rr[ow + i] : 0.f), act);
+}
+#endif
+
 /* One (image, channel) plane. Inner columns run VL at a time at stride 1 (unaligned loads) and
  * stride 2 (even lanes of two loads), the taps' rows chosen per output row so no test is left in
  * the vector loop; the edge columns and other strides take depthwise_point. */
@@ -232,17 +280,28 @@ static void depthwise_plane(const cuvil_conv_shape *s, const float *xc, const fl
             int64_t kh0 = 0, kh1 = KH, ih0 = oh * s->sh - s->ph;    /* the taps' rows inside the input */
             while (kh0 < KH && ih0 + kh0 * s->dh < 0) kh0++;
             while (kh1 > kh0 && ih0 + (kh1 - 1) * s->dh >= s->H) kh1--;
-            for (; ow + CUVIL_VL <= hi; ow += CUVIL_VL) {
-                cuvil_vf acc = cuvil_vsplat(b);
+            for (; ow + CUVIL_VL <= hi; ow += CUVIL_VL)
+                depthwise_vector(s, xc, wv, b, rr, yr, act, oh, ow, kh0, kh1);
+            /* the inner columns left: one vector overlapping the last (its columns recomputed the same;
+             * not where the output overwrites the residual it adds), else one by one, untested. They had
+             * gone through the bounds-tested path: at 16 floats, most of a 28-wide map's columns */
+            if (ow < hi && hi - lo >= CUVIL_VL && rr != yr) {
+                depthwise_vector(s, xc, wv, b, rr, yr, act, oh, hi - CUVIL_VL, kh0, kh1);
+                ow = hi;
+            }
+#if CUVIL_VL == 16      /* 14- and 7-wide maps have fewer inner columns than 16: 8 at a time */
+            for (; ow < hi && (ow + 8 <= hi || (hi - lo >= 8 && rr != yr)); ow += 8) {
+                if (ow + 8 > hi) ow = hi - 8;
+                depthwise_half_vector(s, xc, wo, b, rr, yr, act, oh, ow, kh0, kh1);
+            }
+#endif
+            for (; ow < hi; ow++) {
+                float acc = b;
                 for (int64_t kh = kh0; kh < kh1; kh++) {
                     const float *xr = xc + (ih0 + kh * s->dh) * s->W + ow * s->sw - s->pw;
-                    for (int64_t kw = 0; kw < KW; kw++) {
-                        const float *p = xr + kw * s->dw;
-                        acc += wv[kh * KW + kw] * (s->sw == 1 ? cuvil_vload(p) : even_lanes(p));
-                    }
+                    for (int64_t kw = 0; kw < KW; kw++) acc += wo[kh * KW + kw] * xr[kw * s->dw];
                 }
-                if (rr) acc += cuvil_vload(rr + ow);
-                cuvil_vstore(yr + ow, cuvil_vact(acc, act));
+                yr[ow] = cuvil_act(acc + (rr ? rr[ow] : 0.f), act);
             }
         }
         for (; ow < s->OW; ow++)

@@ -125,19 +125,25 @@ def test_sampling_is_seeded_and_respects_top_k():
     assert choose(logits, repetition_penalty=100.0, seen=[9]) == 8
 
 
+def _decoded_alone(llm, prompts, token=42):
+    """The logits of decoding `token` after each prompt, one sequence in the cache at a time."""
+    singles = []
+    for p in prompts:
+        llm.reset()
+        llm.step(np.array([p]), np.array([0]))
+        singles.append(llm.step(np.array([[token]]), np.array([len(p)]))[0, 0])
+    return np.stack(singles)
+
+
 def test_batched_decode_matches_single_sequences():
     model = small_model("llama")
     llm = cuvil.llm.from_transformers(model, max_seq_len=64, max_batch=2)
     p1, p2 = [5, 6, 7, 8], [9, 10, 11, 12]
-    singles = []
-    for p in (p1, p2):
-        llm.reset()
-        llm.step(np.array([p]), np.array([0]))
-        singles.append(llm.step(np.array([[42]]), np.array([len(p)]))[0, 0])
+    singles = _decoded_alone(llm, (p1, p2))
     llm.reset()
     llm.step(np.array([p1, p2]), np.array([0, 0]))
     both = llm.decode([42, 42])
-    np.testing.assert_allclose(both, np.stack(singles), atol=1e-4)
+    np.testing.assert_allclose(both, singles, atol=1e-4)
 
 
 def test_cache_overflow_is_a_clear_error():
@@ -165,16 +171,12 @@ def test_fp16_kv_cache(tmp_path):
     np.testing.assert_allclose(got, eager, atol=1e-3)
     assert llm.generate(ids, 24) == ref.generate(ids, 24)
     p1, p2 = [5, 6, 7, 8], [9, 10, 11, 12, 13]
-    singles = []
-    for p in (p1, p2):
-        llm.reset()
-        llm.step(np.array([p]), np.array([0]))
-        singles.append(llm.step(np.array([[42]]), np.array([len(p)]))[0, 0])
+    singles = _decoded_alone(llm, (p1, p2))
     llm.reset()
     llm.step(np.array([p1 + [0]]), np.array([0]), slots=np.array([0]))
     llm.step(np.array([p2]), np.array([0]), slots=np.array([1]))
     both = llm.step(np.array([[42], [42]]), np.array([len(p1), len(p2)]))
-    np.testing.assert_allclose(both[:, 0], np.stack(singles), atol=1e-5)
+    np.testing.assert_allclose(both[:, 0], singles, atol=1e-5)
     path = llm.save(tmp_path / "fp16kv")
     again = cuvil.llm.load(path)
     assert again.v_cache.dtype == np.float16 and again.generate(ids, 8) == ref.generate(ids, 8)

@@ -144,8 +144,9 @@ def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None,
           "outputs": [_io(v, f"output{i}", i in graph.complex_outputs, i in graph.scalar_outputs)
                       for i, v in enumerate(graph.outputs)],
           "symbols": {k: [int(lo), int(hi)] for k, (lo, hi) in graph.symbols.items()}}
-    if graph.data_dims():
-        io["data_dims"] = graph.data_dims()
+    computed = graph.data_dims()
+    if computed:
+        io["data_dims"] = computed
     prefix = symbol_prefix(opts.name)
     c_src, weights = emit.generate(graph, plan, target, profile=opts.profile, weights_dir=cache.tmp_dir(cdir),
                                    signature=artifact.signature(io), prefix=prefix)

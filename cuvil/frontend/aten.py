@@ -19,6 +19,14 @@ class Unsupported(Exception):
     """This use of a known ATen op is outside what the IR expresses."""
 
 
+def static_sizes(why):
+    """A check of sizes a handler needs at compile time: raises Unsupported(why) unless all are ints."""
+    def check(*dims):
+        if not all(isinstance(d, int) for d in dims):
+            raise Unsupported(why)
+    return check
+
+
 def handles(*targets, table=None):
     """Targets: ATen overloads, or "namespace::op" names of custom ops that exist only once their
     library is imported (transformers'). table: where to register (HANDLERS unless given)."""

@@ -13,12 +13,10 @@ import numpy as np
 
 from ..ir import dims as D
 from . import data_sized
-from .aten import HANDLERS, Unsupported, aten, handles
+from .aten import HANDLERS, Unsupported, aten, handles, static_sizes
 
 
-def _static(*dims):
-    if not all(isinstance(d, int) for d in dims):
-        raise Unsupported("a data-dependent size over a symbolic input size")
+_static = static_sizes("a data-dependent size over a symbolic input size")
 
 
 def _flat(ctx, x):

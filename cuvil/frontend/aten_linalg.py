@@ -12,16 +12,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .aten import Unsupported, aten, handles, outputs_read
+from .aten import Unsupported, aten, handles, outputs_read, static_sizes
 
 
 # what an effect token is bound to (it carries no value)
 EFFECT_TOKEN = object()
 
 
-def _static(*dims):
-    if not all(isinstance(d, int) for d in dims):
-        raise Unsupported("a matrix of symbolic size")
+_static = static_sizes("a matrix of symbolic size")
 
 
 def _mT(ctx, x):

@@ -8,12 +8,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import dims as D
-from .aten import Unsupported, _out_dtype, aten, handles, outputs_read
+from .aten import Unsupported, _out_dtype, aten, handles, outputs_read, static_sizes
 
 
-def _static(*dims):
-    if not all(isinstance(d, int) for d in dims):
-        raise Unsupported("a symbolic size")
+_static = static_sizes("a symbolic size")
 
 
 @handles(aten.slice_scatter.default)

@@ -58,7 +58,7 @@ class EmulatedModule(Module):
 
     def run(self, *arrays, out=None) -> list:
         self._check_open()
-        conv, shapes = self._checked(arrays)
+        conv, shapes, _ = self._checked(arrays)
         outs = self._check_out(out, shapes) if out is not None else None
         with tempfile.TemporaryDirectory(prefix="cuvil-emulated-") as tmp:
             files = []

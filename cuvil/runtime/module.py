@@ -274,8 +274,9 @@ class Module:
         return st
 
     def _checked(self, arrays):
-        """The inputs as contiguous numpy arrays of the model's dtypes, and the output shapes they
-        imply (ShapeError, TypeError name what does not fit)."""
+        """The inputs as contiguous numpy arrays of the model's dtypes, the output shapes they imply
+        and the symbols' values (None where the shapes are the compiled static ones) (ShapeError,
+        TypeError name what does not fit)."""
         if len(arrays) != len(self.inputs):
             raise ShapeError(f"expected {len(self.inputs)} inputs ({', '.join(i['name'] for i in self.inputs)}), "
                              f"got {len(arrays)}")
@@ -287,13 +288,14 @@ class Module:
             f = a.flags        # the kernels read contiguous, naturally aligned data: copy anything else
             conv.append(a if f.c_contiguous and f.aligned else np.array(a, order="C"))
         if self._static_in is not None and all(a.shape == s for a, s in zip(conv, self._static_in)):
-            return conv, self._static_out
-        return conv, self.output_shapes(self._bind(conv))
+            return conv, self._static_out, None
+        env = self._bind(conv)
+        return conv, self.output_shapes(env), env
 
     def run(self, *arrays, out=None) -> list:
         if not self._handle:
             raise ArtifactError(f"module {self.path} is closed")
-        conv, shapes = self._checked(arrays)
+        conv, shapes, env = self._checked(arrays)
         if out is None:
             outs = [np.empty(s, dtype=dt) for s, dt in zip(shapes, self._out_dtypes)]
         elif self._data_dims:
@@ -325,14 +327,14 @@ class Module:
         rc = self._crun(self._handle, in_ptrs, st["shape_ptrs"], out_ptrs, st["arena_ptr"])
         if rc:
             raise ShapeError(f"cuvil run failed: {self._lib.fn.last_error().decode(errors='replace')}")
-        return self._data_sized(outs, conv) if self._data_dims else outs
+        return self._data_sized(outs, env if env is not None else self._bind(conv)) if self._data_dims else outs
 
-    def _data_sized(self, outs, inputs):
+    def _data_sized(self, outs, env):
         """Outputs with a dim the run computed from the data (allocated at its upper bound): the front
-        of each buffer, at the shape the computed dims give."""
+        of each buffer, at the shape the computed dims give (env: the input symbols' values)."""
         vals = (ctypes.c_int64 * len(self._data_dims))()
         self._data_dims_fn(vals)
-        env = dict(self._bind(inputs), **dict(zip(self._data_dims, vals)))
+        env = dict(env, **dict(zip(self._data_dims, vals)))
         outs = list(outs)
         for i in self._data_sized_outputs:
             shape = tuple(d if isinstance(d, int) else eval_dim(d, env) for d in self.outputs[i]["shape"])

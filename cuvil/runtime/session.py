@@ -61,7 +61,10 @@ def visible_outputs(m):
 
 
 def group_outputs(m, outs):
-    """The library's outputs in the source's structure: a sequence output as a list of arrays."""
+    """The library's outputs in the source's structure: a sequence output as a list of arrays (a model
+    without sequences, nearly every one: as they are, with no work per call)."""
+    if not m.get("output_sequences"):
+        return outs
     return [outs[at] if isinstance(at, int) else list(outs[at]) for _, at in _layout(m)]
 
 

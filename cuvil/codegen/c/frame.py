@@ -131,10 +131,11 @@ def model_c(graph, em, body, plan, signature="", prefix=DEFAULT_PREFIX):
     nin, nout = len(graph.inputs), len(graph.outputs)
     wsize = em.weights.size
     p = cstr.ident(prefix)
+    n_dd = len(graph.data_dims())
     out.append(f"""
 const char *{p}last_error(void) {{ return cuvil_err; }}
-static __thread int64_t cuvil_dd_values[{max(len(graph.data_dims()), 1)}];
-int {p}data_dims(int64_t *dims) {{ for (int i = 0; i < {len(graph.data_dims())}; i++) dims[i] = cuvil_dd_values[i]; return {len(graph.data_dims())}; }}
+static __thread int64_t cuvil_dd_values[{max(n_dd, 1)}];
+int {p}data_dims(int64_t *dims) {{ for (int i = 0; i < {n_dd}; i++) dims[i] = cuvil_dd_values[i]; return {n_dd}; }}
 const char *{p}signature(void) {{ return {cstr.string(signature, clip=False)}; }}
 int {p}num_inputs(void) {{ return {nin}; }}
 int {p}num_outputs(void) {{ return {nout}; }}

@@ -18,19 +18,22 @@ def _call(em, fn, sizes, node, flags=()):
     return [f"{fn}({', '.join(str(a) for a in args)});"]
 
 
-@lowering("lu_factor", supports=_float32_only)
-def lower_lu_factor(em, node):
-    return _call(em, "cuvil_lu_factor", node.inputs[0].type.shape[-2:], node)
+# ops lowered as cuvil_<op>(batch, the trailing dims of one input, pointers): op -> (that input, dims)
+ONE_CALL = {"lu_factor": (0, 2), "cholesky": (0, 1), "householder_qr": (0, 2), "eigh": (0, 1), "svd": (0, 2),
+            "ldl_factor": (0, 1), "ldl_solve": (2, 2)}
+
+
+def _one_call(em, node):
+    i, n = ONE_CALL[node.op]
+    return _call(em, f"cuvil_{node.op}", node.inputs[i].type.shape[-n:], node)
+
+
+lowering(*ONE_CALL, supports=_float32_only)(_one_call)
 
 
 @lowering("lu_permutation")
 def lower_lu_permutation(em, node):
     return _call(em, "cuvil_lu_permutation", [node.inputs[0].type.shape[-1], node.attrs["rows"]], node)
-
-
-@lowering("cholesky", supports=_float32_only)
-def lower_cholesky(em, node):
-    return _call(em, "cuvil_cholesky", node.inputs[0].type.shape[-1:], node)
 
 
 @lowering("triangular_solve", supports=_float32_only)
@@ -39,32 +42,9 @@ def lower_triangular_solve(em, node):
                  [int(bool(node.attrs["upper"])), int(bool(node.attrs["unit"]))])
 
 
-@lowering("householder_qr", supports=_float32_only)
-def lower_householder_qr(em, node):
-    return _call(em, "cuvil_householder_qr", node.inputs[0].type.shape[-2:], node)
-
-
 @lowering("householder_product", supports=_float32_only)
 def lower_householder_product(em, node):
     v, tau = node.inputs
     return _call(em, "cuvil_householder_product", [*v.type.shape[-2:], tau.type.shape[-1]], node)
 
 
-@lowering("eigh", supports=_float32_only)
-def lower_eigh(em, node):
-    return _call(em, "cuvil_eigh", node.inputs[0].type.shape[-1:], node)
-
-
-@lowering("svd", supports=_float32_only)
-def lower_svd(em, node):
-    return _call(em, "cuvil_svd", node.inputs[0].type.shape[-2:], node)
-
-
-@lowering("ldl_factor", supports=_float32_only)
-def lower_ldl_factor(em, node):
-    return _call(em, "cuvil_ldl_factor", node.inputs[0].type.shape[-1:], node)
-
-
-@lowering("ldl_solve", supports=_float32_only)
-def lower_ldl_solve(em, node):
-    return _call(em, "cuvil_ldl_solve", node.inputs[2].type.shape[-2:], node)

@@ -18,8 +18,8 @@ from ...ir.graph import Graph
 from ..data_sized import bind, fresh_symbol
 from .model import MAX_UNROLL
 from .registry import handler
-from .helpers import ABSENT, Absent, Seq, Unsupported, shape_of
-from .regions import flag, outer_values, rewire, stack, while_region, write_row
+from .helpers import ABSENT, Absent, Seq, Unsupported
+from .regions import flag, outer_values, rewire, stack, while_region, write_row, zero_rows
 from .subgraphs import inline_subgraph
 
 
@@ -114,7 +114,7 @@ def _loop_region(c, body, bound):
             raise Unsupported("a Loop body output that is not a tensor (a sequence or optional)")
         rows = []
         for y in outs[1 + n:]:
-            buf = carry(_zeros(outer, [bound] + list(shape_of(y)), y))
+            buf = carry(zero_rows(outer, bound, y))
             rows.append(write_row(c, buf, own[0], y))
         return outs[:1 + n] + rows
 
@@ -124,10 +124,6 @@ def _loop_region(c, body, bound):
     for buf in out[2 + n:]:
         results.append(bind(lambda op, ins, attrs: c.op(op, ins, **attrs), c.g, buf, trips, 0, fresh_symbol(c.g, "loop_trips")))
     return results
-
-
-def _zeros(g, shape, like):
-    return g.add("full", [], {"shape": shape, "value": 0, "dtype": str(like.dtype)})
 
 
 @handler("Loop")

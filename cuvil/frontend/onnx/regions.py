@@ -57,6 +57,11 @@ def take_slice(c, x, axis, t):
     return c.reshape(y, sh)
 
 
+def zero_rows(graph, rows, y):
+    """A zero buffer [rows, *y's shape] of y's dtype in graph (the scan outputs' rows a loop fills)."""
+    return graph.add("full", [], {"shape": [rows] + list(shape_of(y)), "value": 0, "dtype": str(y.dtype)})
+
+
 def write_row(c, buf, row, y):
     """buf [n, ...] with y [...] written at row `row` (a 0-d int64 known at run time): a select over
     the rows, so a row outside [0, n) writes nothing."""

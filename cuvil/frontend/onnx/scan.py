@@ -15,7 +15,7 @@ from ...ir import dims as D
 from .helpers import Unsupported, is_sym, norm_axis, rank_of, shape_of
 from .model import MAX_UNROLL
 from .registry import handler
-from .regions import stack, take_slice, while_region, write_row
+from .regions import stack, take_slice, while_region, write_row, zero_rows
 from .subgraphs import inline_subgraph
 
 
@@ -106,7 +106,7 @@ def _region(c, body, states, xs, T, in_axes, in_dirs, out_dirs):
             raise Unsupported("a Scan body output that is not a tensor (a sequence or optional)")
         rows = []
         for k, y in enumerate(outs[n:]):
-            buf = carry(outer.add("full", [], {"shape": [T] + list(shape_of(y)), "value": 0, "dtype": str(y.dtype)}))
+            buf = carry(zero_rows(outer, T, y))
             rows.append(write_row(c, buf, back if out_dirs[k] else t, y))
         return [np.array(True)] + outs[:n] + rows
 

@@ -144,3 +144,27 @@ def test_roi_align_bad_rois_fail_the_run():
     for roi in ([0, 0, np.nan, 2], [0, 0, 1e9, 2]):
         with pytest.raises(cuvil.CuvilError, match="grid per bin"):
             cm.run(x, np.array([roi], np.float32), np.array([0], np.int64))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@given(scale=st.sampled_from([0.5, -1.0, 0.0, 1e300, float("inf"), float("nan")]),
+       ratio=st.integers(-3, 6) | st.sampled_from([5000, 1 << 40]), oh=st.integers(-2, 5) | st.just(1 << 40),
+       ow=st.integers(-2, 5),
+       mode=st.sampled_from(["avg", "max", "median", "avg\"); system(\"x"]),
+       ctm=st.sampled_from(["half_pixel", "output_half_pixel", "align_corners"]))
+def test_fuzz_roi_align_attributes(scale, ratio, oh, ow, mode, ctm):
+    """Hostile RoiAlign attributes from a model file (the numbers reach generated C): a CuvilError at
+    compile or run time, or the ONNX reference evaluator's answer (sampling ratios past cuvil's 4096 a
+    side are refused before the pure-Python reference would spend hours on them)."""
+    from onnx.reference import ReferenceEvaluator
+    model = _roi_model(1, 2, 6, 7, 2, mode=mode, output_height=oh, output_width=ow, sampling_ratio=ratio,
+                       spatial_scale=scale, coordinate_transformation_mode=ctm)
+    x = np.arange(84, dtype=np.float32).reshape(1, 2, 6, 7) / 10
+    rois = np.array([[0.5, 1, 4, 5], [2, 0, 6, 3]], np.float32)
+    idx = np.zeros(2, np.int64)
+    try:
+        got = cuvil.compile(model).run(x, rois, idx)[0]
+    except cuvil.CuvilError:
+        return
+    want = ReferenceEvaluator(onnx.load_from_string(model)).run(None, {"x": x, "rois": rois, "idx": idx})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

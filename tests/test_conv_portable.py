@@ -1,7 +1,9 @@
 """The depthwise conv kernel (kernels/conv.c, cuvil_conv2d's depthwise path) built for 4-float vectors
 (SSE2, the width NEON and the portable build have), for AVX2's 8 and for this machine, each checked
-against torch's conv2d: the vector loop's width decides which columns it takes and where the tail
-and the edges begin."""
+against torch's conv2d: the vector width decides where a row's last, partly stored vector begins; the
+banded kernel's specializations (3x3, 5x5, 7x7 at strides 1 and 2) and its general form (other
+filters, dilations, unequal strides), a band of fewer rows than the tile, and the output-by-output
+path (stride 3, a row too wide for the band buffer) are each taken by some case."""
 import ctypes
 import platform
 import subprocess
@@ -44,26 +46,29 @@ def _ptr(a):
     (3, 1, 1, 1, 1, "relu", (13, 37)), (3, 2, 1, 1, 1, "none", (14, 35)), (5, 2, 2, 1, 2, "silu", (11, 29)),
     (7, 1, 3, 1, 1, "gelu", (9, 23)), (3, 1, 2, 2, 1, "none", (10, 19)), (3, 1, 0, 1, 1, "none", (5, 6)),
     (5, 1, 2, 1, 1, "relu", (14, 14)), (3, 1, 1, 1, 1, "none", (7, 7)), (5, 2, 2, 1, 1, "none", (28, 28)),
-    (3, 1, 1, 1, 1, "relu", (20, 20, "in place"))])
+    (3, 1, 1, 1, 1, "relu", (20, 20, "in place")), (7, 2, 3, 1, 1, "none", (17, 30)),
+    ((3, 5), (1, 2), (1, 2), 1, 1, "relu", (9, 21)), (3, 3, 1, 1, 1, "none", (16, 25)),
+    (5, 1, 2, 1, 1, "none", (6, 5000)), (3, 1, 1, 1, 1, "none", (1, 40)), (5, 2, 0, 1, 1, "none", (5, 5)),
+    (5, 2, 2, 1, 1, "relu", (13, 13, "in place"))])
 def test_depthwise_matches_torch(conv_lib, k, stride, pad, dil, mult, act, hw):
-    """Maps of every width class at 4, 8 and 16 floats: whole vectors, an overlapping last vector,
-    8-float halves (16-float builds), the untested one-by-one columns; and a residual the output
-    overwrites in place (no column recomputed from it)."""
+    """Maps of every width class at 4, 8 and 16 floats: whole vectors and a last vector stored in part
+    (rows narrower than one vector too), and a residual the output overwrites in place."""
     in_place = len(hw) == 3
     hw = hw[:2]
-    rng = np.random.default_rng(k * 7 + stride)
+    (kh, kw), (sh, sw), (ph, pw) = (v if isinstance(v, tuple) else (v, v) for v in (k, stride, pad))
+    rng = np.random.default_rng(kh * 7 + sw)
     n, c, (h, w) = 2, 3, hw
     x = rng.standard_normal((n, c, h, w), np.float32)
-    wt = rng.standard_normal((c * mult, 1, k, k), np.float32)
+    wt = rng.standard_normal((c * mult, 1, kh, kw), np.float32)
     b = rng.standard_normal(c * mult).astype(np.float32)
-    want = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(wt), torch.from_numpy(b), stride, pad,
-                                      dil, groups=c)
+    want = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(wt), torch.from_numpy(b), (sh, sw),
+                                      (ph, pw), dil, groups=c)
     res = rng.standard_normal(tuple(want.shape), np.float32)
     want = want + torch.from_numpy(res)
     want = {"relu": torch.relu, "silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu,
             "none": lambda t: t}[act](want).numpy()
     oh, ow = want.shape[2:]
-    s = ConvShape(n, c, h, w, c * mult, k, k, oh, ow, stride, stride, pad, pad, dil, dil, c)
+    s = ConvShape(n, c, h, w, c * mult, kh, kw, oh, ow, sh, sw, ph, pw, dil, dil, c)
     y = res.copy() if in_place else np.full(want.shape, np.nan, np.float32)
     conv_lib.cuvil_conv2d(ctypes.byref(s), 0, _ptr(x), _ptr(wt), None, _ptr(b), _ptr(y if in_place else res), _ptr(y),
                           ACT_CODES[act], None, 2)

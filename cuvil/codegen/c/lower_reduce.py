@@ -78,8 +78,17 @@ def lower_reduce(em, node):
         k = len(blocks) - 1
         acc_init = "0" if op in ("reduce_sum", "reduce_mean") else f"{Y}[{out_idx}]"
         nest.append("  " * depth + f"{{ {acc_t} acc = {acc_init};")
-        nest.append("  " * depth + f"  for (int64_t {iv[k]} = 0; {iv[k]} < {D.to_c(blocks[k][0])}; {iv[k]}++) "
-                    + _combine(op, "acc", f"{X}[{in_idx}]"))
+        n, b = D.to_c(blocks[k][0]), iv[k]
+        if op in ("reduce_sum", "reduce_mean") and acc_t == "double":
+            # eight partial sums (one double chain had held a 56x56 plane's mean to one add per 4 cycles)
+            nest.append("  " * depth + f"  int64_t {b} = 0; double part[8] = {{0}};")
+            nest.append("  " * depth + f"  for (; {b} + 8 <= {n}; {b} += 8) for (int l_ = 0; l_ < 8; l_++) "
+                        f"part[l_] += {X}[({in_idx}) + l_];")
+            nest.append("  " * depth + "  acc = ((part[0] + part[4]) + (part[1] + part[5])) + "
+                        "((part[2] + part[6]) + (part[3] + part[7]));")
+            nest.append("  " * depth + f"  for (; {b} < {n}; {b}++) acc += {X}[{in_idx}];")
+        else:
+            nest.append("  " * depth + f"  for (int64_t {b} = 0; {b} < {n}; {b}++) " + _combine(op, "acc", f"{X}[{in_idx}]"))
         final = f"{Y}[{out_idx}] += ({t})acc;" if op in ("reduce_sum", "reduce_mean") else f"{Y}[{out_idx}] = acc;"
         nest.append("  " * depth + f"  {final} }}")
     else:

@@ -249,8 +249,28 @@ FULL_TILE(gathered_full_tile, A_GATHERED, 0)
 FULL_TILE(gathered_short_tile, A_GATHERED, 1)
 #undef FULL_TILE
 
+/* A full tile from an NCHW source (accumulate_nchw's loops) with named accumulators: through
+ * blocked_tile's arrays, GCC kept them on the stack (MobileNetV3's and EfficientNet's 24- and 40-channel
+ * 1x1 convs into blocks ran at 45 GFLOP/s on AVX-512, 1 thread). */
 static void nchw_full_tile(const blocked_gemm *g, int64_t i0, int64_t p) {
-    blocked_tile(A_NCHW, CUVIL_MR, 2, g, i0, p, 0, 0, 1, 1);
+    const nchw_source *src = g->src;
+    const float *b = g->B + p * g->K * CUVIL_NR;
+    int64_t pix[CUVIL_MR];
+    for (int r = 0; r < CUVIL_MR; r++) pix[r] = src->pix[i0 + r];
+    CUVIL_TILE_ROWS(CUVIL_TILE_ZERO)
+    for (int64_t c = 0; c < src->C; c++)
+        for (int64_t kh = 0; kh < src->KH; kh++, b += src->KW * CUVIL_NR) {
+            const float *row = src->x + c * src->plane + kh * src->dh * src->wp, *ar[CUVIL_MR];
+            for (int r = 0; r < CUVIL_MR; r++) ar[r] = row + pix[r];
+            for (int64_t kw = 0; kw < src->KW; kw++) {
+                int64_t k = kw * src->dw;
+                cuvil_vf b0 = cuvil_vload(b + kw * CUVIL_NR), b1 = cuvil_vload(b + kw * CUVIL_NR + CUVIL_VL);
+                CUVIL_TILE_ROWS(CUVIL_TILE_STEP)
+            }
+        }
+    cuvil_vf c0[CUVIL_MR], c1[CUVIL_MR];
+    CUVIL_TILE_ROWS(CUVIL_TILE_OUT)
+    store_blocked_tile(CUVIL_MR, 2, c0, c1, g, i0, p, 1, 1);
 }
 
 static void blocked_edge_tile(int mr, int nv, const blocked_gemm *g, int64_t i0, int64_t p, int64_t kb0, int64_t nkb,

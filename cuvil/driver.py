@@ -130,15 +130,16 @@ def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None,
     from .codegen.c.frame import api_h, symbol_prefix
     from .passes import data_dims
     from .passes.pipeline import plan_memory
+    from .codegen.c.lower_bf16dot import computes_bf16
     from .passes.quantize import precision_summary
     data_dims.check(graph)
     graph = optimize(graph, opts)
     progress("passes", f"{len(graph.nodes)} nodes after optimisation")
-    formats = precision_summary(graph)
+    target = resolve_target(opts.target)
+    formats = precision_summary(graph, bf16_dot=lambda n: computes_bf16(n, target))
     if opts.precision != "fp32":
         progress("precision", f"{opts.precision}: " + "; ".join(f"{k} x{v}" for k, v in formats.items()))
     plan = plan_memory(graph, C_BACKEND)
-    target = resolve_target(opts.target)
     names = graph.input_names or [v.name for v in graph.inputs]
     io = {"inputs": [_io(v, n, i in graph.complex_inputs) for i, (v, n) in enumerate(zip(graph.inputs, names))],
           "outputs": [_io(v, f"output{i}", i in graph.complex_outputs, i in graph.scalar_outputs)

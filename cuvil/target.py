@@ -119,9 +119,20 @@ def cpu_flags() -> set:
     return set()
 
 
+# what a native build may use and a loading CPU must have: -march=native lets GCC and the kernels
+# (qgemm.c's VNNI, bf16dot.c's vdpbf16ps) use any of them
+NATIVE_FEATURES = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx2", "fma", "avx", "asimd")
+
+
 def native_features() -> list[str]:
     f = cpu_flags()
-    return [x for x in ("avx512f", "avx2", "fma", "avx") if x in f] + (["asimd"] if "asimd" in f else [])
+    return [x for x in NATIVE_FEATURES if x in f]
+
+
+def has_features(target: str, features) -> bool:
+    """Whether code built for `target` may use every one of `features` (cpuinfo names)."""
+    have = cpu_flags() if resolve_target(target) == "native" else set(TARGETS[target].features)
+    return all(f in have for f in features)
 
 
 @functools.lru_cache(None)

@@ -1460,6 +1460,26 @@ def matmul_q_epilogue(op):
     c.check()
 
 
+@case("matmul_q", name="bf16 activations")
+def matmul_q_bf16_act(op):
+    """bf16_act: on a CPU with bf16 products (AVX512-BF16) the activations are rounded to bf16 too
+    (kernels/bf16dot.c, tile rows 1-6, panels cut short, odd K, every epilogue); elsewhere the float
+    path. The reference keeps float32 activations: each output is within bf16's rounding of x (2^-9
+    relative per product, |x| <= 1, |w| <= 1, K <= 300) of it, which a layout slip would not be."""
+    c = Case(runs=2, symbols=SYMS)
+    r = c.rng
+    for m, k, n, act in [(1, 71, 200, "none"), (5, 300, 33, "relu"), (7, 65, 130, "gelu"), (13, 64, 64, "silu")]:
+        w, _ = _quantize(r, k, n, 16, 1 << 30)
+        res = c.input(rand(r, (m, n), "float32")) if m > 1 else None
+        ins = [c.input(rand(r, (m, k), "float32", -1, 1)), c.const(w), None, res, c.const(rand(r, (n,), "float32"))]
+        c.out(c.add(op, ins, {"bits": 16, "bf16_act": 1, "act": act}), f"bf16 act M={m} N={n} K={k} {act}",
+              tol=(0, 2 ** -9 * k ** 0.5 * 4))
+    x = c.input([rand(r, (b, 3, 40), "float32", -1, 1) for b in B_RUNS], (B, 3, 40))
+    c.out(c.add(op, [x, c.const(_quantize(r, 40, 18, 16, 1 << 30)[0])], {"bits": 16, "bf16_act": 1}),
+          "bf16 act [b,3,40]", tol=(0, 2 ** -9 * 40 ** 0.5 * 4))
+    c.check()
+
+
 @case("expert_matmul")
 def expert_matmul(op):
     """Every (token, slot) pair times its expert's weights, in each weight format: one row per token

@@ -5,6 +5,8 @@ bias / residual / activation:
 
   bf16, fp16  weights stored in 16 bits, widened in registers (AVX2: a shift for bf16, F16C for fp16);
               the arithmetic stays fp32, so memory-bound layers (batch 1) gain and the rest pay little.
+              Where the CPU multiplies in bf16 (AVX512-BF16), bf16's activations are rounded to bf16 too
+              and the products summed in fp32 by vdpbf16ps (matmul_q's bf16_act; codegen decides).
   int8        symmetric per-output-channel int8 weights (a weight already on an int8 grid, as a QAT,
               ONNX QDQ or PT2E model's dequantized weights are, keeps its values and scales); activations quantized dynamically to int8 per
               block of 32-128 values along K (ONNX Runtime's quantize_dynamic quantizes per tensor) and
@@ -53,7 +55,7 @@ def _quantized(graph, n, weight, precision):
     else:
         store = quant.to_bf16 if precision == "bf16" else quant.to_fp16
         try:
-            ins, attrs = [n.inputs[0], graph.const(store(w)), None], {"bits": 16}
+            ins, attrs = [n.inputs[0], graph.const(store(w)), None], {"bits": 16, "bf16_act": int(precision == "bf16")}
         except QuantizationError as e:
             raise QuantizationError(f"{n.op} at {n.loc or 'an unknown location'}: {e}") from None
     bias = n.inputs[2] if fused and len(n.inputs) > 2 else None
@@ -78,11 +80,14 @@ def run(graph, precision):
     return graph
 
 
-def describe(node) -> str | None:
-    """The precision a node computes in, as precision_summary counts it (None: not a weighted op)."""
+def describe(node, bf16_dot=None) -> str | None:
+    """The precision a node computes in, as precision_summary counts it (None: not a weighted op);
+    bf16_dot(node): whether the target runs it on bf16 dot products."""
     if node.op == "matmul_q":
         w = node.inputs[1]
         if node.attrs["bits"] == 16:
+            if bf16_dot is not None and bf16_dot(node):
+                return "bf16 weights and activations, fp32 sums (vdpbf16ps)"
             return "fp16 weights" if w.dtype == "float16" else "bf16 weights"
         fmt = f"int{node.attrs['bits']} weights"
         return fmt + (", int8 activations (integer dot)" if node.attrs.get("act_block") else ", fp32 activations")
@@ -91,8 +96,8 @@ def describe(node) -> str | None:
     return None
 
 
-def precision_summary(graph) -> dict:
+def precision_summary(graph, bf16_dot=None) -> dict:
     """{"<op>: <format>": count} over the weighted ops (matmuls, convs, attention) of an optimised graph."""
     counts = Counter(f"{'matmul' if n.op.startswith('matmul') else n.op}: {d}"
-                     for n in graph.nodes if (d := describe(n)) is not None)
+                     for n in graph.nodes if (d := describe(n, bf16_dot)) is not None)
     return dict(sorted(counts.items()))

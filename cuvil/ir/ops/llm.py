@@ -83,6 +83,8 @@ def _mmq_infer(types, attrs, inputs):
     padded = bits == 8 and ab and isinstance(kx, int) and K - ab < kx < K    # zero rows to a whole block
     if x.dtype != "float32" or not (D.dims_equal(kx, K) or padded):
         raise ShapeError(f"matmul_q: input {x} does not match weight K = {K}")
+    if attrs.get("bf16_act", 0) not in (0, 1) or (attrs.get("bf16_act") and (bits != 16 or w.dtype != "uint16")):
+        raise ShapeError(f"matmul_q: bf16_act {attrs.get('bf16_act')!r} is 0, or 1 with bf16 weights (got {w})")
     if ab and not act_block_ok(bits, K, attrs["group"], ab):
         raise ShapeError(f"matmul_q: act_block {ab} does not fit bits {bits}, K {K}, group {attrs['group']}")
     if bits != 16 and (len(types) < 3 or types[2] is None or types[2].shape != (-(-K // attrs["group"]), N)):
@@ -123,8 +125,11 @@ def _mmq_ref(xs, a):
 # act_block > 0: activations are quantized to int8 in blocks of act_block values along K and the
 # products summed in integers (ggml's Q8 activations), at every number of rows; 0 keeps float32
 # activations.
-declare(OpDef("matmul_q", {"bits": 8, "group": 1 << 30, "act_block": 0, "act": "none"}, _mmq_infer, _mmq_ref,
-              kind="matmul"))
+# bf16_act 1 (bf16 weights only): the activations may be rounded to bf16 where the target multiplies
+# in bf16 (AVX512-BF16's dot products, kernels/bf16dot.h); elsewhere they stay float32, as the
+# reference keeps them: a permission, not a requirement, so the reference is the fp32-activation sum.
+declare(OpDef("matmul_q", {"bits": 8, "group": 1 << 30, "act_block": 0, "act": "none", "bf16_act": 0}, _mmq_infer,
+              _mmq_ref, kind="matmul"))
 
 
 # ---- expert_matmul: each (token, slot) pair's row times the weight of the expert routed to it --------

@@ -5,6 +5,7 @@
 #include "pool.h"
 #include "gemm.h"
 #include "qgemm.h"
+#include "bf16dot.h"
 #include "conv.h"
 #include "winograd.h"
 #include "blocked.h"

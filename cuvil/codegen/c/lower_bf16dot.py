@@ -1,0 +1,40 @@
+"""matmul_q over bf16 weights on CPUs that multiply in bf16 (AVX512-BF16): the panels its kernel reads
+(kernels/bf16dot.h) and the call. Taken for nodes whose activations may be rounded to bf16 (matmul_q's
+bf16_act, set by compile's precision="bf16"); elsewhere matmul_q widens the weights to fp32
+(lower_llm.lower_matmul_q)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...target import has_features
+from . import cexpr
+
+BF16_NR = 64                  # kernels/bf16dot.h CUVIL_BF16_NR
+BF16_FEATURES = ("avx512_bf16",)
+
+
+def bf16_dot_panels(w: np.ndarray) -> np.ndarray:
+    """bf16 bit patterns [K, N] (uint16) -> uint32 [ceil(N/64), ceil(K/2), 64]: word (p, k2, j) holds
+    rows 2 k2 (low half) and 2 k2 + 1 (high half) of column 64 p + j, zeros past K and N."""
+    K, N = w.shape
+    K2, n = -(-K // 2), -(-N // BF16_NR)
+    full = np.zeros((2 * K2, n * BF16_NR), np.uint32)
+    full[:K, :N] = w
+    words = full[0::2] | (full[1::2] << 16)                       # [K2, n * 64]
+    return np.ascontiguousarray(words.reshape(K2, n, BF16_NR).transpose(1, 0, 2))
+
+
+def computes_bf16(node, target: str) -> bool:
+    """Whether this matmul_q runs on the bf16 dot-product kernel for `target`."""
+    return (node.attrs.get("bf16_act", 0) == 1 and node.attrs["bits"] == 16 and node.inputs[1].dtype == "uint16"
+            and has_features(target, BF16_FEATURES))
+
+
+def lower_bf16_dot(em, node, ep_lines, ep):
+    x, w = node.inputs[0], node.inputs[1]
+    K, N = w.shape[0], node.outputs[0].shape[-1]
+    wp = em.packed("bf16dot", w, bf16_dot_panels, "uint32_t")
+    M = cexpr.prod(x.shape[:-1])
+    return ["{", *ep_lines,
+            f"  if (cuvil_sgemm_bf16dot({M}, {N}, {K}, {em.ptr(x)}, {K}, {wp}, {em.ptr(node.outputs[0])}, {N}, "
+            f"{ep}, NT)) CUVIL_FAIL(\"out of memory for bf16 activations\");", "}"]

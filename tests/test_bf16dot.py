@@ -1,0 +1,107 @@
+"""The bf16 dot-product GEMM (kernels/bf16dot.c) against numpy doing its arithmetic: A and B rounded
+to bf16 (nearest even), each pair of products added to the fp32 sum odd first, as vdpbf16ps adds
+them. Built with AVX512-BF16 where this CPU has it, and always as portable C (the x86-64 baseline),
+which runs the same layouts, edges and epilogue on any host."""
+import ctypes
+import platform
+import subprocess
+
+import numpy as np
+import pytest
+
+from cuvil.build.toolchain import COMMON_FLAGS, KERNELS_DIR
+from cuvil.codegen.c.gen_activations import ACT_CODES
+from cuvil.codegen.c.lower_bf16dot import bf16_dot_panels
+from cuvil.ir.quant import to_bf16
+from cuvil.target import cpu_flags
+
+BUILDS = {"portable": ["-march=x86-64"], "avx512_bf16": ["-march=native"]}
+
+
+class Epilogue(ctypes.Structure):
+    _fields_ = [("bias_row", ctypes.c_void_p), ("bias_col", ctypes.c_void_p), ("residual", ctypes.c_void_p),
+                ("ldr", ctypes.c_int64), ("alpha", ctypes.c_float), ("act", ctypes.c_int)]
+
+
+@pytest.fixture(scope="module", params=list(BUILDS))
+def lib(request, tmp_path_factory):
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the builds' flags are x86 flags")
+    if request.param == "avx512_bf16" and "avx512_bf16" not in cpu_flags():
+        pytest.skip("this CPU has no AVX512-BF16 (the portable build covers the kernel's C)")
+    out = tmp_path_factory.mktemp("bf16dot") / "libbf16dot.so"
+    srcs = [str(KERNELS_DIR / f) for f in ("bf16dot.c", "gemm.c", "pool.c")]
+    subprocess.run(["gcc", *COMMON_FLAGS, "-shared", *BUILDS[request.param], *srcs, "-o", str(out), "-lm"],
+                   check=True)
+    so = ctypes.CDLL(str(out))
+    so.cuvil_sgemm_bf16dot.restype = ctypes.c_int
+    return so
+
+
+def _as_float(bits):
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _expected(a, w, bias, res, act):
+    """The kernel's sums in its own order, in float32."""
+    ab, wb = _as_float(to_bf16(a)), _as_float(to_bf16(w))
+    K = a.shape[1]
+    acc = np.zeros((a.shape[0], w.shape[1]), np.float32)
+    for k in range(0, K, 2):
+        if k + 1 < K:
+            acc = acc + np.outer(ab[:, k + 1], wb[k + 1])
+        acc = acc + np.outer(ab[:, k], wb[k])
+    y = acc + bias + res
+    return {"none": y, "relu": np.maximum(y, 0), "gelu": None}[act]
+
+
+def _ptr(x):
+    return x.ctypes.data_as(ctypes.c_void_p) if x is not None else None
+
+
+@pytest.mark.parametrize("M,N,K,act", [(1, 64, 32, "none"), (7, 100, 33, "relu"), (53, 130, 96, "none"),
+                                       (128, 384, 384, "relu"), (13, 5, 1, "none"), (49, 64, 257, "relu")])
+def test_bf16dot_matches_its_arithmetic(lib, M, N, K, act):
+    """Row counts of every tile edge (1-6 rows, several row blocks), panels cut short (N not a multiple
+    of 64), odd K (a half-empty last pair), K = 1; bias, residual and ReLU in the epilogue."""
+    rng = np.random.default_rng(M * 31 + K)
+    a = rng.standard_normal((M, K), np.float32)
+    w = rng.standard_normal((K, N), np.float32)
+    bias = rng.standard_normal(N).astype(np.float32)
+    res = rng.standard_normal((M, N), np.float32)
+    bp = bf16_dot_panels(to_bf16(w))
+    c = np.full((M, N), np.nan, np.float32)
+    ep = Epilogue(None, bias.ctypes.data, res.ctypes.data, N, 1.0, ACT_CODES[act])
+    assert lib.cuvil_sgemm_bf16dot(ctypes.c_int64(M), ctypes.c_int64(N), ctypes.c_int64(K), _ptr(a),
+                                   ctypes.c_int64(K), _ptr(bp), _ptr(c), ctypes.c_int64(N), ctypes.byref(ep), 2) == 0
+    np.testing.assert_allclose(c, _expected(a, w, bias, res, act), rtol=1e-5, atol=1e-5)
+    # and against the float32 product: bf16's rounding, not a layout slip
+    exact = a.astype(np.float64) @ w.astype(np.float64) + bias + res
+    exact = np.maximum(exact, 0) if act == "relu" else exact
+    assert np.abs(c - exact).max() <= 0.02 * np.sqrt(K) + 1e-6
+
+
+def test_bf16dot_gelu_epilogue_and_alpha(lib):
+    """Activations past ReLU run over the stored tile; alpha scales the sums before the bias."""
+    import math
+    rng = np.random.default_rng(5)
+    M, N, K = 20, 70, 48
+    a, w = rng.standard_normal((M, K), np.float32), rng.standard_normal((K, N), np.float32)
+    bias = rng.standard_normal(N).astype(np.float32)
+    c = np.empty((M, N), np.float32)
+    ep = Epilogue(None, bias.ctypes.data, None, N, 0.5, ACT_CODES["gelu"])
+    lib.cuvil_sgemm_bf16dot(ctypes.c_int64(M), ctypes.c_int64(N), ctypes.c_int64(K), _ptr(a), ctypes.c_int64(K),
+                            _ptr(bf16_dot_panels(to_bf16(w))), _ptr(c), ctypes.c_int64(N), ctypes.byref(ep), 1)
+    y = 0.5 * _expected(a, w, 0, 0, "none") + bias
+    want = 0.5 * y * (1 + np.vectorize(math.erf)(y / math.sqrt(2)))
+    np.testing.assert_allclose(c, want, rtol=1e-4, atol=1e-4)
+
+
+def test_panels_layout():
+    """Word (p, k2, j): rows 2 k2 (low half) and 2 k2 + 1 (high half) of column 64 p + j."""
+    w = np.arange(5 * 70, dtype=np.uint16).reshape(5, 70)
+    p = bf16_dot_panels(w)
+    assert p.shape == (2, 3, 64) and p.dtype == np.uint32
+    assert p[1, 1, 3] == int(w[2, 67]) | (int(w[3, 67]) << 16)
+    assert p[0, 2, 0] == w[4, 0]                      # K odd: the last pair's high half is 0
+    assert (p[1, :, 6:] == 0).all()                   # past N

@@ -175,3 +175,29 @@ def test_integer_outputs_are_counted_and_verified():
         with pytest.raises(cuvil.VerificationError):
             cuvil.compile(m, (x,), precision="int8", verify=True, rtol=labels["mismatch"] / 2)
     cuvil.compile(m, (x,), precision="int8", verify=True, rtol=max(labels["mismatch"], 0.05))
+
+
+def test_bf16_products_are_a_cpu_requirement(tmp_path, monkeypatch):
+    """A native bf16 build multiplies in bf16 exactly where this CPU can (AVX512-BF16), says so in
+    precision_ops, and lists the feature in cpu_features, so a CPU without it refuses the artifact by
+    name instead of faulting on vdpbf16ps; x86_64-avx512 builds the widening kernel for any AVX-512 CPU."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).eval()
+    x = torch.randn(5, 64)
+    cm = cuvil.compile(net, (x,), precision="bf16")
+    cm.save(tmp_path / "a")
+    manifest = cuvil.load(tmp_path / "a").manifest
+    dot = has_features("native", ("avx512_bf16",))
+    assert ("cuvil_sgemm_bf16dot" in cm.c_source) == dot
+    assert ("avx512_bf16" in manifest["cpu_features"]) == dot
+    assert any("vdpbf16ps" in k for k in manifest["precision_ops"]) == dot
+    if dot:
+        import cuvil.runtime.module as module
+        flags = module.cpu_flags() - {"avx512_bf16"}
+        monkeypatch.setattr(module, "cpu_flags", lambda: flags)
+        with pytest.raises(cuvil.CuvilError, match="avx512_bf16"):
+            cuvil.load(tmp_path / "a")(x.numpy())
+        monkeypatch.undo()
+        if "avx512f" in module.cpu_flags():
+            wide = cuvil.compile(net, (x,), precision="bf16", target="x86_64-avx512")
+            assert "cuvil_sgemm_bf16dot" not in wide.c_source and "cuvil_sgemm_quant" in wide.c_source

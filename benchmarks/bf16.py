@@ -1,0 +1,86 @@
+"""bf16 against OpenVINO's bf16 (issue "Precision for every model"): on a CPU with AVX512-BF16 (or
+AMX), cuvil's precision="bf16" multiplies in bf16 (kernels/bf16dot.c) and OpenVINO's default hint
+there is bf16. Per workload and thread count, interleaved medians of cuvil fp32, cuvil bf16,
+OpenVINO f32 and OpenVINO bf16 (INFERENCE_PRECISION_HINT), the ratio cuvil bf16 / OpenVINO bf16, and
+cuvil bf16's error against fp32 (its accuracy report: max |error| / output scale, worst row cosine).
+
+    python -m benchmarks.bf16 [--threads 1 2] [--rounds 10] [--only MiniLM b1 s128 ...]
+
+On a CPU without bf16 products cuvil's bf16 is bf16 weights widened to fp32 (the table says which
+ran: the kernel column)."""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from benchmarks import workloads
+from benchmarks.precision import _LastHidden
+from benchmarks.scratch import temp_dir
+from benchmarks.systems import export_onnx
+from benchmarks.timing import interleaved, machine_line
+
+WORKLOADS = {
+    "MLP b1": workloads.mlp(1), "MLP b64": workloads.mlp(64),
+    "MiniLM b1 s128": workloads.minilm(1), "MiniLM b32 s128": workloads.minilm(32),
+    "BERT-base s128": workloads.bert_base, "ResNet-50": workloads.resnet50,
+}
+
+
+def _openvino(model, args, threads, hint):
+    """OpenVINO on the exported model at one precision hint, or None without openvino."""
+    try:
+        import openvino as ov
+    except ImportError:
+        return None
+    path, _ = export_onnx(model, args)
+    compiled = ov.Core().compile_model(path, "CPU", {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": hint,
+                                                     "PERFORMANCE_HINT": "LATENCY"})
+    req = compiled.create_infer_request()
+    feed = [a.numpy() for a in args]
+    return lambda: req.infer(feed)
+
+
+def run(names, thread_counts, rounds):
+    import cuvil
+    print(machine_line())
+    print("| workload | threads | cuvil fp32 ms | cuvil bf16 ms | OpenVINO f32 ms | OpenVINO bf16 ms | "
+          "cuvil bf16 / OpenVINO bf16 | cuvil bf16 rel err, worst cosine | matmul kernel |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    keep = []           # export_onnx caches by id(model): no wrapper may be freed and its id reused
+    for name in names:
+        model, args = WORKLOADS[name]()
+        model = _LastHidden(model).eval() if not name.startswith("MLP") else model
+        keep.append(model)
+        arrays = [a.numpy() for a in args]
+        for threads in thread_counts:
+            cache = temp_dir("cuvil-bench-cache-")
+            fns, compiled = {}, {}
+            for p in ("fp32", "bf16"):
+                cm = compiled[p] = cuvil.compile(model, args, precision=p, num_threads=threads, cache_dir=cache)
+                outs = [np.empty(o.shape, o.dtype) for o in cm.run(*arrays)]
+                fns[f"cuvil {p}"] = (lambda cm=cm, outs=outs: cm.run(*arrays, out=outs))
+            for hint in ("f32", "bf16"):
+                f = _openvino(model, args, threads, hint)
+                if f:
+                    fns[f"ov {hint}"] = f
+            t = interleaved(fns, rounds=rounds)
+            ms = {k: f"{1000 * v:.2f}" for k, v in t.items()}
+            ratio = f"{t['cuvil bf16'] / t['ov bf16']:.2f}x" if "ov bf16" in t else "n/a (no openvino)"
+            e = compiled["bf16"].accuracy["outputs"][0]
+            kernel = "bf16 dot" if "cuvil_sgemm_bf16dot" in compiled["bf16"].c_source else "bf16 weights, fp32 math"
+            print(f"| {name} | {threads} | {ms['cuvil fp32']} | {ms['cuvil bf16']} | {ms.get('ov f32', 'n/a')} | "
+                  f"{ms.get('ov bf16', 'n/a')} | {ratio} | {e['rel']:.3g}, {e['cosine']:.5f} | {kernel} |", flush=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--only", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
+    a = ap.parse_args(argv)
+    run(a.only, a.threads, a.rounds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,6 +1,6 @@
 """bf16 against OpenVINO's bf16 (issue "Precision for every model"): on a CPU with AVX512-BF16 (or
-AMX), cuvil's precision="bf16" multiplies in bf16 (kernels/bf16dot.c) and OpenVINO's default hint
-there is bf16. Per workload and thread count, interleaved medians of cuvil fp32, cuvil bf16,
+AMX), cuvil's precision="bf16" multiplies in bf16 (kernels/bf16dot.c: linear layers and channel-blocked
+convs other than Winograd's and depthwise) and OpenVINO's default hint there is bf16. Per workload and thread count, interleaved medians of cuvil fp32, cuvil bf16,
 OpenVINO f32 and OpenVINO bf16 (INFERENCE_PRECISION_HINT), the ratio cuvil bf16 / OpenVINO bf16, and
 cuvil bf16's error against fp32 (its accuracy report: max |error| / output scale, worst row cosine).
 
@@ -68,7 +68,10 @@ def run(names, thread_counts, rounds):
             ms = {k: f"{1000 * v:.2f}" for k, v in t.items()}
             ratio = f"{t['cuvil bf16'] / t['ov bf16']:.2f}x" if "ov bf16" in t else "n/a (no openvino)"
             e = compiled["bf16"].accuracy["outputs"][0]
-            kernel = "bf16 dot" if "cuvil_sgemm_bf16dot" in compiled["bf16"].c_source else "bf16 weights, fp32 math"
+            src = compiled["bf16"].c_source
+            kernel = ", ".join(k for k, call in (("matmuls", "cuvil_sgemm_bf16dot("), ("convs", "cuvil_conv_blocked_bf16("))
+                               if call in src)
+            kernel = f"bf16 dot: {kernel}" if kernel else "bf16 weights, fp32 math"
             print(f"| {name} | {threads} | {ms['cuvil fp32']} | {ms['cuvil bf16']} | {ms.get('ov f32', 'n/a')} | "
                   f"{ms.get('ov bf16', 'n/a')} | {ratio} | {e['rel']:.3g}, {e['cosine']:.5f} | {kernel} |", flush=True)
 

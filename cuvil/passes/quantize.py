@@ -13,7 +13,9 @@ bias / residual / activation:
               multiplied in integers (qgemm.c: AVX-512 VNNI, AVX2 maddubs, NEON SDOT, portable); a K that
               is no multiple of 32 gets zero weight rows up to the next one.
 
-What is not a constant-weight matmul (convs, attention, norms, softmax, reductions) stays fp32:
+What is not a constant-weight matmul (attention, norms, softmax, reductions, and convs except below)
+stays fp32. bf16 marks convs with constant filters (bf16_act): a channel-blocked conv of one group that
+is no Winograd or depthwise conv runs in bf16 products where the target has them (codegen decides);
 precision_summary() says which nodes got which format, for the compile report and --verbose."""
 from __future__ import annotations
 
@@ -77,6 +79,10 @@ def run(graph, precision):
     if precision not in LOSSY:
         raise QuantizationError(f"precision {precision!r}: general models take one of fp32, {', '.join(LOSSY)}")
     graph.nodes = [n if (w := _weight(n)) is None else _quantized(graph, n, w, precision) for n in graph.nodes]
+    if precision == "bf16":
+        for n in graph.nodes:
+            if n.op == "conv" and n.inputs[1].is_const and n.inputs[0].dtype == "float32":
+                n.attrs["bf16_act"] = 1
     return graph
 
 
@@ -91,6 +97,8 @@ def describe(node, bf16_dot=None) -> str | None:
             return "fp16 weights" if w.dtype == "float16" else "bf16 weights"
         fmt = f"int{node.attrs['bits']} weights"
         return fmt + (", int8 activations (integer dot)" if node.attrs.get("act_block") else ", fp32 activations")
+    if node.op == "conv" and bf16_dot is not None and bf16_dot(node):
+        return "bf16 input and filters, fp32 sums (vdpbf16ps)"
     if node.op in ("matmul", "matmul_fused", "conv", "grouped_matmul", "attention", "expert_matmul"):
         return "fp32"
     return None

@@ -1,13 +1,16 @@
-"""matmul_q over bf16 weights on CPUs that multiply in bf16 (AVX512-BF16): the panels its kernel reads
-(kernels/bf16dot.h) and the call. Taken for nodes whose activations may be rounded to bf16 (matmul_q's
-bf16_act, set by compile's precision="bf16"); elsewhere matmul_q widens the weights to fp32
-(lower_llm.lower_matmul_q)."""
+"""matmul_q over bf16 weights, and channel-blocked convs, on CPUs that multiply in bf16 (AVX512-BF16):
+the panels their kernels read (kernels/bf16dot.h, cuvil_conv_blocked_bf16) and the calls. Taken for
+nodes whose inputs may be rounded to bf16 (bf16_act, set by compile's precision="bf16"); elsewhere
+matmul_q widens the weights to fp32 (lower_llm.lower_matmul_q) and convs stay fp32. Winograd and
+depthwise convs stay fp32 too: Winograd's F(4x4, 3x3) saves more multiplications than bf16's two per
+instruction, and a depthwise conv has no dot products to pair."""
 from __future__ import annotations
 
 import numpy as np
 
 from ...target import has_features
 from . import cexpr
+from .conv_plan import conv_plan
 
 BF16_NR = 64                  # kernels/bf16dot.h CUVIL_BF16_NR
 BF16_FEATURES = ("avx512_bf16",)
@@ -25,9 +28,19 @@ def bf16_dot_panels(w: np.ndarray) -> np.ndarray:
 
 
 def computes_bf16(node, target: str) -> bool:
-    """Whether this matmul_q runs on the bf16 dot-product kernel for `target`."""
-    return (node.attrs.get("bf16_act", 0) == 1 and node.attrs["bits"] == 16 and node.inputs[1].dtype == "uint16"
-            and has_features(target, BF16_FEATURES))
+    """Whether this matmul_q or conv runs on the bf16 dot-product kernels for `target`."""
+    if node.attrs.get("bf16_act", 0) != 1 or not has_features(target, BF16_FEATURES):
+        return False
+    if node.op == "conv":
+        return node.attrs.get("groups", 1) == 1 and conv_plan(node).kind == "blocked"
+    return node.op == "matmul_q" and node.attrs["bits"] == 16 and node.inputs[1].dtype == "uint16"
+
+
+def filter_panels(w: np.ndarray) -> np.ndarray:
+    """Conv filters [O, C, KH, KW] as the bf16 GEMM's B (lower_blocked.filters_as_b's order), in panels."""
+    from ...ir.quant import to_bf16
+    from .lower_blocked import filters_as_b
+    return bf16_dot_panels(to_bf16(filters_as_b(w)))
 
 
 def lower_bf16_dot(em, node, ep_lines, ep):

@@ -10,6 +10,7 @@ from ...ir.ops.movement import layout_block
 from .conv_plan import WINOGRAD_G
 from .emit import lowering
 from .gemm_plan import pack_b, panel_width
+from .lower_bf16dot import computes_bf16, filter_panels
 
 
 def filters_as_b(w: np.ndarray) -> np.ndarray:
@@ -63,6 +64,12 @@ def lower_conv_call(em, node, plan, shape_struct, bias, res, act):
                 f"  cuvil_conv3x3_winograd_blocked(&s, {m}, {em.ptr(node.inputs[0])}, {up}, {bias}, {res}, "
                 f"{em.ptr(node.outputs[0])}, {act}, {em.scratch()}, NT);", "}"]
     assert plan.kind == "blocked", plan.kind
+    if computes_bf16(node, em.target):
+        wb = em.packed("conv_blocked_bf16", node.inputs[1], filter_panels, "uint32_t")
+        return ["{", f"  const cuvil_conv_shape s = {shape_struct};",
+                f"  if (cuvil_conv_blocked_bf16(&s, {em.ptr(node.inputs[0])}, {wb}, {bias}, {res}, "
+                f"{em.ptr(node.outputs[0])}, {act}, {em.scratch()}, NT)) CUVIL_FAIL(\"out of memory for bf16 activations\");",
+                "}"]
     wb = em.packed(plan.pack, node.inputs[1], lambda d: grouped_filters_as_b(d, node.attrs.get("groups", 1), nr))
     return ["{", f"  const cuvil_conv_shape s = {shape_struct};",
             f"  _Static_assert(CUVIL_NR == {nr}, \"conv filters packed for another panel width\");",

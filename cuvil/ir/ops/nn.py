@@ -138,9 +138,10 @@ def _conv_ref(xs, a):
 
 # inputs: x, w, [bias], [residual]; act is the fused activation (passes set it); layout: how C stores
 # the output and residual, in_layout x's when it differs (movement.py: LAYOUTS; passes/layout.py sets
-# them, the reference ignores them)
+# them, the reference ignores them); bf16_act 1 (precision="bf16"): the input and filters may be rounded
+# to bf16 where the target multiplies in bf16 (matmul_q's bf16_act; the reference stays fp32)
 declare(OpDef("conv", {"strides": None, "pads": None, "dilations": None, "groups": 1, "act": "none",
-                       "layout": "nchw", "in_layout": None}, _conv_infer,
+                       "layout": "nchw", "in_layout": None, "bf16_act": 0}, _conv_infer,
               _conv_ref,
               kind="conv"))
 

@@ -9,20 +9,11 @@
 #define DOT_MR 6         /* 6 rows x 4 vectors: 24 accumulators, each A broadcast feeds 4 dot products */
 #define DOT_ROW_TILES 8  /* a task's rows: 48, so a panel's B (<= 256 KB at K 2048) serves 8 tiles from L2 */
 
-/* fp32 -> bf16, rounding to nearest even, NaN kept (quieted), as vcvtneps2bf16 does for normal
- * numbers; branch-free so the conversion loop vectorizes. */
-static inline uint32_t bf16_bits(float x) {
-    uint32_t b;
-    memcpy(&b, &x, sizeof b);
-    uint32_t rounded = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
-    return (b & 0x7fffffffu) > 0x7f800000u ? (b >> 16) | 0x40u : rounded;
-}
-
 /* Row m of A as K2 words of bf16 pairs (element 2k low, 2k + 1 high; 0 past K). */
 static void round_row(const float *a, int64_t K, uint32_t *out) {
     int64_t k2 = 0;
-    for (; 2 * k2 + 1 < K; k2++) out[k2] = bf16_bits(a[2 * k2]) | bf16_bits(a[2 * k2 + 1]) << 16;
-    if (K & 1) out[k2] = bf16_bits(a[K - 1]);
+    for (; 2 * k2 + 1 < K; k2++) out[k2] = cuvil_bf16_bits(a[2 * k2]) | cuvil_bf16_bits(a[2 * k2 + 1]) << 16;
+    if (K & 1) out[k2] = cuvil_bf16_bits(a[K - 1]);
 }
 
 typedef struct {
@@ -31,9 +22,7 @@ typedef struct {
     int64_t lda;
     uint32_t *Ab;
     const uint32_t *B;
-    float *C;
-    int64_t ldc;
-    const cuvil_epilogue *ep;
+    cuvil_bf16_out out;
 } dot_args;
 
 static void round_task(void *ctx, int64_t m0, int64_t m1) {
@@ -92,59 +81,63 @@ static inline void dot_tile(int mr, const uint32_t *a, int64_t K2, const uint32_
 }
 #endif
 
-/* A tile's sums into C: act(alpha * sum + bias_row[m] + bias_col[n] + residual[m, n]) for rows
- * [m0, m0 + mr) and columns [n0, n0 + nc). */
-static void store_tile(const dot_args *g, const float *out, int64_t m0, int mr, int64_t n0, int64_t nc) {
-    const cuvil_epilogue *ep = g->ep;
-    float alpha = ep ? ep->alpha : 1.f;
-    int act = ep ? ep->act : CUVIL_ACT_NONE;
+/* A tile's sums (rows [0, mr) of out, columns [n0, n0 + nc)) into o's layout, rows from m0. */
+static void store_tile(const cuvil_bf16_out *o, const float *out, int64_t m0, int mr, int64_t n0, int64_t nc) {
     for (int r = 0; r < mr; r++) {
         int64_t m = m0 + r;
-        float *c = g->C + m * g->ldc + n0;
-        const float *o = out + r * CUVIL_BF16_NR;
-        const float *bc = ep && ep->bias_col ? ep->bias_col + n0 : 0;
-        const float *res = ep && ep->residual ? ep->residual + m * ep->ldr + n0 : 0;
-        float br = ep && ep->bias_row ? ep->bias_row[m] : 0.f;
+        const float *t = out + r * CUVIL_BF16_NR;
+        float br = o->bias_row ? o->bias_row[m] : 0.f;
         int64_t j = 0;
-        for (; j + CUVIL_VL <= nc; j += CUVIL_VL) {
-            cuvil_vf v = cuvil_vload(o + j) * cuvil_vsplat(alpha) + cuvil_vsplat(br);
-            if (bc) v += cuvil_vload(bc + j);
-            if (res) v += cuvil_vload(res + j);
-            if (act == CUVIL_ACT_RELU) v = cuvil_vsel(v < 0.f, cuvil_vsplat(0.f), v);
-            cuvil_vstore(c + j, v);
+        for (; j + CUVIL_VL <= nc; j += CUVIL_VL) {      /* a vector never crosses a block (nb % VL == 0) */
+            int64_t n = n0 + j, at = n / o->nb * o->ldn + n % o->nb;
+            cuvil_vf v = cuvil_vload(t + j) * cuvil_vsplat(o->alpha) + cuvil_vsplat(br);
+            if (o->bias_col) v += cuvil_vload(o->bias_col + n);
+            if (o->residual) v += cuvil_vload(o->residual + at + m * o->res_ldm);
+            cuvil_vstore(o->C + at + m * o->ldm, cuvil_vact(v, o->act));
         }
         for (; j < nc; j++) {
-            float v = o[j] * alpha + br + (bc ? bc[j] : 0.f) + (res ? res[j] : 0.f);
-            c[j] = act == CUVIL_ACT_RELU ? cuvil_act(v, act) : v;
+            int64_t n = n0 + j, at = n / o->nb * o->ldn + n % o->nb;
+            float v = t[j] * o->alpha + br + (o->bias_col ? o->bias_col[n] : 0.f) +
+                      (o->residual ? o->residual[at + m * o->res_ldm] : 0.f);
+            o->C[at + m * o->ldm] = cuvil_act(v, o->act);
         }
     }
-    if (act != CUVIL_ACT_NONE && act != CUVIL_ACT_RELU) cuvil_activate_block(g->C, g->ldc, m0, m0 + mr, n0, n0 + nc, act);
+}
+
+void cuvil_bf16_rows(const uint32_t *Ab, int64_t rows, int64_t K2, const uint32_t *Bp, int64_t N, int64_t p0,
+                     int64_t p1, const cuvil_bf16_out *o) {
+    float out[DOT_MR * CUVIL_BF16_NR] __attribute__((aligned(64)));
+    for (int64_t p = p0; p < p1; p++) {
+        int64_t n0 = p * CUVIL_BF16_NR, nc = N - n0 < CUVIL_BF16_NR ? N - n0 : CUVIL_BF16_NR;
+        const uint32_t *b = Bp + p * K2 * CUVIL_BF16_NR;
+        for (int64_t m0 = 0; m0 < rows; m0 += DOT_MR) {
+            int mr = rows - m0 < DOT_MR ? (int)(rows - m0) : DOT_MR;
+            const uint32_t *a = Ab + m0 * K2;
+            switch (mr) {      /* each row count its own unrolled tile */
+            case 6: dot_tile(6, a, K2, b, out); break;
+            case 5: dot_tile(5, a, K2, b, out); break;
+            case 4: dot_tile(4, a, K2, b, out); break;
+            case 3: dot_tile(3, a, K2, b, out); break;
+            case 2: dot_tile(2, a, K2, b, out); break;
+            default: dot_tile(1, a, K2, b, out); break;
+            }
+            store_tile(o, out, m0, mr, n0, nc);
+        }
+    }
 }
 
 /* Tasks t: panel t / nrb over row block t % nrb, so a thread's run keeps one panel of B in cache
  * across the row blocks. */
 static void dot_task(void *ctx, int64_t t0, int64_t t1) {
     const dot_args *g = ctx;
-    float out[DOT_MR * CUVIL_BF16_NR] __attribute__((aligned(64)));
     for (int64_t t = t0; t < t1; t++) {
-        int64_t p = t / g->nrb, rb = t % g->nrb;
-        int64_t n0 = p * CUVIL_BF16_NR, nc = g->N - n0 < CUVIL_BF16_NR ? g->N - n0 : CUVIL_BF16_NR;
-        int64_t m1 = (rb + 1) * DOT_ROW_TILES * DOT_MR;
-        if (m1 > g->M) m1 = g->M;
-        const uint32_t *b = g->B + p * g->K2 * CUVIL_BF16_NR;
-        for (int64_t m0 = rb * DOT_ROW_TILES * DOT_MR; m0 < m1; m0 += DOT_MR) {
-            int mr = m1 - m0 < DOT_MR ? (int)(m1 - m0) : DOT_MR;
-            const uint32_t *a = g->Ab + m0 * g->K2;
-            switch (mr) {      /* each row count its own unrolled tile */
-            case 6: dot_tile(6, a, g->K2, b, out); break;
-            case 5: dot_tile(5, a, g->K2, b, out); break;
-            case 4: dot_tile(4, a, g->K2, b, out); break;
-            case 3: dot_tile(3, a, g->K2, b, out); break;
-            case 2: dot_tile(2, a, g->K2, b, out); break;
-            default: dot_tile(1, a, g->K2, b, out); break;
-            }
-            store_tile(g, out, m0, mr, n0, nc);
-        }
+        int64_t p = t / g->nrb, m0 = t % g->nrb * DOT_ROW_TILES * DOT_MR;
+        int64_t rows = g->M - m0 < DOT_ROW_TILES * DOT_MR ? g->M - m0 : DOT_ROW_TILES * DOT_MR;
+        cuvil_bf16_out o = g->out;
+        o.C += m0 * o.ldm;
+        if (o.residual) o.residual += m0 * o.res_ldm;
+        if (o.bias_row) o.bias_row += m0;
+        cuvil_bf16_rows(g->Ab + m0 * g->K2, rows, g->K2, g->B, g->N, p, p + 1, &o);
     }
 }
 
@@ -154,8 +147,10 @@ int cuvil_sgemm_bf16dot(int64_t M, int64_t N, int64_t K, const float *A, int64_t
     int64_t K2 = (K + 1) / 2;
     uint32_t *Ab = cuvil_thread_buffer(CUVIL_BUF_APACK, (size_t)(M * K2) * sizeof(uint32_t) + 64);
     if (!Ab) return -1;
+    cuvil_bf16_out o = {C, ep ? ep->bias_row : 0, ep ? ep->bias_col : 0, ep ? ep->residual : 0, INT64_MAX / 2, 0, ldc,
+                        ep ? ep->ldr : 0, ep ? ep->alpha : 1.f, ep ? ep->act : CUVIL_ACT_NONE};
     dot_args g = {M, N, K, K2, (N + CUVIL_BF16_NR - 1) / CUVIL_BF16_NR,
-                  (M + DOT_ROW_TILES * DOT_MR - 1) / (DOT_ROW_TILES * DOT_MR), A, lda, Ab, Bp, C, ldc, ep};
+                  (M + DOT_ROW_TILES * DOT_MR - 1) / (DOT_ROW_TILES * DOT_MR), A, lda, Ab, Bp, o};
     cuvil_parallel_for(M * K > 16384 ? nthreads : 1, M, 1, round_task, &g);
     cuvil_parallel_for(M * N * K > 65536 ? nthreads : 1, g.np * g.nrb, 1, dot_task, &g);
     return 0;

@@ -15,6 +15,31 @@ static inline int64_t cuvil_bf16_panels_size(int64_t K, int64_t N) {
     return (N + CUVIL_BF16_NR - 1) / CUVIL_BF16_NR * CUVIL_BF16_NR * ((K + 1) / 2);
 }
 
+/* fp32 -> bf16 bit patterns, rounding to nearest even, NaN kept (quieted), as vcvtneps2bf16 does for
+ * normal numbers; branch-free so that loops of it vectorize. */
+static inline uint32_t cuvil_bf16_bits(float x) {
+    uint32_t b;
+    memcpy(&b, &x, sizeof b);
+    uint32_t rounded = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+    return (b & 0x7fffffffu) > 0x7f800000u ? (b >> 16) | 0x40u : rounded;
+}
+
+/* Where a product goes: element (m, n) at C[n / nb * ldn + m * ldm + n % nb] (row-major: nb past N,
+ * ldm = ldc; the channel-blocked layout: nb = CUVIL_BLOCK, ldn = pixels * nb, ldm = nb), the residual
+ * in the same layout (res_ldm apart), then act(alpha * sum + bias_row[m] + bias_col[n] + residual). */
+typedef struct {
+    float *C;
+    const float *bias_row, *bias_col, *residual;
+    int64_t nb, ldn, ldm, res_ldm;
+    float alpha;
+    int act;
+} cuvil_bf16_out;
+
+/* Rows [0, rows) of A as bf16 pairs (K2 words a row) times panels [p0, p1) of Bp (N columns in all),
+ * into o (its C and residual at the block's first row). */
+void cuvil_bf16_rows(const uint32_t *Ab, int64_t rows, int64_t K2, const uint32_t *Bp, int64_t N, int64_t p0,
+                     int64_t p1, const cuvil_bf16_out *o);
+
 /* C[M, N] (ldc) = epilogue(A[M, K] (lda) @ B); returns 0, or -1 where the buffer for bf16(A) could
  * not be allocated. */
 int cuvil_sgemm_bf16dot(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const uint32_t *Bp,

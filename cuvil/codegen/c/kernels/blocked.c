@@ -1,4 +1,5 @@
 #include "blocked.h"
+#include "bf16dot.h"
 #include "pool.h"
 #include "transpose.h"
 #include "vmath.h"
@@ -485,34 +486,109 @@ static void pad_task(void *ctx, int64_t r0, int64_t r1) {
     }
 }
 
+/* A conv's input as its GEMM's A: a 1x1 stride-1 conv (direct) reads it in place; a strided or padded
+ * one gathers A's rows from it through the pixel and tap tables (accumulate_gathered), from a
+ * zero-padded copy in scratch where it pads. */
+typedef struct {
+    int direct, in_place;
+    int64_t hp, wp, *pix, *tap;
+} blocked_input;
+
+static blocked_input blocked_input_tables(const cuvil_conv_shape *s, float *scratch) {
+    blocked_input b = {blocked_direct(s), 0, 0, 0, 0, 0};
+    b.in_place = b.direct || blocked_in_place(s);
+    b.hp = b.in_place ? s->H : padded_h(s), b.wp = b.in_place ? s->W : padded_w(s);
+    b.pix = (int64_t *)(scratch + (b.in_place ? 0 : s->C * b.hp * b.wp)), b.tap = b.pix + s->OH * s->OW;
+    if (!b.direct) {
+        for (int64_t m = 0; m < s->OH * s->OW; m++) b.pix[m] = m / s->OW * s->sh * b.wp + m % s->OW * s->sw;
+        for (int64_t t = 0; t < s->KH * s->KW; t++) b.tap[t] = t / s->KW * s->dh * b.wp + t % s->KW * s->dw;
+    }
+    return b;
+}
+
+/* Image xn as A's source: itself, or its zero-padded copy written into scratch. */
+static const float *blocked_image(const cuvil_conv_shape *s, const blocked_input *b, const float *xn, float *scratch,
+                                  int nthreads) {
+    if (b->in_place) return xn;
+    pad_args pa = {s, xn, scratch, CUVIL_BLOCK};
+    cuvil_parallel_for(s->C * b->hp * b->wp > 16384 ? nthreads : 1, s->C / CUVIL_BLOCK * b->hp, 1, pad_task, &pa);
+    return scratch;
+}
+
 void cuvil_conv_blocked(const cuvil_conv_shape *s, const float *x, const float *wb, const float *bias,
                         const float *residual, float *y, int act, float *scratch, int nthreads) {
     int64_t G = s->groups, Cg = s->C / G, Og = s->O / G, P = s->OH * s->OW, K = s->KH * s->KW * Cg;
     int64_t in = s->C * s->H * s->W, out = s->O * P, mb, mc = blocked_m_rows(P, &mb);
-    int direct = blocked_direct(s), in_place = direct || blocked_in_place(s);
-    /* a strided or padded conv gathers its A from the input (accumulate_gathered), padded first where it
-     * pads; a 1x1 stride-1 one reads the input in place as A */
-    int64_t hp = in_place ? s->H : padded_h(s), wp = in_place ? s->W : padded_w(s);
-    int64_t *pix = (int64_t *)(scratch + (in_place ? 0 : s->C * hp * wp)), *tap = pix + P;
-    if (!direct) {
-        for (int64_t m = 0; m < P; m++) pix[m] = m / s->OW * s->sh * wp + m % s->OW * s->sw;
-        for (int64_t t = 0; t < s->KH * s->KW; t++) tap[t] = t / s->KW * s->dh * wp + t % s->KW * s->dw;
-    }
+    blocked_input b = blocked_input_tables(s, scratch);
     for (int64_t n = 0; n < s->N; n++) {
-        const float *xn = x + n * in;
-        if (!in_place) {
-            pad_args pa = {s, xn, scratch, CUVIL_BLOCK};
-            cuvil_parallel_for(s->C * hp * wp > 16384 ? nthreads : 1, s->C / CUVIL_BLOCK * hp, 1, pad_task, &pa);
-            xn = scratch;
-        }
-        grouped_gemm gg = {{P, Og, K, hp * wp * CUVIL_BLOCK, P * CUVIL_BLOCK, (Og + CUVIL_NR - 1) / CUVIL_NR, mb, mc,
+        const float *xn = blocked_image(s, &b, x + n * in, scratch, nthreads);
+        grouped_gemm gg = {{P, Og, K, b.hp * b.wp * CUVIL_BLOCK, P * CUVIL_BLOCK, (Og + CUVIL_NR - 1) / CUVIL_NR, mb, mc,
                             xn, wb, bias, residual ? residual + n * out : 0, y + n * out, act},
-                           {xn, pix, tap, Cg / CUVIL_BLOCK, hp * wp * CUVIL_BLOCK},
-                           0, Cg * hp * wp, cuvil_packed_b_size(K, Og), Og * P, Og};
-        if (!direct) gg.g.gsrc = &gg.src;          /* grouped_gemm_task points each group's copy at its own */
+                           {xn, b.pix, b.tap, Cg / CUVIL_BLOCK, b.hp * b.wp * CUVIL_BLOCK},
+                           0, Cg * b.hp * b.wp, cuvil_packed_b_size(K, Og), Og * P, Og};
+        if (!b.direct) gg.g.gsrc = &gg.src;          /* grouped_gemm_task points each group's copy at its own */
         gg.tasks = mb * blocked_groups(&gg.g);
         cuvil_parallel_for(P * s->O * K > 65536 ? nthreads : 1, G * gg.tasks, 1, grouped_gemm_task, &gg);
     }
+}
+
+/* ---- the same conv in bf16 products (groups 1) ------------------------------------------- */
+typedef struct {
+    const cuvil_conv_shape *s;
+    gathered_source src;          /* x, CB and plane always; pix and tap where the conv gathers */
+    int direct;
+    const uint32_t *wb;
+    cuvil_bf16_out out;
+    int64_t P, K2, mc, ng, np;
+    int out_of_memory;
+} bf16_conv;
+
+/* Row m of A (pixel m's K = taps x channels) as bf16 pairs, from the blocked input. */
+static inline void bf16_conv_row(const bf16_conv *a, int64_t m, uint32_t *row) {
+    const gathered_source *src = &a->src;
+    int64_t taps = a->s->KH * a->s->KW;
+    for (int64_t t = 0; t < taps; t++)
+        for (int64_t cb = 0; cb < src->CB; cb++, row += CUVIL_BLOCK / 2) {
+            const float *p = a->direct ? src->x + cb * src->plane + m * CUVIL_BLOCK
+                                       : src->x + cb * src->plane + (src->pix[m] + src->tap[t]) * CUVIL_BLOCK;
+            for (int i = 0; i < CUVIL_BLOCK / 2; i++) row[i] = cuvil_bf16_bits(p[2 * i]) | cuvil_bf16_bits(p[2 * i + 1]) << 16;
+        }
+}
+
+/* Tasks t: M block t / ng (its rows rounded to bf16 once, into the thread's buffer) over panel group
+ * t % ng (groups only where there are too few M blocks to keep the threads busy). */
+static void bf16_conv_task(void *ctx, int64_t t0, int64_t t1) {
+    bf16_conv *a = ctx;
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t m0 = t / a->ng * a->mc, rows = a->P - m0 < a->mc ? a->P - m0 : a->mc, q = t % a->ng;
+        uint32_t *Ab = cuvil_thread_buffer(CUVIL_BUF_BF16, (size_t)(a->mc * a->K2) * sizeof(uint32_t));
+        if (!Ab) {
+            a->out_of_memory = 1;
+            return;
+        }
+        for (int64_t m = 0; m < rows; m++) bf16_conv_row(a, m0 + m, Ab + m * a->K2);
+        cuvil_bf16_out o = a->out;
+        o.C += m0 * CUVIL_BLOCK;
+        if (o.residual) o.residual += m0 * CUVIL_BLOCK;
+        cuvil_bf16_rows(Ab, rows, a->K2, a->wb, a->s->O, q * a->np / a->ng, (q + 1) * a->np / a->ng, &o);
+    }
+}
+
+int cuvil_conv_blocked_bf16(const cuvil_conv_shape *s, const float *x, const uint32_t *wb, const float *bias,
+                            const float *residual, float *y, int act, float *scratch, int nthreads) {
+    int64_t P = s->OH * s->OW, in = s->C * s->H * s->W, out = s->O * P, mb, mc = blocked_m_rows(P, &mb);
+    int64_t np = (s->O + CUVIL_BF16_NR - 1) / CUVIL_BF16_NR, ng = mb >= 2 * nthreads ? 1 : cuvil_min(np, 2 * nthreads);
+    blocked_input b = blocked_input_tables(s, scratch);
+    for (int64_t n = 0; n < s->N; n++) {
+        const float *xn = blocked_image(s, &b, x + n * in, scratch, nthreads);
+        bf16_conv a = {s, {xn, b.pix, b.tap, s->C / CUVIL_BLOCK, b.hp * b.wp * CUVIL_BLOCK}, b.direct, wb,
+                       {y + n * out, 0, bias, residual ? residual + n * out : 0, CUVIL_BLOCK, P * CUVIL_BLOCK, CUVIL_BLOCK,
+                        CUVIL_BLOCK, 1.f, act},
+                       P, s->KH * s->KW * s->C / 2, mc, ng, np, 0};
+        cuvil_parallel_for(P * s->O * s->C > 65536 ? nthreads : 1, mb * ng, 1, bf16_conv_task, &a);
+        if (a.out_of_memory) return -1;
+    }
+    return 0;
 }
 
 /* ---- convolution of an NCHW input into the blocked layout ---------------------------------- */

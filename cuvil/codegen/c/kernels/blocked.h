@@ -28,6 +28,13 @@ int64_t cuvil_conv_blocked_scratch(const cuvil_conv_shape *s);
 void cuvil_conv_blocked(const cuvil_conv_shape *s, const float *x, const float *wb, const float *bias,
                         const float *residual, float *y, int act, float *scratch, int nthreads);
 
+/* cuvil_conv_blocked in bf16 products with fp32 sums (groups 1; kernels/bf16dot.h): wb the filters
+ * as B, in bf16 pair panels (cuvil_bf16_panels_size(K, O) words); the input rounded to bf16 as each M
+ * block reads it. Same scratch as cuvil_conv_blocked; returns -1 where a thread's buffer for the rounded
+ * rows could not be allocated. */
+int cuvil_conv_blocked_bf16(const cuvil_conv_shape *s, const float *x, const uint32_t *wb, const float *bias,
+                            const float *residual, float *y, int act, float *scratch, int nthreads);
+
 /* A conv of an NCHW input into blocked output (a net's stem, whose few channels fill no block): wb the
  * filters as B in their own order, [K = C * KH * KW][O], packed; K at most CUVIL_NCHW_BLOCKED_MAX_K (no K
  * blocking: one panel's B stays in L2). Scratch: a zero-padded copy of one image and a table per pixel. */

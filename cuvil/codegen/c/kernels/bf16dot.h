@@ -24,6 +24,19 @@ static inline uint32_t cuvil_bf16_bits(float x) {
     return (b & 0x7fffffffu) > 0x7f800000u ? (b >> 16) | 0x40u : rounded;
 }
 
+/* 16 floats at p -> 8 words of bf16 pairs at out (element 2i low, 2i + 1 high): one vcvtneps2bf16
+ * with AVX512-BF16 (which also reads a subnormal input as 0), the bit arithmetic elsewhere. */
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
+static inline void cuvil_bf16_pairs16(const float *p, uint32_t *out) {
+#if defined(__AVX512BF16__)
+    _mm256_storeu_si256((__m256i *)out, (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(p)));
+#else
+    for (int i = 0; i < 8; i++) out[i] = cuvil_bf16_bits(p[2 * i]) | cuvil_bf16_bits(p[2 * i + 1]) << 16;
+#endif
+}
+
 /* Where a product goes: element (m, n) at C[n / nb * ldn + m * ldm + n % nb] (row-major: nb past N,
  * ldm = ldc; the channel-blocked layout: nb = CUVIL_BLOCK, ldn = pixels * nb, ldm = nb), the residual
  * in the same layout (res_ldm apart), then act(alpha * sum + bias_row[m] + bias_col[n] + residual). */

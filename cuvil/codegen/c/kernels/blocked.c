@@ -551,7 +551,11 @@ static inline void bf16_conv_row(const bf16_conv *a, int64_t m, uint32_t *row) {
         for (int64_t cb = 0; cb < src->CB; cb++, row += CUVIL_BLOCK / 2) {
             const float *p = a->direct ? src->x + cb * src->plane + m * CUVIL_BLOCK
                                        : src->x + cb * src->plane + (src->pix[m] + src->tap[t]) * CUVIL_BLOCK;
+#if CUVIL_BLOCK % 16 == 0
+            for (int i = 0; i < CUVIL_BLOCK; i += 16) cuvil_bf16_pairs16(p + i, row + i / 2);
+#else
             for (int i = 0; i < CUVIL_BLOCK / 2; i++) row[i] = cuvil_bf16_bits(p[2 * i]) | cuvil_bf16_bits(p[2 * i + 1]) << 16;
+#endif
         }
 }
 

@@ -173,6 +173,36 @@ def test_small_resnet_blocked_matches_torch(tmp_path, threads, target):
         np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.parametrize("target", ["native", "x86_64-avx2", "x86_64-sse2"])
+def test_pointwise_convs_from_nchw_into_blocks_match_torch(tmp_path, target):
+    """1x1 convs whose input has channels no 16-float block holds (24, 40: NCHW) into blocked outputs, read in place:
+    output channels of two whole panels (the wide tiles on AVX-512), one and a half, pixel counts with
+    every row remainder; then a padded 3x3 one from NCHW (the copy)."""
+    import cuvil
+    _skip_unless_host_runs(target)
+
+    class Net(torch.nn.Module):
+        def __init__(self, cin, cout):
+            super().__init__()
+            self.a = torch.nn.Conv2d(cin, cout, 1)
+            self.d = torch.nn.Conv2d(cout, cout, 3, padding=1, groups=cout)
+            self.b = torch.nn.Conv2d(cout, 32, 1)
+            self.s = torch.nn.Conv2d(cin, 32, 3, padding=1)
+
+        def forward(self, x):
+            return self.b(self.d(torch.relu(self.a(x)))) + self.s(x)
+
+    torch.manual_seed(0)
+    for cin, cout, hw in [(24, 144, (13, 11)), (40, 128, (7, 9)), (24, 48, (5, 5))]:
+        m = Net(cin, cout).eval()
+        x = torch.randn(2, cin, *hw)
+        cm = cuvil.compile(m, (x,), layout="blocked", num_threads=2, target=target, cache_dir=str(tmp_path))
+        # 8- and 4-float blocks hold 24 and 40 channels: there the input is blocked
+        assert ("cuvil_conv_nchw_blocked(" in cm.c_source) == (cin % vector_floats(resolve_target(target)) != 0)
+        with torch.no_grad():
+            np.testing.assert_allclose(cm.run(x.numpy())[0], m(x).numpy(), rtol=1e-4, atol=1e-4)
+
+
 def test_dynamic_batch_stays_blocked(tmp_path):
     import cuvil
     torch.manual_seed(0)

@@ -10,13 +10,9 @@ On a CPU without bf16 products cuvil's bf16 is bf16 weights widened to fp32 (the
 ran: the kernel column)."""
 from __future__ import annotations
 
-import argparse
-
-import numpy as np
-
 from benchmarks import workloads
-from benchmarks.precision import _LastHidden
-from benchmarks.scratch import temp_dir
+from benchmarks import precision
+from benchmarks.precision import _LastHidden, compiled_runs
 from benchmarks.systems import export_onnx
 from benchmarks.timing import interleaved, machine_line
 
@@ -42,7 +38,6 @@ def _openvino(model, args, threads, hint):
 
 
 def run(names, thread_counts, rounds):
-    import cuvil
     print(machine_line())
     print("| workload | threads | cuvil fp32 ms | cuvil bf16 ms | OpenVINO f32 ms | OpenVINO bf16 ms | "
           "cuvil bf16 / OpenVINO bf16 | cuvil bf16 rel err, worst cosine | matmul kernel |")
@@ -52,14 +47,9 @@ def run(names, thread_counts, rounds):
         model, args = WORKLOADS[name]()
         model = _LastHidden(model).eval() if not name.startswith("MLP") else model
         keep.append(model)
-        arrays = [a.numpy() for a in args]
         for threads in thread_counts:
-            cache = temp_dir("cuvil-bench-cache-")
-            fns, compiled = {}, {}
-            for p in ("fp32", "bf16"):
-                cm = compiled[p] = cuvil.compile(model, args, precision=p, num_threads=threads, cache_dir=cache)
-                outs = [np.empty(o.shape, o.dtype) for o in cm.run(*arrays)]
-                fns[f"cuvil {p}"] = (lambda cm=cm, outs=outs: cm.run(*arrays, out=outs))
+            runs, compiled = compiled_runs(model, args, ("fp32", "bf16"), threads)
+            fns = {f"cuvil {p}": f for p, f in runs.items()}
             for hint in ("f32", "bf16"):
                 f = _openvino(model, args, threads, hint)
                 if f:
@@ -77,12 +67,7 @@ def run(names, thread_counts, rounds):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--only", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
-    a = ap.parse_args(argv)
-    run(a.only, a.threads, a.rounds)
+    precision.main(argv, table=run, workloads=WORKLOADS, rounds=10, doc=__doc__)
 
 
 if __name__ == "__main__":

@@ -59,8 +59,21 @@ def _ort_int8(model, args, threads):
     return lambda: sess.run(None, feed)
 
 
-def run(names, thread_counts, rounds):
+def compiled_runs(model, args, precisions, threads):
+    """({precision: a call running cuvil's artifact at it into preallocated outputs}, {precision: the
+    CompiledModel}), compiled into one fresh cache."""
     import cuvil
+    cache = temp_dir("cuvil-bench-cache-")
+    arrays = [a.numpy() for a in args]
+    fns, compiled = {}, {}
+    for p in precisions:
+        cm = compiled[p] = cuvil.compile(model, args, precision=p, num_threads=threads, cache_dir=cache)
+        outs = [np.empty(o.shape, o.dtype) for o in cm.run(*arrays)]
+        fns[p] = (lambda cm=cm, outs=outs: cm.run(*arrays, out=outs))
+    return fns, compiled
+
+
+def run(names, thread_counts, rounds):
     print(machine_line())
     print("| workload | threads | fp32 ms | bf16 | fp16 | int8 | ORT int8 ms | int8 / ORT int8 | int8 rel err, row cosine worst / mean |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -69,16 +82,9 @@ def run(names, thread_counts, rounds):
         model, args = WORKLOADS[name]()
         model = _LastHidden(model).eval()
         keep.append(model)
-        arrays = [a.numpy() for a in args]
         for threads in thread_counts:
-            cache = temp_dir("cuvil-bench-cache-")
-            fns, errs = {}, {}
-            for p in PRECISIONS:
-                cm = cuvil.compile(model, args, precision=p, num_threads=threads, cache_dir=cache)
-                outs = [np.empty(o.shape, o.dtype) for o in cm.run(*arrays)]
-                fns[p] = (lambda cm=cm, outs=outs: cm.run(*arrays, out=outs))
-                if cm.accuracy:
-                    errs[p] = cm.accuracy["outputs"][0]
+            fns, compiled = compiled_runs(model, args, PRECISIONS, threads)
+            errs = {p: cm.accuracy["outputs"][0] for p, cm in compiled.items() if cm.accuracy}
             ort = _ort_int8(model, args, threads)
             if ort:
                 fns["ort int8"] = ort
@@ -91,13 +97,14 @@ def run(names, thread_counts, rounds):
                   f"{ratio['int8']:.2f}x | {ort_ms} | {vs_ort} | {e['rel']:.3g}, {e['cosine']:.4f} / {e['mean_cosine']:.5f} |", flush=True)
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None, table=None, workloads=WORKLOADS, rounds=15, doc=__doc__):
+    """The command line of this benchmark, or of another table over named workloads (benchmarks.bf16)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--only", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--only", nargs="+", choices=list(workloads), default=list(workloads))
     a = ap.parse_args(argv)
-    run(a.only, a.threads, a.rounds)
+    (table or run)(a.only, a.threads, a.rounds)
 
 
 if __name__ == "__main__":

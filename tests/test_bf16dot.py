@@ -4,16 +4,16 @@ them. Built with AVX512-BF16 where this CPU has it, and always as portable C (th
 which runs the same layouts, edges and epilogue on any host."""
 import ctypes
 import platform
-import subprocess
 
 import numpy as np
 import pytest
 
-from cuvil.build.toolchain import COMMON_FLAGS, KERNELS_DIR
 from cuvil.codegen.c.gen_activations import ACT_CODES
 from cuvil.codegen.c.lower_bf16dot import bf16_dot_panels
 from cuvil.ir.quant import to_bf16
 from cuvil.target import cpu_flags
+
+from .util import build_kernels
 
 BUILDS = {"portable": ["-march=x86-64"], "avx512_bf16": ["-march=native"]}
 
@@ -29,13 +29,9 @@ def lib(request, tmp_path_factory):
         pytest.skip("the builds' flags are x86 flags")
     if request.param == "avx512_bf16" and "avx512_bf16" not in cpu_flags():
         pytest.skip("this CPU has no AVX512-BF16 (the portable build covers the kernel's C)")
-    out = tmp_path_factory.mktemp("bf16dot") / "libbf16dot.so"
-    srcs = [str(KERNELS_DIR / f) for f in ("bf16dot.c", "gemm.c", "pool.c")]
-    subprocess.run(["gcc", *COMMON_FLAGS, "-shared", *BUILDS[request.param], *srcs, "-o", str(out), "-lm"],
-                   check=True)
-    so = ctypes.CDLL(str(out))
-    so.cuvil_sgemm_bf16dot.restype = ctypes.c_int
-    return so
+    lib = build_kernels(tmp_path_factory.mktemp("bf16dot"), ("bf16dot.c", "gemm.c", "pool.c"), BUILDS[request.param])
+    lib.cuvil_sgemm_bf16dot.restype = ctypes.c_int
+    return lib
 
 
 def _as_float(bits):

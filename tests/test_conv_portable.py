@@ -6,15 +6,15 @@ filters, dilations, unequal strides), a band of fewer rows than the tile, and th
 path (stride 3, a row too wide for the band buffer) are each taken by some case."""
 import ctypes
 import platform
-import subprocess
 
 import numpy as np
 import pytest
 import torch
 
-from cuvil.build.toolchain import COMMON_FLAGS, KERNELS_DIR
 from cuvil.codegen.c.gen_activations import ACT_CODES
 from cuvil.target import cpu_flags
+
+from .util import build_kernels
 
 WIDTHS = {"sse2": ["-march=x86-64"], "avx2": ["-march=haswell"], "native": ["-march=native"]}
 
@@ -31,11 +31,7 @@ def conv_lib(request, tmp_path_factory):
         pytest.skip(f"{request.param} flags are x86 flags")
     if request.param == "avx2" and "avx2" not in cpu_flags():
         pytest.skip("this CPU cannot run AVX2 code")
-    out = tmp_path_factory.mktemp("conv") / "libconv.so"
-    srcs = [str(KERNELS_DIR / f) for f in ("conv.c", "gemm.c", "pool.c")]
-    subprocess.run(["gcc", *COMMON_FLAGS, "-shared", *WIDTHS[request.param], *srcs, "-o", str(out), "-lm"],
-                   check=True)
-    return ctypes.CDLL(str(out))
+    return build_kernels(tmp_path_factory.mktemp("conv"), ("conv.c", "gemm.c", "pool.c"), WIDTHS[request.param])
 
 
 def _ptr(a):

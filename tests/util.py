@@ -42,3 +42,16 @@ def import_file(path):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def build_kernels(out_dir, files, flags):
+    """Some of the kernel library's C files built by themselves into a shared library with `flags`
+    (an ISA to test on this host): the loaded ctypes.CDLL."""
+    import ctypes
+    import subprocess
+
+    from cuvil.build.toolchain import COMMON_FLAGS, KERNELS_DIR
+    out = out_dir / "libkernels.so"
+    subprocess.run(["gcc", *COMMON_FLAGS, "-shared", *flags, *(str(KERNELS_DIR / f) for f in files), "-o", str(out), "-lm"],
+                   check=True)
+    return ctypes.CDLL(str(out))

@@ -93,22 +93,11 @@ static void attend_row(const cuvil_attn *a, int64_t b, int64_t h, int64_t l, int
 }
 
 /* exp(x) for softmax's x = score - max <= 0 (or NaN, kept), lanes below `tiny` left to the caller: on
- * AVX-512 as p(r) * 2^n by vscalefps, 12 instructions where vmath.h's general form takes 22 (its
- * clamps and the exponent built in integer lanes). The same polynomial, so the same accuracy. */
+ * AVX-512 vmath.h's vscalefps form without its clamps (12 instructions). */
 static inline cuvil_vf vexp_nonpositive(cuvil_vf x, cuvil_vf tiny) {
 #if defined(__AVX512F__)
     __m512 xc = _mm512_max_ps((__m512)x, (__m512)tiny);       /* NaN in x gives tiny: restored below */
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 q = _mm512_fmadd_ps(_mm512_set1_ps(1.9875691500e-4f), r, _mm512_set1_ps(1.3981999507e-3f));
-    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(8.3334519073e-3f));
-    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(4.1665795894e-2f));
-    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.6666665459e-1f));
-    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(5.0000001201e-1f));
-    q = _mm512_fmadd_ps(_mm512_mul_ps(q, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-    return cuvil_vsel(x != x, x, (cuvil_vf)_mm512_scalef_ps(q, n));
+    return cuvil_vsel(x != x, x, (cuvil_vf)cuvil_vexp_in_range(xc));
 #else
     (void)tiny;
     return cuvil_vexp(x);

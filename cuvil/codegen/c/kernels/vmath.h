@@ -34,16 +34,13 @@ static inline cuvil_vf cuvil_vclamp(cuvil_vf x, float lo, float hi) {
 #endif
 
 #if defined(__AVX512F__) && CUVIL_VL == 16
-/* The same reduction and polynomial as below, 2^n by vscalefps (inf past the top of the exponent
- * range, denormals and 0 past the bottom): 15 instructions where the portable form takes 25, which made
- * a SiLU epilogue cost as much as its 1x1 conv (EfficientNet's 16 -> 96 channels at 112x112, AVX-512).
- * The clamps keep NaN (max and min return their second operand when either is NaN) and bound n, so
- * exp(+-inf) is inf and 0. */
-static inline cuvil_vf cuvil_vexp(cuvil_vf x) {
-    __m512 xc = _mm512_min_ps(_mm512_set1_ps(89.f), _mm512_max_ps(_mm512_set1_ps(-104.f), (__m512)x));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+/* exp(x) for x in [-104, 89] (or NaN, kept): the same reduction and polynomial as the portable form
+ * below, 2^n by vscalefps (inf past the top of the exponent range, denormals and 0 past the bottom).
+ * Also softmax's exp of x <= 0 (attention.c). */
+static inline __m512 cuvil_vexp_in_range(__m512 x) {
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
     __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.9875691500e-4f), r, _mm512_set1_ps(1.3981999507e-3f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
@@ -51,7 +48,15 @@ static inline cuvil_vf cuvil_vexp(cuvil_vf x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
     p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-    return (cuvil_vf)_mm512_scalef_ps(p, n);
+    return _mm512_scalef_ps(p, n);
+}
+
+/* 15 instructions where the portable form takes 25, which made a SiLU epilogue cost as much as its 1x1
+ * conv (EfficientNet's 16 -> 96 channels at 112x112, AVX-512). The clamps keep NaN (max and min return
+ * their second operand when either is NaN), so exp(+-inf) is inf and 0. */
+static inline cuvil_vf cuvil_vexp(cuvil_vf x) {
+    return (cuvil_vf)cuvil_vexp_in_range(
+        _mm512_min_ps(_mm512_set1_ps(89.f), _mm512_max_ps(_mm512_set1_ps(-104.f), (__m512)x)));
 }
 #else
 static inline cuvil_vf cuvil_vexp(cuvil_vf x) {

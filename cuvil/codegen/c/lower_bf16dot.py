@@ -36,12 +36,6 @@ def computes_bf16(node, target: str) -> bool:
     return node.op == "matmul_q" and node.attrs["bits"] == 16 and node.inputs[1].dtype == "uint16"
 
 
-def filter_panels(w: np.ndarray) -> np.ndarray:
-    """Conv filters [O, C, KH, KW] as the bf16 GEMM's B (lower_blocked.filters_as_b's order), in panels."""
-    from ...ir.quant import to_bf16
-    from .lower_blocked import filters_as_b
-    return bf16_dot_panels(to_bf16(filters_as_b(w)))
-
 
 def lower_bf16_dot(em, node, ep_lines, ep):
     x, w = node.inputs[0], node.inputs[1]

@@ -7,16 +7,22 @@ import numpy as np
 
 from ...ir import dims as D
 from ...ir.ops.movement import layout_block
+from ...ir.quant import to_bf16
 from .conv_plan import WINOGRAD_G
 from .emit import lowering
 from .gemm_plan import pack_b, panel_width
-from .lower_bf16dot import computes_bf16, filter_panels
+from .lower_bf16dot import bf16_dot_panels, computes_bf16
 
 
 def filters_as_b(w: np.ndarray) -> np.ndarray:
     """[O, C, KH, KW] -> the GEMM's B, [K = KH * KW * C][O] with k = (kh * KW + kw) * C + c: the order
     in which a blocked conv gathers its blocks of channels, tap by tap (kernels/blocked.c)."""
     return w.astype(np.float32).transpose(2, 3, 1, 0).reshape(-1, w.shape[0])
+
+
+def bf16_filter_panels(w: np.ndarray) -> np.ndarray:
+    """The filters as filters_as_b orders them, in the bf16 dot kernels' panels (cuvil_conv_blocked_bf16)."""
+    return bf16_dot_panels(to_bf16(filters_as_b(w)))
 
 
 def grouped_filters_as_b(w: np.ndarray, groups: int, nr: int) -> np.ndarray:
@@ -65,7 +71,7 @@ def lower_conv_call(em, node, plan, shape_struct, bias, res, act):
                 f"{em.ptr(node.outputs[0])}, {act}, {em.scratch()}, NT);", "}"]
     assert plan.kind == "blocked", plan.kind
     if computes_bf16(node, em.target):
-        wb = em.packed("conv_blocked_bf16", node.inputs[1], filter_panels, "uint32_t")
+        wb = em.packed("conv_blocked_bf16", node.inputs[1], bf16_filter_panels, "uint32_t")
         return ["{", f"  const cuvil_conv_shape s = {shape_struct};",
                 f"  if (cuvil_conv_blocked_bf16(&s, {em.ptr(node.inputs[0])}, {wb}, {bias}, {res}, "
                 f"{em.ptr(node.outputs[0])}, {act}, {em.scratch()}, NT)) CUVIL_FAIL(\"out of memory for bf16 activations\");",

@@ -41,8 +41,11 @@ _ONNX_CACHE = {}
 
 
 def export_onnx(model, args):
+    """(path, seconds) of the model's ONNX export, made once per model object. The cache holds the model
+    too: keyed by id() alone, a model built after another was freed could take its id and be handed the
+    other's file (the CNN table's ConvNeXt row once timed ONNX Runtime on EfficientNet's export)."""
     key = id(model)
-    if key not in _ONNX_CACHE:
+    if key not in _ONNX_CACHE or _ONNX_CACHE[key][0] is not model:
         d = temp_dir("cuvil-bench-onnx-")
         path = os.path.join(d, "model.onnx")
         t = time.perf_counter()
@@ -53,8 +56,8 @@ def export_onnx(model, args):
                                   external_data=False)
             except Exception:  # noqa: BLE001 - fall back to the TorchScript exporter
                 torch.onnx.export(model, args, path, input_names=names, dynamo=False, opset_version=17)
-        _ONNX_CACHE[key] = (path, time.perf_counter() - t)
-    return _ONNX_CACHE[key]
+        _ONNX_CACHE[key] = (model, path, time.perf_counter() - t)
+    return _ONNX_CACHE[key][1:]
 
 
 def onnxruntime(model, args, threads):

@@ -364,16 +364,18 @@ class _DepthwiseBranches(torch.nn.Module):
         return (*ys, self.outs[0](torch.relu(self.res(h) + h)))
 
 
+@pytest.mark.parametrize("hw", [(13, 29), (40, 41)])
 @pytest.mark.parametrize("target", ["native", "x86_64-avx2", "x86_64-sse2"])
-def test_depthwise_tiles_and_edges_match_torch(tmp_path, target):
-    """The blocked depthwise kernel at an odd map (13 x 29: rows of 8-, 4- and 1-pixel tiles between
-    the edge pixels) for each (kernel, stride, pad, dilation) case, with a fused activation and a fused
-    residual; blocks of 8 and of 4 (AVX2, SSE2) on any x86 host."""
+def test_depthwise_tiles_and_edges_match_torch(tmp_path, target, hw):
+    """The blocked depthwise kernel at odd maps (rows of 8-, 4- and 1-pixel tiles) for each (kernel,
+    stride, pad, dilation) case, with a fused activation and a fused residual; blocks of 8 and of 4
+    (AVX2, SSE2) on any x86 host. 13 x 29: each plane from a zero-padded copy, every pixel in tiles;
+    40 x 41 (too large for the copy at 16 channels): the edge pixels one by one."""
     import cuvil
     _skip_unless_host_runs(target)
     torch.manual_seed(0)
     m = _DepthwiseBranches(16).eval()
-    x = torch.randn(1, 3, 13, 29)
+    x = torch.randn(1, 3, *hw)
     cm = cuvil.compile(m, (x,), layout="blocked", target=target, num_threads=2, cache_dir=str(tmp_path))
     assert cm.c_source.count("cuvil_depthwise_blocked(") == len(m.CASES) + 1
     with torch.no_grad():

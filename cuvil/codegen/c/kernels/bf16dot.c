@@ -1,21 +1,9 @@
 #include "bf16dot.h"
 #include "pool.h"
 #include "vmath.h"
-#include <stdlib.h>
-#if defined(__AVX512BF16__)
-#include <immintrin.h>
-#endif
 
 #define DOT_MR 6         /* 6 rows x 4 vectors: 24 accumulators, each A broadcast feeds 4 dot products */
 #define DOT_ROW_TILES 8  /* a task's rows: 48, so a panel's B (<= 256 KB at K 2048) serves 8 tiles from L2 */
-
-/* Row m of A as K2 words of bf16 pairs (element 2k low, 2k + 1 high; 0 past K). */
-static void round_row(const float *a, int64_t K, uint32_t *out) {
-    int64_t k2 = 0;
-    for (; 2 * k2 + 16 <= K; k2 += 8) cuvil_bf16_pairs16(a + 2 * k2, out + k2);
-    for (; 2 * k2 + 1 < K; k2++) out[k2] = cuvil_bf16_bits(a[2 * k2]) | cuvil_bf16_bits(a[2 * k2 + 1]) << 16;
-    if (K & 1) out[k2] = cuvil_bf16_bits(a[K - 1]);
-}
 
 typedef struct {
     int64_t M, N, K, K2, np, nrb;
@@ -28,7 +16,7 @@ typedef struct {
 
 static void round_task(void *ctx, int64_t m0, int64_t m1) {
     const dot_args *g = ctx;
-    for (int64_t m = m0; m < m1; m++) round_row(g->A + m * g->lda, g->K, g->Ab + m * g->K2);
+    for (int64_t m = m0; m < m1; m++) cuvil_bf16_round(g->A + m * g->lda, g->K, g->Ab + m * g->K2);
 }
 
 #if defined(__AVX512BF16__)
@@ -58,13 +46,6 @@ static inline __attribute__((always_inline)) void dot_tile(int mr, const uint32_
     DOT_ROWS(DOT_OUT)
 }
 #else
-static inline float bf16_float(uint32_t h) {
-    uint32_t b = h << 16;
-    float f;
-    memcpy(&f, &b, sizeof f);
-    return f;
-}
-
 /* The same sums in portable C: each pair's products (exact in fp32) added odd first, as the
  * instruction adds them. */
 static inline void dot_tile(int mr, const uint32_t *a, int64_t K2, const uint32_t *b, float *out) {
@@ -72,11 +53,11 @@ static inline void dot_tile(int mr, const uint32_t *a, int64_t K2, const uint32_
         for (int j = 0; j < CUVIL_BF16_NR; j++) out[r * CUVIL_BF16_NR + j] = 0.f;
     for (int64_t k = 0; k < K2; k++, b += CUVIL_BF16_NR)
         for (int r = 0; r < mr; r++) {
-            float lo = bf16_float(a[r * K2 + k] & 0xffffu), hi = bf16_float(a[r * K2 + k] >> 16);
+            float lo = cv_bfloat16_to_f32((uint16_t)a[r * K2 + k]), hi = cv_bfloat16_to_f32((uint16_t)(a[r * K2 + k] >> 16));
             float *o = out + r * CUVIL_BF16_NR;
             for (int j = 0; j < CUVIL_BF16_NR; j++) {
-                float s = o[j] + hi * bf16_float(b[j] >> 16);
-                o[j] = s + lo * bf16_float(b[j] & 0xffffu);
+                float s = o[j] + hi * cv_bfloat16_to_f32((uint16_t)(b[j] >> 16));
+                o[j] = s + lo * cv_bfloat16_to_f32((uint16_t)b[j]);
             }
         }
 }

@@ -7,34 +7,27 @@
 #ifndef CUVIL_BF16DOT_H
 #define CUVIL_BF16DOT_H
 #include "gemm.h"
+#include "lowp.h"
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
 
 /* Panels of CUVIL_BF16_NR columns: Bp[p][k2][j] (uint32) holds B[2 k2][p NR + j] in its low half and
  * B[2 k2 + 1][p NR + j] in its high half, as bf16; zero past K and N (codegen/c/lower_bf16dot.py). */
 #define CUVIL_BF16_NR 64
-static inline int64_t cuvil_bf16_panels_size(int64_t K, int64_t N) {
-    return (N + CUVIL_BF16_NR - 1) / CUVIL_BF16_NR * CUVIL_BF16_NR * ((K + 1) / 2);
-}
 
-/* fp32 -> bf16 bit patterns, rounding to nearest even, NaN kept (quieted), as vcvtneps2bf16 does for
- * normal numbers; branch-free so that loops of it vectorize. */
-static inline uint32_t cuvil_bf16_bits(float x) {
-    uint32_t b;
-    memcpy(&b, &x, sizeof b);
-    uint32_t rounded = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
-    return (b & 0x7fffffffu) > 0x7f800000u ? (b >> 16) | 0x40u : rounded;
-}
-
-/* 16 floats at p -> 8 words of bf16 pairs at out (element 2i low, 2i + 1 high): one vcvtneps2bf16
- * with AVX512-BF16 (which also reads a subnormal input as 0), the bit arithmetic elsewhere. */
+/* n floats at p -> (n + 1) / 2 words of bf16 pairs at out (element 2i low, 2i + 1 high; a last odd
+ * element's high half 0), rounded to nearest even: vcvtneps2bf16 16 floats at a time with AVX512-BF16
+ * (which also reads a subnormal input as 0), lowp.h's conversion elsewhere and for the rest. */
+static inline void cuvil_bf16_round(const float *p, int64_t n, uint32_t *out) {
+    int64_t i = 0;
 #if defined(__AVX512BF16__)
-#include <immintrin.h>
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(out + i / 2), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(p + i)));
 #endif
-static inline void cuvil_bf16_pairs16(const float *p, uint32_t *out) {
-#if defined(__AVX512BF16__)
-    _mm256_storeu_si256((__m256i *)out, (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(p)));
-#else
-    for (int i = 0; i < 8; i++) out[i] = cuvil_bf16_bits(p[2 * i]) | cuvil_bf16_bits(p[2 * i + 1]) << 16;
-#endif
+    for (; i + 1 < n; i += 2)
+        out[i / 2] = cv_f32_to_bfloat16(p[i], 0) | (uint32_t)cv_f32_to_bfloat16(p[i + 1], 0) << 16;
+    if (i < n) out[i / 2] = cv_f32_to_bfloat16(p[i], 0);
 }
 
 /* Where a product goes: element (m, n) at C[n / nb * ldn + m * ldm + n % nb] (row-major: nb past N,

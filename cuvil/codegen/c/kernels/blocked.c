@@ -512,14 +512,9 @@ static void pad_task(void *ctx, int64_t r0, int64_t r1) {
     const pad_args *a = ctx;
     const cuvil_conv_shape *s = a->s;
     int64_t hp = padded_h(s), wp = padded_w(s), px = a->pixel;
-    for (int64_t r = r0; r < r1; r++) {
-        int64_t c = r / hp, ih = r % hp - s->ph;
-        float *d = a->xp + r * wp * px;
-        memset(d, 0, wp * px * sizeof(float));
-        if (ih < 0 || ih >= s->H) continue;
-        int64_t n = s->W < wp - s->pw ? s->W : wp - s->pw;
-        if (n > 0) memcpy(d + s->pw * px, a->x + (c * s->H + ih) * s->W * px, n * px * sizeof(float));
-    }
+    for (int64_t r = r0; r < r1; r++)
+        cuvil_pad_rows(a->x + r / hp * s->H * s->W * px, s->H, s->W, px, r % hp - s->ph, 1, s->pw, wp,
+                       a->xp + r * wp * px);
 }
 
 /* A conv's input as its GEMM's A: a 1x1 stride-1 conv (direct) reads it in place; a strided or padded
@@ -587,11 +582,7 @@ static inline void bf16_conv_row(const bf16_conv *a, int64_t m, uint32_t *row) {
         for (int64_t cb = 0; cb < src->CB; cb++, row += CUVIL_BLOCK / 2) {
             const float *p = a->direct ? src->x + cb * src->plane + m * CUVIL_BLOCK
                                        : src->x + cb * src->plane + (src->pix[m] + src->tap[t]) * CUVIL_BLOCK;
-#if CUVIL_BLOCK % 16 == 0
-            for (int i = 0; i < CUVIL_BLOCK; i += 16) cuvil_bf16_pairs16(p + i, row + i / 2);
-#else
-            for (int i = 0; i < CUVIL_BLOCK / 2; i++) row[i] = cuvil_bf16_bits(p[2 * i]) | cuvil_bf16_bits(p[2 * i + 1]) << 16;
-#endif
+            cuvil_bf16_round(p, CUVIL_BLOCK, row);
         }
 }
 
@@ -821,18 +812,7 @@ static void depthwise_blocked_plane_task(void *ctx, int64_t q0, int64_t q1) {
     blocked_dw pa = *a;
     pa.s = &ps;
     for (int64_t q = q0; q < q1; q++) {
-        const float *xc = a->x + q * s->H * s->W * CUVIL_BLOCK;
-        for (int64_t r = 0; r < ps.H; r++) {
-            int64_t ih = r - s->ph;
-            float *d = buf + r * ps.W * CUVIL_BLOCK;
-            for (int64_t col = 0; col < ps.W; col++) {
-                int64_t iw = col - s->pw;
-                if (ih >= 0 && ih < s->H && iw >= 0 && iw < s->W)
-                    memcpy(d + col * CUVIL_BLOCK, xc + (ih * s->W + iw) * CUVIL_BLOCK, CUVIL_BLOCK * sizeof(float));
-                else
-                    memset(d + col * CUVIL_BLOCK, 0, CUVIL_BLOCK * sizeof(float));
-            }
-        }
+        cuvil_pad_rows(a->x + q * s->H * s->W * CUVIL_BLOCK, s->H, s->W, CUVIL_BLOCK, -s->ph, ps.H, s->pw, ps.W, buf);
         int64_t c = q % (s->C / CUVIL_BLOCK) * CUVIL_BLOCK;
         const float *w = a->w + c;
         cuvil_vf bias = a->bias ? cuvil_vload(a->bias + c) : cuvil_vsplat(0.f);

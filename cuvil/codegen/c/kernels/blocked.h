@@ -29,7 +29,7 @@ void cuvil_conv_blocked(const cuvil_conv_shape *s, const float *x, const float *
                         const float *residual, float *y, int act, float *scratch, int nthreads);
 
 /* cuvil_conv_blocked in bf16 products with fp32 sums (groups 1; kernels/bf16dot.h): wb the filters
- * as B, in bf16 pair panels (cuvil_bf16_panels_size(K, O) words); the input rounded to bf16 as each M
+ * as B, in bf16 pair panels (bf16dot.h, CUVIL_BF16_NR columns each); the input rounded to bf16 as each M
  * block reads it. Same scratch as cuvil_conv_blocked; returns -1 where a thread's buffer for the rounded
  * rows could not be allocated. */
 int cuvil_conv_blocked_bf16(const cuvil_conv_shape *s, const float *x, const uint32_t *wb, const float *bias,

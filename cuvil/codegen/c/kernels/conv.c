@@ -221,19 +221,6 @@ static inline int64_t dw_band_cols(const cuvil_conv_shape *s) {
 
 static inline int64_t dw_band_rows(const cuvil_conv_shape *s) { return (DW_ROWS - 1) * s->sh + (s->KH - 1) * s->dh + 1; }
 
-/* Input rows ih0 .. ih0 + rows of plane xc into band, row r holding columns -pw .. cols - pw of input
- * row ih0 + r, zeros outside the input. */
-static void dw_fill_band(const cuvil_conv_shape *s, const float *xc, int64_t ih0, int64_t rows, int64_t cols,
-                         float *band) {
-    for (int64_t r = 0; r < rows; r++, band += cols) {
-        int64_t ih = ih0 + r, inside = ih >= 0 && ih < s->H;
-        int64_t a = inside ? cuvil_min(s->pw, cols) : cols, e = inside ? cuvil_min(s->pw + s->W, cols) : cols;
-        memset(band, 0, a * sizeof(float));
-        if (e > a) memcpy(band + a, xc + ih * s->W + (a - s->pw), (e - a) * sizeof(float));
-        memset(band + e, 0, (cols - e) * sizeof(float));
-    }
-}
-
 /* n outputs (n <= VL) at y: v plus the residual, activated; y may be the residual itself. */
 static inline void dw_store(float *y, const float *res, cuvil_vf v, int64_t n, int act) {
     if (n == CUVIL_VL) {
@@ -311,7 +298,7 @@ static void depthwise_plane(const cuvil_conv_shape *s, const float *xc, const fl
     const int64_t cols = dw_band_cols(s), rows = dw_band_rows(s);
     dw_band_fn *run = dw_band_for(s);
     for (int64_t oh = 0; oh < s->OH; oh += DW_ROWS) {
-        dw_fill_band(s, xc, oh * s->sh - s->ph, rows, cols, band);
+        cuvil_pad_rows(xc, s->H, s->W, 1, oh * s->sh - s->ph, rows, s->pw, cols, band);
         run(s, band, cols, wv, b, res ? res + oh * s->OW : 0, yo + oh * s->OW, cuvil_min(DW_ROWS, s->OH - oh), act);
     }
 }

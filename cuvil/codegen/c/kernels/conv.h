@@ -10,6 +10,20 @@ typedef struct {
     int64_t N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, groups;
 } cuvil_conv_shape;
 
+/* Rows [ih0, ih0 + rows) of an H x W plane of px-float pixels into dst, each as `cols` pixels starting
+ * at column -pw, zeros outside the plane: the zero-padded copies of conv.c's depthwise bands and
+ * blocked.c's padded inputs. */
+static inline void cuvil_pad_rows(const float *x, int64_t H, int64_t W, int64_t px, int64_t ih0, int64_t rows,
+                                  int64_t pw, int64_t cols, float *dst) {
+    for (int64_t r = 0; r < rows; r++, dst += cols * px) {
+        int64_t ih = ih0 + r, inside = ih >= 0 && ih < H;
+        int64_t a = inside ? cuvil_min(pw, cols) : cols, e = inside ? cuvil_min(pw + W, cols) : cols;
+        memset(dst, 0, a * px * sizeof(float));
+        if (e > a) memcpy(dst + a * px, x + (ih * W + a - pw) * px, (e - a) * px * sizeof(float));
+        memset(dst + e * px, 0, (cols - e) * px * sizeof(float));
+    }
+}
+
 /* A 1x1, stride-1 conv with no pads at either end: its input is the GEMM's operand as it is (the
  * same rule as codegen/c/conv_plan.py pointwise_conv; OH == H rules out the end pads). */
 static inline int cuvil_conv_pointwise(const cuvil_conv_shape *s) {

@@ -14,7 +14,7 @@ from .options import Options
 from .runtime import artifact
 from .runtime.loader import load
 from .runtime.module import Module
-from .target import native_cpu, required_features, resolve_target, target_arch, vector_floats
+from .target import has_features, native_cpu, required_features, resolve_target, target_arch, vector_floats
 
 
 class Progress:
@@ -117,9 +117,13 @@ def conv_layout(opts: Options) -> str:
 def optimize(graph, opts: Options):
     """The passes that opts ask for, for the C backend (passes/pipeline.py)."""
     from .codegen.c import C_BACKEND
+    from .codegen.c.lower_int8dot import INT8_FEATURES
+    from .options import calibration_leaves
     from .passes import pipeline
+    calibration = [calibration_leaves(x) for x in opts.calibration_data or ()] if opts.precision == "int8" else None
     return pipeline.optimize(graph, opts.fusion_level, backend=C_BACKEND, layout=conv_layout(opts),
-                             precision=opts.precision)
+                             precision=opts.precision, calibration=calibration,
+                             int8_convs=has_features(resolve_target(opts.target), INT8_FEATURES))
 
 
 def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None, load=True):
@@ -131,12 +135,14 @@ def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None,
     from .passes import data_dims
     from .passes.pipeline import plan_memory
     from .codegen.c.lower_bf16dot import computes_bf16
+    from .codegen.c.lower_int8dot import computes_int8
     from .passes.quantize import precision_summary
     data_dims.check(graph)
     graph = optimize(graph, opts)
     progress("passes", f"{len(graph.nodes)} nodes after optimisation")
     target = resolve_target(opts.target)
-    formats = precision_summary(graph, bf16_dot=lambda n: computes_bf16(n, target))
+    formats = precision_summary(graph, dot=lambda n: "bf16" if computes_bf16(n, target) else
+                                "int8" if computes_int8(n, target) else None)
     if opts.precision != "fp32":
         progress("precision", f"{opts.precision}: " + "; ".join(f"{k} x{v}" for k, v in formats.items()))
     plan = plan_memory(graph, C_BACKEND)

@@ -33,7 +33,8 @@ class Options:
     device: str = "cpu"            # where it runs: CPUs only (the targets); anything else is refused
     rtol: float | None = None      # verify=True's tolerances against the source model (None: the
     atol: float | None = None      # precision's default, accuracy.TOLERANCE)
-    calibration_data: object = None  # lossy precisions: more inputs to measure the error on (accuracy.py)
+    calibration_data: object = None  # lossy precisions: more inputs to measure the error on (accuracy.py);
+                                     # int8: its convs' input ranges too (passes/quantize.calibrate)
 
     def key(self):
         d = asdict(self)
@@ -42,6 +43,8 @@ class Options:
             d.pop(k)
         d["dynamic_shapes"] = repr(self.dynamic_shapes)
         d["constant_inputs"] = _values_digest(self.constant_inputs)
+        if self.precision == "int8" and self.calibration_data:      # the int8 convs' ranges come from it
+            d["calibration"] = _values_digest({str(i): calibration_leaves(x) for i, x in enumerate(self.calibration_data)})
         return repr(sorted(d.items()))
 
 
@@ -68,11 +71,31 @@ def _values_digest(values):
     return h.hexdigest()[:24]
 
 
+def calibration_leaves(example_inputs) -> list:
+    """One calibration_data entry as the artifact's flat inputs, numpy arrays: the leaves of (args, kwargs)
+    in the order the compiled model's call flattens them (driver.CompiledModel.__call__)."""
+    import numpy as np
+    if isinstance(example_inputs, dict):
+        args, kwargs = (), example_inputs
+    else:
+        args, kwargs = (tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)), {}
+    import sys
+    if "torch" in sys.modules:
+        from torch.utils import _pytree
+        leaves = _pytree.tree_leaves((args, kwargs))
+    else:
+        leaves = list(args) + list(kwargs.values())
+    return [np.asarray(a.detach().cpu().numpy() if hasattr(a, "detach") else a) for a in leaves]
+
+
 def make_options(**kw) -> Options:
     allowed = Options.__dataclass_fields__
     for k in kw:
         if k not in allowed:
             raise ValueError(f"unknown option {k!r}; compile() takes {', '.join(allowed)}")
+    data = kw.get("calibration_data")
+    if data is not None and not isinstance(data, (str, bytes, dict)) and hasattr(data, "__iter__"):
+        kw["calibration_data"] = list(data)        # read twice (ranges, then the error): a generator once
     o = Options(**kw)
     if o.target not in TARGET_NAMES:
         raise ValueError(f"option target={o.target!r} is not one of {', '.join(TARGET_NAMES)}")

@@ -89,12 +89,14 @@ def _digits():
 
 def test_digits_classifier_int8_within_one_point():
     """A small CNN trained here on scikit-learn's digits: int8's test accuracy within 1 point of
-    fp32's, and its top-1 agreement reported. (Its convs stay fp32: precision_summary shows which
-    ops run in int8.)"""
+    fp32's, and its top-1 agreement reported, with the second conv's input range calibrated on training
+    images and without (each image's own). The first conv (one input channel fills no channel block)
+    stays fp32; the second runs on integer dot products where the CPU has AVX-512 VNNI."""
     torch.manual_seed(0)
     xtr, ytr, xte, yte = _digits()
-    net = torch.nn.Sequential(torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
-                              torch.nn.Linear(16 * 64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(),
+                              torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                              torch.nn.Linear(32 * 64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
     opt = torch.optim.Adam(net.parameters(), 1e-2)
     X, Y = torch.from_numpy(xtr), torch.from_numpy(ytr)
     for epoch in range(8):
@@ -107,12 +109,20 @@ def test_digits_classifier_int8_within_one_point():
     with torch.no_grad():
         fp32 = (net(test).argmax(1).numpy() == yte).mean()
     assert fp32 > 0.9, "the fp32 network trained"
-    cm = cuvil.compile(net, (test,), precision="int8", calibration_data=[torch.from_numpy(xtr[:len(xte)])])
-    int8 = (cm(test).numpy().argmax(1) == yte).mean()
-    assert abs(int8 - fp32) <= 0.01, (fp32, int8)
-    assert cm.accuracy["inputs"] == 2 and cm.accuracy["outputs"][0]["top1"] >= 0.98
-    assert cuvil.load(cm.path).manifest["precision_ops"] == {
-        "conv: fp32": 1, "matmul: int8 weights, int8 activations (integer dot)": 2}
+    integer_convs = has_features("native", ("avx512_vnni", "avx512bw"))
+    for calibration in ([torch.from_numpy(xtr[:len(xte)])], None):
+        cm = cuvil.compile(net, (test,), precision="int8", calibration_data=calibration)
+        int8 = (cm(test).numpy().argmax(1) == yte).mean()
+        assert abs(int8 - fp32) <= 0.01, (fp32, int8, calibration is None)
+        assert cm.accuracy["outputs"][0]["top1"] >= 0.98
+        assert cm.accuracy["inputs"] == (2 if calibration else 1)
+        convs = {"conv: fp32": 1, "conv: int8 filters, uint8 input, int32 sums (vpdpbusd)": 1} if integer_convs \
+            else {"conv: fp32": 2}
+        assert cuvil.load(cm.path).manifest["precision_ops"] == {
+            **convs, "matmul: int8 weights, int8 activations (integer dot)": 2}
+        if cm.graph is not None:         # compiled here, not a cache hit: the calibrated range is the conv's
+            ranges = [n.attrs["int8_range"] for n in cm.graph.nodes if n.op == "conv" and n.attrs.get("int8_act")]
+            assert bool(ranges) == integer_convs and all((r is not None) == bool(calibration) for r in ranges)
 
 
 def test_calibration_inputs_of_another_shape_are_named():

@@ -66,7 +66,9 @@ def run_node(node, arrays, env):
     return [np.asarray(o, dtype=v.dtype) for o, v in zip(outs, node.outputs)]
 
 
-def run(graph, *arrays) -> list[np.ndarray]:
+def run(graph, *arrays, observe=None) -> list[np.ndarray]:
+    """The graph's outputs on `arrays`; observe(node, input_arrays), where given, sees each node's
+    inputs before it runs (calibration, passes/quantize.py)."""
     arrays = [np.asarray(a) for a in arrays]
     if len(arrays) != len(graph.inputs):
         raise ShapeError(f"expected {len(graph.inputs)} inputs, got {len(arrays)}")
@@ -81,6 +83,9 @@ def run(graph, *arrays) -> list[np.ndarray]:
             return None
         return v.data if v.is_const else vals[id(v)]
     for n in graph.nodes:
-        for o, r in zip(n.outputs, run_node(n, [get(i) for i in n.inputs], env)):
+        ins = [get(i) for i in n.inputs]
+        if observe is not None:
+            observe(n, ins)
+        for o, r in zip(n.outputs, run_node(n, ins, env)):
             vals[id(o)] = r
     return [get(o) for o in graph.outputs]

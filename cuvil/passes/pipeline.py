@@ -20,9 +20,12 @@ from . import cleanup, fold, fuse, legalize, memplan, quantize, simplify
 from . import layout as layout_pass
 
 
-def optimize(graph, fusion_level=2, *, backend, layout="nchw", precision="fp32", verify=None, log=None):
+def optimize(graph, fusion_level=2, *, backend, layout="nchw", precision="fp32", int8_convs=False, calibration=None,
+             verify=None, log=None):
     """backend: passes/backend.py's Backend; layout: the layout pass's target layout, a blocked
-    "nchw<B>c" to run it (driver.conv_layout picks it per target); precision: quantize.py's; verify: Graph.verify() after every pass (default: when
+    "nchw<B>c" to run it (driver.conv_layout picks it per target); precision: quantize.py's (int8_convs: whether the target
+    multiplies bytes in convs; calibration: input sets, each a list of arrays, over which int8 convs
+    take their input ranges); verify: Graph.verify() after every pass (default: when
     CUVIL_VERIFY_PASSES is set to anything but 0); log(name, graph) after every pass."""
     if verify is None:
         verify = os.environ.get("CUVIL_VERIFY_PASSES", "0") not in ("", "0")
@@ -33,7 +36,7 @@ def optimize(graph, fusion_level=2, *, backend, layout="nchw", precision="fp32",
         "legalize": lambda g: legalize.run(g, backend),
         "fuse": lambda g: fuse.run(g, fusion_level, backend),
         "layout": lambda g: layout_pass.run(g, layout),
-        "quantize": lambda g: quantize.run(g, precision),
+        "quantize": lambda g: quantize.run(g, precision, int8_convs, calibration),
     }
     order = ["cleanup", "legalize"] if fusion_level == 0 else \
         ["cleanup", "fold", "simplify", "cleanup", "fold", "cleanup", "legalize", "fuse"]
@@ -49,7 +52,8 @@ def optimize(graph, fusion_level=2, *, backend, layout="nchw", precision="fp32",
             log(name, graph)
     for n in graph.nodes:          # control flow: each region is a graph of its own, kept in NCHW
         for k, sub in regions(n):
-            n.attrs[k] = optimize(sub, fusion_level, backend=backend, precision=precision, verify=verify, log=log)
+            n.attrs[k] = optimize(sub, fusion_level, backend=backend, precision=precision, int8_convs=int8_convs,
+                                  verify=verify, log=log)
     return graph
 
 

@@ -50,6 +50,8 @@ def winograd_tile(node):
     per 4 outputs and channel pair, F(4x4, 3x3) 36 per 16 (direct: 9 per output)."""
     x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
     a = node.attrs
+    if a.get("int8_act") and is_blocked(node) and a.get("in_layout") != "nchw":
+        return 0              # integer products (lower_int8dot.py), direct
     if not (x.type.rank == 4 and w.is_const and tuple(w.shape[2:]) == (3, 3) and a.get("groups", 1) == 1
             and tuple(a["strides"]) == (1, 1) and tuple(a["dilations"]) == (1, 1)
             and w.shape[0] >= 16 and w.shape[1] >= 16 and isinstance(y.shape[3], int)
@@ -171,12 +173,15 @@ def _blocked_scratch(node, s, m) -> int:
         return 0
     if m:
         return (m + 2) ** 2 * (s["C"] + s["O"]) * -(-s["OH"] // m) * -(-s["OW"] // m) * 4
-    if pointwise_conv(node):
-        return 0                                      # the input is the GEMM's A
     hp = (s["OH"] - 1) * s["sh"] + (s["KH"] - 1) * s["dh"] + 1
     wp = (s["OW"] - 1) * s["sw"] + (s["KW"] - 1) * s["dw"] + 1
     in_place = s["ph"] == s["pw"] == 0 and hp <= s["H"] and wp <= s["W"]
-    return ((0 if in_place else s["C"] * hp * wp) + 2 * (s["OH"] * s["OW"] + s["KH"] * s["KW"])) * 4
+    floats = 0 if pointwise_conv(node) else \
+        (0 if in_place else s["C"] * hp * wp) + 2 * (s["OH"] * s["OW"] + s["KH"] * s["KW"])
+    if node.attrs.get("int8_act"):      # cuvil_conv_blocked_int8_scratch: the quantized image, two columns
+        image = -(-s["C"] * s["H"] * s["W"] // 4) if in_place or pointwise_conv(node) else 0
+        floats = -(-(floats + image) // 16) * 16 + 2 * s["O"]
+    return floats * 4
 
 
 def _gemm_scratch(node, s, m) -> int:

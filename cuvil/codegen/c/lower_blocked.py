@@ -12,6 +12,7 @@ from .conv_plan import WINOGRAD_G
 from .emit import lowering
 from .gemm_plan import pack_b, panel_width
 from .lower_bf16dot import bf16_dot_panels, computes_bf16
+from .lower_int8dot import computes_int8, filter_terms, int8_dot_panels, quantized_filters
 
 
 def filters_as_b(w: np.ndarray) -> np.ndarray:
@@ -23,6 +24,11 @@ def filters_as_b(w: np.ndarray) -> np.ndarray:
 def bf16_filter_panels(w: np.ndarray) -> np.ndarray:
     """The filters as filters_as_b orders them, in the bf16 dot kernels' panels (cuvil_conv_blocked_bf16)."""
     return bf16_dot_panels(to_bf16(filters_as_b(w)))
+
+
+def int8_filter_panels(w: np.ndarray) -> np.ndarray:
+    """The filters as filters_as_b orders them, as signed bytes in the integer dot kernels' panels."""
+    return int8_dot_panels(quantized_filters(filters_as_b(w))[0])
 
 
 def grouped_filters_as_b(w: np.ndarray, groups: int, nr: int) -> np.ndarray:
@@ -76,11 +82,25 @@ def lower_conv_call(em, node, plan, shape_struct, bias, res, act):
                 f"  if (cuvil_conv_blocked_bf16(&s, {em.ptr(node.inputs[0])}, {wb}, {bias}, {res}, "
                 f"{em.ptr(node.outputs[0])}, {act}, {em.scratch()}, NT)) CUVIL_FAIL(\"out of memory for bf16 activations\");",
                 "}"]
+    if computes_int8(node, em.target):
+        return lower_int8_conv(em, node, shape_struct, bias, res, act)
     wb = em.packed(plan.pack, node.inputs[1], lambda d: grouped_filters_as_b(d, node.attrs.get("groups", 1), nr))
     return ["{", f"  const cuvil_conv_shape s = {shape_struct};",
             f"  _Static_assert(CUVIL_NR == {nr}, \"conv filters packed for another panel width\");",
             f"  cuvil_conv_blocked(&s, {em.ptr(node.inputs[0])}, {wb}, {bias}, {res}, {em.ptr(node.outputs[0])}, "
             f"{act}, {em.scratch()}, NT);", "}"]
+
+
+def lower_int8_conv(em, node, shape_struct, bias, res, act):
+    w = node.inputs[1]
+    wq = em.packed("conv_blocked_int8", w, int8_filter_panels, "uint32_t")
+    terms = em.packed("conv_blocked_int8_terms", w, lambda d: filter_terms(filters_as_b(d)))
+    r = node.attrs.get("int8_range")            # floats checked finite by the op; carried as a constant
+    rng = "0" if r is None else em.packed("conv_int8_range", w, lambda d: np.array(r, np.float32))
+    return ["{", f"  const cuvil_conv_shape s = {shape_struct};",
+            f"  if (cuvil_conv_blocked_int8(&s, {em.ptr(node.inputs[0])}, {wq}, {terms}, {bias}, {res}, {rng}, "
+            f"{em.ptr(node.outputs[0])}, {act}, {em.scratch()}, NT)) CUVIL_FAIL(\"out of memory for int8 activations\");",
+            "}"]
 
 
 def lower_max_pool(em, node, shape_struct):

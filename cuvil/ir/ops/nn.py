@@ -3,6 +3,8 @@
 decomposition's meaning; passes may match them to fused kernels."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ...errors import ShapeError
@@ -100,6 +102,9 @@ def _conv_infer(types, attrs, inputs):
         raise ShapeError(f"conv: bias shape {types[2].shape}, expected ({w.shape[0]},)")
     if attrs["act"] not in ACTIVATIONS:
         raise ShapeError(f"conv: unknown act {attrs['act']!r}")
+    r = attrs.get("int8_range")
+    if r is not None and not (len(r) == 2 and all(isinstance(v, float) and math.isfinite(v) for v in r) and r[0] <= r[1]):
+        raise ShapeError(f"conv: int8_range {r!r} is None or [lo, hi], two finite floats with lo <= hi")
     _spatial(attrs, nsp, w.shape[2:])
     out = [_conv_out(n, k, s, lo, hi, d) for n, k, s, (lo, hi), d in
            zip(x.shape[2:], w.shape[2:], attrs["strides"], attrs["pads"], attrs["dilations"])]
@@ -139,9 +144,13 @@ def _conv_ref(xs, a):
 # inputs: x, w, [bias], [residual]; act is the fused activation (passes set it); layout: how C stores
 # the output and residual, in_layout x's when it differs (movement.py: LAYOUTS; passes/layout.py sets
 # them, the reference ignores them); bf16_act 1 (precision="bf16"): the input and filters may be rounded
-# to bf16 where the target multiplies in bf16 (matmul_q's bf16_act; the reference stays fp32)
+# to bf16 where the target multiplies in bf16 (matmul_q's bf16_act; the reference stays fp32); int8_act 1
+# (precision="int8"): where the target has integer dot products, the input may be quantized to bytes over
+# int8_range ([lo, hi] from calibration data, or None: each image's own) and the filters to int8 per
+# output channel (the reference stays fp32)
 declare(OpDef("conv", {"strides": None, "pads": None, "dilations": None, "groups": 1, "act": "none",
-                       "layout": "nchw", "in_layout": None, "bf16_act": 0}, _conv_infer,
+                       "layout": "nchw", "in_layout": None, "bf16_act": 0, "int8_act": 0, "int8_range": None},
+              _conv_infer,
               _conv_ref,
               kind="conv"))
 

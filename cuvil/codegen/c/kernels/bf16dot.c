@@ -1,6 +1,5 @@
 #include "bf16dot.h"
 #include "pool.h"
-#include "vmath.h"
 
 #define DOT_MR 6         /* 6 rows x 4 vectors: 24 accumulators, each A broadcast feeds 4 dot products */
 #define DOT_ROW_TILES 8  /* a task's rows: 48, so a panel's B (<= 256 KB at K 2048) serves 8 tiles from L2 */
@@ -11,7 +10,7 @@ typedef struct {
     int64_t lda;
     uint32_t *Ab;
     const uint32_t *B;
-    cuvil_bf16_out out;
+    cuvil_dot_out out;
 } dot_args;
 
 static void round_task(void *ctx, int64_t m0, int64_t m1) {
@@ -63,35 +62,8 @@ static inline void dot_tile(int mr, const uint32_t *a, int64_t K2, const uint32_
 }
 #endif
 
-/* A tile's sums (rows [0, mr) of out, columns [n0, n0 + nc)) into o's layout, rows from m0: column by
- * column vector, so each one's place in the layout is one division (per element, the divisions had
- * cost a blocked 1x1 conv with K 64 as much as its dot products). */
-static void store_tile(const cuvil_bf16_out *o, const float *out, int64_t m0, int mr, int64_t n0, int64_t nc) {
-    int64_t j = 0;
-    for (; j + CUVIL_VL <= nc; j += CUVIL_VL) {          /* a vector never crosses a block (nb % VL == 0) */
-        int64_t n = n0 + j, at = n / o->nb * o->ldn + n % o->nb;
-        cuvil_vf bc = o->bias_col ? cuvil_vload(o->bias_col + n) : cuvil_vsplat(0.f);
-        for (int r = 0; r < mr; r++) {
-            int64_t m = m0 + r;
-            cuvil_vf v = cuvil_vload(out + r * CUVIL_BF16_NR + j) * cuvil_vsplat(o->alpha) + bc;
-            if (o->bias_row) v += cuvil_vsplat(o->bias_row[m]);
-            if (o->residual) v += cuvil_vload(o->residual + at + m * o->res_ldm);
-            cuvil_vstore(o->C + at + m * o->ldm, cuvil_vact(v, o->act));
-        }
-    }
-    for (; j < nc; j++) {
-        int64_t n = n0 + j, at = n / o->nb * o->ldn + n % o->nb;
-        for (int r = 0; r < mr; r++) {
-            int64_t m = m0 + r;
-            float v = out[r * CUVIL_BF16_NR + j] * o->alpha + (o->bias_row ? o->bias_row[m] : 0.f) +
-                      (o->bias_col ? o->bias_col[n] : 0.f) + (o->residual ? o->residual[at + m * o->res_ldm] : 0.f);
-            o->C[at + m * o->ldm] = cuvil_act(v, o->act);
-        }
-    }
-}
-
 void cuvil_bf16_rows(const uint32_t *Ab, int64_t rows, int64_t K2, const uint32_t *Bp, int64_t N, int64_t p0,
-                     int64_t p1, const cuvil_bf16_out *o) {
+                     int64_t p1, const cuvil_dot_out *o) {
     float out[DOT_MR * CUVIL_BF16_NR] __attribute__((aligned(64)));
     for (int64_t p = p0; p < p1; p++) {
         int64_t n0 = p * CUVIL_BF16_NR, nc = N - n0 < CUVIL_BF16_NR ? N - n0 : CUVIL_BF16_NR;
@@ -107,7 +79,7 @@ void cuvil_bf16_rows(const uint32_t *Ab, int64_t rows, int64_t K2, const uint32_
             case 2: dot_tile(2, a, K2, b, out); break;
             default: dot_tile(1, a, K2, b, out); break;
             }
-            store_tile(o, out, m0, mr, n0, nc);
+            cuvil_dot_store(o, out, m0, mr, n0, nc);
         }
     }
 }
@@ -119,7 +91,7 @@ static void dot_task(void *ctx, int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; t++) {
         int64_t p = t / g->nrb, m0 = t % g->nrb * DOT_ROW_TILES * DOT_MR;
         int64_t rows = g->M - m0 < DOT_ROW_TILES * DOT_MR ? g->M - m0 : DOT_ROW_TILES * DOT_MR;
-        cuvil_bf16_out o = g->out;
+        cuvil_dot_out o = g->out;
         o.C += m0 * o.ldm;
         if (o.residual) o.residual += m0 * o.res_ldm;
         if (o.bias_row) o.bias_row += m0;
@@ -133,7 +105,7 @@ int cuvil_sgemm_bf16dot(int64_t M, int64_t N, int64_t K, const float *A, int64_t
     int64_t K2 = (K + 1) / 2;
     uint32_t *Ab = cuvil_thread_buffer(CUVIL_BUF_APACK, (size_t)(M * K2) * sizeof(uint32_t) + 64);
     if (!Ab) return -1;
-    cuvil_bf16_out o = {C, ep ? ep->bias_row : 0, ep ? ep->bias_col : 0, ep ? ep->residual : 0, INT64_MAX / 2, 0, ldc,
+    cuvil_dot_out o = {C, ep ? ep->bias_row : 0, ep ? ep->bias_col : 0, ep ? ep->residual : 0, 0, INT64_MAX / 2, 0, ldc,
                         ep ? ep->ldr : 0, ep ? ep->alpha : 1.f, ep ? ep->act : CUVIL_ACT_NONE};
     dot_args g = {M, N, K, K2, (N + CUVIL_BF16_NR - 1) / CUVIL_BF16_NR,
                   (M + DOT_ROW_TILES * DOT_MR - 1) / (DOT_ROW_TILES * DOT_MR), A, lda, Ab, Bp, o};

@@ -6,7 +6,7 @@
  * picks this kernel only where the CPU has the instruction). */
 #ifndef CUVIL_BF16DOT_H
 #define CUVIL_BF16DOT_H
-#include "gemm.h"
+#include "dot_out.h"
 #include "lowp.h"
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -14,7 +14,7 @@
 
 /* Panels of CUVIL_BF16_NR columns: Bp[p][k2][j] (uint32) holds B[2 k2][p NR + j] in its low half and
  * B[2 k2 + 1][p NR + j] in its high half, as bf16; zero past K and N (codegen/c/lower_bf16dot.py). */
-#define CUVIL_BF16_NR 64
+#define CUVIL_BF16_NR CUVIL_DOT_NR
 
 /* n floats at p -> (n + 1) / 2 words of bf16 pairs at out (element 2i low, 2i + 1 high; a last odd
  * element's high half 0), rounded to nearest even: vcvtneps2bf16 16 floats at a time with AVX512-BF16
@@ -30,21 +30,10 @@ static inline void cuvil_bf16_round(const float *p, int64_t n, uint32_t *out) {
     if (i < n) out[i / 2] = cv_f32_to_bfloat16(p[i], 0);
 }
 
-/* Where a product goes: element (m, n) at C[n / nb * ldn + m * ldm + n % nb] (row-major: nb past N,
- * ldm = ldc; the channel-blocked layout: nb = CUVIL_BLOCK, ldn = pixels * nb, ldm = nb), the residual
- * in the same layout (res_ldm apart), then act(alpha * sum + bias_row[m] + bias_col[n] + residual). */
-typedef struct {
-    float *C;
-    const float *bias_row, *bias_col, *residual;
-    int64_t nb, ldn, ldm, res_ldm;
-    float alpha;
-    int act;
-} cuvil_bf16_out;
-
 /* Rows [0, rows) of A as bf16 pairs (K2 words a row) times panels [p0, p1) of Bp (N columns in all),
  * into o (its C and residual at the block's first row). */
 void cuvil_bf16_rows(const uint32_t *Ab, int64_t rows, int64_t K2, const uint32_t *Bp, int64_t N, int64_t p0,
-                     int64_t p1, const cuvil_bf16_out *o);
+                     int64_t p1, const cuvil_dot_out *o);
 
 /* C[M, N] (ldc) = epilogue(A[M, K] (lda) @ B); returns 0, or -1 where the buffer for bf16(A) could
  * not be allocated. */

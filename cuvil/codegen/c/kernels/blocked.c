@@ -1,15 +1,14 @@
 #include "blocked.h"
-#include "bf16dot.h"
+#include "blocked_input.h"
 #include "pool.h"
 #include "transpose.h"
 #include "vmath.h"
 #include "wide.h"
 
-/* Channel blocks per K block of the GEMM and pixels per M block: one panel's K block of B (256
+/* Channel blocks per K block of the GEMM (pixels per M block: blocked_input.h BLK_MC): one panel's K block of B (256
  * channels x NR floats, 32 KB at NR 32) is reused by every row tile of the M block, whose A (96 x 256
  * floats) stays in L2. */
 #define BLK_KB (256 / CUVIL_BLOCK)
-#define BLK_MC 96
 
 /* A conv's NCHW input, zero padded (cuvil_conv_nchw_blocked): the row of channel c, tap row kh that
  * output pixel m reads starts at x + c * plane + kh * dh * wp + pix[m], its taps dw apart. */
@@ -19,14 +18,6 @@ typedef struct {
     int64_t C, KH, KW, dh, dw, plane, wp;
 } nchw_source;
 
-/* A strided or padded conv's blocked input read in place as its im2col (cuvil_conv_blocked): channel
- * block k = tap * CB + cb of output pixel m starts at x + cb * plane + (pix[m] + tap[k / CB]) * B, x
- * zero padded where the conv pads. */
-typedef struct {
-    const float *x;
-    const int64_t *pix, *tap;
-    int64_t CB, plane;
-} gathered_source;
 
 typedef struct {
     int64_t M, N, K, lda, ldc, np, mb, mc;   /* mb M blocks of mc rows (blocked_m_rows) */
@@ -469,14 +460,6 @@ static void grouped_gemm_task(void *ctx, int64_t t0, int64_t t1) {
     }
 }
 
-/* M blocks of equal size, up to BLK_MC rows, whole register tiles: 196 pixels (14x14) had been two
- * blocks of 96 and one of 4, which ran every weight through the tiles again for 4 rows. */
-static inline int64_t blocked_m_rows(int64_t M, int64_t *mb) {
-    int64_t n = (M + BLK_MC - 1) / BLK_MC, mc = ((M + n - 1) / n + CUVIL_MR - 1) / CUVIL_MR * CUVIL_MR;
-    *mb = (M + mc - 1) / mc;
-    return mc;
-}
-
 void cuvil_sgemm_blocked(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda_blk, const float *Bp,
                          float *C, int64_t ldc_blk, const float *bias, const float *residual, int act, int nthreads) {
     if (M <= 0 || N <= 0) return;
@@ -486,64 +469,10 @@ void cuvil_sgemm_blocked(int64_t M, int64_t N, int64_t K, const float *A, int64_
 }
 
 /* ---- convolution ------------------------------------------------------------------------- */
-static inline int blocked_direct(const cuvil_conv_shape *s) { return cuvil_conv_pointwise(s); }
-
-/* The padded input's rows and columns: every tap of every output pixel inside it. */
-static inline int64_t padded_h(const cuvil_conv_shape *s) { return (s->OH - 1) * s->sh + (s->KH - 1) * s->dh + 1; }
-static inline int64_t padded_w(const cuvil_conv_shape *s) { return (s->OW - 1) * s->sw + (s->KW - 1) * s->dw + 1; }
-
-/* A gathered conv reads its input in place where no window reaches past it (a 1x1 stride-2 conv);
- * else a zero-padded copy in scratch. */
-static inline int blocked_in_place(const cuvil_conv_shape *s) {
-    return s->ph == 0 && s->pw == 0 && padded_h(s) <= s->H && padded_w(s) <= s->W;
-}
-
 int64_t cuvil_conv_blocked_scratch(const cuvil_conv_shape *s) {
     if (blocked_direct(s)) return 0;
     int64_t copy = blocked_in_place(s) ? 0 : s->C * padded_h(s) * padded_w(s);
     return copy + 2 * (s->OH * s->OW + s->KH * s->KW);         /* + the int64 tables pix and tap */
-}
-
-/* A zero-padded copy of one image, rows r = c * hp + ih of `pixel` floats a pixel: an NCHW input's
- * channels (pixel 1) or a blocked input's blocks of channels (pixel B). */
-typedef struct { const cuvil_conv_shape *s; const float *x; float *xp; int64_t pixel; } pad_args;
-
-static void pad_task(void *ctx, int64_t r0, int64_t r1) {
-    const pad_args *a = ctx;
-    const cuvil_conv_shape *s = a->s;
-    int64_t hp = padded_h(s), wp = padded_w(s), px = a->pixel;
-    for (int64_t r = r0; r < r1; r++)
-        cuvil_pad_rows(a->x + r / hp * s->H * s->W * px, s->H, s->W, px, r % hp - s->ph, 1, s->pw, wp,
-                       a->xp + r * wp * px);
-}
-
-/* A conv's input as its GEMM's A: a 1x1 stride-1 conv (direct) reads it in place; a strided or padded
- * one gathers A's rows from it through the pixel and tap tables (accumulate_gathered), from a
- * zero-padded copy in scratch where it pads. */
-typedef struct {
-    int direct, in_place;
-    int64_t hp, wp, *pix, *tap;
-} blocked_input;
-
-static blocked_input blocked_input_tables(const cuvil_conv_shape *s, float *scratch) {
-    blocked_input b = {blocked_direct(s), 0, 0, 0, 0, 0};
-    b.in_place = b.direct || blocked_in_place(s);
-    b.hp = b.in_place ? s->H : padded_h(s), b.wp = b.in_place ? s->W : padded_w(s);
-    b.pix = (int64_t *)(scratch + (b.in_place ? 0 : s->C * b.hp * b.wp)), b.tap = b.pix + s->OH * s->OW;
-    if (!b.direct) {
-        for (int64_t m = 0; m < s->OH * s->OW; m++) b.pix[m] = m / s->OW * s->sh * b.wp + m % s->OW * s->sw;
-        for (int64_t t = 0; t < s->KH * s->KW; t++) b.tap[t] = t / s->KW * s->dh * b.wp + t % s->KW * s->dw;
-    }
-    return b;
-}
-
-/* Image xn as A's source: itself, or its zero-padded copy written into scratch. */
-static const float *blocked_image(const cuvil_conv_shape *s, const blocked_input *b, const float *xn, float *scratch,
-                                  int nthreads) {
-    if (b->in_place) return xn;
-    pad_args pa = {s, xn, scratch, CUVIL_BLOCK};
-    cuvil_parallel_for(s->C * b->hp * b->wp > 16384 ? nthreads : 1, s->C / CUVIL_BLOCK * b->hp, 1, pad_task, &pa);
-    return scratch;
 }
 
 void cuvil_conv_blocked(const cuvil_conv_shape *s, const float *x, const float *wb, const float *bias,
@@ -561,65 +490,6 @@ void cuvil_conv_blocked(const cuvil_conv_shape *s, const float *x, const float *
         gg.tasks = mb * blocked_groups(&gg.g);
         cuvil_parallel_for(P * s->O * K > 65536 ? nthreads : 1, G * gg.tasks, 1, grouped_gemm_task, &gg);
     }
-}
-
-/* ---- the same conv in bf16 products (groups 1) ------------------------------------------- */
-typedef struct {
-    const cuvil_conv_shape *s;
-    gathered_source src;          /* x, CB and plane always; pix and tap where the conv gathers */
-    int direct;
-    const uint32_t *wb;
-    cuvil_bf16_out out;
-    int64_t P, K2, mc, ng, np;
-    int out_of_memory;
-} bf16_conv;
-
-/* Row m of A (pixel m's K = taps x channels) as bf16 pairs, from the blocked input. */
-static inline void bf16_conv_row(const bf16_conv *a, int64_t m, uint32_t *row) {
-    const gathered_source *src = &a->src;
-    int64_t taps = a->s->KH * a->s->KW;
-    for (int64_t t = 0; t < taps; t++)
-        for (int64_t cb = 0; cb < src->CB; cb++, row += CUVIL_BLOCK / 2) {
-            const float *p = a->direct ? src->x + cb * src->plane + m * CUVIL_BLOCK
-                                       : src->x + cb * src->plane + (src->pix[m] + src->tap[t]) * CUVIL_BLOCK;
-            cuvil_bf16_round(p, CUVIL_BLOCK, row);
-        }
-}
-
-/* Tasks t: M block t / ng (its rows rounded to bf16 once, into the thread's buffer) over panel group
- * t % ng (groups only where there are too few M blocks to keep the threads busy). */
-static void bf16_conv_task(void *ctx, int64_t t0, int64_t t1) {
-    bf16_conv *a = ctx;
-    for (int64_t t = t0; t < t1; t++) {
-        int64_t m0 = t / a->ng * a->mc, rows = a->P - m0 < a->mc ? a->P - m0 : a->mc, q = t % a->ng;
-        uint32_t *Ab = cuvil_thread_buffer(CUVIL_BUF_BF16, (size_t)(a->mc * a->K2) * sizeof(uint32_t));
-        if (!Ab) {
-            a->out_of_memory = 1;
-            return;
-        }
-        for (int64_t m = 0; m < rows; m++) bf16_conv_row(a, m0 + m, Ab + m * a->K2);
-        cuvil_bf16_out o = a->out;
-        o.C += m0 * CUVIL_BLOCK;
-        if (o.residual) o.residual += m0 * CUVIL_BLOCK;
-        cuvil_bf16_rows(Ab, rows, a->K2, a->wb, a->s->O, q * a->np / a->ng, (q + 1) * a->np / a->ng, &o);
-    }
-}
-
-int cuvil_conv_blocked_bf16(const cuvil_conv_shape *s, const float *x, const uint32_t *wb, const float *bias,
-                            const float *residual, float *y, int act, float *scratch, int nthreads) {
-    int64_t P = s->OH * s->OW, in = s->C * s->H * s->W, out = s->O * P, mb, mc = blocked_m_rows(P, &mb);
-    int64_t np = (s->O + CUVIL_BF16_NR - 1) / CUVIL_BF16_NR, ng = mb >= 2 * nthreads ? 1 : cuvil_min(np, 2 * nthreads);
-    blocked_input b = blocked_input_tables(s, scratch);
-    for (int64_t n = 0; n < s->N; n++) {
-        const float *xn = blocked_image(s, &b, x + n * in, scratch, nthreads);
-        bf16_conv a = {s, {xn, b.pix, b.tap, s->C / CUVIL_BLOCK, b.hp * b.wp * CUVIL_BLOCK}, b.direct, wb,
-                       {y + n * out, 0, bias, residual ? residual + n * out : 0, CUVIL_BLOCK, P * CUVIL_BLOCK, CUVIL_BLOCK,
-                        CUVIL_BLOCK, 1.f, act},
-                       P, s->KH * s->KW * s->C / 2, mc, ng, np, 0};
-        cuvil_parallel_for(P * s->O * s->C > 65536 ? nthreads : 1, mb * ng, 1, bf16_conv_task, &a);
-        if (a.out_of_memory) return -1;
-    }
-    return 0;
 }
 
 /* ---- convolution of an NCHW input into the blocked layout ---------------------------------- */

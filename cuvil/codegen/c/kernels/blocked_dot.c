@@ -1,0 +1,214 @@
+/* Channel-blocked convs of one group on the dot-product kernels (compile's precision="bf16" and
+ * "int8" where the CPU multiplies in them): each M block's rows of the conv's GEMM, gathered through the
+ * pixel and tap tables as cuvil_conv_blocked reads them, converted once into a thread buffer (bf16
+ * pairs, or bytes of the quantized input) and multiplied by every panel of the packed filters. */
+#include "bf16dot.h"
+#include "blocked_input.h"
+#include "int8dot.h"
+#include <math.h>
+
+/* ---- bf16 products ------------------------------------------------------------------------ */
+typedef struct {
+    const cuvil_conv_shape *s;
+    gathered_source src;          /* x, CB and plane always; pix and tap where the conv gathers */
+    int direct;
+    const uint32_t *wb;
+    cuvil_dot_out out;
+    int64_t P, K2, mc, ng, np;
+    int out_of_memory;
+} bf16_conv;
+
+/* Row m of A (pixel m's K = taps x channels) as bf16 pairs, from the blocked input. */
+static inline void bf16_conv_row(const bf16_conv *a, int64_t m, uint32_t *row) {
+    const gathered_source *src = &a->src;
+    int64_t taps = a->s->KH * a->s->KW;
+    for (int64_t t = 0; t < taps; t++)
+        for (int64_t cb = 0; cb < src->CB; cb++, row += CUVIL_BLOCK / 2) {
+            const float *p = a->direct ? src->x + cb * src->plane + m * CUVIL_BLOCK
+                                       : src->x + cb * src->plane + (src->pix[m] + src->tap[t]) * CUVIL_BLOCK;
+            cuvil_bf16_round(p, CUVIL_BLOCK, row);
+        }
+}
+
+/* Tasks t: M block t / ng (its rows rounded to bf16 once, into the thread's buffer) over panel group
+ * t % ng (groups only where there are too few M blocks to keep the threads busy). */
+static void bf16_conv_task(void *ctx, int64_t t0, int64_t t1) {
+    bf16_conv *a = ctx;
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t m0 = t / a->ng * a->mc, rows = a->P - m0 < a->mc ? a->P - m0 : a->mc, q = t % a->ng;
+        uint32_t *Ab = cuvil_thread_buffer(CUVIL_BUF_BF16, (size_t)(a->mc * a->K2) * sizeof(uint32_t));
+        if (!Ab) {
+            a->out_of_memory = 1;
+            return;
+        }
+        for (int64_t m = 0; m < rows; m++) bf16_conv_row(a, m0 + m, Ab + m * a->K2);
+        cuvil_dot_out o = a->out;
+        o.C += m0 * CUVIL_BLOCK;
+        if (o.residual) o.residual += m0 * CUVIL_BLOCK;
+        cuvil_bf16_rows(Ab, rows, a->K2, a->wb, a->s->O, q * a->np / a->ng, (q + 1) * a->np / a->ng, &o);
+    }
+}
+
+int cuvil_conv_blocked_bf16(const cuvil_conv_shape *s, const float *x, const uint32_t *wb, const float *bias,
+                            const float *residual, float *y, int act, float *scratch, int nthreads) {
+    int64_t P = s->OH * s->OW, in = s->C * s->H * s->W, out = s->O * P, mb, mc = blocked_m_rows(P, &mb);
+    int64_t np = (s->O + CUVIL_BF16_NR - 1) / CUVIL_BF16_NR, ng = mb >= 2 * nthreads ? 1 : cuvil_min(np, 2 * nthreads);
+    blocked_input b = blocked_input_tables(s, scratch);
+    for (int64_t n = 0; n < s->N; n++) {
+        const float *xn = blocked_image(s, &b, x + n * in, scratch, nthreads);
+        bf16_conv a = {s, {xn, b.pix, b.tap, s->C / CUVIL_BLOCK, b.hp * b.wp * CUVIL_BLOCK}, b.direct, wb,
+                       {y + n * out, 0, bias, residual ? residual + n * out : 0, 0, CUVIL_BLOCK, P * CUVIL_BLOCK, CUVIL_BLOCK,
+                        CUVIL_BLOCK, 1.f, act},
+                       P, s->KH * s->KW * s->C / 2, mc, ng, np, 0};
+        cuvil_parallel_for(P * s->O * s->C > 65536 ? nthreads : 1, mb * ng, 1, bf16_conv_task, &a);
+        if (a.out_of_memory) return -1;
+    }
+    return 0;
+}
+
+/* ---- int8 products ------------------------------------------------------------------------- */
+/* The input's range: [lo, hi] over one image (cuvil_conv_blocked_int8 without a calibrated range), in
+ * chunks whose partial extremes one thread then combines. */
+#define RANGE_CHUNKS 64
+typedef struct { const float *x; int64_t n, chunk; float lo[RANGE_CHUNKS], hi[RANGE_CHUNKS]; } range_args;
+
+static void range_task(void *ctx, int64_t c0, int64_t c1) {
+    range_args *a = ctx;
+    for (int64_t c = c0; c < c1; c++) {
+        const float *p = a->x + c * a->chunk;
+        int64_t n = a->n - c * a->chunk < a->chunk ? a->n - c * a->chunk : a->chunk;   /* a multiple of VL */
+        cuvil_vf lo = cuvil_vsplat(0.f), hi = lo;          /* 0 in the range: padding and zeros stay exact */
+        for (int64_t i = 0; i < n; i += CUVIL_VL) {
+            cuvil_vf v = cuvil_vload(p + i);
+            lo = cuvil_vsel(v < lo, v, lo), hi = cuvil_vsel(v > hi, v, hi);
+        }
+        float l = 0.f, h = 0.f;
+        for (int j = 0; j < CUVIL_VL; j++) l = lo[j] < l ? lo[j] : l, h = hi[j] > h ? hi[j] : h;
+        a->lo[c] = l, a->hi[c] = h;
+    }
+}
+
+/* The affine map of the input onto bytes: q = clamp(rint(x / scale) + zero, 0, 255). */
+typedef struct { float scale, inv, zero; } byte_map;
+
+static byte_map input_byte_map(const float *x, int64_t n, const float *range, int nthreads) {
+    float lo = 0.f, hi = 0.f;
+    if (range) lo = range[0] < 0.f ? range[0] : 0.f, hi = range[1] > 0.f ? range[1] : 0.f;
+    else {
+        range_args a = {x, n, 0, {0}, {0}};
+        int64_t chunks = n / 16384 < 1 ? 1 : n / 16384 > RANGE_CHUNKS ? RANGE_CHUNKS : n / 16384;
+        a.chunk = (n / chunks + CUVIL_VL - 1) / CUVIL_VL * CUVIL_VL, chunks = (n + a.chunk - 1) / a.chunk;
+        cuvil_parallel_for(chunks > 1 ? nthreads : 1, chunks, 1, range_task, &a);
+        for (int64_t c = 0; c < chunks; c++) lo = a.lo[c] < lo ? a.lo[c] : lo, hi = a.hi[c] > hi ? a.hi[c] : hi;
+    }
+    float scale = (hi - lo) / 255.f;
+    if (!(scale > 0.f) || !isfinite(scale)) scale = 1.f;   /* all zeros (or no usable range: NaN, inf) */
+    float zero = rintf(-lo / scale);
+    zero = zero < 0.f ? 0.f : zero > 255.f ? 255.f : zero;
+    return (byte_map){scale, 1.f / scale, zero};
+}
+
+/* B floats -> B bytes: q = clamp(x / scale + zero, 0, 255) rounded half up (q >= 0: +0.5, truncated). */
+typedef uint8_t byte_block __attribute__((vector_size(CUVIL_BLOCK)));
+static inline void to_bytes(const float *x, byte_map m, uint8_t *out) {
+    cuvil_vf t = cuvil_vload(x) * cuvil_vsplat(m.inv) + cuvil_vsplat(m.zero + 0.5f), lo = cuvil_vsplat(0.f);
+    t = cuvil_vsel(t > lo, t, lo);                               /* NaN: 0 */
+    t = cuvil_vsel(t < cuvil_vsplat(255.f), t, cuvil_vsplat(255.f));
+    byte_block b = __builtin_convertvector(__builtin_convertvector(t, cuvil_vi), byte_block);
+    memcpy(out, &b, CUVIL_BLOCK);
+}
+
+/* The quantized image, pixel-major: rows ih of the padded image (hp x wp pixels of C bytes each, the
+ * padding at the zero point), so that a pixel's channels are one run of bytes: a 1x1 conv reads its
+ * GEMM's rows in place, any other gathers a row as one run per tap. */
+typedef struct { const cuvil_conv_shape *s; const float *x; uint8_t *xq; int64_t hp, wp; byte_map m; } quantize_args;
+
+static void quantize_task(void *ctx, int64_t r0, int64_t r1) {
+    const quantize_args *a = ctx;
+    const cuvil_conv_shape *s = a->s;
+    int64_t plane = s->H * s->W * CUVIL_BLOCK;
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t ih = r - s->ph;
+        uint8_t *out = a->xq + r * a->wp * s->C;
+        for (int64_t iw = 0; iw < a->wp; iw++, out += s->C) {
+            int64_t w = iw - s->pw;
+            if (ih < 0 || ih >= s->H || w < 0 || w >= s->W) {
+                memset(out, (int)a->m.zero, s->C);
+                continue;
+            }
+            const float *px = a->x + (ih * s->W + w) * CUVIL_BLOCK;
+            for (int64_t cb = 0; cb < s->C / CUVIL_BLOCK; cb++) to_bytes(px + cb * plane, a->m, out + cb * CUVIL_BLOCK);
+        }
+    }
+}
+
+typedef struct {
+    const cuvil_conv_shape *s;
+    const uint8_t *xq;            /* the quantized image, pixel-major */
+    const int64_t *pix, *tap;     /* where the conv gathers (not direct) */
+    int64_t K4, P, mc, ng, np;
+    int direct;
+    const uint32_t *wq;
+    cuvil_dot_out out;
+    int out_of_memory;
+} int8_conv;
+
+static void int8_conv_task(void *ctx, int64_t t0, int64_t t1) {
+    int8_conv *a = ctx;
+    int64_t C = a->s->C, taps = a->s->KH * a->s->KW;
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t m0 = t / a->ng * a->mc, rows = a->P - m0 < a->mc ? a->P - m0 : a->mc, q = t % a->ng;
+        const uint32_t *Aq = (const uint32_t *)(a->xq + m0 * C);    /* a 1x1 conv's rows: the image's pixels */
+        if (!a->direct) {
+            uint8_t *rowbuf = cuvil_thread_buffer(CUVIL_BUF_BF16, (size_t)(a->mc * a->K4) * sizeof(uint32_t));
+            if (!rowbuf) {
+                a->out_of_memory = 1;
+                return;
+            }
+            for (int64_t m = 0; m < rows; m++)          /* row m: each tap's pixel, C bytes */
+                for (int64_t k = 0; k < taps; k++)
+                    memcpy(rowbuf + (m * taps + k) * C, a->xq + (a->pix[m0 + m] + a->tap[k]) * C, C);
+            Aq = (const uint32_t *)rowbuf;
+        }
+        cuvil_dot_out o = a->out;
+        o.C += m0 * CUVIL_BLOCK;
+        if (o.residual) o.residual += m0 * CUVIL_BLOCK;
+        cuvil_i8_rows(Aq, rows, a->K4, a->wq, a->s->O, q * a->np / a->ng, (q + 1) * a->np / a->ng, &o);
+    }
+}
+
+/* Scratch floats: the tables and copy of cuvil_conv_blocked, the quantized image (in the copy's place
+ * where there is one, after the tables where the conv reads in place) and two columns' terms. */
+static int64_t int8_image_at(const cuvil_conv_shape *s) {
+    return blocked_in_place(s) || blocked_direct(s) ? cuvil_conv_blocked_scratch(s) : 0;
+}
+
+int64_t cuvil_conv_blocked_int8_scratch(const cuvil_conv_shape *s) {
+    int64_t image = blocked_in_place(s) || blocked_direct(s) ? (s->C * s->H * s->W + 3) / 4 : 0;
+    return (cuvil_conv_blocked_scratch(s) + image + 15) / 16 * 16 + 2 * s->O;
+}
+
+int cuvil_conv_blocked_int8(const cuvil_conv_shape *s, const float *x, const uint32_t *wq, const float *wterms,
+                            const float *bias, const float *residual, const float *range, float *y, int act,
+                            float *scratch, int nthreads) {
+    int64_t P = s->OH * s->OW, in = s->C * s->H * s->W, out = s->O * P, mb, mc = blocked_m_rows(P, &mb);
+    int64_t np = (s->O + CUVIL_I8_NR - 1) / CUVIL_I8_NR, ng = mb >= 2 * nthreads ? 1 : cuvil_min(np, 2 * nthreads);
+    blocked_input b = blocked_input_tables(s, scratch);
+    uint8_t *xq = (uint8_t *)(scratch + int8_image_at(s));
+    float *scale_col = scratch + (cuvil_conv_blocked_int8_scratch(s) - 2 * s->O), *bias_col = scale_col + s->O;
+    for (int64_t n = 0; n < s->N; n++) {
+        byte_map m = input_byte_map(x + n * in, in, range, nthreads);
+        /* sum * scale * w_scale[o] - scale * zero * w_scale[o] * sum_k w[k][o] + bias[o]: wterms holds
+         * w_scale and w_scale times the filter's sum */
+        for (int64_t o = 0; o < s->O; o++)
+            scale_col[o] = m.scale * wterms[o], bias_col[o] = (bias ? bias[o] : 0.f) - m.scale * m.zero * wterms[s->O + o];
+        quantize_args qa = {s, x + n * in, xq, b.hp, b.wp, m};
+        cuvil_parallel_for(in > 16384 ? nthreads : 1, b.hp, 1, quantize_task, &qa);
+        int8_conv a = {s, xq, b.pix, b.tap, s->KH * s->KW * s->C / 4, P, mc, ng, np, b.direct,
+                       wq, {y + n * out, 0, bias_col, residual ? residual + n * out : 0, scale_col, CUVIL_BLOCK,
+                            P * CUVIL_BLOCK, CUVIL_BLOCK, CUVIL_BLOCK, 1.f, act}, 0};
+        cuvil_parallel_for(P * s->O * s->C > 65536 ? nthreads : 1, mb * ng, 1, int8_conv_task, &a);
+        if (a.out_of_memory) return -1;
+    }
+    return 0;
+}

@@ -1,0 +1,23 @@
+/* Integer dot products for compile's precision="int8" convs where the CPU has AVX-512 VNNI: rows of A
+ * as unsigned bytes (activations quantized with a zero point), B signed bytes (filters, symmetric per
+ * output channel) packed at compile time, each lane's four products added into its int32 sum as
+ * vpdpbusd adds them (no saturation: a sum stays below 2^31 for K <= CUVIL_I8_MAX_K). The sums leave as
+ * floats through cuvil_dot_store, whose scale_col and bias_col turn them back into the conv's scale.
+ * Built on every target: VNNI runs the instruction, any other the same integer sums in portable C
+ * (the tests' oracle for layouts and edges on any host; the lowering picks this kernel only where the
+ * CPU has the instruction). */
+#ifndef CUVIL_INT8DOT_H
+#define CUVIL_INT8DOT_H
+#include "dot_out.h"
+
+#define CUVIL_I8_NR CUVIL_DOT_NR
+#define CUVIL_I8_MAX_K 65792          /* 65792 * 255 * 128 < 2^31 */
+
+/* Panels of CUVIL_I8_NR columns: Bp[p][k4][j] (uint32) holds B[4 k4 + i][p NR + j] in byte i; zero
+ * past K and N (codegen/c/lower_int8dot.py). */
+
+/* Rows [0, rows) of A (K4 words of four bytes a row) times panels [p0, p1) of Bp (N columns in all),
+ * into o (its C and residual at the block's first row). */
+void cuvil_i8_rows(const uint32_t *Aq, int64_t rows, int64_t K4, const uint32_t *Bp, int64_t N, int64_t p0,
+                   int64_t p1, const cuvil_dot_out *o);
+#endif

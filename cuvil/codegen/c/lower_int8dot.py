@@ -1,0 +1,49 @@
+"""Channel-blocked convs in integer products (compile's precision="int8" on a target with AVX-512
+VNNI; passes/quantize.py marks them int8_act): the filters as signed bytes per output channel in the
+panels kernels/int8dot.h reads, each channel's scale and filter sum, and the call of
+cuvil_conv_blocked_int8. Winograd and depthwise convs, and convs of an NCHW input, stay fp32."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...ir import quant
+from ...target import has_features
+from .conv_plan import conv_plan
+
+I8_NR = 64                    # kernels/int8dot.h CUVIL_I8_NR
+I8_MAX_K = 65792              # kernels/int8dot.h CUVIL_I8_MAX_K
+INT8_FEATURES = ("avx512_vnni", "avx512bw")
+
+
+def int8_dot_panels(q: np.ndarray) -> np.ndarray:
+    """int8 [K, N] -> uint32 [ceil(N/64), ceil(K/4), 64]: word (p, k4, j) holds rows 4 k4 .. 4 k4 + 3 of
+    column 64 p + j in its bytes 0 .. 3, zeros past K and N."""
+    K, N = q.shape
+    K4, n = -(-K // 4), -(-N // I8_NR)
+    full = np.zeros((4 * K4, n * I8_NR), np.uint8)
+    full[:K, :N] = q.view(np.uint8)
+    words = full.reshape(K4, 4, n * I8_NR).transpose(0, 2, 1).copy().view(np.uint32)[..., 0]   # [K4, n * 64]
+    return np.ascontiguousarray(words.reshape(K4, n, I8_NR).transpose(1, 0, 2))
+
+
+def quantized_filters(b: np.ndarray):
+    """A conv's B [K, O] (filters_as_b) -> (int8 [K, O], scales [O]): a filter already on an int8 grid (QAT,
+    QDQ) keeps it, any other is rounded per output channel, symmetric."""
+    q, s = quant.int8_grid(b) or quant.quantize_int8(b)
+    return q, s.reshape(-1)
+
+
+def filter_terms(b: np.ndarray) -> np.ndarray:
+    """[2, O] float32: each output channel's scale, and its scale times the sum of its integer filter
+    (the zero point's share of the integer sums, kernels/blocked.h cuvil_conv_blocked_int8)."""
+    q, s = quantized_filters(b)
+    return np.stack([s, s * q.astype(np.int64).sum(axis=0)]).astype(np.float32)
+
+
+def computes_int8(node, target: str) -> bool:
+    """Whether this conv runs on the integer dot-product kernels for `target`."""
+    if node.op != "conv" or node.attrs.get("int8_act", 0) != 1 or not has_features(target, INT8_FEATURES):
+        return False
+    w = node.inputs[1].shape
+    return (node.attrs.get("groups", 1) == 1 and conv_plan(node).kind == "blocked"
+            and w[1] * int(np.prod(w[2:])) <= I8_MAX_K)

@@ -1,0 +1,239 @@
+"""Integer dot products for precision="int8" convs: the u8 x s8 GEMM rows (kernels/int8dot.c) and the
+channel-blocked conv on them (kernels/blocked_dot.c cuvil_conv_blocked_int8) against numpy doing the
+same arithmetic (each image mapped onto bytes over its range, int32 sums, scaled back). Built with
+AVX-512 VNNI where this CPU has it, and always as portable C (4-float blocks) and for AVX2 (8-float
+blocks), which run the same layouts, edges and epilogue on any x86-64 host; then compiled models
+against torch."""
+import ctypes
+import platform
+
+import numpy as np
+import pytest
+
+from cuvil.codegen.c.gen_activations import ACT_CODES
+from cuvil.codegen.c.lower_blocked import filters_as_b, int8_filter_panels
+from cuvil.codegen.c.lower_int8dot import filter_terms, int8_dot_panels, quantized_filters
+from cuvil.target import cpu_flags
+
+from .util import build_kernels
+
+BUILDS = {"portable": (["-march=x86-64"], 4), "avx2": (["-march=x86-64-v3"], 8),
+          "avx512_vnni": (["-march=native"], 16)}
+FILES = ("blocked_dot.c", "blocked.c", "int8dot.c", "bf16dot.c", "gemm.c", "pool.c", "conv.c", "winograd.c",
+         "winograd4.c", "winograd_blocked.c", "special.c")
+
+
+class Shape(ctypes.Structure):
+    _fields_ = [(f, ctypes.c_int64) for f in "N C H W O KH KW OH OW sh sw ph pw dh dw groups".split()]
+
+
+class DotOut(ctypes.Structure):
+    _fields_ = [("C", ctypes.c_void_p), ("bias_row", ctypes.c_void_p), ("bias_col", ctypes.c_void_p),
+                ("residual", ctypes.c_void_p), ("scale_col", ctypes.c_void_p), ("nb", ctypes.c_int64),
+                ("ldn", ctypes.c_int64), ("ldm", ctypes.c_int64), ("res_ldm", ctypes.c_int64),
+                ("alpha", ctypes.c_float), ("act", ctypes.c_int)]
+
+
+@pytest.fixture(scope="module", params=list(BUILDS))
+def lib(request, tmp_path_factory):
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the builds' flags are x86 flags")
+    flags, block = BUILDS[request.param]
+    if request.param == "avx512_vnni" and not {"avx512_vnni", "avx512bw"} <= cpu_flags():
+        pytest.skip("this CPU has no AVX-512 VNNI (the portable and AVX2 builds cover the kernels' C)")
+    if request.param == "avx2" and "avx2" not in cpu_flags():
+        pytest.skip("this CPU has no AVX2")
+    lib = build_kernels(tmp_path_factory.mktemp("int8dot"), FILES, flags)
+    lib.cuvil_conv_blocked_int8.restype = ctypes.c_int
+    lib.cuvil_conv_blocked_int8_scratch.restype = ctypes.c_int64
+    lib.block = block
+    return lib
+
+
+def _ptr(x):
+    return None if x is None else x.ctypes.data_as(ctypes.c_void_p)
+
+
+def test_panels_layout():
+    q = np.arange(-60, 60, dtype=np.int8)[:, None].repeat(70, 1)[:9]        # K 9 (not a multiple of 4), N 70
+    q[:, 67] = np.arange(9) - 4
+    p = int8_dot_panels(q)
+    assert p.shape == (2, 3, 64) and p.dtype == np.uint32
+    word = int(p[1, 1, 3])                              # column 67, rows 4..7
+    assert [np.int8(np.uint8((word >> 8 * i) & 255)) for i in range(4)] == [0, 1, 2, 3]
+    assert (p[0, 2] >> 8 == 0).all()                    # K 9: row 8 in the low byte, zeros past it
+    assert (p[1, :, 6:] == 0).all()                     # past N
+
+
+@pytest.mark.parametrize("M,N,K,act", [(1, 64, 16, "none"), (7, 100, 36, "relu"), (53, 130, 96, "none"),
+                                       (13, 5, 4, "relu"), (96, 256, 1024, "none")])
+def test_rows_match_integer_sums(lib, M, N, K, act):
+    """cuvil_i8_rows: exact int32 sums of unsigned A and signed B bytes (no saturation at the extremes),
+    scaled per column, biased and activated, into row-major C."""
+    rng = np.random.default_rng(M * N + K)
+    a = rng.integers(0, 256, (M, K), dtype=np.uint8)
+    a[0] = 255                                          # extremes: 255 * -128 summed K deep
+    b = rng.integers(-128, 128, (K, N), dtype=np.int8)
+    b[:, 0] = -128
+    scale = rng.uniform(0.5, 2, N).astype(np.float32) * 1e-3
+    bias = rng.standard_normal(N).astype(np.float32)
+    c = np.full((M, N), np.nan, np.float32)
+    out = DotOut(_ptr(c), None, _ptr(bias), None, _ptr(scale), 1 << 40, 0, N, 0, 1.0, ACT_CODES[act])
+    lib.cuvil_i8_rows(_ptr(a), ctypes.c_int64(M), ctypes.c_int64(K // 4), _ptr(int8_dot_panels(b)),
+                      ctypes.c_int64(N), ctypes.c_int64(0), ctypes.c_int64(-(-N // 64)), ctypes.byref(out))
+    want = a.astype(np.int64) @ b.astype(np.int64)
+    want = want.astype(np.float32) * scale + bias
+    if act == "relu":
+        want = np.maximum(want, 0)
+    np.testing.assert_allclose(c, want, rtol=1e-6, atol=1e-6)
+
+
+def _byte_map(x, rng_):
+    lo, hi = (float(x.min()), float(x.max())) if rng_ is None else rng_
+    lo, hi = np.float32(min(lo, 0)), np.float32(max(hi, 0))
+    scale = np.float32((hi - lo) / np.float32(255))
+    if not scale > 0:
+        scale = np.float32(1)
+    zero = np.float32(np.clip(np.rint(-lo / scale), 0, 255))
+    q = np.floor(np.clip(x * (np.float32(1) / scale) + (zero + np.float32(0.5)), 0, 255))
+    return q, scale, zero
+
+
+def _conv_int(q, wq, stride, pad, dil, zero):
+    """The integer conv of bytes q [C, H, W] (padding at the zero point) with int8 filters [O, C, KH, KW]."""
+    import torch
+    qp = np.pad(q - zero, ((0, 0), (pad, pad), (pad, pad)))             # centred: the zero point's padding is 0
+    y = torch.nn.functional.conv2d(torch.from_numpy(qp[None].astype(np.float64)),
+                                   torch.from_numpy(wq.astype(np.float64)), stride=stride, dilation=dil)
+    return y[0].numpy()
+
+
+def _blocked(x, b):
+    n, c, h, w = x.shape
+    return np.ascontiguousarray(x.reshape(n, c // b, b, h, w).transpose(0, 1, 3, 4, 2))
+
+
+def _unblocked(y, b):
+    n, cb, h, w, _ = y.shape
+    return y.transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w)
+
+
+@pytest.mark.parametrize("k,stride,pad,dil,cin,cout,hw,calibrated", [
+    (1, 1, 0, 1, 32, 48, (9, 11), False),       # direct: the quantized image is the GEMM's A
+    (1, 2, 0, 1, 16, 80, (13, 10), True),       # gathered in place, a calibrated range that clips
+    (3, 2, 1, 1, 32, 64, (15, 14), False),      # gathered from the padded image
+    (3, 1, 1, 1, 16, 80, (7, 9), False),        # direct 3x3 (no Winograd in int8), a panel cut short
+    (3, 1, 2, 2, 16, 32, (12, 12), True),       # dilated
+    (5, 1, 2, 1, 48, 16, (7, 9), False),
+])
+def test_blocked_conv_matches_integer_arithmetic(lib, k, stride, pad, dil, cin, cout, hw, calibrated):
+    B = lib.block
+    cout = cout // B * B
+    rng = np.random.default_rng(k * 100 + cin)
+    N, (H, W) = 2, hw
+    x = rng.standard_normal((N, cin, H, W)).astype(np.float32)
+    x[1] = np.maximum(x[1], 0)                        # a ReLU output: its zero point is 0
+    w = rng.standard_normal((cout, cin, k, k)).astype(np.float32) * 0.1
+    bias = rng.standard_normal(cout).astype(np.float32)
+    OH, OW = ((H + 2 * pad - dil * (k - 1) - 1) // stride + 1), ((W + 2 * pad - dil * (k - 1) - 1) // stride + 1)
+    res = rng.standard_normal((N, cout, OH, OW)).astype(np.float32)
+    rng_ = (-1.5, 1.25) if calibrated else None
+    s = Shape(N, cin, H, W, cout, k, k, OH, OW, stride, stride, pad, pad, dil, dil, 1)
+    scratch = np.zeros(lib.cuvil_conv_blocked_int8_scratch(ctypes.byref(s)) + 16, np.float32)
+    y = np.full((N, cout // B, OH, OW, B), np.nan, np.float32)
+    xb, rb = _blocked(x, B), _blocked(res, B)
+    wq = int8_filter_panels(w)
+    terms = filter_terms(filters_as_b(w))
+    r = None if rng_ is None else np.array(rng_, np.float32)
+    assert lib.cuvil_conv_blocked_int8(ctypes.byref(s), _ptr(xb), _ptr(wq), _ptr(terms), _ptr(bias), _ptr(rb), _ptr(r),
+                                       _ptr(y), ACT_CODES["relu"], _ptr(scratch), 2) == 0
+    got = _unblocked(y, B)
+
+    q, ws = quantized_filters(filters_as_b(w))
+    wint = q.reshape(k, k, cin, cout).transpose(3, 2, 0, 1)
+    for n in range(N):
+        qx, scale, zero = _byte_map(x[n], rng_)
+        acc = _conv_int(qx, wint, stride, pad, dil, zero)
+        want = np.maximum(acc * (scale * ws)[:, None, None] + bias[:, None, None] + res[n], 0)
+        # one input byte a step off (the fused multiply-add's rounding at a half) moves an output by
+        # scale * |w|; a slip in the layout or the gather by far more
+        step = float(scale * np.abs(wint).max() * ws.max())
+        assert np.abs(got[n] - want).max() <= 2 * step + 1e-4 * np.abs(want).max(), n
+        if not calibrated:          # and the whole is near the float conv
+            import torch
+            ref = torch.nn.functional.conv2d(torch.from_numpy(x[n:n + 1]), torch.from_numpy(w), torch.from_numpy(bias),
+                                             stride, pad, dil)[0].numpy()
+            ref = np.maximum(ref + res[n], 0)
+            assert np.abs(got[n] - ref).max() <= 0.03 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("k,stride,pad,dil,cin,cout,hw", [
+    (1, 1, 0, 1, 32, 48, (9, 11)),        # direct
+    (1, 2, 0, 1, 16, 80, (13, 10)),       # gathered in place
+    (3, 2, 1, 1, 32, 64, (15, 14)),       # gathered from the padded image
+    (3, 1, 1, 1, 32, 64, (14, 14)),       # 3x3 stride 1: direct integer products, no Winograd
+    (5, 1, 2, 1, 16, 16, (7, 9)),
+])
+def test_compiled_int8_convs_against_torch(k, stride, pad, dil, cin, cout, hw):
+    """precision="int8" on channel-blocked convs (bias, residual and ReLU fused) against torch: within
+    int8's rounding of input and filters; on a CPU with AVX-512 VNNI the generated C calls
+    cuvil_conv_blocked_int8, elsewhere the fp32 conv."""
+    import torch
+
+    import cuvil
+    from cuvil.target import has_features
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Conv2d(cin, cin, 1)
+            self.c = torch.nn.Conv2d(cin, cout, k, stride, pad, dil)
+            self.r = torch.nn.Conv2d(cin, cout, k, stride, pad, dil)
+
+        def forward(self, x):
+            h = torch.relu(self.a(x))
+            return torch.relu(self.c(h) + self.r(h))
+
+    torch.manual_seed(k * 10 + stride)
+    m = Block().eval()
+    x = torch.randn(2, cin, *hw)
+    cm = cuvil.compile(m, (x,), precision="int8", layout="blocked")
+    want = m(x).detach().numpy()
+    got = cm(x).numpy()
+    integer = has_features("native", ("avx512_vnni", "avx512bw"))
+    assert cm.c_source.count("cuvil_conv_blocked_int8(") == (3 if integer else 0)
+    assert ("cuvil_conv3x3_winograd" in cm.c_source) == (k == 3 and stride == 1 and not integer)
+    # 8 bits each for input and filters: ~2^-8 of the output's scale; a slip in the layout is off by it
+    assert np.isfinite(got).all()
+    assert np.abs(got - want).max() <= 0.03 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("bad", [[float("nan"), 1.0], [0.0, float("inf")], [1.0, 0.0], [0, 1], [0.5], "x"])
+def test_int8_range_is_checked(bad):
+    """int8_range reaches the generated code (as a constant): the op refuses anything but two finite
+    floats, lo <= hi."""
+    from cuvil.errors import ShapeError
+    from cuvil.ir.ops import REGISTRY
+    from cuvil.ir.types import TensorType
+
+    op = REGISTRY["conv"]
+    attrs = {**op.attrs, "strides": [1, 1], "pads": [[0, 0], [0, 0]], "dilations": [1, 1], "int8_act": 1}
+    types = [TensorType((1, 16, 4, 4), "float32"), TensorType((16, 16, 1, 1), "float32")]
+    op.infer(types, {**attrs, "int8_range": [-1.0, 2.0]}, [None, None])
+    with pytest.raises(ShapeError, match="int8_range"):
+        op.infer(types, {**attrs, "int8_range": bad}, [None, None])
+
+
+def test_calibration_data_with_nan_is_refused():
+    import torch
+
+    import cuvil
+    from cuvil.target import has_features
+    if not has_features("native", ("avx512_vnni", "avx512bw")):
+        pytest.skip("int8 convs are marked only for a target with AVX-512 VNNI (no ranges to calibrate)")
+    m = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 1), torch.nn.ReLU(), torch.nn.Conv2d(16, 16, 1)).eval()
+    x = torch.randn(1, 16, 4, 4)
+    bad = x.clone()
+    bad[0, 0, 0, 0] = float("nan")
+    with pytest.raises(cuvil.QuantizationError, match=r"calibration_data\[1\]: conv at .*NaN"):
+        cuvil.compile(m, (x,), precision="int8", layout="blocked", calibration_data=[x, bad])

@@ -3,69 +3,89 @@
 #include <immintrin.h>
 #endif
 
-#define I8_MR 6          /* 6 rows x 4 vectors: 24 int32 accumulators, each A broadcast feeds 4 dots */
+/* Register tiles of MR rows x NV vectors of 16 columns, 24 int32 accumulators each, by how much of a
+ * panel holds columns: 6 x 4 (a whole panel of 64), 8 x 3, 12 x 2, 24 x 1 (MobileNetV2's 16 and 32
+ * output channels had run in 6 x 4 tiles three quarters empty: 51 GOP/s). */
+#define I8_MAX_MR 24
+static inline int i8_rows_for(int nv) { return nv == 4 ? 6 : nv == 3 ? 8 : nv == 2 ? 12 : 24; }
 
 #if defined(__AVX512VNNI__)
 /* acc += the four-byte dots of a (unsigned) and b (signed), in place: GCC's intrinsic copies its
  * accumulator (its result is not tied to its input), and 24 of them then spill to the stack */
 #define I8_DOT(acc, a, b) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "vm"(b))
-#define I8_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
-#define I8_ZERO(r) __m512i x##r##0 = _mm512_setzero_si512(), x##r##1 = x##r##0, x##r##2 = x##r##0, x##r##3 = x##r##0;
-#define I8_STEP(r)                                                                                        \
-    if (r < mr) {                                                                                         \
-        __m512i av = _mm512_set1_epi32((int)a[r * K4 + k]);                                               \
-        I8_DOT(x##r##0, av, b0); I8_DOT(x##r##1, av, b1); I8_DOT(x##r##2, av, b2); I8_DOT(x##r##3, av, b3);      \
-    }
-#define I8_OUT(r)                                                                                         \
-    if (r < mr) {                                                                                         \
-        float *o = out + r * CUVIL_I8_NR;                                                                 \
-        _mm512_store_ps(o, _mm512_cvtepi32_ps(x##r##0)), _mm512_store_ps(o + 16, _mm512_cvtepi32_ps(x##r##1)); \
-        _mm512_store_ps(o + 32, _mm512_cvtepi32_ps(x##r##2)), _mm512_store_ps(o + 48, _mm512_cvtepi32_ps(x##r##3)); \
-    }
 
-/* out[r][j] = the sums of mr rows of A (bytes in words, K4 apart) times one panel, by vpdpbusd. */
-static inline __attribute__((always_inline)) void i8_tile(int mr, const uint32_t *a, int64_t K4, const uint32_t *b,
-                                                          float *out) {
-    I8_ROWS(I8_ZERO)
+/* out[r][j] = the sums of rows [0, mr) of A (bytes in words, K4 apart) times columns [0, 16 NV) of one
+ * panel, by vpdpbusd; mr <= MR (a constant in every call but the edge's). */
+static inline __attribute__((always_inline)) void i8_tile(const int MR, const int NV, int mr, const uint32_t *a,
+                                                          int64_t K4, const uint32_t *b, float *out) {
+    __m512i acc[I8_MAX_MR][4];
+#pragma GCC unroll 24
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_si512();
     for (int64_t k = 0; k < K4; k++, b += CUVIL_I8_NR) {
-        __m512i b0 = _mm512_loadu_si512(b), b1 = _mm512_loadu_si512(b + 16);
-        __m512i b2 = _mm512_loadu_si512(b + 32), b3 = _mm512_loadu_si512(b + 48);
-        I8_ROWS(I8_STEP)
+        __m512i bv[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) bv[v] = _mm512_loadu_si512(b + 16 * v);
+#pragma GCC unroll 24
+        for (int r = 0; r < MR; r++)
+            if (r < mr) {
+                __m512i av = _mm512_set1_epi32((int)a[r * K4 + k]);
+#pragma GCC unroll 4
+                for (int v = 0; v < NV; v++) I8_DOT(acc[r][v], av, bv[v]);
+            }
     }
-    I8_ROWS(I8_OUT)
+#pragma GCC unroll 24
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++)
+            if (r < mr) _mm512_store_ps(out + r * CUVIL_I8_NR + 16 * v, _mm512_cvtepi32_ps(acc[r][v]));
 }
 #else
 /* The same integer sums in portable C. */
-static inline void i8_tile(int mr, const uint32_t *a, int64_t K4, const uint32_t *b, float *out) {
-    int32_t acc[I8_MR][CUVIL_I8_NR] = {{0}};
+static inline void i8_tile(const int MR, const int NV, int mr, const uint32_t *a, int64_t K4, const uint32_t *b,
+                           float *out) {
+    (void)MR;
+    int32_t acc[I8_MAX_MR][CUVIL_I8_NR] = {{0}};
     for (int64_t k = 0; k < K4; k++, b += CUVIL_I8_NR)
         for (int r = 0; r < mr; r++) {
             uint32_t w = a[r * K4 + k];
-            for (int j = 0; j < CUVIL_I8_NR; j++)
+            for (int j = 0; j < 16 * NV; j++)
                 for (int i = 0; i < 4; i++)
                     acc[r][j] += (int32_t)(uint8_t)(w >> 8 * i) * (int32_t)(int8_t)(b[j] >> 8 * i);
         }
     for (int r = 0; r < mr; r++)
-        for (int j = 0; j < CUVIL_I8_NR; j++) out[r * CUVIL_I8_NR + j] = (float)acc[r][j];
+        for (int j = 0; j < 16 * NV; j++) out[r * CUVIL_I8_NR + j] = (float)acc[r][j];
 }
 #endif
 
+/* One tile's rows of one panel, NV vectors wide: whole tiles unrolled at their constant height, the
+ * rows left over in one tile of their own. */
+#define I8_TILE(MR, NV)                                                                                    \
+    static void i8_tile_##MR##x##NV(int mr, const uint32_t *a, int64_t K4, const uint32_t *b, float *out) { \
+        if (mr == MR) i8_tile(MR, NV, MR, a, K4, b, out);                                                  \
+        else i8_tile(MR, NV, mr, a, K4, b, out);                                                           \
+    }
+I8_TILE(6, 4)
+I8_TILE(8, 3)
+I8_TILE(12, 2)
+I8_TILE(24, 1)
+
 void cuvil_i8_rows(const uint32_t *Aq, int64_t rows, int64_t K4, const uint32_t *Bp, int64_t N, int64_t p0,
                    int64_t p1, const cuvil_dot_out *o) {
-    float out[I8_MR * CUVIL_I8_NR] __attribute__((aligned(64)));
+    float out[I8_MAX_MR * CUVIL_I8_NR] __attribute__((aligned(64)));
     for (int64_t p = p0; p < p1; p++) {
         int64_t n0 = p * CUVIL_I8_NR, nc = N - n0 < CUVIL_I8_NR ? N - n0 : CUVIL_I8_NR;
+        int nv = (int)((nc + 15) / 16), mr_full = i8_rows_for(nv);
         const uint32_t *b = Bp + p * K4 * CUVIL_I8_NR;
-        for (int64_t m0 = 0; m0 < rows; m0 += I8_MR) {
-            int mr = rows - m0 < I8_MR ? (int)(rows - m0) : I8_MR;
+        for (int64_t m0 = 0; m0 < rows; m0 += mr_full) {
+            int mr = rows - m0 < mr_full ? (int)(rows - m0) : mr_full;
             const uint32_t *a = Aq + m0 * K4;
-            switch (mr) {      /* each row count its own unrolled tile */
-            case 6: i8_tile(6, a, K4, b, out); break;
-            case 5: i8_tile(5, a, K4, b, out); break;
-            case 4: i8_tile(4, a, K4, b, out); break;
-            case 3: i8_tile(3, a, K4, b, out); break;
-            case 2: i8_tile(2, a, K4, b, out); break;
-            default: i8_tile(1, a, K4, b, out); break;
+            switch (nv) {
+            case 4: i8_tile_6x4(mr, a, K4, b, out); break;
+            case 3: i8_tile_8x3(mr, a, K4, b, out); break;
+            case 2: i8_tile_12x2(mr, a, K4, b, out); break;
+            default: i8_tile_24x1(mr, a, K4, b, out); break;
             }
             cuvil_dot_store(o, out, m0, mr, n0, nc);
         }

@@ -1,0 +1,126 @@
+"""int8 CNNs (issue "Precision for every model"): cuvil int8 (each image's own range, and ranges
+calibrated on the same images ONNX Runtime calibrates on) against cuvil fp32, ONNX Runtime on
+quantize_static's QDQ model of the same network (per-channel int8 weights, uint8 activations, min/max
+calibration) and OpenVINO on that QDQ model, in one interleaved run per network and thread count.
+Medians; the error columns are max |error| / max |output| against fp32 eager on the example input.
+
+    python -m benchmarks.int8_cnn [--threads 1 2] [--rounds 10] [--only NAME ...]"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+from benchmarks import precision
+from benchmarks.cnn_models import CNNS
+from benchmarks.scratch import temp_dir
+from benchmarks.systems import export_onnx
+from benchmarks.timing import interleaved, machine_line
+
+WORKLOADS = {name: CNNS[name] for name in ("ResNet-50", "MobileNetV2")}
+CALIBRATION_IMAGES = 8
+
+
+def _qdq_model(model, args, calibration):
+    """quantize_static's QDQ model of the network (path), or None without onnxruntime."""
+    try:
+        from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType, quant_pre_process,
+                                              quantize_static)
+    except ImportError:
+        return None
+    path, _ = export_onnx(model, args)
+    d = temp_dir("cuvil-bench-qdq-")
+    pre, qpath = os.path.join(d, "pre.onnx"), os.path.join(d, "model.qdq.onnx")
+    quant_pre_process(path, pre)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.items = iter([{"input0": x.numpy()} for x in calibration])
+
+        def get_next(self):
+            return next(self.items, None)
+    quantize_static(pre, qpath, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    return qpath
+
+
+def _ort(qpath, args, threads):
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    sess = ort.InferenceSession(qpath, so, providers=["CPUExecutionProvider"])
+    feed = {sess.get_inputs()[0].name: args[0].numpy()}
+    return lambda: sess.run(None, feed)
+
+
+def _openvino(qpath, args, threads):
+    try:
+        import openvino as ov
+    except ImportError:
+        return None
+    compiled = ov.Core().compile_model(qpath, "CPU", {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"})
+    req = compiled.create_infer_request()
+    feed = [args[0].numpy()]
+    return lambda: req.infer(feed)
+
+
+def _rel(want, got):
+    got = np.asarray(got[0] if isinstance(got, (list, tuple)) else got)
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+def _cuvil(model, args, threads, precision_, calibration=None):
+    import cuvil
+    cm = cuvil.compile(model, args, precision=precision_, num_threads=threads, calibration_data=calibration,
+                       cache_dir=temp_dir("cuvil-bench-cache-"))
+    x = args[0].numpy()
+    outs = [np.empty(o.shape, o.dtype) for o in cm.run(x)]
+    return (lambda: cm.run(x, out=outs)), cm
+
+
+def run(names, thread_counts, rounds):
+    print(machine_line())
+    print("| network | threads | cuvil fp32 ms | cuvil int8 ms | int8 / fp32 | int8 calibrated ms | ORT QDQ ms | "
+          "OpenVINO QDQ ms | cuvil int8 / best peer | rel err: cuvil int8, calibrated, ORT QDQ |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    keep = []           # export_onnx caches by id(model): no wrapper may be freed and its id reused
+    for name in names:
+        model, args = WORKLOADS[name]()
+        model = precision._LastHidden(model).eval()
+        keep.append(model)
+        torch.manual_seed(1)
+        calibration = [torch.randn(*args[0].shape) for _ in range(CALIBRATION_IMAGES)]
+        with torch.no_grad():
+            want = model(*args).numpy()
+        qpath = _qdq_model(model, args, calibration)
+        for threads in thread_counts:
+            fns, errs = {}, {}
+            fns["fp32"], _ = _cuvil(model, args, threads, "fp32")
+            fns["int8"], cm = _cuvil(model, args, threads, "int8")
+            fns["int8 cal"], cmc = _cuvil(model, args, threads, "int8", calibration)
+            errs["int8"], errs["int8 cal"] = _rel(want, cm.run(args[0].numpy())), _rel(want, cmc.run(args[0].numpy()))
+            peers = []
+            if qpath:
+                fns["ort"] = _ort(qpath, args, threads)
+                errs["ort"] = _rel(want, fns["ort"]())
+                peers.append("ort")
+                ov = _openvino(qpath, args, threads)
+                if ov:
+                    fns["openvino"] = ov
+                    peers.append("openvino")
+            t = interleaved(fns, rounds=rounds)
+            best = min(t[p] for p in peers) if peers else None
+            ms = {k: f"{1000 * v:.2f}" for k, v in t.items()}
+            print(f"| {name} | {threads} | {ms['fp32']} | {ms['int8']} | {t['int8'] / t['fp32']:.2f}x | {ms['int8 cal']} | "
+                  f"{ms.get('ort', 'n/a')} | {ms.get('openvino', 'n/a')} | "
+                  f"{t['int8'] / best if best else float('nan'):.2f}x | "
+                  f"{errs['int8']:.3g}, {errs['int8 cal']:.3g}, {errs.get('ort', float('nan')):.3g} |", flush=True)
+
+
+def main(argv=None):
+    precision.main(argv, table=run, workloads=WORKLOADS, rounds=10, doc=__doc__)
+
+
+if __name__ == "__main__":
+    main()

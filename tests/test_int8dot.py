@@ -208,7 +208,7 @@ def test_compiled_int8_convs_against_torch(k, stride, pad, dil, cin, cout, hw):
     assert np.abs(got - want).max() <= 0.03 * np.abs(want).max()
 
 
-@pytest.mark.parametrize("bad", [[float("nan"), 1.0], [0.0, float("inf")], [1.0, 0.0], [0, 1], [0.5], "x"])
+@pytest.mark.parametrize("bad", [[float("nan"), 1.0], [0.0, float("inf")], [0.0, 1e39], [1.0, 0.0], [0, 1], [0.5], "x", {"lo": 0.0, "hi": 1.0}])
 def test_int8_range_is_checked(bad):
     """int8_range reaches the generated code (as a constant): the op refuses anything but two finite
     floats, lo <= hi."""

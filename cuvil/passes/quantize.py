@@ -80,7 +80,8 @@ def calibrate(graph, calibration):
     """Each int8 conv's input range (int8_range) over the calibration inputs (each a list of arrays in
     the graph's input order), min / max, run through the reference interpreter: the conv then maps its
     input onto bytes over that range, values outside it clipped, instead of over each image's own."""
-    convs = {id(n): n for n in graph.nodes if n.op == "conv" and n.attrs.get("int8_act")}
+    convs = {id(n): n for n in graph.nodes if n.op == "conv" and n.attrs.get("int8_act")
+             and n.attrs.get("int8_range") is None}           # a QDQ model's grid (frontend/onnx/conv.py) kept
     if not convs or not calibration:
         return graph
     seen = {}

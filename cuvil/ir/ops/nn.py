@@ -3,7 +3,6 @@
 decomposition's meaning; passes may match them to fused kernels."""
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
@@ -13,6 +12,8 @@ from ..types import TensorType
 from .registry import OpDef, declare
 from ._shape import broadcast, norm_axis
 from .fused import ACTIVATIONS
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _float(name, t):
@@ -103,8 +104,9 @@ def _conv_infer(types, attrs, inputs):
     if attrs["act"] not in ACTIVATIONS:
         raise ShapeError(f"conv: unknown act {attrs['act']!r}")
     r = attrs.get("int8_range")
-    if r is not None and not (len(r) == 2 and all(isinstance(v, float) and math.isfinite(v) for v in r) and r[0] <= r[1]):
-        raise ShapeError(f"conv: int8_range {r!r} is None or [lo, hi], two finite floats with lo <= hi")
+    if r is not None and not (isinstance(r, (list, tuple)) and len(r) == 2 and r[0] <= r[1]
+                              and all(isinstance(v, float) and abs(v) <= _FLOAT32_MAX for v in r)):
+        raise ShapeError(f"conv: int8_range {r!r} is None or [lo, hi], two floats within float32's range, lo <= hi")
     _spatial(attrs, nsp, w.shape[2:])
     out = [_conv_out(n, k, s, lo, hi, d) for n, k, s, (lo, hi), d in
            zip(x.shape[2:], w.shape[2:], attrs["strides"], attrs["pads"], attrs["dilations"])]

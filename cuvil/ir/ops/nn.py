@@ -3,7 +3,6 @@
 decomposition's meaning; passes may match them to fused kernels."""
 from __future__ import annotations
 
-
 import numpy as np
 
 from ...errors import ShapeError

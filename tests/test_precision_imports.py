@@ -238,6 +238,37 @@ def test_pt2e_converted_model():
     assert np.abs(cm(x).numpy() - want).max() <= 2 * max(steps)      # the activations' calibrated steps
 
 
+def test_pt2e_converted_cnn_on_integer_convs():
+    """A PT2E-converted CNN (X86InductorQuantizer) at precision="int8": on a CPU with AVX-512 VNNI its
+    convs run on the integer kernels, each reading its input over the grid of the dequantize before it
+    and the converted int8 filters; within one output step of the converted model's own execution."""
+    pytest.importorskip("torchao", reason="PT2E quantization lives in torchao (dev requirements)")
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+        X86InductorQuantizer, get_default_x86_inductor_quantization_config)
+    from cuvil.target import has_features
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(32, 32, 1),
+                            torch.nn.ReLU(), torch.nn.Conv2d(32, 16, 3, stride=2, padding=1)).eval()
+    x = torch.randn(1, 16, 12, 12)
+    prepared = prepare_pt2e(torch.export.export(m, (x,)).module(),
+                            X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config()))
+    for _ in range(4):
+        prepared(torch.randn(1, 16, 12, 12))
+    converted = convert_pt2e(prepared)
+    with torch.no_grad():
+        want = converted(x).numpy()
+    cm = cuvil.compile(converted, (x,), precision="int8", layout="blocked")
+    integer = has_features("native", ("avx512_vnni", "avx512bw"))
+    assert cm.c_source.count("cuvil_conv_blocked_int8(") == (3 if integer else 0)
+    if cm.graph is not None:
+        assert all(n.attrs["int8_range"] for n in cm.graph.nodes if n.op == "conv")     # every conv: its grid
+    steps = [float(n.args[1]) for n in converted.graph.nodes if "quantize_per_tensor" in str(n.target)]
+    # each conv reads exactly the model's bytes (its grid), and the last conv's output is not quantized
+    # again: what is left is the float sums' rounding, far below a step (ranges of cuvil's own: ~a step)
+    assert np.abs(cm(x).numpy() - want).max() <= 0.01 * min(steps)
+
+
 def test_float_functional_is_no_quantized_module():
     """FloatFunctional lives under torch.ao.nn.quantized but is a float module (quantizable models
     use it before conversion): it compiles; only modules holding packed weights are refused."""

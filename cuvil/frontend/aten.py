@@ -681,8 +681,9 @@ def _conv(ctx, x, w, b, stride, padding, dilation, transposed, output_padding, g
     nsp = x.type.rank - 2
     pads = [(p, p) for p in _per_dim(padding, nsp)]
     ins = [x, w] + ([b] if b is not None else [])
+    grid = ctx.grids.get(id(x))          # a quantized model's input grid (aten_quant.py)
     return ctx.add("conv", ins, {"strides": _per_dim(stride, nsp), "pads": pads, "dilations": _per_dim(dilation, nsp),
-                                 "groups": groups})
+                                 "groups": groups, **({"int8_range": grid} if grid else {})})
 
 
 @handles(aten._native_batch_norm_legit_no_training.default)

@@ -44,14 +44,22 @@ def _quantize(ctx, x, scale, zero_point, qmin, qmax, axis=None):
     return ctx.add("clip", [q], {"min": float(qmin), "max": float(qmax)})
 
 
-def _dequantize(ctx, q, scale, zero_point, axis=None):
+def _dequantize(ctx, q, scale, zero_point, axis=None, qrange=None):
+    """(q - zero_point) * scale; qrange: q's (min, max), whose image the output's grid is (Ctx.grids),
+    where the scale is one number."""
     s, zp, c = _params(ctx, q.type.rank, scale, zero_point, axis)
-    return ctx.add("mul", [ctx.add("sub", [ctx.tensor(q, "float32"), c(zp)]), c(s)])
+    y = ctx.add("mul", [ctx.add("sub", [ctx.tensor(q, "float32"), c(zp)]), c(s)])
+    if qrange is not None and s.size == zp.size == 1 and float(s[0]) > 0:
+        grid = [float((qrange[0] - zp[0]) * s[0]), float((qrange[1] - zp[0]) * s[0])]
+        if qrange[1] - qrange[0] <= 255 and all(np.isfinite(grid)):        # bytes: what int8 convs read
+            ctx.grids[id(y)] = grid
+    return y
 
 
 def _fake_quant(ctx, x, scale, zero_point, qmin, qmax, axis=None):
     """The fake-quantized x; scale / zero_point scalars, or vectors along `axis`."""
-    return _dequantize(ctx, _quantize(ctx, x, scale, zero_point, qmin, qmax, axis), scale, zero_point, axis)
+    return _dequantize(ctx, _quantize(ctx, x, scale, zero_point, qmin, qmax, axis), scale, zero_point, axis,
+                       (qmin, qmax))
 
 
 @handles(aten.fake_quantize_per_tensor_affine.default, aten.fake_quantize_per_tensor_affine.tensor_qparams)
@@ -123,7 +131,8 @@ if _QD is not None:
 
     @handles(_QD.dequantize_per_tensor.default, _QD.dequantize_per_tensor.tensor, _QD.dequantize_per_tensor.tensor2)
     def _dq_per_tensor(ctx, q, scale, zero_point, quant_min, quant_max, dtype, *, out_dtype=None):
-        return _dequantize(ctx, q, _param(scale, "the scale"), _param(zero_point, "the zero point"))
+        return _dequantize(ctx, q, _param(scale, "the scale"), _param(zero_point, "the zero point"),
+                           qrange=(int(_param(quant_min, "quant_min")), int(_param(quant_max, "quant_max"))))
 
     @handles(_QD.quantize_per_channel.default)
     def _q_per_channel(ctx, x, scales, zero_points, axis, quant_min, quant_max, dtype):

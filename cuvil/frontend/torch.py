@@ -44,6 +44,9 @@ class Ctx:
     node: object = None
     unsupported: list = field(default_factory=list)
     direct: bool = False            # converting export's graph as it is (no core ATen decompositions)
+    # id(value) -> [lo, hi]: the grid a per-tensor dequantize or fake quantization put its output on
+    # (aten_quant.py); a conv reading it takes it as int8_range (precision="int8": the model's own bytes)
+    grids: dict = field(default_factory=dict)
 
     @property
     def loc(self):

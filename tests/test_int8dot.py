@@ -118,17 +118,22 @@ def _unblocked(y, b):
     return y.transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w)
 
 
-@pytest.mark.parametrize("k,stride,pad,dil,cin,cout,hw,calibrated", [
-    (1, 1, 0, 1, 32, 48, (9, 11), False),       # direct: the quantized image is the GEMM's A
-    (1, 2, 0, 1, 16, 80, (13, 10), True),       # gathered in place, a calibrated range that clips
-    (3, 2, 1, 1, 32, 64, (15, 14), False),      # gathered from the padded image
-    (3, 1, 1, 1, 16, 80, (7, 9), False),        # direct 3x3 (no Winograd in int8), a panel cut short
-    (3, 1, 2, 2, 16, 32, (12, 12), True),       # dilated
-    (5, 1, 2, 1, 48, 16, (7, 9), False),
+@pytest.mark.parametrize("k,stride,pad,dil,cin,cout,hw,calibrated,nchw", [
+    (1, 1, 0, 1, 32, 48, (9, 11), False, False),       # direct: the quantized image is the GEMM's A
+    (1, 2, 0, 1, 16, 80, (13, 10), True, False),       # gathered in place, a calibrated range that clips
+    (3, 2, 1, 1, 32, 64, (15, 14), False, False),      # gathered from the padded image
+    (3, 1, 1, 1, 16, 80, (7, 9), False, False),        # direct 3x3 (no Winograd in int8), a panel cut short
+    (3, 1, 2, 2, 16, 32, (12, 12), True, False),       # dilated
+    (5, 1, 2, 1, 48, 16, (7, 9), False, False),
+    (7, 2, 3, 1, 3, 64, (23, 21), False, True),        # an NCHW stem: K = 147, up to whole words
+    (1, 1, 0, 1, 24, 48, (9, 11), False, True),        # NCHW, 24 channels: read in place
+    (1, 1, 0, 1, 6, 32, (5, 7), True, True),           # NCHW, 6 channels: rows copied to whole words
+    (3, 1, 1, 1, 5, 16, (8, 8), False, True),
 ])
-def test_blocked_conv_matches_integer_arithmetic(lib, k, stride, pad, dil, cin, cout, hw, calibrated):
+def test_blocked_conv_matches_integer_arithmetic(lib, k, stride, pad, dil, cin, cout, hw, calibrated, nchw):
     B = lib.block
     cout = cout // B * B
+    cin = cin if nchw else cin // B * B
     rng = np.random.default_rng(k * 100 + cin)
     N, (H, W) = 2, hw
     x = rng.standard_normal((N, cin, H, W)).astype(np.float32)
@@ -141,12 +146,12 @@ def test_blocked_conv_matches_integer_arithmetic(lib, k, stride, pad, dil, cin, 
     s = Shape(N, cin, H, W, cout, k, k, OH, OW, stride, stride, pad, pad, dil, dil, 1)
     scratch = np.zeros(lib.cuvil_conv_blocked_int8_scratch(ctypes.byref(s)) + 16, np.float32)
     y = np.full((N, cout // B, OH, OW, B), np.nan, np.float32)
-    xb, rb = _blocked(x, B), _blocked(res, B)
+    xb, rb = (x if nchw else _blocked(x, B)), _blocked(res, B)
     wq = int8_filter_panels(w)
     terms = filter_terms(filters_as_b(w))
     r = None if rng_ is None else np.array(rng_, np.float32)
     assert lib.cuvil_conv_blocked_int8(ctypes.byref(s), _ptr(xb), _ptr(wq), _ptr(terms), _ptr(bias), _ptr(rb), _ptr(r),
-                                       _ptr(y), ACT_CODES["relu"], _ptr(scratch), 2) == 0
+                                       int(nchw), _ptr(y), ACT_CODES["relu"], _ptr(scratch), 2) == 0
     got = _unblocked(y, B)
 
     q, ws = quantized_filters(filters_as_b(w))

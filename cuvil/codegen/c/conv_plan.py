@@ -168,20 +168,34 @@ def _blocked_scratch(node, s, m) -> int:
     if node.attrs.get("in_layout") == "nchw":      # kernels/blocked.c: cuvil_conv_nchw_blocked_scratch
         hp = (s["OH"] - 1) * s["sh"] + (s["KH"] - 1) * s["dh"] + 1
         wp = (s["OW"] - 1) * s["sw"] + (s["KW"] - 1) * s["dw"] + 1
-        return (s["C"] * hp * wp + 2 * s["OH"] * s["OW"]) * 4
+        fp32 = (s["C"] * hp * wp + 2 * s["OH"] * s["OW"]) * 4
+        return max(fp32, _int8_scratch(node, s)) if node.attrs.get("int8_act") else fp32
     if node.attrs.get("groups", 1) > 1 and depthwise_conv(node):
         return 0
     if m:
         return (m + 2) ** 2 * (s["C"] + s["O"]) * -(-s["OH"] // m) * -(-s["OW"] // m) * 4
+    return _int8_scratch(node, s) if node.attrs.get("int8_act") else _gathered_floats(node, s) * 4
+
+
+def _gathered_floats(node, s) -> int:
+    """kernels/blocked.c cuvil_conv_blocked_scratch: the zero-padded copy and the pixel and tap tables."""
+    if pointwise_conv(node):
+        return 0                                      # the input is the GEMM's A
     hp = (s["OH"] - 1) * s["sh"] + (s["KH"] - 1) * s["dh"] + 1
     wp = (s["OW"] - 1) * s["sw"] + (s["KW"] - 1) * s["dw"] + 1
     in_place = s["ph"] == s["pw"] == 0 and hp <= s["H"] and wp <= s["W"]
-    floats = 0 if pointwise_conv(node) else \
-        (0 if in_place else s["C"] * hp * wp) + 2 * (s["OH"] * s["OW"] + s["KH"] * s["KW"])
-    if node.attrs.get("int8_act"):      # cuvil_conv_blocked_int8_scratch: the quantized image, two columns
-        image = -(-s["C"] * s["H"] * s["W"] // 4) if in_place or pointwise_conv(node) else 0
-        floats = -(-(floats + image) // 16) * 16 + 2 * s["O"]
-    return floats * 4
+    return (0 if in_place else s["C"] * hp * wp) + 2 * (s["OH"] * s["OW"] + s["KH"] * s["KW"])
+
+
+def _int8_scratch(node, s) -> int:
+    """Bytes of kernels/blocked_dot.c cuvil_conv_blocked_int8_scratch: cuvil_conv_blocked's, the quantized
+    image where that has no copy to hold it, two columns' terms. At least the fp32 conv's."""
+    floats = _gathered_floats(node, s)
+    hp = (s["OH"] - 1) * s["sh"] + (s["KH"] - 1) * s["dh"] + 1
+    wp = (s["OW"] - 1) * s["sw"] + (s["KW"] - 1) * s["dw"] + 1
+    in_place = pointwise_conv(node) or (s["ph"] == s["pw"] == 0 and hp <= s["H"] and wp <= s["W"])
+    image = -(-s["C"] * s["H"] * s["W"] // 4) if in_place else 0
+    return (-(-(floats + image) // 16) * 16 + 2 * s["O"]) * 4
 
 
 def _gemm_scratch(node, s, m) -> int:

@@ -56,6 +56,8 @@ def lower_conv(em, node, plan, shape_struct, bias, res, act):
 
 def lower_conv_call(em, node, plan, shape_struct, bias, res, act):
     nr, m = panel_width(em), plan.winograd
+    if computes_int8(node, em.target):
+        return lower_int8_conv(em, node, shape_struct, bias, res, act, nchw_input=plan.kind == "blocked_from_nchw")
     if plan.kind == "blocked_from_nchw":
         wb = em.packed(plan.pack, node.inputs[1],
                        lambda d: pack_b(d.astype(np.float32).reshape(d.shape[0], -1).T, nr))
@@ -82,8 +84,6 @@ def lower_conv_call(em, node, plan, shape_struct, bias, res, act):
                 f"  if (cuvil_conv_blocked_bf16(&s, {em.ptr(node.inputs[0])}, {wb}, {bias}, {res}, "
                 f"{em.ptr(node.outputs[0])}, {act}, {em.scratch()}, NT)) CUVIL_FAIL(\"out of memory for bf16 activations\");",
                 "}"]
-    if computes_int8(node, em.target):
-        return lower_int8_conv(em, node, shape_struct, bias, res, act)
     wb = em.packed(plan.pack, node.inputs[1], lambda d: grouped_filters_as_b(d, node.attrs.get("groups", 1), nr))
     return ["{", f"  const cuvil_conv_shape s = {shape_struct};",
             f"  _Static_assert(CUVIL_NR == {nr}, \"conv filters packed for another panel width\");",
@@ -91,14 +91,14 @@ def lower_conv_call(em, node, plan, shape_struct, bias, res, act):
             f"{act}, {em.scratch()}, NT);", "}"]
 
 
-def lower_int8_conv(em, node, shape_struct, bias, res, act):
+def lower_int8_conv(em, node, shape_struct, bias, res, act, nchw_input):
     w = node.inputs[1]
     wq = em.packed("conv_blocked_int8", w, int8_filter_panels, "uint32_t")
     terms = em.packed("conv_blocked_int8_terms", w, lambda d: filter_terms(filters_as_b(d)))
     r = node.attrs.get("int8_range")            # floats checked finite by the op; carried as a constant
     rng = "0" if r is None else em.packed("conv_int8_range", w, lambda d: np.array(r, np.float32))
     return ["{", f"  const cuvil_conv_shape s = {shape_struct};",
-            f"  if (cuvil_conv_blocked_int8(&s, {em.ptr(node.inputs[0])}, {wq}, {terms}, {bias}, {res}, {rng}, "
+            f"  if (cuvil_conv_blocked_int8(&s, {em.ptr(node.inputs[0])}, {wq}, {terms}, {bias}, {res}, {rng}, {int(nchw_input)}, "
             f"{em.ptr(node.outputs[0])}, {act}, {em.scratch()}, NT)) CUVIL_FAIL(\"out of memory for int8 activations\");",
             "}"]
 

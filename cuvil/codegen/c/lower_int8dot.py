@@ -1,7 +1,8 @@
 """Channel-blocked convs in integer products (compile's precision="int8" on a target with AVX-512
 VNNI; passes/quantize.py marks them int8_act): the filters as signed bytes per output channel in the
 panels kernels/int8dot.h reads, each channel's scale and filter sum, and the call of
-cuvil_conv_blocked_int8. Winograd and depthwise convs, and convs of an NCHW input, stay fp32."""
+cuvil_conv_blocked_int8, from a blocked or an NCHW input (a stem, channels no block holds); 3x3 convs
+included (no Winograd at int8: conv_plan.winograd_tile). Depthwise and grouped convs stay fp32."""
 from __future__ import annotations
 
 import numpy as np
@@ -45,5 +46,5 @@ def computes_int8(node, target: str) -> bool:
     if node.op != "conv" or node.attrs.get("int8_act", 0) != 1 or not has_features(target, INT8_FEATURES):
         return False
     w = node.inputs[1].shape
-    return (node.attrs.get("groups", 1) == 1 and conv_plan(node).kind == "blocked"
+    return (node.attrs.get("groups", 1) == 1 and conv_plan(node).kind in ("blocked", "blocked_from_nchw")
             and w[1] * int(np.prod(w[2:])) <= I8_MAX_K)

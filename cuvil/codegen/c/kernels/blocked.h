@@ -36,16 +36,17 @@ int cuvil_conv_blocked_bf16(const cuvil_conv_shape *s, const float *x, const uin
                             const float *residual, float *y, int act, float *scratch, int nthreads);
 
 /* cuvil_conv_blocked in int8 products with int32 sums (groups 1; kernels/int8dot.h): each image
- * quantized to bytes, q = rint(x / scale) + zero over [lo, hi] (range: the calibrated [lo, hi], or NULL
- * for the image's own), the filters as B in signed-byte panels (int8dot.h) with wterms [2][O]: each
- * output channel's scale and that scale times the sum of its integer filter; the sums scaled back, the
- * bias, residual and act fused. K = KH * KW * C at most CUVIL_I8_MAX_K. Scratch:
+ * quantized to bytes, q = x / scale + zero rounded over [lo, hi] (range: the calibrated or the model's
+ * own [lo, hi], or NULL for the image's), the filters as B in signed-byte panels (int8dot.h) with wterms
+ * [2][O]: each output channel's scale and that scale times the sum of its integer filter; the sums
+ * scaled back, the bias, residual and act fused. The input blocked, or NCHW (nchw_input 1: any C, a
+ * stem's 3 channels too); the output blocked. K = KH * KW * C at most CUVIL_I8_MAX_K. Scratch:
  * cuvil_conv_blocked_int8_scratch floats. Returns -1 where a thread's buffer for the rows could not be
  * allocated. */
 int64_t cuvil_conv_blocked_int8_scratch(const cuvil_conv_shape *s);
 int cuvil_conv_blocked_int8(const cuvil_conv_shape *s, const float *x, const uint32_t *wq, const float *wterms,
-                            const float *bias, const float *residual, const float *range, float *y, int act,
-                            float *scratch, int nthreads);
+                            const float *bias, const float *residual, const float *range, int nchw_input, float *y,
+                            int act, float *scratch, int nthreads);
 
 /* A conv of an NCHW input into blocked output (a net's stem, whose few channels fill no block): wb the
  * filters as B in their own order, [K = C * KH * KW][O], packed; K at most CUVIL_NCHW_BLOCKED_MAX_K (no K

@@ -76,14 +76,15 @@ static void range_task(void *ctx, int64_t c0, int64_t c1) {
     range_args *a = ctx;
     for (int64_t c = c0; c < c1; c++) {
         const float *p = a->x + c * a->chunk;
-        int64_t n = a->n - c * a->chunk < a->chunk ? a->n - c * a->chunk : a->chunk;   /* a multiple of VL */
+        int64_t n = a->n - c * a->chunk < a->chunk ? a->n - c * a->chunk : a->chunk, i = 0;
         cuvil_vf lo = cuvil_vsplat(0.f), hi = lo;          /* 0 in the range: padding and zeros stay exact */
-        for (int64_t i = 0; i < n; i += CUVIL_VL) {
+        for (; i + CUVIL_VL <= n; i += CUVIL_VL) {
             cuvil_vf v = cuvil_vload(p + i);
             lo = cuvil_vsel(v < lo, v, lo), hi = cuvil_vsel(v > hi, v, hi);
         }
         float l = 0.f, h = 0.f;
         for (int j = 0; j < CUVIL_VL; j++) l = lo[j] < l ? lo[j] : l, h = hi[j] > h ? hi[j] : h;
+        for (; i < n; i++) l = p[i] < l ? p[i] : l, h = p[i] > h ? p[i] : h;     /* an NCHW input's tail */
         a->lo[c] = l, a->hi[c] = h;
     }
 }
@@ -108,7 +109,14 @@ static byte_map input_byte_map(const float *x, int64_t n, const float *range, in
     return (byte_map){scale, 1.f / scale, zero};
 }
 
-/* B floats -> B bytes: q = clamp(x / scale + zero, 0, 255) rounded half up (q >= 0: +0.5, truncated). */
+/* One float -> a byte: q = clamp(x / scale + zero, 0, 255) rounded half up (q >= 0: +0.5, truncated). */
+static inline uint8_t to_byte(float x, byte_map m) {
+    float t = x * m.inv + (m.zero + 0.5f);
+    t = t > 0.f ? t : 0.f;                                      /* NaN: 0 */
+    return (uint8_t)(int)(t < 255.f ? t : 255.f);
+}
+
+/* B floats -> B bytes, as to_byte. */
 typedef uint8_t byte_block __attribute__((vector_size(CUVIL_BLOCK)));
 static inline void to_bytes(const float *x, byte_map m, uint8_t *out) {
     cuvil_vf t = cuvil_vload(x) * cuvil_vsplat(m.inv) + cuvil_vsplat(m.zero + 0.5f), lo = cuvil_vsplat(0.f);
@@ -121,7 +129,7 @@ static inline void to_bytes(const float *x, byte_map m, uint8_t *out) {
 /* The quantized image, pixel-major: rows ih of the padded image (hp x wp pixels of C bytes each, the
  * padding at the zero point), so that a pixel's channels are one run of bytes: a 1x1 conv reads its
  * GEMM's rows in place, any other gathers a row as one run per tap. */
-typedef struct { const cuvil_conv_shape *s; const float *x; uint8_t *xq; int64_t hp, wp; byte_map m; } quantize_args;
+typedef struct { const cuvil_conv_shape *s; const float *x; uint8_t *xq; int64_t hp, wp; byte_map m; int nchw; } quantize_args;
 
 static void quantize_task(void *ctx, int64_t r0, int64_t r1) {
     const quantize_args *a = ctx;
@@ -136,8 +144,12 @@ static void quantize_task(void *ctx, int64_t r0, int64_t r1) {
                 memset(out, (int)a->m.zero, s->C);
                 continue;
             }
-            const float *px = a->x + (ih * s->W + w) * CUVIL_BLOCK;
-            for (int64_t cb = 0; cb < s->C / CUVIL_BLOCK; cb++) to_bytes(px + cb * plane, a->m, out + cb * CUVIL_BLOCK);
+            if (a->nchw)              /* a net's stem or a layer of channels no block holds */
+                for (int64_t c = 0; c < s->C; c++) out[c] = to_byte(a->x[(c * s->H + ih) * s->W + w], a->m);
+            else {
+                const float *px = a->x + (ih * s->W + w) * CUVIL_BLOCK;
+                for (int64_t cb = 0; cb < s->C / CUVIL_BLOCK; cb++) to_bytes(px + cb * plane, a->m, out + cb * CUVIL_BLOCK);
+            }
         }
     }
 }
@@ -147,7 +159,7 @@ typedef struct {
     const uint8_t *xq;            /* the quantized image, pixel-major */
     const int64_t *pix, *tap;     /* where the conv gathers (not direct) */
     int64_t K4, P, mc, ng, np;
-    int direct;
+    int direct, in_place;         /* direct: pixel m reads pixel m, in place where its C bytes are whole words */
     const uint32_t *wq;
     cuvil_dot_out out;
     int out_of_memory;
@@ -159,15 +171,23 @@ static void int8_conv_task(void *ctx, int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; t++) {
         int64_t m0 = t / a->ng * a->mc, rows = a->P - m0 < a->mc ? a->P - m0 : a->mc, q = t % a->ng;
         const uint32_t *Aq = (const uint32_t *)(a->xq + m0 * C);    /* a 1x1 conv's rows: the image's pixels */
-        if (!a->direct) {
-            uint8_t *rowbuf = cuvil_thread_buffer(CUVIL_BUF_BF16, (size_t)(a->mc * a->K4) * sizeof(uint32_t));
+        if (!a->in_place) {
+            int64_t row = 4 * a->K4;                    /* bytes: taps * C up to whole words */
+            uint8_t *rowbuf = cuvil_thread_buffer(CUVIL_BUF_BF16, (size_t)(a->mc * row));
             if (!rowbuf) {
                 a->out_of_memory = 1;
                 return;
             }
-            for (int64_t m = 0; m < rows; m++)          /* row m: each tap's pixel, C bytes */
-                for (int64_t k = 0; k < taps; k++)
-                    memcpy(rowbuf + (m * taps + k) * C, a->xq + (a->pix[m0 + m] + a->tap[k]) * C, C);
+            /* row m: each tap's pixel, C bytes; undilated, a filter row's taps are side by side in the
+             * image, one run of KW * C bytes (the stem's 3 channels had been 49 copies of 3 bytes) */
+            int64_t run = a->s->dw == 1 ? a->s->KW : 1, runs = taps / run;
+            for (int64_t m = 0; m < rows; m++) {
+                uint8_t *dst = rowbuf + m * row;
+                for (int64_t k = 0; k < runs; k++)
+                    memcpy(dst + k * run * C, a->xq + (a->direct ? m0 + m : a->pix[m0 + m] + a->tap[k * run]) * C,
+                           run * C);
+                memset(dst + taps * C, 0, row - taps * C);   /* (the filters' rows there are 0) */
+            }
             Aq = (const uint32_t *)rowbuf;
         }
         cuvil_dot_out o = a->out;
@@ -189,8 +209,8 @@ int64_t cuvil_conv_blocked_int8_scratch(const cuvil_conv_shape *s) {
 }
 
 int cuvil_conv_blocked_int8(const cuvil_conv_shape *s, const float *x, const uint32_t *wq, const float *wterms,
-                            const float *bias, const float *residual, const float *range, float *y, int act,
-                            float *scratch, int nthreads) {
+                            const float *bias, const float *residual, const float *range, int nchw_input, float *y,
+                            int act, float *scratch, int nthreads) {
     int64_t P = s->OH * s->OW, in = s->C * s->H * s->W, out = s->O * P, mb, mc = blocked_m_rows(P, &mb);
     int64_t np = (s->O + CUVIL_I8_NR - 1) / CUVIL_I8_NR, ng = mb >= 2 * nthreads ? 1 : cuvil_min(np, 2 * nthreads);
     blocked_input b = blocked_input_tables(s, scratch);
@@ -202,9 +222,9 @@ int cuvil_conv_blocked_int8(const cuvil_conv_shape *s, const float *x, const uin
          * w_scale and w_scale times the filter's sum */
         for (int64_t o = 0; o < s->O; o++)
             scale_col[o] = m.scale * wterms[o], bias_col[o] = (bias ? bias[o] : 0.f) - m.scale * m.zero * wterms[s->O + o];
-        quantize_args qa = {s, x + n * in, xq, b.hp, b.wp, m};
+        quantize_args qa = {s, x + n * in, xq, b.hp, b.wp, m, nchw_input};
         cuvil_parallel_for(in > 16384 ? nthreads : 1, b.hp, 1, quantize_task, &qa);
-        int8_conv a = {s, xq, b.pix, b.tap, s->KH * s->KW * s->C / 4, P, mc, ng, np, b.direct,
+        int8_conv a = {s, xq, b.pix, b.tap, (s->KH * s->KW * s->C + 3) / 4, P, mc, ng, np, b.direct, b.direct && s->C % 4 == 0,
                        wq, {y + n * out, 0, bias_col, residual ? residual + n * out : 0, scale_col, CUVIL_BLOCK,
                             P * CUVIL_BLOCK, CUVIL_BLOCK, CUVIL_BLOCK, 1.f, act}, 0};
         cuvil_parallel_for(P * s->O * s->C > 65536 ? nthreads : 1, mb * ng, 1, int8_conv_task, &a);

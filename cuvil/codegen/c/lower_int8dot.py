@@ -9,11 +9,15 @@ import numpy as np
 
 from ...ir import quant
 from ...target import has_features
-from .conv_plan import conv_plan
+from .conv_plan import conv_plan, pointwise_conv
 
 I8_NR = 64                    # kernels/int8dot.h CUVIL_I8_NR
 I8_MAX_K = 65792              # kernels/int8dot.h CUVIL_I8_MAX_K
 INT8_FEATURES = ("avx512_vnni", "avx512bw")
+# an NCHW-input conv that gathers its rows (not 1x1) runs in int8 from this K (taps x channels) on: each
+# row's copy costs what a few dot steps do. Profiled per conv (1 thread): ResNet-50's stem (K 147) 2.3 ms
+# fp32 -> 1.16 ms int8; MobileNetV2's (K 27) 0.41 -> 0.50 ms, so it stays fp32
+INT8_MIN_GATHERED_NCHW_K = 64
 
 
 def int8_dot_panels(q: np.ndarray) -> np.ndarray:
@@ -45,6 +49,8 @@ def computes_int8(node, target: str) -> bool:
     """Whether this conv runs on the integer dot-product kernels for `target`."""
     if node.op != "conv" or node.attrs.get("int8_act", 0) != 1 or not has_features(target, INT8_FEATURES):
         return False
-    w = node.inputs[1].shape
-    return (node.attrs.get("groups", 1) == 1 and conv_plan(node).kind in ("blocked", "blocked_from_nchw")
-            and w[1] * int(np.prod(w[2:])) <= I8_MAX_K)
+    w, kind = node.inputs[1].shape, conv_plan(node).kind
+    K = w[1] * int(np.prod(w[2:]))
+    if kind == "blocked_from_nchw" and not pointwise_conv(node) and K < INT8_MIN_GATHERED_NCHW_K:
+        return False
+    return node.attrs.get("groups", 1) == 1 and kind in ("blocked", "blocked_from_nchw") and K <= I8_MAX_K

@@ -13,7 +13,7 @@ from cuvil.codegen.c.lower_bf16dot import bf16_dot_panels
 from cuvil.ir.quant import to_bf16
 from cuvil.target import cpu_flags
 
-from .util import build_kernels
+from .util import branching_conv_block, build_kernels
 
 BUILDS = {"portable": ["-march=x86-64"], "avx512_bf16": ["-march=native"]}
 
@@ -119,19 +119,8 @@ def test_blocked_conv_in_bf16(k, stride, pad, dil, cin, cout, hw):
     import cuvil
     from cuvil.target import has_features
 
-    class Block(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a = torch.nn.Conv2d(cin, cin, 1)
-            self.c = torch.nn.Conv2d(cin, cout, k, stride, pad, dil)
-            self.r = torch.nn.Conv2d(cin, cout, k, stride, pad, dil)
-
-        def forward(self, x):
-            h = torch.relu(self.a(x))
-            return torch.relu(self.c(h) + self.r(h))
-
     torch.manual_seed(k * 10 + stride)
-    m = Block().eval()
+    m = branching_conv_block(cin, cout, k, stride, pad, dil)
     x = torch.randn(2, cin, *hw)
     cm = cuvil.compile(m, (x,), precision="bf16", layout="blocked")
     want = m(x).detach().numpy()

@@ -15,7 +15,7 @@ from cuvil.codegen.c.lower_blocked import filters_as_b, int8_filter_panels
 from cuvil.codegen.c.lower_int8dot import filter_terms, int8_dot_panels, quantized_filters
 from cuvil.target import cpu_flags
 
-from .util import build_kernels
+from .util import branching_conv_block, build_kernels
 
 BUILDS = {"portable": (["-march=x86-64"], 4), "avx2": (["-march=x86-64-v3"], 8),
           "avx512_vnni": (["-march=native"], 16)}
@@ -188,19 +188,8 @@ def test_compiled_int8_convs_against_torch(k, stride, pad, dil, cin, cout, hw):
     import cuvil
     from cuvil.target import has_features
 
-    class Block(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a = torch.nn.Conv2d(cin, cin, 1)
-            self.c = torch.nn.Conv2d(cin, cout, k, stride, pad, dil)
-            self.r = torch.nn.Conv2d(cin, cout, k, stride, pad, dil)
-
-        def forward(self, x):
-            h = torch.relu(self.a(x))
-            return torch.relu(self.c(h) + self.r(h))
-
     torch.manual_seed(k * 10 + stride)
-    m = Block().eval()
+    m = branching_conv_block(cin, cout, k, stride, pad, dil)
     x = torch.randn(2, cin, *hw)
     cm = cuvil.compile(m, (x,), precision="int8", layout="blocked")
     want = m(x).detach().numpy()

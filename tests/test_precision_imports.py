@@ -281,3 +281,31 @@ def test_float_functional_is_no_quantized_module():
             return self.skip.add(self.fc(x), x)
     m, x = Residual().eval(), torch.randn(3, 8)
     np.testing.assert_allclose(cuvil.compile(m, (x,))(x).numpy(), m(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.5, float("nan"), float("inf"), 1e-45, 1e-30, 0.02, 1e30, 1e38])
+@pytest.mark.parametrize("zero_point", [0, 200])
+def test_dequantize_grid_from_a_hostile_file(tmp_path, scale, zero_point):
+    """A QDQ pair's scale and zero point come from the file and reach the generated code as the conv's
+    int8_range: any value compiles (a grid outside what float32 holds, or not positive, is not taken)
+    and the conv then computes what the ONNX reference evaluator does, within int8's error where that
+    is finite; never a crash."""
+    w = np.random.default_rng(0).standard_normal((16, 16, 1, 1)).astype(np.float32) * 0.1
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+             helper.make_node("Conv", ["d", "W"], ["y"])]
+    g = helper.make_graph(nodes, "qdq_conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 5, 5])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 5, 5])],
+                          [numpy_helper.from_array(np.array(scale, np.float32), "s"),
+                           numpy_helper.from_array(np.array(zero_point, np.uint8), "z"),
+                           numpy_helper.from_array(w, "W")])
+    path = str(tmp_path / "m.onnx")
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    x = np.random.default_rng(1).standard_normal((1, 16, 5, 5)).astype(np.float32)
+    with np.errstate(all="ignore"):
+        want = _reference(path, x)
+    cm = cuvil.compile(path, precision="int8", layout="blocked")
+    got = cm.run(x)[0]
+    ok = np.isfinite(want)
+    if ok.any():
+        assert np.abs(got[ok] - want[ok]).max() <= 0.02 * np.abs(want[ok]).max() + 1e-20      # subnormal grids

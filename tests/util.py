@@ -55,3 +55,22 @@ def build_kernels(out_dir, files, flags):
     subprocess.run(["gcc", *COMMON_FLAGS, "-shared", *flags, *(str(KERNELS_DIR / f) for f in files), "-o", str(out), "-lm"],
                    check=True)
     return ctypes.CDLL(str(out))
+
+
+def branching_conv_block(cin, cout, k, stride, pad, dil):
+    """A 1x1 conv with ReLU feeding two k x k convs whose sum is ReLU'd: bias, residual and activation
+    fused into a conv, every source kind of a blocked conv by k / stride / pad (the lower-precision
+    convs' tests against torch)."""
+    import torch
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Conv2d(cin, cin, 1)
+            self.c = torch.nn.Conv2d(cin, cout, k, stride, pad, dil)
+            self.r = torch.nn.Conv2d(cin, cout, k, stride, pad, dil)
+
+        def forward(self, x):
+            h = torch.relu(self.a(x))
+            return torch.relu(self.c(h) + self.r(h))
+    return Block().eval()

@@ -51,7 +51,7 @@ def _dequantize(ctx, q, scale, zero_point, axis=None, qrange=None):
     y = ctx.add("mul", [ctx.add("sub", [ctx.tensor(q, "float32"), c(zp)]), c(s)])
     if qrange is not None and s.size == zp.size == 1 and float(s[0]) > 0:
         grid = [float((qrange[0] - zp[0]) * s[0]), float((qrange[1] - zp[0]) * s[0])]
-        if qrange[1] - qrange[0] <= 255 and all(np.isfinite(grid)):        # bytes: what int8 convs read
+        if qrange[1] - qrange[0] <= 255 and all(abs(v) <= np.finfo(np.float32).max for v in grid):   # bytes
             ctx.grids[id(y)] = grid
     return y
 

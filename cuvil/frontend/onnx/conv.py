@@ -16,6 +16,7 @@ from .registry import handler
 
 # ---- convolution and pooling ----------------------------------------------------------------------
 _BYTE_RANGES = {"uint8": (0, 255), "int8": (-128, 127)}
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _dequantized_range(c, name):
@@ -33,7 +34,7 @@ def _dequantized_range(c, name):
     lo, hi = _BYTE_RANGES[dtype_of(q)]
     s, z = float(scale.reshape(())), float(zp.reshape(()))
     r = [(lo - z) * s, (hi - z) * s]
-    return r if all(np.isfinite(r)) and s > 0 else None
+    return r if s > 0 and all(abs(v) <= _FLOAT32_MAX for v in r) else None      # (NaN fails too)
 
 
 @handler("Conv")

@@ -14,7 +14,7 @@ from .options import Options
 from .runtime import artifact
 from .runtime.loader import load
 from .runtime.module import Module
-from .target import has_features, native_cpu, required_features, resolve_target, target_arch, vector_floats
+from .target import native_cpu, required_features, resolve_target, target_arch, vector_floats
 
 
 class Progress:
@@ -117,13 +117,25 @@ def conv_layout(opts: Options) -> str:
 def optimize(graph, opts: Options):
     """The passes that opts ask for, for the C backend (passes/pipeline.py)."""
     from .codegen.c import C_BACKEND
-    from .codegen.c.lower_int8dot import INT8_FEATURES
+    from .codegen.c.lower_int8dot import int8_conv_kind
     from .options import calibration_leaves
     from .passes import pipeline
     calibration = [calibration_leaves(x) for x in opts.calibration_data or ()] if opts.precision == "int8" else None
     return pipeline.optimize(graph, opts.fusion_level, backend=C_BACKEND, layout=conv_layout(opts),
                              precision=opts.precision, calibration=calibration,
-                             int8_convs=has_features(resolve_target(opts.target), INT8_FEATURES))
+                             int8_convs=int8_conv_kind(resolve_target(opts.target)))
+
+
+def _dot_products(node, target):
+    """The dot products a node runs on for `target` (passes/quantize.describe): "bf16", "int8" (VNNI),
+    "int8_avx2" or None."""
+    from .codegen.c.lower_bf16dot import computes_bf16
+    from .codegen.c.lower_int8dot import computes_int8, int8_conv_kind
+    if computes_bf16(node, target):
+        return "bf16"
+    if computes_int8(node, target):
+        return "int8" if int8_conv_kind(target) == 2 else "int8_avx2"
+    return None
 
 
 def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None, load=True):
@@ -134,15 +146,12 @@ def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None,
     from .codegen.c.frame import api_h, symbol_prefix
     from .passes import data_dims
     from .passes.pipeline import plan_memory
-    from .codegen.c.lower_bf16dot import computes_bf16
-    from .codegen.c.lower_int8dot import computes_int8
     from .passes.quantize import precision_summary
     data_dims.check(graph)
     graph = optimize(graph, opts)
     progress("passes", f"{len(graph.nodes)} nodes after optimisation")
     target = resolve_target(opts.target)
-    formats = precision_summary(graph, dot=lambda n: "bf16" if computes_bf16(n, target) else
-                                "int8" if computes_int8(n, target) else None)
+    formats = precision_summary(graph, dot=lambda n: _dot_products(n, target))
     if opts.precision != "fp32":
         progress("precision", f"{opts.precision}: " + "; ".join(f"{k} x{v}" for k, v in formats.items()))
     plan = plan_memory(graph, C_BACKEND)

@@ -46,7 +46,8 @@ def lib(request, tmp_path_factory):
     lib = build_kernels(tmp_path_factory.mktemp("int8dot"), FILES, flags)
     lib.cuvil_conv_blocked_int8.restype = ctypes.c_int
     lib.cuvil_conv_blocked_int8_scratch.restype = ctypes.c_int64
-    lib.block = block
+    lib.block, lib.levels = block, lib.cuvil_i8_levels()
+    assert lib.levels == (127 if request.param == "avx2" else 255)
     return lib
 
 
@@ -68,11 +69,11 @@ def test_panels_layout():
 @pytest.mark.parametrize("M,N,K,act", [(1, 64, 16, "none"), (7, 100, 36, "relu"), (53, 130, 96, "none"),
                                        (13, 5, 4, "relu"), (96, 256, 1024, "none")])
 def test_rows_match_integer_sums(lib, M, N, K, act):
-    """cuvil_i8_rows: exact int32 sums of unsigned A and signed B bytes (no saturation at the extremes),
-    scaled per column, biased and activated, into row-major C."""
+    """cuvil_i8_rows: exact int32 sums of unsigned A (bytes up to the build's levels) and signed B bytes
+    (no saturation at the extremes), scaled per column, biased and activated, into row-major C."""
     rng = np.random.default_rng(M * N + K)
-    a = rng.integers(0, 256, (M, K), dtype=np.uint8)
-    a[0] = 255                                          # extremes: 255 * -128 summed K deep
+    a = rng.integers(0, lib.levels + 1, (M, K), dtype=np.uint8)
+    a[0] = lib.levels                                   # extremes: 255 (AVX2: 127) * -128 summed K deep
     b = rng.integers(-128, 128, (K, N), dtype=np.int8)
     b[:, 0] = -128
     scale = rng.uniform(0.5, 2, N).astype(np.float32) * 1e-3
@@ -88,14 +89,14 @@ def test_rows_match_integer_sums(lib, M, N, K, act):
     np.testing.assert_allclose(c, want, rtol=1e-6, atol=1e-6)
 
 
-def _byte_map(x, rng_):
+def _byte_map(x, rng_, levels):
     lo, hi = (float(x.min()), float(x.max())) if rng_ is None else rng_
     lo, hi = np.float32(min(lo, 0)), np.float32(max(hi, 0))
-    scale = np.float32((hi - lo) / np.float32(255))
+    scale = np.float32((hi - lo) / np.float32(levels))
     if not scale > 0:
         scale = np.float32(1)
-    zero = np.float32(np.clip(np.rint(-lo / scale), 0, 255))
-    q = np.floor(np.clip(x * (np.float32(1) / scale) + (zero + np.float32(0.5)), 0, 255))
+    zero = np.float32(np.clip(np.rint(-lo / scale), 0, levels))
+    q = np.floor(np.clip(x * (np.float32(1) / scale) + (zero + np.float32(0.5)), 0, levels))
     return q, scale, zero
 
 
@@ -157,7 +158,7 @@ def test_blocked_conv_matches_integer_arithmetic(lib, k, stride, pad, dil, cin, 
     q, ws = quantized_filters(filters_as_b(w))
     wint = q.reshape(k, k, cin, cout).transpose(3, 2, 0, 1)
     for n in range(N):
-        qx, scale, zero = _byte_map(x[n], rng_)
+        qx, scale, zero = _byte_map(x[n], rng_, lib.levels)
         acc = _conv_int(qx, wint, stride, pad, dil, zero)
         want = np.maximum(acc * (scale * ws)[:, None, None] + bias[:, None, None] + res[n], 0)
         # one input byte a step off (the fused multiply-add's rounding at a half) moves an output by
@@ -179,24 +180,29 @@ def test_blocked_conv_matches_integer_arithmetic(lib, k, stride, pad, dil, cin, 
     (3, 1, 1, 1, 32, 64, (14, 14)),       # 3x3 stride 1: direct integer products, no Winograd
     (5, 1, 2, 1, 16, 16, (7, 9)),
 ])
-def test_compiled_int8_convs_against_torch(k, stride, pad, dil, cin, cout, hw):
+@pytest.mark.parametrize("target", ["native", "x86_64-avx2"])
+def test_compiled_int8_convs_against_torch(k, stride, pad, dil, cin, cout, hw, target):
     """precision="int8" on channel-blocked convs (bias, residual and ReLU fused) against torch: within
-    int8's rounding of input and filters; on a CPU with AVX-512 VNNI the generated C calls
-    cuvil_conv_blocked_int8, elsewhere the fp32 conv."""
+    int8's rounding of input and filters. With AVX-512 VNNI every one calls cuvil_conv_blocked_int8
+    (3x3 stride-1 ones too); built for AVX2 (run here where the CPU has it) all but the 3x3 stride-1
+    convs, which keep fp32 Winograd; elsewhere the fp32 conv."""
     import torch
 
     import cuvil
+    from cuvil.codegen.c.lower_int8dot import int8_conv_kind
     from cuvil.target import has_features
+    if target != "native" and not has_features("native", ("avx2", "fma")):
+        pytest.skip("this CPU runs no AVX2 build")
 
     torch.manual_seed(k * 10 + stride)
     m = branching_conv_block(cin, cout, k, stride, pad, dil)
     x = torch.randn(2, cin, *hw)
-    cm = cuvil.compile(m, (x,), precision="int8", layout="blocked")
+    cm = cuvil.compile(m, (x,), precision="int8", layout="blocked", target=target)
     want = m(x).detach().numpy()
     got = cm(x).numpy()
-    integer = has_features("native", ("avx512_vnni", "avx512bw"))
-    assert cm.c_source.count("cuvil_conv_blocked_int8(") == (3 if integer else 0)
-    assert ("cuvil_conv3x3_winograd" in cm.c_source) == (k == 3 and stride == 1 and not integer)
+    kind, winograd = int8_conv_kind(target), k == 3 and stride == 1
+    assert cm.c_source.count("cuvil_conv_blocked_int8(") == (0 if not kind else 1 if kind == 1 and winograd else 3)
+    assert ("cuvil_conv3x3_winograd" in cm.c_source) == (winograd and kind != 2)
     # 8 bits each for input and filters: ~2^-8 of the output's scale; a slip in the layout is off by it
     assert np.isfinite(got).all()
     assert np.abs(got - want).max() <= 0.03 * np.abs(want).max()

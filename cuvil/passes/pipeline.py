@@ -20,11 +20,11 @@ from . import cleanup, fold, fuse, legalize, memplan, quantize, simplify
 from . import layout as layout_pass
 
 
-def optimize(graph, fusion_level=2, *, backend, layout="nchw", precision="fp32", int8_convs=False, calibration=None,
+def optimize(graph, fusion_level=2, *, backend, layout="nchw", precision="fp32", int8_convs=0, calibration=None,
              verify=None, log=None):
     """backend: passes/backend.py's Backend; layout: the layout pass's target layout, a blocked
-    "nchw<B>c" to run it (driver.conv_layout picks it per target); precision: quantize.py's (int8_convs: whether the target
-    multiplies bytes in convs; calibration: input sets, each a list of arrays, over which int8 convs
+    "nchw<B>c" to run it (driver.conv_layout picks it per target); precision: quantize.py's (int8_convs: what the target's integer
+    convs are, 0 none, 1 AVX2's, 2 VNNI's; calibration: input sets, each a list of arrays, over which int8 convs
     take their input ranges); verify: Graph.verify() after every pass (default: when
     CUVIL_VERIFY_PASSES is set to anything but 0); log(name, graph) after every pass."""
     if verify is None:

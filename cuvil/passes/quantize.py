@@ -16,10 +16,11 @@ bias / residual / activation:
 What is not a constant-weight matmul (attention, norms, softmax, reductions, and convs except below)
 stays fp32. bf16 marks convs with constant filters (bf16_act): a channel-blocked conv of one group that
 is no Winograd or depthwise conv runs in bf16 products where the target has them (codegen decides).
-int8 marks them (int8_act) for a target with integer dot products (int8_convs, AVX-512 VNNI): a
+int8 marks them (int8_act) for a target with integer convs (int8_convs: 2 AVX-512 VNNI, 1 AVX2): a
 channel-blocked conv of one group that is not depthwise then runs on its input quantized to bytes
-(per image, or over its calibrated range) and its filters to int8 per output channel, 3x3 convs
-included (direct integer products outrun fp32 Winograd: 250 -> 390 GOP/s on ResNet-50's);
+(per image, or over its calibrated range; 0..255 on VNNI, 0..127 on AVX2) and its filters to int8 per
+output channel, 3x3 convs included on VNNI (direct integer products outrun fp32 Winograd: 250 -> 390
+GOP/s on ResNet-50's);
 precision_summary() says which nodes got which format, for the compile report and --verbose."""
 from __future__ import annotations
 
@@ -107,9 +108,10 @@ def calibrate(graph, calibration):
     return graph
 
 
-def run(graph, precision, int8_convs=False, calibration=None):
-    """graph with its constant-weight matmuls in `precision` (fp32: unchanged); int8_convs: whether the
-    target multiplies bytes in its convs (AVX-512 VNNI), where int8 marks them; calibration: input sets
+def run(graph, precision, int8_convs=0, calibration=None):
+    """graph with its constant-weight matmuls in `precision` (fp32: unchanged); int8_convs: what the
+    target's integer convs are (0 none, 1 AVX2's, 2 VNNI's, which take 3x3 convs from Winograd), the
+    value int8 marks them with; calibration: input sets
     over which their input ranges are taken (calibrate), else each image's own at run time."""
     if precision == "fp32":
         return graph
@@ -119,13 +121,13 @@ def run(graph, precision, int8_convs=False, calibration=None):
     if precision == "bf16" or (precision == "int8" and int8_convs):
         for n in graph.nodes:
             if n.op == "conv" and n.inputs[1].is_const and n.inputs[0].dtype == "float32":
-                n.attrs[f"{precision}_act"] = 1
+                n.attrs[f"{precision}_act"] = 1 if precision == "bf16" else int8_convs
     return calibrate(graph, calibration) if precision == "int8" else graph
 
 
 def describe(node, dot=None) -> str | None:
     """The precision a node computes in, as precision_summary counts it (None: not a weighted op);
-    dot(node): the dot products the target runs it on, "bf16", "int8" or None."""
+    dot(node): the dot products the target runs it on, "bf16", "int8" (VNNI), "int8_avx2" or None."""
     kind = dot(node) if dot is not None else None
     if node.op == "matmul_q":
         w = node.inputs[1]
@@ -139,6 +141,8 @@ def describe(node, dot=None) -> str | None:
         return "bf16 input and filters, fp32 sums (vdpbf16ps)"
     if node.op == "conv" and kind == "int8":
         return "int8 filters, uint8 input, int32 sums (vpdpbusd)"
+    if node.op == "conv" and kind == "int8_avx2":
+        return "int8 filters, 7-bit input, int32 sums (vpmaddubsw)"
     if node.op in ("matmul", "matmul_fused", "conv", "grouped_matmul", "attention", "expert_matmul"):
         return "fp32"
     return None

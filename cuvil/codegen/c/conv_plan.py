@@ -50,8 +50,8 @@ def winograd_tile(node):
     per 4 outputs and channel pair, F(4x4, 3x3) 36 per 16 (direct: 9 per output)."""
     x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
     a = node.attrs
-    if a.get("int8_act") and is_blocked(node) and a.get("in_layout") != "nchw":
-        return 0              # integer products (lower_int8dot.py), direct
+    if a.get("int8_act") == 2 and is_blocked(node) and a.get("in_layout") != "nchw":
+        return 0              # integer products on VNNI (lower_int8dot.int8_conv_kind), direct
     if not (x.type.rank == 4 and w.is_const and tuple(w.shape[2:]) == (3, 3) and a.get("groups", 1) == 1
             and tuple(a["strides"]) == (1, 1) and tuple(a["dilations"]) == (1, 1)
             and w.shape[0] >= 16 and w.shape[1] >= 16 and isinstance(y.shape[3], int)

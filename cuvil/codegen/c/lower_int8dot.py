@@ -1,5 +1,5 @@
 """Channel-blocked convs in integer products (compile's precision="int8" on a target with AVX-512
-VNNI; passes/quantize.py marks them int8_act): the filters as signed bytes per output channel in the
+VNNI, or AVX2; passes/quantize.py marks them int8_act): the filters as signed bytes per output channel in the
 panels kernels/int8dot.h reads, each channel's scale and filter sum, and the call of
 cuvil_conv_blocked_int8, from a blocked or an NCHW input (a stem, channels no block holds); 3x3 convs
 included (no Winograd at int8: conv_plan.winograd_tile). Depthwise and grouped convs stay fp32."""
@@ -8,12 +8,13 @@ from __future__ import annotations
 import numpy as np
 
 from ...ir import quant
-from ...target import has_features
+from ...target import has_features, target_arch
 from .conv_plan import conv_plan, pointwise_conv
 
 I8_NR = 64                    # kernels/int8dot.h CUVIL_I8_NR
 I8_MAX_K = 65792              # kernels/int8dot.h CUVIL_I8_MAX_K
-INT8_FEATURES = ("avx512_vnni", "avx512bw")
+INT8_FEATURES = ("avx512_vnni", "avx512bw")      # vpdpbusd: bytes 0..255, 3x3 convs direct too
+INT8_AVX2_FEATURES = ("avx2",)                    # vpmaddubsw: bytes 0..127, 3x3 convs keep fp32 Winograd
 # an NCHW-input conv that gathers its rows (not 1x1) runs in int8 from this K (taps x channels) on: each
 # row's copy costs what a few dot steps do. Profiled per conv (1 thread): ResNet-50's stem (K 147) 2.3 ms
 # fp32 -> 1.16 ms int8; MobileNetV2's (K 27) 0.41 -> 0.50 ms, so it stays fp32
@@ -45,9 +46,19 @@ def filter_terms(b: np.ndarray) -> np.ndarray:
     return np.stack([s, s * q.astype(np.int64).sum(axis=0)]).astype(np.float32)
 
 
+def int8_conv_kind(target: str) -> int:
+    """What a target's int8 convs are (passes/quantize.py marks int8_act with it): 2 with VNNI (every
+    blocked conv, 3x3 ones direct instead of Winograd: 250 -> 390-410 GOP/s on ResNet-50's), 1 on AVX2
+    (its products run at about twice fp32 FMAs', short of Winograd's saving: 3x3 convs stay fp32),
+    0 without integer convs."""
+    if has_features(target, INT8_FEATURES):
+        return 2
+    return 1 if target_arch(target) == "x86_64" and has_features(target, INT8_AVX2_FEATURES) else 0
+
+
 def computes_int8(node, target: str) -> bool:
     """Whether this conv runs on the integer dot-product kernels for `target`."""
-    if node.op != "conv" or node.attrs.get("int8_act", 0) != 1 or not has_features(target, INT8_FEATURES):
+    if node.op != "conv" or node.attrs.get("int8_act", 0) == 0 or not int8_conv_kind(target):
         return False
     w, kind = node.inputs[1].shape, conv_plan(node).kind
     K = w[1] * int(np.prod(w[2:]))

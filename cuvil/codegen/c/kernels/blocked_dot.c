@@ -89,7 +89,7 @@ static void range_task(void *ctx, int64_t c0, int64_t c1) {
     }
 }
 
-/* The affine map of the input onto bytes: q = clamp(rint(x / scale) + zero, 0, 255). */
+/* The affine map of the input onto bytes: q = clamp(rint(x / scale) + zero, 0, CUVIL_I8_LEVELS). */
 typedef struct { float scale, inv, zero; } byte_map;
 
 static byte_map input_byte_map(const float *x, int64_t n, const float *range, int nthreads) {
@@ -102,18 +102,19 @@ static byte_map input_byte_map(const float *x, int64_t n, const float *range, in
         cuvil_parallel_for(chunks > 1 ? nthreads : 1, chunks, 1, range_task, &a);
         for (int64_t c = 0; c < chunks; c++) lo = a.lo[c] < lo ? a.lo[c] : lo, hi = a.hi[c] > hi ? a.hi[c] : hi;
     }
-    float scale = (hi - lo) / 255.f;
+    float scale = (hi - lo) / (float)CUVIL_I8_LEVELS;
     if (!(scale > 0.f) || !isfinite(scale)) scale = 1.f;   /* all zeros (or no usable range: NaN, inf) */
     float zero = rintf(-lo / scale);
-    zero = zero < 0.f ? 0.f : zero > 255.f ? 255.f : zero;
+    zero = zero < 0.f ? 0.f : zero > (float)CUVIL_I8_LEVELS ? (float)CUVIL_I8_LEVELS : zero;
     return (byte_map){scale, 1.f / scale, zero};
 }
 
-/* One float -> a byte: q = clamp(x / scale + zero, 0, 255) rounded half up (q >= 0: +0.5, truncated). */
+/* One float -> a byte: q = clamp(x / scale + zero, 0, CUVIL_I8_LEVELS) rounded half up (q >= 0: +0.5,
+ * truncated). */
 static inline uint8_t to_byte(float x, byte_map m) {
     float t = x * m.inv + (m.zero + 0.5f);
     t = t > 0.f ? t : 0.f;                                      /* NaN: 0 */
-    return (uint8_t)(int)(t < 255.f ? t : 255.f);
+    return (uint8_t)(int)(t < (float)CUVIL_I8_LEVELS ? t : (float)CUVIL_I8_LEVELS);
 }
 
 /* B floats -> B bytes, as to_byte. */
@@ -121,7 +122,7 @@ typedef uint8_t byte_block __attribute__((vector_size(CUVIL_BLOCK)));
 static inline void to_bytes(const float *x, byte_map m, uint8_t *out) {
     cuvil_vf t = cuvil_vload(x) * cuvil_vsplat(m.inv) + cuvil_vsplat(m.zero + 0.5f), lo = cuvil_vsplat(0.f);
     t = cuvil_vsel(t > lo, t, lo);                               /* NaN: 0 */
-    t = cuvil_vsel(t < cuvil_vsplat(255.f), t, cuvil_vsplat(255.f));
+    t = cuvil_vsel(t < cuvil_vsplat((float)CUVIL_I8_LEVELS), t, cuvil_vsplat((float)CUVIL_I8_LEVELS));
     byte_block b = __builtin_convertvector(__builtin_convertvector(t, cuvil_vi), byte_block);
     memcpy(out, &b, CUVIL_BLOCK);
 }

@@ -1,7 +1,9 @@
 #include "int8dot.h"
-#if defined(__AVX512VNNI__)
+#if defined(__AVX512VNNI__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
+
+int cuvil_i8_levels(void) { return CUVIL_I8_LEVELS; }
 
 /* Register tiles of MR rows x NV vectors of 16 columns, 24 int32 accumulators each, by how much of a
  * panel holds columns: 6 x 4 (a whole panel of 64), 8 x 3, 12 x 2, 24 x 1 (MobileNetV2's 16 and 32
@@ -40,6 +42,41 @@ static inline __attribute__((always_inline)) void i8_tile(const int MR, const in
 #pragma GCC unroll 4
         for (int v = 0; v < NV; v++)
             if (r < mr) _mm512_store_ps(out + r * CUVIL_I8_NR + 16 * v, _mm512_cvtepi32_ps(acc[r][v]));
+}
+#elif defined(__AVX2__)
+/* AVX2: each lane's four products by vpmaddubsw (pairs into 16 bits; A's bytes <= 127 keep them from
+ * saturating) and vpmaddwd against ones (the pairs' sums into 32 bits). Rows r0 .. r0 + R of 16 columns
+ * at a time (8 accumulators of 16 registers), the panel's columns [16 v, 16 v + 16). */
+static inline __attribute__((always_inline)) void i8_avx2_rows(const int R, int rr, const uint32_t *a, int64_t K4,
+                                                               const uint32_t *b, float *out) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc[4][2];
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    for (int64_t k = 0; k < K4; k++, b += CUVIL_I8_NR) {
+        __m256i b0 = _mm256_loadu_si256((const __m256i *)b), b1 = _mm256_loadu_si256((const __m256i *)(b + 8));
+        for (int r = 0; r < R; r++)
+            if (r < rr) {
+                __m256i av = _mm256_set1_epi32((int)a[r * K4 + k]);
+                acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(av, b0), ones));
+                acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(av, b1), ones));
+            }
+    }
+    for (int r = 0; r < R; r++)
+        if (r < rr) {
+            _mm256_storeu_ps(out + r * CUVIL_I8_NR, _mm256_cvtepi32_ps(acc[r][0]));
+            _mm256_storeu_ps(out + r * CUVIL_I8_NR + 8, _mm256_cvtepi32_ps(acc[r][1]));
+        }
+}
+
+static inline void i8_tile(const int MR, const int NV, int mr, const uint32_t *a, int64_t K4, const uint32_t *b,
+                           float *out) {
+    (void)MR;
+    for (int v = 0; v < NV; v++)
+        for (int r0 = 0; r0 < mr; r0 += 4) {
+            int rr = mr - r0 < 4 ? mr - r0 : 4;
+            if (rr == 4) i8_avx2_rows(4, 4, a + r0 * K4, K4, b + 16 * v, out + r0 * CUVIL_I8_NR + 16 * v);
+            else i8_avx2_rows(4, rr, a + r0 * K4, K4, b + 16 * v, out + r0 * CUVIL_I8_NR + 16 * v);
+        }
 }
 #else
 /* The same integer sums in portable C. */

@@ -1,7 +1,8 @@
-/* Integer dot products for compile's precision="int8" convs where the CPU has AVX-512 VNNI: rows of A
+/* Integer dot products for compile's precision="int8" convs (AVX-512 VNNI; AVX2 vpmaddubsw): rows of A
  * as unsigned bytes (activations quantized with a zero point), B signed bytes (filters, symmetric per
  * output channel) packed at compile time, each lane's four products added into its int32 sum as
- * vpdpbusd adds them (no saturation: a sum stays below 2^31 for K <= CUVIL_I8_MAX_K). The sums leave as
+ * vpdpbusd adds them (no saturation: a sum stays below 2^31 for K <= CUVIL_I8_MAX_K); on AVX2 by
+ * vpmaddubsw + vpmaddwd, A's bytes at most CUVIL_I8_LEVELS. The sums leave as
  * floats through cuvil_dot_store, whose scale_col and bias_col turn them back into the conv's scale.
  * Built on every target: VNNI runs the instruction, any other the same integer sums in portable C
  * (the tests' oracle for layouts and edges on any host; the lowering picks this kernel only where the
@@ -12,6 +13,16 @@
 
 #define CUVIL_I8_NR CUVIL_DOT_NR
 #define CUVIL_I8_MAX_K 65792          /* 65792 * 255 * 128 < 2^31 */
+
+/* The activation bytes' top level: 255 where the sums are exact at any byte (vpdpbusd, portable C);
+ * 127 on AVX2 without VNNI, whose vpmaddubsw adds two u8 x s8 products into 16 bits with saturation
+ * (255 * 127 * 2 would pass 32767; 127 * 128 * 2 does not). cuvil_i8_levels: the build's. */
+#if defined(__AVX2__) && !defined(__AVX512VNNI__)
+#define CUVIL_I8_LEVELS 127
+#else
+#define CUVIL_I8_LEVELS 255
+#endif
+int cuvil_i8_levels(void);
 
 /* Panels of CUVIL_I8_NR columns: Bp[p][k4][j] (uint32) holds B[4 k4 + i][p NR + j] in byte i; zero
  * past K and N (codegen/c/lower_int8dot.py). */

@@ -100,12 +100,12 @@ def _byte_map(x, rng_, levels):
     return q, scale, zero
 
 
-def _conv_int(q, wq, stride, pad, dil, zero):
-    """The integer conv of bytes q [C, H, W] (padding at the zero point) with int8 filters [O, C, KH, KW]."""
+def _conv_int(q, wq, stride, pad, dil, zero, groups):
+    """The integer conv of bytes q [C, H, W] (padding at the zero point) with int8 filters [O, C/G, KH, KW]."""
     import torch
     qp = np.pad(q - zero, ((0, 0), (pad, pad), (pad, pad)))             # centred: the zero point's padding is 0
     y = torch.nn.functional.conv2d(torch.from_numpy(qp[None].astype(np.float64)),
-                                   torch.from_numpy(wq.astype(np.float64)), stride=stride, dilation=dil)
+                                   torch.from_numpy(wq.astype(np.float64)), stride=stride, dilation=dil, groups=groups)
     return y[0].numpy()
 
 
@@ -119,36 +119,40 @@ def _unblocked(y, b):
     return y.transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w)
 
 
-@pytest.mark.parametrize("k,stride,pad,dil,cin,cout,hw,calibrated,nchw", [
-    (1, 1, 0, 1, 32, 48, (9, 11), False, False),       # direct: the quantized image is the GEMM's A
-    (1, 2, 0, 1, 16, 80, (13, 10), True, False),       # gathered in place, a calibrated range that clips
-    (3, 2, 1, 1, 32, 64, (15, 14), False, False),      # gathered from the padded image
-    (3, 1, 1, 1, 16, 80, (7, 9), False, False),        # direct 3x3 (no Winograd in int8), a panel cut short
-    (3, 1, 2, 2, 16, 32, (12, 12), True, False),       # dilated
-    (5, 1, 2, 1, 48, 16, (7, 9), False, False),
-    (7, 2, 3, 1, 3, 64, (23, 21), False, True),        # an NCHW stem: K = 147, up to whole words
-    (1, 1, 0, 1, 24, 48, (9, 11), False, True),        # NCHW, 24 channels: read in place
-    (1, 1, 0, 1, 6, 32, (5, 7), True, True),           # NCHW, 6 channels: rows copied to whole words
-    (3, 1, 1, 1, 5, 16, (8, 8), False, True),
+@pytest.mark.parametrize("k,stride,pad,dil,cin,cout,hw,calibrated,nchw,groups", [
+    (1, 1, 0, 1, 32, 48, (9, 11), False, False, 1),       # direct: the quantized image is the GEMM's A
+    (1, 2, 0, 1, 16, 80, (13, 10), True, False, 1),       # gathered in place, a calibrated range that clips
+    (3, 2, 1, 1, 32, 64, (15, 14), False, False, 1),      # gathered from the padded image
+    (3, 1, 1, 1, 16, 80, (7, 9), False, False, 1),        # direct 3x3 (no Winograd in int8), a panel cut short
+    (3, 1, 2, 2, 16, 32, (12, 12), True, False, 1),       # dilated
+    (5, 1, 2, 1, 48, 16, (7, 9), False, False, 1),
+    (7, 2, 3, 1, 3, 64, (23, 21), False, True, 1),        # an NCHW stem: K = 147, up to whole words
+    (1, 1, 0, 1, 24, 48, (9, 11), False, True, 1),        # NCHW, 24 channels: read in place
+    (1, 1, 0, 1, 6, 32, (5, 7), True, True, 1),           # NCHW, 6 channels: rows copied to whole words
+    (3, 1, 1, 1, 5, 16, (8, 8), False, True, 1),
+    (3, 1, 1, 1, 64, 64, (9, 10), False, False, 2),       # grouped (RegNet): each group a GEMM of its own
+    (1, 1, 0, 1, 64, 128, (6, 7), False, False, 4),       # grouped 1x1: gathered, not in place
+    (3, 2, 1, 1, 48, 96, (11, 9), True, False, 3),
 ])
-def test_blocked_conv_matches_integer_arithmetic(lib, k, stride, pad, dil, cin, cout, hw, calibrated, nchw):
+def test_blocked_conv_matches_integer_arithmetic(lib, k, stride, pad, dil, cin, cout, hw, calibrated, nchw, groups):
     B = lib.block
     cout = cout // B * B
     cin = cin if nchw else cin // B * B
+    cg = cin // groups
     rng = np.random.default_rng(k * 100 + cin)
     N, (H, W) = 2, hw
     x = rng.standard_normal((N, cin, H, W)).astype(np.float32)
     x[1] = np.maximum(x[1], 0)                        # a ReLU output: its zero point is 0
-    w = rng.standard_normal((cout, cin, k, k)).astype(np.float32) * 0.1
+    w = rng.standard_normal((cout, cg, k, k)).astype(np.float32) * 0.1
     bias = rng.standard_normal(cout).astype(np.float32)
     OH, OW = ((H + 2 * pad - dil * (k - 1) - 1) // stride + 1), ((W + 2 * pad - dil * (k - 1) - 1) // stride + 1)
     res = rng.standard_normal((N, cout, OH, OW)).astype(np.float32)
     rng_ = (-1.5, 1.25) if calibrated else None
-    s = Shape(N, cin, H, W, cout, k, k, OH, OW, stride, stride, pad, pad, dil, dil, 1)
+    s = Shape(N, cin, H, W, cout, k, k, OH, OW, stride, stride, pad, pad, dil, dil, groups)
     scratch = np.zeros(lib.cuvil_conv_blocked_int8_scratch(ctypes.byref(s)) + 16, np.float32)
     y = np.full((N, cout // B, OH, OW, B), np.nan, np.float32)
     xb, rb = (x if nchw else _blocked(x, B)), _blocked(res, B)
-    wq = int8_filter_panels(w)
+    wq = int8_filter_panels(w, groups)
     terms = filter_terms(filters_as_b(w))
     r = None if rng_ is None else np.array(rng_, np.float32)
     assert lib.cuvil_conv_blocked_int8(ctypes.byref(s), _ptr(xb), _ptr(wq), _ptr(terms), _ptr(bias), _ptr(rb), _ptr(r),
@@ -156,10 +160,10 @@ def test_blocked_conv_matches_integer_arithmetic(lib, k, stride, pad, dil, cin, 
     got = _unblocked(y, B)
 
     q, ws = quantized_filters(filters_as_b(w))
-    wint = q.reshape(k, k, cin, cout).transpose(3, 2, 0, 1)
+    wint = q.reshape(k, k, cg, cout).transpose(3, 2, 0, 1)
     for n in range(N):
         qx, scale, zero = _byte_map(x[n], rng_, lib.levels)
-        acc = _conv_int(qx, wint, stride, pad, dil, zero)
+        acc = _conv_int(qx, wint, stride, pad, dil, zero, groups)
         want = np.maximum(acc * (scale * ws)[:, None, None] + bias[:, None, None] + res[n], 0)
         # one input byte a step off (the fused multiply-add's rounding at a half) moves an output by
         # scale * |w|; a slip in the layout or the gather by far more
@@ -168,7 +172,7 @@ def test_blocked_conv_matches_integer_arithmetic(lib, k, stride, pad, dil, cin, 
         if not calibrated:          # and the whole is near the float conv
             import torch
             ref = torch.nn.functional.conv2d(torch.from_numpy(x[n:n + 1]), torch.from_numpy(w), torch.from_numpy(bias),
-                                             stride, pad, dil)[0].numpy()
+                                             stride, pad, dil, groups)[0].numpy()
             ref = np.maximum(ref + res[n], 0)
             assert np.abs(got[n] - ref).max() <= 0.03 * np.abs(ref).max()
 
@@ -237,3 +241,20 @@ def test_calibration_data_with_nan_is_refused():
     bad[0, 0, 0, 0] = float("nan")
     with pytest.raises(cuvil.QuantizationError, match=r"calibration_data\[1\]: conv at .*NaN"):
         cuvil.compile(m, (x,), precision="int8", layout="blocked", calibration_data=[x, bad])
+
+
+def test_compiled_grouped_int8_conv_against_torch():
+    """A grouped conv whose groups fill channel blocks (RegNet's, ResNeXt's) runs each group as its own
+    integer GEMM where the CPU has VNNI; within int8's error of torch either way."""
+    import torch
+
+    import cuvil
+    from cuvil.codegen.c.lower_int8dot import int8_conv_kind
+    torch.manual_seed(3)
+    m = torch.nn.Sequential(torch.nn.Conv2d(64, 64, 1), torch.nn.ReLU(),
+                            torch.nn.Conv2d(64, 64, 3, padding=1, groups=4), torch.nn.ReLU()).eval()
+    x = torch.randn(1, 64, 10, 9)
+    cm = cuvil.compile(m, (x,), precision="int8", layout="blocked")
+    assert cm.c_source.count("cuvil_conv_blocked_int8(") == (2 if int8_conv_kind("native") else 0)
+    want = m(x).detach().numpy()
+    assert np.abs(cm(x).numpy() - want).max() <= 0.03 * np.abs(want).max()

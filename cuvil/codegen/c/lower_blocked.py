@@ -12,7 +12,7 @@ from .conv_plan import WINOGRAD_G
 from .emit import lowering
 from .gemm_plan import pack_b, panel_width
 from .lower_bf16dot import bf16_dot_panels, computes_bf16
-from .lower_int8dot import computes_int8, filter_terms, int8_dot_panels, quantized_filters
+from .lower_int8dot import computes_int8, filter_terms, int8_group_panels, quantized_filters
 
 
 def filters_as_b(w: np.ndarray) -> np.ndarray:
@@ -26,9 +26,10 @@ def bf16_filter_panels(w: np.ndarray) -> np.ndarray:
     return bf16_dot_panels(to_bf16(filters_as_b(w)))
 
 
-def int8_filter_panels(w: np.ndarray) -> np.ndarray:
-    """The filters as filters_as_b orders them, as signed bytes in the integer dot kernels' panels."""
-    return int8_dot_panels(quantized_filters(filters_as_b(w))[0])
+def int8_filter_panels(w: np.ndarray, groups: int = 1) -> np.ndarray:
+    """The filters as filters_as_b orders them, as signed bytes in the integer dot kernels' panels, each
+    group's in its own."""
+    return int8_group_panels(quantized_filters(filters_as_b(w))[0], groups)
 
 
 def grouped_filters_as_b(w: np.ndarray, groups: int, nr: int) -> np.ndarray:
@@ -93,7 +94,7 @@ def lower_conv_call(em, node, plan, shape_struct, bias, res, act):
 
 def lower_int8_conv(em, node, shape_struct, bias, res, act, nchw_input):
     w = node.inputs[1]
-    wq = em.packed("conv_blocked_int8", w, int8_filter_panels, "uint32_t")
+    wq = em.packed("conv_blocked_int8", w, lambda d: int8_filter_panels(d, node.attrs.get("groups", 1)), "uint32_t")
     terms = em.packed("conv_blocked_int8_terms", w, lambda d: filter_terms(filters_as_b(d)))
     r = node.attrs.get("int8_range")            # floats checked finite by the op; carried as a constant
     rng = "0" if r is None else em.packed("conv_int8_range", w, lambda d: np.array(r, np.float32))

@@ -21,6 +21,13 @@ INT8_AVX2_FEATURES = ("avx2",)                    # vpmaddubsw: bytes 0..127, 3x
 INT8_MIN_GATHERED_NCHW_K = 64
 
 
+def int8_group_panels(q: np.ndarray, groups: int) -> np.ndarray:
+    """Each group's columns of a grouped conv's int8 B [K, O] in their own panels, one group after another
+    (kernels/blocked_dot.c reads group g's at g * its panel words)."""
+    og = q.shape[1] // groups
+    return np.concatenate([int8_dot_panels(q[:, g * og:(g + 1) * og]).ravel() for g in range(groups)])
+
+
 def int8_dot_panels(q: np.ndarray) -> np.ndarray:
     """int8 [K, N] -> uint32 [ceil(N/64), ceil(K/4), 64]: word (p, k4, j) holds rows 4 k4 .. 4 k4 + 3 of
     column 64 p + j in its bytes 0 .. 3, zeros past K and N."""
@@ -60,8 +67,10 @@ def computes_int8(node, target: str) -> bool:
     """Whether this conv runs on the integer dot-product kernels for `target`."""
     if node.op != "conv" or node.attrs.get("int8_act", 0) == 0 or not int8_conv_kind(target):
         return False
-    w, kind = node.inputs[1].shape, conv_plan(node).kind
-    K = w[1] * int(np.prod(w[2:]))
+    w, kind, groups = node.inputs[1].shape, conv_plan(node).kind, node.attrs.get("groups", 1)
+    K = w[1] * int(np.prod(w[2:]))                 # per group
     if kind == "blocked_from_nchw" and not pointwise_conv(node) and K < INT8_MIN_GATHERED_NCHW_K:
         return False
-    return node.attrs.get("groups", 1) == 1 and kind in ("blocked", "blocked_from_nchw") and K <= I8_MAX_K
+    # grouped convs (RegNet's, ResNeXt's) whose groups fill channel blocks are blocked (passes/layout.py);
+    # depthwise ones are not "blocked" but "blocked_depthwise"
+    return (kind == "blocked" or (kind == "blocked_from_nchw" and groups == 1)) and K <= I8_MAX_K

@@ -35,12 +35,13 @@ void cuvil_conv_blocked(const cuvil_conv_shape *s, const float *x, const float *
 int cuvil_conv_blocked_bf16(const cuvil_conv_shape *s, const float *x, const uint32_t *wb, const float *bias,
                             const float *residual, float *y, int act, float *scratch, int nthreads);
 
-/* cuvil_conv_blocked in int8 products with int32 sums (groups 1; kernels/int8dot.h): each image
+/* cuvil_conv_blocked in int8 products with int32 sums (any groups; kernels/int8dot.h): each image
  * quantized to bytes, q = x / scale + zero rounded over [lo, hi] (range: the calibrated or the model's
- * own [lo, hi], or NULL for the image's), the filters as B in signed-byte panels (int8dot.h) with wterms
- * [2][O]: each output channel's scale and that scale times the sum of its integer filter; the sums
- * scaled back, the bias, residual and act fused. The input blocked, or NCHW (nchw_input 1: any C, a
- * stem's 3 channels too); the output blocked. K = KH * KW * C at most CUVIL_I8_MAX_K. Scratch:
+ * own [lo, hi], or NULL for the image's), the filters as B in signed-byte panels (int8dot.h; each
+ * group's after the previous group's) with wterms [2][O]: each output channel's scale and that scale
+ * times the sum of its integer filter; the sums scaled back, the bias, residual and act fused. The input
+ * blocked, or NCHW (nchw_input 1, groups 1: any C, a stem's 3 channels too); the output blocked. K =
+ * KH * KW * C / groups at most CUVIL_I8_MAX_K. Scratch:
  * cuvil_conv_blocked_int8_scratch floats. Returns -1 where a thread's buffer for the rows could not be
  * allocated. */
 int64_t cuvil_conv_blocked_int8_scratch(const cuvil_conv_shape *s);

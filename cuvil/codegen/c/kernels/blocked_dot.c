@@ -159,7 +159,7 @@ typedef struct {
     const cuvil_conv_shape *s;
     const uint8_t *xq;            /* the quantized image, pixel-major */
     const int64_t *pix, *tap;     /* where the conv gathers (not direct) */
-    int64_t K4, P, mc, ng, np;
+    int64_t K4, P, mc, ng, np, tasks;   /* tasks: per group (RegNet's groups are GEMMs of their own) */
     int direct, in_place;         /* direct: pixel m reads pixel m, in place where its C bytes are whole words */
     const uint32_t *wq;
     cuvil_dot_out out;
@@ -168,12 +168,14 @@ typedef struct {
 
 static void int8_conv_task(void *ctx, int64_t t0, int64_t t1) {
     int8_conv *a = ctx;
-    int64_t C = a->s->C, taps = a->s->KH * a->s->KW;
-    for (int64_t t = t0; t < t1; t++) {
+    int64_t C = a->s->C, G = a->s->groups, Cg = C / G, Og = a->s->O / G, taps = a->s->KH * a->s->KW;
+    for (int64_t tt = t0; tt < t1; tt++) {
+        int64_t g = tt / a->tasks, t = tt % a->tasks;        /* group g reads channels [g Cg, g Cg + Cg) */
         int64_t m0 = t / a->ng * a->mc, rows = a->P - m0 < a->mc ? a->P - m0 : a->mc, q = t % a->ng;
-        const uint32_t *Aq = (const uint32_t *)(a->xq + m0 * C);    /* a 1x1 conv's rows: the image's pixels */
+        const uint8_t *xq = a->xq + g * Cg;
+        const uint32_t *Aq = (const uint32_t *)(xq + m0 * C);    /* a 1x1 conv's rows: the image's pixels */
         if (!a->in_place) {
-            int64_t row = 4 * a->K4;                    /* bytes: taps * C up to whole words */
+            int64_t row = 4 * a->K4;                    /* bytes: taps * Cg up to whole words */
             uint8_t *rowbuf = cuvil_thread_buffer(CUVIL_BUF_BF16, (size_t)(a->mc * row));
             if (!rowbuf) {
                 a->out_of_memory = 1;
@@ -184,17 +186,21 @@ static void int8_conv_task(void *ctx, int64_t t0, int64_t t1) {
             int64_t run = a->s->dw == 1 ? a->s->KW : 1, runs = taps / run;
             for (int64_t m = 0; m < rows; m++) {
                 uint8_t *dst = rowbuf + m * row;
-                for (int64_t k = 0; k < runs; k++)
-                    memcpy(dst + k * run * C, a->xq + (a->direct ? m0 + m : a->pix[m0 + m] + a->tap[k * run]) * C,
-                           run * C);
-                memset(dst + taps * C, 0, row - taps * C);   /* (the filters' rows there are 0) */
+                for (int64_t k = 0; k < runs; k++) {
+                    const uint8_t *src = xq + (a->direct ? m0 + m : a->pix[m0 + m] + a->tap[k * run]) * C;
+                    if (G == 1) memcpy(dst + k * run * C, src, run * C);
+                    else for (int64_t j = 0; j < run; j++) memcpy(dst + (k * run + j) * Cg, src + j * C, Cg);
+                }
+                memset(dst + taps * Cg, 0, row - taps * Cg);   /* (the filters' rows there are 0) */
             }
             Aq = (const uint32_t *)rowbuf;
         }
-        cuvil_dot_out o = a->out;
-        o.C += m0 * CUVIL_BLOCK;
-        if (o.residual) o.residual += m0 * CUVIL_BLOCK;
-        cuvil_i8_rows(Aq, rows, a->K4, a->wq, a->s->O, q * a->np / a->ng, (q + 1) * a->np / a->ng, &o);
+        cuvil_dot_out o = a->out;          /* group g writes output channels [g Og, g Og + Og) */
+        o.C += g * Og * a->P + m0 * CUVIL_BLOCK;
+        if (o.residual) o.residual += g * Og * a->P + m0 * CUVIL_BLOCK;
+        o.scale_col += g * Og, o.bias_col += g * Og;
+        cuvil_i8_rows(Aq, rows, a->K4, a->wq + g * a->np * a->K4 * CUVIL_I8_NR, Og, q * a->np / a->ng,
+                      (q + 1) * a->np / a->ng, &o);
     }
 }
 
@@ -213,7 +219,8 @@ int cuvil_conv_blocked_int8(const cuvil_conv_shape *s, const float *x, const uin
                             const float *bias, const float *residual, const float *range, int nchw_input, float *y,
                             int act, float *scratch, int nthreads) {
     int64_t P = s->OH * s->OW, in = s->C * s->H * s->W, out = s->O * P, mb, mc = blocked_m_rows(P, &mb);
-    int64_t np = (s->O + CUVIL_I8_NR - 1) / CUVIL_I8_NR, ng = mb >= 2 * nthreads ? 1 : cuvil_min(np, 2 * nthreads);
+    int64_t G = s->groups, np = (s->O / G + CUVIL_I8_NR - 1) / CUVIL_I8_NR;
+    int64_t ng = mb * G >= 2 * nthreads ? 1 : cuvil_min(np, 2 * nthreads);
     blocked_input b = blocked_input_tables(s, scratch);
     uint8_t *xq = (uint8_t *)(scratch + int8_image_at(s));
     float *scale_col = scratch + (cuvil_conv_blocked_int8_scratch(s) - 2 * s->O), *bias_col = scale_col + s->O;
@@ -225,10 +232,11 @@ int cuvil_conv_blocked_int8(const cuvil_conv_shape *s, const float *x, const uin
             scale_col[o] = m.scale * wterms[o], bias_col[o] = (bias ? bias[o] : 0.f) - m.scale * m.zero * wterms[s->O + o];
         quantize_args qa = {s, x + n * in, xq, b.hp, b.wp, m, nchw_input};
         cuvil_parallel_for(in > 16384 ? nthreads : 1, b.hp, 1, quantize_task, &qa);
-        int8_conv a = {s, xq, b.pix, b.tap, (s->KH * s->KW * s->C + 3) / 4, P, mc, ng, np, b.direct, b.direct && s->C % 4 == 0,
+        int8_conv a = {s, xq, b.pix, b.tap, (s->KH * s->KW * s->C / G + 3) / 4, P, mc, ng, np, mb * ng, b.direct,
+                       b.direct && G == 1 && s->C % 4 == 0,
                        wq, {y + n * out, 0, bias_col, residual ? residual + n * out : 0, scale_col, CUVIL_BLOCK,
                             P * CUVIL_BLOCK, CUVIL_BLOCK, CUVIL_BLOCK, 1.f, act}, 0};
-        cuvil_parallel_for(P * s->O * s->C > 65536 ? nthreads : 1, mb * ng, 1, int8_conv_task, &a);
+        cuvil_parallel_for(P * s->O * s->C / G > 65536 ? nthreads : 1, G * mb * ng, 1, int8_conv_task, &a);
         if (a.out_of_memory) return -1;
     }
     return 0;

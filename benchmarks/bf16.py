@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from benchmarks import workloads
 from benchmarks import precision
-from benchmarks.precision import _LastHidden, compiled_runs
+from benchmarks.precision import compiled_runs
 from benchmarks.systems import export_onnx
 from benchmarks.timing import interleaved, machine_line
 
@@ -42,11 +42,7 @@ def run(names, thread_counts, rounds):
     print("| workload | threads | cuvil fp32 ms | cuvil bf16 ms | OpenVINO f32 ms | OpenVINO bf16 ms | "
           "cuvil bf16 / OpenVINO bf16 | cuvil bf16 rel err, worst cosine | matmul kernel |")
     print("|---|---|---|---|---|---|---|---|---|")
-    keep = []           # export_onnx caches by id(model): no wrapper may be freed and its id reused
-    for name in names:
-        model, args = WORKLOADS[name]()
-        model = _LastHidden(model).eval() if not name.startswith("MLP") else model
-        keep.append(model)
+    for name, model, args in precision.table_models(names, WORKLOADS, wrap=lambda name: not name.startswith("MLP")):
         for threads in thread_counts:
             runs, compiled = compiled_runs(model, args, ("fp32", "bf16"), threads)
             fns = {f"cuvil {p}": f for p, f in runs.items()}

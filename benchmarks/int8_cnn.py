@@ -88,11 +88,7 @@ def run(names, thread_counts, rounds, target="native"):
     print("| network | threads | cuvil fp32 ms | cuvil int8 ms | int8 / fp32 | int8 calibrated ms | ORT QDQ ms | "
           "OpenVINO QDQ ms | cuvil int8 / best peer | rel err: cuvil int8, calibrated, ORT QDQ |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    keep = []           # export_onnx caches by id(model): no wrapper may be freed and its id reused
-    for name in names:
-        model, args = WORKLOADS[name]()
-        model = precision._LastHidden(model).eval()
-        keep.append(model)
+    for name, model, args in precision.table_models(names, WORKLOADS):
         torch.manual_seed(1)
         calibration = [torch.randn(*args[0].shape) for _ in range(CALIBRATION_IMAGES)]
         with torch.no_grad():

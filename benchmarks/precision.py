@@ -41,6 +41,18 @@ class _LastHidden(torch.nn.Module):
         return out if isinstance(out, torch.Tensor) else out[0]
 
 
+def table_models(names, workloads, wrap=lambda name: True):
+    """(name, model, args) per workload, the model wrapped to return one tensor where wrap(name); every
+    model kept alive while the table runs (export_onnx caches by id(model): none may be freed and its id
+    reused)."""
+    keep = []
+    for name in names:
+        model, args = workloads[name]()
+        model = _LastHidden(model).eval() if wrap(name) else model
+        keep.append(model)
+        yield name, model, args
+
+
 def _ort_int8(model, args, threads):
     """ONNX Runtime on quantize_dynamic's model (int8 weights, per-tensor uint8 activations), or None
     when onnxruntime is not installed."""
@@ -77,11 +89,7 @@ def run(names, thread_counts, rounds):
     print(machine_line())
     print("| workload | threads | fp32 ms | bf16 | fp16 | int8 | ORT int8 ms | int8 / ORT int8 | int8 rel err, row cosine worst / mean |")
     print("|---|---|---|---|---|---|---|---|---|")
-    keep = []           # export_onnx caches by id(model): no wrapper may be freed and its id reused
-    for name in names:
-        model, args = WORKLOADS[name]()
-        model = _LastHidden(model).eval()
-        keep.append(model)
+    for name, model, args in table_models(names, WORKLOADS):
         for threads in thread_counts:
             fns, compiled = compiled_runs(model, args, PRECISIONS, threads)
             errs = {p: cm.accuracy["outputs"][0] for p, cm in compiled.items() if cm.accuracy}

@@ -123,6 +123,7 @@ def optimize(graph, opts: Options):
     calibration = [calibration_leaves(x) for x in opts.calibration_data or ()] if opts.precision == "int8" else None
     return pipeline.optimize(graph, opts.fusion_level, backend=C_BACKEND, layout=conv_layout(opts),
                              precision=opts.precision, calibration=calibration,
+                             calibration_method=opts.calibration_method,
                              int8_convs=int8_conv_kind(resolve_target(opts.target)))
 
 

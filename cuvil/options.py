@@ -13,6 +13,9 @@ PRECISIONS = ("fp32", "bf16", "fp16", "int8", "int4")
 # the target); "nchw" keeps every conv in NCHW
 LAYOUT_CHOICES = ("auto", "blocked", "nchw", "nchw4c", "nchw8c", "nchw16c")
 SUPPORTED_PRECISIONS = ("fp32", "bf16", "fp16", "int8")      # int4: the LLM path only (cuvil.llm)
+# int8 convs' input ranges over calibration_data: "minmax" (every value inside), "percentile" (the 0.01th
+# and 99.99th percentiles: a rare outlier clipped rather than stretching the byte grid for the rest)
+CALIBRATION_METHODS = ("minmax", "percentile")
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}\Z")
 
 
@@ -35,6 +38,7 @@ class Options:
     atol: float | None = None      # precision's default, accuracy.TOLERANCE)
     calibration_data: object = None  # lossy precisions: more inputs to measure the error on (accuracy.py);
                                      # int8: its convs' input ranges too (passes/quantize.calibrate)
+    calibration_method: str = "minmax"  # how those ranges are taken: CALIBRATION_METHODS
 
     def key(self):
         d = asdict(self)
@@ -132,6 +136,9 @@ def make_options(**kw) -> Options:
                                            or not hasattr(o.calibration_data, "__iter__")):
         raise ValueError("option calibration_data must be an iterable of example inputs (each a tuple of arrays, "
                          f"one array or a dict), got {type(o.calibration_data).__name__}")
+    if o.calibration_method not in CALIBRATION_METHODS:
+        raise ValueError(f"option calibration_method={o.calibration_method!r} is not one of "
+                         f"{', '.join(CALIBRATION_METHODS)}")
     if o.calibration_data is not None and o.precision == "fp32":
         raise ValueError("option calibration_data applies to the lossy precisions (bf16, fp16, int8), not fp32")
     if o.constant_inputs is not None and not (isinstance(o.constant_inputs, dict)

@@ -77,15 +77,20 @@ def _quantized(graph, n, weight, precision):
     return node
 
 
-def calibrate(graph, calibration):
+PERCENTILES = (0.01, 99.99)       # calibration_method="percentile": the range's ends
+PERCENTILE_SAMPLES = 1 << 16      # values kept per conv and input set (evenly spaced) for the percentiles
+
+
+def calibrate(graph, calibration, method="minmax"):
     """Each int8 conv's input range (int8_range) over the calibration inputs (each a list of arrays in
-    the graph's input order), min / max, run through the reference interpreter: the conv then maps its
-    input onto bytes over that range, values outside it clipped, instead of over each image's own."""
+    the graph's input order), run through the reference interpreter: min / max, or with method
+    "percentile" the PERCENTILES of its values (of up to PERCENTILE_SAMPLES each set). The conv then maps
+    its input onto bytes over that range, values outside it clipped, instead of over each image's own."""
     convs = {id(n): n for n in graph.nodes if n.op == "conv" and n.attrs.get("int8_act")
              and n.attrs.get("int8_range") is None}           # a QDQ model's grid (frontend/onnx/conv.py) kept
     if not convs or not calibration:
         return graph
-    seen = {}
+    seen, samples = {}, {}
 
     def observe(node, arrays):
         if id(node) in convs and arrays[0].size:
@@ -96,6 +101,9 @@ def calibrate(graph, calibration):
                                         "infinity on the calibration data")
             old = seen.get(id(node), (lo, hi))
             seen[id(node)] = (min(old[0], lo), max(old[1], hi))
+            if method == "percentile":
+                flat = x.reshape(-1)
+                samples.setdefault(id(node), []).append(flat[::max(1, flat.size // PERCENTILE_SAMPLES)])
     for i, arrays in enumerate(calibration):
         arrays = [a.astype(v.dtype) if a.dtype.kind == "f" and np.dtype(v.dtype).kind == "f" else a
                   for a, v in zip(arrays, graph.inputs)]           # float64 data for a float32 input
@@ -104,15 +112,18 @@ def calibrate(graph, calibration):
         except CuvilError as e:
             raise type(e)(f"calibration_data[{i}]: {e}") from None
     for key, (lo, hi) in seen.items():
+        if method == "percentile":
+            lo, hi = (float(v) for v in np.percentile(np.concatenate(samples[key]), PERCENTILES))
         convs[key].attrs["int8_range"] = [lo, hi]
     return graph
 
 
-def run(graph, precision, int8_convs=0, calibration=None):
+def run(graph, precision, int8_convs=0, calibration=None, calibration_method="minmax"):
     """graph with its constant-weight matmuls in `precision` (fp32: unchanged); int8_convs: what the
     target's integer convs are (0 none, 1 AVX2's, 2 VNNI's, which take 3x3 convs from Winograd), the
-    value int8 marks them with; calibration: input sets
-    over which their input ranges are taken (calibrate), else each image's own at run time."""
+    value int8 marks them with; calibration: input sets over which their input ranges are taken
+    (calibrate, by calibration_method), else each image's own at run time; a range the model fixed
+    itself (an ONNX QDQ or PT2E conv's input grid) is kept."""
     if precision == "fp32":
         return graph
     if precision not in LOSSY:
@@ -122,7 +133,7 @@ def run(graph, precision, int8_convs=0, calibration=None):
         for n in graph.nodes:
             if n.op == "conv" and n.inputs[1].is_const and n.inputs[0].dtype == "float32":
                 n.attrs[f"{precision}_act"] = 1 if precision == "bf16" else int8_convs
-    return calibrate(graph, calibration) if precision == "int8" else graph
+    return calibrate(graph, calibration, calibration_method) if precision == "int8" else graph
 
 
 def describe(node, dot=None) -> str | None:

@@ -1,8 +1,8 @@
 """Channel-blocked convs in integer products (compile's precision="int8" on a target with AVX-512
-VNNI, or AVX2; passes/quantize.py marks them int8_act): the filters as signed bytes per output channel in the
-panels kernels/int8dot.h reads, each channel's scale and filter sum, and the call of
-cuvil_conv_blocked_int8, from a blocked or an NCHW input (a stem, channels no block holds); 3x3 convs
-included (no Winograd at int8: conv_plan.winograd_tile). Depthwise and grouped convs stay fp32."""
+VNNI, or AVX2; passes/quantize.py marks them int8_act): the filters as signed bytes per output channel
+in the panels kernels/int8dot.h reads (each group's its own), each channel's scale and filter sum, and
+the call of cuvil_conv_blocked_int8, from a blocked or an NCHW input (a stem, channels no block holds);
+on VNNI 3x3 convs too (no Winograd at int8: conv_plan.winograd_tile). Depthwise convs stay fp32."""
 from __future__ import annotations
 
 import numpy as np

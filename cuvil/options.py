@@ -71,8 +71,23 @@ def _values_digest(values):
     import hashlib
     h = hashlib.sha256()
     for name in sorted(values):
-        h.update(repr((name, value_key(values[name]))).encode())
+        _digest_into(h, (name, value_key(values[name])))
     return h.hexdigest()[:24]
+
+
+def _digest_into(h, key):
+    """key (value_key's nested tuples of strings, ints and bytes) into hash h, the bytes as they are, not
+    through repr (calibration data: megabytes an image)."""
+    if isinstance(key, bytes):
+        h.update(b"%d:" % len(key))
+        h.update(key)
+    elif isinstance(key, tuple):
+        h.update(b"(")
+        for part in key:
+            _digest_into(h, part)
+        h.update(b")")
+    else:
+        h.update(repr(key).encode() + b";")
 
 
 def calibration_leaves(example_inputs) -> list:

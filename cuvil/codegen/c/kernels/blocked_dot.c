@@ -36,7 +36,7 @@ static void bf16_conv_task(void *ctx, int64_t t0, int64_t t1) {
     bf16_conv *a = ctx;
     for (int64_t t = t0; t < t1; t++) {
         int64_t m0 = t / a->ng * a->mc, rows = a->P - m0 < a->mc ? a->P - m0 : a->mc, q = t % a->ng;
-        uint32_t *Ab = cuvil_thread_buffer(CUVIL_BUF_BF16, (size_t)(a->mc * a->K2) * sizeof(uint32_t));
+        uint32_t *Ab = cuvil_thread_buffer(CUVIL_BUF_DOT_ROWS, (size_t)(a->mc * a->K2) * sizeof(uint32_t));
         if (!Ab) {
             a->out_of_memory = 1;
             return;
@@ -176,7 +176,7 @@ static void int8_conv_task(void *ctx, int64_t t0, int64_t t1) {
         const uint32_t *Aq = (const uint32_t *)(xq + m0 * C);    /* a 1x1 conv's rows: the image's pixels */
         if (!a->in_place) {
             int64_t row = 4 * a->K4;                    /* bytes: taps * Cg up to whole words */
-            uint8_t *rowbuf = cuvil_thread_buffer(CUVIL_BUF_BF16, (size_t)(a->mc * row));
+            uint8_t *rowbuf = cuvil_thread_buffer(CUVIL_BUF_DOT_ROWS, (size_t)(a->mc * row));
             if (!rowbuf) {
                 a->out_of_memory = 1;
                 return;

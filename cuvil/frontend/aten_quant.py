@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ir.quant import byte_grid
 from .aten import Unsupported, aten, handles
 
 
@@ -49,10 +50,8 @@ def _dequantize(ctx, q, scale, zero_point, axis=None, qrange=None):
     where the scale is one number."""
     s, zp, c = _params(ctx, q.type.rank, scale, zero_point, axis)
     y = ctx.add("mul", [ctx.add("sub", [ctx.tensor(q, "float32"), c(zp)]), c(s)])
-    if qrange is not None and s.size == zp.size == 1 and float(s[0]) > 0:
-        grid = [float((qrange[0] - zp[0]) * s[0]), float((qrange[1] - zp[0]) * s[0])]
-        if qrange[1] - qrange[0] <= 255 and all(abs(v) <= np.finfo(np.float32).max for v in grid):   # bytes
-            ctx.grids[id(y)] = grid
+    if qrange is not None and s.size == zp.size == 1 and (grid := byte_grid(s[0], zp[0], *qrange)):
+        ctx.grids[id(y)] = grid
     return y
 
 

@@ -66,6 +66,18 @@ def int8_grid(w: np.ndarray):
     return q.astype(np.int8), s
 
 
+def byte_grid(scale, zero_point, qmin, qmax):
+    """[lo, hi] = [(qmin - zero_point) * scale, (qmax - zero_point) * scale]: the values a per-tensor
+    dequantize of integers in [qmin, qmax] gives (a quantized model's conv input, which an int8 conv then
+    reads as those very bytes: the conv's int8_range), or None where that is no byte grid (more than 256
+    levels), the scale is not positive, or an end leaves float32's range (NaN too). scale and zero_point
+    come from the model file: checked here, once for every frontend."""
+    s, z = float(scale), float(zero_point)
+    r = [(qmin - z) * s, (qmax - z) * s]
+    fits = all(abs(v) <= float(np.finfo(np.float32).max) for v in r)
+    return r if qmax - qmin <= 255 and s > 0 and fits else None
+
+
 def quantize_int8(w: np.ndarray):
     """Symmetric per output channel: returns (int8 [K, N], float32 scales [1, N])."""
     amax = np.abs(w).max(axis=0, keepdims=True)

@@ -10,13 +10,13 @@ import math
 import numpy as np
 
 from ...errors import ShapeError
+from ...ir.quant import byte_grid
 from .helpers import Unsupported, auto_pad, contig, dtype_of, rank_of, shape_of
 from .registry import handler
 
 
 # ---- convolution and pooling ----------------------------------------------------------------------
 _BYTE_RANGES = {"uint8": (0, 255), "int8": (-128, 127)}
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _dequantized_range(c, name):
@@ -31,10 +31,7 @@ def _dequantized_range(c, name):
     if q is None or dtype_of(q) not in _BYTE_RANGES or not isinstance(scale, np.ndarray) or scale.size != 1 \
             or not isinstance(zp, np.ndarray) or zp.size != 1:
         return None
-    lo, hi = _BYTE_RANGES[dtype_of(q)]
-    s, z = float(scale.reshape(())), float(zp.reshape(()))
-    r = [(lo - z) * s, (hi - z) * s]
-    return r if s > 0 and all(abs(v) <= _FLOAT32_MAX for v in r) else None      # (NaN fails too)
+    return byte_grid(scale.reshape(()), zp.reshape(()), *_BYTE_RANGES[dtype_of(q)])
 
 
 @handler("Conv")

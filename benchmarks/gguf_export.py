@@ -4,8 +4,9 @@ writer and quantizers: the same weights cuvil compiles, so the two run the same 
     python -m benchmarks.gguf_export CHECKPOINT_DIR OUT.gguf --type q4_0
 
 Q and K projections are permuted from Hugging Face's rotate-half layout to GGUF's interleaved
-rope layout, as llama.cpp's own converter does; the vocabulary is placeholder tokens (the
-benchmark feeds token ids, never text)."""
+rope layout, as llama.cpp's own converter does; the vocabulary is placeholder tokens, with the 256
+byte tokens of SentencePiece's byte fallback at ids 3..258, so that a text prompt (llama.cpp's server
+takes only text) tokenizes one token per byte (benchmarks.serve_llm)."""
 from __future__ import annotations
 
 import argparse
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+BYTE_TOKENS = 3              # the first byte token's id
 TYPES = {"f32": "F32", "q8_0": "Q8_0", "q4_0": "Q4_0"}
 LAYER_TENSORS = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
                  "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
@@ -50,9 +52,10 @@ def export(ckpt: Path, out: Path, qtype: str = "q4_0", progress=print):
     w.add_file_type({"f32": 0, "q8_0": 7, "q4_0": 2}[qtype])
     vocab = cfg["vocab_size"]
     w.add_tokenizer_model("llama")
-    w.add_token_list([f"<t{i}>".encode() for i in range(vocab)])
+    byte = range(BYTE_TOKENS, BYTE_TOKENS + 256)
+    w.add_token_list([(f"<0x{i - byte.start:02X}>" if i in byte else f"<t{i}>").encode() for i in range(vocab)])
     w.add_token_scores([0.0] * vocab)
-    w.add_token_types([1] * vocab)
+    w.add_token_types([6 if i in byte else 1 for i in range(vocab)])         # 6: llama.cpp's BYTE type
     w.add_bos_token_id(cfg.get("bos_token_id", 1) or 1)
     w.add_eos_token_id(cfg.get("eos_token_id", 2) or 2)
 

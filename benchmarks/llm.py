@@ -28,11 +28,22 @@ SMALL = dict(TINYLLAMA, hidden_size=512, num_hidden_layers=4, num_attention_head
              intermediate_size=1408)
 
 
+def placeholder_tokenizer(d: Path, vocab: int):
+    """tokenizer.json naming token i "<ti>" (a word-level vocabulary): the random model's output streams as
+    text, one piece a token, through servers that give text (cuvil serve's OpenAI APIs)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    tok = Tokenizer(models.WordLevel({f"<t{i}>": i for i in range(vocab)}, unk_token="<t0>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(d / "tokenizer.json"))
+
+
 def make_checkpoint(shape, name):
     import torch
     import transformers as T
     d = OUT / name
     if (d / "config.json").exists():
+        if not (d / "tokenizer.json").exists():
+            placeholder_tokenizer(d, shape["vocab_size"])
         return d
     torch.manual_seed(0)
     cfg = T.LlamaConfig(**shape)
@@ -41,6 +52,7 @@ def make_checkpoint(shape, name):
     for p in m.parameters():                       # small weights keep random-model logits finite and varied
         p.data.mul_(0.5)
     m.save_pretrained(str(d), safe_serialization=True)
+    placeholder_tokenizer(d, shape["vocab_size"])
     return d
 
 

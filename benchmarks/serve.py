@@ -117,13 +117,14 @@ def _http(url, model, output, feeds, clients, requests):
     return asyncio.run(main())
 
 
-def _free_port():
+def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _start(cmd, port):
+def start_server(cmd, port, ready="/v2/health/ready"):
+    """cmd as a server process, once GET ready on 127.0.0.1:port answers 200 (within 2 minutes)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     import httpx
     deadline = time.monotonic() + 120
@@ -131,7 +132,7 @@ def _start(cmd, port):
         if proc.poll() is not None:
             raise RuntimeError(f"{cmd} exited with {proc.returncode}")
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2).status_code == 200:
+            if httpx.get(f"http://127.0.0.1:{port}{ready}", timeout=2).status_code == 200:
                 return proc
         except httpx.TransportError:
             if time.monotonic() > deadline:
@@ -192,10 +193,10 @@ def main(argv=None):
     so.intra_op_num_threads, so.inter_op_num_threads = a.threads, 1
     osess = ort.InferenceSession(onnx_path, so, providers=["CPUExecutionProvider"])
     onames = [i.name for i in osess.get_inputs()]
-    cport, oport = _free_port(), _free_port()
-    servers = [_start([sys.executable, "-m", "cuvil", "serve", art, "--port", str(cport), "--name", "minilm",
+    cport, oport = free_port(), free_port()
+    servers = [start_server([sys.executable, "-m", "cuvil", "serve", art, "--port", str(cport), "--name", "minilm",
                        "--max-batch", str(a.clients), "--num-threads", str(a.threads)], cport),
-               _start([sys.executable, "-m", "benchmarks.serve", "--threads", str(a.threads), "--ort-server",
+               start_server([sys.executable, "-m", "benchmarks.serve", "--threads", str(a.threads), "--ort-server",
                        onnx_path, str(oport)], oport)]
     n, c = a.requests, a.clients
     systems = {
@@ -219,7 +220,7 @@ def main(argv=None):
     print(f"machine: {machine_line()}")
     print(f"MiniLM b1 s128 requests, {c} concurrent clients, {n} requests per system per round, "
           f"{a.rounds} rounds, {a.threads} threads per runtime (medians)")
-    print(f"| system | QPS | vs cuvil pool | p50 ms | p99 ms |\n|---|---|---|---|---|")
+    print("| system | QPS | vs cuvil pool | p50 ms | p99 ms |\n|---|---|---|---|---|")
     for name, rs in results.items():
         qps = statistics.median(r["qps"] for r in rs)
         print(f"| {name} | {qps:.1f} | {qps / base:.2f}x | {statistics.median(r['p50'] for r in rs):.1f} | "

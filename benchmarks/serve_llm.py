@@ -1,37 +1,70 @@
 """Continuous batching under concurrent streams: a TinyLlama-1.1B-shaped model (random weights, as
 benchmarks.llm builds it) in int4, N concurrent clients each generating 128 new tokens after a
-128-token prompt, through cuvil.serve.continuous.ContinuousBatcher (the scheduler behind `cuvil
-serve`'s OpenAI APIs, without the HTTP layer: the checkpoint has no tokenizer).
+128-token prompt.
 
     python -m benchmarks.serve_llm [--clients 1,2,4,8] [--requests-per-client 2] [--threads 2] [--small]
+                                   [--systems cuvil,cuvil-http,llamacpp-http] [--shared-prefix N]
 
-Reports aggregate generated tokens/s, time to first token (p50/p99) and inter-token latency (p50/p99)
-per client count, and each count's aggregate against the 1-client one."""
+Systems:
+  cuvil          cuvil.serve.continuous.ContinuousBatcher in this process (the scheduler behind `cuvil
+                 serve`'s OpenAI APIs, without HTTP)
+  cuvil-http     `cuvil serve ARTIFACT` in its own process, streamed /v1/completions (token-id prompts:
+                 the checkpoint has no tokenizer)
+  llamacpp-http  llama-cpp-python's OpenAI server (`python -m llama_cpp.server`, its default settings: it
+                 has no parallel-sequence option and runs one request at a time) on the same weights as
+                 GGUF Q4_0 (benchmarks.gguf_export), streamed /v1/completions with text prompts of one
+                 token per byte (the export's byte tokens), 128 tokens with the BOS and SentencePiece's
+                 leading space
+
+--shared-prefix N: every prompt starts with the same N tokens (a system prompt), the rest random.
+
+Reports, per system and client count, aggregate generated tokens/s, time to first token (p50/p99) and
+inter-token latency (p50/p99), each count's aggregate against the system's 1-client one, and at the
+largest count cuvil-http against llamacpp-http."""
 from __future__ import annotations
 
 import argparse
-import statistics
+import json
+import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
-from .llm import SMALL, TINYLLAMA, make_checkpoint
+from .llm import OUT, SMALL, TINYLLAMA, make_checkpoint
 from .scratch import temp_dir
+from .serve import free_port, start_server
 from .timing import machine_line
 
+LLAMACPP_PROMPT_OVERHEAD = 4      # BOS and the leading space's 3 bytes (U+2581)
 
-def run_level(batcher, clients, per_client, prompt_len, new_tokens, vocab):
-    rng = np.random.default_rng(clients)
+
+def _prompts(rng, count, length, shared, make):
+    """count prompts of `length` units, the first `shared` of them the same in all; make(rng, n) draws n."""
+    head = make(np.random.default_rng(12345), shared)
+    return [head + make(rng, length - shared) for _ in range(count)]
+
+
+def _ids(rng, n, vocab):
+    return rng.integers(300, vocab, n).tolist()
+
+
+def _text(rng, n):
+    return "".join(chr(c) for c in rng.integers(ord("a"), ord("z") + 1, n))
+
+
+def run_level(generate, clients, per_client, prompts):
+    """clients threads, each running per_client of prompts through generate(prompt) -> an iterator whose
+    items arrive as tokens do; timestamps per item."""
     ttft, itl, counts = [], [], []
     lock = threading.Lock()
 
     def client(k):
-        for _ in range(per_client):
-            prompt = rng.integers(3, vocab, prompt_len).tolist()
+        for j in range(per_client):
+            prompt = prompts[k * per_client + j]
             t0 = time.perf_counter()
-            seq = batcher.submit(prompt, new_tokens, temperature=0.0)
-            stamps = [time.perf_counter() for _ in seq]
+            stamps = [time.perf_counter() for _ in generate(prompt)]
             with lock:
                 ttft.append(stamps[0] - t0)
                 itl.extend(np.diff(stamps).tolist())
@@ -48,44 +81,118 @@ def run_level(batcher, clients, per_client, prompt_len, new_tokens, vocab):
             "itl50": pct(itl, 50), "itl99": pct(itl, 99), "tokens": sum(counts)}
 
 
+def streamed_completions(url, new_tokens):
+    """generate(prompt) over an OpenAI /v1/completions stream: one item per event that carries text."""
+    import httpx
+    client = httpx.Client(timeout=600)
+
+    def generate(prompt):
+        body = {"prompt": prompt, "max_tokens": new_tokens, "temperature": 0.0, "stream": True}
+        with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    raise RuntimeError(event["error"])
+                if event["choices"][0]["text"] not in ("", None):
+                    yield event
+    return generate
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", default="1,2,4,8")
     ap.add_argument("--requests-per-client", type=int, default=2)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--shared-prefix", type=int, default=0)
     ap.add_argument("--precision", default="int4")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prefill-chunk", type=int, default=64)
+    ap.add_argument("--systems", default="cuvil")
     ap.add_argument("--small", action="store_true", help="a 4-layer 512-wide model (a quick check)")
     a = ap.parse_args(argv)
     import cuvil.llm
     from cuvil.serve.continuous import ContinuousBatcher
     levels = [int(c) for c in a.clients.split(",")]
+    systems = a.systems.split(",")
     shape = SMALL if a.small else TINYLLAMA
     ckpt = make_checkpoint(shape, "llama-small" if a.small else "tinyllama-shape")
     llm = cuvil.llm.from_transformers(ckpt, precision=a.precision, max_batch=max(levels),
                                       max_seq_len=a.prompt + a.new_tokens + 8, num_threads=a.threads,
                                       cache_dir=temp_dir("cuvil-bench-serve-llm-"), measure_error=False)
-    batcher = ContinuousBatcher(llm, prefill_chunk=a.prefill_chunk)
-    try:
-        run_level(batcher, 1, 1, 16, 8, shape["vocab_size"])           # warm-up
-        results = {c: run_level(batcher, c, a.requests_per_client, a.prompt, a.new_tokens, shape["vocab_size"])
-                   for c in levels}
-    finally:
-        batcher.close()
-    base = results[levels[0]]["tok_s"]
+    ids = lambda rng, n: _ids(rng, n, shape["vocab_size"])  # noqa: E731
+    results, reuse, counted = {}, {}, {}
+    for system in systems:
+        server, close = None, lambda: None
+        if system == "cuvil":
+            batcher = ContinuousBatcher(llm, prefill_chunk=a.prefill_chunk)
+            generate, make, close = lambda p: batcher.submit(p, a.new_tokens, temperature=0.0), ids, batcher.close
+        elif system == "cuvil-http":
+            port, artifact = free_port(), Path(temp_dir("cuvil-bench-serve-llm-")) / "model.cuvil"
+            llm.save(artifact)
+            server = start_server([sys.executable, "-m", "cuvil", "serve", str(artifact), "--port", str(port),
+                                   "--num-threads", str(a.threads), "--prefill-chunk", str(a.prefill_chunk)],
+                                  port, "/v1/models")
+            generate, make = streamed_completions(f"http://127.0.0.1:{port}", a.new_tokens), ids
+        elif system == "llamacpp-http":
+            from .gguf_export import export
+            gguf = OUT / f"{ckpt.name}-q4_0.gguf"
+            if not gguf.exists():
+                export(ckpt, gguf, "q4_0", progress=lambda *_: None)
+            port = free_port()
+            server = start_server([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host",
+                                   "127.0.0.1", "--port", str(port), "--n_ctx", str(a.prompt + a.new_tokens + 8),
+                                   "--n_threads", str(a.threads), "--n_threads_batch", str(a.threads)],
+                                  port, "/v1/models")
+            generate = streamed_completions(f"http://127.0.0.1:{port}", a.new_tokens)
+            make = lambda rng, n: _text(rng, max(n, 0))  # noqa: E731
+        else:
+            raise SystemExit(f"unknown system {system!r}")
+        overhead = LLAMACPP_PROMPT_OVERHEAD if system == "llamacpp-http" else 0
+        try:
+            list(generate(make(np.random.default_rng(0), 16)))                     # warm-up
+            results[system] = {}
+            for c in levels:
+                prompts = _prompts(np.random.default_rng(c), c * a.requests_per_client, a.prompt - overhead,
+                                   max(a.shared_prefix - overhead, 0), make)
+                results[system][c] = run_level(generate, c, a.requests_per_client, prompts)
+            if system == "cuvil":
+                reuse = dict(batcher.prompt_tokens)
+            else:                          # what the server counted for the last prompt (its tokenizer's)
+                import httpx
+                r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=600,
+                               json={"prompt": prompts[-1], "max_tokens": 1}).json()
+                counted[system] = r["usage"]["prompt_tokens"]
+        finally:
+            close()
+            if server is not None:
+                server.terminate()
+                server.wait(timeout=30)
     print(f"machine: {machine_line()}")
     print(f"{'TinyLlama-1.1B shape' if not a.small else 'small Llama'} {a.precision}, max_batch {max(levels)}, "
-          f"{a.prompt}-token prompts, {a.new_tokens} new tokens, {a.requests_per_client} requests per client, "
-          f"{a.threads} threads, prefill chunk {a.prefill_chunk}")
-    print("| clients | tokens/s | vs 1 client | TTFT p50 ms | TTFT p99 ms | inter-token p50 ms | inter-token p99 ms |")
-    print("|---|---|---|---|---|---|---|")
-    for c, r in results.items():
-        print(f"| {c} | {r['tok_s']:.1f} | {r['tok_s'] / base:.2f}x | {r['ttft50']:.0f} | {r['ttft99']:.0f} | "
-              f"{r['itl50']:.1f} | {r['itl99']:.1f} |")
-    one = statistics.median([results[levels[0]]["itl50"]])
-    print(f"inter-token p99 at {levels[-1]} clients / 1-client median: {results[levels[-1]]['itl99'] / one:.2f}x")
+          f"{a.prompt}-token prompts ({a.shared_prefix} shared), {a.new_tokens} new tokens, "
+          f"{a.requests_per_client} requests per client, {a.threads} threads, prefill chunk {a.prefill_chunk}")
+    if reuse:
+        print(f"cuvil prompt tokens: {reuse}")
+    if counted:
+        print(f"prompt tokens per request as the servers count them: {counted}")
+    print("| system | clients | tokens/s | vs 1 client | TTFT p50 ms | TTFT p99 ms | inter-token p50 ms | "
+          "inter-token p99 ms |")
+    print("|---|---|---|---|---|---|---|---|")
+    for system, rows in results.items():
+        base = rows[levels[0]]["tok_s"]
+        for c, r in rows.items():
+            print(f"| {system} | {c} | {r['tok_s']:.1f} | {r['tok_s'] / base:.2f}x | {r['ttft50']:.0f} | "
+                  f"{r['ttft99']:.0f} | {r['itl50']:.1f} | {r['itl99']:.1f} |")
+        print(f"{system}: inter-token p99 at {levels[-1]} clients / 1-client median: "
+              f"{rows[levels[-1]]['itl99'] / rows[levels[0]]['itl50']:.2f}x")
+    if "cuvil-http" in results and "llamacpp-http" in results:
+        top = levels[-1]
+        print(f"cuvil-http / llamacpp-http aggregate tokens/s at {top} clients: "
+              f"{results['cuvil-http'][top]['tok_s'] / results['llamacpp-http'][top]['tok_s']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 import threading
 import time
 
-import numpy as np
 import pytest
 
 import cuvil
@@ -86,5 +85,54 @@ def test_cancel_frees_the_slot_and_errors_are_per_request(llm, monkeypatch):
         assert [len(list(s)) for s in again] == [6, 6, 6]
         assert batcher.active() == 0 and batcher.waiting() == 0
         del first
+    finally:
+        batcher.close()
+
+
+def test_prefix_reuse_skips_kept_tokens_and_keeps_outputs(llm):
+    """A shared system prompt, the same prompt again and a conversation's next turn, each submitted
+    after the one it shares with has finished: the batcher reads only the new tokens (counted exactly)
+    and every output equals the sequence's greedy run alone; with prefix_reuse=False nothing is reused."""
+    system = list(range(200, 224))
+    first = system + [5, 6, 7]
+    alone_first = llm.generate(first, 6)
+    turns = [system + [9, 10], first, first + alone_first + [11, 12]]      # the next turn: history + new text
+    alone = [llm.generate(p, 6) for p in turns]
+    for reuse in (True, False):
+        batcher = ContinuousBatcher(llm, prefill_chunk=8, prefix_reuse=reuse)
+        try:
+            got = [list(batcher.submit(first, 6))]
+            got += [list(batcher.submit(p, 6)) for p in turns]   # one at a time: each finds the last one's slot
+        finally:
+            batcher.close()
+        assert got == [alone_first] + alone
+        total = len(first) + sum(len(p) for p in turns)
+        # kept after `first`: its prompt and the 5 outputs fed back. The system prompt's turn takes that
+        # slot (24 shared), so `first` again finds 24 there; then the history: its prompt and outputs
+        # fed back (32 of 34)
+        reused = [len(system), len(system), len(first) + len(alone_first) - 1] if reuse else [0, 0, 0]
+        assert batcher.prompt_tokens == {"reused": sum(reused), "read": total - sum(reused)}, batcher.prompt_tokens
+
+
+def test_prefix_reuse_picks_the_slot_with_the_longest_prefix(llm):
+    """Three slots keep three different prompts; a request sharing most with the second goes there (and
+    its output equals its greedy run alone), one sharing nothing goes to the slot freed longest ago."""
+    prompts = [[1] * 10, list(range(30, 50)), [2] * 12]
+    probe = list(range(30, 45)) + [7, 8]
+    want = llm.generate(probe, 4)              # before the batcher: it holds the model while it runs
+    batcher = ContinuousBatcher(llm, prefill_chunk=8)
+    try:
+        seqs = [batcher.submit(p, 2) for p in prompts]
+        for s in seqs:
+            list(s)
+        slots = {tuple(p): s.slot for p, s in zip(prompts, seqs)}
+        seq = batcher.submit(probe, 4)
+        got = list(seq)
+        assert seq.slot == slots[tuple(prompts[1])] and got == want
+        assert batcher.prompt_tokens["reused"] == 15
+        freed_first = min((s for s in range(3) if s != seq.slot), key=batcher._freed.__getitem__)
+        fresh = batcher.submit([250, 251, 252], 2)
+        list(fresh)
+        assert fresh.slot == freed_first
     finally:
         batcher.close()

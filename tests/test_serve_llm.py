@@ -157,3 +157,25 @@ def test_openai_bodies_fuzzed_give_settings_or_bad_requests():
         assert isinstance(got["max_new_tokens"], int) and got["max_new_tokens"] >= 0
         assert got["stop"] is None or all(isinstance(s, str) and s for s in got["stop"])
     check()
+
+
+def test_a_repeated_conversation_reads_only_its_new_tokens(served):
+    """The next turn of a conversation (its history then new text) reuses the slot that kept the history
+    (cuvil_llm_prompt_tokens_reused grows by the history's length) and still answers as generate alone."""
+    url, ref = served
+    history = ref.tokenizer.encode("a long shared system prompt, read once per slot")
+    reply = ref.generate(history, 6)
+    turn = history + ref.tokenizer.encode(reply) + ref.tokenizer.encode(" and then?")
+    want = ref.generate(turn, 6)
+
+    def reused(c):
+        line = next(x for x in c.get("/metrics").text.splitlines() if x.startswith("cuvil_llm_prompt_tokens_reused"))
+        return float(line.split()[-1])
+    with httpx.Client(base_url=url, timeout=60) as c:
+        while "cuvil_llm_active_sequences 0.0" not in c.get("/metrics").text:
+            time.sleep(0.05)                     # slots free: the history lands in one the turn then finds
+        first = c.post("/v1/completions", json={"prompt": history, "max_tokens": 6, "temperature": 0}).json()
+        before = reused(c)
+        second = c.post("/v1/completions", json={"prompt": turn, "max_tokens": 6, "temperature": 0}).json()
+        assert first["choices"][0]["text"] == reply and second["choices"][0]["text"] == want
+        assert reused(c) - before >= len(history), "the turn read its history again"

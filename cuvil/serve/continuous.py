@@ -5,10 +5,19 @@ back a short one. Needs numpy and the runtime only.
 Policy: the scheduler thread alternates one prefill chunk (of `prefill_chunk` tokens, for the
 oldest admitted sequence still reading its prompt) with one decode step for every sequence that is
 generating, each at its own position in its own slot. A long prompt thus delays running streams by
-one chunk's time per token they produce, not by its whole prefill."""
+one chunk's time per token they produce, not by its whole prefill.
+
+Prefix reuse (prefix_reuse=True, the default): a slot keeps the keys and values of the last sequence
+that held it after that sequence ends, and remembers its tokens. A new request takes the free slot
+whose remembered tokens share the longest prefix with its prompt (ties: the slot freed longest ago)
+and prefills from there on, so a system prompt or a conversation's history shared by requests is
+read once per slot, not once per request. The keys and values at a position depend only on the
+tokens up to it, so the reused ones are the ones a fresh prefill would write (up to the rounding of
+a different chunking)."""
 from __future__ import annotations
 
 import collections
+import itertools
 import queue
 import threading
 import time
@@ -63,10 +72,19 @@ class Sequence:
             raise self.error
 
 
+def common_prefix(a: list, b: list) -> int:
+    """How many leading tokens a and b share."""
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if diff.size else n
+
+
 class ContinuousBatcher:
-    def __init__(self, llm, *, prefill_chunk: int = 64):
+    def __init__(self, llm, *, prefill_chunk: int = 64, prefix_reuse: bool = True):
         if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
             raise ValueError(f"option prefill_chunk={prefill_chunk!r} must be a positive int")
+        if not isinstance(prefix_reuse, bool):
+            raise ValueError(f"option prefix_reuse={prefix_reuse!r} must be True or False")
         if not llm._takes_slots and llm.meta["max_batch"] > 1:
             raise CuvilError(f"{llm.path} was compiled before cache slots were addressable: recompile it")
         self.llm, self.chunk = llm, prefill_chunk
@@ -75,7 +93,13 @@ class ContinuousBatcher:
         self._slots: dict[int, Sequence] = {}
         self._cv = threading.Condition()
         self._stop = False
+        self.prefix_reuse = prefix_reuse
+        # per slot: the tokens whose keys and values it holds from its last sequence, and when it was freed
+        self._kept: dict[int, list] = {}
+        self._freed: dict[int, int] = {}
+        self._clock = itertools.count()
         self.steps = collections.Counter()         # "prefill" / "decode" runs; decode rows per step
+        self.prompt_tokens = collections.Counter()  # "read" (prefilled) / "reused" (from a slot's kept prefix)
         self._thread = threading.Thread(target=self._run, name="cuvil-continuous-batcher", daemon=True)
         self._thread.start()
 
@@ -125,9 +149,7 @@ class ContinuousBatcher:
                 with self._cv:
                     self._retire_cancelled()
                     while self._waiting and len(self._slots) < self.max_batch:
-                        seq = self._waiting.popleft()
-                        seq.slot = min(set(range(self.max_batch)) - set(self._slots))
-                        self._slots[seq.slot] = seq
+                        self._admit(self._waiting.popleft())
                     if self._stop:
                         for seq in list(self._slots.values()) + list(self._waiting):
                             self._finish(seq, CuvilError("the batcher was closed"))
@@ -143,6 +165,26 @@ class ContinuousBatcher:
                     self._guarded([oldest], self._prefill_chunk, oldest)
                 if writing:
                     self._guarded(writing, self._decode, writing)
+
+    def _admit(self, seq):
+        """seq into a free slot: the one keeping the longest prefix of its prompt (prefix_reuse), whose
+        kept tokens it then skips; at least the prompt's last token is read again, for its logits."""
+        free = sorted(set(range(self.max_batch)) - set(self._slots), key=lambda s: self._freed.get(s, -1))
+        reuse = {s: common_prefix(self._kept.get(s, []), seq.prompt) if self.prefix_reuse else 0 for s in free}
+        seq.slot = max(free, key=lambda s: reuse[s])          # max keeps the first of ties: freed longest ago
+        seq.cursor = min(reuse[seq.slot], len(seq.prompt) - 1)
+        self.prompt_tokens["reused"] += seq.cursor
+        self.prompt_tokens["read"] += len(seq.prompt) - seq.cursor
+        self._kept.pop(seq.slot, None)
+        self._slots[seq.slot] = seq
+
+    def _release(self, seq, valid: bool = True):
+        """seq's slot is free again; it keeps the tokens whose keys and values seq wrote (valid: the
+        step that ended seq did not fail midway)."""
+        del self._slots[seq.slot]
+        written = seq.cursor if seq.cursor < len(seq.prompt) else len(seq.seen) - 1   # the last token never ran
+        self._kept[seq.slot] = seq.seen[:written] if valid else []
+        self._freed[seq.slot] = next(self._clock)
 
     def _guarded(self, seqs, step, arg):
         try:
@@ -183,12 +225,12 @@ class ContinuousBatcher:
         seq.error = error
         with self._cv:
             if self._slots.get(seq.slot) is seq:
-                del self._slots[seq.slot]
+                self._release(seq, valid=error is None)
         seq.emit(DONE)
 
     def _retire_cancelled(self):
         for seq in [s for s in self._slots.values() if s.cancelled]:
-            del self._slots[seq.slot]
+            self._release(seq)
             seq.out.finish_reason = seq.out.finish_reason or "cancelled"
             seq.emit(DONE)
         for seq in [s for s in self._waiting if s.cancelled]:

@@ -91,6 +91,8 @@ def create_llm_app(artifact, *, name=None, prefill_chunk=64, num_threads=None, l
                         buckets=LATENCY_BUCKETS, registry=reg)
     Gauge("cuvil_llm_active_sequences", "sequences in KV cache slots", registry=reg).set_function(batcher.active)
     Gauge("cuvil_llm_queue_depth", "requests waiting for a slot", registry=reg).set_function(batcher.waiting)
+    Gauge("cuvil_llm_prompt_tokens_reused", "prompt tokens whose keys and values a slot kept from an earlier "
+          "request (prefix reuse), in all", registry=reg).set_function(lambda: batcher.prompt_tokens["reused"])
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

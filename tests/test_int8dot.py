@@ -31,7 +31,8 @@ class DotOut(ctypes.Structure):
     _fields_ = [("C", ctypes.c_void_p), ("bias_row", ctypes.c_void_p), ("bias_col", ctypes.c_void_p),
                 ("residual", ctypes.c_void_p), ("scale_col", ctypes.c_void_p), ("nb", ctypes.c_int64),
                 ("ldn", ctypes.c_int64), ("ldm", ctypes.c_int64), ("res_ldm", ctypes.c_int64),
-                ("alpha", ctypes.c_float), ("act", ctypes.c_int)]
+                ("alpha", ctypes.c_float), ("act", ctypes.c_int), ("bytes", ctypes.c_void_p), ("row0", ctypes.c_int64),
+                ("col0", ctypes.c_int64), ("top", ctypes.c_float)]
 
 
 @pytest.fixture(scope="module", params=list(BUILDS))
@@ -156,7 +157,7 @@ def test_blocked_conv_matches_integer_arithmetic(lib, k, stride, pad, dil, cin, 
     terms = filter_terms(filters_as_b(w))
     r = None if rng_ is None else np.array(rng_, np.float32)
     assert lib.cuvil_conv_blocked_int8(ctypes.byref(s), _ptr(xb), _ptr(wq), _ptr(terms), _ptr(bias), _ptr(rb), _ptr(r),
-                                       int(nchw), _ptr(y), ACT_CODES["relu"], _ptr(scratch), 2) == 0
+                                       int(nchw), _ptr(y), None, None, ACT_CODES["relu"], _ptr(scratch), 2) == 0
     got = _unblocked(y, B)
 
     q, ws = quantized_filters(filters_as_b(w))
@@ -175,6 +176,59 @@ def test_blocked_conv_matches_integer_arithmetic(lib, k, stride, pad, dil, cin, 
                                              stride, pad, dil, groups)[0].numpy()
             ref = np.maximum(ref + res[n], 0)
             assert np.abs(got[n] - ref).max() <= 0.03 * np.abs(ref).max()
+
+
+def _int8_conv(lib, x, w, bias, stride, pad, groups, rng_, kind, out_image=None, out_range=None, res=None, hw=None):
+    """cuvil_conv_blocked_int8 on x ([N, C, H, W] floats, blocked here; or kind 2: the byte images of an
+    H x W map, hw) -> its output, blocked floats or (out_image) the next conv's byte images."""
+    B = lib.block
+    N, C, H, W = x.shape if kind != 2 else (x.shape[0], w.shape[1] * groups, *hw)
+    O, k = w.shape[0], w.shape[2]
+    OH, OW = (H + 2 * pad - k) // stride + 1, (W + 2 * pad - k) // stride + 1
+    s = Shape(N, C, H, W, O, k, k, OH, OW, stride, stride, pad, pad, 1, 1, groups)
+    scratch = np.zeros(lib.cuvil_conv_blocked_int8_scratch(ctypes.byref(s)) + 16, np.float32)
+    y = (np.full((N, out_image[0] * out_image[1] * O), 0xcd, np.uint8) if out_image is not None  # border: written
+         else np.full((N, O // B, OH, OW, B), np.nan, np.float32))
+    img = None if out_image is None else np.array(out_image, np.int64)
+    orng = None if out_range is None else np.array(out_range, np.float32)
+    xb = x if kind == 2 else _blocked(x, B)
+    assert lib.cuvil_conv_blocked_int8(
+        ctypes.byref(s), _ptr(xb), _ptr(int8_filter_panels(w, groups)), _ptr(filter_terms(filters_as_b(w))),
+        _ptr(bias), _ptr(None if res is None else _blocked(res, B)), _ptr(np.array(rng_, np.float32)), kind, _ptr(y),
+        _ptr(img), _ptr(orng), ACT_CODES["relu"], _ptr(scratch), 2) == 0
+    return y
+
+
+@pytest.mark.parametrize("k2,stride2,pad2,groups2,hw", [
+    (3, 1, 1, 1, (9, 11)),        # the next conv pads: a border at its zero point
+    (3, 2, 1, 1, (10, 12)),       # strided: its padded image drops the map's last row and column
+    (1, 1, 0, 1, (7, 6)),         # 1x1: the map itself, read in place
+    (3, 1, 1, 2, (8, 8)),         # grouped
+    (1, 2, 0, 1, (9, 9)),         # 1x1 stride 2, read in place: rows and columns dropped
+])
+def test_conv_writes_the_next_convs_input_bytes(lib, k2, stride2, pad2, groups2, hw):
+    """A conv writing its output as the next conv's input bytes (int8_out; residual, ReLU fused before)
+    and that conv reading them (int8_in) give exactly what the two give through float output and the
+    next conv's own quantization pass."""
+    B = lib.block
+    C1, C2, C3 = 2 * B, 4 * B, 2 * B
+    rng = np.random.default_rng(k2 * 10 + stride2)
+    x = rng.standard_normal((2, C1, *hw)).astype(np.float32)
+    w1 = (rng.standard_normal((C2, C1, 1, 1)) * 0.2).astype(np.float32)
+    w2 = (rng.standard_normal((C3, C2 // groups2, k2, k2)) * 0.2).astype(np.float32)
+    b1, b2 = (rng.standard_normal(C2).astype(np.float32) for _ in range(2))
+    res = rng.standard_normal((2, C2, *hw)).astype(np.float32)
+    r1, r2 = [-2.5, 3.0], [0.0, 2.75]                 # the second conv reads a ReLU's output, clipped at 2.75
+    H, W = hw
+    OH, OW = (H + 2 * pad2 - k2) // stride2 + 1, (W + 2 * pad2 - k2) // stride2 + 1
+    hp, wp = (OH - 1) * stride2 + k2, (OW - 1) * stride2 + k2       # every window's pixels
+    image = [H, W, 0, 0] if pad2 == 0 and hp <= H and wp <= W else [hp, wp, pad2, pad2]
+    floats = _int8_conv(lib, x, w1, b1, 1, 0, 1, r1, 0, res=res)
+    want = _int8_conv(lib, _unblocked(floats, B), w2, b2, stride2, pad2, groups2, r2, 0)
+    bytes_ = _int8_conv(lib, x, w1, b1, 1, 0, 1, r1, 0, out_image=image, out_range=r2, res=res)
+    got = _int8_conv(lib, bytes_, w2, b2, stride2, pad2, groups2, r2, 2, hw=hw)
+    assert not np.isnan(want).any()
+    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("k,stride,pad,dil,cin,cout,hw", [
@@ -258,3 +312,44 @@ def test_compiled_grouped_int8_conv_against_torch():
     assert cm.c_source.count("cuvil_conv_blocked_int8(") == (2 if int8_conv_kind("native") else 0)
     want = m(x).detach().numpy()
     assert np.abs(cm(x).numpy() - want).max() <= 0.03 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("target", ["native", "x86_64-avx2"])
+def test_calibrated_convs_pass_bytes_along(target, tmp_path, monkeypatch):
+    """With calibrated ranges, an integer conv whose output only the next integer conv reads writes that
+    conv's input bytes (int8_out), which reads them without a quantization pass (CUVIL_I8_IN_BYTES): the
+    outputs equal the same model compiled without the links exactly, and torch within int8's error.
+    VNNI: all three links of a 1x1 -> 1x1 -> 3x3 -> 1x1 chain; AVX2 (3x3 convs stay Winograd): the first."""
+    import torch
+
+    import cuvil
+    from cuvil.codegen.c.lower_int8dot import int8_conv_kind
+    from cuvil.passes import quantize
+    from cuvil.target import has_features
+    if target != "native" and not has_features("native", ("avx2", "fma")):
+        pytest.skip("this CPU runs no AVX2 build")
+
+    class Chain(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2 = torch.nn.Conv2d(32, 64, 1), torch.nn.Conv2d(64, 32, 1)
+            self.c3, self.c4 = torch.nn.Conv2d(32, 32, 3, padding=1), torch.nn.Conv2d(32, 32, 1)
+
+        def forward(self, x):
+            y = torch.relu(self.c3(torch.relu(self.c2(torch.relu(self.c1(x))))))
+            return torch.relu(self.c4(y) + x)
+    torch.manual_seed(5)
+    m = Chain().eval()
+    calib = [torch.randn(1, 32, 13, 11) for _ in range(4)]
+    x = torch.randn(1, 32, 13, 11)
+    kw = dict(precision="int8", layout="blocked", target=target, calibration_data=calib)
+    cm = cuvil.compile(m, (x,), cache_dir=tmp_path / "linked", **kw)
+    monkeypatch.setattr(quantize, "link_int8_convs", lambda graph, backend: graph)
+    plain = cuvil.compile(m, (x,), cache_dir=tmp_path / "plain", **kw)
+    kind = int8_conv_kind(target)
+    assert cm.c_source.count("CUVIL_I8_IN_BYTES") == (3 if kind == 2 else 1 if kind == 1 else 0)
+    assert "CUVIL_I8_IN_BYTES" not in plain.c_source
+    got = cm(x).numpy()
+    np.testing.assert_array_equal(got, plain(x).numpy())
+    want = m(x).detach().numpy()
+    assert np.abs(got - want).max() <= 0.04 * np.abs(want).max()

@@ -3,7 +3,7 @@
     fusion_level 0:  cleanup -> legalize (-> quantize -> cleanup)
     fusion_level 1+: cleanup -> fold -> simplify -> cleanup -> fold -> cleanup -> legalize -> fuse
                      (-> quantize -> cleanup, for a precision other than fp32)
-                     (-> layout, where the convs run channel-blocked)
+                     (-> layout, where the convs run channel-blocked; -> link_int8 after it at int8)
 
 then plan_memory (memplan) on the result. quantize comes after fusion: a linear layer's bias and
 activation are fused first and kept in its quantized form. The LLM path builds its quantized graph
@@ -37,6 +37,7 @@ def optimize(graph, fusion_level=2, *, backend, layout="nchw", precision="fp32",
         "fuse": lambda g: fuse.run(g, fusion_level, backend),
         "layout": lambda g: layout_pass.run(g, layout),
         "quantize": lambda g: quantize.run(g, precision, int8_convs, calibration, calibration_method),
+        "link_int8": lambda g: quantize.link_int8_convs(g, backend),
     }
     order = ["cleanup", "legalize"] if fusion_level == 0 else \
         ["cleanup", "fold", "simplify", "cleanup", "fold", "cleanup", "legalize", "fuse"]
@@ -44,6 +45,8 @@ def optimize(graph, fusion_level=2, *, backend, layout="nchw", precision="fp32",
         order += ["quantize", "cleanup"]
     if fusion_level > 0 and layout != "nchw":
         order.append("layout")
+        if precision == "int8" and int8_convs:
+            order.append("link_int8")
     for name in order:
         graph = passes[name](graph)
         if verify:

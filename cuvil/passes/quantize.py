@@ -136,6 +136,35 @@ def run(graph, precision, int8_convs=0, calibration=None, calibration_method="mi
     return calibrate(graph, calibration, calibration_method) if precision == "int8" else graph
 
 
+def link_int8_convs(graph, backend):
+    """Integer convs that feed integer convs bytes: where a conv's output is read by one integer conv
+    alone, as its input over a fixed range (calibrated, or a QDQ model's grid), and is no graph output, the
+    producer stores it as that conv's quantized input (int8_out: the reader's padded byte image; the same
+    bytes the reader would make of the floats) and the reader skips its quantization pass (int8_in).
+    Runs after layout: which convs are integer ones follows from their layout (backend.int8_conv)."""
+    readers = {}
+    for n in graph.nodes:
+        for i, v in enumerate(n.inputs):
+            if v is not None:
+                readers.setdefault(id(v), []).append((n, i))
+    outputs = {id(v) for v in graph.outputs}
+    for p in graph.nodes:
+        if not backend.int8_conv(p) or p.attrs.get("int8_out") is not None:
+            continue
+        y = p.outputs[0]
+        (q, i), *more = readers.get(id(y), [(None, None)])
+        if more or q is None or i != 0 or id(y) in outputs or q.attrs.get("int8_range") is None:
+            continue
+        image = backend.int8_input_image(q)
+        # the bytes take the floats' place in the memory plan: they must fit (a 3x3 conv's padded 1x1 map
+        # does not)
+        if image is None or image[0] * image[1] > 4 * int(np.prod(y.shape[2:])):
+            continue
+        p.attrs.update(int8_out=image, int8_out_range=list(q.attrs["int8_range"]))
+        q.attrs["int8_in"] = 1
+    return graph
+
+
 def describe(node, dot=None) -> str | None:
     """The precision a node computes in, as precision_summary counts it (None: not a weighted op);
     dot(node): the dot products the target runs it on, "bf16", "int8" (VNNI), "int8_avx2" or None."""

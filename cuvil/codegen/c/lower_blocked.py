@@ -58,7 +58,8 @@ def lower_conv(em, node, plan, shape_struct, bias, res, act):
 def lower_conv_call(em, node, plan, shape_struct, bias, res, act):
     nr, m = panel_width(em), plan.winograd
     if computes_int8(node, em.target):
-        return lower_int8_conv(em, node, shape_struct, bias, res, act, nchw_input=plan.kind == "blocked_from_nchw")
+        kind = "NCHW" if plan.kind == "blocked_from_nchw" else "BYTES" if node.attrs.get("int8_in") else "BLOCKED"
+        return lower_int8_conv(em, node, shape_struct, bias, res, act, kind)
     if plan.kind == "blocked_from_nchw":
         wb = em.packed(plan.pack, node.inputs[1],
                        lambda d: pack_b(d.astype(np.float32).reshape(d.shape[0], -1).T, nr))
@@ -92,16 +93,21 @@ def lower_conv_call(em, node, plan, shape_struct, bias, res, act):
             f"{act}, {em.scratch()}, NT);", "}"]
 
 
-def lower_int8_conv(em, node, shape_struct, bias, res, act, nchw_input):
-    w = node.inputs[1]
-    wq = em.packed("conv_blocked_int8", w, lambda d: int8_filter_panels(d, node.attrs.get("groups", 1)), "uint32_t")
+def lower_int8_conv(em, node, shape_struct, bias, res, act, input_kind):
+    """input_kind: BLOCKED, NCHW or BYTES (kernels/blocked.h CUVIL_I8_IN_*); int8_out (the next conv's byte
+    image) and the ranges reach C as constants, checked by the op (ints, and floats within float32's range)."""
+    w, a = node.inputs[1], node.attrs
+    wq = em.packed("conv_blocked_int8", w, lambda d: int8_filter_panels(d, a.get("groups", 1)), "uint32_t")
     terms = em.packed("conv_blocked_int8_terms", w, lambda d: filter_terms(filters_as_b(d)))
-    r = node.attrs.get("int8_range")            # floats checked finite by the op; carried as a constant
-    rng = "0" if r is None else em.packed("conv_int8_range", w, lambda d: np.array(r, np.float32))
+    # keyed by value too: two convs sharing one filter constant may differ in ranges
+    rng, out_rng = (em.packed(f"conv_{k}:{a[k]}", w, lambda d, k=k: np.array(a[k], np.float32))
+                    if a.get(k) is not None else "0" for k in ("int8_range", "int8_out_range"))
+    image = "0" if a.get("int8_out") is None else \
+        em.packed(f"conv_int8_out:{a['int8_out']}", w, lambda d: np.array(a["int8_out"], np.int64), "int64_t")
     return ["{", f"  const cuvil_conv_shape s = {shape_struct};",
-            f"  if (cuvil_conv_blocked_int8(&s, {em.ptr(node.inputs[0])}, {wq}, {terms}, {bias}, {res}, {rng}, {int(nchw_input)}, "
-            f"{em.ptr(node.outputs[0])}, {act}, {em.scratch()}, NT)) CUVIL_FAIL(\"out of memory for int8 activations\");",
-            "}"]
+            f"  if (cuvil_conv_blocked_int8(&s, {em.ptr(node.inputs[0])}, {wq}, {terms}, {bias}, {res}, {rng}, "
+            f"CUVIL_I8_IN_{input_kind}, {em.ptr(node.outputs[0])}, {image}, {out_rng}, {act}, {em.scratch()}, NT)) "
+            "CUVIL_FAIL(\"out of memory for int8 activations\");", "}"]
 
 
 def lower_max_pool(em, node, shape_struct):

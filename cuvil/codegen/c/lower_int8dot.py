@@ -63,9 +63,10 @@ def int8_conv_kind(target: str) -> int:
     return 1 if target_arch(target) == "x86_64" and has_features(target, INT8_AVX2_FEATURES) else 0
 
 
-def computes_int8(node, target: str) -> bool:
-    """Whether this conv runs on the integer dot-product kernels for `target`."""
-    if node.op != "conv" or node.attrs.get("int8_act", 0) == 0 or not int8_conv_kind(target):
+def computes_int8(node, target: str | None = None) -> bool:
+    """Whether this conv runs on the integer dot-product kernels for `target` (None: the one its int8_act
+    was marked for)."""
+    if node.op != "conv" or node.attrs.get("int8_act", 0) == 0 or (target is not None and not int8_conv_kind(target)):
         return False
     w, kind, groups = node.inputs[1].shape, conv_plan(node).kind, node.attrs.get("groups", 1)
     K = w[1] * int(np.prod(w[2:]))                 # per group
@@ -74,3 +75,17 @@ def computes_int8(node, target: str) -> bool:
     # grouped convs (RegNet's, ResNeXt's) whose groups fill channel blocks are blocked (passes/layout.py);
     # depthwise ones are not "blocked" but "blocked_depthwise"
     return (kind == "blocked" or (kind == "blocked_from_nchw" and groups == 1)) and K <= I8_MAX_K
+
+
+def int8_input_image(node):
+    """[hp, wp, ph, pw]: the padded byte image of an integer conv's channel-blocked input (kernels/blocked_dot.c:
+    hp x wp pixels of C bytes, the map at (ph, pw); the map itself where the conv reads in place), or None
+    for a conv that is no such one."""
+    if not computes_int8(node) or conv_plan(node).kind != "blocked":
+        return None
+    (KH, KW), (OH, OW), (H, W) = node.inputs[1].shape[2:], node.outputs[0].shape[2:], node.inputs[0].shape[2:]
+    (sh, sw), (dh, dw), ((ph, _), (pw, _)) = node.attrs["strides"], node.attrs["dilations"], node.attrs["pads"]
+    hp, wp = (OH - 1) * sh + (KH - 1) * dh + 1, (OW - 1) * sw + (KW - 1) * dw + 1
+    if ph == pw == 0 and hp <= H and wp <= W:            # kernels/blocked_input.h blocked_in_place
+        return [H, W, 0, 0]
+    return [hp, wp, ph, pw]

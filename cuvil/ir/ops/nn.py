@@ -102,10 +102,17 @@ def _conv_infer(types, attrs, inputs):
         raise ShapeError(f"conv: bias shape {types[2].shape}, expected ({w.shape[0]},)")
     if attrs["act"] not in ACTIVATIONS:
         raise ShapeError(f"conv: unknown act {attrs['act']!r}")
-    r = attrs.get("int8_range")
-    if r is not None and not (isinstance(r, (list, tuple)) and len(r) == 2 and r[0] <= r[1]
-                              and all(isinstance(v, float) and abs(v) <= _FLOAT32_MAX for v in r)):
-        raise ShapeError(f"conv: int8_range {r!r} is None or [lo, hi], two floats within float32's range, lo <= hi")
+    for key in ("int8_range", "int8_out_range"):
+        r = attrs.get(key)
+        if r is not None and not (isinstance(r, (list, tuple)) and len(r) == 2 and r[0] <= r[1]
+                                  and all(isinstance(v, float) and abs(v) <= _FLOAT32_MAX for v in r)):
+            raise ShapeError(f"conv: {key} {r!r} is None or [lo, hi], two floats within float32's range, lo <= hi")
+    img = attrs.get("int8_out")
+    if img is not None and not (isinstance(img, (list, tuple)) and len(img) == 4 and attrs.get("int8_out_range")
+                                and all(isinstance(v, int) and 0 <= v < 1 << 20 for v in img)):
+        raise ShapeError(f"conv: int8_out {img!r} is None or [hp, wp, ph, pw] with an int8_out_range")
+    if attrs.get("int8_in", 0) not in (0, 1) or (attrs.get("int8_in") and attrs.get("int8_range") is None):
+        raise ShapeError(f"conv: int8_in {attrs.get('int8_in')!r} is 0, or 1 with an int8_range")
     _spatial(attrs, nsp, w.shape[2:])
     out = [_conv_out(n, k, s, lo, hi, d) for n, k, s, (lo, hi), d in
            zip(x.shape[2:], w.shape[2:], attrs["strides"], attrs["pads"], attrs["dilations"])]
@@ -149,9 +156,13 @@ def _conv_ref(xs, a):
 # (precision="int8"; 2: 3x3 convs too, not Winograd): the target has integer convs and the input is
 # quantized to bytes over
 # int8_range ([lo, hi] from calibration data, or None: each image's own) and the filters to int8 per
-# output channel (the reference stays fp32)
+# output channel (the reference stays fp32). Between two integer convs (passes/quantize.link_int8_convs):
+# int8_out [hp, wp, ph, pw] and int8_out_range: the output is stored as the next conv's input bytes (its
+# padded image over its int8_range), and that conv's int8_in 1 reads them (the values stay logically
+# fp32, as a layout changes only how C stores them)
 declare(OpDef("conv", {"strides": None, "pads": None, "dilations": None, "groups": 1, "act": "none",
-                       "layout": "nchw", "in_layout": None, "bf16_act": 0, "int8_act": 0, "int8_range": None},
+                       "layout": "nchw", "in_layout": None, "bf16_act": 0, "int8_act": 0, "int8_range": None,
+                       "int8_out": None, "int8_out_range": None, "int8_in": 0},
               _conv_infer,
               _conv_ref,
               kind="conv"))

@@ -109,22 +109,11 @@ static byte_map input_byte_map(const float *x, int64_t n, const float *range, in
     return (byte_map){scale, 1.f / scale, zero};
 }
 
-/* One float -> a byte: q = clamp(x / scale + zero, 0, CUVIL_I8_LEVELS) rounded half up (q >= 0: +0.5,
- * truncated). */
-static inline uint8_t to_byte(float x, byte_map m) {
-    float t = x * m.inv + (m.zero + 0.5f);
-    t = t > 0.f ? t : 0.f;                                      /* NaN: 0 */
-    return (uint8_t)(int)(t < (float)CUVIL_I8_LEVELS ? t : (float)CUVIL_I8_LEVELS);
-}
+static inline uint8_t to_byte(float x, byte_map m) { return cuvil_to_byte(x, m.inv, m.zero, (float)CUVIL_I8_LEVELS); }
 
 /* B floats -> B bytes, as to_byte. */
-typedef uint8_t byte_block __attribute__((vector_size(CUVIL_BLOCK)));
 static inline void to_bytes(const float *x, byte_map m, uint8_t *out) {
-    cuvil_vf t = cuvil_vload(x) * cuvil_vsplat(m.inv) + cuvil_vsplat(m.zero + 0.5f), lo = cuvil_vsplat(0.f);
-    t = cuvil_vsel(t > lo, t, lo);                               /* NaN: 0 */
-    t = cuvil_vsel(t < cuvil_vsplat((float)CUVIL_I8_LEVELS), t, cuvil_vsplat((float)CUVIL_I8_LEVELS));
-    byte_block b = __builtin_convertvector(__builtin_convertvector(t, cuvil_vi), byte_block);
-    memcpy(out, &b, CUVIL_BLOCK);
+    cuvil_to_bytes(cuvil_vload(x), m.inv, m.zero, (float)CUVIL_I8_LEVELS, out);
 }
 
 /* The quantized image, pixel-major: rows ih of the padded image (hp x wp pixels of C bytes each, the
@@ -196,7 +185,7 @@ static void int8_conv_task(void *ctx, int64_t t0, int64_t t1) {
             Aq = (const uint32_t *)rowbuf;
         }
         cuvil_dot_out o = a->out;          /* group g writes output channels [g Og, g Og + Og) */
-        o.C += g * Og * a->P + m0 * CUVIL_BLOCK;
+        o.C += g * Og * a->P + m0 * CUVIL_BLOCK, o.row0 = m0, o.col0 = g * Og;
         if (o.residual) o.residual += g * Og * a->P + m0 * CUVIL_BLOCK;
         o.scale_col += g * Og, o.bias_col += g * Og;
         cuvil_i8_rows(Aq, rows, a->K4, a->wq + g * a->np * a->K4 * CUVIL_I8_NR, Og, q * a->np / a->ng,
@@ -215,27 +204,53 @@ int64_t cuvil_conv_blocked_int8_scratch(const cuvil_conv_shape *s) {
     return (cuvil_conv_blocked_scratch(s) + image + 15) / 16 * 16 + 2 * s->O;
 }
 
+/* The border of a byte image (out_image {hp, wp, ph, pw}: rows and columns outside the H x W map)
+ * at the zero point; the conv writing the map fills the rest. */
+static void byte_border(uint8_t *q, const int64_t *img, int64_t H, int64_t W, int64_t C, uint8_t zero) {
+    int64_t hp = img[0], wp = img[1], ph = img[2], pw = img[3];
+    for (int64_t r = 0; r < hp; r++) {
+        uint8_t *row = q + r * wp * C;
+        if (r < ph || r >= ph + H) memset(row, zero, wp * C);
+        else {
+            memset(row, zero, pw * C);
+            if (pw + W < wp) memset(row + (pw + W) * C, zero, (wp - pw - W) * C);
+        }
+    }
+}
+
 int cuvil_conv_blocked_int8(const cuvil_conv_shape *s, const float *x, const uint32_t *wq, const float *wterms,
-                            const float *bias, const float *residual, const float *range, int nchw_input, float *y,
-                            int act, float *scratch, int nthreads) {
+                            const float *bias, const float *residual, const float *range, int input_kind, float *y,
+                            const int64_t *out_image, const float *out_range, int act, float *scratch, int nthreads) {
     int64_t P = s->OH * s->OW, in = s->C * s->H * s->W, out = s->O * P, mb, mc = blocked_m_rows(P, &mb);
     int64_t G = s->groups, np = (s->O / G + CUVIL_I8_NR - 1) / CUVIL_I8_NR;
     int64_t ng = mb * G >= 2 * nthreads ? 1 : cuvil_min(np, 2 * nthreads);
     blocked_input b = blocked_input_tables(s, scratch);
     uint8_t *xq = (uint8_t *)(scratch + int8_image_at(s));
     float *scale_col = scratch + (cuvil_conv_blocked_int8_scratch(s) - 2 * s->O), *bias_col = scale_col + s->O;
+    int64_t image = b.hp * b.wp * s->C, out_bytes = out_image ? out_image[0] * out_image[1] * s->O : 0;
+    byte_map om = out_image ? input_byte_map(0, 0, out_range, 1) : (byte_map){1.f, 1.f, 0.f};
     for (int64_t n = 0; n < s->N; n++) {
         byte_map m = input_byte_map(x + n * in, in, range, nthreads);
         /* sum * scale * w_scale[o] - scale * zero * w_scale[o] * sum_k w[k][o] + bias[o]: wterms holds
          * w_scale and w_scale times the filter's sum */
         for (int64_t o = 0; o < s->O; o++)
             scale_col[o] = m.scale * wterms[o], bias_col[o] = (bias ? bias[o] : 0.f) - m.scale * m.zero * wterms[s->O + o];
-        quantize_args qa = {s, x + n * in, xq, b.hp, b.wp, m, nchw_input};
-        cuvil_parallel_for(in > 16384 ? nthreads : 1, b.hp, 1, quantize_task, &qa);
+        if (input_kind == CUVIL_I8_IN_BYTES) xq = (uint8_t *)x + n * image;     /* written by the conv before */
+        else {
+            quantize_args qa = {s, x + n * in, xq, b.hp, b.wp, m, input_kind == CUVIL_I8_IN_NCHW};
+            cuvil_parallel_for(in > 16384 ? nthreads : 1, b.hp, 1, quantize_task, &qa);
+        }
+        cuvil_byte_image bytes = {0};
+        if (out_image) {
+            bytes = (cuvil_byte_image){(uint8_t *)y + n * out_bytes, om.inv, om.zero, s->OW, s->O, out_image[0],
+                                       out_image[1], out_image[2], out_image[3]};
+            byte_border(bytes.q, out_image, s->OH, s->OW, s->O, (uint8_t)om.zero);
+        }
         int8_conv a = {s, xq, b.pix, b.tap, (s->KH * s->KW * s->C / G + 3) / 4, P, mc, ng, np, mb * ng, b.direct,
                        b.direct && G == 1 && s->C % 4 == 0,
                        wq, {y + n * out, 0, bias_col, residual ? residual + n * out : 0, scale_col, CUVIL_BLOCK,
-                            P * CUVIL_BLOCK, CUVIL_BLOCK, CUVIL_BLOCK, 1.f, act}, 0};
+                            P * CUVIL_BLOCK, CUVIL_BLOCK, CUVIL_BLOCK, 1.f, act, out_image ? &bytes : 0, 0, 0,
+                            (float)CUVIL_I8_LEVELS}, 0};
         cuvil_parallel_for(P * s->O * s->C / G > 65536 ? nthreads : 1, G * mb * ng, 1, int8_conv_task, &a);
         if (a.out_of_memory) return -1;
     }

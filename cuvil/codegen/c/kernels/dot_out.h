@@ -6,6 +6,33 @@
 #include "vmath.h"
 
 #define CUVIL_DOT_NR 64        /* a tile's columns: one panel of the packed B */
+#define CUVIL_DOT_MAX_MR 32    /* a tile's rows at most (int8dot.c's 24 x 1) */
+
+/* The next int8 conv's input as bytes (codegen's int8_out): its padded image, pixel-major (hp x wp
+ * pixels of C bytes, blocked_dot.c), into which a conv's output pixel (oh, ow) goes at (oh + ph, ow + pw)
+ * where the image holds it, each value as q = clamp(x * inv + zero, 0, CUVIL_I8_LEVELS) rounded. */
+typedef struct {
+    uint8_t *q;                   /* this image's */
+    float inv, zero;
+    int64_t OW, C, hp, wp, ph, pw;
+} cuvil_byte_image;
+
+/* One float -> its byte (rounded half up: q >= 0, + 0.5 truncated; NaN: 0). */
+static inline uint8_t cuvil_to_byte(float x, float inv, float zero, float top) {
+    float t = x * inv + (zero + 0.5f);
+    t = t > 0.f ? t : 0.f;
+    return (uint8_t)(int)(t < top ? t : top);
+}
+
+/* A vector of floats -> CUVIL_VL bytes at out, as cuvil_to_byte. */
+typedef uint8_t cuvil_byte_vec __attribute__((vector_size(CUVIL_VL)));
+static inline void cuvil_to_bytes(cuvil_vf x, float inv, float zero, float top, uint8_t *out) {
+    cuvil_vf t = x * cuvil_vsplat(inv) + cuvil_vsplat(zero + 0.5f), lo = cuvil_vsplat(0.f);
+    t = cuvil_vsel(t > lo, t, lo);
+    t = cuvil_vsel(t < cuvil_vsplat(top), t, cuvil_vsplat(top));
+    cuvil_byte_vec b = __builtin_convertvector(__builtin_convertvector(t, cuvil_vi), cuvil_byte_vec);
+    memcpy(out, &b, CUVIL_VL);
+}
 
 /* Element (m, n) goes to C[n / nb * ldn + m * ldm + n % nb] (row-major: nb past N, ldm = ldc; the
  * channel-blocked layout: nb = CUVIL_BLOCK, ldn = pixels * nb, ldm = nb), the residual in the same
@@ -17,7 +44,50 @@ typedef struct {
     int64_t nb, ldn, ldm, res_ldm;
     float alpha;
     int act;
+    /* bytes: instead of C, element (m, n) goes to the next conv's input bytes as pixel row0 + m,
+     * channel col0 + n (top: CUVIL_I8_LEVELS) */
+    const cuvil_byte_image *bytes;
+    int64_t row0, col0;
+    float top;
 } cuvil_dot_out;
+
+/* Where row m's bytes start in o->bytes (its pixel's channel col0), or 0 for a pixel the image drops
+ * (a strided conv's last rows or columns, which no window reads). */
+static inline uint8_t *cuvil_byte_row(const cuvil_dot_out *o, int64_t m) {
+    const cuvil_byte_image *b = o->bytes;
+    int64_t p = o->row0 + m, r = p / b->OW + b->ph, c = p % b->OW + b->pw;
+    return r < b->hp && c < b->wp ? b->q + (r * b->wp + c) * b->C + o->col0 : 0;
+}
+
+/* cuvil_dot_store into o->bytes (a channel-blocked conv's output: no residual layout but its own). */
+static inline void cuvil_dot_store_bytes(const cuvil_dot_out *o, const float *out, int64_t m0, int mr, int64_t n0,
+                                         int64_t nc) {
+    uint8_t *row[CUVIL_DOT_MAX_MR];
+    for (int r = 0; r < mr; r++) row[r] = cuvil_byte_row(o, m0 + r);
+    const cuvil_byte_image *b = o->bytes;
+    int64_t j = 0;
+    for (; j + CUVIL_VL <= nc; j += CUVIL_VL) {
+        int64_t n = n0 + j, at = n / o->nb * o->ldn + n % o->nb;
+        cuvil_vf bc = o->bias_col ? cuvil_vload(o->bias_col + n) : cuvil_vsplat(0.f);
+        cuvil_vf sc = o->scale_col ? cuvil_vload(o->scale_col + n) : cuvil_vsplat(o->alpha);
+        for (int r = 0; r < mr; r++) {
+            if (!row[r]) continue;
+            cuvil_vf v = cuvil_vload(out + r * CUVIL_DOT_NR + j) * sc + bc;
+            if (o->residual) v += cuvil_vload(o->residual + at + (m0 + r) * o->res_ldm);
+            cuvil_to_bytes(cuvil_vact(v, o->act), b->inv, b->zero, o->top, row[r] + n);
+        }
+    }
+    for (; j < nc; j++) {
+        int64_t n = n0 + j, at = n / o->nb * o->ldn + n % o->nb;
+        float sc = o->scale_col ? o->scale_col[n] : o->alpha;
+        for (int r = 0; r < mr; r++) {
+            if (!row[r]) continue;
+            float v = out[r * CUVIL_DOT_NR + j] * sc + (o->bias_col ? o->bias_col[n] : 0.f) +
+                      (o->residual ? o->residual[at + (m0 + r) * o->res_ldm] : 0.f);
+            row[r][n] = cuvil_to_byte(cuvil_act(v, o->act), b->inv, b->zero, o->top);
+        }
+    }
+}
 
 /* Rows [0, mr) of a tile's sums (out, CUVIL_DOT_NR floats a row), columns [n0, n0 + nc), into o's
  * layout from row m0: column vector by column vector, so each one's place in the layout is one
@@ -25,6 +95,10 @@ typedef struct {
  * products). */
 static inline void cuvil_dot_store(const cuvil_dot_out *o, const float *out, int64_t m0, int mr, int64_t n0,
                                    int64_t nc) {
+    if (o->bytes) {
+        cuvil_dot_store_bytes(o, out, m0, mr, n0, nc);
+        return;
+    }
     int64_t j = 0;
     for (; j + CUVIL_VL <= nc; j += CUVIL_VL) {          /* a vector never crosses a block (nb % VL == 0) */
         int64_t n = n0 + j, at = n / o->nb * o->ldn + n % o->nb;

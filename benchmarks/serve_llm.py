@@ -10,13 +10,16 @@ Systems:
                  serve`'s OpenAI APIs, without HTTP)
   cuvil-http     `cuvil serve ARTIFACT` in its own process, streamed /v1/completions (token-id prompts:
                  the checkpoint has no tokenizer)
-  llamacpp-http  llama-cpp-python's OpenAI server (`python -m llama_cpp.server`, its default settings: it
-                 has no parallel-sequence option and runs one request at a time) on the same weights as
-                 GGUF Q4_0 (benchmarks.gguf_export), streamed /v1/completions with text prompts of one
-                 token per byte (the export's byte tokens), 128 tokens with the BOS and SentencePiece's
-                 leading space
+  llamacpp-http  llama-cpp-python's OpenAI server (`python -m llama_cpp.server`) with its default settings
+                 on the same weights as GGUF Q4_0 (benchmarks.gguf_export), streamed /v1/completions with
+                 text prompts of one token per byte (the export's byte tokens), 128 tokens with the BOS
+                 and SentencePiece's leading space. It has no parallel-sequence option: it runs one
+                 request at a time, and by default (interrupt_requests) a new request ends the one
+                 running, whose client gets the tokens it had so far
+  llamacpp-http-queued  the same with --interrupt_requests False: requests wait their turn
 
---shared-prefix N: every prompt starts with the same N tokens (a system prompt), the rest random.
+--shared-prefix N: every prompt starts with the same N tokens (a system prompt), the rest random;
+--no-prefix-reuse: the in-process batcher reads every prompt whole (the A/B of prefix reuse).
 
 Reports, per system and client count, aggregate generated tokens/s, time to first token (p50/p99) and
 inter-token latency (p50/p99), each count's aggregate against the system's 1-client one, and at the
@@ -108,6 +111,7 @@ def main(argv=None):
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--shared-prefix", type=int, default=0)
+    ap.add_argument("--no-prefix-reuse", action="store_true", help="cuvil: read every prompt whole")
     ap.add_argument("--precision", default="int4")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prefill-chunk", type=int, default=64)
@@ -128,7 +132,7 @@ def main(argv=None):
     for system in systems:
         server, close = None, lambda: None
         if system == "cuvil":
-            batcher = ContinuousBatcher(llm, prefill_chunk=a.prefill_chunk)
+            batcher = ContinuousBatcher(llm, prefill_chunk=a.prefill_chunk, prefix_reuse=not a.no_prefix_reuse)
             generate, make, close = lambda p: batcher.submit(p, a.new_tokens, temperature=0.0), ids, batcher.close
         elif system == "cuvil-http":
             port, artifact = free_port(), Path(temp_dir("cuvil-bench-serve-llm-")) / "model.cuvil"
@@ -137,7 +141,7 @@ def main(argv=None):
                                    "--num-threads", str(a.threads), "--prefill-chunk", str(a.prefill_chunk)],
                                   port, "/v1/models")
             generate, make = streamed_completions(f"http://127.0.0.1:{port}", a.new_tokens), ids
-        elif system == "llamacpp-http":
+        elif system.startswith("llamacpp-http"):
             from .gguf_export import export
             gguf = OUT / f"{ckpt.name}-q4_0.gguf"
             if not gguf.exists():
@@ -145,13 +149,14 @@ def main(argv=None):
             port = free_port()
             server = start_server([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host",
                                    "127.0.0.1", "--port", str(port), "--n_ctx", str(a.prompt + a.new_tokens + 8),
-                                   "--n_threads", str(a.threads), "--n_threads_batch", str(a.threads)],
+                                   "--n_threads", str(a.threads), "--n_threads_batch", str(a.threads)]
+                                  + (["--interrupt_requests", "False"] if system.endswith("queued") else []),
                                   port, "/v1/models")
             generate = streamed_completions(f"http://127.0.0.1:{port}", a.new_tokens)
             make = lambda rng, n: _text(rng, max(n, 0))  # noqa: E731
         else:
             raise SystemExit(f"unknown system {system!r}")
-        overhead = LLAMACPP_PROMPT_OVERHEAD if system == "llamacpp-http" else 0
+        overhead = LLAMACPP_PROMPT_OVERHEAD if system.startswith("llamacpp") else 0
         try:
             list(generate(make(np.random.default_rng(0), 16)))                     # warm-up
             results[system] = {}
@@ -189,10 +194,12 @@ def main(argv=None):
                   f"{r['ttft99']:.0f} | {r['itl50']:.1f} | {r['itl99']:.1f} |")
         print(f"{system}: inter-token p99 at {levels[-1]} clients / 1-client median: "
               f"{rows[levels[-1]]['itl99'] / rows[levels[0]]['itl50']:.2f}x")
-    if "cuvil-http" in results and "llamacpp-http" in results:
-        top = levels[-1]
-        print(f"cuvil-http / llamacpp-http aggregate tokens/s at {top} clients: "
-              f"{results['cuvil-http'][top]['tok_s'] / results['llamacpp-http'][top]['tok_s']:.2f}x")
+    peers = [s for s in results if s.startswith("llamacpp")]
+    if "cuvil-http" in results and peers:
+        for c in levels:
+            best = max(peers, key=lambda s: results[s][c]["tok_s"])
+            print(f"cuvil-http / {best} (the faster llama.cpp) aggregate tokens/s at {c} clients: "
+                  f"{results['cuvil-http'][c]['tok_s'] / results[best][c]['tok_s']:.2f}x")
 
 
 if __name__ == "__main__":

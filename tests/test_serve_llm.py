@@ -179,3 +179,54 @@ def test_a_repeated_conversation_reads_only_its_new_tokens(served):
         second = c.post("/v1/completions", json={"prompt": turn, "max_tokens": 6, "temperature": 0}).json()
         assert first["choices"][0]["text"] == reply and second["choices"][0]["text"] == want
         assert reused(c) - before >= len(history), "the turn read its history again"
+
+
+def test_watch_swaps_in_a_saved_llm_under_load(tmp_path):
+    """An LLM artifact saved over the served one while streams run: every stream ends whole (the one
+    running across the swap with the old model's text), the requests after the swap get the new model's
+    text, and nothing is dropped or errors."""
+    import shutil
+    from cuvil.serve.openai import create_llm_app
+    for seed in (0, 1):
+        checkpoint(tmp_path / f"ckpt{seed}", seed=seed)
+        cuvil.llm.from_transformers(tmp_path / f"ckpt{seed}", max_seq_len=96, max_batch=2).save(tmp_path / f"m{seed}")
+    old, new = (cuvil.llm.load(tmp_path / f"m{seed}") for seed in (0, 1))
+    prompt = "cuvil compiles"
+    want_old, want_new = old.generate(prompt, 40), new.generate(prompt, 40)
+    assert want_old != want_new
+    served = tmp_path / "live.cuvil"
+    shutil.copytree(tmp_path / "m0", served)
+    slow = cuvil.llm.load(served)
+    step = slow._step
+
+    def paced(*a, **k):                # 40 tokens take ~0.3 s: the save lands while the first stream runs
+        time.sleep(0.008)
+        return step(*a, **k)
+    slow._step = paced
+    body = {"prompt": prompt, "max_tokens": 40, "temperature": 0}
+
+    async def main(url):
+        async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+            async def streamed():
+                text = ""
+                async with c.stream("POST", "/v1/completions", json=dict(body, stream=True)) as r:
+                    assert r.status_code == 200
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: ") and line != "data: [DONE]":
+                            text += json.loads(line[6:])["choices"][0]["text"]
+                return text
+
+            running = asyncio.create_task(streamed())
+            await asyncio.sleep(0.05)
+            await asyncio.get_running_loop().run_in_executor(None, new.save, served)     # in one step
+            during = await running
+            deadline = time.monotonic() + 30
+            while "cuvil_llm_reloads 1.0" not in (await c.get("/metrics")).text:
+                assert time.monotonic() < deadline, "the saved artifact was not swapped in"
+                await asyncio.sleep(0.05)
+            after = await asyncio.gather(*(c.post("/v1/completions", json=body) for _ in range(3)))
+            return during, [r.json()["choices"][0]["text"] for r in after]
+    with _server(create_llm_app(served, prefill_chunk=8, llm=slow, watch_seconds=0.05)) as url:
+        during, after = asyncio.run(main(url))
+    assert during == want_old
+    assert after == [want_new] * 3

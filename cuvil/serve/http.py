@@ -171,10 +171,9 @@ def app_for(artifact, *, name=None, max_batch=8, max_wait_ms=2.0, num_threads=No
             watch_seconds=0.0):
     """The app an artifact gets: an LLM artifact (llm.json) the OpenAI APIs, any other KServe v2."""
     if (Path(artifact) / "llm.json").exists():
-        if watch_seconds:
-            raise CuvilError("--watch reloads KServe v2 artifacts; an LLM server cannot swap its KV cache yet")
         from .openai import create_llm_app
-        return create_llm_app(artifact, name=name, prefill_chunk=prefill_chunk, num_threads=num_threads)
+        return create_llm_app(artifact, name=name, prefill_chunk=prefill_chunk, num_threads=num_threads,
+                              watch_seconds=watch_seconds)
     return create_app(artifact, name=name, max_batch=max_batch, max_wait_ms=max_wait_ms, num_threads=num_threads,
                       watch_seconds=watch_seconds)
 

@@ -23,7 +23,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from ..errors import CuvilError
-from .continuous import DONE, ContinuousBatcher
+from .continuous import DONE
+from .live import LiveLLM
 from .wire import NAME_RE, model_name_of, read_body
 from .metrics import LATENCY_BUCKETS
 
@@ -69,17 +70,17 @@ def parse_sampling(body) -> dict:
 
 
 def create_llm_app(artifact, *, name=None, prefill_chunk=64, num_threads=None, llm=None,
-                   max_body_bytes=MAX_BODY_BYTES):
+                   max_body_bytes=MAX_BODY_BYTES, watch_seconds=0.0):
+    """The OpenAI APIs on the LLM artifact (or `llm`, loaded from it); watch_seconds > 0: reload the
+    artifact whenever one is saved over it (`cuvil serve --watch`, serve/live.py)."""
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
     from ..llm import load
     name = name or model_name_of(artifact)
     if not NAME_RE.fullmatch(name):
         raise ValueError(f"model name {name!r} must match {NAME_RE.pattern}")
-    llm = llm or load(artifact, num_threads=num_threads)
-    if llm.tokenizer is None:
-        raise CuvilError(f"{artifact} has no tokenizer.json: the OpenAI APIs take and give text")
-    batcher = ContinuousBatcher(llm, prefill_chunk=prefill_chunk)
+    live = LiveLLM(llm or load(artifact, num_threads=num_threads), prefill_chunk=prefill_chunk,
+                   num_threads=num_threads)
     reg = CollectorRegistry()
     requests = Counter("cuvil_llm_requests", "requests answered, by endpoint and HTTP status", ["endpoint", "code"],
                        registry=reg)
@@ -89,17 +90,23 @@ def create_llm_app(artifact, *, name=None, prefill_chunk=64, num_threads=None, l
                      buckets=LATENCY_BUCKETS, registry=reg)
     latency = Histogram("cuvil_llm_request_seconds", "from a request's arrival to its last token",
                         buckets=LATENCY_BUCKETS, registry=reg)
-    Gauge("cuvil_llm_active_sequences", "sequences in KV cache slots", registry=reg).set_function(batcher.active)
-    Gauge("cuvil_llm_queue_depth", "requests waiting for a slot", registry=reg).set_function(batcher.waiting)
+    Gauge("cuvil_llm_active_sequences", "sequences in KV cache slots", registry=reg).set_function(live.active)
+    Gauge("cuvil_llm_queue_depth", "requests waiting for a slot", registry=reg).set_function(live.waiting)
     Gauge("cuvil_llm_prompt_tokens_reused", "prompt tokens whose keys and values a slot kept from an earlier "
-          "request (prefix reuse), in all", registry=reg).set_function(lambda: batcher.prompt_tokens["reused"])
+          "request (prefix reuse), in all", registry=reg).set_function(live.reused)
+    Gauge("cuvil_llm_reloads", "artifacts swapped in by --watch", registry=reg).set_function(lambda: live.reloads)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        from .http import watch
+        watcher = asyncio.get_running_loop().create_task(watch(live, artifact, watch_seconds)) \
+            if watch_seconds else None
         yield
-        await asyncio.get_running_loop().run_in_executor(None, batcher.close)
+        if watcher is not None:
+            watcher.cancel()
+        await asyncio.get_running_loop().run_in_executor(None, live.close)
     app = FastAPI(title="cuvil", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
-    app.state.batcher = batcher
+    app.state.live = live
 
     def error(status, message, kind="invalid_request_error", param=None):
         return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}},
@@ -154,9 +161,10 @@ def create_llm_app(artifact, *, name=None, prefill_chunk=64, num_threads=None, l
         body = await body_of(request)
         return body, parse_sampling(body), _field(body, "stream", (bool,), False, "true or false")
 
-    def start(ids, settings, loop, events):
-        """Submit; the batcher's thread hands each event to this request's loop (and counts the
-        tokens as the sequence ends, cancelled or not)."""
+    def start(encode, settings, loop, events):
+        """(sequence, ids): encode(llm) -> the prompt's ids, submitted to the live LLM; its batcher's
+        thread hands each event to this request's loop (and counts the tokens as the sequence ends,
+        cancelled or not)."""
         held = []
 
         def on_event(item):
@@ -164,17 +172,20 @@ def create_llm_app(artifact, *, name=None, prefill_chunk=64, num_threads=None, l
                 tokens.inc(len(held[0].out.tokens))
             loop.call_soon_threadsafe(events.put_nowait, item)
         try:
-            held.append(batcher.submit(ids, on_event=on_event, **settings))
+            seq, ids = live.submit(encode, on_event=on_event, **settings)
+        except BadRequest:
+            raise
         except (CuvilError, ValueError, TypeError) as e:
             raise BadRequest(str(e)) from None
-        return held[0]
+        held.append(seq)
+        return seq, ids
 
-    async def generate(request, ids, settings, stream, chunk, final, whole):
+    async def generate(request, encode, settings, stream, chunk, final, whole):
         """The answer: whole(text, finish_reason, usage) as one JSON body, or SSE events of chunk(piece)
         and final(finish_reason, usage)."""
         t0 = time.perf_counter()
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
-        seq = start(ids, settings, loop, events)
+        seq, ids = start(encode, settings, loop, events)
         prompt_tokens.inc(len(ids))
         first = [None]
 
@@ -228,10 +239,12 @@ def create_llm_app(artifact, *, name=None, prefill_chunk=64, num_threads=None, l
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]             # a batch of one
         if isinstance(prompt, str) and prompt:
-            ids = llm.tokenizer.encode(prompt)
+            def encode(llm):
+                return llm.tokenizer.encode(prompt)
         elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
                                                           for t in prompt):
-            ids = prompt
+            def encode(llm):
+                return prompt
         else:
             raise BadRequest("prompt must be a non-empty string or list of token ids (one prompt per request)",
                              param="prompt")
@@ -239,7 +252,7 @@ def create_llm_app(artifact, *, name=None, prefill_chunk=64, num_threads=None, l
 
         def choice(text, reason, **extra):
             return dict(head, choices=[{"index": 0, "text": text, "finish_reason": reason, "logprobs": None}], **extra)
-        return await generate(request, ids, settings, stream, lambda piece: choice(piece, None),
+        return await generate(request, encode, settings, stream, lambda piece: choice(piece, None),
                               lambda reason, usage: choice("", reason, usage=usage),
                               lambda text, reason, usage: choice(text, reason, usage=usage))
 
@@ -252,11 +265,12 @@ def create_llm_app(artifact, *, name=None, prefill_chunk=64, num_threads=None, l
                 for m in messages)):
             raise BadRequest("messages must be a non-empty list of {role, content} with string values",
                              param="messages")
-        try:
-            ids = llm._encode([{"role": m["role"], "content": m["content"]} for m in messages], chat=True)
-        except Exception as e:  # noqa: BLE001 - the checkpoint's own template may raise anything
-            raise BadRequest(f"the chat template cannot render these messages ({type(e).__name__}: {e})",
-                             param="messages") from None
+        def encode(llm):
+            try:
+                return llm._encode([{"role": m["role"], "content": m["content"]} for m in messages], chat=True)
+            except Exception as e:  # noqa: BLE001 - the checkpoint's own template may raise anything
+                raise BadRequest(f"the chat template cannot render these messages ({type(e).__name__}: {e})",
+                                 param="messages") from None
         head = envelope("chat.completion.chunk" if stream else "chat.completion")
         said = [False]
 
@@ -265,7 +279,7 @@ def create_llm_app(artifact, *, name=None, prefill_chunk=64, num_threads=None, l
             said[0] = True
             return dict(head, choices=[{"index": 0, "delta": delta, "finish_reason": None}])
         return await generate(
-            request, ids, settings, stream, chunk,
+            request, encode, settings, stream, chunk,
             lambda reason, usage: dict(head, choices=[{"index": 0, "delta": {}, "finish_reason": reason}], usage=usage),
             lambda text, reason, usage: dict(head, choices=[{"index": 0, "finish_reason": reason, "message": {
                 "role": "assistant", "content": text}}], usage=usage))

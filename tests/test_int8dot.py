@@ -282,6 +282,33 @@ def test_int8_range_is_checked(bad):
         op.infer(types, {**attrs, "int8_range": bad}, [None, None])
 
 
+@pytest.mark.parametrize("attrs", [
+    {"int8_out": [16, 16, 1, 1]},                                   # no range for the bytes
+    {"int8_out": [16, 16, 1], "int8_out_range": [0.0, 1.0]},
+    {"int8_out": [16, -1, 1, 1], "int8_out_range": [0.0, 1.0]},
+    {"int8_out": [16, 16, 1, 1.5], "int8_out_range": [0.0, 1.0]},
+    {"int8_out": [1 << 40, 16, 1, 1], "int8_out_range": [0.0, 1.0]},
+    {"int8_out": "16,16,1,1", "int8_out_range": [0.0, 1.0]},
+    {"int8_out": [16, 16, 1, 1], "int8_out_range": [float("nan"), 1.0]},
+    {"int8_in": 1},                                                  # bytes in need the range they are on
+    {"int8_in": 2, "int8_range": [0.0, 1.0]},
+])
+def test_int8_links_are_checked(attrs):
+    """The byte links between convs reach the generated code as constants (the image's extent, the
+    range): the op refuses any but ints in range and two finite floats."""
+    from cuvil.errors import ShapeError
+    from cuvil.ir.ops import REGISTRY
+    from cuvil.ir.types import TensorType
+
+    op = REGISTRY["conv"]
+    base = {**op.attrs, "strides": [1, 1], "pads": [[0, 0], [0, 0]], "dilations": [1, 1], "int8_act": 2}
+    types = [TensorType((1, 16, 4, 4), "float32"), TensorType((16, 16, 1, 1), "float32")]
+    op.infer(types, {**base, "int8_out": [6, 6, 1, 1], "int8_out_range": [-1.0, 2.0]}, [None, None])
+    op.infer(types, {**base, "int8_in": 1, "int8_range": [0.0, 2.0]}, [None, None])
+    with pytest.raises(ShapeError, match="int8_out|int8_in"):
+        op.infer(types, {**base, **attrs}, [None, None])
+
+
 def test_calibration_data_with_nan_is_refused():
     import torch
 

@@ -32,7 +32,7 @@ class DotOut(ctypes.Structure):
                 ("residual", ctypes.c_void_p), ("scale_col", ctypes.c_void_p), ("nb", ctypes.c_int64),
                 ("ldn", ctypes.c_int64), ("ldm", ctypes.c_int64), ("res_ldm", ctypes.c_int64),
                 ("alpha", ctypes.c_float), ("act", ctypes.c_int), ("bytes", ctypes.c_void_p), ("row0", ctypes.c_int64),
-                ("col0", ctypes.c_int64), ("top", ctypes.c_float)]
+                ("col0", ctypes.c_int64)]
 
 
 @pytest.fixture(scope="module", params=list(BUILDS))

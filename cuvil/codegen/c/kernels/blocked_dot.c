@@ -242,15 +242,14 @@ int cuvil_conv_blocked_int8(const cuvil_conv_shape *s, const float *x, const uin
         }
         cuvil_byte_image bytes = {0};
         if (out_image) {
-            bytes = (cuvil_byte_image){(uint8_t *)y + n * out_bytes, om.inv, om.zero, s->OW, s->O, out_image[0],
-                                       out_image[1], out_image[2], out_image[3]};
+            bytes = (cuvil_byte_image){(uint8_t *)y + n * out_bytes, om.inv, om.zero, (float)CUVIL_I8_LEVELS, s->OW,
+                                       s->O, out_image[0], out_image[1], out_image[2], out_image[3]};
             byte_border(bytes.q, out_image, s->OH, s->OW, s->O, (uint8_t)om.zero);
         }
         int8_conv a = {s, xq, b.pix, b.tap, (s->KH * s->KW * s->C / G + 3) / 4, P, mc, ng, np, mb * ng, b.direct,
                        b.direct && G == 1 && s->C % 4 == 0,
                        wq, {y + n * out, 0, bias_col, residual ? residual + n * out : 0, scale_col, CUVIL_BLOCK,
-                            P * CUVIL_BLOCK, CUVIL_BLOCK, CUVIL_BLOCK, 1.f, act, out_image ? &bytes : 0, 0, 0,
-                            (float)CUVIL_I8_LEVELS}, 0};
+                            P * CUVIL_BLOCK, CUVIL_BLOCK, CUVIL_BLOCK, 1.f, act, out_image ? &bytes : 0, 0, 0}, 0};
         cuvil_parallel_for(P * s->O * s->C / G > 65536 ? nthreads : 1, G * mb * ng, 1, int8_conv_task, &a);
         if (a.out_of_memory) return -1;
     }

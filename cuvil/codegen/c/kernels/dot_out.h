@@ -13,7 +13,7 @@
  * where the image holds it, each value as q = clamp(x * inv + zero, 0, CUVIL_I8_LEVELS) rounded. */
 typedef struct {
     uint8_t *q;                   /* this image's */
-    float inv, zero;
+    float inv, zero, top;         /* top: the bytes' top level, CUVIL_I8_LEVELS */
     int64_t OW, C, hp, wp, ph, pw;
 } cuvil_byte_image;
 
@@ -45,11 +45,25 @@ typedef struct {
     float alpha;
     int act;
     /* bytes: instead of C, element (m, n) goes to the next conv's input bytes as pixel row0 + m,
-     * channel col0 + n (top: CUVIL_I8_LEVELS) */
+     * channel col0 + n */
     const cuvil_byte_image *bytes;
     int64_t row0, col0;
-    float top;
 } cuvil_dot_out;
+
+/* Element (m, n)'s value but for the activation: the tile's sum (at `sum`) scaled, the biases and the
+ * residual (at `at`, n's place in the layout) added; sc, bc: column n's scale and bias vectors. */
+static inline cuvil_vf cuvil_dot_vec(const cuvil_dot_out *o, const float *sum, cuvil_vf sc, cuvil_vf bc, int64_t m,
+                                     int64_t at) {
+    cuvil_vf v = cuvil_vload(sum) * sc + bc;
+    if (o->bias_row) v += cuvil_vsplat(o->bias_row[m]);
+    if (o->residual) v += cuvil_vload(o->residual + at + m * o->res_ldm);
+    return v;
+}
+
+static inline float cuvil_dot_one(const cuvil_dot_out *o, float sum, int64_t m, int64_t n, int64_t at) {
+    return sum * (o->scale_col ? o->scale_col[n] : o->alpha) + (o->bias_row ? o->bias_row[m] : 0.f) +
+           (o->bias_col ? o->bias_col[n] : 0.f) + (o->residual ? o->residual[at + m * o->res_ldm] : 0.f);
+}
 
 /* Where row m's bytes start in o->bytes (its pixel's channel col0), or 0 for a pixel the image drops
  * (a strided conv's last rows or columns, which no window reads). */
@@ -59,7 +73,7 @@ static inline uint8_t *cuvil_byte_row(const cuvil_dot_out *o, int64_t m) {
     return r < b->hp && c < b->wp ? b->q + (r * b->wp + c) * b->C + o->col0 : 0;
 }
 
-/* cuvil_dot_store into o->bytes (a channel-blocked conv's output: no residual layout but its own). */
+/* cuvil_dot_store into o->bytes. */
 static inline void cuvil_dot_store_bytes(const cuvil_dot_out *o, const float *out, int64_t m0, int mr, int64_t n0,
                                          int64_t nc) {
     uint8_t *row[CUVIL_DOT_MAX_MR];
@@ -70,22 +84,17 @@ static inline void cuvil_dot_store_bytes(const cuvil_dot_out *o, const float *ou
         int64_t n = n0 + j, at = n / o->nb * o->ldn + n % o->nb;
         cuvil_vf bc = o->bias_col ? cuvil_vload(o->bias_col + n) : cuvil_vsplat(0.f);
         cuvil_vf sc = o->scale_col ? cuvil_vload(o->scale_col + n) : cuvil_vsplat(o->alpha);
-        for (int r = 0; r < mr; r++) {
-            if (!row[r]) continue;
-            cuvil_vf v = cuvil_vload(out + r * CUVIL_DOT_NR + j) * sc + bc;
-            if (o->residual) v += cuvil_vload(o->residual + at + (m0 + r) * o->res_ldm);
-            cuvil_to_bytes(cuvil_vact(v, o->act), b->inv, b->zero, o->top, row[r] + n);
-        }
+        for (int r = 0; r < mr; r++)
+            if (row[r])
+                cuvil_to_bytes(cuvil_vact(cuvil_dot_vec(o, out + r * CUVIL_DOT_NR + j, sc, bc, m0 + r, at), o->act),
+                               b->inv, b->zero, b->top, row[r] + n);
     }
     for (; j < nc; j++) {
         int64_t n = n0 + j, at = n / o->nb * o->ldn + n % o->nb;
-        float sc = o->scale_col ? o->scale_col[n] : o->alpha;
-        for (int r = 0; r < mr; r++) {
-            if (!row[r]) continue;
-            float v = out[r * CUVIL_DOT_NR + j] * sc + (o->bias_col ? o->bias_col[n] : 0.f) +
-                      (o->residual ? o->residual[at + (m0 + r) * o->res_ldm] : 0.f);
-            row[r][n] = cuvil_to_byte(cuvil_act(v, o->act), b->inv, b->zero, o->top);
-        }
+        for (int r = 0; r < mr; r++)
+            if (row[r])
+                row[r][n] = cuvil_to_byte(cuvil_act(cuvil_dot_one(o, out[r * CUVIL_DOT_NR + j], m0 + r, n, at), o->act),
+                                          b->inv, b->zero, b->top);
     }
 }
 
@@ -104,23 +113,14 @@ static inline void cuvil_dot_store(const cuvil_dot_out *o, const float *out, int
         int64_t n = n0 + j, at = n / o->nb * o->ldn + n % o->nb;
         cuvil_vf bc = o->bias_col ? cuvil_vload(o->bias_col + n) : cuvil_vsplat(0.f);
         cuvil_vf sc = o->scale_col ? cuvil_vload(o->scale_col + n) : cuvil_vsplat(o->alpha);
-        for (int r = 0; r < mr; r++) {
-            int64_t m = m0 + r;
-            cuvil_vf v = cuvil_vload(out + r * CUVIL_DOT_NR + j) * sc + bc;
-            if (o->bias_row) v += cuvil_vsplat(o->bias_row[m]);
-            if (o->residual) v += cuvil_vload(o->residual + at + m * o->res_ldm);
-            cuvil_vstore(o->C + at + m * o->ldm, cuvil_vact(v, o->act));
-        }
+        for (int r = 0; r < mr; r++)
+            cuvil_vstore(o->C + at + (m0 + r) * o->ldm,
+                         cuvil_vact(cuvil_dot_vec(o, out + r * CUVIL_DOT_NR + j, sc, bc, m0 + r, at), o->act));
     }
     for (; j < nc; j++) {
         int64_t n = n0 + j, at = n / o->nb * o->ldn + n % o->nb;
-        float sc = o->scale_col ? o->scale_col[n] : o->alpha;
-        for (int r = 0; r < mr; r++) {
-            int64_t m = m0 + r;
-            float v = out[r * CUVIL_DOT_NR + j] * sc + (o->bias_row ? o->bias_row[m] : 0.f) +
-                      (o->bias_col ? o->bias_col[n] : 0.f) + (o->residual ? o->residual[at + m * o->res_ldm] : 0.f);
-            o->C[at + m * o->ldm] = cuvil_act(v, o->act);
-        }
+        for (int r = 0; r < mr; r++)
+            o->C[at + (m0 + r) * o->ldm] = cuvil_act(cuvil_dot_one(o, out[r * CUVIL_DOT_NR + j], m0 + r, n, at), o->act);
     }
 }
 #endif

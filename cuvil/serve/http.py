@@ -26,6 +26,7 @@ from ..errors import CuvilError
 from . import v2
 from .batching import AsyncInferenceSession
 from .metrics import Metrics
+from .watch import watch
 from .wire import NAME_RE, model_name_of, read_body
 
 NPY = "application/x-npy"
@@ -36,34 +37,6 @@ def _endpoint(path) -> str:
     """A request's metrics label: infer, ready, live, v2 (server metadata) or metadata (anything else)."""
     last = path.rstrip("/").rsplit("/", 1)[-1]
     return last if last in ("infer", "ready", "live", "v2") else "metadata"
-
-
-def _stamp(artifact):
-    """What changes when an artifact is saved over `artifact` (None while it is being replaced)."""
-    try:
-        st = (Path(artifact) / "manifest.json").stat()
-    except OSError:
-        return None
-    return st.st_ino, st.st_mtime_ns, st.st_size
-
-
-async def watch(sess, artifact, every):
-    """Reload the session whenever an artifact is saved over `artifact` (`cuvil serve --watch`). A save
-    that does not load (half written, broken) keeps the running one, with a warning, until the next."""
-    import warnings
-    loop = asyncio.get_running_loop()
-    last = _stamp(artifact)
-    while True:
-        await asyncio.sleep(every)
-        now = _stamp(artifact)
-        if now is None or now == last:
-            continue
-        try:
-            await loop.run_in_executor(None, sess.reload, artifact)
-            last = now
-        except (CuvilError, OSError) as e:
-            warnings.warn(f"cuvil serve --watch: keeping the running artifact: {e}", RuntimeWarning, stacklevel=1)
-            last = now
 
 
 def create_app(artifact, *, name=None, max_batch=8, max_wait_ms=2.0, num_threads=None,

@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException
 from ..errors import CuvilError
 from .continuous import DONE
 from .live import LiveLLM
+from .watch import watch
 from .wire import NAME_RE, model_name_of, read_body
 from .metrics import LATENCY_BUCKETS
 
@@ -98,7 +99,6 @@ def create_llm_app(artifact, *, name=None, prefill_chunk=64, num_threads=None, l
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        from .http import watch
         watcher = asyncio.get_running_loop().create_task(watch(live, artifact, watch_seconds)) \
             if watch_seconds else None
         yield

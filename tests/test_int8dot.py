@@ -380,3 +380,31 @@ def test_calibrated_convs_pass_bytes_along(target, tmp_path, monkeypatch):
     np.testing.assert_array_equal(got, plain(x).numpy())
     want = m(x).detach().numpy()
     assert np.abs(got - want).max() <= 0.04 * np.abs(want).max()
+
+
+def test_a_conv_applied_twice_keeps_each_calibrated_range(tmp_path):
+    """One conv module run twice (one filter constant, two conv nodes) on inputs of very different
+    ranges: each node maps its input over its own calibrated range (the packed range had been keyed by
+    the filter alone, so the second reused the first's and clipped)."""
+    import torch
+
+    import cuvil
+    from cuvil.codegen.c.lower_int8dot import int8_conv_kind
+    if not int8_conv_kind("native"):
+        pytest.skip("no integer convs on this CPU (no calibrated ranges to keep apart)")
+
+    class Twice(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = torch.nn.Conv2d(32, 32, 1)
+
+        def forward(self, x):
+            return self.c(torch.relu(self.c(x)) * 20.0)
+    torch.manual_seed(2)
+    m = Twice().eval()
+    x = torch.randn(1, 32, 9, 9)
+    cm = cuvil.compile(m, (x,), precision="int8", layout="blocked", calibration_data=[x],
+                       cache_dir=tmp_path)
+    assert cm.c_source.count("cuvil_conv_blocked_int8(") == 2
+    want = m(x).detach().numpy()
+    assert np.abs(cm(x).numpy() - want).max() <= 0.03 * np.abs(want).max()

@@ -199,14 +199,15 @@ def _int8_conv(lib, x, w, bias, stride, pad, groups, rng_, kind, out_image=None,
     return y
 
 
-@pytest.mark.parametrize("k2,stride2,pad2,groups2,hw", [
-    (3, 1, 1, 1, (9, 11)),        # the next conv pads: a border at its zero point
-    (3, 2, 1, 1, (10, 12)),       # strided: its padded image drops the map's last row and column
-    (1, 1, 0, 1, (7, 6)),         # 1x1: the map itself, read in place
-    (3, 1, 1, 2, (8, 8)),         # grouped
-    (1, 2, 0, 1, (9, 9)),         # 1x1 stride 2, read in place: rows and columns dropped
+@pytest.mark.parametrize("k2,stride2,pad2,groups2,hw,groups1", [
+    (3, 1, 1, 1, (9, 11), 1),        # the next conv pads: a border at its zero point
+    (3, 2, 1, 1, (10, 12), 1),       # strided: its padded image drops the map's last row and column
+    (1, 1, 0, 1, (7, 6), 1),         # 1x1: the map itself, read in place
+    (3, 1, 1, 2, (8, 8), 1),         # grouped reader
+    (1, 2, 0, 1, (9, 9), 1),         # 1x1 stride 2, read in place: rows and columns dropped
+    (3, 1, 1, 1, (6, 7), 2),         # grouped writer: each group's channels at their place in the pixel
 ])
-def test_conv_writes_the_next_convs_input_bytes(lib, k2, stride2, pad2, groups2, hw):
+def test_conv_writes_the_next_convs_input_bytes(lib, k2, stride2, pad2, groups2, hw, groups1):
     """A conv writing its output as the next conv's input bytes (int8_out; residual, ReLU fused before)
     and that conv reading them (int8_in) give exactly what the two give through float output and the
     next conv's own quantization pass."""
@@ -214,7 +215,7 @@ def test_conv_writes_the_next_convs_input_bytes(lib, k2, stride2, pad2, groups2,
     C1, C2, C3 = 2 * B, 4 * B, 2 * B
     rng = np.random.default_rng(k2 * 10 + stride2)
     x = rng.standard_normal((2, C1, *hw)).astype(np.float32)
-    w1 = (rng.standard_normal((C2, C1, 1, 1)) * 0.2).astype(np.float32)
+    w1 = (rng.standard_normal((C2, C1 // groups1, 1, 1)) * 0.2).astype(np.float32)
     w2 = (rng.standard_normal((C3, C2 // groups2, k2, k2)) * 0.2).astype(np.float32)
     b1, b2 = (rng.standard_normal(C2).astype(np.float32) for _ in range(2))
     res = rng.standard_normal((2, C2, *hw)).astype(np.float32)
@@ -223,9 +224,9 @@ def test_conv_writes_the_next_convs_input_bytes(lib, k2, stride2, pad2, groups2,
     OH, OW = (H + 2 * pad2 - k2) // stride2 + 1, (W + 2 * pad2 - k2) // stride2 + 1
     hp, wp = (OH - 1) * stride2 + k2, (OW - 1) * stride2 + k2       # every window's pixels
     image = [H, W, 0, 0] if pad2 == 0 and hp <= H and wp <= W else [hp, wp, pad2, pad2]
-    floats = _int8_conv(lib, x, w1, b1, 1, 0, 1, r1, 0, res=res)
+    floats = _int8_conv(lib, x, w1, b1, 1, 0, groups1, r1, 0, res=res)
     want = _int8_conv(lib, _unblocked(floats, B), w2, b2, stride2, pad2, groups2, r2, 0)
-    bytes_ = _int8_conv(lib, x, w1, b1, 1, 0, 1, r1, 0, out_image=image, out_range=r2, res=res)
+    bytes_ = _int8_conv(lib, x, w1, b1, 1, 0, groups1, r1, 0, out_image=image, out_range=r2, res=res)
     got = _int8_conv(lib, bytes_, w2, b2, stride2, pad2, groups2, r2, 2, hw=hw)
     assert not np.isnan(want).any()
     np.testing.assert_array_equal(got, want)

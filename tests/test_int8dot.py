@@ -409,3 +409,34 @@ def test_a_conv_applied_twice_keeps_each_calibrated_range(tmp_path):
     assert cm.c_source.count("cuvil_conv_blocked_int8(") == 2
     want = m(x).detach().numpy()
     assert np.abs(cm(x).numpy() - want).max() <= 0.03 * np.abs(want).max()
+
+
+def test_int8_link_attributes_fuzz():
+    """Any value in the byte-link attributes is taken only in the checked form (four ints in [0, 2^20), a
+    finite [lo, hi] beside them; int8_in 0 or 1 with a range), else a ShapeError: nothing else gets to C."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from cuvil.errors import ShapeError
+    from cuvil.ir.ops import REGISTRY
+    from cuvil.ir.types import TensorType
+
+    op = REGISTRY["conv"]
+    base = {**op.attrs, "strides": [1, 1], "pads": [[0, 0], [0, 0]], "dilations": [1, 1], "int8_act": 2}
+    types = [TensorType((1, 16, 4, 4), "float32"), TensorType((16, 16, 1, 1), "float32")]
+    anything = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 70, 2 ** 70), st.floats(), st.text(max_size=4),
+                         st.lists(st.one_of(st.integers(-5, 2 ** 21), st.floats(), st.text(max_size=2)), max_size=5))
+
+    @settings(max_examples=300, deadline=None)
+    @given(out=anything, rng=anything, inb=anything, r=anything)
+    def check(out, rng, inb, r):
+        attrs = {**base, "int8_out": out, "int8_out_range": rng, "int8_in": inb, "int8_range": r}
+        try:
+            op.infer(types, attrs, [None, None])
+        except ShapeError:
+            return
+        if out is not None:
+            assert len(out) == 4 and all(type(v) is int and 0 <= v < 1 << 20 for v in out)
+            assert all(isinstance(v, float) and np.isfinite(v) for v in rng) and rng[0] <= rng[1]
+        assert inb in (0, 1) and (not inb or r is not None)
+    check()

@@ -142,18 +142,16 @@ def link_int8_convs(graph, backend):
     producer stores it as that conv's quantized input (int8_out: the reader's padded byte image; the same
     bytes the reader would make of the floats) and the reader skips its quantization pass (int8_in).
     Runs after layout: which convs are integer ones follows from their layout (backend.int8_conv)."""
-    readers = {}
-    for n in graph.nodes:
-        for i, v in enumerate(n.inputs):
-            if v is not None:
-                readers.setdefault(id(v), []).append((n, i))
-    outputs = {id(v) for v in graph.outputs}
+    users, outputs = graph.users(), {id(v) for v in graph.outputs}
     for p in graph.nodes:
         if not backend.int8_conv(p) or p.attrs.get("int8_out") is not None:
             continue
         y = p.outputs[0]
-        (q, i), *more = readers.get(id(y), [(None, None)])
-        if more or q is None or i != 0 or id(y) in outputs or q.attrs.get("int8_range") is None:
+        readers = users.get(id(y), [])
+        if len(readers) != 1 or id(y) in outputs:
+            continue
+        q = readers[0]               # as its input (a residual reads the floats)
+        if q.inputs[0] is not y or q.attrs.get("int8_range") is None:
             continue
         image = backend.int8_input_image(q)
         # the bytes take the floats' place in the memory plan: they must fit (a 3x3 conv's padded 1x1 map

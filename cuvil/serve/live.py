@@ -36,10 +36,6 @@ class LiveLLM:
         self._closing = False
         self.reloads = 0
 
-    @property
-    def llm(self):
-        return self._live.llm
-
     def submit(self, encode, **settings):
         """(sequence, ids): encode(llm) -> the prompt's token ids, by the live generation's tokenizer, and
         the sequence queued in that generation's batcher (errors of either raised as they are)."""

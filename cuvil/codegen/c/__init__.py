@@ -18,5 +18,5 @@ def scratch_bytes(node, bounds) -> int:
     return low.scratch(node, bounds) if low.scratch else 0
 
 
-C_BACKEND = Backend(frozenset(LOWERINGS), supports, scratch_bytes, int8_conv=lambda n: computes_int8(n),
+C_BACKEND = Backend(frozenset(LOWERINGS), supports, scratch_bytes, int8_conv=computes_int8,
                     int8_input_image=int8_input_image)

@@ -162,7 +162,7 @@ def _kind(node, m, nr):
     return "gemm", "conv_a" if node.inputs[1].is_const and not depthwise_conv(node) else None
 
 
-def _padded(s):
+def padded_extent(s):
     """(hp, wp, in_place) of kernels/blocked_input.h: the padded extent that holds every tap of every
     output pixel, and whether the input is read in place (no window reaches past it)."""
     hp = (s["OH"] - 1) * s["sh"] + (s["KH"] - 1) * s["dh"] + 1
@@ -174,7 +174,7 @@ def _blocked_scratch(node, s, m) -> int:
     """Bytes of a blocked conv's scratch (kernels/blocked.h: cuvil_conv_blocked_scratch and
     cuvil_winograd_blocked_scratch)."""
     if node.attrs.get("in_layout") == "nchw":      # kernels/blocked.c: cuvil_conv_nchw_blocked_scratch
-        hp, wp, _ = _padded(s)
+        hp, wp, _ = padded_extent(s)
         fp32 = (s["C"] * hp * wp + 2 * s["OH"] * s["OW"]) * 4
         return max(fp32, _int8_scratch(node, s)) if node.attrs.get("int8_act") else fp32
     if node.attrs.get("groups", 1) > 1 and depthwise_conv(node):
@@ -188,14 +188,14 @@ def _gathered_floats(node, s) -> int:
     """kernels/blocked.c cuvil_conv_blocked_scratch: the zero-padded copy and the pixel and tap tables."""
     if pointwise_conv(node):
         return 0                                      # the input is the GEMM's A
-    hp, wp, in_place = _padded(s)
+    hp, wp, in_place = padded_extent(s)
     return (0 if in_place else s["C"] * hp * wp) + 2 * (s["OH"] * s["OW"] + s["KH"] * s["KW"])
 
 
 def _int8_scratch(node, s) -> int:
     """Bytes of kernels/blocked_dot.c cuvil_conv_blocked_int8_scratch: cuvil_conv_blocked's, the quantized
     image where that has no copy to hold it, two columns' terms. At least the fp32 conv's."""
-    in_place = pointwise_conv(node) or _padded(s)[2]
+    in_place = pointwise_conv(node) or padded_extent(s)[2]
     image = -(-s["C"] * s["H"] * s["W"] // 4) if in_place else 0
     return (-(-(_gathered_floats(node, s) + image) // 16) * 16 + 2 * s["O"]) * 4
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from ...ir import quant
 from ...target import has_features, target_arch
-from .conv_plan import conv_plan, pointwise_conv
+from .conv_plan import conv_plan, conv_shape, padded_extent, pointwise_conv
 
 I8_NR = 64                    # kernels/int8dot.h CUVIL_I8_NR
 I8_MAX_K = 65792              # kernels/int8dot.h CUVIL_I8_MAX_K
@@ -83,9 +83,6 @@ def int8_input_image(node):
     for a conv that is no such one."""
     if not computes_int8(node) or conv_plan(node).kind != "blocked":
         return None
-    (KH, KW), (OH, OW), (H, W) = node.inputs[1].shape[2:], node.outputs[0].shape[2:], node.inputs[0].shape[2:]
-    (sh, sw), (dh, dw), ((ph, _), (pw, _)) = node.attrs["strides"], node.attrs["dilations"], node.attrs["pads"]
-    hp, wp = (OH - 1) * sh + (KH - 1) * dh + 1, (OW - 1) * sw + (KW - 1) * dw + 1
-    if ph == pw == 0 and hp <= H and wp <= W:            # kernels/blocked_input.h blocked_in_place
-        return [H, W, 0, 0]
-    return [hp, wp, ph, pw]
+    s, _ = conv_shape(node, lambda d: d)       # spatial dims are static in a blocked conv
+    hp, wp, in_place = padded_extent(s)
+    return [s["H"], s["W"], 0, 0] if in_place else [hp, wp, s["ph"], s["pw"]]

@@ -104,8 +104,8 @@ def _conv_infer(types, attrs, inputs):
         raise ShapeError(f"conv: unknown act {attrs['act']!r}")
     for key in ("int8_range", "int8_out_range"):
         r = attrs.get(key)
-        if r is not None and not (isinstance(r, (list, tuple)) and len(r) == 2 and r[0] <= r[1]
-                                  and all(isinstance(v, float) and abs(v) <= _FLOAT32_MAX for v in r)):
+        if r is not None and not (isinstance(r, (list, tuple)) and len(r) == 2       # types first: "a" <= 1 raises
+                                  and all(isinstance(v, float) and abs(v) <= _FLOAT32_MAX for v in r) and r[0] <= r[1]):
             raise ShapeError(f"conv: {key} {r!r} is None or [lo, hi], two floats within float32's range, lo <= hi")
     img = attrs.get("int8_out")
     if img is not None and not (isinstance(img, (list, tuple)) and len(img) == 4 and attrs.get("int8_out_range")

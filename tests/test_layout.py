@@ -345,6 +345,40 @@ def test_grouped_convs_run_blocked_and_match_torch(tmp_path):
         np.testing.assert_allclose(cm.run(x.numpy())[0], m(x).numpy(), rtol=1e-4, atol=1e-4)
 
 
+class _GroupedWinograd(torch.nn.Module):
+    """Grouped 3x3 stride-1 convs whose groups are whole channel blocks at 4, 8 and 16 floats (32, 48 and
+    16 channels a group, 3 / 2 / 4 groups, outputs of 32 and 16 a group), with a residual and activations."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 96, 3, 1, 1)
+        self.g3 = torch.nn.Conv2d(96, 96, 3, 1, 1, groups=3)
+        self.g2 = torch.nn.Conv2d(96, 64, 3, 1, 1, groups=2)
+        self.g4 = torch.nn.Conv2d(64, 64, 3, 1, 1, groups=4)
+
+    def forward(self, x):
+        y = torch.relu(self.stem(x))
+        y = torch.relu(self.g3(y) + y)
+        return self.g4(torch.nn.functional.silu(self.g2(y)))
+
+
+@pytest.mark.parametrize("target", ["native", "x86_64-avx2", "x86_64-sse2"])
+@pytest.mark.parametrize("hw", [(13, 14), (7, 9)])
+def test_grouped_winograd_matches_torch(tmp_path, target, hw):
+    """Grouped 3x3 convs run as Winograd products, one per group (kernels/winograd_blocked.c), F(4x4) on the
+    13x14 map (partial tiles both ways) and F(2x2) on the 7x9 one, at every vector width."""
+    import cuvil
+    _skip_unless_host_runs(target)
+    torch.manual_seed(0)
+    m = _GroupedWinograd().eval()
+    x = torch.randn(2, 3, *hw)
+    cm = cuvil.compile(m, (x,), layout="blocked", num_threads=2, target=target, cache_dir=str(tmp_path))
+    m_tile = 4 if hw[0] * hw[1] >= 144 else 2
+    assert cm.c_source.count(f"cuvil_conv3x3_winograd_blocked(&s, {m_tile},") == 3
+    with torch.no_grad():
+        np.testing.assert_allclose(cm.run(x.numpy())[0], m(x).numpy(), rtol=1e-3, atol=1e-3)
+
+
 class _DepthwiseBranches(torch.nn.Module):
     """One blocked map into depthwise convs of every filter size and stride the kernel's tiles claim, and
     the shapes that go pixel by pixel (dilation, a stride it has no tile for), each then a 1x1 conv."""

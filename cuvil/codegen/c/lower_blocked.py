@@ -38,11 +38,13 @@ def grouped_filters_as_b(w: np.ndarray, groups: int, nr: int) -> np.ndarray:
     return np.concatenate([pack_b(filters_as_b(w[q * og:(q + 1) * og]), nr).ravel() for q in range(groups)])
 
 
-def winograd_filters_as_b(w: np.ndarray, m: int, nr: int) -> np.ndarray:
-    """[O, C, 3, 3] -> U[i][j] = G g G^T of every (o, c) as (m + 2)^2 packed B operands [C][O]."""
-    g = WINOGRAD_G[m]
+def winograd_filters_as_b(w: np.ndarray, m: int, nr: int, groups: int = 1) -> np.ndarray:
+    """[O, C / groups, 3, 3] -> U[i][j] = G g G^T of every (o, c) as packed B operands [C / groups][O / groups],
+    one per group, for each of the (m + 2)^2 (i, j) in turn."""
+    g, og = WINOGRAD_G[m], w.shape[0] // groups
     u = np.einsum("ik,ockl,jl->ijco", g, w.astype(np.float64), g).astype(np.float32)
-    return np.concatenate([pack_b(u[i, j], nr).ravel() for i in range(m + 2) for j in range(m + 2)])
+    return np.concatenate([pack_b(u[i, j][:, q * og:(q + 1) * og], nr).ravel()
+                           for i in range(m + 2) for j in range(m + 2) for q in range(groups)])
 
 
 def _block_check(layout):
@@ -74,7 +76,7 @@ def lower_conv_call(em, node, plan, shape_struct, bias, res, act):
                 f"  cuvil_depthwise_blocked(&s, {em.ptr(node.inputs[0])}, {w}, {bias}, {res}, "
                 f"{em.ptr(node.outputs[0])}, {act}, NT);", "}"]
     if plan.kind == "blocked_winograd":
-        up = em.packed(plan.pack, node.inputs[1], lambda d: winograd_filters_as_b(d, m, nr))
+        up = em.packed(plan.pack, node.inputs[1], lambda d: winograd_filters_as_b(d, m, nr, node.attrs.get("groups", 1)))
         return ["{", f"  const cuvil_conv_shape s = {shape_struct};",
                 f"  _Static_assert(CUVIL_NR == {nr}, \"winograd filters packed for another panel width\");",
                 f"  cuvil_conv3x3_winograd_blocked(&s, {m}, {em.ptr(node.inputs[0])}, {up}, {bias}, {res}, "

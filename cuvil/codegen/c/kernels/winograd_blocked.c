@@ -70,14 +70,18 @@ static void input_task(void *ctx, int64_t r0, int64_t r1) {
     else input_rows(2, a, r0, r1);
 }
 
-/* The alpha^2 products, one GEMM per task on one thread (as winograd4.c: product_task4). */
-static void product_task(void *ctx, int64_t x0, int64_t x1) {
+/* The alpha^2 products of each group (whole channel blocks: conv_plan._winograd_groups), one GEMM per
+ * task on one thread (as winograd4.c: product_task4); item = xi * groups + group. */
+static void product_task(void *ctx, int64_t i0, int64_t i1) {
     const wgb_args *a = ctx;
     const cuvil_conv_shape *s = a->s;
-    int64_t T = a->TH * a->TW, ustride = cuvil_packed_b_size(s->C, s->O);
-    for (int64_t xi = x0; xi < x1; xi++)
-        cuvil_sgemm_blocked(T, s->O, s->C, a->v + xi * s->C * T, T * CUVIL_BLOCK, a->up + xi * ustride,
-                            a->prod + xi * s->O * T, T * CUVIL_BLOCK, 0, 0, CUVIL_ACT_NONE, 1);
+    int64_t G = s->groups, Cg = s->C / G, Og = s->O / G;
+    int64_t T = a->TH * a->TW, ustride = cuvil_packed_b_size(Cg, Og);
+    for (int64_t item = i0; item < i1; item++) {
+        int64_t xi = item / G, q = item % G;
+        cuvil_sgemm_blocked(T, Og, Cg, a->v + (xi * s->C + q * Cg) * T, T * CUVIL_BLOCK, a->up + item * ustride,
+                            a->prod + (xi * s->O + q * Og) * T, T * CUVIL_BLOCK, 0, 0, CUVIL_ACT_NONE, 1);
+    }
 }
 
 /* Items r = ob * TH + th: Y = A^T M A for a row of tiles of one output block, then bias, residual
@@ -127,7 +131,7 @@ void cuvil_conv3x3_winograd_blocked(const cuvil_conv_shape *s, int m, const floa
         wgb_args a = {s, m, TH, TW, x + n * in, up, bias, residual ? residual + n * out : 0, scratch,
                       scratch + alpha2 * s->C * T, y + n * out, act};
         cuvil_parallel_for(nthreads, s->C / CUVIL_BLOCK * TH, 1, input_task, &a);
-        cuvil_parallel_chunks(nthreads, alpha2, 1, product_task, &a);
+        cuvil_parallel_chunks(nthreads, alpha2 * s->groups, 1, product_task, &a);
         cuvil_parallel_for(nthreads, s->O / CUVIL_BLOCK * TH, 1, output_task, &a);
     }
 }

@@ -62,11 +62,11 @@ def compare_llm(paths: list, threads: int, rounds: int, chunk: int = 12):
           + "  ".join(f"{p} {v:.2f} tok/s ({v / med[0]:.3f}x)" for p, v in zip(paths, med)))
 
 
-def save(workload: str, path: str):
+def save(workload: str, path: str, target: str = "native"):
     import cuvil
     model, inputs = WORKLOADS[workload]()
-    cuvil.compile(model, inputs, num_threads=1, cache_dir=tempfile.mkdtemp()).save(path)
-    print(f"saved {workload} to {path}")
+    cuvil.compile(model, inputs, num_threads=1, target=target, cache_dir=tempfile.mkdtemp()).save(path)
+    print(f"saved {workload} ({target}) to {path}")
 
 
 def compare(workload: str, paths: list, threads: int, rounds: int, burst: float):
@@ -97,13 +97,15 @@ def main(argv=None):
     ap.add_argument("workload", choices=sorted(WORKLOADS) + [LLM_WORKLOAD])
     ap.add_argument("paths", nargs="+", help="artifact directories (with --save: the one to write)")
     ap.add_argument("--save", action="store_true", help="compile the workload with this tree and save it")
+    ap.add_argument("--target", default="native",
+                    help="with --save: the target to build for (x86_64-avx2 measures the AVX2 kernels on a newer x86)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--burst", type=float, default=0.25)
     a = ap.parse_args(argv)
     llm = a.workload == LLM_WORKLOAD
     if a.save:
-        (save_llm if llm else lambda p: save(a.workload, p))(a.paths[0])
+        (save_llm if llm else lambda p: save(a.workload, p, a.target))(a.paths[0])
     elif llm:
         compare_llm(a.paths, a.threads, a.rounds)
     else:

@@ -379,6 +379,61 @@ def test_grouped_winograd_matches_torch(tmp_path, target, hw):
         np.testing.assert_allclose(cm.run(x.numpy())[0], m(x).numpy(), rtol=1e-3, atol=1e-3)
 
 
+class _ConvNeXtish(torch.nn.Module):
+    """ConvNeXt's block: a 7x7 depthwise conv, permuted to channels-last for LayerNorm and an MLP, permuted
+    back into the residual; twice, then a 2x2 stride-2 downsampling conv, at 11x13 (pixels no block fills)."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, c, 3, 1, 1)
+        self.dw = torch.nn.ModuleList(torch.nn.Conv2d(c, c, 7, 1, 3, groups=c) for _ in range(2))
+        self.norm = torch.nn.ModuleList(torch.nn.LayerNorm(c) for _ in range(2))
+        self.mlp = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(c, 4 * c), torch.nn.GELU(),
+                                                           torch.nn.Linear(4 * c, c)) for _ in range(2))
+        self.down = torch.nn.Conv2d(c, 2 * c, 2, 2)
+
+    def forward(self, x):
+        x = self.stem(x)
+        for dw, norm, mlp in zip(self.dw, self.norm, self.mlp):
+            x = x + mlp(norm(dw(x).permute(0, 2, 3, 1))).permute(0, 3, 1, 2)
+        return self.down(x)
+
+
+@pytest.mark.parametrize("target", ["native", "x86_64-avx2", "x86_64-sse2"])
+def test_channels_last_mlp_reads_and_writes_blocked_maps(tmp_path, target):
+    """The permutes around ConvNeXt's channels-last LayerNorm and MLP read and write the blocked maps
+    themselves (cuvil_blocked_nhwc): no relayout but the output's, and the result equals torch's, batch 2."""
+    import cuvil
+    _skip_unless_host_runs(target)
+    torch.manual_seed(0)
+    vf = vector_floats(resolve_target(target))
+    m = _ConvNeXtish(2 * vf).eval()
+    x = torch.randn(2, 3, 11, 13)
+    text = cuvil_api.inspect_stages(m, (x,), stages=("passes",), layout="blocked", target=target)["passes"]
+    blocked = f"nchw{vf}c"
+    assert text.count(f"in_layout={blocked}, layout=nchw") == 2 and text.count(f"in_layout=nchw, layout={blocked}") == 2
+    assert text.count("relayout(") == 1, text                          # the output's
+    cm = cuvil.compile(m, (x,), layout="blocked", num_threads=2, target=target, cache_dir=str(tmp_path))
+    assert cm.c_source.count("cuvil_blocked_nhwc(") == 4
+    with torch.no_grad():
+        np.testing.assert_allclose(cm.run(x.numpy())[0], m(x).numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_blocked_transpose_checks_its_perm_and_channels():
+    """transpose's in_layout / layout: only the NCHW <-> NHWC perms, of channels that fill blocks."""
+    from cuvil.errors import ShapeError
+    g = Graph()
+    x = Value(TensorType((1, 32, 5, 5), "float32"), "x")
+    with pytest.raises(ShapeError, match="in_layout=nchw16c takes perm"):
+        g.add("transpose", [x], {"perm": (0, 3, 1, 2), "in_layout": "nchw16c"})
+    y = Value(TensorType((1, 5, 5, 24), "float32"), "y")
+    with pytest.raises(ShapeError, match="layout=nchw16c takes perm"):
+        g.add("transpose", [y], {"perm": (0, 3, 1, 2), "layout": "nchw16c"})        # 24 channels
+    with pytest.raises(ShapeError, match="unknown layout"):
+        g.add("transpose", [x], {"perm": (0, 2, 3, 1), "in_layout": "nchw7c"})
+    assert g.add("transpose", [x], {"perm": (0, 2, 3, 1), "in_layout": "nchw16c"}).shape == (1, 5, 5, 32)
+
+
 class _DepthwiseBranches(torch.nn.Module):
     """One blocked map into depthwise convs of every filter size and stride the kernel's tiles claim, and
     the shapes that go pixel by pixel (dilation, a stride it has no tile for), each then a 1x1 conv."""

@@ -1,7 +1,8 @@
 """Layout: convs and max pools whose channels come in blocks of the target's vector width run
 channel-blocked ("nchw<B>c": B = 16 on AVX-512, 8 on AVX2, 4 on SSE2 / NEON; codegen/c/kernels/blocked.h), with a relayout only where a blocked value meets anything that reads
 NCHW (and at the graph's outputs). Pointwise ops whose operands all have the output's shape (or one
-element) run on blocked data unchanged. Shapes stay logical: the attribute says how C stores the value.
+element) run on blocked data unchanged, and a transpose between NCHW and NHWC reads or writes its NCHW
+side blocked (ConvNeXt's channels-last MLPs). Shapes stay logical: the attribute says how C stores the value.
 
 Runs after fusion, so that a conv's fused residual is known to be read in the conv's own layout. A
 blocked op alone between NCHW neighbours would pay a relayout in and out for its gain, so only ops
@@ -14,7 +15,7 @@ import numpy as np
 
 from ..ir.graph import Node, Value
 from ..ir.ops import REGISTRY, infer_types
-from ..ir.ops.movement import layout_block
+from ..ir.ops.movement import FROM_NHWC, TO_NHWC, layout_block
 
 
 def _static_4d(v):
@@ -52,6 +53,16 @@ def blockable_from_nchw(node, block: int) -> bool:
     return (_static_4d(x) and _static_4d(y) and w.is_const and node.attrs.get("groups", 1) == 1
             and x.shape[1] % block != 0 and y.shape[1] % block == 0
             and int(np.prod(w.shape[1:])) <= NCHW_IN_MAX_K)
+
+
+def _nhwc_transpose(node, perm, block) -> bool:
+    """A transpose between NCHW and NHWC (perm TO_NHWC or FROM_NHWC) of a static 4-d float map whose
+    channels fill blocks: it reads or writes its NCHW side blocked at the cost of an NCHW one
+    (lower_movement), so the blocked region reaches ConvNeXt's channels-last MLPs with no relayout."""
+    if node.op != "transpose" or tuple(node.attrs["perm"]) != perm:
+        return False
+    v = node.inputs[0] if perm == TO_NHWC else node.outputs[0]
+    return _static_4d(v) and v.shape[1] % block == 0
 
 
 def _blocked_inputs(node):
@@ -121,7 +132,7 @@ def _choose(graph, block):
     """The nodes to block: blockable ones joined to another blockable one by a value, directly or through
     pointwise nodes that can run blocked."""
     can = {id(n) for n in graph.nodes if blockable(n, block)}
-    stems = {id(n) for n in graph.nodes if blockable_from_nchw(n, block)}
+    stems = {id(n) for n in graph.nodes if blockable_from_nchw(n, block) or _nhwc_transpose(n, FROM_NHWC, block)}
 
     def blockable_sources(v, seen):
         p = v.producer
@@ -170,7 +181,9 @@ def run(graph, layout: str):
     for n in graph.nodes:
         blocked = id(n) in chosen
         positions = _blocked_inputs(n) if blocked else []
-        if id(n) in from_nchw:                 # x stays NCHW; the output (and a residual) blocked
+        if id(n) in from_nchw and n.op == "transpose":     # from NHWC: writes its output blocked
+            positions = []
+        elif id(n) in from_nchw:               # x stays NCHW; the output (and a residual) blocked
             positions = positions[1:]
             n.attrs["in_layout"] = "nchw"
         full = None if blocked else _elementwise_over(n, block)
@@ -181,6 +194,9 @@ def run(graph, layout: str):
             continue
         if reads_in_place(n) and id(n.inputs[0]) in blocked_values:
             positions = [0]
+        if _nhwc_transpose(n, TO_NHWC, block) and id(n.inputs[0]) in blocked_values:
+            positions = [0]
+            n.attrs["in_layout"] = layout
         for i, v in enumerate(n.inputs):
             if v is None:
                 continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ir import dims as D
+from ...ir.ops.movement import layout_block
 from . import cexpr
 from .emit import lowering
 from .loops import broadcast_strides, contiguous_strides, loop_nest
@@ -46,9 +47,22 @@ def lower_bind_dim(em, node):
 
 @lowering("transpose")
 def lower_transpose(em, node):
-    x = node.inputs[0]
+    x, y, a = node.inputs[0], node.outputs[0], node.attrs
+    if a.get("in_layout", "nchw") != "nchw" or a.get("layout", "nchw") != "nchw":
+        return _blocked_transpose(em, node)
     st = contiguous_strides(x.type.shape)
-    return _copy(em, node.outputs[0], em.ptr(x), [st[p] for p in node.attrs["perm"]])
+    return _copy(em, y, em.ptr(x), [st[p] for p in a["perm"]])
+
+
+def _blocked_transpose(em, node):
+    """NCHW <-> NHWC with the NCHW side channel-blocked: kernels/blocked.h cuvil_blocked_nhwc, a vector
+    per (pixel, block) (a strided loop nest here spent an integer division per 64 bytes)."""
+    x, y, a = node.inputs[0], node.outputs[0], node.attrs
+    to_nhwc = a["in_layout"] != "nchw"
+    layout = a["in_layout"] if to_nhwc else a["layout"]
+    n, c, h, w = (D.to_c(d) for d in (x if to_nhwc else y).type.shape)
+    return ["{", f"  _Static_assert(CUVIL_BLOCK == {layout_block(layout)}, \"blocked layout planned for another vector width\");",
+            f"  cuvil_blocked_nhwc({n}, {c}, (int64_t)({h}) * ({w}), {int(to_nhwc)}, {em.ptr(x)}, {em.ptr(y)}, NT);", "}"]
 
 
 @lowering("expand")

@@ -24,16 +24,28 @@ declare(OpDef("reshape", {"shape": REQUIRED}, _reshape_infer,
               lambda xs, a: xs[0].reshape(a["shape"]), kind="movement"))
 
 
+# the transposes between NCHW and NHWC: either may read (in_layout) or write (layout) its NCHW side
+# channel-blocked (passes/layout.py), a ConvNeXt block's way into and out of its channels-last MLP
+TO_NHWC, FROM_NHWC = (0, 2, 3, 1), (0, 3, 1, 2)
+
+
 def _transpose_infer(types, attrs, inputs):
     t = types[0]
     perm = tuple(attrs["perm"])
     if sorted(perm) != list(range(t.rank)):
         raise ShapeError(f"transpose: perm {perm} is not a permutation of rank {t.rank}")
     attrs["perm"] = perm
-    return [TensorType(tuple(t.shape[p] for p in perm), t.dtype)]
+    out = TensorType(tuple(t.shape[p] for p in perm), t.dtype)
+    for key, side, nchw in (("in_layout", TO_NHWC, t), ("layout", FROM_NHWC, out)):
+        block = layout_block(attrs.get(key, "nchw"))
+        if block and (perm != side or nchw.dtype != "float32" or not isinstance(nchw.shape[1], int)
+                      or nchw.shape[1] % block):
+            raise ShapeError(f"transpose: {key}={attrs[key]} takes perm {side} of a float32 NCHW tensor whose "
+                             f"channels fill blocks of {block}; got perm {perm} of {t}")
+    return [out]
 
 
-declare(OpDef("transpose", {"perm": REQUIRED}, _transpose_infer,
+declare(OpDef("transpose", {"perm": REQUIRED, "in_layout": "nchw", "layout": "nchw"}, _transpose_infer,
               lambda xs, a: np.ascontiguousarray(np.transpose(xs[0], a["perm"])), kind="movement"))
 
 

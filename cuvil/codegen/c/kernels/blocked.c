@@ -762,6 +762,25 @@ static void relayout_task(void *ctx, int64_t q0, int64_t q1) {
     }
 }
 
+/* Tasks: one (image, pixel) each, its C / B vectors moved between the planes and the pixel's row. */
+static void blocked_nhwc_task(void *ctx, int64_t p0, int64_t p1) {
+    const relayout_args *a = ctx;
+    const int64_t C = a->C, HW = a->HW, planes = C / CUVIL_BLOCK;
+    for (int64_t p = p0; p < p1; p++) {
+        int64_t n = p / HW, px = p % HW;
+        const int64_t plane0 = n * C * HW + px * CUVIL_BLOCK;     /* pixel px of block 0 of image n */
+        for (int64_t cb = 0; cb < planes; cb++) {
+            if (a->to_blocked) cuvil_vstore(a->y + plane0 + cb * HW * CUVIL_BLOCK, cuvil_vload(a->x + p * C + cb * CUVIL_BLOCK));
+            else cuvil_vstore(a->y + p * C + cb * CUVIL_BLOCK, cuvil_vload(a->x + plane0 + cb * HW * CUVIL_BLOCK));
+        }
+    }
+}
+
+void cuvil_blocked_nhwc(int64_t N, int64_t C, int64_t HW, int to_nhwc, const float *x, float *y, int nthreads) {
+    relayout_args a = {C, HW, !to_nhwc, x, y};
+    cuvil_parallel_for(N * C * HW > 16384 ? nthreads : 1, N * HW, 64, blocked_nhwc_task, &a);
+}
+
 void cuvil_relayout(int64_t N, int64_t C, int64_t HW, int to_blocked, const float *x, float *y, int nthreads) {
     relayout_args a = {C, HW, to_blocked, x, y};
     int64_t planes = N * C / CUVIL_BLOCK;

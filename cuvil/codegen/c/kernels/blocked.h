@@ -79,4 +79,7 @@ void cuvil_max_pool_blocked(const cuvil_conv_shape *s, const float *x, float *y,
 
 /* [N][C][H*W] <-> [N][C/B][H*W][B] (to_blocked 1: NCHW in; 0: blocked in). */
 void cuvil_relayout(int64_t N, int64_t C, int64_t HW, int to_blocked, const float *x, float *y, int nthreads);
+/* A blocked [N][C/B][HW][B] map to channels-last [N][HW][C] (to_nhwc) or back: ConvNeXt's permutes
+ * around its channels-last LayerNorm and MLP (ir/ops/movement.py: transpose's in_layout / layout). */
+void cuvil_blocked_nhwc(int64_t N, int64_t C, int64_t HW, int to_nhwc, const float *x, float *y, int nthreads);
 #endif

@@ -146,13 +146,16 @@ def _choose(graph, block):
 
     chosen = set()
     for n in graph.nodes:
-        if id(n) not in can:
+        # a transpose into NHWC reads blocked maps as cheaply as NCHW ones: it draws its sources in (a
+        # ConvNeXt stage's last residual add) without being blocked itself
+        into_nhwc = _nhwc_transpose(n, TO_NHWC, block)
+        if id(n) not in can and not into_nhwc:
             continue
         for i in _blocked_inputs(n):
             v = n.inputs[i] if i < len(n.inputs) else None
             found = blockable_sources(v, set()) if v is not None else set()
             if found:
-                chosen |= found | {id(n)}
+                chosen |= found | (set() if into_nhwc else {id(n)})
     return chosen, chosen & stems
 
 

@@ -12,14 +12,14 @@ import pytest
 
 from cuvil.codegen.c.gen_activations import ACT_CODES
 from cuvil.codegen.c.lower_blocked import filters_as_b, int8_filter_panels
-from cuvil.codegen.c.lower_int8dot import filter_terms, int8_dot_panels, quantized_filters
+from cuvil.codegen.c.lower_int8dot import filter_terms, int8_dot_panels, int8_matmul_terms, quantized_filters
 from cuvil.target import cpu_flags
 
 from .util import branching_conv_block, build_kernels
 
 BUILDS = {"portable": (["-march=x86-64"], 4), "avx2": (["-march=x86-64-v3"], 8),
           "avx512_vnni": (["-march=native"], 16)}
-FILES = ("blocked_dot.c", "blocked.c", "int8dot.c", "bf16dot.c", "gemm.c", "pool.c", "conv.c", "winograd.c",
+FILES = ("blocked_dot.c", "blocked.c", "int8dot.c", "int8_matmul.c", "bf16dot.c", "gemm.c", "pool.c", "conv.c", "winograd.c",
          "winograd4.c", "winograd_blocked.c", "special.c")
 
 
@@ -65,6 +65,35 @@ def test_panels_layout():
     assert [np.int8(np.uint8((word >> 8 * i) & 255)) for i in range(4)] == [0, 1, 2, 3]
     assert (p[0, 2] >> 8 == 0).all()                    # K 9: row 8 in the low byte, zeros past it
     assert (p[1, :, 6:] == 0).all()                     # past N
+
+
+@pytest.mark.parametrize("M,N,K,act,res", [(1, 64, 16, "none", False), (7, 100, 37, "relu", True),
+                                           (200, 130, 96, "gelu", False), (3, 5, 4, "none", True)])
+def test_matmul_on_a_fixed_grid_matches_its_bytes(lib, M, N, K, act, res):
+    """cuvil_matmul_int8 (a QDQ model's linear layer): A onto bytes over the fixed range (values outside
+    clipped, the zero point an integer), exact integer sums with the int8 weights, the zero point's share
+    taken out per column, then bias, residual, activation; rows in blocks over threads, K no multiple of 4."""
+    from cuvil.ir.ops.fused import apply_act
+    rng = np.random.default_rng(M + N + K)
+    lo, hi = -1.5, 2.5
+    a = rng.uniform(lo - 0.5, hi + 0.5, (M, K)).astype(np.float32)          # some outside the range
+    q = rng.integers(-127, 128, (K, N), dtype=np.int8)
+    ws = rng.uniform(0.5, 2, (1, N)).astype(np.float32) * 1e-2
+    bias = rng.standard_normal(N).astype(np.float32)
+    r = rng.standard_normal((M, N)).astype(np.float32) if res else None
+    scale = np.float32((hi - lo) / lib.levels)
+    zero = np.float32(np.rint(-lo / scale))
+    ab = np.clip(np.floor(a * np.float32(1 / scale) + (zero + np.float32(0.5))), 0, lib.levels)
+    sums = (ab.astype(np.int64) - int(zero)) @ q.astype(np.int64)
+    want = apply_act((sums * (scale * ws.astype(np.float64)) + bias + (0 if r is None else r)).astype(np.float32), act)
+    y = np.full((M, N), np.nan, np.float32)
+    wq, terms = int8_dot_panels(q), int8_matmul_terms(q, ws)
+    rng_arr = np.array([lo, hi], np.float32)
+    lib.cuvil_matmul_int8.restype = ctypes.c_int
+    assert lib.cuvil_matmul_int8(ctypes.c_int64(M), ctypes.c_int64(N), ctypes.c_int64(K), _ptr(a), ctypes.c_int64(K),
+                                 _ptr(wq), _ptr(terms), _ptr(bias), _ptr(r), _ptr(rng_arr), _ptr(y), ctypes.c_int64(N),
+                                 ACT_CODES[act], 2) == 0
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
 
 
 @pytest.mark.parametrize("M,N,K,act", [(1, 64, 16, "none"), (7, 100, 36, "relu"), (53, 130, 96, "none"),

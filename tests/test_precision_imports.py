@@ -9,6 +9,7 @@ import torch
 
 import cuvil
 from cuvil.ir.quant import int8_grid, quantize_int8
+from cuvil.target import cpu_flags
 
 onnx = pytest.importorskip("onnx", reason="the ONNX imports need the onnx package (dev requirements)")
 ort = pytest.importorskip("onnxruntime", reason="ONNX Runtime quantizes the models and is the oracle")
@@ -17,6 +18,16 @@ from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantT
                                       quantize_static)
 
 INT8_DOT = "matmul: int8 weights, int8 activations (integer dot)"
+GRID_DOT = "matmul: int8 weights, uint8 activations on the model's grid (integer dot)"
+# linear layers on a model's own activation grid multiply its bytes where the CPU has VNNI (all 256 levels);
+# elsewhere they take dynamic int8 blocks as any other (passes/quantize.py)
+VNNI = {"avx512_vnni", "avx512bw"} <= cpu_flags()
+
+
+def _linear_formats(on_grid: int, other: int) -> dict:
+    """The manifest's precision_ops for `on_grid` linear layers whose input is a model grid and `other` not."""
+    counts = {GRID_DOT: on_grid, INT8_DOT: other} if VNNI else {INT8_DOT: on_grid + other}
+    return {k: v for k, v in counts.items() if v}
 
 
 def test_int8_grid_keeps_quantized_weights_and_rejects_float_ones():
@@ -75,14 +86,17 @@ def test_onnx_qdq_model(tmp_path, per_channel):
     step = float(numpy_helper.to_array(next(t for t in onnx.load(qp).graph.initializer if t.name == "y_scale")))
     np.testing.assert_allclose(cuvil.compile(qp).run(x)[0], want, rtol=0, atol=1e-6)   # exact emulation at fp32
     cm = cuvil.compile(qp, precision="int8")
-    assert cuvil.load(cm.path).manifest["precision_ops"] == {INT8_DOT: 2}
-    assert "cuvil_qgemm" in cm.c_source
-    # the kernels quantize the activations again (per block, dynamically): a hidden value that lands on
-    # the other side of a rounding boundary of the model's next QuantizeLinear moves its output by one
-    # step there, so each of the two quantized layers can add one output step
-    assert np.abs(cm.run(x)[0] - want).max() <= 2 * step * 1.001
+    assert cuvil.load(cm.path).manifest["precision_ops"] == _linear_formats(2, 0)
+    assert cm.c_source.count("cuvil_matmul_int8(") == (2 if VNNI else 0)
+    # VNNI: both layers multiply the model's own activation bytes (exact integer sums), and what is left is
+    # the float scaling's rounding, which moves a value across a rounding boundary of the next
+    # QuantizeLinear at most once: within one output step. Elsewhere the kernels quantize the activations
+    # again (per block, dynamically): each of the two quantized layers can add one output step
+    steps = 1 if VNNI else 2
+    got = cm.run(x)[0]
+    assert np.abs(got - want).max() <= steps * step * 1.001
     if not per_channel:       # ORT agrees with the reference here (on per-channel weights it does not)
-        assert np.abs(cm.run(x)[0] - ort.InferenceSession(qp).run(None, {"x": x})[0]).max() <= 2 * step * 1.001
+        assert np.abs(got - ort.InferenceSession(qp).run(None, {"x": x})[0]).max() <= steps * step * 1.001
 
 
 class _Images(CalibrationDataReader):
@@ -187,7 +201,8 @@ def test_qat_model_fp32_exact_and_int8_on_its_own_weights():
         want = m(x).numpy()
     np.testing.assert_allclose(cuvil.compile(m, (x,))(x).numpy(), want, rtol=0, atol=1e-6)
     cm = cuvil.compile(m, (x,), precision="int8")
-    assert cuvil.load(cm.path).manifest["precision_ops"] == {INT8_DOT: 2}
+    # fc2 reads fc1's fake-quantized output: the model's own grid; fc1's input is no grid
+    assert cuvil.load(cm.path).manifest["precision_ops"] == _linear_formats(1, 1)
     # the learned int8 weights, exactly: the compiled graph's weights dequantize to eager's fake-quantized ones
     mmq = [n for n in cm.graph.nodes if n.op == "matmul_q"]
     for node, fc in zip(mmq, (m.fc1, m.fc2)):
@@ -230,7 +245,7 @@ def test_pt2e_converted_model():
         want = converted(x).numpy()
     np.testing.assert_allclose(cuvil.compile(converted, (x,))(x).numpy(), want, rtol=0, atol=1e-6)
     cm = cuvil.compile(converted, (x,), precision="int8")
-    assert cuvil.load(cm.path).manifest["precision_ops"] == {INT8_DOT: 2}
+    assert cuvil.load(cm.path).manifest["precision_ops"] == _linear_formats(2, 0)
     weights = [converted._frozen_param0, converted._frozen_param1]     # int8 [out, in], per output channel
     for node, q in zip([n for n in cm.graph.nodes if n.op == "matmul_q"], weights):
         np.testing.assert_array_equal(node.inputs[1].data, q.numpy().T)
@@ -285,27 +300,54 @@ def test_float_functional_is_no_quantized_module():
 
 @pytest.mark.parametrize("scale", [0.0, -0.5, float("nan"), float("inf"), 1e-45, 1e-30, 0.02, 1e30, 1e38])
 @pytest.mark.parametrize("zero_point", [0, 200])
-def test_dequantize_grid_from_a_hostile_file(tmp_path, scale, zero_point):
-    """A QDQ pair's scale and zero point come from the file and reach the generated code as the conv's
-    int8_range: any value compiles (a grid outside what float32 holds, or not positive, is not taken)
-    and the conv then computes what the ONNX reference evaluator does, within int8's error where that
-    is finite; never a crash."""
-    w = np.random.default_rng(0).standard_normal((16, 16, 1, 1)).astype(np.float32) * 0.1
+@pytest.mark.parametrize("layer", ["Conv", "MatMul"])
+def test_dequantize_grid_from_a_hostile_file(tmp_path, scale, zero_point, layer):
+    """A QDQ pair's scale and zero point come from the file and reach the generated code as the conv's or
+    the matmul's int8_range: any value compiles (a grid outside what float32 holds, or not positive, is
+    not taken) and the layer then computes what the ONNX reference evaluator does, within int8's error
+    where that is finite; never a crash."""
+    conv = layer == "Conv"
+    w = np.random.default_rng(0).standard_normal((16, 16, 1, 1) if conv else (16, 16)).astype(np.float32) * 0.1
+    shape = [1, 16, 5, 5] if conv else [5, 16]
     nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
              helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
-             helper.make_node("Conv", ["d", "W"], ["y"])]
-    g = helper.make_graph(nodes, "qdq_conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 5, 5])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 5, 5])],
+             helper.make_node(layer, ["d", "W"], ["y"])]
+    g = helper.make_graph(nodes, "qdq_layer", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
                           [numpy_helper.from_array(np.array(scale, np.float32), "s"),
                            numpy_helper.from_array(np.array(zero_point, np.uint8), "z"),
                            numpy_helper.from_array(w, "W")])
     path = str(tmp_path / "m.onnx")
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
-    x = np.random.default_rng(1).standard_normal((1, 16, 5, 5)).astype(np.float32)
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
     with np.errstate(all="ignore"):
         want = _reference(path, x)
     cm = cuvil.compile(path, precision="int8", layout="blocked")
     got = cm.run(x)[0]
     ok = np.isfinite(want)
     if ok.any():
-        assert np.abs(got[ok] - want[ok]).max() <= 0.02 * np.abs(want[ok]).max() + 1e-20      # subnormal grids
+        # beyond int8's error, float32's in the zero point's share: the kernels add the integer sum's scaled
+        # value and the zero point's (-scale * zero * column sum), which cancel where the grid lies far from
+        # the data (scale 1e30, zero point 200: every value quantizes to 0 and the two terms are ~1e32)
+        cancel = 1e-6 * (abs(scale) if np.isfinite(scale) else 0) * zero_point * np.abs(w).reshape(16, -1).sum()
+        assert np.abs(got[ok] - want[ok]).max() <= 0.02 * np.abs(want[ok]).max() + cancel + 1e-20   # subnormal grids
+
+
+@pytest.mark.parametrize("bad", ["0,1", [0.0], [1.0, 0.0], [0.0, float("nan")], [0.0, float("inf")], [0, 1],
+                                 [-1e39, 1.0]])
+def test_matmul_int8_range_is_checked(bad):
+    """matmul / matmul_fused / matmul_q's int8_range reaches C as a packed constant: only [lo, hi], two
+    floats within float32's range, lo <= hi; matmul_q takes it only with int8 weights and no int8 blocks."""
+    from cuvil.errors import ShapeError
+    from cuvil.ir.graph import Graph, TensorType, Value
+    g = Graph()
+    x = Value(TensorType((4, 8), "float32"), "x")
+    w, q, s = g.const(np.ones((8, 3), np.float32)), g.const(np.ones((8, 3), np.int8)), g.const(np.ones((1, 3), np.float32))
+    for op, ins, attrs in (("matmul", [x, w], {}), ("matmul_fused", [x, w], {}),
+                           ("matmul_q", [x, q, s], {"bits": 8, "group": 8})):
+        with pytest.raises(ShapeError, match="int8_range"):
+            g.add(op, ins, {**attrs, "int8_range": bad})
+        assert g.add(op, ins, {**attrs, "int8_range": [-1.0, 2.0]}).shape == (4, 3)
+    with pytest.raises(ShapeError, match="int8_range takes int8 weights and act_block 0"):
+        g.add("matmul_q", [x, g.const(np.ones((32, 3), np.int8)), g.const(np.ones((1, 3), np.float32))],
+              {"bits": 8, "group": 32, "act_block": 32, "int8_range": [-1.0, 2.0]})

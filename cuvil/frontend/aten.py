@@ -593,13 +593,15 @@ def _scalar_tensor(ctx, v, **kw):
 # ---- linear algebra -----------------------------------------------------------------------
 @handles(aten.mm.default, aten.bmm.default, aten.matmul.default)
 def _mm(ctx, a, b):
-    return ctx.add("matmul", [a, b])
+    grid = ctx.grids.get(id(a))          # a quantized model's input grid (aten_quant.py), as conv's
+    return ctx.add("matmul", [a, b], {"int8_range": grid} if grid else {})
 
 
 @handles(aten.addmm.default, aten.baddbmm.default, aten.addmv.default, aten.addbmm.default)
 def _addmm(ctx, bias, a, b, beta=1, alpha=1):
     """beta * bias + alpha * (a @ b); addbmm sums its batch of products first."""
-    y = ctx.add("matmul", [a, b])
+    grid = ctx.grids.get(id(a))
+    y = ctx.add("matmul", [a, b], {"int8_range": grid} if grid else {})
     if ctx.node.target == aten.addbmm.default:
         y = ctx.add("reduce_sum", [y], {"axes": [0], "keepdims": False})
     if alpha != 1:

@@ -144,7 +144,8 @@ def fuse_matmul_epilogues(graph, backend):
         ins = list(n.inputs[:2]) + [bias, res]
         while ins and ins[-1] is None:
             ins.pop()
-        fused = Node("matmul_fused", ins, {"act": act, "alpha": alpha}, [y], chain[-1].loc or n.loc)
+        fused = Node("matmul_fused", ins, {"act": act, "alpha": alpha, "int8_range": n.attrs.get("int8_range")}, [y],
+                     chain[-1].loc or n.loc)
         REGISTRY["matmul_fused"].infer([None if i is None else i.type for i in ins], fused.attrs, ins)
         replace[id(chain[-1])] = fused
         drop.update(id(c) for c in chain[:-1])

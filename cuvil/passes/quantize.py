@@ -45,14 +45,22 @@ def _weight(n):
     return w if w.is_const and w.dtype == "float32" and w.data.ndim == 2 and w.data.size else None
 
 
-def _quantized(graph, n, weight, precision):
-    """The matmul_q node doing n's work (weight: its constant [K, N]) in `precision`."""
+def _quantized(graph, n, weight, precision, int8_dots=0):
+    """The matmul_q node doing n's work (weight: its constant [K, N]) in `precision`; int8_dots: the
+    target's integer dot kernels (run's int8_convs); VNNI's (2) take a model's own activation grid."""
     w = weight.data.astype(np.float32)
     K = w.shape[0]
     fused = n.op == "matmul_fused"
     if fused and n.attrs["alpha"] != 1.0:
         w = w * np.float32(n.attrs["alpha"])
-    if precision == "int8":
+    if precision == "int8" and int8_dots == 2 and n.attrs.get("int8_range") is not None:
+        # x on a QDQ / PT2E model's grid: multiplied on those very bytes (kernels/int8dot.h cuvil_matmul_int8),
+        # where they take all 256 levels (VNNI). AVX2's 128 would halve the grid: a QDQ MLP came out 2-4
+        # output steps from ONNX Runtime that way, 2 with the dynamic int8 blocks it keeps there; VNNI's: 0-1
+        q, s = quant.int8_grid(w) or quant.quantize_int8(w)
+        ins = [n.inputs[0], graph.const(q), graph.const(s)]
+        attrs = {"bits": 8, "group": K, "int8_range": list(n.attrs["int8_range"])}
+    elif precision == "int8":
         q, s = quant.int8_grid(w) or quant.quantize_int8(w)     # a grid already there (QDQ, QAT) is kept
         Kp = -(-K // 32) * 32                   # zero rows to whole activation blocks: integer dots at any K
         if Kp != K:
@@ -128,7 +136,8 @@ def run(graph, precision, int8_convs=0, calibration=None, calibration_method="mi
         return graph
     if precision not in LOSSY:
         raise QuantizationError(f"precision {precision!r}: general models take one of fp32, {', '.join(LOSSY)}")
-    graph.nodes = [n if (w := _weight(n)) is None else _quantized(graph, n, w, precision) for n in graph.nodes]
+    graph.nodes = [n if (w := _weight(n)) is None else _quantized(graph, n, w, precision, int8_convs)
+                   for n in graph.nodes]
     if precision == "bf16" or (precision == "int8" and int8_convs):
         for n in graph.nodes:
             if n.op == "conv" and n.inputs[1].is_const and n.inputs[0].dtype == "float32":
@@ -174,6 +183,8 @@ def describe(node, dot=None) -> str | None:
                 return "bf16 weights and activations, fp32 sums (vdpbf16ps)"
             return "fp16 weights" if w.dtype == "float16" else "bf16 weights"
         fmt = f"int{node.attrs['bits']} weights"
+        if node.attrs.get("int8_range") is not None:
+            return fmt + ", uint8 activations on the model's grid (integer dot)"
         return fmt + (", int8 activations (integer dot)" if node.attrs.get("act_block") else ", fp32 activations")
     if node.op == "conv" and kind == "bf16":
         return "bf16 input and filters, fp32 sums (vdpbf16ps)"

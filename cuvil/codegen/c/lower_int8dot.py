@@ -2,14 +2,17 @@
 VNNI, or AVX2; passes/quantize.py marks them int8_act): the filters as signed bytes per output channel
 in the panels kernels/int8dot.h reads (each group's its own), each channel's scale and filter sum, and
 the call of cuvil_conv_blocked_int8, from a blocked or an NCHW input (a stem, channels no block holds);
-on VNNI 3x3 convs too (no Winograd at int8: conv_plan.winograd_tile). Depthwise convs stay fp32."""
+on VNNI 3x3 convs too (no Winograd at int8: conv_plan.winograd_tile). Depthwise convs stay fp32. Linear
+layers on a quantized model's own activation grid (matmul_q's int8_range) through cuvil_matmul_int8."""
 from __future__ import annotations
 
 import numpy as np
 
 from ...ir import quant
 from ...target import has_features, target_arch
+from . import cexpr
 from .conv_plan import conv_plan, conv_shape, padded_extent, pointwise_conv
+from .gen_activations import ACT_CODES
 
 I8_NR = 64                    # kernels/int8dot.h CUVIL_I8_NR
 I8_MAX_K = 65792              # kernels/int8dot.h CUVIL_I8_MAX_K
@@ -86,3 +89,34 @@ def int8_input_image(node):
     s, _ = conv_shape(node, lambda d: d)       # spatial dims are static in a blocked conv
     hp, wp, in_place = padded_extent(s)
     return [s["H"], s["W"], 0, 0] if in_place else [hp, wp, s["ph"], s["pw"]]
+
+
+def computes_int8_matmul(node, target: str) -> bool:
+    """Whether this matmul_q multiplies its input on the model's own byte grid (int8_range) for `target`:
+    VNNI's bytes of 256 levels (passes/quantize.py asks for no other), and a K whose integer sums cannot
+    overflow; else its int8 weights meet fp32 activations."""
+    return (node.op == "matmul_q" and node.attrs.get("int8_range") is not None and int8_conv_kind(target) == 2
+            and node.inputs[1].shape[0] <= I8_MAX_K)
+
+
+def int8_matmul_terms(q: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """[2, N] float32: each column's weight scale, and that times the sum of its integer weights."""
+    s = scales.reshape(-1).astype(np.float32)
+    return np.stack([s, s * q.astype(np.int64).sum(axis=0)]).astype(np.float32)
+
+
+def lower_int8_matmul(em, node):
+    """matmul_q with an int8_range: kernels/int8dot.h cuvil_matmul_int8 (the range reaches C as a packed
+    constant, checked by the op)."""
+    x, w, sc = node.inputs[:3]
+    res = node.inputs[3] if len(node.inputs) > 3 else None
+    bias = node.inputs[4] if len(node.inputs) > 4 else None
+    K, N = w.shape[0], node.outputs[0].shape[-1]
+    r = node.attrs["int8_range"]
+    wq = em.packed("matmul_int8", w, int8_dot_panels, "uint32_t")
+    terms = em.packed("matmul_int8_terms", w, lambda d: int8_matmul_terms(d, sc.data))
+    rng = em.packed(f"matmul_int8_range:{r}", w, lambda d: np.array(r, np.float32))
+    ptr = lambda v: em.ptr(v) if v is not None else "0"     # noqa: E731
+    return ["{", f"  if (cuvil_matmul_int8({cexpr.prod(x.shape[:-1])}, {N}, {K}, {em.ptr(x)}, {K}, {wq}, {terms}, "
+            f"{ptr(bias)}, {ptr(res)}, {rng}, {em.ptr(node.outputs[0])}, {N}, {ACT_CODES[node.attrs['act']]}, NT)) "
+            "CUVIL_FAIL(\"out of memory for int8 activations\");", "}"]

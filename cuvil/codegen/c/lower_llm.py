@@ -11,6 +11,7 @@ from .emit import lowering
 from .gen_activations import ACT_CODES
 from .gemm_plan import pack_b, panel_width
 from .lower_bf16dot import computes_bf16, lower_bf16_dot
+from .lower_int8dot import computes_int8_matmul, lower_int8_matmul
 
 
 def _panels(a: np.ndarray, width: int, pad) -> np.ndarray:
@@ -143,6 +144,8 @@ def lower_matmul_q(em, node):
     from ...target import vector_floats
     if node.attrs.get("act_block"):
         return _lower_qgemm(em, node)
+    if computes_int8_matmul(node, em.target):
+        return lower_int8_matmul(em, node)
     if computes_bf16(node, em.target):
         return lower_bf16_dot(em, node, *_epilogue(em, node))
     x, w = node.inputs[0], node.inputs[1]

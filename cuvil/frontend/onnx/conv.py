@@ -10,30 +10,11 @@ import math
 import numpy as np
 
 from ...errors import ShapeError
-from ...ir.quant import byte_grid
-from .helpers import Unsupported, auto_pad, contig, dtype_of, rank_of, shape_of
+from .helpers import Unsupported, auto_pad, contig, dequantized_range, dtype_of, rank_of, shape_of
 from .registry import handler
 
 
 # ---- convolution and pooling ----------------------------------------------------------------------
-_BYTE_RANGES = {"uint8": (0, 255), "int8": (-128, 127)}
-
-
-def _dequantized_range(c, name):
-    """[lo, hi] of the values a per-tensor 8-bit DequantizeLinear writing `name` gives ((q - zp) * scale
-    over q's range), or None: a QDQ model's conv input, which precision="int8" then maps onto bytes over
-    exactly that grid, so its integer conv reads the model's own quantized values (passes/quantize.py)."""
-    p = c.producer(name)
-    if p is None or p.op_type != "DequantizeLinear" or len(p.input) < 2:
-        return None
-    q, scale = c.env.get(p.input[0]), c.env.get(p.input[1])
-    zp = c.env.get(p.input[2]) if len(p.input) > 2 and p.input[2] else np.zeros(1, np.uint8)
-    if q is None or dtype_of(q) not in _BYTE_RANGES or not isinstance(scale, np.ndarray) or scale.size != 1 \
-            or not isinstance(zp, np.ndarray) or zp.size != 1:
-        return None
-    return byte_grid(scale.reshape(()), zp.reshape(()), *_BYTE_RANGES[dtype_of(q)])
-
-
 @handler("Conv")
 def _conv(c):
     x, w, b = c.inp(0), c.inp(1), c.inp(2)
@@ -43,7 +24,7 @@ def _conv(c):
     dil = c.attr("dilations") or [1] * nsp
     pads = auto_pad(c, shape_of(x)[2:], kernel, strides, dil)
     ins = [x, w] + ([b] if b is not None else [])
-    grid = _dequantized_range(c, c.node.input[0]) if c.integer_kernels else None
+    grid = dequantized_range(c, c.node.input[0]) if c.integer_kernels else None
     return c.op("conv", ins, strides=tuple(strides), pads=pads, dilations=tuple(dil), groups=c.attr("group", 1),
                 **({"int8_range": grid} if grid else {}))
 

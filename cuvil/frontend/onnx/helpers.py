@@ -11,6 +11,7 @@ import numpy as np
 from ...errors import CuvilError, ShapeError
 from ...ir import dims as D
 from ...ir.graph import Value
+from ...ir.quant import byte_grid
 
 
 class Unsupported(Exception):
@@ -137,3 +138,21 @@ def transpose(c, x, perm):
     if tuple(perm) == tuple(range(len(perm))):
         return x
     return c.op("transpose", [x], perm=tuple(perm))
+
+
+_BYTE_RANGES = {"uint8": (0, 255), "int8": (-128, 127)}
+
+
+def dequantized_range(c, name):
+    """[lo, hi] of the values a per-tensor 8-bit DequantizeLinear writing `name` gives ((q - zp) * scale
+    over q's range), or None: a QDQ model's conv or matmul input, which precision="int8" then maps onto bytes over
+    exactly that grid, so its integer conv reads the model's own quantized values (passes/quantize.py)."""
+    p = c.producer(name)
+    if p is None or p.op_type != "DequantizeLinear" or len(p.input) < 2:
+        return None
+    q, scale = c.env.get(p.input[0]), c.env.get(p.input[1])
+    zp = c.env.get(p.input[2]) if len(p.input) > 2 and p.input[2] else np.zeros(1, np.uint8)
+    if q is None or dtype_of(q) not in _BYTE_RANGES or not isinstance(scale, np.ndarray) or scale.size != 1 \
+            or not isinstance(zp, np.ndarray) or zp.size != 1:
+        return None
+    return byte_grid(scale.reshape(()), zp.reshape(()), *_BYTE_RANGES[dtype_of(q)])

@@ -10,24 +10,32 @@ import numpy as np
 
 from ...errors import ShapeError
 from ...ir import dims as D
-from .helpers import Unsupported, dtype_of, rank_of, shape_of, transpose
+from .helpers import Unsupported, dequantized_range, dtype_of, rank_of, shape_of, transpose
 from .registry import handler
 
 
 # ---- linear algebra -------------------------------------------------------------------------------
+def _grid(c, name):
+    """A QDQ model's activation grid under a MatMul's / Gemm's A (helpers.dequantized_range), for
+    precision="int8", as int8_range attributes."""
+    grid = dequantized_range(c, name) if c.integer_kernels else None
+    return {"int8_range": grid} if grid else {}
+
+
 @handler("MatMul")
 def _matmul(c):
-    return c.op("matmul", [c.inp(0), c.inp(1)])
+    return c.op("matmul", [c.inp(0), c.inp(1)], **_grid(c, c.node.input[0]))
 
 
 @handler("Gemm")
 def _gemm(c):
     a, b, bias = c.inp(0), c.inp(1), c.inp(2)
+    grid = {} if c.attr("transA", 0) else _grid(c, c.node.input[0])
     if c.attr("transA", 0):
         a = transpose(c, a, (1, 0))
     if c.attr("transB", 0):
         b = transpose(c, b, (1, 0))
-    y = c.op("matmul", [a, b])
+    y = c.op("matmul", [a, b], **grid)
     dt = dtype_of(y)
     alpha, beta = c.attr("alpha", 1.0), c.attr("beta", 1.0)
     if alpha != 1.0:

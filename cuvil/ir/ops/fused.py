@@ -22,9 +22,21 @@ def apply_act(y, act):
     return REGISTRY[act].ref([y], {})
 
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def check_range(op: str, attrs: dict, key: str = "int8_range"):
+    """An integer kernel's input range attribute (conv's and the matmuls' int8_range, conv's int8_out_range):
+    None, or [lo, hi], two floats within float32's range, lo <= hi (it reaches C as a packed constant)."""
+    r = attrs.get(key)
+    if r is not None and not (isinstance(r, (list, tuple)) and len(r) == 2       # types first: "a" <= 1 raises
+                              and all(isinstance(v, float) and abs(v) <= _FLOAT32_MAX for v in r) and r[0] <= r[1]):
+        raise ShapeError(f"{op}: {key} {r!r} is None or [lo, hi], two floats within float32's range, lo <= hi")
+
+
 # ---- matmul + epilogue: act(alpha * a @ b + bias + residual) -----------------------------------
 def _mm_fused_infer(types, attrs, inputs):
-    (out,) = REGISTRY["matmul"].infer(types[:2], {}, None)
+    (out,) = REGISTRY["matmul"].infer(types[:2], {"int8_range": attrs.get("int8_range")}, None)
     if attrs["act"] not in ACTIVATIONS:
         raise ShapeError(f"matmul_fused: act {attrs['act']!r} not one of {ACTIVATIONS}")
     bias = types[2] if len(types) > 2 else None
@@ -45,7 +57,11 @@ def _mm_fused_ref(xs, a):
     return apply_act(y.astype(xs[0].dtype), a["act"])
 
 
-declare(OpDef("matmul_fused", {"act": "none", "alpha": 1.0}, _mm_fused_infer, _mm_fused_ref, kind="matmul"))
+# int8_range (matmul's too): the range of a quantized model's activation grid that x lies on (a QDQ or
+# PT2E model's); precision="int8" multiplies x on those very bytes (passes/quantize.py). The reference
+# ignores it.
+declare(OpDef("matmul_fused", {"act": "none", "alpha": 1.0, "int8_range": None}, _mm_fused_infer, _mm_fused_ref,
+              kind="matmul"))
 
 
 # ---- attention: softmax(q k^T * scale + mask) v, with grouped KV heads ------------------------

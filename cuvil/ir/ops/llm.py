@@ -7,7 +7,7 @@ import numpy as np
 from ...errors import ShapeError
 from .. import dims as D
 from ..types import TensorType
-from .fused import ACTIVATIONS, apply_act
+from .fused import ACTIVATIONS, apply_act, check_range
 from .registry import REGISTRY, OpDef, declare
 
 BITS = (4, 8, 16)
@@ -85,6 +85,10 @@ def _mmq_infer(types, attrs, inputs):
         raise ShapeError(f"matmul_q: input {x} does not match weight K = {K}")
     if attrs.get("bf16_act", 0) not in (0, 1) or (attrs.get("bf16_act") and (bits != 16 or w.dtype != "uint16")):
         raise ShapeError(f"matmul_q: bf16_act {attrs.get('bf16_act')!r} is 0, or 1 with bf16 weights (got {w})")
+    check_range("matmul_q", attrs)
+    if attrs.get("int8_range") is not None and (bits != 8 or ab):
+        raise ShapeError(f"matmul_q: int8_range takes int8 weights and act_block 0 (bytes over the range, not "
+                         f"int8 blocks), got bits {bits}, act_block {ab}")
     if ab and not act_block_ok(bits, K, attrs["group"], ab):
         raise ShapeError(f"matmul_q: act_block {ab} does not fit bits {bits}, K {K}, group {attrs['group']}")
     if bits != 16 and (len(types) < 3 or types[2] is None or types[2].shape != (-(-K // attrs["group"]), N)):
@@ -128,7 +132,11 @@ def _mmq_ref(xs, a):
 # bf16_act 1 (bf16 weights only): the activations may be rounded to bf16 where the target multiplies
 # in bf16 (AVX512-BF16's dot products, kernels/bf16dot.h); elsewhere they stay float32, as the
 # reference keeps them: a permission, not a requirement, so the reference is the fp32-activation sum.
-declare(OpDef("matmul_q", {"bits": 8, "group": 1 << 30, "act_block": 0, "act": "none", "bf16_act": 0}, _mmq_infer,
+# int8_range (bits 8, act_block 0): x lies on a quantized model's activation grid over [lo, hi] (matmul's
+# int8_range), on whose bytes the integer kernels multiply it (kernels/int8dot.h cuvil_matmul_int8); the
+# reference keeps x as it is, as conv's does.
+declare(OpDef("matmul_q", {"bits": 8, "group": 1 << 30, "act_block": 0, "act": "none", "bf16_act": 0,
+                           "int8_range": None}, _mmq_infer,
               _mmq_ref, kind="matmul"))
 
 

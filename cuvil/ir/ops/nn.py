@@ -10,9 +10,8 @@ from .. import dims as D
 from ..types import TensorType
 from .registry import OpDef, declare
 from ._shape import broadcast, norm_axis
-from .fused import ACTIVATIONS
+from .fused import ACTIVATIONS, check_range
 
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _float(name, t):
@@ -23,6 +22,7 @@ def _float(name, t):
 # ---- matmul: numpy semantics (batch dims broadcast) -----------------------------------
 def _matmul_infer(types, attrs, inputs):
     a, b = types
+    check_range("matmul", attrs)
     if a.dtype != b.dtype:
         raise ShapeError(f"matmul: dtypes differ ({a.dtype} vs {b.dtype})")
     if a.rank < 1 or b.rank < 1:
@@ -44,7 +44,7 @@ def _matmul_ref(xs, a):
     return np.matmul(x, y).astype(x.dtype)
 
 
-declare(OpDef("matmul", {}, _matmul_infer, _matmul_ref, kind="matmul"))
+declare(OpDef("matmul", {"int8_range": None}, _matmul_infer, _matmul_ref, kind="matmul"))   # fused.py: int8_range
 
 
 # ---- grouped_matmul: rows of x sorted by group, group e's rows [offs[e-1], offs[e]) times w[e] ---------
@@ -103,10 +103,7 @@ def _conv_infer(types, attrs, inputs):
     if attrs["act"] not in ACTIVATIONS:
         raise ShapeError(f"conv: unknown act {attrs['act']!r}")
     for key in ("int8_range", "int8_out_range"):
-        r = attrs.get(key)
-        if r is not None and not (isinstance(r, (list, tuple)) and len(r) == 2       # types first: "a" <= 1 raises
-                                  and all(isinstance(v, float) and abs(v) <= _FLOAT32_MAX for v in r) and r[0] <= r[1]):
-            raise ShapeError(f"conv: {key} {r!r} is None or [lo, hi], two floats within float32's range, lo <= hi")
+        check_range("conv", attrs, key)
     img = attrs.get("int8_out")
     if img is not None and not (isinstance(img, (list, tuple)) and len(img) == 4 and attrs.get("int8_out_range")
                                 and all(isinstance(v, int) and 0 <= v < 1 << 20 for v in img)):

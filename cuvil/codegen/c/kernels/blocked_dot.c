@@ -93,8 +93,8 @@ static void range_task(void *ctx, int64_t c0, int64_t c1) {
 typedef struct { float scale, inv, zero; } byte_map;
 
 static byte_map input_byte_map(const float *x, int64_t n, const float *range, int nthreads) {
-    float lo = 0.f, hi = 0.f;
-    if (range) lo = range[0] < 0.f ? range[0] : 0.f, hi = range[1] > 0.f ? range[1] : 0.f;
+    float lo = 0.f, hi = 0.f, scale, zero;
+    if (range) lo = range[0], hi = range[1];
     else {
         range_args a = {x, n, 0, {0}, {0}};
         int64_t chunks = n / 16384 < 1 ? 1 : n / 16384 > RANGE_CHUNKS ? RANGE_CHUNKS : n / 16384;
@@ -102,10 +102,7 @@ static byte_map input_byte_map(const float *x, int64_t n, const float *range, in
         cuvil_parallel_for(chunks > 1 ? nthreads : 1, chunks, 1, range_task, &a);
         for (int64_t c = 0; c < chunks; c++) lo = a.lo[c] < lo ? a.lo[c] : lo, hi = a.hi[c] > hi ? a.hi[c] : hi;
     }
-    float scale = (hi - lo) / (float)CUVIL_I8_LEVELS;
-    if (!(scale > 0.f) || !isfinite(scale)) scale = 1.f;   /* all zeros (or no usable range: NaN, inf) */
-    float zero = rintf(-lo / scale);
-    zero = zero < 0.f ? 0.f : zero > (float)CUVIL_I8_LEVELS ? (float)CUVIL_I8_LEVELS : zero;
+    cuvil_byte_scale(lo, hi, (float)CUVIL_I8_LEVELS, &scale, &zero);
     return (byte_map){scale, 1.f / scale, zero};
 }
 

@@ -17,6 +17,17 @@ typedef struct {
     int64_t OW, C, hp, wp, ph, pw;
 } cuvil_byte_image;
 
+/* The affine map of [lo, hi] (widened to hold 0) onto bytes 0 .. CUVIL_I8_LEVELS-like `top`:
+ * q = clamp(rint(x / scale) + zero, 0, top), zero an integer; scale 1 where the range has no width
+ * (all zeros) or no usable value (NaN, inf). The int8 convs' input map and the int8 linear layers'. */
+static inline void cuvil_byte_scale(float lo, float hi, float top, float *scale, float *zero) {
+    lo = lo < 0.f ? lo : 0.f, hi = hi > 0.f ? hi : 0.f;
+    float sc = (hi - lo) / top;
+    if (!(sc > 0.f) || !isfinite(sc)) sc = 1.f;
+    float z = rintf(-lo / sc);
+    *scale = sc, *zero = z < 0.f ? 0.f : z > top ? top : z;
+}
+
 /* One float -> its byte (rounded half up: q >= 0, + 0.5 truncated; NaN: 0). */
 static inline uint8_t cuvil_to_byte(float x, float inv, float zero, float top) {
     float t = x * inv + (zero + 0.5f);

@@ -31,4 +31,13 @@ int cuvil_i8_levels(void);
  * into o (its C and residual at the block's first row). */
 void cuvil_i8_rows(const uint32_t *Aq, int64_t rows, int64_t K4, const uint32_t *Bp, int64_t N, int64_t p0,
                    int64_t p1, const cuvil_dot_out *o);
+
+/* A linear layer of a quantized model on its own activation grid (matmul_q's int8_range: an ONNX QDQ or
+ * PT2E model's): C[M][N] (ldc) = act(A[M][K] (lda) on bytes over range [lo, hi] as an int8 conv maps its
+ * input, times Bp (cuvil_i8_rows' panels of the int8 weights) * wterms[n] + bias[n] + residual[M][N]),
+ * wterms [2][N] each column's weight scale and that times its integer weights' sum (the zero point's
+ * share). int8_matmul.c; nonzero when out of memory. */
+int cuvil_matmul_int8(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const uint32_t *Bp,
+                      const float *wterms, const float *bias, const float *residual, const float *range, float *C,
+                      int64_t ldc, int act, int nthreads);
 #endif

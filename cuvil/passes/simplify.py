@@ -121,7 +121,6 @@ def fold_pad_into_conv(graph):
     added to its own (TF-style 'same' padding, as transformers' MobileNets and EfficientNet write it)."""
     single = _single_user(graph)
     users = graph.users()
-    mapping = {}
     for n in graph.nodes:
         if n.op != "pad" or n.attrs.get("mode", "constant") != "constant" or n.attrs.get("value", 0) != 0:
             continue

@@ -34,7 +34,6 @@ _QFLOAT = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
 @handler("QuantizeLinear")
 def _quantize(c):
     x, scale, zp = c.inp(0), c.inp(1), c.inp(2)
-    r = rank_of(x)
     axis = c.attr("axis", 1)
     block = c.attr("block_size", 0)
     out_dt = dtype_of(zp) if zp is not None else ONNX_DTYPES.get(c.attr("output_dtype", 0) or 2)
@@ -60,7 +59,6 @@ def _quantize(c):
 @handler("DequantizeLinear")
 def _dequantize(c):
     x, scale, zp = c.inp(0), c.inp(1), c.inp(2)
-    r = rank_of(x)
     axis = c.attr("axis", 1)
     block = c.attr("block_size", 0)
     sdt = dtype_of(scale)

@@ -442,7 +442,6 @@ def _leaves(out):
 
 def run_one(name, eager_only=False):
     torch.set_num_threads(1)
-    import numpy as np
     try:
         model, inputs = CASES[name]()
     except Absent as e:
@@ -453,10 +452,16 @@ def run_one(name, eager_only=False):
         return {"name": name, "status": "eager ok " + ", ".join(str(tuple(e.shape)) for e in expected),
                 "compile_s": None}
     import cuvil
-    t0 = time.perf_counter()
-    cm = cuvil.compile(model, inputs, cache_dir=tempfile.mkdtemp(prefix="zoo_sweep_"), num_threads=1)
-    compile_s = time.perf_counter() - t0
-    got = cm.run(*[t.numpy() for t in inputs])
+    with tempfile.TemporaryDirectory(prefix="zoo_sweep_") as cache:
+        t0 = time.perf_counter()
+        cm = cuvil.compile(model, inputs, cache_dir=cache, num_threads=1)
+        compile_s = time.perf_counter() - t0
+        got = cm.run(*[t.numpy() for t in inputs])
+    return _compare(name, expected, got, compile_s)
+
+
+def _compare(name, expected, got, compile_s):
+    import numpy as np
     if len(got) != len(expected):
         return {"name": name, "status": f"mismatch: {len(got)} outputs vs {len(expected)}", "compile_s": compile_s}
     worst = 0.0

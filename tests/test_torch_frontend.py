@@ -98,3 +98,55 @@ def test_bfloat16_checkpoint_in_and_out(tmp_path):
     import ml_dtypes
     assert loaded(x).dtype == torch.bfloat16
     assert loaded.run(x.view(torch.int16).numpy().view(ml_dtypes.bfloat16))[0].dtype == ml_dtypes.bfloat16
+
+
+class _Fold(torch.nn.Module):
+    """F.fold (col2im: MobileViTV2's folding), which export writes as an index_put with a whole dim first."""
+
+    def forward(self, x):
+        return torch.nn.functional.fold(x, output_size=(5, 6), kernel_size=(2, 3), stride=(1, 2), padding=1)
+
+
+class _PutWholeDimFirst(torch.nn.Module):
+    def forward(self, x, v):
+        y = x.clone()
+        y[:, torch.tensor([0, 2])] = v
+        return y
+
+
+class _AddApart(torch.nn.Module):
+    """Index tensors apart (torch puts their broadcast dims first), read and accumulated."""
+
+    def forward(self, x, v):
+        y = x.clone()
+        y[:, torch.tensor([[1], [3]]), :, torch.tensor([0, 2, -1])] += v
+        return y + x[torch.tensor([1, 0]), :, torch.tensor([2, 0])].sum()
+
+
+class _PutAdjacentAfterWhole(torch.nn.Module):
+    def forward(self, x, v):
+        y = x.clone()
+        y[:, torch.tensor([1, 0]), torch.tensor([2, -2])] = v
+        return y
+
+
+class _OneHot(torch.nn.Module):
+    """F.one_hot, whose export carries a check of the classes' range (aten._assert_async.msg)."""
+
+    def forward(self, ids):
+        return torch.nn.functional.one_hot(ids, 5).float() * 2
+
+
+@pytest.mark.parametrize("model, args", [
+    (_Fold(), (torch.randn(2, 18, 18),)),
+    (_PutWholeDimFirst(), (torch.randn(3, 4), torch.randn(3, 2))),
+    (_AddApart(), (torch.randn(2, 4, 3, 3), torch.randn(2, 3, 2, 3))),
+    (_PutAdjacentAfterWhole(), (torch.randn(2, 3, 4, 5), torch.randn(2, 2, 5))),
+    (_OneHot(), (torch.randint(0, 5, (2, 7)),))], ids=lambda v: type(v).__name__ if isinstance(v, torch.nn.Module) else "")
+def test_index_writes_beside_whole_dims_and_one_hot_match_eager(model, args):
+    """The ops the transformers sweep (benchmarks/zoo_sweep.py) found missing: MobileViTV2's fold and
+    LongT5's one_hot."""
+    with torch.no_grad():
+        want = model(*args)
+    got = cuvil.compile(model, args).run(*[a.numpy() for a in args])[0]
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-6, atol=1e-6)

@@ -350,8 +350,11 @@ def _item(ctx, x):
     return ctx.add("reshape", [x], {"shape": []})
 
 
-@handles(aten._assert_tensor_metadata.default, aten._assert_scalar.default, aten.sym_constrain_range_for_size.default)
+@handles(aten._assert_tensor_metadata.default, aten._assert_scalar.default, aten.sym_constrain_range_for_size.default,
+         aten._assert_async.msg, aten._assert_async.default)
 def _assert(ctx, *a, **kw):
+    """Export's checks: of shapes (settled at compile time) and, _assert_async, of values (F.one_hot's
+    class range: an index outside it gives a row of zeros here, where eager raises)."""
     return None
 
 
@@ -522,10 +525,13 @@ def _gather(ctx, x, dim, idx, sparse_grad=False):
 
 @handles(aten.index.Tensor)
 def _index(ctx, x, indices):
-    """x[..., i0, i1, ...] with adjacent index tensors: one gather on the flattened indexed dims."""
+    """x[..., i0, i1, ...] with adjacent index tensors: one gather on the flattened indexed dims. Index
+    tensors apart (x[i, :, j]): torch puts their dims first, as the gather does once the indexed dims are
+    moved to the front."""
     pos = [k for k, t in enumerate(indices) if t is not None]
     if pos != list(range(pos[0], pos[-1] + 1)):
-        raise Unsupported("non-adjacent index tensors")
+        perm = pos + [d for d in range(x.type.rank) if d not in pos]
+        return _index(ctx, ctx.add("transpose", [x], {"perm": perm}), [indices[k] for k in pos])
     idx = [indices[k] for k in pos]
     if any(t.dtype == "bool" for t in idx):
         raise Unsupported("boolean mask indexing (data-dependent shape)")

@@ -40,8 +40,10 @@ def _index_put(ctx, x, indices, values, accumulate=False):
     """x[i0, i1, ...] = values (+= with accumulate), index tensors on the leading dims: one scatter_nd
     of the broadcast indices stacked along a last axis."""
     k = len(indices)
-    if any(t is None for t in indices) or k > x.type.rank:
-        raise Unsupported("index_put with indices that skip a dimension")
+    if k > x.type.rank:
+        raise Unsupported(f"index_put with {k} indices into a rank-{x.type.rank} tensor")
+    if any(t is None for t in indices):
+        return _index_put_skipping(ctx, x, indices, values, accumulate)
     if k == 1 and indices[0].dtype == "bool":
         return _masked_put(ctx, x, indices[0], values, accumulate)
     if any(t.dtype == "bool" for t in indices):
@@ -62,6 +64,34 @@ def _index_put(ctx, x, indices, values, accumulate=False):
     if tuple(v.shape) != tuple(upd_shape):
         v = ctx.add("expand", [v], {"shape": upd_shape})
     return ctx.add("scatter_nd", [x, nd, v], {"reduction": "add" if accumulate else "none"})
+
+
+def _index_put_skipping(ctx, x, indices, values, accumulate):
+    """x[:, i] = values and the like (None: a whole dim; F.fold's col2im exports so): the indexed dims moved
+    to the front, the put there, moved back. The values take the shape of x[indices] as torch places the
+    indexed dims (where the first one is when they are adjacent, else in front), reordered alike."""
+    rank = x.type.rank
+    where = [d for d, t in enumerate(indices) if t is not None]
+    if not where or any(indices[d].dtype == "bool" for d in where):
+        raise Unsupported("index_put of a boolean mask beside whole dims")
+    rest = [d for d in range(rank) if d not in where]
+    perm = where + rest
+    _static(*x.shape, *[d for i in where for d in indices[i].shape])
+    batch = list(np.broadcast_shapes(*[tuple(indices[d].shape) for d in where]))
+    adjacent = where == list(range(where[0], where[-1] + 1))
+    pre = [d for d in rest if adjacent and d < where[0]]
+    post = [d for d in rest if d not in pre]
+    shape = [x.shape[d] for d in pre] + batch + [x.shape[d] for d in post]      # x[indices]'s
+    v = ctx.tensor(values, x.dtype)
+    if tuple(v.shape) != tuple(shape):
+        v = ctx.add("expand", [v], {"shape": shape})
+    nb, npre = len(batch), len(pre)
+    v_perm = list(range(npre, npre + nb)) + list(range(npre)) + list(range(npre + nb, len(shape)))
+    if v_perm != list(range(len(shape))):
+        v = ctx.add("transpose", [v], {"perm": v_perm})
+    xt = ctx.add("transpose", [x], {"perm": perm})
+    y = _index_put(ctx, xt, [indices[d] for d in where], v, accumulate)
+    return ctx.add("transpose", [y], {"perm": list(np.argsort(perm))})
 
 
 def _masked_put(ctx, x, mask, values, accumulate):

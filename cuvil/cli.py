@@ -403,7 +403,7 @@ def cmd_serve(a):
         raise CuvilError(f"cuvil serve needs the serve extra: pip install 'cuvil[serve]' ({e})") from None
     serve(a.artifact, host=a.host, port=a.port, workers=a.workers, name=a.name, max_batch=a.max_batch,
           max_wait_ms=a.max_wait_ms, num_threads=a.num_threads, prefill_chunk=a.prefill_chunk,
-          watch_seconds=1.0 if a.watch else 0.0)
+          pace_prefill=a.pace_prefill, watch_seconds=1.0 if a.watch else 0.0)
 
 
 def _add_llm(sub):
@@ -488,6 +488,9 @@ def parser():
                    help="reload the artifact when it is saved over (requests in flight finish on the old one)")
     p.add_argument("--prefill-chunk", type=_int_in(1, 1 << 20), default=64,
                    help="LLM artifacts: prompt tokens read per step between decode steps of running streams")
+    p.add_argument("--pace-prefill", action="store_true",
+                   help="LLM artifacts: while streams decode, prompt chunks sized to take about one decode step "
+                        "(smoother streams, slower first tokens)")
     p.add_argument("--num-threads", **THREADS)
     p.set_defaults(fn=cmd_serve)
     _add_llm(sub)

@@ -136,3 +136,52 @@ def test_prefix_reuse_picks_the_slot_with_the_longest_prefix(llm):
         assert fresh.slot == freed_first
     finally:
         batcher.close()
+
+
+def test_paced_prefill_chunks_follow_the_step_time(llm, monkeypatch):
+    """pace_prefill=True: while streams decode, a chunk takes about one decode step by the running estimates
+    (at least MIN_PACED_CHUNK tokens, at most prefill_chunk); with nothing decoding, whole chunks. The
+    outputs still equal each sequence's greedy run alone."""
+    from cuvil.serve import continuous
+    batcher = ContinuousBatcher(llm, prefill_chunk=32, pace_prefill=True)
+    try:
+        assert batcher._chunk_tokens(True) == 32                      # no estimates yet
+        batcher._step_s, batcher._token_s = 0.030, 0.003
+        assert batcher._chunk_tokens(True) == 10 and batcher._chunk_tokens(False) == 32
+        batcher._token_s = 0.1
+        assert batcher._chunk_tokens(True) == continuous.MIN_PACED_CHUNK
+        batcher._token_s = 1e-6
+        assert batcher._chunk_tokens(True) == 32
+    finally:
+        batcher.close()
+    fixed = ContinuousBatcher(llm, prefill_chunk=32)                  # the default: whole chunks
+    try:
+        fixed._step_s, fixed._token_s = 0.030, 0.003
+        assert fixed._chunk_tokens(True) == 32
+    finally:
+        fixed.close()
+    # a long prompt read while streams decode is read in paced chunks (a decode step made to cost
+    # what 5.5 prompt tokens do), and every output is the greedy run's
+    monkeypatch.setattr(continuous, "_ema", lambda old, new: new)
+    long_prompt = list(range(20, 60))
+    alone = [llm.generate(p, 50) for p in (PROMPTS[0], PROMPTS[2])] + [llm.generate(long_prompt, 6)]
+    batcher = ContinuousBatcher(llm, prefill_chunk=32, pace_prefill=True)
+    sizes = []
+    real = batcher._prefill_chunk
+
+    def spy(job):
+        sizes.append(job[1])
+        real(job)
+        if batcher._step_s is not None:
+            batcher._token_s = batcher._step_s / 5.5       # after the chunk's own measurement
+    batcher._prefill_chunk = spy
+    try:
+        seqs = [batcher.submit(p, 50) for p in (PROMPTS[0], PROMPTS[2])] + [batcher.submit(long_prompt, 6)]
+        got = [list(s) for s in seqs]
+    finally:
+        batcher.close()
+    assert got == alone
+    # the short prompts whole (nothing decodes yet, then no step time yet), the long one paced
+    # (about 5: a decode step between the forced estimate and the chunk moves the step's estimate)
+    assert sizes[:2] == [32, 32] and all(continuous.MIN_PACED_CHUNK <= n <= 6 for n in sizes[2:]), sizes
+    assert len(sizes) >= 2 + len(long_prompt) // 6

@@ -226,7 +226,9 @@ def test_watch_swaps_in_a_saved_llm_under_load(tmp_path):
                 await asyncio.sleep(0.05)
             after = await asyncio.gather(*(c.post("/v1/completions", json=body) for _ in range(3)))
             return during, [r.json()["choices"][0]["text"] for r in after]
-    with _server(create_llm_app(served, prefill_chunk=8, llm=slow, watch_seconds=0.05)) as url:
+    app = create_llm_app(served, prefill_chunk=8, pace_prefill=True, llm=slow, watch_seconds=0.05)
+    with _server(app) as url:
         during, after = asyncio.run(main(url))
     assert during == want_old
     assert after == [want_new] * 3
+    assert app.state.live._live.batcher.pace_prefill        # the reloaded generation keeps the server's policy

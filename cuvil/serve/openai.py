@@ -70,7 +70,7 @@ def parse_sampling(body) -> dict:
                 stop=stop)
 
 
-def create_llm_app(artifact, *, name=None, prefill_chunk=64, num_threads=None, llm=None,
+def create_llm_app(artifact, *, name=None, prefill_chunk=64, pace_prefill=False, num_threads=None, llm=None,
                    max_body_bytes=MAX_BODY_BYTES, watch_seconds=0.0):
     """The OpenAI APIs on the LLM artifact (or `llm`, loaded from it); watch_seconds > 0: reload the
     artifact whenever one is saved over it (`cuvil serve --watch`, serve/live.py)."""
@@ -81,7 +81,7 @@ def create_llm_app(artifact, *, name=None, prefill_chunk=64, num_threads=None, l
     if not NAME_RE.fullmatch(name):
         raise ValueError(f"model name {name!r} must match {NAME_RE.pattern}")
     live = LiveLLM(llm or load(artifact, num_threads=num_threads), prefill_chunk=prefill_chunk,
-                   num_threads=num_threads)
+                   pace_prefill=pace_prefill, num_threads=num_threads)
     reg = CollectorRegistry()
     requests = Counter("cuvil_llm_requests", "requests answered, by endpoint and HTTP status", ["endpoint", "code"],
                        registry=reg)

@@ -246,7 +246,7 @@ def _opts(a):
 def _model_and_inputs(a):
     if (a.model is None) == (a.model_option is None):
         raise CuvilError("give the model once: cuvil compile FILE.py::Class (or --input FILE.py::Class, or FILE.onnx)")
-    a.model = a.model or a.model_option
+    a.model = a.model if a.model is not None else a.model_option      # "" is a model spec, a wrong one
     model = _load_model(a.model)
     return model, _example_inputs(a.example_input, for_torch=not isinstance(model, str))
 

@@ -76,6 +76,8 @@ def assert_one_error(rc, err, needle):
 
 # (argv, what the error line says); {d} is the folder of make_files
 CASES = [
+    # an empty model spec is a wrong one, not a missing one (it had been an internal error; found by test_cli_fuzz)
+    (["profile", ""], "model must be FILE.py::ClassName or FILE.onnx, got ''"),
     # the user's model file
     (["compile", "{d}/m.py::NeedsArgs", "-o", "{d}/o"],
      "m.py::NeedsArgs() failed: TypeError: NeedsArgs.__init__() missing 1 required positional argument"),

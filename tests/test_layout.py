@@ -577,3 +577,33 @@ def test_only_known_layouts_reach_generated_c():
             with pytest.raises(ValueError, match="option layout="):
                 cuvil.compile(torch.nn.Conv2d(16, 16, 1), (torch.randn(1, 16, 4, 4),), layout=name)
     check()
+
+
+@pytest.mark.parametrize("target", ["native", "x86_64-avx2", "x86_64-sse2"])
+def test_pools_over_pixels_of_a_blocked_map_in_lanes(tmp_path, target):
+    """Means, maxima and minima of a blocked map over its pixels, and a sum over the batch too, a block's
+    channels accumulated side by side in partial rows (lower_reduce._kept_lanes): 35 pixels (no whole
+    number of partial rows), and a NaN in one image's input pixel, which the pools of that image carry
+    (maxima included) and the other image's do not."""
+    import cuvil
+    _skip_unless_host_runs(target)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Conv2d(8, 32, 1), torch.nn.Conv2d(32, 32, 3, padding=1)
+
+        def forward(self, x):
+            y = self.b(self.a(x))        # no ReLU: a fused one's select would turn the NaN into 0
+            return y.mean((2, 3)), y.amax((2, 3)), y.amin((2, 3), keepdim=True), y.sum((0, 2, 3))
+
+    torch.manual_seed(0)
+    m = Net().eval()
+    x = torch.randn(2, 8, 5, 7)
+    cm = cuvil.compile(m, (x,), layout="blocked", target=target, cache_dir=str(tmp_path))
+    assert cm.c_source.count("part_[") >= 4
+    x[1, :, 2, 3] = float("nan")
+    with torch.no_grad():
+        for got, want in zip(cm.run(x.numpy()), m(x)):
+            np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-5)
+    assert np.isnan(cm.run(x.numpy())[1][1]).all() and not np.isnan(cm.run(x.numpy())[1][0]).any()

@@ -106,17 +106,33 @@ def loop_nest(shape, out, ins, expr, outline=None):
         # split per pixel, a division and a modulo for every 8 elements)
         outer = shape[:-1]
         par = next((k for k in range(1, len(outer) + 1) if _at_least(outer[:k], PARALLEL_TASKS)), len(outer))
+        # the last flattened dim in runs of ROW_CHUNK: one division per run, not per row (a blocked map's
+        # [C/B, H*W, B] scaled per channel had spent one on every 16 floats: a float a cycle)
+        last = outer[par - 1]
+        runs = -(-last // ROW_CHUNK) if par >= 2 and isinstance(last, int) and last > ROW_CHUNK else None
+        dims = list(outer[:par - 1]) + [runs if runs else last]
         body, rest = [], "q"
         for k in range(par - 1, -1, -1):
-            d = D.to_c(outer[k])
-            body.append(f"const int64_t {idx[k]} = {rest} % ({d});" if k else f"const int64_t {idx[k]} = {rest};")
+            d = D.to_c(dims[k])
+            name = "r_" if runs and k == par - 1 else idx[k]
+            body.append(f"const int64_t {name} = {rest} % ({d});" if k else f"const int64_t {name} = {rest};")
             rest = f"({rest} / ({d}))"
+        depth = 0
+        if runs:
+            k = par - 1
+            body.append(f"for (int64_t {idx[k]} = r_ * {ROW_CHUNK}; {idx[k]} < (r_ + 1) * {ROW_CHUNK} && {idx[k]} < {last}; "
+                        f"{idx[k]}++)")
+            depth = 1
         for k in range(par, rank):
-            body.append("  " * (k - par) + f"for (int64_t {idx[k]} = 0; {idx[k]} < {D.to_c(shape[k])}; {idx[k]}++)")
-        body.append("  " * (rank - par) + store)
-        return outline("q", cexpr.prod(outer[:par]), total, body)
+            if k == rank - 1:
+                body.append("  " * (k - par + depth) + IVDEP)
+            body.append("  " * (k - par + depth) + f"for (int64_t {idx[k]} = 0; {idx[k]} < {D.to_c(shape[k])}; {idx[k]}++)")
+        body.append("  " * (rank - par + depth) + store)
+        return outline("q", cexpr.prod(dims), total, body)
     lines = ["{"]
     for k, d in enumerate(shape):
+        if k == rank - 1:
+            lines.append("  " * (k + 1) + IVDEP)
         lines.append("  " * (k + 1) + f"for (int64_t {idx[k]} = 0; {idx[k]} < {D.to_c(d)}; {idx[k]}++)")
     lines.append("  " * (rank + 1) + store)
     lines.append("}")
@@ -124,6 +140,12 @@ def loop_nest(shape, out, ins, expr, outline=None):
 
 
 PARALLEL_TASKS = 64    # parallel iterations a loop nest's outlined task splits into, at least
+ROW_CHUNK = 32         # rows of the last flattened dim a parallel iteration runs (loop_nest)
+# the innermost loop of a nest, vectorized as it is: its operands and output are distinct buffers or the same
+# element (an op in place), which GCC cannot prove of offsets from one arena pointer, and left to itself it
+# vectorized the loop around it instead (a blocked map times its channels' gates, 16 floats a row, by
+# permutes: 21.7 -> 8.6 us for 9 x 784 rows in a C harness)
+IVDEP = "#pragma omp simd"
 
 
 def _at_least(dims, n):

@@ -1,6 +1,8 @@
 """C lowering of reductions, arg-reductions, cumulative sums and products, and top-k."""
 from __future__ import annotations
 
+import re
+
 from ...ir import dims as D
 from . import cexpr
 from .ctypes_map import CTYPE, is_float
@@ -38,6 +40,18 @@ def _blocks(shape, axes):
     return out
 
 
+PARTS = 4          # partial accumulator rows of _kept_lanes' loop: an add's latency over, a load per cycle
+MAX_LANES = 64     # the widest kept inner dim that loop takes (a blocked map's block is 4, 8 or 16)
+
+
+def _kept_lanes(blocks, op, x) -> int:
+    """The kept innermost dim's size where a reduction over the dim before it runs in lanes (0: not)."""
+    if len(blocks) < 2 or blocks[-1][1] or not blocks[-2][1] or not is_float(x.dtype) or op == "reduce_prod":
+        return 0
+    lanes = blocks[-1][0]
+    return lanes if isinstance(lanes, int) and lanes <= MAX_LANES else 0
+
+
 @lowering("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod")
 def lower_reduce(em, node):
     x, y, op = node.inputs[0], node.outputs[0], node.op
@@ -58,7 +72,8 @@ def lower_reduce(em, node):
     X, Y = em.ptr(x), em.ptr(y)
     lines = ["{", f"  for (int64_t q = 0; q < {ycount}; q++) {Y}[q] = ({t})({ident});"]
     tail_reduced = bool(blocks) and blocks[-1][1]
-    loop_blocks = blocks[:-1] if tail_reduced else blocks
+    lanes = _kept_lanes(blocks, op, x)
+    loop_blocks = blocks[:-2] if lanes else blocks[:-1] if tail_reduced else blocks
     # input index and output index as running linear indices over the blocks
     iv = [f"b{k}" for k in range(len(blocks))]
     in_idx, out_idx = "0", "0"
@@ -74,7 +89,26 @@ def lower_reduce(em, node):
         if not (par and k == 0):
             nest.append("  " * depth + f"for (int64_t {iv[k]} = 0; {iv[k]} < {D.to_c(d)}; {iv[k]}++)")
             depth += 1
-    if tail_reduced:
+    if lanes:
+        # [..., R reduced, L kept] (a blocked map's global pool: L = its block): L accumulators side by side in
+        # PARTS partial rows, a vector each, where one sum per element through memory ran a float a cycle
+        kr, kl, R = len(blocks) - 2, len(blocks) - 1, D.to_c(blocks[-2][0])
+        lane = lambda e: re.sub(rf"\b{iv[kl]}\b", "l_", e)     # noqa: E731
+        part_idx = lane(re.sub(rf"\b{iv[kr]}\b", f"({iv[kr]} + p_)", in_idx))
+        one_idx, y_idx = lane(in_idx), lane(out_idx)
+        d = "  " * depth
+        init = "0" if op in ("reduce_sum", "reduce_mean") else ident
+        nest += [d + f"{{ {acc_t} part_[{PARTS}][{lanes}]; int64_t {iv[kr]} = 0;",
+                 d + f"  for (int p_ = 0; p_ < {PARTS}; p_++) for (int l_ = 0; l_ < {lanes}; l_++) part_[p_][l_] = {init};",
+                 d + f"  for (; {iv[kr]} + {PARTS} <= {R}; {iv[kr]} += {PARTS}) for (int p_ = 0; p_ < {PARTS}; p_++) "
+                     f"for (int l_ = 0; l_ < {lanes}; l_++) " + _combine(op, "part_[p_][l_]", f"{X}[{part_idx}]"),
+                 d + f"  for (; {iv[kr]} < {R}; {iv[kr]}++) for (int l_ = 0; l_ < {lanes}; l_++) "
+                     + _combine(op, "part_[0][l_]", f"{X}[{one_idx}]"),
+                 d + f"  for (int p_ = 1; p_ < {PARTS}; p_++) for (int l_ = 0; l_ < {lanes}; l_++) "
+                     + _combine(op, "part_[0][l_]", "part_[p_][l_]"),
+                 # into Y, which an outer reduced dim (a batch summed over) may add to again
+                 d + f"  for (int l_ = 0; l_ < {lanes}; l_++) " + _combine(op, f"{Y}[{y_idx}]", f"({t})part_[0][l_]") + " }"]
+    elif tail_reduced:
         k = len(blocks) - 1
         acc_init = "0" if op in ("reduce_sum", "reduce_mean") else f"{Y}[{out_idx}]"
         nest.append("  " * depth + f"{{ {acc_t} acc = {acc_init};")

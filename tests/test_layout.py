@@ -607,3 +607,32 @@ def test_pools_over_pixels_of_a_blocked_map_in_lanes(tmp_path, target):
         for got, want in zip(cm.run(x.numpy()), m(x)):
             np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-5)
     assert np.isnan(cm.run(x.numpy())[1][1]).all() and not np.isnan(cm.run(x.numpy())[1][0]).any()
+
+
+@pytest.mark.parametrize("target", ["native", "x86_64-avx2", "x86_64-sse2"])
+def test_fused_relu_keeps_nan_as_torch(tmp_path, target):
+    """A NaN in one input pixel reaches the outputs through blocked convs with fused ReLUs (the GEMM tile's,
+    Winograd's, the depthwise conv's) as it does in torch (the tiles' selects had turned it into 0)."""
+    import cuvil
+    _skip_unless_host_runs(target)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Conv2d(8, 32, 1)
+            self.w = torch.nn.Conv2d(32, 32, 3, padding=1)                   # Winograd
+            self.d = torch.nn.Conv2d(32, 32, 3, padding=1, groups=32)        # depthwise
+
+        def forward(self, x):
+            return torch.relu(self.d(torch.relu(self.w(torch.relu(self.a(x)))))).mean((2, 3))
+
+    torch.manual_seed(0)
+    m = Net().eval()
+    x = torch.randn(2, 8, 9, 10)
+    cm = cuvil.compile(m, (x,), layout="blocked", target=target, cache_dir=str(tmp_path))
+    x[1, :, 4, 5] = float("nan")
+    with torch.no_grad():
+        want = m(x).numpy()
+    got = cm.run(x.numpy())[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert np.isnan(got[1]).all() and not np.isnan(got[0]).any()

@@ -58,7 +58,7 @@ static inline __attribute__((always_inline)) void store_blocked_tile(int mr, int
             if (last) {
                 x += bias;
                 if (r) x += cuvil_vload(r + i * CUVIL_BLOCK);
-                if (act == CUVIL_ACT_RELU) x = cuvil_vsel(x > 0.f, x, cuvil_vsplat(0.f));
+                if (act == CUVIL_ACT_RELU) x = cuvil_vsel(x < 0.f, cuvil_vsplat(0.f), x);   /* NaN stays NaN, as torch's */
                 else if (act == CUVIL_ACT_RELU6)
                     x = cuvil_vsel(x < 0.f, cuvil_vsplat(0.f), cuvil_vsel(x > 6.f, cuvil_vsplat(6.f), x));
             }
@@ -593,7 +593,7 @@ static inline __attribute__((always_inline)) void dw_tile(int KW, int SW, int T,
 /* bias, residual and activation of one output vector o of a depthwise conv, stored */
 static inline void dw_store(const blocked_dw *a, int64_t o, cuvil_vf acc) {
     if (a->residual) acc += cuvil_vload(a->residual + o);
-    if (a->act == CUVIL_ACT_RELU) acc = cuvil_vsel(acc > 0.f, acc, cuvil_vsplat(0.f));
+    if (a->act == CUVIL_ACT_RELU) acc = cuvil_vsel(acc < 0.f, cuvil_vsplat(0.f), acc);   /* NaN stays */
     else if (a->act) acc = cuvil_vact(acc, a->act);
     cuvil_vstore(a->y + o, acc);
 }

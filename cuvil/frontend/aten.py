@@ -597,17 +597,22 @@ def _scalar_tensor(ctx, v, **kw):
 
 
 # ---- linear algebra -----------------------------------------------------------------------
+def grid_attrs(ctx, x) -> dict:
+    """{"int8_range": [lo, hi]} where x is a quantized model's dequantized grid (aten_quant.py), else {}:
+    what a conv or matmul reading x takes, so precision="int8" multiplies the model's own bytes."""
+    grid = ctx.grids.get(id(x))
+    return {"int8_range": grid} if grid else {}
+
+
 @handles(aten.mm.default, aten.bmm.default, aten.matmul.default)
 def _mm(ctx, a, b):
-    grid = ctx.grids.get(id(a))          # a quantized model's input grid (aten_quant.py), as conv's
-    return ctx.add("matmul", [a, b], {"int8_range": grid} if grid else {})
+    return ctx.add("matmul", [a, b], grid_attrs(ctx, a))
 
 
 @handles(aten.addmm.default, aten.baddbmm.default, aten.addmv.default, aten.addbmm.default)
 def _addmm(ctx, bias, a, b, beta=1, alpha=1):
     """beta * bias + alpha * (a @ b); addbmm sums its batch of products first."""
-    grid = ctx.grids.get(id(a))
-    y = ctx.add("matmul", [a, b], {"int8_range": grid} if grid else {})
+    y = ctx.add("matmul", [a, b], grid_attrs(ctx, a))
     if ctx.node.target == aten.addbmm.default:
         y = ctx.add("reduce_sum", [y], {"axes": [0], "keepdims": False})
     if alpha != 1:
@@ -689,9 +694,8 @@ def _conv(ctx, x, w, b, stride, padding, dilation, transposed, output_padding, g
     nsp = x.type.rank - 2
     pads = [(p, p) for p in _per_dim(padding, nsp)]
     ins = [x, w] + ([b] if b is not None else [])
-    grid = ctx.grids.get(id(x))          # a quantized model's input grid (aten_quant.py)
     return ctx.add("conv", ins, {"strides": _per_dim(stride, nsp), "pads": pads, "dilations": _per_dim(dilation, nsp),
-                                 "groups": groups, **({"int8_range": grid} if grid else {})})
+                                 "groups": groups, **grid_attrs(ctx, x)})
 
 
 @handles(aten._native_batch_norm_legit_no_training.default)

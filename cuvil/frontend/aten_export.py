@@ -41,8 +41,7 @@ def _batch_norm(ctx, x, w, b, mean, var, training, momentum, eps, cudnn_enabled=
 def _linear(ctx, x, w, b=None):
     if w.type.rank != 2 or x.type.rank < 2:
         raise Unsupported("linear on a vector")
-    grid = ctx.grids.get(id(x))          # a quantized model's input grid (aten_quant.py), as conv's
-    y = ctx.add("matmul", [x, ctx.add("transpose", [w], {"perm": [1, 0]})], {"int8_range": grid} if grid else {})
+    y = ctx.add("matmul", [x, ctx.add("transpose", [w], {"perm": [1, 0]})], A.grid_attrs(ctx, x))
     return ctx.add("add", [y, b]) if b is not None else y
 
 

@@ -52,8 +52,7 @@ def quantized_filters(b: np.ndarray):
 def filter_terms(b: np.ndarray) -> np.ndarray:
     """[2, O] float32: each output channel's scale, and its scale times the sum of its integer filter
     (the zero point's share of the integer sums, kernels/blocked.h cuvil_conv_blocked_int8)."""
-    q, s = quantized_filters(b)
-    return np.stack([s, s * q.astype(np.int64).sum(axis=0)]).astype(np.float32)
+    return int8_matmul_terms(*quantized_filters(b))
 
 
 def int8_conv_kind(target: str) -> int:

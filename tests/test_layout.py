@@ -636,3 +636,31 @@ def test_fused_relu_keeps_nan_as_torch(tmp_path, target):
     got = cm.run(x.numpy())[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     assert np.isnan(got[1]).all() and not np.isnan(got[0]).any()
+
+
+@pytest.mark.parametrize("threads", [2, 3, 4])
+def test_blocked_convs_split_by_rows_between_threads_match_torch(tmp_path, threads):
+    """With several threads a blocked conv's pixels are split into a multiple of that many M blocks (fewer
+    where the map has fewer row tiles): 1x1 convs at 7x7 (one block on one thread), 5x5 (fewer tiles than
+    4 threads), 14x14 with a residual and a 3x3 conv, at 2, 3 and 4 threads, against torch."""
+    import cuvil
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Conv2d(64, 320, 1)
+            self.b = torch.nn.Conv2d(320, 64, 1)
+            self.c = torch.nn.Conv2d(64, 96, 3, padding=1)
+
+        def forward(self, x):
+            y = x + self.b(torch.relu(self.a(x)))
+            return self.c(y)
+
+    torch.manual_seed(0)
+    m = Net().eval()
+    for hw in (7, 5, 14):
+        x = torch.randn(1, 64, hw, hw)
+        cm = cuvil.compile(m, (x,), layout="blocked", num_threads=threads, cache_dir=str(tmp_path))
+        with torch.no_grad():
+            want = m(x).numpy()
+        np.testing.assert_allclose(cm.run(x.numpy())[0], want, rtol=1e-3, atol=1e-3)

@@ -408,7 +408,8 @@ static int blocked_wide_block(const blocked_gemm *g, int64_t m0, int64_t m1, int
 
 /* Tasks t: M block t / ng x panel group t % ng (BLOCKED_GROUP panels, the last may have fewer), so
  * that consecutive tasks (one thread's run) share A. */
-static inline int64_t blocked_groups(const blocked_gemm *g) { return (g->np + BLOCKED_GROUP - 1) / BLOCKED_GROUP; }
+static inline int64_t panel_groups(int64_t np) { return (np + BLOCKED_GROUP - 1) / BLOCKED_GROUP; }
+static inline int64_t blocked_groups(const blocked_gemm *g) { return panel_groups(g->np); }
 
 static void blocked_gemm_task(void *ctx, int64_t t0, int64_t t1) {
     const blocked_gemm *g = ctx;
@@ -463,9 +464,10 @@ static void grouped_gemm_task(void *ctx, int64_t t0, int64_t t1) {
 void cuvil_sgemm_blocked(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda_blk, const float *Bp,
                          float *C, int64_t ldc_blk, const float *bias, const float *residual, int act, int nthreads) {
     if (M <= 0 || N <= 0) return;
-    int64_t np = (N + CUVIL_NR - 1) / CUVIL_NR, mb, mc = blocked_m_rows(M, &mb);
+    int nt = M * N * K > 65536 ? nthreads : 1;
+    int64_t np = (N + CUVIL_NR - 1) / CUVIL_NR, mb, mc = blocked_m_rows(M, panel_groups(np), nt, &mb);
     blocked_gemm g = {M, N, K, lda_blk, ldc_blk, np, mb, mc, A, Bp, bias, residual, C, act};
-    cuvil_parallel_for(M * N * K > 65536 ? nthreads : 1, mb * blocked_groups(&g), 1, blocked_gemm_task, &g);
+    cuvil_parallel_for(nt, mb * blocked_groups(&g), 1, blocked_gemm_task, &g);
 }
 
 /* ---- convolution ------------------------------------------------------------------------- */
@@ -478,7 +480,9 @@ int64_t cuvil_conv_blocked_scratch(const cuvil_conv_shape *s) {
 void cuvil_conv_blocked(const cuvil_conv_shape *s, const float *x, const float *wb, const float *bias,
                         const float *residual, float *y, int act, float *scratch, int nthreads) {
     int64_t G = s->groups, Cg = s->C / G, Og = s->O / G, P = s->OH * s->OW, K = s->KH * s->KW * Cg;
-    int64_t in = s->C * s->H * s->W, out = s->O * P, mb, mc = blocked_m_rows(P, &mb);
+    int nt = P * s->O * K > 65536 ? nthreads : 1;
+    int64_t in = s->C * s->H * s->W, out = s->O * P, mb;
+    int64_t mc = blocked_m_rows(P, G * panel_groups((Og + CUVIL_NR - 1) / CUVIL_NR), nt, &mb);
     blocked_input b = blocked_input_tables(s, scratch);
     for (int64_t n = 0; n < s->N; n++) {
         const float *xn = blocked_image(s, &b, x + n * in, scratch, nthreads);
@@ -488,7 +492,7 @@ void cuvil_conv_blocked(const cuvil_conv_shape *s, const float *x, const float *
                            0, Cg * b.hp * b.wp, cuvil_packed_b_size(K, Og), Og * P, Og};
         if (!b.direct) gg.g.gsrc = &gg.src;          /* grouped_gemm_task points each group's copy at its own */
         gg.tasks = mb * blocked_groups(&gg.g);
-        cuvil_parallel_for(P * s->O * K > 65536 ? nthreads : 1, G * gg.tasks, 1, grouped_gemm_task, &gg);
+        cuvil_parallel_for(nt, G * gg.tasks, 1, grouped_gemm_task, &gg);
     }
 }
 
@@ -514,10 +518,11 @@ void cuvil_conv_nchw_blocked(const cuvil_conv_shape *s, const float *x, const fl
             pad_args pa = {s, xn, xp, 1};
             cuvil_parallel_for(s->C * hp * wp > 16384 ? nthreads : 1, s->C * hp, 1, pad_task, &pa);
         }
-        int64_t mb, mc = blocked_m_rows(P, &mb);
-        blocked_gemm g = {P, s->O, s->C * s->KH * s->KW, 0, P * CUVIL_BLOCK, (s->O + CUVIL_NR - 1) / CUVIL_NR,
-                          mb, mc, 0, wb, bias, residual ? residual + n * out : 0, y + n * out, act, &src};
-        cuvil_parallel_for(P * s->O * g.K > 65536 ? nthreads : 1, g.mb * blocked_groups(&g), 1, blocked_gemm_task, &g);
+        int nt = P * s->O * s->C * s->KH * s->KW > 65536 ? nthreads : 1;
+        int64_t np = (s->O + CUVIL_NR - 1) / CUVIL_NR, mb, mc = blocked_m_rows(P, panel_groups(np), nt, &mb);
+        blocked_gemm g = {P, s->O, s->C * s->KH * s->KW, 0, P * CUVIL_BLOCK, np, mb, mc,
+                          0, wb, bias, residual ? residual + n * out : 0, y + n * out, act, &src};
+        cuvil_parallel_for(nt, g.mb * blocked_groups(&g), 1, blocked_gemm_task, &g);
     }
 }
 

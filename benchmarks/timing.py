@@ -7,14 +7,16 @@ import statistics
 import time
 
 
-def interleaved(fns: dict, rounds=20, warmup=3, min_seconds=0.0, gap=0.15, burst=0.05):
+def interleaved(fns: dict, rounds=20, warmup=3, min_seconds=0.0, gap=0.15, burst=0.05, min_calls=3):
     """{name: callable} -> {name: median seconds}, calls interleaved round by round.
 
     Before each system's turn the machine idles for `gap` seconds: OpenBLAS, ONNX Runtime and
     OpenMP keep their worker threads spinning after a call returns, and on a 2-core machine those
     spinning threads took a core from whichever system ran next. Each turn is then a burst of calls
-    lasting about `burst` seconds (at least one); the first call of a burst, which wakes the
-    system's own thread pool after the gap, is not counted when the burst has more than one."""
+    lasting about `burst` seconds and `min_calls` counted calls at least; the first call of a burst,
+    which wakes the system's own thread pool after the gap, is not counted. (With one counted call a
+    burst, a 35 ms network had 3 samples a system in a 3-round table, and one disturbed burst moved its
+    median by 40%.)"""
     for _ in range(warmup):
         for f in fns.values():
             f()
@@ -26,11 +28,11 @@ def interleaved(fns: dict, rounds=20, warmup=3, min_seconds=0.0, gap=0.15, burst
             if gap:
                 time.sleep(gap)
             calls, start = [], time.perf_counter()
-            while not calls or time.perf_counter() - start < burst:
+            while len(calls) <= min_calls or time.perf_counter() - start < burst:
                 t = time.perf_counter()
                 f()
                 calls.append(time.perf_counter() - t)
-            times[k].extend(calls[1:] if len(calls) > 1 else calls)
+            times[k].extend(calls[1:])
         r += 1
     return {k: statistics.median(v) for k, v in times.items()}
 

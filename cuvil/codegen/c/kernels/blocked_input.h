@@ -7,6 +7,7 @@
 #include "pool.h"
 
 #define BLK_MC 96             /* pixels per M block (blocked.c: BLK_KB) */
+#define BLK_FEW_TASKS 8       /* tasks a thread under which blocked_m_rows splits the pixels between threads */
 
 /* A strided or padded conv's blocked input read in place as its im2col (cuvil_conv_blocked): channel
  * block k = tap * CB + cb of output pixel m starts at x + cb * plane + (pix[m] + tap[k / CB]) * B, x
@@ -19,8 +20,8 @@ typedef struct {
 
 /* M blocks of equal size, up to BLK_MC rows, whole register tiles: 196 pixels (14x14) had been two
  * blocks of 96 and one of 4, which ran every weight through the tiles again for 4 rows. With several
- * threads and few tasks (blocks x `groups` panel groups under 8 a thread), a multiple of `threads`
- * blocks (as many as there are row tiles at most), so that each thread's run of tasks (pool.c) is rows
+ * threads and few tasks (blocks x `groups` panel groups under BLK_FEW_TASKS a thread), a multiple of
+ * `threads` blocks (as many as there are row tiles at most), so that each thread's run of tasks (pool.c) is rows
  * of its own: a 7x7 map had been one block, split between 2 threads by output channels, and its 1x1
  * convs ran 1.6-1.7x faster than on 1 thread, split by rows 1.85x; MobileNetV2's 576 -> 96 channel convs
  * at 14x14 (3 blocks x 3 groups) took 0.84x the time in 4 blocks. With many tasks the larger blocks
@@ -28,7 +29,8 @@ typedef struct {
  * network's time). One thread: the blocks as they were. */
 static inline int64_t blocked_m_rows(int64_t M, int64_t groups, int threads, int64_t *mb) {
     int64_t n = (M + BLK_MC - 1) / BLK_MC, tiles = (M + CUVIL_MR - 1) / CUVIL_MR;
-    if (threads > 1 && (n < threads || n * groups < 8 * threads)) n = (n + threads - 1) / threads * threads;
+    if (threads > 1 && (n < threads || n * groups < BLK_FEW_TASKS * threads))
+        n = (n + threads - 1) / threads * threads;
     if (n > tiles) n = tiles;
     int64_t mc = ((M + n - 1) / n + CUVIL_MR - 1) / CUVIL_MR * CUVIL_MR;
     *mb = (M + mc - 1) / mc;

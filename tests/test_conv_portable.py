@@ -45,7 +45,9 @@ def _ptr(a):
     (3, 1, 1, 1, 1, "relu", (20, 20, "in place")), (7, 2, 3, 1, 1, "none", (17, 30)),
     ((3, 5), (1, 2), (1, 2), 1, 1, "relu", (9, 21)), (3, 3, 1, 1, 1, "none", (16, 25)),
     (5, 1, 2, 1, 1, "none", (6, 5000)), (3, 1, 1, 1, 1, "none", (1, 40)), (5, 2, 0, 1, 1, "none", (5, 5)),
-    (5, 2, 2, 1, 1, "relu", (13, 13, "in place"))])
+    (5, 2, 2, 1, 1, "relu", (13, 13, "in place")),
+    # planes too large to copy whole (64 KiB): band by band
+    (3, 1, 1, 1, 1, "relu", (130, 140)), (5, 2, 2, 1, 1, "none", (150, 100))])
 def test_depthwise_matches_torch(conv_lib, k, stride, pad, dil, mult, act, hw):
     """Maps of every width class at 4, 8 and 16 floats: whole vectors and a last vector stored in part
     (rows narrower than one vector too), and a residual the output overwrites in place."""

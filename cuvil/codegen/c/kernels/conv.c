@@ -346,18 +346,14 @@ static void depthwise_plane(const cuvil_conv_shape *s, const float *xc, const fl
     const int64_t cols = dw_band_cols(s), rows = dw_band_rows(s);
     dw_band_fn *run = dw_band_for(s);
     /* stride 1: the whole plane's bands at once where they fit, each input row copied once, not once
-     * per band that reads it (1.5x at 3x3, 2x at 5x5) */
+     * per band that reads it (1.5x at 3x3, 2x at 5x5); else band by band */
     const int64_t bands = (s->OH + DW_ROWS - 1) / DW_ROWS, all = (bands - 1) * DW_ROWS * s->sh + rows;
-    if (s->sw == 1 && all * cols <= DW_BAND_MAX_FLOATS) {
-        dw_pad_rows(xc, s->H, s->W, -s->ph, all, s->pw, cols, band);
-        for (int64_t oh = 0; oh < s->OH; oh += DW_ROWS)
-            run(s, band + oh * s->sh * cols, cols, wv, b, res ? res + oh * s->OW : 0, yo + oh * s->OW,
-                cuvil_min(DW_ROWS, s->OH - oh), act);
-        return;
-    }
+    const int whole = s->sw == 1 && all * cols <= DW_BAND_MAX_FLOATS;
+    if (whole) dw_pad_rows(xc, s->H, s->W, -s->ph, all, s->pw, cols, band);
     for (int64_t oh = 0; oh < s->OH; oh += DW_ROWS) {
-        cuvil_pad_rows(xc, s->H, s->W, 1, oh * s->sh - s->ph, rows, s->pw, cols, band);
-        run(s, band, cols, wv, b, res ? res + oh * s->OW : 0, yo + oh * s->OW, cuvil_min(DW_ROWS, s->OH - oh), act);
+        if (!whole) cuvil_pad_rows(xc, s->H, s->W, 1, oh * s->sh - s->ph, rows, s->pw, cols, band);
+        run(s, whole ? band + oh * s->sh * cols : band, cols, wv, b, res ? res + oh * s->OW : 0, yo + oh * s->OW,
+            cuvil_min(DW_ROWS, s->OH - oh), act);
     }
 }
 

@@ -141,13 +141,19 @@ def test_reload_swaps_the_artifact_without_dropping_requests(artifact, tmp_path)
 
     async def main():
         sess = cuvil.AsyncInferenceSession(path, max_batch=4, max_wait_ms=1)
+        reloaded = asyncio.Event()
 
         async def client(i):
-            await asyncio.sleep(i * 0.001)
+            # the first half arrives around the reload; the second half after it (on a loaded host the
+            # reload could otherwise finish after every request had run, and none would reach v2)
+            if i >= 30:
+                await reloaded.wait()
+            await asyncio.sleep(i % 30 * 0.001)
             return await sess.run(reqs[i])
         tasks = [asyncio.ensure_future(client(i)) for i in range(60)]
         await asyncio.sleep(0.02)
         await asyncio.get_running_loop().run_in_executor(None, sess.reload, tmp_path / "v2.cuvil")
+        reloaded.set()
         res = await asyncio.gather(*tasks)
         await sess.close()
         return res

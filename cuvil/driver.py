@@ -129,11 +129,13 @@ def optimize(graph, opts: Options):
 
 def _dot_products(node, target):
     """The dot products a node runs on for `target` (passes/quantize.describe): "bf16", "int8" (VNNI),
-    "int8_avx2" or None."""
+    "int8_avx2", "bytes_depthwise" (a depthwise conv on its input's bytes) or None."""
     from .codegen.c.lower_bf16dot import computes_bf16
-    from .codegen.c.lower_int8dot import computes_int8, int8_conv_kind
+    from .codegen.c.lower_int8dot import computes_int8, depthwise_on_bytes, int8_conv_kind
     if computes_bf16(node, target):
         return "bf16"
+    if depthwise_on_bytes(node) and node.attrs.get("int8_in"):
+        return "bytes_depthwise"
     if computes_int8(node, target):
         return "int8" if int8_conv_kind(target) == 2 else "int8_avx2"
     return None

@@ -19,7 +19,7 @@ from .util import branching_conv_block, build_kernels
 
 BUILDS = {"portable": (["-march=x86-64"], 4), "avx2": (["-march=x86-64-v3"], 8),
           "avx512_vnni": (["-march=native"], 16)}
-FILES = ("blocked_dot.c", "blocked.c", "int8dot.c", "int8_matmul.c", "bf16dot.c", "gemm.c", "pool.c", "conv.c", "winograd.c",
+FILES = ("blocked_dot.c", "depthwise_bytes.c", "blocked.c", "int8dot.c", "int8_matmul.c", "bf16dot.c", "gemm.c", "pool.c", "conv.c", "winograd.c",
          "winograd4.c", "winograd_blocked.c", "special.c")
 
 

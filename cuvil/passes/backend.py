@@ -12,8 +12,9 @@ class Backend:
     ops: frozenset              # the ops it has a lowering for
     supports: Callable          # node -> None when it lowers the node as it stands, else the reason why not
     scratch_bytes: Callable     # (node, dim bounds) -> bytes of scratch memory the node's code needs (memplan)
-    # node -> whether it runs on integer conv kernels (precision="int8"), and the [hp, wp, ph, pw] of the
-    # padded byte image such a conv reads from a channel-blocked input (None: it reads no such image)
+    # node -> whether it can write the next integer conv's input bytes (an integer conv, or a depthwise
+    # conv reading bytes, precision="int8"), and the [hp, wp, ph, pw] of the padded byte image a conv can
+    # read from a channel-blocked input (None: it reads no such image)
     int8_conv: Callable = lambda node: False
     int8_input_image: Callable = lambda node: None
 

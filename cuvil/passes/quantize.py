@@ -150,7 +150,10 @@ def link_int8_convs(graph, backend):
     alone, as its input over a fixed range (calibrated, or a QDQ model's grid), and is no graph output, the
     producer stores it as that conv's quantized input (int8_out: the reader's padded byte image; the same
     bytes the reader would make of the floats) and the reader skips its quantization pass (int8_in).
-    Runs after layout: which convs are integer ones follows from their layout (backend.int8_conv)."""
+    A depthwise conv over a fixed range reads them too (its input's quantization the only loss), and then
+    writes the next integer conv's bytes itself: MobileNet's expand -> depthwise -> project convs pass
+    bytes along. Runs after layout: which convs are integer ones follows from their layout
+    (backend.int8_conv: the convs that can write bytes; backend.int8_input_image: those that read them)."""
     users, outputs = graph.users(), {id(v) for v in graph.outputs}
     for p in graph.nodes:
         if not backend.int8_conv(p) or p.attrs.get("int8_out") is not None:
@@ -174,7 +177,8 @@ def link_int8_convs(graph, backend):
 
 def describe(node, dot=None) -> str | None:
     """The precision a node computes in, as precision_summary counts it (None: not a weighted op);
-    dot(node): the dot products the target runs it on, "bf16", "int8" (VNNI), "int8_avx2" or None."""
+    dot(node): the dot products the target runs it on, "bf16", "int8" (VNNI), "int8_avx2", "bytes_depthwise"
+    or None."""
     kind = dot(node) if dot is not None else None
     if node.op == "matmul_q":
         w = node.inputs[1]
@@ -192,6 +196,8 @@ def describe(node, dot=None) -> str | None:
         return "int8 filters, uint8 input, int32 sums (vpdpbusd)"
     if node.op == "conv" and kind == "int8_avx2":
         return "int8 filters, 7-bit input, int32 sums (vpmaddubsw)"
+    if node.op == "conv" and kind == "bytes_depthwise":
+        return "uint8 input widened, fp32 filters and sums (depthwise)"
     if node.op in ("matmul", "matmul_fused", "conv", "grouped_matmul", "attention", "expert_matmul"):
         return "fp32"
     return None

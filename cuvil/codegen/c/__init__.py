@@ -4,7 +4,7 @@ from ...passes.backend import Backend
 from . import (lower_bitwise, lower_blocked, lower_control, lower_detection, lower_linalg, lower_llm, lower_movement,  # noqa: F401
                lower_nn, lower_pointwise, lower_reduce, lower_scatter)
 from .emit import LOWERINGS
-from .lower_int8dot import computes_int8, int8_input_image
+from .lower_int8dot import int8_input_image, writes_int8_input
 
 
 def supports(node):
@@ -18,5 +18,5 @@ def scratch_bytes(node, bounds) -> int:
     return low.scratch(node, bounds) if low.scratch else 0
 
 
-C_BACKEND = Backend(frozenset(LOWERINGS), supports, scratch_bytes, int8_conv=computes_int8,
+C_BACKEND = Backend(frozenset(LOWERINGS), supports, scratch_bytes, int8_conv=writes_int8_input,
                     int8_input_image=int8_input_image)

@@ -191,7 +191,8 @@ def _blocked_scratch(node, s, m) -> int:
         fp32 = (s["C"] * hp * wp + 2 * s["OH"] * s["OW"]) * 4
         return max(fp32, _int8_scratch(node, s)) if node.attrs.get("int8_act") else fp32
     if node.attrs.get("groups", 1) > 1 and depthwise_conv(node):
-        return 0
+        # kernels/depthwise_bytes.c cuvil_depthwise_bytes_scratch: the scaled filters and the biases
+        return (s["KH"] * s["KW"] + 1) * s["C"] * 4 if node.attrs.get("int8_in") else 0
     if m:
         return (m + 2) ** 2 * (s["C"] + s["O"]) * -(-s["OH"] // m) * -(-s["OW"] // m) * 4
     return _int8_scratch(node, s) if node.attrs.get("int8_act") else _gathered_floats(node, s) * 4

@@ -72,6 +72,11 @@ def lower_conv_call(em, node, plan, shape_struct, bias, res, act):
     if plan.kind == "blocked_depthwise":             # passes/layout.py takes no other groups
         w = em.packed(plan.pack, node.inputs[1],
                       lambda d: d.astype(np.float32).reshape(d.shape[0], -1).T.copy())
+        if node.attrs.get("int8_in"):
+            rng, out_rng, image = _int8_link_constants(em, node)
+            return ["{", f"  const cuvil_conv_shape s = {shape_struct};",
+                    f"  cuvil_depthwise_bytes(&s, (const uint8_t *){em.ptr(node.inputs[0])}, {w}, {bias}, {rng}, {res}, "
+                    f"{em.ptr(node.outputs[0])}, {image}, {out_rng}, {act}, {em.scratch()}, NT);", "}"]
         return ["{", f"  const cuvil_conv_shape s = {shape_struct};",
                 f"  cuvil_depthwise_blocked(&s, {em.ptr(node.inputs[0])}, {w}, {bias}, {res}, "
                 f"{em.ptr(node.outputs[0])}, {act}, NT);", "}"]
@@ -101,15 +106,23 @@ def lower_int8_conv(em, node, shape_struct, bias, res, act, input_kind):
     w, a = node.inputs[1], node.attrs
     wq = em.packed("conv_blocked_int8", w, lambda d: int8_filter_panels(d, a.get("groups", 1)), "uint32_t")
     terms = em.packed("conv_blocked_int8_terms", w, lambda d: filter_terms(filters_as_b(d)))
-    # keyed by value too: two convs sharing one filter constant may differ in ranges
-    rng, out_rng = (em.packed(f"conv_{k}:{a[k]}", w, lambda d, k=k: np.array(a[k], np.float32))
-                    if a.get(k) is not None else "0" for k in ("int8_range", "int8_out_range"))
-    image = "0" if a.get("int8_out") is None else \
-        em.packed(f"conv_int8_out:{a['int8_out']}", w, lambda d: np.array(a["int8_out"], np.int64), "int64_t")
+    rng, out_rng, image = _int8_link_constants(em, node)
     return ["{", f"  const cuvil_conv_shape s = {shape_struct};",
             f"  if (cuvil_conv_blocked_int8(&s, {em.ptr(node.inputs[0])}, {wq}, {terms}, {bias}, {res}, {rng}, "
             f"CUVIL_I8_IN_{input_kind}, {em.ptr(node.outputs[0])}, {image}, {out_rng}, {act}, {em.scratch()}, NT)) "
             "CUVIL_FAIL(\"out of memory for int8 activations\");", "}"]
+
+
+def _int8_link_constants(em, node):
+    """The input range, the output range and the output image (int8_out) of a conv in int8 as packed
+    constants, "0" for those it has not; keyed by value too: two convs sharing one filter constant may
+    differ in ranges."""
+    w, a = node.inputs[1], node.attrs
+    rng, out_rng = (em.packed(f"conv_{k}:{a[k]}", w, lambda d, k=k: np.array(a[k], np.float32))
+                    if a.get(k) is not None else "0" for k in ("int8_range", "int8_out_range"))
+    image = "0" if a.get("int8_out") is None else \
+        em.packed(f"conv_int8_out:{a['int8_out']}", w, lambda d: np.array(a["int8_out"], np.int64), "int64_t")
+    return rng, out_rng, image
 
 
 def lower_max_pool(em, node, shape_struct):

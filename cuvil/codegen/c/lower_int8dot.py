@@ -79,11 +79,25 @@ def computes_int8(node, target: str | None = None) -> bool:
     return (kind == "blocked" or (kind == "blocked_from_nchw" and groups == 1)) and K <= I8_MAX_K
 
 
+def depthwise_on_bytes(node) -> bool:
+    """Whether this depthwise conv can read the byte image the integer conv before it writes
+    (kernels/depthwise_bytes.c): channel-blocked, marked for a target with integer convs, over a fixed
+    input range (calibrated). It does where passes/quantize.link_int8_convs linked it (int8_in)."""
+    return (node.op == "conv" and node.attrs.get("int8_act", 0) != 0 and node.attrs.get("int8_range") is not None
+            and conv_plan(node).kind == "blocked_depthwise")
+
+
+def writes_int8_input(node) -> bool:
+    """Whether this conv can write the next integer conv's input bytes (int8_out): an integer conv, or a
+    depthwise conv reading bytes itself (its output stays in bytes between the two 1x1 convs around it)."""
+    return computes_int8(node) or (depthwise_on_bytes(node) and node.attrs.get("int8_in") == 1)
+
+
 def int8_input_image(node):
     """[hp, wp, ph, pw]: the padded byte image of an integer conv's channel-blocked input (kernels/blocked_dot.c:
     hp x wp pixels of C bytes, the map at (ph, pw); the map itself where the conv reads in place), or None
-    for a conv that is no such one."""
-    if not computes_int8(node) or conv_plan(node).kind != "blocked":
+    for a conv that is no such one. A depthwise conv on bytes reads the same image."""
+    if not (depthwise_on_bytes(node) or (computes_int8(node) and conv_plan(node).kind == "blocked")):
         return None
     s, _ = conv_shape(node, lambda d: d)       # spatial dims are static in a blocked conv
     hp, wp, in_place = padded_extent(s)

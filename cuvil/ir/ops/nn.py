@@ -156,7 +156,7 @@ def _conv_ref(xs, a):
 # output channel (the reference stays fp32). Between two integer convs (passes/quantize.link_int8_convs):
 # int8_out [hp, wp, ph, pw] and int8_out_range: the output is stored as the next conv's input bytes (its
 # padded image over its int8_range), and that conv's int8_in 1 reads them (the values stay logically
-# fp32, as a layout changes only how C stores them)
+# fp32, as a layout changes only how C stores them; a depthwise conv with int8_in computes on them in fp32)
 declare(OpDef("conv", {"strides": None, "pads": None, "dilations": None, "groups": 1, "act": "none",
                        "layout": "nchw", "in_layout": None, "bf16_act": 0, "int8_act": 0, "int8_range": None,
                        "int8_out": None, "int8_out_range": None, "int8_in": 0},

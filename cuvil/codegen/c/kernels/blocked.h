@@ -28,6 +28,17 @@ int64_t cuvil_conv_blocked_scratch(const cuvil_conv_shape *s);
 void cuvil_conv_blocked(const cuvil_conv_shape *s, const float *x, const float *wb, const float *bias,
                         const float *residual, float *y, int act, float *scratch, int nthreads);
 
+/* A depthwise conv (groups = C = O) on the byte image the integer conv before it wrote (precision="int8",
+ * passes/quantize.link_int8_convs; depthwise_bytes.c): x pixel-major bytes over range [lo, hi], the padded
+ * extent's rows and columns (blocked_input.h; the map itself where no window reaches past it), padding at
+ * the zero point; w as cuvil_depthwise_blocked's. Output: blocked floats at y (bias, residual, act
+ * fused), or with out_image ({hp, wp, ph, pw}, over out_range) the next integer conv's input bytes at y,
+ * as cuvil_conv_blocked_int8 writes them. Scratch: cuvil_depthwise_bytes_scratch floats. */
+int64_t cuvil_depthwise_bytes_scratch(const cuvil_conv_shape *s);
+void cuvil_depthwise_bytes(const cuvil_conv_shape *s, const uint8_t *x, const float *w, const float *bias,
+                           const float *range, const float *residual, float *y, const int64_t *out_image,
+                           const float *out_range, int act, float *scratch, int nthreads);
+
 /* cuvil_conv_blocked in bf16 products with fp32 sums (groups 1; kernels/bf16dot.h): wb the filters
  * as B, in bf16 pair panels (bf16dot.h, CUVIL_BF16_NR columns each); the input rounded to bf16 as each M
  * block reads it. Same scratch as cuvil_conv_blocked; returns -1 where a thread's buffer for the rounded

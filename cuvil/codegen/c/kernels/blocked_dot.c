@@ -201,20 +201,6 @@ int64_t cuvil_conv_blocked_int8_scratch(const cuvil_conv_shape *s) {
     return (cuvil_conv_blocked_scratch(s) + image + 15) / 16 * 16 + 2 * s->O;
 }
 
-/* The border of a byte image (out_image {hp, wp, ph, pw}: rows and columns outside the H x W map)
- * at the zero point; the conv writing the map fills the rest. */
-static void byte_border(uint8_t *q, const int64_t *img, int64_t H, int64_t W, int64_t C, uint8_t zero) {
-    int64_t hp = img[0], wp = img[1], ph = img[2], pw = img[3];
-    for (int64_t r = 0; r < hp; r++) {
-        uint8_t *row = q + r * wp * C;
-        if (r < ph || r >= ph + H) memset(row, zero, wp * C);
-        else {
-            memset(row, zero, pw * C);
-            if (pw + W < wp) memset(row + (pw + W) * C, zero, (wp - pw - W) * C);
-        }
-    }
-}
-
 int cuvil_conv_blocked_int8(const cuvil_conv_shape *s, const float *x, const uint32_t *wq, const float *wterms,
                             const float *bias, const float *residual, const float *range, int input_kind, float *y,
                             const int64_t *out_image, const float *out_range, int act, float *scratch, int nthreads) {
@@ -241,7 +227,7 @@ int cuvil_conv_blocked_int8(const cuvil_conv_shape *s, const float *x, const uin
         if (out_image) {
             bytes = (cuvil_byte_image){(uint8_t *)y + n * out_bytes, om.inv, om.zero, (float)CUVIL_I8_LEVELS, s->OW,
                                        s->O, out_image[0], out_image[1], out_image[2], out_image[3]};
-            byte_border(bytes.q, out_image, s->OH, s->OW, s->O, (uint8_t)om.zero);
+            cuvil_byte_border(bytes.q, out_image, s->OH, s->OW, s->O, (uint8_t)om.zero);
         }
         int8_conv a = {s, xq, b.pix, b.tap, (s->KH * s->KW * s->C / G + 3) / 4, P, mc, ng, np, mb * ng, b.direct,
                        b.direct && G == 1 && s->C % 4 == 0,

@@ -33,6 +33,24 @@ static inline cuvil_vf cuvil_vclamp(cuvil_vf x, float lo, float hi) {
 }
 #endif
 
+/* CUVIL_VL bytes at p widened to floats: vpmovzxbd + vcvtdq2ps where the target has them (GCC 12
+ * turns a byte vector's __builtin_convertvector into one scalar conversion a lane). */
+#if defined(__AVX512F__) && CUVIL_VL == 16
+static inline cuvil_vf cuvil_vload_bytes(const uint8_t *p) {
+    return (cuvil_vf)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+#elif defined(__AVX2__) && CUVIL_VL == 8
+static inline cuvil_vf cuvil_vload_bytes(const uint8_t *p) {
+    return (cuvil_vf)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+#else
+static inline cuvil_vf cuvil_vload_bytes(const uint8_t *p) {
+    cuvil_vf v;
+    for (int i = 0; i < CUVIL_VL; i++) v[i] = (float)p[i];
+    return v;
+}
+#endif
+
 #if defined(__AVX512F__) && CUVIL_VL == 16
 /* exp(x) for x in [-104, 89] (or NaN, kept): the same reduction and polynomial as the portable form
  * below, 2^n by vscalefps (inf past the top of the exponent range, denormals and 0 past the bottom).

@@ -1,0 +1,182 @@
+/* Depthwise convs on bytes (compile's precision="int8", passes/quantize.link_int8_convs): the input is
+ * the byte image the integer conv before it wrote over this conv's range, pixel-major (blocked_dot.c:
+ * the padded extent's pixels of C bytes each, the padding at the zero point, so that every window lies
+ * inside it), and each tap's bytes are widened to floats and multiplied by the filters, scaled by the
+ * input's scale, in fp32 (the input's quantization is the only loss). MobileNetV2's expand convs had
+ * written 4 bytes a value for these convs to read: at 56x56 x 144 channels 1.8 MB that left the L2.
+ * The output: blocked floats, or the next integer conv's input bytes (cuvil_byte_image), as a tile of
+ * pixels by channel vectors: a pixel's channels end up side by side, as that image keeps them. */
+#include "blocked_input.h"
+#include "dot_out.h"
+#include "int8dot.h"
+
+typedef struct {
+    const cuvil_conv_shape *s;
+    const uint8_t *x;
+    const float *w, *bias;        /* the filters times the input's scale [KH * KW][C]; the biases less the
+                                   * zero point's share */
+    const float *residual;
+    float *y;
+    const cuvil_byte_image *out;  /* the next conv's image, or 0: blocked floats at y */
+    cuvil_byte_clamp clamp;       /* with `folded`: out's map and the activation folded into w and bias */
+    int folded;
+    float lo, hi;                 /* with `clamped` (floats out, no residual): the activation's bounds */
+    int clamped;
+    int64_t ldx, image;           /* bytes from one image row of pixels to the next, and a whole image's */
+    int64_t chunks;               /* channel chunks per output row: the tasks are rows x chunks */
+    int act;
+} dw_bytes;
+
+/* Output pixel (n, oh, ow)'s channels [c, c + B), stored: as the next conv's bytes, or as floats
+ * (residual and activation fused where they are not folded into the sums). Out of line: with every
+ * activation's code inlined into each tile's stores the tiles had not fit the instruction cache (the
+ * tiles store the folded and clamped cases themselves). */
+static __attribute__((noinline)) void dw_bytes_store(const dw_bytes *a, int64_t n, int64_t oh, int64_t ow, int64_t c,
+                                                     cuvil_vf v) {
+    const cuvil_conv_shape *s = a->s;
+    const cuvil_byte_image *b = a->out;
+    int64_t at = (((n * (s->C / CUVIL_BLOCK) + c / CUVIL_BLOCK) * s->OH + oh) * s->OW + ow) * CUVIL_BLOCK;
+    if (!a->folded) {
+        if (a->residual) v += cuvil_vload(a->residual + at);
+        if (a->act) v = cuvil_vact(v, a->act);
+    }
+    if (!b) {
+        cuvil_vstore(a->y + at, v);
+        return;
+    }
+    int64_t r = oh + b->ph, col = ow + b->pw;        /* a strided reader's image may drop the last ones */
+    if (r >= b->hp || col >= b->wp) return;
+    uint8_t *q = b->q + ((n * b->hp + r) * b->wp + col) * b->C + c;
+    if (a->folded) cuvil_clamped_bytes(v, &a->clamp, q);
+    else cuvil_to_bytes(v, b->inv, b->zero, b->top, q);
+}
+
+/* T pixels from ow, channels [c, c + B): KW and SW (the filter's width, the stride along W) constants,
+ * so that a tap two pixels share is loaded once; xr: the window row of output row oh. The shape in
+ * locals: byte stores may alias anything. */
+static inline __attribute__((always_inline)) void dw_bytes_pixels(int KW, int SW, int T, const dw_bytes *a,
+                                                                  const uint8_t *xr, int64_t n, int64_t oh,
+                                                                  int64_t ow, int64_t c) {
+    const cuvil_conv_shape *s = a->s;
+    const int64_t C = s->C, KH = s->KH, row = s->dh * a->ldx;
+    const uint8_t *x0 = xr + ow * SW * C + c;
+    const float *w = a->w + c;
+    cuvil_vf acc[8], b = cuvil_vload(a->bias + c);
+    #pragma GCC unroll 8
+    for (int j = 0; j < T; j++) acc[j] = b;
+    for (int64_t kh = 0; kh < KH; kh++) {
+        #pragma GCC unroll 7
+        for (int kw = 0; kw < KW; kw++) {
+            cuvil_vf wv = cuvil_vload(w + (kh * KW + kw) * C);
+            #pragma GCC unroll 8
+            for (int j = 0; j < T; j++) acc[j] += cuvil_vload_bytes(x0 + kh * row + (j * SW + kw) * C) * wv;
+        }
+    }
+    if (a->folded) {
+        const cuvil_byte_image *o = a->out;
+        int64_t r = oh + o->ph, wp = o->wp;
+        if (r >= o->hp) return;
+        uint8_t *q = o->q + ((n * o->hp + r) * wp + ow + o->pw) * C + c;
+        #pragma GCC unroll 8
+        for (int j = 0; j < T; j++)
+            if (ow + o->pw + j < wp) cuvil_clamped_bytes(acc[j], &a->clamp, q + j * C);
+    } else if (a->clamped) {
+        float *y = a->y + (((n * (C / CUVIL_BLOCK) + c / CUVIL_BLOCK) * s->OH + oh) * s->OW + ow) * CUVIL_BLOCK;
+        #pragma GCC unroll 8
+        for (int j = 0; j < T; j++) cuvil_vstore(y + j * CUVIL_BLOCK, cuvil_vclamp(acc[j], a->lo, a->hi));
+    } else
+        for (int j = 0; j < T; j++) dw_bytes_store(a, n, oh, ow + j, c, acc[j]);
+}
+
+/* Output row (n, oh), channel blocks [cb0, cb1): tiles of 8 pixels, of 4, then one by one, each over
+ * every channel block before the next, so that the tile's input stays in L1 and its output bytes are
+ * whole pixels. */
+static inline __attribute__((always_inline)) void dw_bytes_row(int KW, int SW, const dw_bytes *a, const uint8_t *xr,
+                                                               int64_t n, int64_t oh, int64_t cb0, int64_t cb1) {
+    int64_t ow = 0, OW = a->s->OW;
+    for (; ow + 8 <= OW; ow += 8)
+        for (int64_t cb = cb0; cb < cb1; cb++) dw_bytes_pixels(KW, SW, 8, a, xr, n, oh, ow, cb * CUVIL_BLOCK);
+    if (ow + 4 <= OW) {
+        for (int64_t cb = cb0; cb < cb1; cb++) dw_bytes_pixels(KW, SW, 4, a, xr, n, oh, ow, cb * CUVIL_BLOCK);
+        ow += 4;
+    }
+    for (; ow < OW; ow++)
+        for (int64_t cb = cb0; cb < cb1; cb++) dw_bytes_pixels(KW, SW, 1, a, xr, n, oh, ow, cb * CUVIL_BLOCK);
+}
+
+/* Any other filter width, stride or dilation along W: pixel by pixel, the taps' offsets at run time. */
+static void dw_bytes_row_any(const dw_bytes *a, const uint8_t *xr, int64_t n, int64_t oh, int64_t cb0, int64_t cb1) {
+    const cuvil_conv_shape *s = a->s;
+    const int64_t C = s->C;
+    for (int64_t ow = 0; ow < s->OW; ow++)
+        for (int64_t cb = cb0; cb < cb1; cb++) {
+            int64_t c = cb * CUVIL_BLOCK;
+            cuvil_vf acc = cuvil_vload(a->bias + c);
+            for (int64_t kh = 0; kh < s->KH; kh++)
+                for (int64_t kw = 0; kw < s->KW; kw++)
+                    acc += cuvil_vload_bytes(xr + kh * s->dh * a->ldx + (ow * s->sw + kw * s->dw) * C + c) *
+                           cuvil_vload(a->w + (kh * s->KW + kw) * C + c);
+            dw_bytes_store(a, n, oh, ow, c, acc);
+        }
+}
+
+/* Tasks t = ((n * OH + oh) * chunks + chunk): one output row's chunk of channel blocks. */
+static void dw_bytes_task(void *ctx, int64_t t0, int64_t t1) {
+    const dw_bytes *a = ctx;
+    const cuvil_conv_shape *s = a->s;
+    const int64_t CB = s->C / CUVIL_BLOCK;
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t r = t / a->chunks, k = t % a->chunks, n = r / s->OH, oh = r % s->OH;
+        int64_t cb0 = k * CB / a->chunks, cb1 = (k + 1) * CB / a->chunks;
+        const uint8_t *xr = a->x + n * a->image + oh * s->sh * a->ldx;
+        switch (s->dw == 1 ? s->KW * 4 + s->sw : 0) {
+        case 3 * 4 + 1: dw_bytes_row(3, 1, a, xr, n, oh, cb0, cb1); break;
+        case 3 * 4 + 2: dw_bytes_row(3, 2, a, xr, n, oh, cb0, cb1); break;
+        case 5 * 4 + 1: dw_bytes_row(5, 1, a, xr, n, oh, cb0, cb1); break;
+        case 5 * 4 + 2: dw_bytes_row(5, 2, a, xr, n, oh, cb0, cb1); break;
+        case 7 * 4 + 1: dw_bytes_row(7, 1, a, xr, n, oh, cb0, cb1); break;
+        default: dw_bytes_row_any(a, xr, n, oh, cb0, cb1);
+        }
+    }
+}
+
+int64_t cuvil_depthwise_bytes_scratch(const cuvil_conv_shape *s) { return (s->KH * s->KW + 1) * s->C; }
+
+void cuvil_depthwise_bytes(const cuvil_conv_shape *s, const uint8_t *x, const float *w, const float *bias,
+                           const float *range, const float *residual, float *y, const int64_t *out_image,
+                           const float *out_range, int act, float *scratch, int nthreads) {
+    const int64_t taps = s->KH * s->KW, C = s->C, rows = s->N * s->OH, CB = C / CUVIL_BLOCK;
+    float scale, zero;
+    cuvil_byte_scale(range[0], range[1], (float)CUVIL_I8_LEVELS, &scale, &zero);
+    /* sum_t (q_t - zero) scale w_t + bias = sum_t q_t (scale w_t) + (bias - zero sum_t scale w_t) */
+    float *ws = scratch, *bs = scratch + taps * C;
+    for (int64_t c = 0; c < C; c++) {
+        float sum = 0.f;
+        for (int64_t t = 0; t < taps; t++) sum += ws[t * C + c] = scale * w[t * C + c];
+        bs[c] = (bias ? bias[c] : 0.f) - zero * sum;
+    }
+    int in_place = blocked_in_place(s);           /* the image the writer made (lower_int8dot.int8_input_image) */
+    int64_t ldx = (in_place ? s->W : padded_w(s)) * C, image = (in_place ? s->H : padded_h(s)) * ldx;
+    cuvil_byte_image bytes = {0};
+    if (out_image) {
+        float oscale, ozero;
+        cuvil_byte_scale(out_range[0], out_range[1], (float)CUVIL_I8_LEVELS, &oscale, &ozero);
+        bytes = (cuvil_byte_image){(uint8_t *)y, 1.f / oscale, ozero, (float)CUVIL_I8_LEVELS, s->OW, s->O,
+                                   out_image[0], out_image[1], out_image[2], out_image[3]};
+        for (int64_t n = 0; n < s->N; n++)
+            cuvil_byte_border(bytes.q + n * bytes.hp * bytes.wp * s->O, out_image, s->OH, s->OW, s->O, (uint8_t)ozero);
+    }
+    float lo = 0.f, hi = 0.f;
+    int clamp_act = !residual && cuvil_act_bounds(act, &lo, &hi), folded = out_image && clamp_act;
+    if (folded) {                 /* the sums come out as the next conv's t (dot_out.h cuvil_byte_clamp) */
+        for (int64_t i = 0; i < taps * C; i++) ws[i] *= bytes.inv;
+        for (int64_t c = 0; c < C; c++) bs[c] = bs[c] * bytes.inv + (bytes.zero + 0.5f);
+    }
+    int nt = rows * s->OW * taps * C > 65536 ? nthreads : 1;
+    /* a small map's few rows split by channels too, so that every thread has several tasks */
+    int64_t chunks = nt > 1 ? cuvil_min(CB, (4 * nt + rows - 1) / rows) : 1;
+    dw_bytes a = {s, x, ws, bs, residual, y, out_image ? &bytes : 0,
+                  folded ? cuvil_byte_clamp_of(&bytes, lo, hi) : (cuvil_byte_clamp){0}, folded, lo, hi,
+                  clamp_act && !out_image, ldx, image, chunks, act};
+    cuvil_parallel_for(nt, rows * chunks, 1, dw_bytes_task, &a);
+}

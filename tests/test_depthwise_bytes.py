@@ -115,13 +115,15 @@ def _inverted_residual(cin, expand, k, stride):
     return Block().eval()
 
 
-@pytest.mark.parametrize("k,stride,hw", [(3, 1, (14, 13)), (3, 2, (15, 16)), (5, 1, (9, 11)), (5, 2, (12, 12))])
+@pytest.mark.parametrize("k,stride,hw,cin", [(3, 1, (14, 13), 32), (3, 2, (15, 16), 32), (5, 1, (9, 11), 32),
+                                             (5, 2, (12, 12), 32), (3, 1, (12, 10), 24), (3, 2, (11, 12), 24)])
 @pytest.mark.parametrize("target", ["native", "x86_64-avx2"])
-def test_compiled_depthwise_reads_and_writes_bytes(k, stride, hw, target, tmp_path, monkeypatch):
+def test_compiled_depthwise_reads_and_writes_bytes(k, stride, hw, cin, target, tmp_path, monkeypatch):
     """Calibrated int8 inverted-residual blocks: the depthwise conv reads the expand conv's bytes and
     writes the project conv's (cuvil_depthwise_bytes); within int8's error of torch and of the same model
     compiled without the links (where the depthwise conv runs on floats), on every target with integer
-    convs; without them no conv is linked."""
+    convs; without them no conv is linked. 24 channels on a 16-float target: the project conv reads the
+    blocked bytes into NCHW output (conv_plan "blocked_to_nchw"), the next expand conv reads NCHW."""
     import torch
 
     import cuvil
@@ -131,15 +133,19 @@ def test_compiled_depthwise_reads_and_writes_bytes(k, stride, hw, target, tmp_pa
     if target != "native" and not has_features("native", ("avx2", "fma")):
         pytest.skip("this CPU runs no AVX2 build")
     torch.manual_seed(k * 10 + stride)
-    m = _inverted_residual(32, 4, k, stride)
-    calib = [torch.randn(1, 32, *hw) for _ in range(4)]
-    x = torch.randn(1, 32, *hw)
+    m = _inverted_residual(cin, 4, k, stride)
+    calib = [torch.randn(1, cin, *hw) for _ in range(4)]
+    x = torch.randn(1, cin, *hw)
     kw = dict(precision="int8", layout="blocked", target=target, calibration_data=calib)
     cm = cuvil.compile(m, (x,), cache_dir=tmp_path / "linked", **kw)
     monkeypatch.setattr(quantize, "link_int8_convs", lambda graph, backend: graph)
     plain = cuvil.compile(m, (x,), cache_dir=tmp_path / "plain", **kw)
     assert cm.c_source.count("cuvil_depthwise_bytes(") == (1 if int8_conv_kind(target) else 0)
     assert "cuvil_depthwise_bytes(" not in plain.c_source
+    from cuvil.codegen.c.conv_plan import conv_plan
+    from cuvil.target import vector_floats
+    into_nchw = [n for n in cm.graph.nodes if n.op == "conv" and conv_plan(n).kind == "blocked_to_nchw"]
+    assert len(into_nchw) == (1 if int8_conv_kind(target) and cin % vector_floats(target) else 0)
     want = m(x).detach().numpy()
     got = cm(x).numpy()
     assert np.isfinite(got).all()

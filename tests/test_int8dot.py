@@ -186,7 +186,7 @@ def test_blocked_conv_matches_integer_arithmetic(lib, k, stride, pad, dil, cin, 
     terms = filter_terms(filters_as_b(w))
     r = None if rng_ is None else np.array(rng_, np.float32)
     assert lib.cuvil_conv_blocked_int8(ctypes.byref(s), _ptr(xb), _ptr(wq), _ptr(terms), _ptr(bias), _ptr(rb), _ptr(r),
-                                       int(nchw), _ptr(y), None, None, ACT_CODES["relu"], _ptr(scratch), 2) == 0
+                                       int(nchw), _ptr(y), 0, None, None, ACT_CODES["relu"], _ptr(scratch), 2) == 0
     got = _unblocked(y, B)
 
     q, ws = quantized_filters(filters_as_b(w))
@@ -224,7 +224,7 @@ def _int8_conv(lib, x, w, bias, stride, pad, groups, rng_, kind, out_image=None,
     assert lib.cuvil_conv_blocked_int8(
         ctypes.byref(s), _ptr(xb), _ptr(int8_filter_panels(w, groups)), _ptr(filter_terms(filters_as_b(w))),
         _ptr(bias), _ptr(None if res is None else _blocked(res, B)), _ptr(np.array(rng_, np.float32)), kind, _ptr(y),
-        _ptr(img), _ptr(orng), ACT_CODES["relu"], _ptr(scratch), 2) == 0
+        0, _ptr(img), _ptr(orng), ACT_CODES["relu"], _ptr(scratch), 2) == 0
     return y
 
 
@@ -470,3 +470,40 @@ def test_int8_link_attributes_fuzz():
             assert all(isinstance(v, float) and np.isfinite(v) for v in rng) and rng[0] <= rng[1]
         assert inb in (0, 1) and (not inb or r is not None)
     check()
+
+
+@pytest.mark.parametrize("cout,hw,kind", [(37, (9, 11), 0), (24, (7, 16), 2), (8, (5, 5), 0)])
+def test_conv_into_nchw_output_matches_the_blocked_one(lib, cout, hw, kind):
+    """An integer 1x1 conv writing NCHW (nchw_out: output channels that fill no block, passes/layout.py
+    int8_into_nchw) gives exactly the blocked output of the same conv with its filters padded to whole
+    blocks by zero filters (to float rounding), residual and ReLU fused, from floats or from the bytes
+    before it."""
+    B = lib.block
+    C, N, (H, W) = 2 * B, 2, hw
+    rng = np.random.default_rng(cout)
+    x = rng.standard_normal((N, C, H, W)).astype(np.float32)
+    w = (rng.standard_normal((cout, C, 1, 1)) * 0.2).astype(np.float32)
+    bias = rng.standard_normal(cout).astype(np.float32)
+    res = rng.standard_normal((N, cout, H, W)).astype(np.float32)
+    opad = -(-cout // B) * B
+    wp, bp, rp = (np.concatenate([a, np.zeros((opad - cout, *a.shape[1:]), np.float32)]) for a in (w, bias, res.transpose(1, 0, 2, 3)))
+    rp = np.ascontiguousarray(rp.transpose(1, 0, 2, 3))
+    rng_ = np.array([-2.0, 2.5], np.float32)
+    xin = _blocked(x, B)
+    if kind == 2:                        # the bytes a conv before it would write: the map, pixel-major
+        q, _, _ = _byte_map(x, [-2.0, 2.5], lib.levels)
+        xin = np.ascontiguousarray(q.transpose(0, 2, 3, 1)).astype(np.uint8)
+
+    def run(wt, b, r, nchw_out, O):
+        s = Shape(N, C, H, W, O, 1, 1, H, W, 1, 1, 0, 0, 1, 1, 1)
+        scratch = np.zeros(lib.cuvil_conv_blocked_int8_scratch(ctypes.byref(s)) + 16, np.float32)
+        y = np.full((N, O, H, W) if nchw_out else (N, O // B, H, W, B), np.nan, np.float32)
+        assert lib.cuvil_conv_blocked_int8(ctypes.byref(s), _ptr(xin), _ptr(int8_filter_panels(wt)),
+                                           _ptr(filter_terms(filters_as_b(wt))), _ptr(b), _ptr(r), _ptr(rng_), kind,
+                                           _ptr(y), nchw_out, None, None, ACT_CODES["relu"], _ptr(scratch), 2) == 0
+        return y
+    got = run(w, bias, res, 1, cout)
+    want = _unblocked(run(wp, bp, _blocked(rp, B), 0, opad), B)[:, :cout]
+    assert not np.isnan(got).any()
+    # equal but for the rounding of a panel's last columns (not a whole vector: scalar, unfused)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

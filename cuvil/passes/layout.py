@@ -8,7 +8,8 @@ Runs after fusion, so that a conv's fused residual is known to be read in the co
 blocked op alone between NCHW neighbours would pay a relayout in and out for its gain, so only ops
 with a blocked neighbour (producer or consumer) are taken: a net's chain of convs turns blocked whole,
 a lone conv stays as it was. A stem conv (a few input channels, NCHW) can write blocked output from
-NCHW input, so the blocked region starts at its output."""
+NCHW input, so the blocked region starts at its output; an integer 1x1 conv into channels that fill no
+block reads blocked input into NCHW output (int8_into_nchw), so one can end there."""
 from __future__ import annotations
 
 import numpy as np
@@ -53,6 +54,24 @@ def blockable_from_nchw(node, block: int) -> bool:
     return (_static_4d(x) and _static_4d(y) and w.is_const and node.attrs.get("groups", 1) == 1
             and x.shape[1] % block != 0 and y.shape[1] % block == 0
             and int(np.prod(w.shape[1:])) <= NCHW_IN_MAX_K)
+
+
+INT8_MAX_K = 65792        # kernels/int8dot.h CUVIL_I8_MAX_K: the integer sums' bound
+
+
+def int8_into_nchw(node, block: int) -> bool:
+    """Whether a conv can read blocked input and write NCHW: a 1x1 conv marked for integer products
+    (int8_act, passes/quantize.py) whose input channels fill blocks and output channels do not
+    (kernels/blocked_dot.c nchw_out). MobileNetV2's projections to 24 channels had taken a relayout of
+    their input and run in fp32; the blocked region now ends at their output."""
+    if node.op != "conv" or not node.attrs.get("int8_act"):
+        return False
+    x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    a = node.attrs
+    return (_static_4d(x) and _static_4d(y) and w.is_const and a.get("groups", 1) == 1
+            and x.shape[1] % block == 0 and y.shape[1] % block != 0 and x.shape[1] <= INT8_MAX_K
+            and tuple(w.shape[2:]) == (1, 1) and tuple(a["strides"]) == (1, 1) and tuple(a["dilations"]) == (1, 1)
+            and all(tuple(p) == (0, 0) for p in a["pads"]))
 
 
 def _nhwc_transpose(node, perm, block) -> bool:
@@ -197,6 +216,9 @@ def run(graph, layout: str):
             continue
         if reads_in_place(n) and id(n.inputs[0]) in blocked_values:
             positions = [0]
+        if not blocked and int8_into_nchw(n, block) and id(n.inputs[0]) in blocked_values:
+            positions = [0]                    # x read blocked; the output (and a residual) NCHW
+            n.attrs["in_layout"] = layout
         if _nhwc_transpose(n, TO_NHWC, block) and id(n.inputs[0]) in blocked_values:
             positions = [0]
             n.attrs["in_layout"] = layout

@@ -17,6 +17,12 @@ def is_blocked(node) -> bool:
     return layout_block(node.attrs.get("layout", "nchw")) > 0
 
 
+def reads_blocked_into_nchw(node) -> bool:
+    """An NCHW conv that reads its input channel-blocked (passes/layout.py: an integer 1x1 conv whose
+    output channels fill no block, MobileNetV2's projections to 24 channels): kind "blocked_to_nchw"."""
+    return not is_blocked(node) and layout_block(node.attrs.get("in_layout") or "nchw") > 0
+
+
 def conv_shape(node, spatial_of):
     """The fields of the C cuvil_conv_shape (each dim through spatial_of) and the end pads (bottom, right)."""
     x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
@@ -140,7 +146,8 @@ def conv2d_path(node) -> str:
 @dataclass(frozen=True)
 class ConvPlan:
     """kind: "nd" (direct loops of a 3-d conv, direct_nd.conv_nd); channel-blocked (kernels/blocked.h):
-    "blocked_from_nchw" (NCHW input), "blocked_depthwise", "blocked_winograd", "blocked"; NCHW:
+    "blocked_from_nchw" (NCHW input), "blocked_to_nchw" (NCHW output, integer products),
+    "blocked_depthwise", "blocked_winograd", "blocked"; NCHW:
     "winograd", "swapped" (cuvil_conv_swapped), "gemm" (cuvil_conv2d), or "swappable" when no panel
     width was given (the target decides between "swapped" and "gemm"; the scratch covers both).
     winograd: the Winograd output tile size (0: none). pack: the name under which the filters are
@@ -157,6 +164,8 @@ class ConvPlan:
 def _kind(node, m, nr):
     if node.inputs[0].type.rank == 5:
         return "nd", None
+    if reads_blocked_into_nchw(node):
+        return "blocked_to_nchw", None           # integer products only (lower_int8dot.computes_int8)
     if is_blocked(node):
         if node.attrs.get("in_layout") == "nchw":
             return "blocked_from_nchw", "conv_nchw_blocked_b"
@@ -227,7 +236,7 @@ def _gemm_scratch(node, s, m) -> int:
 
 def _scratch(node, bounds, m) -> int:
     s, _ = conv_shape(node, lambda d: D.upper_bound(d, bounds))
-    if is_blocked(node):
+    if is_blocked(node) or reads_blocked_into_nchw(node):
         return _blocked_scratch(node, s, m)
     # the swapped form's pixel-major product (conv.c: swapped_ldc) and im2col rows; whether it is taken
     # depends on the target's panel width

@@ -54,14 +54,17 @@ def _block_check(layout):
 def lower_conv(em, node, plan, shape_struct, bias, res, act):
     """A blocked conv of the kind its conv_plan.ConvPlan names."""
     lines = lower_conv_call(em, node, plan, shape_struct, bias, res, act)
-    return lines[:1] + ["  " + _block_check(node.attrs["layout"])] + lines[1:]
+    blocked = node.attrs["in_layout"] if plan.kind == "blocked_to_nchw" else node.attrs["layout"]
+    return lines[:1] + ["  " + _block_check(blocked)] + lines[1:]
 
 
 def lower_conv_call(em, node, plan, shape_struct, bias, res, act):
     nr, m = panel_width(em), plan.winograd
     if computes_int8(node, em.target):
         kind = "NCHW" if plan.kind == "blocked_from_nchw" else "BYTES" if node.attrs.get("int8_in") else "BLOCKED"
-        return lower_int8_conv(em, node, shape_struct, bias, res, act, kind)
+        return lower_int8_conv(em, node, shape_struct, bias, res, act, kind, nchw_out=plan.kind == "blocked_to_nchw")
+    if plan.kind == "blocked_to_nchw":
+        raise AssertionError(f"conv at {node.loc}: blocked input into NCHW output has integer kernels only")
     if plan.kind == "blocked_from_nchw":
         wb = em.packed(plan.pack, node.inputs[1],
                        lambda d: pack_b(d.astype(np.float32).reshape(d.shape[0], -1).T, nr))
@@ -100,16 +103,18 @@ def lower_conv_call(em, node, plan, shape_struct, bias, res, act):
             f"{act}, {em.scratch()}, NT);", "}"]
 
 
-def lower_int8_conv(em, node, shape_struct, bias, res, act, input_kind):
-    """input_kind: BLOCKED, NCHW or BYTES (kernels/blocked.h CUVIL_I8_IN_*); int8_out (the next conv's byte
-    image) and the ranges reach C as constants, checked by the op (ints, and floats within float32's range)."""
+def lower_int8_conv(em, node, shape_struct, bias, res, act, input_kind, nchw_out=False):
+    """input_kind: BLOCKED, NCHW or BYTES (kernels/blocked.h CUVIL_I8_IN_*); nchw_out: the output (and
+    residual) in NCHW, not blocked; int8_out (the next conv's byte image) and the ranges reach C as
+    constants, checked by the op (ints, and floats within float32's range)."""
     w, a = node.inputs[1], node.attrs
     wq = em.packed("conv_blocked_int8", w, lambda d: int8_filter_panels(d, a.get("groups", 1)), "uint32_t")
     terms = em.packed("conv_blocked_int8_terms", w, lambda d: filter_terms(filters_as_b(d)))
     rng, out_rng, image = _int8_link_constants(em, node)
     return ["{", f"  const cuvil_conv_shape s = {shape_struct};",
             f"  if (cuvil_conv_blocked_int8(&s, {em.ptr(node.inputs[0])}, {wq}, {terms}, {bias}, {res}, {rng}, "
-            f"CUVIL_I8_IN_{input_kind}, {em.ptr(node.outputs[0])}, {image}, {out_rng}, {act}, {em.scratch()}, NT)) "
+            f"CUVIL_I8_IN_{input_kind}, {em.ptr(node.outputs[0])}, {int(nchw_out)}, {image}, {out_rng}, {act}, "
+            f"{em.scratch()}, NT)) "
             "CUVIL_FAIL(\"out of memory for int8 activations\");", "}"]
 
 

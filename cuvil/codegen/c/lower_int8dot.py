@@ -76,7 +76,7 @@ def computes_int8(node, target: str | None = None) -> bool:
         return False
     # grouped convs (RegNet's, ResNeXt's) whose groups fill channel blocks are blocked (passes/layout.py);
     # depthwise ones are not "blocked" but "blocked_depthwise"
-    return (kind == "blocked" or (kind == "blocked_from_nchw" and groups == 1)) and K <= I8_MAX_K
+    return (kind in ("blocked", "blocked_to_nchw") or (kind == "blocked_from_nchw" and groups == 1)) and K <= I8_MAX_K
 
 
 def depthwise_on_bytes(node) -> bool:
@@ -97,7 +97,7 @@ def int8_input_image(node):
     """[hp, wp, ph, pw]: the padded byte image of an integer conv's channel-blocked input (kernels/blocked_dot.c:
     hp x wp pixels of C bytes, the map at (ph, pw); the map itself where the conv reads in place), or None
     for a conv that is no such one. A depthwise conv on bytes reads the same image."""
-    if not (depthwise_on_bytes(node) or (computes_int8(node) and conv_plan(node).kind == "blocked")):
+    if not (depthwise_on_bytes(node) or (computes_int8(node) and conv_plan(node).kind in ("blocked", "blocked_to_nchw"))):
         return None
     s, _ = conv_shape(node, lambda d: d)       # spatial dims are static in a blocked conv
     hp, wp, in_place = padded_extent(s)

@@ -53,15 +53,16 @@ int cuvil_conv_blocked_bf16(const cuvil_conv_shape *s, const float *x, const uin
  * times the sum of its integer filter; the sums scaled back, the bias, residual and act fused. The input
  * (input_kind): CUVIL_I8_IN_BLOCKED floats, CUVIL_I8_IN_NCHW floats (groups 1: any C, a stem's 3 channels
  * too), or CUVIL_I8_IN_BYTES: the bytes the conv before it wrote over this conv's range (its out_image),
- * N images of cuvil_conv_int8_image_bytes each. The output: blocked floats at y, or with out_image
- * ({hp, wp, ph, pw} of the next conv's padded image, its input range out_range) that conv's input bytes
- * at y. K = KH * KW * C / groups at most CUVIL_I8_MAX_K. Scratch: cuvil_conv_blocked_int8_scratch floats.
+ * N images of cuvil_conv_int8_image_bytes each. The output: blocked floats at y (NCHW floats with
+ * nchw_out, the residual too: a 1x1 conv into channels that fill no block), or with out_image ({hp, wp,
+ * ph, pw} of the next conv's padded image, its input range out_range) that conv's input bytes at y. K = KH * KW * C / groups at most CUVIL_I8_MAX_K. Scratch: cuvil_conv_blocked_int8_scratch floats.
  * Returns -1 where a thread's buffer for the rows could not be allocated. */
 enum { CUVIL_I8_IN_BLOCKED = 0, CUVIL_I8_IN_NCHW = 1, CUVIL_I8_IN_BYTES = 2 };
 int64_t cuvil_conv_blocked_int8_scratch(const cuvil_conv_shape *s);
 int cuvil_conv_blocked_int8(const cuvil_conv_shape *s, const float *x, const uint32_t *wq, const float *wterms,
                             const float *bias, const float *residual, const float *range, int input_kind, float *y,
-                            const int64_t *out_image, const float *out_range, int act, float *scratch, int nthreads);
+                            int nchw_out, const int64_t *out_image, const float *out_range, int act, float *scratch,
+                            int nthreads);
 
 /* A conv of an NCHW input into blocked output (a net's stem, whose few channels fill no block): wb the
  * filters as B in their own order, [K = C * KH * KW][O], packed; K at most CUVIL_NCHW_BLOCKED_MAX_K (no K

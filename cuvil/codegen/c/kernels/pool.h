@@ -26,6 +26,6 @@ void cuvil_parallel_guided(int nthreads, int64_t n, int64_t chunk, cuvil_task_fn
  * contents are lost when it grows), or NULL when out of memory. Freed when the thread exits, and all
  * of them when the library is unloaded: a long-running process that loads and drops artifacts, or
  * runs them from short-lived threads, keeps no buffers behind. */
-enum { CUVIL_BUF_APACK, CUVIL_BUF_QSCRATCH, CUVIL_BUF_LINALG, CUVIL_BUF_DOT_ROWS, CUVIL_BUF_DOT_COLS, CUVIL_NUM_BUFS };
+enum { CUVIL_BUF_APACK, CUVIL_BUF_QSCRATCH, CUVIL_BUF_LINALG, CUVIL_BUF_DOT_ROWS, CUVIL_BUF_DOT_COLS, CUVIL_BUF_DOT_OUT, CUVIL_NUM_BUFS };
 void *cuvil_thread_buffer(int slot, size_t bytes);
 #endif

@@ -119,15 +119,23 @@ static inline void to_bytes(const float *x, byte_map m, uint8_t *out) {
  * GEMM's rows in place, any other gathers a row as one run per tap. */
 typedef struct { const cuvil_conv_shape *s; const float *x; uint8_t *xq; int64_t hp, wp; byte_map m; int nchw; } quantize_args;
 
-/* Pixels [0, n) of an NCHW input's row ih as bytes, pixel-major at out (C bytes a pixel): tiles of VL
- * channels x VL pixels turned in registers (transpose.h) and each pixel's vector mapped at once; value by
- * value where the target has no transposes, and for the last pixels. One value at a time, MobileNetV2's
- * 24 -> 144 channel convs at 56x56 had taken 0.2 ms, twice a blocked input's. */
+/* Pixels [0, n) of an NCHW input's row ih as bytes, pixel-major at out (C bytes a pixel): with a block's
+ * channels or more, tiles of VL channels x VL pixels turned in registers (transpose.h), each pixel's
+ * vector mapped at once; with fewer (a stem's 3), each channel's VL pixels mapped at once and their bytes
+ * spread C apart; value by value for the last pixels. One value at a time, MobileNetV2's 24 -> 144
+ * channel convs at 56x56 had taken 0.2 ms, twice a blocked input's. */
 static void nchw_row_bytes(const quantize_args *a, int64_t ih, int64_t n, uint8_t *out) {
     const cuvil_conv_shape *s = a->s;
     const int64_t C = s->C, HW = s->H * s->W;
     const float *x = a->x + ih * s->W;
     int64_t w = 0;
+    uint8_t b[CUVIL_VL];
+    if (C < CUVIL_VL)
+        for (; w + CUVIL_VL <= n; w += CUVIL_VL)
+            for (int64_t c = 0; c < C; c++) {
+                to_bytes(x + c * HW + w, a->m, b);
+                for (int j = 0; j < CUVIL_VL; j++) out[(w + j) * C + c] = b[j];
+            }
 #ifdef CUVIL_TRANSPOSE_BLOCK
     float part[CUVIL_VL * CUVIL_VL] __attribute__((aligned(64))), t[CUVIL_VL * CUVIL_VL] __attribute__((aligned(64)));
     for (; w + CUVIL_VL <= n; w += CUVIL_VL)
@@ -140,9 +148,9 @@ static void nchw_row_bytes(const quantize_args *a, int64_t ih, int64_t n, uint8_
             }
             transpose_block(src, lds, t, CUVIL_VL);        /* row j: pixel w + j's channels c0 .. */
             for (int j = 0; j < CUVIL_VL; j++) {
-                uint8_t *o = out + (w + j) * C + c0, b[CUVIL_VL];
+                uint8_t *o = out + (w + j) * C + c0;
                 to_bytes(t + j * CUVIL_VL, a->m, nc == CUVIL_VL ? o : b);
-                if (nc < CUVIL_VL) memcpy(o, b, nc);
+                for (int i = 0; nc < CUVIL_VL && i < nc; i++) o[i] = b[i];
             }
         }
 #endif
@@ -183,6 +191,7 @@ typedef struct {
     int64_t K4, P, mc, ng, np, tasks;   /* tasks: per group (RegNet's groups are GEMMs of their own) */
     int direct, in_place;         /* direct: pixel m reads pixel m, in place where its C bytes are whole words */
     int nchw_out;                 /* the output in NCHW, through nchw_from_rows */
+    int short_runs;               /* 16 bytes may be read from any pixel of the image (an NCHW input's) */
     const uint32_t *wq;
     cuvil_dot_out out;
     int out_of_memory;
@@ -224,7 +233,7 @@ static void int8_conv_task(void *ctx, int64_t t0, int64_t t1) {
         const uint32_t *Aq = (const uint32_t *)(xq + m0 * C);    /* a 1x1 conv's rows: the image's pixels */
         if (!a->in_place) {
             int64_t row = 4 * a->K4;                    /* bytes: taps * Cg up to whole words */
-            uint8_t *rowbuf = cuvil_thread_buffer(CUVIL_BUF_DOT_ROWS, (size_t)(a->mc * row));
+            uint8_t *rowbuf = cuvil_thread_buffer(CUVIL_BUF_DOT_ROWS, (size_t)(a->mc * row + 16));
             if (!rowbuf) {
                 a->out_of_memory = 1;
                 return;
@@ -232,14 +241,20 @@ static void int8_conv_task(void *ctx, int64_t t0, int64_t t1) {
             /* row m: each tap's pixel, C bytes; undilated, a filter row's taps are side by side in the
              * image, one run of KW * C bytes (the stem's 3 channels had been 49 copies of 3 bytes) */
             int64_t run = a->s->dw == 1 ? a->s->KW : 1, runs = taps / run;
+            /* runs of at most 16 bytes (a stem's 3 x 3 channels) as one 16-byte copy each: its overhang is
+             * written over by the next run, the next row, or lands in the 16 bytes past the rows; the image it
+             * reads past has the floats' room after it (short_runs: an NCHW input's, in scratch). As calls
+             * of 9 bytes, MobileNetV2's stem had run slower in int8 than in fp32. */
+            int short_runs = a->short_runs && G == 1 && run * C <= 16;
             for (int64_t m = 0; m < rows; m++) {
                 uint8_t *dst = rowbuf + m * row;
                 for (int64_t k = 0; k < runs; k++) {
                     const uint8_t *src = xq + (a->direct ? m0 + m : a->pix[m0 + m] + a->tap[k * run]) * C;
-                    if (G == 1) memcpy(dst + k * run * C, src, run * C);
+                    if (short_runs) memcpy(dst + k * run * C, src, 16);
+                    else if (G == 1) memcpy(dst + k * run * C, src, run * C);
                     else for (int64_t j = 0; j < run; j++) memcpy(dst + (k * run + j) * Cg, src + j * C, Cg);
                 }
-                memset(dst + taps * Cg, 0, row - taps * Cg);   /* (the filters' rows there are 0) */
+                for (int64_t i = taps * Cg; i < row; i++) dst[i] = 0;    /* (the filters' rows there are 0) */
             }
             Aq = (const uint32_t *)rowbuf;
         }
@@ -308,7 +323,7 @@ int cuvil_conv_blocked_int8(const cuvil_conv_shape *s, const float *x, const uin
         }
         int8_conv a = {s, xq, b.pix, b.tap, (s->KH * s->KW * s->C / G + 3) / 4, P, mc, ng, np, mb * ng, b.direct,
                        b.direct && G == 1 && s->C % 4 == 0,
-                       nchw_out, wq, {y + n * out, 0, bias_col, residual ? residual + n * out : 0, scale_col, CUVIL_BLOCK,
+                       nchw_out, input_kind == CUVIL_I8_IN_NCHW, wq, {y + n * out, 0, bias_col, residual ? residual + n * out : 0, scale_col, CUVIL_BLOCK,
                                       P * CUVIL_BLOCK, CUVIL_BLOCK, CUVIL_BLOCK, 1.f, act, out_image ? &bytes : 0, 0, 0}, 0};
         cuvil_parallel_for(P * s->O * s->C / G > 65536 ? nthreads : 1, G * mb * ng, 1, int8_conv_task, &a);
         if (a.out_of_memory) return -1;

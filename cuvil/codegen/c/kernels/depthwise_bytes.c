@@ -88,7 +88,7 @@ static inline __attribute__((always_inline)) void dw_bytes_pixels(int KW, int SW
         for (int j = 0; j < T; j++) dw_bytes_store(a, n, oh, ow + j, c, acc[j]);
 }
 
-/* Output row (n, oh), channel blocks [cb0, cb1): tiles of 8 pixels, of 4, then one by one, each over
+/* Output row (n, oh), channel blocks [cb0, cb1): tiles of 8 pixels, of 4, then the rest, each over
  * every channel block before the next, so that the tile's input stays in L1 and its output bytes are
  * whole pixels. */
 static inline __attribute__((always_inline)) void dw_bytes_row(int KW, int SW, const dw_bytes *a, const uint8_t *xr,
@@ -100,8 +100,13 @@ static inline __attribute__((always_inline)) void dw_bytes_row(int KW, int SW, c
         for (int64_t cb = cb0; cb < cb1; cb++) dw_bytes_pixels(KW, SW, 4, a, xr, n, oh, ow, cb * CUVIL_BLOCK);
         ow += 4;
     }
-    for (; ow < OW; ow++)
-        for (int64_t cb = cb0; cb < cb1; cb++) dw_bytes_pixels(KW, SW, 1, a, xr, n, oh, ow, cb * CUVIL_BLOCK);
+    for (int64_t cb = cb0; cb < cb1; cb++)         /* the last 1-3 pixels as one tile */
+        switch (OW - ow) {
+        case 3: dw_bytes_pixels(KW, SW, 3, a, xr, n, oh, ow, cb * CUVIL_BLOCK); break;
+        case 2: dw_bytes_pixels(KW, SW, 2, a, xr, n, oh, ow, cb * CUVIL_BLOCK); break;
+        case 1: dw_bytes_pixels(KW, SW, 1, a, xr, n, oh, ow, cb * CUVIL_BLOCK); break;
+        default: break;
+        }
 }
 
 /* Any other filter width, stride or dilation along W: pixel by pixel, the taps' offsets at run time. */
@@ -149,12 +154,11 @@ void cuvil_depthwise_bytes(const cuvil_conv_shape *s, const uint8_t *x, const fl
     float scale, zero;
     cuvil_byte_scale(range[0], range[1], (float)CUVIL_I8_LEVELS, &scale, &zero);
     /* sum_t (q_t - zero) scale w_t + bias = sum_t q_t (scale w_t) + (bias - zero sum_t scale w_t) */
-    float *ws = scratch, *bs = scratch + taps * C;
-    for (int64_t c = 0; c < C; c++) {
-        float sum = 0.f;
-        for (int64_t t = 0; t < taps; t++) sum += ws[t * C + c] = scale * w[t * C + c];
-        bs[c] = (bias ? bias[c] : 0.f) - zero * sum;
-    }
+    float *ws = scratch, *bs = scratch + taps * C;     /* tap-major loops: vectors over the channels */
+    for (int64_t c = 0; c < C; c++) bs[c] = 0.f;
+    for (int64_t t = 0; t < taps; t++)
+        for (int64_t c = 0; c < C; c++) bs[c] += ws[t * C + c] = scale * w[t * C + c];
+    for (int64_t c = 0; c < C; c++) bs[c] = (bias ? bias[c] : 0.f) - zero * bs[c];
     int in_place = blocked_in_place(s);           /* the image the writer made (lower_int8dot.int8_input_image) */
     int64_t ldx = (in_place ? s->W : padded_w(s)) * C, image = (in_place ? s->H : padded_h(s)) * ldx;
     cuvil_byte_image bytes = {0};
@@ -174,7 +178,7 @@ void cuvil_depthwise_bytes(const cuvil_conv_shape *s, const uint8_t *x, const fl
     }
     int nt = rows * s->OW * taps * C > 65536 ? nthreads : 1;
     /* a small map's few rows split by channels too, so that every thread has several tasks */
-    int64_t chunks = nt > 1 ? cuvil_min(CB, (4 * nt + rows - 1) / rows) : 1;
+    int64_t chunks = nt > 1 ? cuvil_min(CB, (16 * nt + rows - 1) / rows) : 1;
     dw_bytes a = {s, x, ws, bs, residual, y, out_image ? &bytes : 0,
                   folded ? cuvil_byte_clamp_of(&bytes, lo, hi) : (cuvil_byte_clamp){0}, folded, lo, hi,
                   clamp_act && !out_image, ldx, image, chunks, act};

@@ -616,7 +616,7 @@ static inline __attribute__((always_inline)) void dw_pixels(int KW, int SW, int 
     for (int j = 0; j < T; j++) dw_store(a, off + (ow + j) * CUVIL_BLOCK, acc[j]);
 }
 
-/* Pixels [ow, end) of a row whose windows all lie inside the input: tiles of 8, of 4, then one by one. */
+/* Pixels [ow, end) of a row whose windows all lie inside the input: tiles of 8, of 4, then the rest. */
 static inline __attribute__((always_inline)) void dw_inside(int KW, int SW, const blocked_dw *a,
                                                             const float *xr, const float *w, cuvil_vf bias,
                                                             int64_t off, int64_t ow, int64_t end) {
@@ -625,7 +625,12 @@ static inline __attribute__((always_inline)) void dw_inside(int KW, int SW, cons
         dw_pixels(KW, SW, 4, a, xr, ow, w, bias, off);
         ow += 4;
     }
-    for (; ow < end; ow++) dw_pixels(KW, SW, 1, a, xr, ow, w, bias, off);
+    switch (end - ow) {             /* the last 1-3 pixels as one tile (a 7x7 map's row had been 4 + 1 + 1 + 1) */
+    case 3: dw_pixels(KW, SW, 3, a, xr, ow, w, bias, off); break;
+    case 2: dw_pixels(KW, SW, 2, a, xr, ow, w, bias, off); break;
+    case 1: dw_pixels(KW, SW, 1, a, xr, ow, w, bias, off); break;
+    default: break;
+    }
 }
 
 /* dw_inside for the filter widths and strides MobileNets, EfficientNets and ConvNeXt use, one switch a

@@ -151,3 +151,40 @@ def test_compiled_depthwise_reads_and_writes_bytes(k, stride, hw, cin, target, t
     assert np.isfinite(got).all()
     assert np.abs(got - want).max() <= 0.04 * np.abs(want).max()
     assert np.abs(got - plain(x).numpy()).max() <= 0.03 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("target", ["native", "x86_64-avx2"])
+def test_nchw_convs_run_in_integer_products(target, tmp_path):
+    """int8 convs whose channels fill no block either side (ShuffleNet's) run on the integer kernel from
+    NCHW floats into NCHW floats (conv_plan "int8_nchw"): 1x1 ones, and a 3x3 stride-2 one that gathers;
+    a 3x3 stride-1 one too on VNNI, while AVX2 keeps it in fp32 Winograd; within int8's error of torch."""
+    import torch
+
+    import cuvil
+    from cuvil.codegen.c.conv_plan import conv_plan
+    from cuvil.codegen.c.lower_int8dot import int8_conv_kind
+    from cuvil.target import has_features
+    if target != "native" and not has_features("native", ("avx2", "fma")):
+        pytest.skip("this CPU runs no AVX2 build")
+
+    class Branch(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Conv2d(29, 58, 3, 2, 1), torch.nn.Conv2d(58, 58, 1)
+            self.c, self.d = torch.nn.Conv2d(58, 58, 3, 1, 1), torch.nn.Conv2d(58, 29, 1)
+
+        def forward(self, x):
+            h = torch.relu(self.b(torch.relu(self.a(x))))
+            return self.d(torch.relu(self.c(h)) + h)
+    torch.manual_seed(4)
+    m = Branch().eval()
+    x = torch.randn(2, 29, 15, 13)
+    calib = [torch.randn(2, 29, 15, 13) for _ in range(3)]
+    for cal in (None, calib):
+        cm = cuvil.compile(m, (x,), precision="int8", target=target, calibration_data=cal, cache_dir=tmp_path / str(cal is None))
+        kinds = [conv_plan(n).kind for n in cm.graph.nodes if n.op == "conv"]
+        kind = int8_conv_kind(target)
+        assert kinds.count("int8_nchw") == (4 if kind == 2 else 3 if kind == 1 else 0), kinds
+        want = m(x).detach().numpy()
+        got = cm(x).numpy()
+        assert np.abs(got - want).max() <= 0.04 * np.abs(want).max()

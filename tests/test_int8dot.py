@@ -472,12 +472,12 @@ def test_int8_link_attributes_fuzz():
     check()
 
 
-@pytest.mark.parametrize("cout,hw,kind", [(37, (9, 11), 0), (24, (7, 16), 2), (8, (5, 5), 0)])
+@pytest.mark.parametrize("cout,hw,kind", [(37, (9, 11), 0), (24, (7, 16), 2), (8, (5, 5), 0), (29, (6, 9), 1)])
 def test_conv_into_nchw_output_matches_the_blocked_one(lib, cout, hw, kind):
     """An integer 1x1 conv writing NCHW (nchw_out: output channels that fill no block, passes/layout.py
     int8_into_nchw) gives exactly the blocked output of the same conv with its filters padded to whole
-    blocks by zero filters (to float rounding), residual and ReLU fused, from floats or from the bytes
-    before it."""
+    blocks by zero filters (to float rounding), residual and ReLU fused, from blocked floats, NCHW floats
+    (conv_plan "int8_nchw") or the bytes before it."""
     B = lib.block
     C, N, (H, W) = 2 * B, 2, hw
     rng = np.random.default_rng(cout)
@@ -489,7 +489,7 @@ def test_conv_into_nchw_output_matches_the_blocked_one(lib, cout, hw, kind):
     wp, bp, rp = (np.concatenate([a, np.zeros((opad - cout, *a.shape[1:]), np.float32)]) for a in (w, bias, res.transpose(1, 0, 2, 3)))
     rp = np.ascontiguousarray(rp.transpose(1, 0, 2, 3))
     rng_ = np.array([-2.0, 2.5], np.float32)
-    xin = _blocked(x, B)
+    xin = x if kind == 1 else _blocked(x, B)
     if kind == 2:                        # the bytes a conv before it would write: the map, pixel-major
         q, _, _ = _byte_map(x, [-2.0, 2.5], lib.levels)
         xin = np.ascontiguousarray(q.transpose(0, 2, 3, 1)).astype(np.uint8)

@@ -17,6 +17,30 @@ def is_blocked(node) -> bool:
     return layout_block(node.attrs.get("layout", "nchw")) > 0
 
 
+INT8_MAX_K = 65792           # kernels/int8dot.h CUVIL_I8_MAX_K
+# an NCHW-input conv that gathers its rows (not 1x1) runs in int8 from this K (taps x channels) on: each
+# row's copy costs what a few dot steps do. Profiled per conv (1 thread): ResNet-50's stem (K 147) 2.3 ms
+# fp32 -> 1.16 ms int8; MobileNetV2's (K 27) 0.41 -> 0.50 ms, and 0.31 against fp32's 0.30 once its
+# 9-byte runs were copied whole, so it stays fp32
+INT8_MIN_GATHERED_NCHW_K = 64
+
+
+def int8_nchw(node) -> bool:
+    """An NCHW conv marked for integer products (int8_act, passes/quantize.py) whose channels fill no
+    block either side (ShuffleNet's 58 / 116 / 232, its 3x3 stride-2 convs between stages): kind
+    "int8_nchw", the integer kernel with its input quantized from NCHW and its output turned back to NCHW
+    (it had run in fp32); a gathered one from INT8_MIN_GATHERED_NCHW_K on."""
+    x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    if not (node.attrs.get("int8_act", 0) != 0 and not is_blocked(node) and node.attrs.get("in_layout") in (None, "nchw")
+            and x.type.rank == 4 and w.is_const and node.attrs.get("groups", 1) == 1
+            and all(isinstance(d, int) for d in x.shape[1:] + y.shape[1:])):
+        return False
+    if node.attrs["int8_act"] == 1 and winograd_tile(node):
+        return False          # AVX2's integer products are slower than Winograd's saving
+    K = int(np.prod(w.shape[1:]))
+    return K <= INT8_MAX_K and (pointwise_conv(node) or K >= INT8_MIN_GATHERED_NCHW_K)
+
+
 def reads_blocked_into_nchw(node) -> bool:
     """An NCHW conv that reads its input channel-blocked (passes/layout.py: an integer 1x1 conv whose
     output channels fill no block, MobileNetV2's projections to 24 channels): kind "blocked_to_nchw"."""
@@ -56,8 +80,8 @@ def winograd_tile(node):
     per 4 outputs and channel pair, F(4x4, 3x3) 36 per 16 (direct: 9 per output)."""
     x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
     a = node.attrs
-    if a.get("int8_act") == 2 and is_blocked(node) and a.get("in_layout") != "nchw":
-        return 0              # integer products on VNNI (lower_int8dot.int8_conv_kind), direct
+    if a.get("int8_act") == 2 and a.get("in_layout") != "nchw":
+        return 0              # integer products on VNNI (lower_int8dot.int8_conv_kind), direct (blocked, int8_nchw)
     if not (x.type.rank == 4 and w.is_const and tuple(w.shape[2:]) == (3, 3) and _winograd_groups(node)
             and tuple(a["strides"]) == (1, 1) and tuple(a["dilations"]) == (1, 1)
             and w.shape[0] // a.get("groups", 1) >= 16 and w.shape[1] >= 16 and isinstance(y.shape[3], int)
@@ -147,7 +171,7 @@ def conv2d_path(node) -> str:
 class ConvPlan:
     """kind: "nd" (direct loops of a 3-d conv, direct_nd.conv_nd); channel-blocked (kernels/blocked.h):
     "blocked_from_nchw" (NCHW input), "blocked_to_nchw" (NCHW output, integer products),
-    "blocked_depthwise", "blocked_winograd", "blocked"; NCHW:
+    "blocked_depthwise", "blocked_winograd", "blocked"; NCHW: "int8_nchw" (a 1x1 conv in integer products),
     "winograd", "swapped" (cuvil_conv_swapped), "gemm" (cuvil_conv2d), or "swappable" when no panel
     width was given (the target decides between "swapped" and "gemm"; the scratch covers both).
     winograd: the Winograd output tile size (0: none). pack: the name under which the filters are
@@ -166,6 +190,8 @@ def _kind(node, m, nr):
         return "nd", None
     if reads_blocked_into_nchw(node):
         return "blocked_to_nchw", None           # integer products only (lower_int8dot.computes_int8)
+    if int8_nchw(node):
+        return "int8_nchw", None
     if is_blocked(node):
         if node.attrs.get("in_layout") == "nchw":
             return "blocked_from_nchw", "conv_nchw_blocked_b"
@@ -236,7 +262,7 @@ def _gemm_scratch(node, s, m) -> int:
 
 def _scratch(node, bounds, m) -> int:
     s, _ = conv_shape(node, lambda d: D.upper_bound(d, bounds))
-    if is_blocked(node) or reads_blocked_into_nchw(node):
+    if is_blocked(node) or reads_blocked_into_nchw(node) or int8_nchw(node):
         return _blocked_scratch(node, s, m)
     # the swapped form's pixel-major product (conv.c: swapped_ldc) and im2col rows; whether it is taken
     # depends on the target's panel width

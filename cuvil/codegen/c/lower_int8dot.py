@@ -11,17 +11,13 @@ import numpy as np
 from ...ir import quant
 from ...target import has_features, target_arch
 from . import cexpr
-from .conv_plan import conv_plan, conv_shape, padded_extent, pointwise_conv
+from .conv_plan import INT8_MAX_K as I8_MAX_K
+from .conv_plan import INT8_MIN_GATHERED_NCHW_K, conv_plan, conv_shape, padded_extent, pointwise_conv
 from .gen_activations import ACT_CODES
 
 I8_NR = 64                    # kernels/int8dot.h CUVIL_I8_NR
-I8_MAX_K = 65792              # kernels/int8dot.h CUVIL_I8_MAX_K
 INT8_FEATURES = ("avx512_vnni", "avx512bw")      # vpdpbusd: bytes 0..255, 3x3 convs direct too
 INT8_AVX2_FEATURES = ("avx2",)                    # vpmaddubsw: bytes 0..127, 3x3 convs keep fp32 Winograd
-# an NCHW-input conv that gathers its rows (not 1x1) runs in int8 from this K (taps x channels) on: each
-# row's copy costs what a few dot steps do. Profiled per conv (1 thread): ResNet-50's stem (K 147) 2.3 ms
-# fp32 -> 1.16 ms int8; MobileNetV2's (K 27) 0.41 -> 0.50 ms, so it stays fp32
-INT8_MIN_GATHERED_NCHW_K = 64
 
 
 def int8_group_panels(q: np.ndarray, groups: int) -> np.ndarray:
@@ -76,7 +72,7 @@ def computes_int8(node, target: str | None = None) -> bool:
         return False
     # grouped convs (RegNet's, ResNeXt's) whose groups fill channel blocks are blocked (passes/layout.py);
     # depthwise ones are not "blocked" but "blocked_depthwise"
-    return (kind in ("blocked", "blocked_to_nchw") or (kind == "blocked_from_nchw" and groups == 1)) and K <= I8_MAX_K
+    return (kind in ("blocked", "blocked_to_nchw", "int8_nchw") or (kind == "blocked_from_nchw" and groups == 1)) and K <= I8_MAX_K
 
 
 def depthwise_on_bytes(node) -> bool:
@@ -90,7 +86,9 @@ def depthwise_on_bytes(node) -> bool:
 def writes_int8_input(node) -> bool:
     """Whether this conv can write the next integer conv's input bytes (int8_out): an integer conv, or a
     depthwise conv reading bytes itself (its output stays in bytes between the two 1x1 convs around it)."""
-    return computes_int8(node) or (depthwise_on_bytes(node) and node.attrs.get("int8_in") == 1)
+    if computes_int8(node):                      # (not into NCHW: its readers read NCHW floats)
+        return conv_plan(node).kind not in ("blocked_to_nchw", "int8_nchw")
+    return depthwise_on_bytes(node) and node.attrs.get("int8_in") == 1
 
 
 def int8_input_image(node):

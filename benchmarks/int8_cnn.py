@@ -22,7 +22,10 @@ from benchmarks.scratch import temp_dir
 from benchmarks.systems import export_onnx
 from benchmarks.timing import interleaved, machine_line
 
-WORKLOADS = {name: CNNS[name] for name in ("ResNet-50", "MobileNetV2")}
+# the two networks, and three it did not name (SE blocks with SiLU / hardswish; channels that fill
+# no block: ShuffleNet's)
+WORKLOADS = {name: CNNS[name] for name in ("ResNet-50", "MobileNetV2", "EfficientNet-B0", "MobileNetV3-ish",
+                                           "ShuffleNetV2-ish")}
 CALIBRATION_IMAGES = 8
 
 

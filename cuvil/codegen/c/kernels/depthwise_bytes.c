@@ -27,28 +27,32 @@ typedef struct {
     int act;
 } dw_bytes;
 
-/* Output pixel (n, oh, ow)'s channels [c, c + B), stored: as the next conv's bytes, or as floats
- * (residual and activation fused where they are not folded into the sums). Out of line: with every
- * activation's code inlined into each tile's stores the tiles had not fit the instruction cache (the
- * tiles store the folded and clamped cases themselves). */
+/* Output pixels (n, oh, ow + j < ow + T)'s channels [c, c + B), stored: as the next conv's bytes, or as
+ * floats (residual and activation fused where they are not folded into the sums). Out of line, a tile
+ * a call: with every activation's code inlined into each tile's stores the tiles had not fit the
+ * instruction cache, and a call a pixel had made EfficientNet's SiLU depthwise convs slower than fp32's
+ * (the tiles store the folded and clamped cases themselves). */
 static __attribute__((noinline)) void dw_bytes_store(const dw_bytes *a, int64_t n, int64_t oh, int64_t ow, int64_t c,
-                                                     cuvil_vf v) {
+                                                     cuvil_vf *acc, int T) {
     const cuvil_conv_shape *s = a->s;
     const cuvil_byte_image *b = a->out;
-    int64_t at = (((n * (s->C / CUVIL_BLOCK) + c / CUVIL_BLOCK) * s->OH + oh) * s->OW + ow) * CUVIL_BLOCK;
-    if (!a->folded) {
-        if (a->residual) v += cuvil_vload(a->residual + at);
-        if (a->act) v = cuvil_vact(v, a->act);
+    for (int j = 0; j < T; j++) {
+        cuvil_vf v = acc[j];
+        int64_t at = (((n * (s->C / CUVIL_BLOCK) + c / CUVIL_BLOCK) * s->OH + oh) * s->OW + ow + j) * CUVIL_BLOCK;
+        if (!a->folded) {
+            if (a->residual) v += cuvil_vload(a->residual + at);
+            if (a->act) v = cuvil_vact(v, a->act);
+        }
+        if (!b) {
+            cuvil_vstore(a->y + at, v);
+            continue;
+        }
+        int64_t r = oh + b->ph, col = ow + j + b->pw;        /* a strided reader's image may drop the last ones */
+        if (r >= b->hp || col >= b->wp) continue;
+        uint8_t *q = b->q + ((n * b->hp + r) * b->wp + col) * b->C + c;
+        if (a->folded) cuvil_clamped_bytes(v, &a->clamp, q);
+        else cuvil_to_bytes(v, b->inv, b->zero, b->top, q);
     }
-    if (!b) {
-        cuvil_vstore(a->y + at, v);
-        return;
-    }
-    int64_t r = oh + b->ph, col = ow + b->pw;        /* a strided reader's image may drop the last ones */
-    if (r >= b->hp || col >= b->wp) return;
-    uint8_t *q = b->q + ((n * b->hp + r) * b->wp + col) * b->C + c;
-    if (a->folded) cuvil_clamped_bytes(v, &a->clamp, q);
-    else cuvil_to_bytes(v, b->inv, b->zero, b->top, q);
 }
 
 /* T pixels from ow, channels [c, c + B): KW and SW (the filter's width, the stride along W) constants,
@@ -85,7 +89,7 @@ static inline __attribute__((always_inline)) void dw_bytes_pixels(int KW, int SW
         #pragma GCC unroll 8
         for (int j = 0; j < T; j++) cuvil_vstore(y + j * CUVIL_BLOCK, cuvil_vclamp(acc[j], a->lo, a->hi));
     } else
-        for (int j = 0; j < T; j++) dw_bytes_store(a, n, oh, ow + j, c, acc[j]);
+        dw_bytes_store(a, n, oh, ow, c, acc, T);
 }
 
 /* Output row (n, oh), channel blocks [cb0, cb1): tiles of 8 pixels, of 4, then the rest, each over
@@ -121,7 +125,7 @@ static void dw_bytes_row_any(const dw_bytes *a, const uint8_t *xr, int64_t n, in
                 for (int64_t kw = 0; kw < s->KW; kw++)
                     acc += cuvil_vload_bytes(xr + kh * s->dh * a->ldx + (ow * s->sw + kw * s->dw) * C + c) *
                            cuvil_vload(a->w + (kh * s->KW + kw) * C + c);
-            dw_bytes_store(a, n, oh, ow, c, acc);
+            dw_bytes_store(a, n, oh, ow, c, &acc, 1);
         }
 }
 

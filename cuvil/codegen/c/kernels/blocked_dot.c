@@ -243,7 +243,8 @@ static void int8_conv_task(void *ctx, int64_t t0, int64_t t1) {
             int64_t run = a->s->dw == 1 ? a->s->KW : 1, runs = taps / run;
             /* runs of at most 16 bytes (a stem's 3 x 3 channels) as one 16-byte copy each: its overhang is
              * written over by the next run, the next row, or lands in the 16 bytes past the rows; the image it
-             * reads past has the floats' room after it (short_runs: an NCHW input's, in scratch). As calls
+             * reads past has room after it (short_runs: an NCHW input's, in scratch: the float copy's place,
+             * or 4 floats of slack, cuvil_conv_blocked_int8_scratch). As calls
              * of 9 bytes, MobileNetV2's stem had run slower in int8 than in fp32. */
             int short_runs = a->short_runs && G == 1 && run * C <= 16;
             for (int64_t m = 0; m < rows; m++) {
@@ -289,7 +290,8 @@ static int64_t int8_image_at(const cuvil_conv_shape *s) {
 
 int64_t cuvil_conv_blocked_int8_scratch(const cuvil_conv_shape *s) {
     int64_t image = blocked_in_place(s) || blocked_direct(s) ? (s->C * s->H * s->W + 3) / 4 : 0;
-    return (cuvil_conv_blocked_scratch(s) + image + 15) / 16 * 16 + 2 * s->O;
+    /* + 4 floats: a 16-byte gather's read past the image's last pixel (int8_conv_task short_runs) */
+    return (cuvil_conv_blocked_scratch(s) + image + 4 + 15) / 16 * 16 + 2 * s->O;
 }
 
 int cuvil_conv_blocked_int8(const cuvil_conv_shape *s, const float *x, const uint32_t *wq, const float *wterms,

@@ -62,11 +62,12 @@ def compare_llm(paths: list, threads: int, rounds: int, chunk: int = 12):
           + "  ".join(f"{p} {v:.2f} tok/s ({v / med[0]:.3f}x)" for p, v in zip(paths, med)))
 
 
-def save(workload: str, path: str, target: str = "native"):
+def save(workload: str, path: str, target: str = "native", precision: str = "fp32"):
     import cuvil
     model, inputs = WORKLOADS[workload]()
-    cuvil.compile(model, inputs, num_threads=1, target=target, cache_dir=tempfile.mkdtemp()).save(path)
-    print(f"saved {workload} ({target}) to {path}")
+    cuvil.compile(model, inputs, num_threads=1, target=target, precision=precision,
+                  cache_dir=tempfile.mkdtemp()).save(path)
+    print(f"saved {workload} ({target}, {precision}) to {path}")
 
 
 def compare(workload: str, paths: list, threads: int, rounds: int, burst: float):
@@ -99,13 +100,14 @@ def main(argv=None):
     ap.add_argument("--save", action="store_true", help="compile the workload with this tree and save it")
     ap.add_argument("--target", default="native",
                     help="with --save: the target to build for (x86_64-avx2 measures the AVX2 kernels on a newer x86)")
+    ap.add_argument("--precision", default="fp32", help="with --save: compile's precision (int8: dynamic, no calibration)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--burst", type=float, default=0.25)
     a = ap.parse_args(argv)
     llm = a.workload == LLM_WORKLOAD
     if a.save:
-        (save_llm if llm else lambda p: save(a.workload, p, a.target))(a.paths[0])
+        (save_llm if llm else lambda p: save(a.workload, p, a.target, a.precision))(a.paths[0])
     elif llm:
         compare_llm(a.paths, a.threads, a.rounds)
     else:

@@ -38,7 +38,11 @@ def portable_lib(request, tmp_path_factory):
                                               (4, 32, 17, 22, 448),      # prefill rows, a partial block of columns
                                               (4, 128, 7, 14, 512), (4, 64, 2, 42, 64),
                                               (8, 1 << 30, 1, 7, 96), (8, 1 << 30, 6, 9, 256),
-                                              (8, 1 << 30, 1, 40, 192), (8, 1 << 30, 9, 17, 128)])
+                                              (8, 1 << 30, 1, 40, 192), (8, 1 << 30, 9, 17, 128),
+                                              # 512-bit int8 prefill: tiles of 6 rows and the rest, two quads
+                                              # and a lone last one, blocks of 32 / 64 / 128
+                                              (8, 1 << 30, 13, 72, 192), (8, 1 << 30, 4, 100, 96),
+                                              (8, 1 << 30, 8, 130, 256), (8, 1 << 30, 2, 64, 128)])
 def test_portable_qgemm_matches_reference(portable_lib, bits, group, m, n, k):
     rng = np.random.default_rng(k + m)
     w, s = _quantize(rng, k, n, bits, group)

@@ -23,8 +23,51 @@ static inline __m256i dot4_add(__m256i acc, __m256i u, __m256i s) {
 #endif
 
 /* ---- activation quantization ------------------------------------------------------------ */
+/* One block of blk values (a multiple of 32) -> int8 at q, scale amax / 127; returns the scale and
+ * (sum) the bytes' sum. */
+static float quantize_block(const float *x, int64_t blk, int8_t *q, int32_t *sum) {
+#ifdef CUVIL_QGEMM_AVX2
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 vmax = _mm256_setzero_ps();
+    for (int64_t i = 0; i < blk; i += 8)     /* max(|x|, m): a NaN leaves m, as the scalar loop below */
+        vmax = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + i), absmask), vmax);
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+#else
+    float amax = 0.f;
+    for (int64_t i = 0; i < blk; i++) {
+        float a = fabsf(x[i]);
+        amax = a > amax ? a : amax;
+    }
+#endif
+    /* the numpy reference computes d and 1/d in float32 the same way */
+    float dd = amax / 127.f, id = dd > 0.f ? 1.f / dd : 0.f;
+#ifdef CUVIL_QGEMM_AVX2
+    const __m256 vid = _mm256_set1_ps(id);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7), ones8 = _mm256_set1_epi8(1);
+    __m256i vsum = _mm256_setzero_si256();
+    for (int64_t i = 0; i < blk; i += 32) {
+        __m256i v[4];
+        for (int u = 0; u < 4; u++)        /* round to nearest even, as np.rint */
+            v[u] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * u), vid));
+        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+        _mm256_storeu_si256((__m256i *)(q + i), _mm256_permutevar8x32_epi32(p, order));
+        vsum = _mm256_add_epi32(vsum, _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, p), _mm256_set1_epi16(1)));
+    }
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(vsum), _mm256_extracti128_si256(vsum, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    *sum = _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1)));
+#else
+    int32_t total = 0;
+    for (int64_t i = 0; i < blk; i++) total += q[i] = (int8_t)lrintf(x[i] * id);
+    *sum = total;
+#endif
+    return dd;
+}
+
 void cuvil_quantize_rows(int64_t M, int64_t K, int64_t kv, const float *A, int64_t lda, int64_t blk, int8_t *q,
-                         float *d) {
+                         float *d, int32_t *xsum) {
     int64_t nb = K / blk;
     float tail[128] __attribute__((aligned(32)));      /* the last block's kv .. K, as zeros (blk <= 128) */
     for (int64_t m = 0; m < M; m++) {
@@ -35,30 +78,21 @@ void cuvil_quantize_rows(int64_t M, int64_t K, int64_t kv, const float *A, int64
                 for (int64_t i = 0; i < blk; i++) tail[i] = i < valid ? x[i] : 0.f;
                 x = tail;
             }
-            int8_t *qq = q + m * K + b * blk;
-            float amax = 0.f;
-            for (int64_t i = 0; i < blk; i++) {
-                float a = fabsf(x[i]);
-                amax = a > amax ? a : amax;
-            }
-            /* the numpy reference computes d and 1/d in float32 the same way */
-            float dd = amax / 127.f, id = dd > 0.f ? 1.f / dd : 0.f;
-#ifdef CUVIL_QGEMM_AVX2
-            __m256 vid = _mm256_set1_ps(id);
-            const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-            for (int64_t i = 0; i < blk; i += 32) {
-                __m256i v[4];
-                for (int u = 0; u < 4; u++)        /* round to nearest even, as np.rint */
-                    v[u] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * u), vid));
-                __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
-                _mm256_storeu_si256((__m256i *)(qq + i), _mm256_permutevar8x32_epi32(p, order));
-            }
-#else
-            for (int64_t i = 0; i < blk; i++) qq[i] = (int8_t)lrintf(x[i] * id);
-#endif
-            d[m * nb + b] = dd;
+            int32_t sum;
+            d[m * nb + b] = quantize_block(x, blk, q + m * K + b * blk, &sum);
+            if (xsum) xsum[m * nb + b] = sum;
         }
     }
+}
+
+/* cuvil_quantize_rows over the threads: rows [m0, m1) a task */
+typedef struct { int64_t K, kv, lda, blk; const float *A; int8_t *q; float *d; int32_t *xsum; } quantize_job;
+
+static void quantize_task(void *ctx, int64_t m0, int64_t m1) {
+    const quantize_job *j = ctx;
+    int64_t nb = j->K / j->blk;
+    cuvil_quantize_rows(m1 - m0, j->K, j->kv, j->A + m0 * j->lda, j->lda, j->blk, j->q + m0 * j->K, j->d + m0 * nb,
+                        j->xsum ? j->xsum + m0 * nb : 0);
 }
 
 /* the weight prefetch, one tile ahead (CUVIL_QGEMM_PREFETCH_HINT, _BYTES) and whether decode runs on
@@ -76,6 +110,7 @@ typedef struct {
     const uint8_t *W;
     int bits, mr, nc, cb;         /* tile rows, tile blocks, blocks per task */
     float *C;
+    const int32_t *xsum;          /* int8 on 512-bit VNNI with M > 1: [M][nb] sums of the activation bytes */
 } qargs;
 
 /* Block b of eight columns (qgemm.h): its first chunk, inside its quad; its chunks follow 128 bytes apart. */
@@ -351,6 +386,63 @@ static inline __attribute__((always_inline)) void q8_tile512(const qargs *a, int
         for (int i = 0; i < MR; i++) acc[i][j] = _mm512_mul_ps(acc[i][j], sw);
     }
 }
+
+/* acc += the four-byte dots of u (unsigned) and s (signed), in place: GCC's intrinsic copies its
+ * accumulator, and 24 of them then spill (as in int8dot.c) */
+#define Q8_DOT(acc, u, s) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "vm"(s))
+
+/* int8 with more than one row (prefill, linear layers of general models) on 512-bit VNNI: MR <= 6 rows
+ * x NV / 2 quads (NV vectors of 16 columns, NV = 4: 24 int32 accumulators, as int8dot.c's 6 x 64 tile;
+ * q8_tile512's 4 x 32 held 8 and spent one dpbusd in five on its correction). The block's integer sums
+ * live in registers, its float sums in `out` (row stride Q8_OUT_LD). The weights go unsigned (w + 128,
+ * a flip of the top bit, once per load) against the signed activations broadcast from memory, so a
+ * block's sum gains 128 x the row's activation sum over the block (xsum, from quantization), taken off
+ * once per block and row. */
+#define Q8_OUT_LD 64
+static inline __attribute__((always_inline)) void q8_rows512(const qargs *a, const int MR, const int NV,
+                                                             const int SUB, int64_t m0, int64_t b0, float *out) {
+    const int64_t nb = a->nb, K = a->K, quad = K * 32;   /* rows K bytes apart, the two quads `quad` */
+    const int8_t *x = a->xq + m0 * K, *w = (const int8_t *)q_block(a, b0);
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    for (int i = 0; i < MR; i++)
+        for (int v = 0; v < NV; v++) _mm512_store_ps(out + i * Q8_OUT_LD + 16 * v, _mm512_setzero_ps());
+#pragma GCC unroll 1
+    for (int64_t blk = 0; blk < nb; blk++) {
+        __m512i is[6][4];
+        for (int i = 0; i < MR; i++)
+            for (int v = 0; v < NV; v++) is[i][v] = _mm512_setzero_si512();
+#pragma GCC unroll 1
+        for (int c = 0; c < SUB; c++, x += 4, w += 128) {    /* chunk: four K values */
+            __m512i wv[4];
+            for (int v = 0; v < NV; v++) {
+                const int8_t *wp = w + (v >> 1) * quad + 64 * (v & 1);
+                wv[v] = _mm512_xor_si512(_mm512_loadu_si512((const void *)wp), flip);
+            }
+            for (int i = 0; i < MR; i++) {
+                const __m512i xb = _mm512_set1_epi32(*(const int32_t *)(x + i * K));
+                for (int v = 0; v < NV; v++) Q8_DOT(is[i][v], wv[v], xb);
+            }
+        }
+        for (int i = 0; i < MR; i++) {
+            const int64_t m = m0 + i;
+            const __m512i lost = _mm512_set1_epi32(128 * a->xsum[m * nb + blk]);
+            const __m512 dx = _mm512_set1_ps(a->dx[m * nb + blk]);
+            for (int v = 0; v < NV; v++) {
+                float *o = out + i * Q8_OUT_LD + 16 * v;
+                _mm512_store_ps(o, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(is[i][v], lost)), dx,
+                                                   _mm512_load_ps(o)));
+            }
+        }
+    }
+    for (int v = 0; v < NV; v++) {           /* scales are padded to whole quads */
+        const __m512 sw = _mm512_loadu_ps((const float *)a->scales + (b0 + 2 * v) * 8);
+        for (int i = 0; i < MR; i++) {
+            float *o = out + i * Q8_OUT_LD + 16 * v;
+            _mm512_store_ps(o, _mm512_mul_ps(_mm512_load_ps(o), sw));
+        }
+    }
+}
+#undef Q8_DOT
 #endif
 #else
 #if defined(__ARM_FEATURE_DOTPROD)
@@ -446,12 +538,12 @@ static void tile_scalar(const qargs *a, int64_t m0, int64_t b0, float out[4][32]
 /* A finished tile into C through the epilogue: act(alpha * out + bias + residual), each term its
  * own loop (they vectorise) and the activation over the stored tile: a scalar GELU per element had
  * made an int8 MLP at 64 rows 1.2x its fp32 time where the products alone ran at 0.66x. */
-static void q_store(const qargs *a, float out[4][32], int64_t m0, int64_t n0, int64_t nc) {
+static void q_store(const qargs *a, const float *out, int64_t ld, int64_t m0, int64_t n0, int64_t nc) {
     const cuvil_epilogue *ep = a->ep;
     int64_t rows = a->M - m0 < a->mr ? a->M - m0 : a->mr;
     for (int64_t i = 0; i < rows; i++) {
         float *c = a->C + (m0 + i) * a->ldc + n0;
-        for (int64_t j = 0; j < nc; j++) c[j] = out[i][j];
+        for (int64_t j = 0; j < nc; j++) c[j] = out[i * ld + j];
         if (!ep) continue;
         float alpha = ep->alpha, br = ep->bias_row ? ep->bias_row[m0 + i] : 0.f;
         if (alpha != 1.f || br != 0.f)
@@ -512,9 +604,39 @@ static void q_task(void *ctx, int64_t t0, int64_t t1) {
             tile_scalar(a, m0, b0, out);
 #endif
             int64_t n0 = b0 * 8, nc = a->N - n0 < a->nc * 8 ? a->N - n0 : a->nc * 8;
-            q_store(a, out, m0, n0, nc);
+            q_store(a, &out[0][0], 32, m0, n0, nc);
         }
 }
+
+#ifdef CUVIL_QGEMM_512
+/* int8, M > 1: task t is blocks [8t, 8t + 8) (two quads; the last task may hold one) x all rows, in
+ * tiles of six rows and the rows left over (q8_rows512), the weights of a task read from memory by its
+ * first tile and from the cache by the rest. */
+static void q8_task512(void *ctx, int64_t t0, int64_t t1) {
+    const qargs *a = ctx;
+    float out[6 * Q8_OUT_LD] __attribute__((aligned(64)));
+    const int sub = (int)(a->ablock / 4);
+    for (int64_t t = t0; t < t1; t++) {
+        const int64_t b0 = 8 * t;
+        const int two = b0 + 4 < a->nblocks;
+        for (int64_t m0 = 0; m0 < a->M; m0 += 6) {
+#define Q8_ROWS(MR) do { if (two) q8_rows512(a, MR, 4, sub, m0, b0, out);                                 \
+                         else q8_rows512(a, MR, 2, sub, m0, b0, out); } while (0)
+            switch (a->M - m0 < 6 ? a->M - m0 : 6) {
+            case 1: Q8_ROWS(1); break;
+            case 2: Q8_ROWS(2); break;
+            case 3: Q8_ROWS(3); break;
+            case 4: Q8_ROWS(4); break;
+            case 5: Q8_ROWS(5); break;
+            default: Q8_ROWS(6);
+            }
+#undef Q8_ROWS
+            int64_t n0 = b0 * 8, nc = a->N - n0 < 64 ? a->N - n0 : 64;
+            q_store(a, out, Q8_OUT_LD, m0, n0, nc);
+        }
+    }
+}
+#endif
 
 /* Blocks in a prefill tile of 4 rows (256-bit tiles): two, side by side in the quad, read whole
  * 64-byte lines (benchmarks/README.md, Kernel notes). With 512-bit VNNI a tile takes a whole quad
@@ -532,9 +654,24 @@ int cuvil_qgemm(int64_t M, int64_t N, int64_t K, int64_t kv, const float *A, int
     int8_t *xq = scratch;
     float *dx = (float *)(((uintptr_t)(xq + M * K) + 63) & ~(uintptr_t)63);
     void *noff = (void *)(((uintptr_t)(dx + M * nb) + 63) & ~(uintptr_t)63);
-    cuvil_quantize_rows(M, K, kv, A, lda, ablock, xq, dx);
+#ifdef CUVIL_QGEMM_512
+    int32_t *xsum = bits == 8 && M > 1 ? noff : 0;   /* noff's room (int4 only) holds the activation sums */
+#else
+    int32_t *xsum = 0;
+#endif
+    quantize_job qj = {K, kv, lda, ablock, A, xq, dx, xsum};
+    cuvil_parallel_for(M * K >= 1 << 15 ? nthreads : 1, M, 1, quantize_task, &qj);
 #ifdef CUVIL_QGEMM_AVX2
     if (bits == 4) q4_offsets(M, K, run / 8, xq, noff);
+#endif
+#ifdef CUVIL_QGEMM_512
+    if (xsum) {      /* int8 rows on 512-bit VNNI: tasks of two quads (q8_task512); no software prefetch
+                      * (the same time without it: MLP b64, benchmarks.ab) */
+        int64_t nblocks = (N + 7) / 8, tasks = (nblocks + 7) / 8;
+        qargs a = {M, N, K, ablock, ldc, nb, 0, nblocks, xq, dx, scales, ep, noff, W, bits, 6, 8, 8, C, xsum};
+        cuvil_parallel_for(M * N * K > 65536 ? nthreads : 1, tasks, 1, q8_task512, &a);
+        return 0;
+    }
 #endif
     /* Tasks are quads (qgemm.h: four blocks, 32 columns, read as one stream). One row (decode, memory
      * bound): a tile is a quad, one equal run of quads a thread, so each thread reads one stretch of
@@ -545,7 +682,7 @@ int cuvil_qgemm(int64_t M, int64_t N, int64_t K, int64_t kv, const float *A, int
     int64_t pf = M == 1 && CUVIL_QGEMM_PREFETCH_BYTES ? CUVIL_QGEMM_PREFETCH_BYTES : quad_bytes;
     int64_t nc = M == 1 ? 4 : CUVIL_QGEMM_PREFILL_BLOCKS;
     qargs a = {M, N, K, ablock, ldc, nb, pf, nblocks, xq, dx, scales, ep, noff, W, bits,
-               M == 1 ? 1 : 4, (int)nc, 4, C};
+               M == 1 ? 1 : 4, (int)nc, 4, C, 0};
     int64_t nquads = (nblocks + 3) / 4, work = M * N * K > 65536;
     if (M == 1) cuvil_parallel_chunks(work ? nthreads : 1, nquads, (nquads + nthreads - 1) / nthreads, q_task, &a);
     else cuvil_parallel_for(work ? nthreads : 1, nquads, 1, q_task, &a);

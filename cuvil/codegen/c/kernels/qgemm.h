@@ -27,7 +27,8 @@
 int cuvil_qgemm(int64_t M, int64_t N, int64_t K, int64_t kv, const float *A, int64_t lda, const void *W, int bits,
                  const void *scales, int64_t ablock, float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads);
 
-/* Activation quantization: q[M][K] int8, d[M][K/blk] scales (q * d ~ A; A's columns past kv read as 0). */
+/* Activation quantization: q[M][K] int8, d[M][K/blk] scales (q * d ~ A; A's columns past kv read as 0),
+ * xsum (where not NULL) [M][K/blk] the sums of each block's bytes. */
 void cuvil_quantize_rows(int64_t M, int64_t K, int64_t kv, const float *A, int64_t lda, int64_t blk, int8_t *q,
-                         float *d);
+                         float *d, int32_t *xsum);
 #endif

@@ -56,10 +56,12 @@ def _ptr(x):
 
 
 @pytest.mark.parametrize("M,N,K,act", [(1, 64, 32, "none"), (7, 100, 33, "relu"), (53, 130, 96, "none"),
-                                       (128, 384, 384, "relu"), (13, 5, 1, "none"), (49, 64, 257, "relu")])
+                                       (128, 384, 384, "relu"), (13, 5, 1, "none"), (49, 64, 257, "relu"),
+                                       (400, 70, 45, "relu")])
 def test_bf16dot_matches_its_arithmetic(lib, M, N, K, act):
     """Row counts of every tile edge (1-6 rows, several row blocks), panels cut short (N not a multiple
-    of 64), odd K (a half-empty last pair), K = 1; bias, residual and ReLU in the epilogue."""
+    of 64), odd K (a half-empty last pair), K = 1; bias, residual and ReLU in the epilogue. 400 rows: row
+    blocks enough for tasks by row block, each rounded by its own thread."""
     rng = np.random.default_rng(M * 31 + K)
     a = rng.standard_normal((M, K), np.float32)
     w = rng.standard_normal((K, N), np.float32)

@@ -3,6 +3,8 @@
 
 #define DOT_MR 6         /* 6 rows x 4 vectors: 24 accumulators, each A broadcast feeds 4 dot products */
 #define DOT_ROW_TILES 8  /* a task's rows: 48, so a panel's B (<= 256 KB at K 2048) serves 8 tiles from L2 */
+/* row blocks a thread needs before tasks go by row block (row_block_task): enough to balance the threads */
+#define CUVIL_BF16_ROW_TASKS_PER_THREAD 4
 
 typedef struct {
     int64_t M, N, K, K2, np, nrb;
@@ -11,6 +13,7 @@ typedef struct {
     uint32_t *Ab;
     const uint32_t *B;
     cuvil_dot_out out;
+    int out_of_memory;
 } dot_args;
 
 static void round_task(void *ctx, int64_t m0, int64_t m1) {
@@ -84,8 +87,8 @@ void cuvil_bf16_rows(const uint32_t *Ab, int64_t rows, int64_t K2, const uint32_
     }
 }
 
-/* Tasks t: panel t / nrb over row block t % nrb, so a thread's run keeps one panel of B in cache
- * across the row blocks. */
+/* Tasks t (few rows): panel t / nrb over row block t % nrb, so a thread's run keeps one panel of B in
+ * cache across the row blocks; A rounded beforehand, by all threads. */
 static void dot_task(void *ctx, int64_t t0, int64_t t1) {
     const dot_args *g = ctx;
     for (int64_t t = t0; t < t1; t++) {
@@ -99,16 +102,42 @@ static void dot_task(void *ctx, int64_t t0, int64_t t1) {
     }
 }
 
+/* Tasks t (many rows): row block t, rounded into the thread's own buffer and multiplied by every panel
+ * while it is in cache. Rounding A in a pass of its own wrote it out (MiniLM b32: 3 MB a layer) and each
+ * panel's tasks read it back from L3. */
+static void row_block_task(void *ctx, int64_t t0, int64_t t1) {
+    const dot_args *g = ctx;
+    const int64_t R = DOT_ROW_TILES * DOT_MR;
+    uint32_t *ab = cuvil_thread_buffer(CUVIL_BUF_DOT_ROWS, (size_t)(R * g->K2) * sizeof(uint32_t));
+    if (!ab) {
+        ((dot_args *)g)->out_of_memory = 1;
+        return;
+    }
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t m0 = t * R, rows = g->M - m0 < R ? g->M - m0 : R;
+        for (int64_t m = 0; m < rows; m++) cuvil_bf16_round(g->A + (m0 + m) * g->lda, g->K, ab + m * g->K2);
+        cuvil_dot_out o = g->out;
+        o.C += m0 * o.ldm;
+        if (o.residual) o.residual += m0 * o.res_ldm;
+        if (o.bias_row) o.bias_row += m0;
+        cuvil_bf16_rows(ab, rows, g->K2, g->B, g->N, 0, g->np, &o);
+    }
+}
+
 int cuvil_sgemm_bf16dot(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const uint32_t *Bp,
                         float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads) {
     if (M <= 0 || N <= 0) return 0;
-    int64_t K2 = (K + 1) / 2;
-    uint32_t *Ab = cuvil_thread_buffer(CUVIL_BUF_APACK, (size_t)(M * K2) * sizeof(uint32_t) + 64);
-    if (!Ab) return -1;
+    int64_t K2 = (K + 1) / 2, nrb = (M + DOT_ROW_TILES * DOT_MR - 1) / (DOT_ROW_TILES * DOT_MR);
     cuvil_dot_out o = {C, ep ? ep->bias_row : 0, ep ? ep->bias_col : 0, ep ? ep->residual : 0, 0, INT64_MAX / 2, 0, ldc,
                         ep ? ep->ldr : 0, ep ? ep->alpha : 1.f, ep ? ep->act : CUVIL_ACT_NONE};
-    dot_args g = {M, N, K, K2, (N + CUVIL_BF16_NR - 1) / CUVIL_BF16_NR,
-                  (M + DOT_ROW_TILES * DOT_MR - 1) / (DOT_ROW_TILES * DOT_MR), A, lda, Ab, Bp, o};
+    dot_args g = {M, N, K, K2, (N + CUVIL_BF16_NR - 1) / CUVIL_BF16_NR, nrb, A, lda, 0, Bp, o, 0};
+    if (nrb >= CUVIL_BF16_ROW_TASKS_PER_THREAD * nthreads) {
+        cuvil_parallel_for(nthreads, nrb, 1, row_block_task, &g);
+        return g.out_of_memory ? -1 : 0;
+    }
+    uint32_t *Ab = cuvil_thread_buffer(CUVIL_BUF_APACK, (size_t)(M * K2) * sizeof(uint32_t) + 64);
+    if (!Ab) return -1;
+    g.Ab = Ab;
     cuvil_parallel_for(M * K > 16384 ? nthreads : 1, M, 1, round_task, &g);
     cuvil_parallel_for(M * N * K > 65536 ? nthreads : 1, g.np * g.nrb, 1, dot_task, &g);
     return 0;

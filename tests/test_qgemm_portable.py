@@ -49,6 +49,15 @@ def test_portable_qgemm_matches_reference(portable_lib, bits, group, m, n, k):
     _check(portable_lib, bits, group, w, s, rng.uniform(-1, 1, (m, k)).astype(np.float32), atol=1e-4)
 
 
+@pytest.mark.parametrize("bits,group", [(8, 1 << 30), (4, 64)])
+def test_qgemm_over_threads_matches_reference(portable_lib, bits, group):
+    """Enough rows x K that the activations are quantized across the threads (rows split between them),
+    and tasks of column blocks on 3 threads."""
+    rng = np.random.default_rng(11)
+    w, s = _quantize(rng, 1024, 200, bits, group)
+    _check(portable_lib, bits, group, w, s, rng.uniform(-1, 1, (45, 1024)).astype(np.float32), atol=1e-4, threads=3)
+
+
 def test_int4_scales_below_float16_normals(portable_lib):
     """int4 scales are stored as float16: ones in its subnormal range (< 6.1e-5) keep their value."""
     rng = np.random.default_rng(7)
@@ -57,7 +66,7 @@ def test_int4_scales_below_float16_normals(portable_lib):
     _check(portable_lib, 4, 64, w, s, rng.uniform(-1, 1, (3, 128)).astype(np.float32), atol=1e-9)
 
 
-def _check(portable_lib, bits, group, w, s, x, atol):
+def _check(portable_lib, bits, group, w, s, x, atol, threads=1):
     m, k = x.shape
     n = w.shape[1] * (2 if bits == 4 else 1)
     ab = act_block(bits, k, group)
@@ -69,6 +78,6 @@ def _check(portable_lib, bits, group, w, s, x, atol):
     rc = portable_lib.cuvil_qgemm(ctypes.c_int64(m), ctypes.c_int64(n), ctypes.c_int64(k), ctypes.c_int64(k),
                                   p(x.ctypes.data),
                                   ctypes.c_int64(k), p(wp.ctypes.data), bits, p(sp.ctypes.data), ctypes.c_int64(ab),
-                                  p(got.ctypes.data), ctypes.c_int64(n), None, 1)
+                                  p(got.ctypes.data), ctypes.c_int64(n), None, threads)
     assert rc == 0
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=atol)

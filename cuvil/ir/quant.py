@@ -8,6 +8,7 @@ import numpy as np
 from ..errors import QuantizationError
 
 PRECISIONS = ("fp32", "bf16", "int8", "int4")
+INT8_MAX_K = 65792      # kernels/int8dot.h CUVIL_I8_MAX_K: the most K an integer conv sums without overflow
 
 
 def to_bf16(w: np.ndarray) -> np.ndarray:

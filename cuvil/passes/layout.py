@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.graph import Node, Value
+from ..ir.quant import INT8_MAX_K
 from ..ir.ops import REGISTRY, infer_types
 from ..ir.ops.movement import FROM_NHWC, TO_NHWC, layout_block
 
@@ -54,9 +55,6 @@ def blockable_from_nchw(node, block: int) -> bool:
     return (_static_4d(x) and _static_4d(y) and w.is_const and node.attrs.get("groups", 1) == 1
             and x.shape[1] % block != 0 and y.shape[1] % block == 0
             and int(np.prod(w.shape[1:])) <= NCHW_IN_MAX_K)
-
-
-INT8_MAX_K = 65792        # kernels/int8dot.h CUVIL_I8_MAX_K: the integer sums' bound
 
 
 def int8_into_nchw(node, block: int) -> bool:

@@ -10,6 +10,7 @@ import numpy as np
 
 from ...ir import dims as D
 from ...ir.ops.movement import layout_block
+from ...ir.quant import INT8_MAX_K
 from .gemm_plan import GEMM_MC, pack_a
 
 
@@ -17,7 +18,6 @@ def is_blocked(node) -> bool:
     return layout_block(node.attrs.get("layout", "nchw")) > 0
 
 
-INT8_MAX_K = 65792           # kernels/int8dot.h CUVIL_I8_MAX_K
 # an NCHW-input conv that gathers its rows (not 1x1) runs in int8 from this K (taps x channels) on: each
 # row's copy costs what a few dot steps do. Profiled per conv (1 thread): ResNet-50's stem (K 147) 2.3 ms
 # fp32 -> 1.16 ms int8; MobileNetV2's (K 27) 0.41 -> 0.50 ms, and 0.31 against fp32's 0.30 once its

@@ -220,6 +220,10 @@ static inline __attribute__((always_inline)) void q4_tile(const qargs *a, int MR
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define CUVIL_QGEMM_512 1
+/* acc += the four-byte dots of u (unsigned) and s (signed), in place: GCC's intrinsic copies its
+ * accumulator (its result is not tied to its input), a register move per product, and 24 of them
+ * then spill (as in int8dot.c) */
+#define DOT512(acc, u, s) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "vm"(s))
 /* q4_tile on 512-bit vectors (VNNI): a vector is a pair of blocks side by side in their quad (sixteen
  * columns, one 64-byte line a chunk), so a chunk of a quad is two loads, four masks and four dpbusd
  * where the 256-bit tile takes twice as many. MR rows x NP pairs. The prefill tile: 4 rows x a quad.
@@ -265,7 +269,7 @@ static inline __attribute__((always_inline)) void q4_tile512(const qargs *a, int
                     const __m512i xl = _mm512_set1_epi32(*(const int32_t *)(xr[i] + kc * 8));
                     const __m512i xh = _mm512_set1_epi32(*(const int32_t *)(xr[i] + kc * 8 + 4));
                     for (int j = 0; j < NP; j++)
-                        p[i][j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(p[i][j], wl[j], xl), wh[j], xh);
+                        { DOT512(p[i][j], wl[j], xl); DOT512(p[i][j], wh[j], xh); }
                 }
             }
             for (int i = 0; i < MR; i++)
@@ -387,9 +391,6 @@ static inline __attribute__((always_inline)) void q8_tile512(const qargs *a, int
     }
 }
 
-/* acc += the four-byte dots of u (unsigned) and s (signed), in place: GCC's intrinsic copies its
- * accumulator, and 24 of them then spill (as in int8dot.c) */
-#define Q8_DOT(acc, u, s) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "vm"(s))
 
 /* int8 with more than one row (prefill, linear layers of general models) on 512-bit VNNI: MR <= 6 rows
  * x NV / 2 quads (NV vectors of 16 columns, NV = 4: 24 int32 accumulators, as int8dot.c's 6 x 64 tile;
@@ -420,7 +421,7 @@ static inline __attribute__((always_inline)) void q8_rows512(const qargs *a, con
             }
             for (int i = 0; i < MR; i++) {
                 const __m512i xb = _mm512_set1_epi32(*(const int32_t *)(x + i * K));
-                for (int v = 0; v < NV; v++) Q8_DOT(is[i][v], wv[v], xb);
+                for (int v = 0; v < NV; v++) DOT512(is[i][v], wv[v], xb);
             }
         }
         for (int i = 0; i < MR; i++) {
@@ -442,7 +443,6 @@ static inline __attribute__((always_inline)) void q8_rows512(const qargs *a, con
         }
     }
 }
-#undef Q8_DOT
 #endif
 #else
 #if defined(__ARM_FEATURE_DOTPROD)

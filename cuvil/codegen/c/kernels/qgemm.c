@@ -345,7 +345,8 @@ static inline __attribute__((always_inline)) void q8_tile(const qargs *a, int MR
 #ifdef CUVIL_QGEMM_512
 /* q8_tile on 512-bit vectors, pairs of blocks as in q4_tile512. AVX-512 has no sign_epi8, so the
  * activations go unsigned instead (x + 128, a flip of the top bit) and each block's sum over
- * (x + 128) w loses 128 x the sum of w, counted once per tile for all its rows by one more dpbusd. */
+ * (x + 128) w loses 128 x the sum of w, counted once per tile for all its rows by one more dpbusd.
+ * Reached for one row (decode where CUVIL_QGEMM_DECODE_512); more rows take q8_rows512. */
 static inline __attribute__((always_inline)) void q8_tile512(const qargs *a, int MR, int NP, int SUB, int64_t m0,
                                                              int64_t b0, __m512 acc[4][2]) {
     const int64_t nb = a->nb;

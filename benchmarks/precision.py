@@ -54,19 +54,23 @@ def table_models(names, workloads, wrap=lambda name: True):
 
 
 def _ort_int8(model, args, threads):
-    """ONNX Runtime on quantize_dynamic's model (int8 weights, per-tensor uint8 activations), or None
-    when onnxruntime is not installed."""
+    """ONNX Runtime on quantize_dynamic's model (int8 weights, per-tensor uint8 activations): a call, or
+    the reason there is none (onnxruntime not installed, the export or quantization failed), so one peer's
+    failure costs its cells, not the table."""
     try:
         import onnxruntime as ort
         from onnxruntime.quantization import QuantType, quantize_dynamic
     except ImportError:
-        return None
-    path, _ = export_onnx(model, args)
-    qpath = os.path.join(temp_dir("cuvil-bench-q-"), "model.int8.onnx")
-    quantize_dynamic(path, qpath, weight_type=QuantType.QInt8)
-    so = ort.SessionOptions()
-    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
-    sess = ort.InferenceSession(qpath, so, providers=["CPUExecutionProvider"])
+        return "no onnxruntime"
+    try:
+        path, _ = export_onnx(model, args)
+        qpath = os.path.join(temp_dir("cuvil-bench-q-"), "model.int8.onnx")
+        quantize_dynamic(path, qpath, weight_type=QuantType.QInt8)
+        so = ort.SessionOptions()
+        so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+        sess = ort.InferenceSession(qpath, so, providers=["CPUExecutionProvider"])
+    except Exception as e:           # a peer's failure is a cell of the table, not the end of it
+        return f"{type(e).__name__}: {str(e)[:60]}"
     feed = {i.name: a.numpy() for i, a in zip(sess.get_inputs(), args)}
     return lambda: sess.run(None, feed)
 
@@ -94,12 +98,12 @@ def run(names, thread_counts, rounds):
             fns, compiled = compiled_runs(model, args, PRECISIONS, threads)
             errs = {p: cm.accuracy["outputs"][0] for p, cm in compiled.items() if cm.accuracy}
             ort = _ort_int8(model, args, threads)
-            if ort:
+            if callable(ort):
                 fns["ort int8"] = ort
             t = interleaved(fns, rounds=rounds)
             ratio = {p: t[p] / t["fp32"] for p in PRECISIONS}
-            vs_ort = f"{t['int8'] / t['ort int8']:.2f}x" if ort else "n/a (no onnxruntime)"
-            ort_ms = f"{1000 * t['ort int8']:.2f}" if ort else "n/a"
+            vs_ort = f"{t['int8'] / t['ort int8']:.2f}x" if callable(ort) else f"n/a ({ort})"
+            ort_ms = f"{1000 * t['ort int8']:.2f}" if callable(ort) else "n/a"
             e = errs["int8"]
             print(f"| {name} | {threads} | {1000 * t['fp32']:.2f} | {ratio['bf16']:.2f}x | {ratio['fp16']:.2f}x | "
                   f"{ratio['int8']:.2f}x | {ort_ms} | {vs_ort} | {e['rel']:.3g}, {e['cosine']:.4f} / {e['mean_cosine']:.5f} |", flush=True)

@@ -211,10 +211,29 @@ static inline void cuvil_dot_store(const cuvil_dot_out *o, const float *out, int
             cuvil_vstore(o->C + at + (m0 + r) * o->ldm,
                          cuvil_vact(cuvil_dot_vec(o, out + r * CUVIL_DOT_NR + j, sc, bc, m0 + r, at), o->act));
     }
-    for (; j < nc; j++) {
-        int64_t n = n0 + j, at = n / o->nb * o->ldn + n % o->nb;
-        for (int r = 0; r < mr; r++)
-            o->C[at + (m0 + r) * o->ldm] = cuvil_act(cuvil_dot_one(o, out[r * CUVIL_DOT_NR + j], m0 + r, n, at), o->act);
+    if (j < nc) {
+        /* the last nc - j < VL columns (one block: nb % VL == 0) as one vector through small buffers: one
+         * by one, each element's place had been a 64-bit division and its epilogue scalar (MobileNetV2's
+         * int8 144 -> 24 projection into NCHW: 1.6x the time of one into 32 blocked channels) */
+        int64_t n = n0 + j, at = n / o->nb * o->ldn + n % o->nb, w = nc - j;
+        float sc[CUVIL_VL] __attribute__((aligned(64))), bc[CUVIL_VL] __attribute__((aligned(64)));
+        float t[CUVIL_VL] __attribute__((aligned(64)));
+        for (int64_t i = 0; i < CUVIL_VL; i++) {
+            sc[i] = i < w ? (o->scale_col ? o->scale_col[n + i] : o->alpha) : 0.f;
+            bc[i] = i < w && o->bias_col ? o->bias_col[n + i] : 0.f;
+        }
+        for (int r = 0; r < mr; r++) {
+            cuvil_vf v = cuvil_vload(out + r * CUVIL_DOT_NR + j) * cuvil_vload(sc) + cuvil_vload(bc);
+            if (o->bias_row) v += cuvil_vsplat(o->bias_row[m0 + r]);
+            float *c = o->C + at + (m0 + r) * o->ldm;
+            if (o->residual) {
+                const float *res = o->residual + at + (m0 + r) * o->res_ldm;
+                for (int64_t i = 0; i < CUVIL_VL; i++) t[i] = i < w ? res[i] : 0.f;
+                v += cuvil_vload(t);
+            }
+            cuvil_vstore(t, cuvil_vact(v, o->act));
+            for (int64_t i = 0; i < w; i++) c[i] = t[i];
+        }
     }
 }
 #endif

@@ -11,7 +11,6 @@ import numpy as np
 from ...ir import quant
 from ...target import has_features, target_arch
 from . import cexpr
-from .conv_plan import INT8_MAX_K as I8_MAX_K
 from .conv_plan import INT8_MIN_GATHERED_NCHW_K, conv_plan, conv_shape, padded_extent, pointwise_conv
 from .gen_activations import ACT_CODES
 
@@ -72,7 +71,7 @@ def computes_int8(node, target: str | None = None) -> bool:
         return False
     # grouped convs (RegNet's, ResNeXt's) whose groups fill channel blocks are blocked (passes/layout.py);
     # depthwise ones are not "blocked" but "blocked_depthwise"
-    return (kind in ("blocked", "blocked_to_nchw", "int8_nchw") or (kind == "blocked_from_nchw" and groups == 1)) and K <= I8_MAX_K
+    return (kind in ("blocked", "blocked_to_nchw", "int8_nchw") or (kind == "blocked_from_nchw" and groups == 1)) and K <= quant.INT8_MAX_K
 
 
 def depthwise_on_bytes(node) -> bool:
@@ -112,7 +111,7 @@ def computes_int8_matmul(node, target: str) -> bool:
     VNNI's bytes of 256 levels (passes/quantize.py asks for no other), and a K whose integer sums cannot
     overflow; else its int8 weights meet fp32 activations."""
     return (node.op == "matmul_q" and node.attrs.get("int8_range") is not None and int8_conv_kind(target) == 2
-            and node.inputs[1].shape[0] <= I8_MAX_K)
+            and node.inputs[1].shape[0] <= quant.INT8_MAX_K)
 
 
 def int8_matmul_terms(q: np.ndarray, scales: np.ndarray) -> np.ndarray:

@@ -106,11 +106,11 @@ static void dot_task(void *ctx, int64_t t0, int64_t t1) {
  * while it is in cache. Rounding A in a pass of its own wrote it out (MiniLM b32: 3 MB a layer) and each
  * panel's tasks read it back from L3. */
 static void row_block_task(void *ctx, int64_t t0, int64_t t1) {
-    const dot_args *g = ctx;
+    dot_args *g = ctx;
     const int64_t R = DOT_ROW_TILES * DOT_MR;
     uint32_t *ab = cuvil_thread_buffer(CUVIL_BUF_DOT_ROWS, (size_t)(R * g->K2) * sizeof(uint32_t));
     if (!ab) {
-        ((dot_args *)g)->out_of_memory = 1;
+        g->out_of_memory = 1;
         return;
     }
     for (int64_t t = t0; t < t1; t++) {

@@ -150,7 +150,8 @@ static void nchw_row_bytes(const quantize_args *a, int64_t ih, int64_t n, uint8_
             for (int j = 0; j < CUVIL_VL; j++) {
                 uint8_t *o = out + (w + j) * C + c0;
                 to_bytes(t + j * CUVIL_VL, a->m, nc == CUVIL_VL ? o : b);
-                for (int i = 0; nc < CUVIL_VL && i < nc; i++) o[i] = b[i];
+                if (nc < CUVIL_VL)
+                    for (int i = 0; i < nc; i++) o[i] = b[i];
             }
         }
 #endif

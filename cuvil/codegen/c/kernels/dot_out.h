@@ -222,9 +222,10 @@ static inline void cuvil_dot_store(const cuvil_dot_out *o, const float *out, int
             sc[i] = i < w ? (o->scale_col ? o->scale_col[n + i] : o->alpha) : 0.f;
             bc[i] = i < w && o->bias_col ? o->bias_col[n + i] : 0.f;
         }
+        cuvil_dot_out no_res = *o;                    /* the residual's last row may end inside the vector */
+        no_res.residual = 0;
         for (int r = 0; r < mr; r++) {
-            cuvil_vf v = cuvil_vload(out + r * CUVIL_DOT_NR + j) * cuvil_vload(sc) + cuvil_vload(bc);
-            if (o->bias_row) v += cuvil_vsplat(o->bias_row[m0 + r]);
+            cuvil_vf v = cuvil_dot_vec(&no_res, out + r * CUVIL_DOT_NR + j, cuvil_vload(sc), cuvil_vload(bc), m0 + r, at);
             float *c = o->C + at + (m0 + r) * o->ldm;
             if (o->residual) {
                 const float *res = o->residual + at + (m0 + r) * o->res_ldm;

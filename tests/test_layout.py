@@ -438,7 +438,10 @@ class _DepthwiseBranches(torch.nn.Module):
     """One blocked map into depthwise convs of every filter size and stride the kernel's tiles claim, and
     the shapes that go pixel by pixel (dilation, a stride it has no tile for), each then a 1x1 conv."""
     CASES = [(3, 1, 1, 1), (3, 2, 1, 1), (5, 1, 2, 1), (5, 2, 2, 1), (7, 1, 3, 1), (3, 1, 0, 1), (3, 1, 2, 2),
-             (7, 2, 3, 1), (3, 3, 1, 1)]                  # (kernel, stride, pad, dilation)
+             (7, 2, 3, 1), (3, 3, 1, 1),                 # (kernel, stride, pad, dilation)
+             (3, 1, (2, 1), (2, 1)), (5, 1, (4, 2), (2, 1))]  # dilated along H only: tiled, filter rows clipped
+    # the fused activations, in turn: the tiles' own ReLU and ReLU6, none, and the table's (hardswish)
+    ACTS = [torch.nn.functional.hardswish, torch.nn.functional.relu6, lambda t: t, torch.relu]
 
     def __init__(self, c):
         super().__init__()
@@ -449,7 +452,7 @@ class _DepthwiseBranches(torch.nn.Module):
 
     def forward(self, x):
         h = self.inp(x)
-        ys = [o(torch.nn.functional.hardswish(dw(h))) for dw, o in zip(self.dws, self.outs)]
+        ys = [o(self.ACTS[i % 4](dw(h))) for i, (dw, o) in enumerate(zip(self.dws, self.outs))]
         return (*ys, self.outs[0](torch.relu(self.res(h) + h)))
 
 
@@ -459,12 +462,13 @@ def test_depthwise_tiles_and_edges_match_torch(tmp_path, target, hw):
     """The blocked depthwise kernel at odd maps (rows of 8-, 4- and 1-pixel tiles) for each (kernel,
     stride, pad, dilation) case, with a fused activation and a fused residual; blocks of 8 and of 4
     (AVX2, SSE2) on any x86 host. 13 x 29: each plane from a zero-padded copy, every pixel in tiles;
-    40 x 41 (too large for the copy at 16 channels): the edge pixels one by one."""
+    40 x 41 (too large for the copy at 16 channels): the top and bottom rows tiled over the filter rows
+    inside the map, the edge columns one by one over their clipped windows."""
     import cuvil
     _skip_unless_host_runs(target)
     torch.manual_seed(0)
     m = _DepthwiseBranches(16).eval()
-    x = torch.randn(1, 3, *hw)
+    x = 5 * torch.randn(1, 3, *hw)                   # sums past ReLU6's 6
     cm = cuvil.compile(m, (x,), layout="blocked", target=target, num_threads=2, cache_dir=str(tmp_path))
     assert cm.c_source.count("cuvil_depthwise_blocked(") == len(m.CASES) + 1
     with torch.no_grad():

@@ -574,23 +574,31 @@ typedef struct {
  * input vector loaded once per filter row for all of them, each filter vector once per tile, and 8 sums
  * in flight cover the FMA's latency at two a cycle (tiles of 4 left an FMA unit idle: 3x3 on 144
  * channels at 56x56 took 13 cycles an output vector where its 9 multiply-adds need 4.5; 8 took 9.5, and
- * a 7x7 filter half the time). Edge pixels go one by one (window): copying their columns zero-padded,
- * or whole rows, to run them tiled too measured slower on AVX2 (the copies cost what the tiles saved). */
+ * a 7x7 filter half the time). The top and bottom rows run tiled over the filter rows inside the map;
+ * edge columns go one by one over their clipped windows (dw_clipped): copying them zero-padded, or whole
+ * rows, to run them tiled too measured slower on AVX2 (the copies cost what the tiles saved). */
 #define DW_TILE 8
 
-/* The sums of T pixels from x0, their first window's top-left input pixel: KW, SW (the filter's width,
- * the stride along W) and T constants, so the loads' offsets are and a repeated one is loaded once;
- * dilation 1 along W. */
-static inline __attribute__((always_inline)) void dw_tile(int KW, int SW, int T, const cuvil_conv_shape *s,
-                                                          const float *x0, const float *w, cuvil_vf *acc) {
-    const int64_t KH = s->KH, row = s->dh * s->W * CUVIL_BLOCK, C = s->C;
-    for (int64_t kh = 0; kh < KH; kh++) {
-        const float *xr = x0 + kh * row, *wr = w + kh * KW * C;
+/* The sums of T pixels over filter rows [kh0, kh1) from x0, their first window's leftmost input pixel in
+ * filter row kh0: KW, SW (the filter's width, the stride along W) and T constants, so the loads' offsets
+ * are; each filter row's inputs loaded once into registers for all taps (GCC had folded them into the
+ * multiply-adds, loading each up to KW times); kh0, kh1 constants too inside the map (dw_row); dilation
+ * 1 along W. */
+static inline __attribute__((always_inline)) void dw_tile(int KW, int SW, int T, int kh0, int kh1,
+                                                          const cuvil_conv_shape *s, const float *x0,
+                                                          const float *w, cuvil_vf *acc) {
+    const int64_t row = s->dh * s->W * CUVIL_BLOCK, C = s->C;
+    #pragma GCC unroll 7
+    for (int kh = kh0; kh < kh1; kh++) {
+        const float *xr = x0 + (kh - kh0) * row, *wr = w + kh * KW * C;
+        cuvil_vf xv[(DW_TILE - 1) * 2 + 7];
+        #pragma GCC unroll 40
+        for (int i = 0; i < (T - 1) * SW + KW; i++) xv[i] = cuvil_vload(xr + i * CUVIL_BLOCK);
         #pragma GCC unroll 7
         for (int kw = 0; kw < KW; kw++) {
             cuvil_vf wv = cuvil_vload(wr + kw * C);
-            #pragma GCC unroll 8
-            for (int j = 0; j < T; j++) acc[j] += cuvil_vload(xr + (j * SW + kw) * CUVIL_BLOCK) * wv;
+            #pragma GCC unroll 16
+            for (int j = 0; j < T; j++) acc[j] += xv[j * SW + kw] * wv;
         }
     }
 }
@@ -603,53 +611,98 @@ static inline void dw_store(const blocked_dw *a, int64_t o, cuvil_vf acc) {
     cuvil_vstore(a->y + o, acc);
 }
 
-/* T pixels from ow of one output row (off: the row's offset in y; xr: its input row at the window of
- * output pixel 0, which may lie left of the row: only offsets from it are formed) */
-static inline __attribute__((always_inline)) void dw_pixels(int KW, int SW, int T, const blocked_dw *a,
-                                                            const float *xr, int64_t ow, const float *w,
-                                                            cuvil_vf bias, int64_t off) {
+/* act on T sums, the switch outside the loops (ReLU and ReLU6 inline): dw_store's tests per vector, with
+ * the struct reread after each store (y may alias it), cost 4-13% of a 3x3 conv (dw_bench). */
+static inline __attribute__((always_inline)) void dw_activate(int T, cuvil_vf *acc, int act) {
+    const cuvil_vf zero = cuvil_vsplat(0.f), six = cuvil_vsplat(6.f);
+    switch (act) {
+    case CUVIL_ACT_NONE: break;
+    case CUVIL_ACT_RELU:
+        #pragma GCC unroll 16
+        for (int j = 0; j < T; j++) acc[j] = cuvil_vsel(acc[j] < 0.f, zero, acc[j]);     /* NaN stays */
+        break;
+    case CUVIL_ACT_RELU6:
+        #pragma GCC unroll 16
+        for (int j = 0; j < T; j++) acc[j] = cuvil_vsel(acc[j] < 0.f, zero, cuvil_vsel(acc[j] > 6.f, six, acc[j]));
+        break;
+    default:
+        #pragma GCC unroll 16
+        for (int j = 0; j < T; j++) acc[j] = cuvil_vact(acc[j], act);
+    }
+}
+
+/* T pixels from ow of one output row over filter rows [kh0, kh1) (off: the row's offset in y; xr: the
+ * input row of filter row kh0 at the window of output pixel 0, which may lie left of the row: only
+ * offsets from it are formed) */
+static inline __attribute__((always_inline)) void dw_pixels(int KW, int SW, int T, int kh0, int kh1,
+                                                            const blocked_dw *a, const float *xr, int64_t ow,
+                                                            const float *w, cuvil_vf bias, int64_t off) {
     cuvil_vf acc[DW_TILE];
     #pragma GCC unroll 8
     for (int j = 0; j < T; j++) acc[j] = bias;
-    dw_tile(KW, SW, T, a->s, xr + (ow * SW - a->s->pw) * CUVIL_BLOCK, w, acc);
-    #pragma GCC unroll 8
-    for (int j = 0; j < T; j++) dw_store(a, off + (ow + j) * CUVIL_BLOCK, acc[j]);
+    dw_tile(KW, SW, T, kh0, kh1, a->s, xr + (ow * SW - a->s->pw) * CUVIL_BLOCK, w, acc);
+    float *y = a->y + off + ow * CUVIL_BLOCK;
+    const float *res = a->residual ? a->residual + off + ow * CUVIL_BLOCK : 0;
+    if (res) {
+        #pragma GCC unroll 16
+        for (int j = 0; j < T; j++) acc[j] += cuvil_vload(res + j * CUVIL_BLOCK);
+    }
+    dw_activate(T, acc, a->act);
+    #pragma GCC unroll 16
+    for (int j = 0; j < T; j++) cuvil_vstore(y + j * CUVIL_BLOCK, acc[j]);
 }
 
-/* Pixels [ow, end) of a row whose windows all lie inside the input: tiles of 8, of 4, then the rest. */
-static inline __attribute__((always_inline)) void dw_inside(int KW, int SW, const blocked_dw *a,
+/* Pixels [ow, end) of a row whose windows lie inside the input along W: tiles of 8, of 4, then the rest. */
+static inline __attribute__((always_inline)) void dw_inside(int KW, int SW, int kh0, int kh1, const blocked_dw *a,
                                                             const float *xr, const float *w, cuvil_vf bias,
                                                             int64_t off, int64_t ow, int64_t end) {
-    for (; ow + 8 <= end; ow += 8) dw_pixels(KW, SW, 8, a, xr, ow, w, bias, off);
+    for (; ow + 8 <= end; ow += 8) dw_pixels(KW, SW, 8, kh0, kh1, a, xr, ow, w, bias, off);
     if (ow + 4 <= end) {
-        dw_pixels(KW, SW, 4, a, xr, ow, w, bias, off);
+        dw_pixels(KW, SW, 4, kh0, kh1, a, xr, ow, w, bias, off);
         ow += 4;
     }
     switch (end - ow) {             /* the last 1-3 pixels as one tile (a 7x7 map's row had been 4 + 1 + 1 + 1) */
-    case 3: dw_pixels(KW, SW, 3, a, xr, ow, w, bias, off); break;
-    case 2: dw_pixels(KW, SW, 2, a, xr, ow, w, bias, off); break;
-    case 1: dw_pixels(KW, SW, 1, a, xr, ow, w, bias, off); break;
+    case 3: dw_pixels(KW, SW, 3, kh0, kh1, a, xr, ow, w, bias, off); break;
+    case 2: dw_pixels(KW, SW, 2, kh0, kh1, a, xr, ow, w, bias, off); break;
+    case 1: dw_pixels(KW, SW, 1, kh0, kh1, a, xr, ow, w, bias, off); break;
     default: break;
     }
 }
 
-/* dw_inside for the filter widths and strides MobileNets, EfficientNets and ConvNeXt use, one switch a
- * row; 0 for the others (left to window), else 1 */
+/* dw_inside for the filter widths and strides MobileNets, EfficientNets and ConvNeXt use (square
+ * filters), one switch a row, the whole filter's rows as constants; 0 for the others (left to window),
+ * else 1 */
 static int dw_row(const blocked_dw *a, const float *xr, const float *w, cuvil_vf bias, int64_t off,
-                  int64_t ow, int64_t end) {
-    switch (a->s->dw == 1 ? a->s->KW * 4 + a->s->sw : 0) {
-    case 3 * 4 + 1: dw_inside(3, 1, a, xr, w, bias, off, ow, end); return 1;
-    case 3 * 4 + 2: dw_inside(3, 2, a, xr, w, bias, off, ow, end); return 1;
-    case 5 * 4 + 1: dw_inside(5, 1, a, xr, w, bias, off, ow, end); return 1;
-    case 5 * 4 + 2: dw_inside(5, 2, a, xr, w, bias, off, ow, end); return 1;
-    case 7 * 4 + 1: dw_inside(7, 1, a, xr, w, bias, off, ow, end); return 1;
+                  int64_t ow, int64_t end, int kh0, int kh1) {
+    const int whole = kh0 == 0 && kh1 == a->s->KH;
+#define DW_ROW_CASE(KW, SW) case KW * 4 + SW:                                                        \
+        if (whole) dw_inside(KW, SW, 0, KW, a, xr, w, bias, off, ow, end);                              \
+        else dw_inside(KW, SW, kh0, kh1, a, xr, w, bias, off, ow, end);                                 \
+        return 1;
+    switch (a->s->dw == 1 && a->s->KH == a->s->KW ? a->s->KW * 4 + a->s->sw : 0) {
+    DW_ROW_CASE(3, 1) DW_ROW_CASE(3, 2) DW_ROW_CASE(5, 1) DW_ROW_CASE(5, 2) DW_ROW_CASE(7, 1)
     default: return 0;
     }
+#undef DW_ROW_CASE
+}
+
+/* Output pixel ow of a row from its filter rows [kh0, kh1) (xk: the input row of kh0) and the filter
+ * columns whose inputs lie inside the row: an edge pixel, with no test per tap. */
+static inline cuvil_vf dw_clipped(const cuvil_conv_shape *s, const float *xk, const float *w, int64_t kh0,
+                                  int64_t kh1, int64_t ow, cuvil_vf acc) {
+    const int64_t iw0 = ow * s->sw - s->pw, row = s->dh * s->W * CUVIL_BLOCK, C = s->C, KW = s->KW;
+    int64_t kw0 = iw0 < 0 ? (-iw0 + s->dw - 1) / s->dw : 0, kw1 = KW;
+    if (iw0 + (KW - 1) * s->dw >= s->W) kw1 = iw0 < s->W ? (s->W - 1 - iw0) / s->dw + 1 : 0;
+    for (int64_t kh = kh0; kh < kh1; kh++)
+        for (int64_t kw = kw0; kw < kw1; kw++)
+            acc += cuvil_vload(xk + (kh - kh0) * row + (iw0 + kw * s->dw) * CUVIL_BLOCK) * cuvil_vload(w + (kh * KW + kw) * C);
+    return acc;
 }
 
 /* Output rows r = (n * C / B + cb) * OH + oh in [r0, r1): each output pixel's B channels a vector, the
  * taps' B filter values (w [KH * KW][C]) side by side as the input's channels are; tiles of pixels
- * where the windows lie inside the input (dw_row), pixel by pixel (window) at the edges. */
+ * where the windows lie inside the input along W (dw_row, over the filter rows inside the map), the
+ * edge columns one by one (dw_clipped); window for the filters dw_row leaves. */
 static void depthwise_blocked_task(void *ctx, int64_t r0, int64_t r1) {
     const blocked_dw *a = ctx;
     const cuvil_conv_shape *s = a->s;
@@ -663,9 +716,16 @@ static void depthwise_blocked_task(void *ctx, int64_t r0, int64_t r1) {
         const float *xc = a->x + plane * s->H * s->W * CUVIL_BLOCK, *w = a->w + c;
         int64_t off = r * s->OW * CUVIL_BLOCK, ih0 = oh * s->sh - s->ph, ow = 0;
         cuvil_vf bias = a->bias ? cuvil_vload(a->bias + c) : cuvil_vsplat(0.f);
-        if (ih0 >= 0 && ih0 + (s->KH - 1) * s->dh < s->H && first < end) {
-            for (; ow < first; ow++) dw_store(a, off + ow * CUVIL_BLOCK, window(1, s, xc, w, oh, ow, 0, bias));
-            if (dw_row(a, xc + ih0 * s->W * CUVIL_BLOCK, w, bias, off, first, end)) ow = end;
+        /* the filter rows whose input rows lie inside the map: all but at the top and bottom edges */
+        int64_t kh0 = ih0 < 0 ? (-ih0 + s->dh - 1) / s->dh : 0, kh1 = s->KH;
+        if (ih0 + (s->KH - 1) * s->dh >= s->H) kh1 = ih0 < s->H ? (s->H - 1 - ih0) / s->dh + 1 : 0;
+        if (kh0 < kh1 && first < end) {
+            const float *xk = xc + (ih0 + kh0 * s->dh) * s->W * CUVIL_BLOCK;
+            for (; ow < first; ow++) dw_store(a, off + ow * CUVIL_BLOCK, dw_clipped(s, xk, w, kh0, kh1, ow, bias));
+            if (dw_row(a, xk, w, bias, off, first, end, (int)kh0, (int)kh1)) {
+                for (ow = end; ow < s->OW; ow++)
+                    dw_store(a, off + ow * CUVIL_BLOCK, dw_clipped(s, xk, w, kh0, kh1, ow, bias));
+            }
         }
         for (; ow < s->OW; ow++) dw_store(a, off + ow * CUVIL_BLOCK, window(1, s, xc, w, oh, ow, 0, bias));
     }
@@ -699,7 +759,7 @@ static void depthwise_blocked_plane_task(void *ctx, int64_t q0, int64_t q1) {
         for (int64_t oh = 0; oh < s->OH; oh++) {
             int64_t off = (q * s->OH + oh) * s->OW * CUVIL_BLOCK;
             const float *xr = buf + oh * s->sh * ps.W * CUVIL_BLOCK;
-            if (!dw_row(&pa, xr, w, bias, off, 0, s->OW))
+            if (!dw_row(&pa, xr, w, bias, off, 0, s->OW, 0, (int)s->KH))
                 for (int64_t ow = 0; ow < s->OW; ow++) dw_store(&pa, off + ow * CUVIL_BLOCK, window(1, &ps, buf, w, oh, ow, 0, bias));
         }
     }

@@ -1730,6 +1730,15 @@ def cached_attention(op):
     for b, t, h, start, slots in [(2, 1, 4, [7, 19], [2, 0]), (1, 6, 2, [3], [1]), (1, 1, 2, [0], [0])]:
         c.out(c.add(op, [c.input(rand(r, (b, t, h, 12), "float32")), kv16, kv16, c.input(np.array(start)),
                          c.input(np.array(slots))], {"layer": 1, "scale": 0.3}), f"fp16 cache B={b} T={t} H={h}")
+    # head dims in whole vectors (16, 32): the tiles read the halves as they lie (K^T built from them,
+    # V widened in registers); one query row per KV head (H=2 decode) keeps the widened copy
+    for e in (16, 32):
+        kvh = c.input(_cache(r, 2, 3, 2, 40, e).astype(np.float16))
+        for b, t, h, start, slots in [(2, 1, 4, [7, 39], [2, 0]), (1, 6, 2, [3], [1]), (1, 1, 2, [30], [0]),
+                                      (2, 9, 8, [0, 20], [1, 2])]:
+            c.out(c.add(op, [c.input(rand(r, (b, t, h, e), "float32")), kvh, kvh, c.input(np.array(start)),
+                             c.input(np.array(slots))], {"layer": 1, "scale": e ** -0.5}),
+                  f"fp16 cache E={e} B={b} T={t} H={h}")
     kv64 = c.input(_cache(r, 1, 1, 1, 6, 4).astype("float64"))
     c.out(c.add(op, [c.input(rand(r, (1, 2, 2, 4), "float64")), kv64, kv64, c.input(np.array([3]))]), "float64",
           LEGALIZED_F64)

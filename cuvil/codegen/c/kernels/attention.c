@@ -174,9 +174,10 @@ static inline float softmax_unscaled(const cuvil_attn *a, int64_t mo, float *p, 
 #define RB 6
 #endif
 static inline __attribute__((always_inline)) void attend_rows_n(
-        const int N, const cuvil_attn *a, int64_t b, const int64_t hr[RB], const int64_t lr[RB], int64_t off,
-        const float *const qr[RB], const float *kt, int64_t Sp, const float *vb, float *const orow[RB], float *sc,
-        int prefetch_v) {
+        const int N, const int half, const cuvil_attn *a, int64_t b, const int64_t hr[RB], const int64_t lr[RB],
+        int64_t off, const float *const qr[RB], const float *kt, int64_t Sp, const void *vb, float *const orow[RB],
+        float *sc, int prefetch_v) {
+    const int64_t vsize = half ? 2 : 4;                            /* bytes a V element */
     int64_t Sr[RB], Smax = 0;
     for (int r = 0; r < N; r++) {
         int64_t pos = lr[r] + off;
@@ -191,7 +192,8 @@ static inline __attribute__((always_inline)) void attend_rows_n(
          * MiniLM's attention time */
         if (prefetch_v)
             for (int64_t s = s0; s < s0 + 2 * CUVIL_VL && s < Smax; s++)
-                for (int64_t e = 0; e < a->Ev; e += 64 / sizeof(float)) __builtin_prefetch(vb + s * a->vl + e, 0, 2);
+                for (int64_t e = 0; e < a->Ev; e += 64 / vsize)
+                    __builtin_prefetch((const char *)vb + (s * a->vl + e) * vsize, 0, 2);
         cuvil_vf acc[RB][2];
         for (int r = 0; r < N; r++) acc[r][0] = acc[r][1] = cuvil_vsplat(0.f);
         for (int64_t e = 0; e < a->E; e++) {
@@ -216,8 +218,14 @@ static inline __attribute__((always_inline)) void attend_rows_n(
         cuvil_vf acc[RB][2];
         for (int r = 0; r < N; r++) acc[r][0] = acc[r][1] = cuvil_vsplat(0.f);
         for (int64_t s = 0; s < Smax; s++) {
-            const float *vr = vb + s * a->vl + e0;
-            cuvil_vf v0 = cuvil_vload(vr), v1 = two ? cuvil_vload(vr + CUVIL_VL) : v0;
+            cuvil_vf v0, v1;
+            if (half) {         /* an fp16 cache's V read as halves, widened in registers */
+                const uint16_t *vr = (const uint16_t *)vb + s * a->vl + e0;
+                v0 = cuvil_vload_f16(vr), v1 = two ? cuvil_vload_f16(vr + CUVIL_VL) : v0;
+            } else {
+                const float *vr = (const float *)vb + s * a->vl + e0;
+                v0 = cuvil_vload(vr), v1 = two ? cuvil_vload(vr + CUVIL_VL) : v0;
+            }
             for (int r = 0; r < N; r++) {
                 cuvil_vf pr = cuvil_vsplat(sc[r * Sp + s]);
                 acc[r][0] += pr * v0, acc[r][1] += pr * v1;
@@ -231,38 +239,55 @@ static inline __attribute__((always_inline)) void attend_rows_n(
 }
 
 /* rb rows with the tile of exactly rb rows: a decode step's 8 query heads per KV head (TinyLlama,
- * Llama-3-8B: 8 and 4) went as 6 + 6, the second tile computing 4 rows only to drop them. */
+ * Llama-3-8B: 8 and 4) went as 6 + 6, the second tile computing 4 rows only to drop them. half: V in
+ * IEEE halves (an fp16 cache). */
 static void attend_rows(const cuvil_attn *a, int64_t b, const int64_t hr[RB], const int64_t lr[RB], int rb,
-                        int64_t off, const float *const qr[RB], const float *kt, int64_t Sp, const float *vb,
-                        float *const orow[RB], float *sc, int prefetch_v) {
-    switch (rb) {
-    case 1: attend_rows_n(1, a, b, hr, lr, off, qr, kt, Sp, vb, orow, sc, prefetch_v); break;
-    case 2: attend_rows_n(2, a, b, hr, lr, off, qr, kt, Sp, vb, orow, sc, prefetch_v); break;
-    case 3: attend_rows_n(3, a, b, hr, lr, off, qr, kt, Sp, vb, orow, sc, prefetch_v); break;
-    case 4: attend_rows_n(4, a, b, hr, lr, off, qr, kt, Sp, vb, orow, sc, prefetch_v); break;
-    case 5: attend_rows_n(5, a, b, hr, lr, off, qr, kt, Sp, vb, orow, sc, prefetch_v); break;
+                        int64_t off, const float *const qr[RB], const float *kt, int64_t Sp, const void *vb,
+                        int half, float *const orow[RB], float *sc, int prefetch_v) {
+#define ROWS_CASE(N) case N:                                                                                \
+        if (half) attend_rows_n(N, 1, a, b, hr, lr, off, qr, kt, Sp, vb, orow, sc, prefetch_v);              \
+        else attend_rows_n(N, 0, a, b, hr, lr, off, qr, kt, Sp, vb, orow, sc, prefetch_v);                   \
+        break;
+    switch (rb < RB ? rb : RB) {
+    ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5) ROWS_CASE(6)
 #if RB > 6
-    case 6: attend_rows_n(6, a, b, hr, lr, off, qr, kt, Sp, vb, orow, sc, prefetch_v); break;
-    case 7: attend_rows_n(7, a, b, hr, lr, off, qr, kt, Sp, vb, orow, sc, prefetch_v); break;
+    ROWS_CASE(7) ROWS_CASE(8)
 #endif
-    default: attend_rows_n(RB, a, b, hr, lr, off, qr, kt, Sp, vb, orow, sc, prefetch_v); break;
+    default: break;
     }
+#undef ROWS_CASE
 }
 
-/* kt[e * Sp + s] = k[s * kl + e] for s < S, e < E: in 8 x 8 blocks of vectors where AVX2 has them
- * (element by element it was 15% of MiniLM's attention). */
+/* kt[e * Sp + s] = k[s * kl + e] for s < S, e < E, k floats or (half) IEEE halves: in 8 x 8 blocks of
+ * vectors where AVX2 has them (element by element it was 15% of MiniLM's attention). */
+static inline float key_at(const void *k, int half, int64_t i) {
+    return half ? cuvil_f16_to_f32(((const uint16_t *)k)[i]) : ((const float *)k)[i];
+}
+
 #if defined(__AVX2__)
 #include <immintrin.h>
-static void transpose_keys(const float *k, int64_t kl, int64_t S, int64_t E, float *kt, int64_t Sp) {
-    int64_t s8 = S / 8 * 8, e8 = E / 8 * 8;
+/* eight elements of k from element i, as floats */
+static inline __m256 load8(const void *k, int half, int64_t i) {
+    if (!half) return _mm256_loadu_ps((const float *)k + i);
+#if defined(__F16C__)
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)k + i)));
+#else
+    float f[8];
+    for (int j = 0; j < 8; j++) f[j] = key_at(k, 1, i + j);
+    return _mm256_loadu_ps(f);
+#endif
+}
+
+static void transpose_keys(const void *k, int half, int64_t kl, int64_t S, int64_t E, float *kt, int64_t Sp) {
+    int64_t s8 = S / 8 * 8, e8 = E / 8 * 8, esize = half ? 2 : 4;
     for (int64_t s = 0; s < s8; s += 8) {
         /* the next eight keys toward L1: a KV cache comes from memory, and the 8 x 8 blocks read it
          * in an order the hardware prefetcher does not follow */
         for (int64_t r = s + 8; r < s + 16 && r < S; r++)
-            for (int64_t e = 0; e < E; e += 64 / sizeof(float)) __builtin_prefetch(k + r * kl + e, 0, 3);
+            for (int64_t e = 0; e < E; e += 64 / esize) __builtin_prefetch((const char *)k + (r * kl + e) * esize, 0, 3);
         for (int64_t e = 0; e < e8; e += 8) {
             __m256 r[8], t[8];
-            for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(k + (s + i) * kl + e);
+            for (int i = 0; i < 8; i++) r[i] = load8(k, half, (s + i) * kl + e);
             for (int i = 0; i < 8; i += 2) {
                 t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
                 t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
@@ -282,26 +307,36 @@ static void transpose_keys(const float *k, int64_t kl, int64_t S, int64_t E, flo
         }
     }
     for (int64_t s = 0; s < S; s++)                       /* the edges */
-        for (int64_t e = s < s8 ? e8 : 0; e < E; e++) kt[e * Sp + s] = k[s * kl + e];
+        for (int64_t e = s < s8 ? e8 : 0; e < E; e++) kt[e * Sp + s] = key_at(k, half, s * kl + e);
 }
 #else
-static void transpose_keys(const float *k, int64_t kl, int64_t S, int64_t E, float *kt, int64_t Sp) {
+static void transpose_keys(const void *k, int half, int64_t kl, int64_t S, int64_t E, float *kt, int64_t Sp) {
     for (int64_t s = 0; s < S; s++)
-        for (int64_t e = 0; e < E; e++) kt[e * Sp + s] = k[s * kl + e];
+        for (int64_t e = 0; e < E; e++) kt[e * Sp + s] = key_at(k, half, s * kl + e);
 }
 #endif
 
 /* Rows of the next tile when `rows` rows are left for `tiles` tiles. */
 static inline int rb_of(int64_t rows, int64_t tiles) { return (int)((rows + tiles - 1) / tiles); }
 
-/* Rows [i0, i1) of (batch b, KV head hk) against keys [0, S) at kb / vb (key strides a->kl, a->vl). */
+/* S keys padded to the score tiles' multiple of 2 VL */
+static inline int64_t padded_keys(int64_t S) { return (S + 2 * CUVIL_VL - 1) / (2 * CUVIL_VL) * (2 * CUVIL_VL); }
+
+/* Whether attend_block runs rows [i0, i1) all in tiles (K^T on the stack, V in whole vectors): the
+ * only path that reads an fp16 cache's halves as they are. */
+static inline int tiles_all_rows(const cuvil_attn *a, int64_t i0, int64_t i1, int64_t S) {
+    return a->E * padded_keys(S) <= KT_MAX_FLOATS && (i1 - i0) > 1 && a->Ev % CUVIL_VL == 0 && S > 0;
+}
+
+/* Rows [i0, i1) of (batch b, KV head hk) against keys [0, S) at kb / vb (key strides a->kl, a->vl):
+ * floats, or (half) an fp16 cache's halves where tiles_all_rows. */
 static void attend_block(const cuvil_attn *a, const attn_args *args, int64_t b, int64_t hk, int64_t i0, int64_t i1,
-                         int64_t off, int64_t S, const float *kb, const float *vb) {
+                         int64_t off, int64_t S, const void *kb, const void *vb, int half) {
     const int64_t group = a->H / (a->Hk > 0 ? a->Hk : 1);
-    int64_t Sp = (S + 2 * CUVIL_VL - 1) / (2 * CUVIL_VL) * (2 * CUVIL_VL);
+    int64_t Sp = padded_keys(S);
     int use_kt = a->E * Sp <= KT_MAX_FLOATS && (i1 - i0) > 1;
     float kt[use_kt ? a->E * Sp : 1] __attribute__((aligned(64)));
-    if (use_kt) transpose_keys(kb, a->kl, S, a->E, kt, Sp);
+    if (use_kt) transpose_keys(kb, half, a->kl, S, a->E, kt, Sp);
     if (use_kt)          /* the padding keys: computed by the score tiles, never NaN */
         for (int64_t e = 0; e < a->E; e++)
             for (int64_t s = S; s < Sp; s++) kt[e * Sp + s] = 0.f;
@@ -320,10 +355,10 @@ static void attend_block(const cuvil_attn *a, const attn_args *args, int64_t b, 
                 qr[r] = args->q + b * a->qb + hr[r] * a->qh + lr[r] * a->ql;
                 orow[r] = args->out + b * a->ob + hr[r] * a->oh + lr[r] * a->ol;
             }
-            attend_rows(a, b, hr, lr, rb, off, qr, kt, Sp, vb, orow, sc, i == i0);
+            attend_rows(a, b, hr, lr, rb, off, qr, kt, Sp, vb, half, orow, sc, i == i0);
             i += rb;
         }
-    for (; i < i1; i++) {
+    for (; i < i1 && !half; i++) {
         int64_t h = hk * group + i / a->L, l = i % a->L, pos = l + off;
         int64_t Sr = a->causal && pos + 1 < a->S ? pos + 1 : a->S;   /* causal rows stop at their position */
         attend_row(a, b, h, l, pos, args->q + b * a->qb + h * a->qh + l * a->ql, use_kt ? kt : 0, Sp, kb, vb,
@@ -385,8 +420,10 @@ static void widen_rows(const uint16_t *src, int64_t ld, int64_t n, int64_t E, fl
     }
 }
 
-/* An fp16 KV cache: the block's S keys and values widened to floats on the heap (a long context does
- * not fit a task's stack), then attended as an fp32 cache's are. Nonzero when memory ran out. */
+/* An fp16 KV cache where the tiles do not take it (one row a block: a decode step without grouped
+ * heads; K^T past the stack; a head dim no multiple of VL): the block's S keys and values widened to
+ * floats on the heap (a long context does not fit a task's stack), then attended as an fp32 cache's
+ * are. Nonzero when memory ran out. */
 static int widened_block(const cuvil_attn *a, const attn_args *args, int64_t b, int64_t hk, int64_t i0, int64_t i1,
                          int64_t off, int64_t S, int64_t slot) {
     float *kf = malloc((size_t)(S * a->E + S * a->Ev + 1) * sizeof(float));
@@ -396,7 +433,7 @@ static int widened_block(const cuvil_attn *a, const attn_args *args, int64_t b, 
     widen_rows((const uint16_t *)args->v + slot * a->vb + hk * a->vh, a->vl, S, a->Ev, vf);
     cuvil_attn wide = *a;
     wide.S = S, wide.kl = a->E, wide.vl = a->Ev, wide.kv_half = 0;
-    attend_block(&wide, args, b, hk, i0, i1, off, S, kf, vf);
+    attend_block(&wide, args, b, hk, i0, i1, off, S, kf, vf, 0);
     free(kf);
     return 0;
 }
@@ -417,6 +454,11 @@ static void attention_task(void *ctx, int64_t t0, int64_t t1) {
         int64_t lmax = i0 / a->L == (i1 - 1) / a->L ? (i1 - 1) % a->L : a->L - 1;
         int64_t S = a->causal && off + lmax + 1 < a->S ? off + lmax + 1 : a->S;
         const int64_t slot = a->kv_slot ? a->kv_slot[b] : b;
+        if (a->kv_half && tiles_all_rows(a, i0, i1, S)) {      /* the halves read where they lie */
+            attend_block(a, args, b, hk, i0, i1, off, S, (const uint16_t *)args->k + slot * a->kb + hk * a->kh,
+                         (const uint16_t *)args->v + slot * a->vb + hk * a->vh, 1);
+            continue;
+        }
         if (a->kv_half) {
             if (widened_block(a, args, b, hk, i0, i1, off, S, slot)) __atomic_store_n((int *)&args->out_of_memory, 1, __ATOMIC_RELAXED);
             continue;
@@ -427,7 +469,7 @@ static void attention_task(void *ctx, int64_t t0, int64_t t1) {
         int32_t idx[small ? S : 1];
         int64_t n = small ? padding_keys(a, b, hk, i0, i1, S, idx) : -1;
         if (n < 0) {
-            attend_block(a, args, b, hk, i0, i1, off, S, kb, vb);
+            attend_block(a, args, b, hk, i0, i1, off, S, kb, vb, 0);
             continue;
         }
         /* the live keys' K and V rows gathered, attended without a mask */
@@ -438,7 +480,7 @@ static void attention_task(void *ctx, int64_t t0, int64_t t1) {
         }
         cuvil_attn live = *a;
         live.S = n, live.kl = a->E, live.vl = a->Ev, live.mask_kind = 0, live.mask = 0;
-        attend_block(&live, args, b, hk, i0, i1, off, n, kc, vc);
+        attend_block(&live, args, b, hk, i0, i1, off, n, kc, vc, 0);
     }
 }
 

@@ -149,6 +149,38 @@ def _skip_unless_host_runs(target):
         pytest.skip("x86_64-sse2 code runs on x86-64 hosts only")
 
 
+class _DeepChannels(torch.nn.Module):
+    """Convs deep enough in channels for several K blocks of the wide tile (tuning.h
+    CUVIL_BLOCKED_WIDE_KB: 8 or 32 blocks of 16 channels): a 1x1 conv of 1040 channels with a residual
+    and ReLU, a 3x3 stride-2 conv gathered over 9 x 96 channels; 96 outputs: a pair of panels and one."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.r = torch.nn.Conv2d(3, 1040, 1), torch.nn.Conv2d(3, 96, 1)
+        self.b, self.c = torch.nn.Conv2d(1040, 96, 1), torch.nn.Conv2d(96, 96, 3, 2, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.b(torch.relu(self.a(x))) + self.r(x))
+        return y, self.c(y)
+
+
+@pytest.mark.parametrize("threads, target", [(1, "native"), (2, "native"), (1, "x86_64-avx512")])
+def test_deep_k_blocks_of_the_wide_tile_match_torch(tmp_path, threads, target):
+    """Partial sums carried from K block to K block (the first adds nothing, the last the epilogue),
+    at this CPU's K block and, where the CPU runs AVX-512, at the generic x86_64-avx512 build's."""
+    import cuvil
+    from cuvil.target import cpu_flags
+    if target == "x86_64-avx512" and "avx512f" not in cpu_flags():
+        pytest.skip(f"this CPU cannot run {target} code")
+    torch.manual_seed(0)
+    m = _DeepChannels().eval()
+    x = torch.randn(1, 3, 13, 11)
+    cm = cuvil.compile(m, (x,), layout="blocked", num_threads=threads, target=target, cache_dir=str(tmp_path))
+    with torch.no_grad():
+        for got, want in zip(cm.run(x.numpy()), m(x)):
+            np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("threads, target", [(1, "native"), (2, "native"), (2, "x86_64-avx2"), (2, "x86_64-sse2")])
 def test_small_resnet_blocked_matches_torch(tmp_path, threads, target):
     """layout="blocked": blocks of the target's vector width (nchw8c and 6-row tiles on AVX2, nchw4c with

@@ -1,6 +1,6 @@
 """Per-CPU tuning of the kernels: one table, which gen_tuning.py renders into kernels/tuning.h.
 
-A row sets one knob (a C macro gemm.c or qgemm.c reads) to one value on the CPUs its `when` names: a
+A row sets one knob (a C macro gemm.c, qgemm.c or blocked.c reads) to one value on the CPUs its `when` names: a
 preprocessor condition on the macros the compiler and common.h define (CUVIL_VL, CUVIL_ZEN from the
 __znver*__ core -march=native names, __AVX512F__, __AVXVNNI__ ...), so how a CPU is told apart stays
 in the preprocessor. Rows of one `ladder` become one `#if / #elif / #else` chain, tried in the
@@ -131,6 +131,19 @@ TUNING: tuple[Row, ...] = (
     Row("gemm_partition", "all", ALL, "CUVIL_GEMM_PRODUCED_MIN_TASKS_PER_THREAD", "4",
         "B produced in the tasks (implicit im2col): single panels enough from 4 tasks a thread",
         "3x3 stride-2 conv 128 -> 128 at 28x28 (benchmarks.layers times it in ResNet-50)"),
+    # ---- blocked.c: the 6 x 4-vector tile of the channel-blocked convs (AVX-512) ----
+    # Channel blocks a K block of its two panels holds. Intel: 8 (128 channels, 32 KB of B), held in its
+    # 48 KB L1 beside A's lines. Zen 4 (32 KB L1D): larger K blocks, fewer trips of the partial sums
+    # through C; fp32 artifacts with the value built in, interleaved, against 8: ResNet-50 0.980x (1
+    # thread) 0.982x (2), MobileNetV1 0.983x / 0.981x; 16: 0.985x / 0.993x (1 thread); 128 (no K
+    # blocking up to 2048 channels): 0.976x / 0.987x, 0.981x / 0.989x; 4: 1.015x / 1.028x. Zen 5 (48 KB
+    # L1D, full-width AVX-512) not measured: as before.
+    Row("blocked_conv", "Zen 5", ZEN5, "CUVIL_BLOCKED_WIDE_KB", "8", "not measured: Intel's value",
+        "none recorded"),
+    Row("blocked_conv", "Zen 4", ZEN4, "CUVIL_BLOCKED_WIDE_KB", "32",
+        "K blocks of 512 channels: fewer trips of the sums through C", "benchmarks.ab ResNet-50, MobileNetV1"),
+    Row("blocked_conv", "Intel AVX-512 and others", ELSE, "CUVIL_BLOCKED_WIDE_KB", "8",
+        "K blocks of 128 channels: two panels' B (32 KB) stay in L1", "none recorded"),
     # ---- qgemm.c: int8/int4 weight tiles ----
     # The weight prefetch, one tile ahead. Zen 4, decode of 8 TinyLlama-shaped layers against T0,
     # artifacts interleaved, speed: int8 1.12x (1 thread) 1.10x (2), int4 1.29x / 1.11x (T1 alike).
@@ -166,4 +179,5 @@ TUNING: tuple[Row, ...] = (
 # Ladders skipped whole where the macro is set from outside (-D...: a tuning experiment). Only hooks
 # that build when set alone: the GEMV's CUVIL_GEMV_PREFETCH, set alone, left its hint and fp32 switch
 # undefined, so it is gone.
-HOOKS = {"qgemm_prefetch": "CUVIL_QGEMM_PREFETCH_HINT", "qgemm_prefill": "CUVIL_QGEMM_PREFILL_BLOCKS"}
+HOOKS = {"qgemm_prefetch": "CUVIL_QGEMM_PREFETCH_HINT", "qgemm_prefill": "CUVIL_QGEMM_PREFILL_BLOCKS",
+         "blocked_conv": "CUVIL_BLOCKED_WIDE_KB"}

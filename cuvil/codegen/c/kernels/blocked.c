@@ -2,6 +2,7 @@
 #include "blocked_input.h"
 #include "pool.h"
 #include "transpose.h"
+#include "tuning.h"
 #include "vmath.h"
 #include "wide.h"
 
@@ -296,7 +297,7 @@ static void blocked_edge_tile(int mr, int nv, const blocked_gemm *g, int64_t i0,
  * on Intel AVX-512, K blocks small enough for two panels' B to stay in L1 (benchmarks/README.md,
  * Kernel notes). */
 #define WIDE_MR CUVIL_WIDE_MR
-#define WIDE_KB 8          /* two panels' K blocks of 128 channels: 32 KB, in L1 beside A's lines */
+#define WIDE_KB CUVIL_BLOCKED_WIDE_KB     /* channel blocks a K block of two panels (per CPU: tuning.h) */
 
 /* Lines [l0, l1) of the two panels' B that the tiles after these will read (b and q, each a K block
  * of up to WIDE_KB * 16 rows of NR floats), for one tile to ask for toward L2 as it runs. */

@@ -316,7 +316,8 @@ class _MBConvSE(torch.nn.Module):
 
 @pytest.mark.parametrize("act, gate, target", [(torch.nn.SiLU, torch.nn.Sigmoid, "native"),
                                                (torch.nn.Hardswish, torch.nn.Hardsigmoid, "native"),
-                                               (torch.nn.SiLU, torch.nn.Sigmoid, "x86_64-sse2")])
+                                               (torch.nn.SiLU, torch.nn.Sigmoid, "x86_64-sse2"),
+                                               (torch.nn.Hardswish, torch.nn.Hardsigmoid, "x86_64-sse2")])
 def test_squeeze_excitation_block_blocked_matches_torch(tmp_path, act, gate, target):
     import platform
 

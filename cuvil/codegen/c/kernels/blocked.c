@@ -43,9 +43,10 @@ static __attribute__((noinline)) void act_in_place(int mr, int nv, const blocked
 static inline __attribute__((always_inline)) void store_blocked_tile(int mr, int nv, cuvil_vf c0[CUVIL_MR],
                                                                      cuvil_vf c1[CUVIL_MR], const blocked_gemm *g,
                                                                      int64_t i0, int64_t p, int first, int last) {
-    /* ReLU and ReLU6 as selects here; any other activation by act_in_place once the tile is stored:
-     * with its calls (every vector register caller-saved) in this code, GCC kept most of a tile's
-     * accumulators on the stack through the whole K loop (a load and a store per K block) */
+    /* ReLU, ReLU6 and hardswish (no calls: selects and arithmetic) here; any other activation by
+     * act_in_place once the tile is stored: with its calls (every vector register caller-saved) in this
+     * code, GCC kept most of a tile's accumulators on the stack through the whole K loop (a load and a
+     * store per K block) */
     int act = last ? g->act : CUVIL_ACT_NONE;
     for (int v = 0; v < nv; v++) {          /* vector v: columns n .. n + VL, inside one block */
         int64_t n = p * CUVIL_NR + v * CUVIL_VL, off = n / CUVIL_BLOCK * g->ldc + n % CUVIL_BLOCK;
@@ -62,11 +63,13 @@ static inline __attribute__((always_inline)) void store_blocked_tile(int mr, int
                 if (act == CUVIL_ACT_RELU) x = cuvil_vsel(x < 0.f, cuvil_vsplat(0.f), x);   /* NaN stays NaN, as torch's */
                 else if (act == CUVIL_ACT_RELU6)
                     x = cuvil_vsel(x < 0.f, cuvil_vsplat(0.f), cuvil_vsel(x > 6.f, cuvil_vsplat(6.f), x));
+                else if (act == CUVIL_ACT_HARDSWISH) x = cuvil_vact(x, CUVIL_ACT_HARDSWISH);
             }
             cuvil_vstore(c + i * CUVIL_BLOCK, x);
         }
     }
-    if (act != CUVIL_ACT_NONE && act != CUVIL_ACT_RELU && act != CUVIL_ACT_RELU6) act_in_place(mr, nv, g, i0, p, act);
+    if (act != CUVIL_ACT_NONE && act != CUVIL_ACT_RELU && act != CUVIL_ACT_RELU6 && act != CUVIL_ACT_HARDSWISH)
+        act_in_place(mr, nv, g, i0, p, act);
 }
 
 /* A tile's partial sums over channel blocks [kb0, kb0 + nkb) of a blocked A: its MR pixels of a block sit

@@ -39,6 +39,20 @@ static inline void vstore_first(float *p, cuvil_vf v, int64_t n) {
 #endif
 }
 
+/* The first n lanes (n < VL) from p, zeros in the rest; nothing past p + n is read. */
+static inline cuvil_vf vload_first(const float *p, int64_t n) {
+#if CUVIL_VL == 16 && defined(__AVX512F__)
+    return (cuvil_vf)_mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p);
+#elif CUVIL_VL == 8 && defined(__AVX2__)
+    __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return (cuvil_vf)_mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), lanes));
+#else
+    cuvil_vf v = cuvil_vsplat(0.f);
+    for (int64_t i = 0; i < n; i++) v[i] = p[i];
+    return v;
+#endif
+}
+
 /* dst[j] = src[j * sw] for j in [lo, hi): one run of im2col pixels inside an input row, `room`
  * floats readable from src (to the end of its channel plane). At stride 1 or 2 it goes by whole
  * vectors, the last one overlapping the one before it, or one vector stored in part for a run
@@ -308,19 +322,26 @@ static dw_band_fn *dw_band_for(const cuvil_conv_shape *s) {
     return dw_band_any;
 }
 
-/* cuvil_pad_rows for a whole plane's rows (one float a pixel) in loops of its own: a row of 14-56
- * floats had been three calls to memset and memcpy, which cost more than the taps of a small plane. */
+/* cuvil_pad_rows for a whole plane's rows (one float a pixel) by vectors: each row zeroed whole, then
+ * its W floats copied over the zeros at pw, the last part-vector by masked load and store. A row of
+ * 14-56 floats had been three calls to memset and memcpy, then three loops of their own with scalar
+ * heads and tails, which cost more than the taps of a small plane. */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("no-tree-loop-distribute-patterns")))     /* GCC made the loops memset and memcpy calls */
+#endif
 static inline void dw_pad_rows(const float *x, int64_t H, int64_t W, int64_t ih0, int64_t rows, int64_t pw,
                                int64_t cols, float *dst) {
+    const cuvil_vf zero = cuvil_vsplat(0.f);
+    const int64_t w = cuvil_max(0, cuvil_min(W, cols - pw));        /* the input columns that land in the row */
     for (int64_t r = 0; r < rows; r++, dst += cols) {
-        int64_t ih = ih0 + r, inside = ih >= 0 && ih < H;
-        int64_t a = inside ? cuvil_min(pw, cols) : cols, e = inside ? cuvil_min(pw + W, cols) : cols;
-        const float *src = x + ih * W - pw;
-        for (int64_t j = 0; j < a; j++) dst[j] = 0.f;
-        #pragma omp simd
-        for (int64_t j = a; j < e; j++) dst[j] = src[j];
-        #pragma omp simd
-        for (int64_t j = e; j < cols; j++) dst[j] = 0.f;
+        int64_t ih = ih0 + r, j = 0;
+        for (; j + CUVIL_VL <= cols; j += CUVIL_VL) cuvil_vstore(dst + j, zero);
+        if (j < cols) vstore_first(dst + j, zero, cols - j);
+        if (ih < 0 || ih >= H) continue;
+        const float *src = x + ih * W;
+        float *d = dst + pw;
+        for (j = 0; j + CUVIL_VL <= w; j += CUVIL_VL) cuvil_vstore(d + j, cuvil_vload(src + j));
+        if (j < w) vstore_first(d + j, vload_first(src + j, w - j), w - j);
     }
 }
 
@@ -351,7 +372,7 @@ static void depthwise_plane(const cuvil_conv_shape *s, const float *xc, const fl
     const int whole = s->sw == 1 && all * cols <= DW_BAND_MAX_FLOATS;
     if (whole) dw_pad_rows(xc, s->H, s->W, -s->ph, all, s->pw, cols, band);
     for (int64_t oh = 0; oh < s->OH; oh += DW_ROWS) {
-        if (!whole) cuvil_pad_rows(xc, s->H, s->W, 1, oh * s->sh - s->ph, rows, s->pw, cols, band);
+        if (!whole) dw_pad_rows(xc, s->H, s->W, oh * s->sh - s->ph, rows, s->pw, cols, band);
         run(s, whole ? band + oh * s->sh * cols : band, cols, wv, b, res ? res + oh * s->OW : 0, yo + oh * s->OW,
             cuvil_min(DW_ROWS, s->OH - oh), act);
     }

@@ -96,3 +96,30 @@ def test_gemm_harness_checks_its_product(gemm_harness, shape, rows_written):
     kernels as they are and its product agrees with a plain dot product (it exits 1 where not)."""
     from benchmarks import kernel_ab
     assert kernel_ab.time_once(gemm_harness, shape, 2, 3, rows_written) > 0
+
+
+def _build_harness(name, out):
+    """benchmarks/harness/NAME.c against the kernels as they are (native)."""
+    import subprocess
+
+    from benchmarks import kernel_ab
+    from cuvil.build.toolchain import COMMON_FLAGS, find_compiler, target_flags
+    kernels = kernel_ab.ROOT / kernel_ab.KERNELS
+    cmd = [find_compiler(), *COMMON_FLAGS, *target_flags("native"), f"-I{kernels.parent}",
+           str(kernel_ab.HARNESS.parent / f"{name}.c"), *sorted(map(str, kernels.glob("*.c"))), "-lm", "-o", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True)
+    return out
+
+
+@pytest.mark.parametrize("name, runs", [
+    ("dw_bench", ["32 13 29 3 1 2 2", "16 40 41 5 2 1 2 2 7", "16 17 9 7 1 1 2 3 0", "48 14 14 3 1 2 2 1 7"]),
+    ("dw_nchw_bench", ["5 13 29 3 1 2 2", "3 40 41 5 2 1 2 1", "2 17 9 7 1 1 2 0", "7 14 14 3 2 2 2 8"])])
+def test_depthwise_harnesses_check_their_outputs(tmp_path, name, runs):
+    """The depthwise C harnesses behind benchmarks/README.md's kernel notes build against the kernels as
+    they are, and their outputs agree with plain loops (each exits 1 where not): blocked and NCHW maps,
+    filters 3 / 5 / 7, strides 1 / 2, pads, activations."""
+    import subprocess
+    exe = _build_harness(name, tmp_path / name)
+    for args in runs:
+        r = subprocess.run([str(exe), *args.split()], capture_output=True, text=True)
+        assert r.returncode == 0 and float(r.stdout) > 0, (args, r.stderr)

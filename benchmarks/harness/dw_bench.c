@@ -1,10 +1,11 @@
 /* The C harness behind the depthwise numbers in benchmarks/README.md ("Kernel notes"): one blocked
  * depthwise conv of cuvil's kernel library timed alone, hot, one thread count.
  *
- *   dw_bench C H W K STRIDE THREADS CALLS
+ *   dw_bench C H W K STRIDE THREADS CALLS [PAD [ACT]]
  *
- * Input [1][C/B][H][W][B], pad K/2, bias, ReLU. Prints the median microseconds a call; exits 1 if any
- * output then disagrees with a plain loop. */
+ * Input [1][C/B][H][W][B], pad PAD (default K/2), bias, activation ACT (activations.h codes: 0 none,
+ * 1 ReLU (the default), 7 ReLU6; others run unchecked). Prints the median microseconds a call; exits 1
+ * if any output then disagrees with a plain loop. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,16 +16,20 @@
 
 int main(int argc, char **argv) {
     if (argc < 8) {
-        fprintf(stderr, "usage: %s C H W K STRIDE THREADS CALLS\n", argv[0]);
+        fprintf(stderr, "usage: %s C H W K STRIDE THREADS CALLS [PAD [ACT]]\n", argv[0]);
         return 2;
     }
     int64_t C = atoll(argv[1]), H = atoll(argv[2]), W = atoll(argv[3]), K = atoll(argv[4]), S = atoll(argv[5]);
-    int threads = atoi(argv[6]), calls = atoi(argv[7]);
+    int threads = atoi(argv[6]), calls = atoi(argv[7]), act = argc > 9 ? atoi(argv[9]) : CUVIL_ACT_RELU;
     if (C < 1 || C % CUVIL_BLOCK || H < 1 || W < 1 || K < 1 || S < 1 || threads < 1 || calls < 1) {
         fprintf(stderr, "sizes must be positive, C a multiple of %d\n", CUVIL_BLOCK);
         return 2;
     }
-    int64_t P = K / 2, OH = (H + 2 * P - K) / S + 1, OW = (W + 2 * P - K) / S + 1;
+    int64_t P = argc > 8 ? atoll(argv[8]) : K / 2, OH = (H + 2 * P - K) / S + 1, OW = (W + 2 * P - K) / S + 1;
+    if (P < 0 || OH < 1 || OW < 1) {
+        fprintf(stderr, "PAD must be at least 0 and leave an output\n");
+        return 2;
+    }
     cuvil_conv_shape s = {1, C, H, W, C, K, K, OH, OW, S, S, P, P, 1, 1, C};
     float *x = aligned_alloc(64, (size_t)(C * H * W * 4 + 63) / 64 * 64);
     float *w = aligned_alloc(64, (size_t)(C * K * K * 4 + 63) / 64 * 64);
@@ -37,7 +42,7 @@ int main(int argc, char **argv) {
     for (int64_t i = 0; i < C; i++) b[i] = (float)i * 1e-3f;
     for (int i = -3; i < calls; i++) {
         double t0 = now_us();
-        cuvil_depthwise_blocked(&s, x, w, b, 0, y, CUVIL_ACT_RELU, threads);
+        cuvil_depthwise_blocked(&s, x, w, b, 0, y, act, threads);
         if (i >= 0) t[i] = now_us() - t0;
     }
     qsort(t, calls, sizeof(double), by_value);
@@ -54,7 +59,9 @@ int main(int argc, char **argv) {
                         if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
                         want += (double)x[((c / B * H + ih) * W + iw) * B + c % B] * w[(kh * K + kw) * C + c];
                     }
-                want = want > 0 ? want : 0;
+                if (act != CUVIL_ACT_NONE && act != CUVIL_ACT_RELU && act != CUVIL_ACT_RELU6) continue;
+                if (act) want = want > 0 ? want : 0;
+                if (act == CUVIL_ACT_RELU6) want = want < 6 ? want : 6;
                 float got = y[((c / B * OH + oh) * OW + ow) * B + c % B];
                 if (fabs(got - want) > 1e-4 * (1 + fabs(want))) {
                     fprintf(stderr, "y[c=%lld][%lld][%lld] = %g, a plain loop gives %g\n", (long long)c,

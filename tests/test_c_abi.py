@@ -111,15 +111,14 @@ def _build_harness(name, out):
     return out
 
 
-@pytest.mark.parametrize("name, runs", [
-    ("dw_bench", ["32 13 29 3 1 2 2", "16 40 41 5 2 1 2 2 7", "16 17 9 7 1 1 2 3 0", "48 14 14 3 1 2 2 1 7"]),
-    ("dw_nchw_bench", ["5 13 29 3 1 2 2", "3 40 41 5 2 1 2 1", "2 17 9 7 1 1 2 0", "7 14 14 3 2 2 2 8"])])
-def test_depthwise_harnesses_check_their_outputs(tmp_path, name, runs):
-    """The depthwise C harnesses behind benchmarks/README.md's kernel notes build against the kernels as
-    they are, and their outputs agree with plain loops (each exits 1 where not): blocked and NCHW maps,
-    filters 3 / 5 / 7, strides 1 / 2, pads, activations."""
+def test_depthwise_harness_checks_its_outputs(tmp_path):
+    """benchmarks/harness/dw_bench.c (behind benchmarks/README.md's depthwise kernel notes) builds against
+    the kernels as they are, and its outputs agree with a plain loop (it exits 1 where not): blocked and
+    NCHW maps, filters 3 / 5 / 7, strides 1 / 2, pads, activations."""
     import subprocess
-    exe = _build_harness(name, tmp_path / name)
+    exe = _build_harness("dw_bench", tmp_path / "dw_bench")
+    runs = ["32 13 29 3 1 2 2", "16 40 41 5 2 1 2 2 7", "16 17 9 7 1 1 2 3 0", "48 14 14 3 1 2 2 1 8",
+            "5 13 29 3 1 2 2 1 1 nchw", "3 40 41 5 2 1 2 2 8 nchw", "2 17 9 7 1 1 2 3 0 nchw", "7 14 14 3 2 2 2 1 7 nchw"]
     for args in runs:
         r = subprocess.run([str(exe), *args.split()], capture_output=True, text=True)
         assert r.returncode == 0 and float(r.stdout) > 0, (args, r.stderr)

@@ -151,13 +151,15 @@ def _skip_unless_host_runs(target):
 
 class _DeepChannels(torch.nn.Module):
     """Convs deep enough in channels for several K blocks of the wide tile (tuning.h
-    CUVIL_BLOCKED_WIDE_KB: 8 or 32 blocks of 16 channels): a 1x1 conv of 1040 channels with a residual
-    and ReLU, a 3x3 stride-2 conv gathered over 9 x 96 channels; 96 outputs: a pair of panels and one."""
+    CUVIL_BLOCKED_WIDE_KB: 8 or 32 blocks of 16 channels): a 1x1 conv of 1040 channels into 80 (a pair of
+    panels and half of one: the one-vector tile over a long K) with a residual and ReLU, a 3x3 stride-2
+    conv gathered over 9 x 80 channels into 96 (a pair of panels and one); the stem into 1040 channels
+    from NCHW (wide and one-vector NCHW tiles)."""
 
     def __init__(self):
         super().__init__()
-        self.a, self.r = torch.nn.Conv2d(3, 1040, 1), torch.nn.Conv2d(3, 96, 1)
-        self.b, self.c = torch.nn.Conv2d(1040, 96, 1), torch.nn.Conv2d(96, 96, 3, 2, 1)
+        self.a, self.r = torch.nn.Conv2d(3, 1040, 1), torch.nn.Conv2d(3, 80, 1)
+        self.b, self.c = torch.nn.Conv2d(1040, 80, 1), torch.nn.Conv2d(80, 96, 3, 2, 1)
 
     def forward(self, x):
         y = torch.relu(self.b(torch.relu(self.a(x))) + self.r(x))

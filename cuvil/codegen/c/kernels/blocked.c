@@ -198,16 +198,19 @@ static inline __attribute__((always_inline)) void blocked_tile(int a_from, int m
  * block, on the FMA chains: ResNet-50 blocked in 8s 1.12x NCHW's time). Short K loops keep it inline,
  * where the call and the tile's trip through memory cost more (MobileNetV2's 16-channel 1x1 convs:
  * the network 1.19x the time out of line). */
-static __attribute__((noinline)) void store_full_tile(cuvil_vf c0[CUVIL_MR], cuvil_vf c1[CUVIL_MR], const blocked_gemm *g,
-                                                      int64_t i0, int64_t p, int first, int last) {
-    store_blocked_tile(CUVIL_MR, 2, c0, c1, g, i0, p, first, last);
+static __attribute__((noinline)) void store_full_tile(int nv, cuvil_vf c0[CUVIL_MR], cuvil_vf c1[CUVIL_MR],
+                                                      const blocked_gemm *g, int64_t i0, int64_t p, int first, int last) {
+    store_blocked_tile(CUVIL_MR, nv, c0, c1, g, i0, p, first, last);
 }
 #define SHORT_K 64          /* channels of a K loop that keeps its store inline */
 
-/* A full MR x 2-vector tile from a blocked or gathered A, its accumulators named (wide.h: CUVIL_TILE_ROWS). */
-static inline __attribute__((always_inline)) void full_tile(int a_from, int short_k, const blocked_gemm *g, int64_t i0,
-                                                            int64_t p, int64_t kb0, int64_t nkb, int first, int last) {
-    prefetch_tile_output(g, i0, CUVIL_MR, p * CUVIL_NR / CUVIL_BLOCK, 2 * CUVIL_VL / CUVIL_BLOCK, last);
+/* A full MR x nv-vector tile (nv 1 or 2: a panel's last 16 columns) from a blocked or gathered A, its
+ * accumulators named (wide.h: CUVIL_TILE_ROWS): the one-vector tiles had gone through blocked_tile's
+ * arrays, on the stack. */
+static inline __attribute__((always_inline)) void full_tile(int a_from, int short_k, int nv, const blocked_gemm *g,
+                                                            int64_t i0, int64_t p, int64_t kb0, int64_t nkb, int first,
+                                                            int last) {
+    prefetch_tile_output(g, i0, CUVIL_MR, p * CUVIL_NR / CUVIL_BLOCK, nv * CUVIL_VL / CUVIL_BLOCK, last);
     CUVIL_TILE_ROWS(CUVIL_TILE_ZERO)
     const float *bp = g->B + (p * g->K + kb0 * CUVIL_BLOCK) * CUVIL_NR, *base[CUVIL_MR];
     const gathered_source *src = g->gsrc;
@@ -224,31 +227,34 @@ static inline __attribute__((always_inline)) void full_tile(int a_from, int shor
         for (int r = 0; r < CUVIL_MR; r++) ar[r] = base[r] + off;
         #pragma GCC unroll 16
         for (int k = 0; k < CUVIL_BLOCK; k++) {
-            cuvil_vf b0 = cuvil_vload(b + k * CUVIL_NR), b1 = cuvil_vload(b + k * CUVIL_NR + CUVIL_VL);
+            cuvil_vf b0 = cuvil_vload(b + k * CUVIL_NR), b1 = nv > 1 ? cuvil_vload(b + k * CUVIL_NR + CUVIL_VL) : b0;
             CUVIL_TILE_ROWS(CUVIL_TILE_STEP)
         }
     }
     cuvil_vf c0[CUVIL_MR], c1[CUVIL_MR];
     CUVIL_TILE_ROWS(CUVIL_TILE_OUT)
-    if (short_k) store_blocked_tile(CUVIL_MR, 2, c0, c1, g, i0, p, first, last);
-    else store_full_tile(c0, c1, g, i0, p, first, last);
+    if (short_k) store_blocked_tile(CUVIL_MR, nv, c0, c1, g, i0, p, first, last);
+    else store_full_tile(nv, c0, c1, g, i0, p, first, last);
 }
 
 /* full tiles in their own functions, so the edges' switch stays out of their code */
-#define FULL_TILE(NAME, A_FROM, SHORT)                                                                      \
+#define FULL_TILE(NAME, A_FROM, SHORT, NV)                                                                  \
     static void NAME(const blocked_gemm *g, int64_t i0, int64_t p, int64_t kb0, int64_t nkb, int first, int last) { \
-        full_tile(A_FROM, SHORT, g, i0, p, kb0, nkb, first, last);                                          \
+        full_tile(A_FROM, SHORT, NV, g, i0, p, kb0, nkb, first, last);                                      \
     }
-FULL_TILE(blocked_full_tile, A_BLOCKED, 0)
-FULL_TILE(blocked_short_tile, A_BLOCKED, 1)
-FULL_TILE(gathered_full_tile, A_GATHERED, 0)
-FULL_TILE(gathered_short_tile, A_GATHERED, 1)
+FULL_TILE(blocked_full_tile, A_BLOCKED, 0, 2)
+FULL_TILE(blocked_short_tile, A_BLOCKED, 1, 2)
+FULL_TILE(blocked_narrow_tile, A_BLOCKED, 0, 1)
+FULL_TILE(blocked_narrow_short_tile, A_BLOCKED, 1, 1)
+FULL_TILE(gathered_full_tile, A_GATHERED, 0, 2)
+FULL_TILE(gathered_short_tile, A_GATHERED, 1, 2)
 #undef FULL_TILE
 
-/* A full tile from an NCHW source (accumulate_nchw's loops) with named accumulators: through
- * blocked_tile's arrays, GCC kept them on the stack (MobileNetV3's and EfficientNet's 24- and 40-channel
- * 1x1 convs into blocks ran at 45 GFLOP/s on AVX-512, 1 thread). */
-static void nchw_full_tile(const blocked_gemm *g, int64_t i0, int64_t p) {
+/* A full tile (CUVIL_MR pixels x nv vectors, nv 1 or 2) from an NCHW source (accumulate_nchw's loops)
+ * with named accumulators: through blocked_tile's arrays, GCC kept them on the stack (MobileNetV3's and
+ * EfficientNet's 24- and 40-channel 1x1 convs into blocks ran at 45 GFLOP/s on AVX-512, 1 thread; a stem
+ * into 16 channels, one vector, alike). */
+static inline __attribute__((always_inline)) void nchw_tile(int nv, const blocked_gemm *g, int64_t i0, int64_t p) {
     const nchw_source *src = g->src;
     const float *b = g->B + p * g->K * CUVIL_NR;
     int64_t pix[CUVIL_MR];
@@ -260,7 +266,7 @@ static void nchw_full_tile(const blocked_gemm *g, int64_t i0, int64_t p) {
         const float *ar[CUVIL_MR];
         for (int r = 0; r < CUVIL_MR; r++) ar[r] = src->x + pix[r];
         for (int64_t c = 0, k = 0; c < src->C; c++, k += src->plane, b += CUVIL_NR) {
-            cuvil_vf b0 = cuvil_vload(b), b1 = cuvil_vload(b + CUVIL_VL);
+            cuvil_vf b0 = cuvil_vload(b), b1 = nv > 1 ? cuvil_vload(b + CUVIL_VL) : b0;
             CUVIL_TILE_ROWS(CUVIL_TILE_STEP)
         }
     } else for (int64_t c = 0; c < src->C; c++)
@@ -269,14 +275,16 @@ static void nchw_full_tile(const blocked_gemm *g, int64_t i0, int64_t p) {
             for (int r = 0; r < CUVIL_MR; r++) ar[r] = row + pix[r];
             for (int64_t kw = 0; kw < src->KW; kw++) {
                 int64_t k = kw * src->dw;
-                cuvil_vf b0 = cuvil_vload(b + kw * CUVIL_NR), b1 = cuvil_vload(b + kw * CUVIL_NR + CUVIL_VL);
+                cuvil_vf b0 = cuvil_vload(b + kw * CUVIL_NR), b1 = nv > 1 ? cuvil_vload(b + kw * CUVIL_NR + CUVIL_VL) : b0;
                 CUVIL_TILE_ROWS(CUVIL_TILE_STEP)
             }
         }
     cuvil_vf c0[CUVIL_MR], c1[CUVIL_MR];
     CUVIL_TILE_ROWS(CUVIL_TILE_OUT)
-    store_blocked_tile(CUVIL_MR, 2, c0, c1, g, i0, p, 1, 1);
+    store_blocked_tile(CUVIL_MR, nv, c0, c1, g, i0, p, 1, 1);
 }
+static void nchw_full_tile(const blocked_gemm *g, int64_t i0, int64_t p) { nchw_tile(2, g, i0, p); }
+static void nchw_narrow_tile(const blocked_gemm *g, int64_t i0, int64_t p) { nchw_tile(1, g, i0, p); }
 
 static void blocked_edge_tile(int mr, int nv, const blocked_gemm *g, int64_t i0, int64_t p, int64_t kb0, int64_t nkb,
                               int first, int last) {
@@ -428,11 +436,14 @@ static void blocked_gemm_task(void *ctx, int64_t t0, int64_t t1) {
                 int first = kb0 == 0, last = kb0 + BLK_KB >= KB;
                 for (int64_t i0 = m0; i0 < m1; i0 += CUVIL_MR) {
                     int mr = m1 - i0 < CUVIL_MR ? (int)(m1 - i0) : CUVIL_MR;
-                    if (mr == CUVIL_MR && nv == 2 && g->src) nchw_full_tile(g, i0, p);
+                    if (mr == CUVIL_MR && g->src) (nv == 2 ? nchw_full_tile : nchw_narrow_tile)(g, i0, p);
                     else if (mr == CUVIL_MR && nv == 2 && g->gsrc)
                         (nkb * CUVIL_BLOCK <= SHORT_K ? gathered_short_tile : gathered_full_tile)(g, i0, p, kb0, nkb, first, last);
                     else if (mr == CUVIL_MR && nv == 2)
                         (nkb * CUVIL_BLOCK <= SHORT_K ? blocked_short_tile : blocked_full_tile)(g, i0, p, kb0, nkb, first, last);
+                    else if (mr == CUVIL_MR && !g->gsrc)
+                        (nkb * CUVIL_BLOCK <= SHORT_K ? blocked_narrow_short_tile : blocked_narrow_tile)(g, i0, p, kb0, nkb,
+                                                                                                       first, last);
                     else blocked_edge_tile(mr, nv, g, i0, p, kb0, nkb, first, last);
                 }
             }

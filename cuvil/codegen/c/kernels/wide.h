@@ -21,7 +21,7 @@
     cuvil_vf b2 = cuvil_vload((q) + (k) * CUVIL_NR), b3 = cuvil_vload((q) + (k) * CUVIL_NR + CUVIL_VL);
 #endif
 
-/* The MR x 2-vector tile of the blocked GEMM (blocked.c) with the same named accumulators y<row><vector>:
+/* The MR x nv-vector tile (nv 1 or 2) of the blocked GEMM (blocked.c) with named accumulators y<row><vector>:
  * in arrays, GCC kept 9 of AVX2's 12 on the stack across each K block (a load and a store per block of
  * 8 K steps, on the FMA chains), ResNet-50 blocked in 8s 1.12x the time of NCHW. */
 #if CUVIL_MR == 8
@@ -30,7 +30,9 @@
 #define CUVIL_TILE_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
 #endif
 #define CUVIL_TILE_ZERO(r) cuvil_vf y##r##0 = cuvil_vsplat(0.f), y##r##1 = y##r##0;
+/* a K step: A read as ar[r][k], B as the vectors b0 and, where nv (a constant in scope) is 2, b1 */
 #define CUVIL_TILE_STEP(r) { cuvil_vf av = cuvil_vsplat(ar[r][k]);                                        \
-                             y##r##0 = cuvil_fma(y##r##0, av, b0), y##r##1 = cuvil_fma(y##r##1, av, b1); }
+                             y##r##0 = cuvil_fma(y##r##0, av, b0);                                        \
+                             if (nv > 1) y##r##1 = cuvil_fma(y##r##1, av, b1); }
 #define CUVIL_TILE_OUT(r) c0[r] = y##r##0, c1[r] = y##r##1;
 #endif

@@ -204,7 +204,7 @@ static __attribute__((noinline)) void store_full_tile(int nv, cuvil_vf c0[CUVIL_
 }
 #define SHORT_K 64          /* channels of a K loop that keeps its store inline */
 
-/* A full MR x nv-vector tile (nv 1 or 2: a panel's last 16 columns) from a blocked or gathered A, its
+/* A full MR x nv-vector tile (nv 1 or 2; 1: a panel's last vector of columns) from a blocked or gathered A, its
  * accumulators named (wide.h: CUVIL_TILE_ROWS): the one-vector tiles had gone through blocked_tile's
  * arrays, on the stack. */
 static inline __attribute__((always_inline)) void full_tile(int a_from, int short_k, int nv, const blocked_gemm *g,

@@ -342,7 +342,7 @@ static void attend_block(const cuvil_attn *a, const attn_args *args, int64_t b, 
             for (int64_t s = S; s < Sp; s++) kt[e * Sp + s] = 0.f;
     float sc[use_kt ? RB * Sp + 1 : S + 1] __attribute__((aligned(64)));
     int64_t i = i0;
-    if (use_kt && a->Ev % CUVIL_VL == 0 && S > 0)
+    if (tiles_all_rows(a, i0, i1, S))
         /* as few tiles as RB allows, of even rows: 8 rows as 4 + 4, not 6 + 2 */
         for (int64_t tiles = (i1 - i + RB - 1) / RB; tiles > 0; tiles--) {
             int rb = rb_of(i1 - i, tiles);

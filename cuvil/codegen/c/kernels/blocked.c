@@ -618,16 +618,9 @@ static inline __attribute__((always_inline)) void dw_tile(int KW, int SW, int T,
     }
 }
 
-/* bias, residual and activation of one output vector o of a depthwise conv, stored */
-static inline void dw_store(const blocked_dw *a, int64_t o, cuvil_vf acc) {
-    if (a->residual) acc += cuvil_vload(a->residual + o);
-    if (a->act == CUVIL_ACT_RELU) acc = cuvil_vsel(acc < 0.f, cuvil_vsplat(0.f), acc);   /* NaN stays */
-    else if (a->act) acc = cuvil_vact(acc, a->act);
-    cuvil_vstore(a->y + o, acc);
-}
-
-/* act on T sums, the switch outside the loops (ReLU and ReLU6 inline): dw_store's tests per vector, with
- * the struct reread after each store (y may alias it), cost 4-13% of a 3x3 conv (dw_bench). */
+/* act on T sums, the switch outside the loops (ReLU and ReLU6 inline): tested per vector in the tiles'
+ * stores, with the struct reread after each store (y may alias it), they had cost 4-13% of a 3x3 conv
+ * (dw_bench). */
 static inline __attribute__((always_inline)) void dw_activate(int T, cuvil_vf *acc, int act) {
     const cuvil_vf zero = cuvil_vsplat(0.f), six = cuvil_vsplat(6.f);
     switch (act) {
@@ -644,6 +637,14 @@ static inline __attribute__((always_inline)) void dw_activate(int T, cuvil_vf *a
         #pragma GCC unroll 16
         for (int j = 0; j < T; j++) acc[j] = cuvil_vact(acc[j], act);
     }
+}
+
+/* residual and activation of one output vector o of a depthwise conv (its bias in acc), stored: the
+ * edge pixels' */
+static inline void dw_store(const blocked_dw *a, int64_t o, cuvil_vf acc) {
+    if (a->residual) acc += cuvil_vload(a->residual + o);
+    dw_activate(1, &acc, a->act);
+    cuvil_vstore(a->y + o, acc);
 }
 
 /* T pixels from ow of one output row over filter rows [kh0, kh1) (off: the row's offset in y; xr: the
@@ -705,9 +706,9 @@ static int dw_row(const blocked_dw *a, const float *xr, const float *w, cuvil_vf
  * columns whose inputs lie inside the row: an edge pixel, with no test per tap. */
 static inline cuvil_vf dw_clipped(const cuvil_conv_shape *s, const float *xk, const float *w, int64_t kh0,
                                   int64_t kh1, int64_t ow, cuvil_vf acc) {
-    const int64_t iw0 = ow * s->sw - s->pw, row = s->dh * s->W * CUVIL_BLOCK, C = s->C, KW = s->KW;
-    int64_t kw0 = iw0 < 0 ? (-iw0 + s->dw - 1) / s->dw : 0, kw1 = KW;
-    if (iw0 + (KW - 1) * s->dw >= s->W) kw1 = iw0 < s->W ? (s->W - 1 - iw0) / s->dw + 1 : 0;
+    const int64_t row = s->dh * s->W * CUVIL_BLOCK, C = s->C, KW = s->KW;
+    int64_t iw0, kw0, kw1;
+    cuvil_window_taps(ow, s->sw, s->pw, s->dw, KW, s->W, &iw0, &kw0, &kw1);
     for (int64_t kh = kh0; kh < kh1; kh++)
         for (int64_t kw = kw0; kw < kw1; kw++)
             acc += cuvil_vload(xk + (kh - kh0) * row + (iw0 + kw * s->dw) * CUVIL_BLOCK) * cuvil_vload(w + (kh * KW + kw) * C);
@@ -729,11 +730,10 @@ static void depthwise_blocked_task(void *ctx, int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++) {
         int64_t plane = r / s->OH, oh = r % s->OH, c = plane % CB * CUVIL_BLOCK;
         const float *xc = a->x + plane * s->H * s->W * CUVIL_BLOCK, *w = a->w + c;
-        int64_t off = r * s->OW * CUVIL_BLOCK, ih0 = oh * s->sh - s->ph, ow = 0;
+        int64_t off = r * s->OW * CUVIL_BLOCK, ow = 0, ih0, kh0, kh1;
         cuvil_vf bias = a->bias ? cuvil_vload(a->bias + c) : cuvil_vsplat(0.f);
         /* the filter rows whose input rows lie inside the map: all but at the top and bottom edges */
-        int64_t kh0 = ih0 < 0 ? (-ih0 + s->dh - 1) / s->dh : 0, kh1 = s->KH;
-        if (ih0 + (s->KH - 1) * s->dh >= s->H) kh1 = ih0 < s->H ? (s->H - 1 - ih0) / s->dh + 1 : 0;
+        cuvil_window_taps(oh, s->sh, s->ph, s->dh, s->KH, s->H, &ih0, &kh0, &kh1);
         if (kh0 < kh1 && first < end) {
             const float *xk = xc + (ih0 + kh0 * s->dh) * s->W * CUVIL_BLOCK;
             for (; ow < first; ow++) dw_store(a, off + ow * CUVIL_BLOCK, dw_clipped(s, xk, w, kh0, kh1, ow, bias));

@@ -552,15 +552,6 @@ static inline float pool_combine(int mode, float acc, float v) {
     return mode == 0 ? ((v > acc || v != v) ? v : acc) : acc + v;     /* max propagates NaN, as torch */
 }
 
-/* Window positions [k0, k1) of one axis that fall inside the input, for the output at o. */
-static inline void pool_window(int64_t o, int64_t stride, int64_t pad, int64_t dil, int64_t k, int64_t size,
-                               int64_t *start, int64_t *k0, int64_t *k1) {
-    *start = o * stride - pad;
-    *k0 = *start >= 0 ? 0 : (-*start + dil - 1) / dil;
-    *k1 = k;
-    while (*k1 > *k0 && *start + (*k1 - 1) * dil >= size) (*k1)--;
-}
-
 /* The divisor of an average: the window's positions inside the input, or for mode 2 inside the
  * declared pads too (not the ceil_mode overhang). */
 static int64_t pool_count(const pool_args *a, int64_t h0, int64_t kh0, int64_t kh1, int64_t w0, int64_t kw0,
@@ -588,7 +579,7 @@ static void pool_row_strip(const pool_args *a, const float *xc, float *yr, int64
     const cuvil_conv_shape *s = a->s;
     float row[POOL_ROW_MAX + 2 * CUVIL_VL];   /* the vector path's stride-2 loads read past the last column */
     int64_t h0, kh0, kh1;
-    pool_window(oh, s->sh, s->ph, s->dh, s->KH, s->H, &h0, &kh0, &kh1);
+    cuvil_window_taps(oh, s->sh, s->ph, s->dh, s->KH, s->H, &h0, &kh0, &kh1);
     int64_t c0 = o0 * s->sw - s->pw, c1 = (o1 - 1) * s->sw - s->pw + (s->KW - 1) * s->dw + 1;
     if (c0 < 0) c0 = 0;
     if (c1 > s->W) c1 = s->W;
@@ -619,7 +610,7 @@ static void pool_row_strip(const pool_args *a, const float *xc, float *yr, int64
             continue;
         }
         int64_t w0, kw0, kw1;
-        pool_window(ow, s->sw, s->pw, s->dw, s->KW, s->W, &w0, &kw0, &kw1);
+        cuvil_window_taps(ow, s->sw, s->pw, s->dw, s->KW, s->W, &w0, &kw0, &kw1);
         const float *r = row + w0 - c0;
         float acc = init;
         int nan = 0;
@@ -639,10 +630,10 @@ static void pool_row_strip(const pool_args *a, const float *xc, float *yr, int64
 static void pool_wide(const pool_args *a, const float *xc, float *yr, int64_t oh) {
     const cuvil_conv_shape *s = a->s;
     int64_t h0, kh0, kh1;
-    pool_window(oh, s->sh, s->ph, s->dh, s->KH, s->H, &h0, &kh0, &kh1);
+    cuvil_window_taps(oh, s->sh, s->ph, s->dh, s->KH, s->H, &h0, &kh0, &kh1);
     for (int64_t ow = 0; ow < s->OW; ow++) {
         int64_t w0, kw0, kw1;
-        pool_window(ow, s->sw, s->pw, s->dw, s->KW, s->W, &w0, &kw0, &kw1);
+        cuvil_window_taps(ow, s->sw, s->pw, s->dw, s->KW, s->W, &w0, &kw0, &kw1);
         float acc = a->mode == 0 ? -INFINITY : 0.f;
         for (int64_t kh = kh0; kh < kh1; kh++)
             for (int64_t kw = kw0; kw < kw1; kw++)

@@ -24,6 +24,16 @@ static inline void cuvil_pad_rows(const float *x, int64_t H, int64_t W, int64_t 
     }
 }
 
+/* Along one axis, the taps [k0, k1) of the window of output o whose inputs fall inside [0, size)
+ * (start: the input index of tap 0): pooling's windows and the depthwise kernels' edge pixels. */
+static inline void cuvil_window_taps(int64_t o, int64_t stride, int64_t pad, int64_t dil, int64_t k, int64_t size,
+                                     int64_t *start, int64_t *k0, int64_t *k1) {
+    *start = o * stride - pad;
+    *k0 = *start >= 0 ? 0 : (-*start + dil - 1) / dil;
+    *k1 = k;
+    while (*k1 > *k0 && *start + (*k1 - 1) * dil >= size) (*k1)--;
+}
+
 /* A 1x1, stride-1 conv with no pads at either end: its input is the GEMM's operand as it is (the
  * same rule as codegen/c/conv_plan.py pointwise_conv; OH == H rules out the end pads). */
 static inline int cuvil_conv_pointwise(const cuvil_conv_shape *s) {

@@ -62,17 +62,26 @@ def compare_llm(paths: list, threads: int, rounds: int, chunk: int = 12):
           + "  ".join(f"{p} {v:.2f} tok/s ({v / med[0]:.3f}x)" for p, v in zip(paths, med)))
 
 
-def save(workload: str, path: str, target: str = "native", precision: str = "fp32"):
+def _build(workload: str, batch: int):
+    """The workload's model and inputs; batch: a CNN's images (the other workloads have their own)."""
+    if batch == 1:
+        return WORKLOADS[workload]()
+    if workload not in CNNS:
+        raise SystemExit(f"--batch takes a CNN workload ({', '.join(CNNS)}), not {workload!r}")
+    return CNNS[workload](batch)
+
+
+def save(workload: str, path: str, target: str = "native", precision: str = "fp32", batch: int = 1):
     import cuvil
-    model, inputs = WORKLOADS[workload]()
+    model, inputs = _build(workload, batch)
     cuvil.compile(model, inputs, num_threads=1, target=target, precision=precision,
                   cache_dir=tempfile.mkdtemp()).save(path)
     print(f"saved {workload} ({target}, {precision}) to {path}")
 
 
-def compare(workload: str, paths: list, threads: int, rounds: int, burst: float):
+def compare(workload: str, paths: list, threads: int, rounds: int, burst: float, batch: int = 1):
     import cuvil
-    _, inputs = WORKLOADS[workload]()
+    _, inputs = _build(workload, batch)
     x = [a.numpy() for a in inputs]
     models = [cuvil.load(p, num_threads=threads) for p in paths]
     first = models[0].run(*x)
@@ -101,17 +110,18 @@ def main(argv=None):
     ap.add_argument("--target", default="native",
                     help="with --save: the target to build for (x86_64-avx2 measures the AVX2 kernels on a newer x86)")
     ap.add_argument("--precision", default="fp32", help="with --save: compile's precision (int8: dynamic, no calibration)")
+    ap.add_argument("--batch", type=int, default=1, help="a CNN workload's batch (save and compare alike)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--burst", type=float, default=0.25)
     a = ap.parse_args(argv)
     llm = a.workload == LLM_WORKLOAD
     if a.save:
-        (save_llm if llm else lambda p: save(a.workload, p, a.target, a.precision))(a.paths[0])
+        (save_llm if llm else lambda p: save(a.workload, p, a.target, a.precision, a.batch))(a.paths[0])
     elif llm:
         compare_llm(a.paths, a.threads, a.rounds)
     else:
-        compare(a.workload, a.paths, a.threads, a.rounds, a.burst)
+        compare(a.workload, a.paths, a.threads, a.rounds, a.burst, a.batch)
 
 
 if __name__ == "__main__":

@@ -71,3 +71,46 @@ def test_depthwise_matches_torch(conv_lib, k, stride, pad, dil, mult, act, hw):
     conv_lib.cuvil_conv2d(ctypes.byref(s), 0, _ptr(x), _ptr(wt), None, _ptr(b), _ptr(y if in_place else res), _ptr(y),
                           ACT_CODES[act], None, 2)
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+
+
+def _guarded_floats(n):
+    """A float32 array of n values that ends where a page no process may read begins (mmap + mprotect):
+    a read past its end faults, so a kernel that reads one is caught, not silently given garbage."""
+    import mmap
+    page = mmap.PAGESIZE
+    nbytes = -(-n * 4 // page) * page
+    buf = mmap.mmap(-1, nbytes + page)
+    libc = ctypes.CDLL(None)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    assert libc.mprotect(base + nbytes, page, 0) == 0
+    arr = np.frombuffer(buf, np.float32, count=n, offset=nbytes - n * 4)
+    return arr, buf
+
+
+@pytest.mark.parametrize("cin,cout,hw,act", [
+    (58, 58, (28, 28), "relu"), (116, 116, (14, 14), "none"), (232, 232, (7, 7), "relu"),
+    (24, 16, (5, 3), "none"), (200, 40, (9, 9), "relu"), (300, 24, (3, 11), "none"), (260, 8, (3, 7), "relu")])
+def test_pointwise_input_read_in_place_at_any_width(conv_lib, cin, cout, hw, act):
+    """1x1 convs whose GEMM reads the NCHW input in place (path 1, INPUT_AS_B, no scratch): pixel counts
+    that fill no whole panel (784, 196, 49, 15, 81, 33, 21: an edge panel of 16, 4, 17, 15, 17, 1, 21
+    columns), shallow K (<= 192) and deep (200, 232, 300: the block copied for the row tiles; 260 into
+    8 filters: one row tile, the edge panel copied alone), two images, the last one's input ending at
+    an unreadable page."""
+    rng = np.random.default_rng(cin + cout)
+    n, (h, w) = 2, hw
+    x, keep = _guarded_floats(n * cin * h * w)
+    x[:] = rng.standard_normal(x.size, np.float32)
+    x4 = x.reshape(n, cin, h, w)
+    wt = rng.standard_normal((cout, cin, 1, 1), np.float32)
+    b = rng.standard_normal(cout).astype(np.float32)
+    res = rng.standard_normal((n, cout, h, w), np.float32)
+    want = torch.nn.functional.conv2d(torch.from_numpy(x4.copy()), torch.from_numpy(wt), torch.from_numpy(b))
+    want = want + torch.from_numpy(res)
+    want = (torch.relu(want) if act == "relu" else want).numpy()
+    s = ConvShape(n, cin, h, w, cout, 1, 1, h, w, 1, 1, 0, 0, 1, 1, 1)
+    y = np.full(want.shape, np.nan, np.float32)
+    conv_lib.cuvil_conv2d(ctypes.byref(s), 1, _ptr(x), _ptr(wt), None, _ptr(b), _ptr(res), _ptr(y),
+                          ACT_CODES[act], None, 2)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+    del x, x4

@@ -420,7 +420,7 @@ void cuvil_conv2d(const cuvil_conv_shape *s, cuvil_conv_path path, const float *
             /* the input read in place as B, when the filters are no more than the input channels: packing
              * it cost such a conv 10-30% (256 -> 64 at 56x56: 0.83x the time without it). With more
              * filters the packing is a smaller share than the strided rows' TLB misses (64 -> 256: 1.08x) */
-            if (direct && N % CUVIL_NR == 0 && og <= K) {
+            if (direct && og <= K) {
                 cuvil_sgemm_strided_b(og, N, K, wg, wpg, xg, N, yg, N, &ep, nthreads);
                 continue;
             }

@@ -581,13 +581,20 @@ static inline const float *b_panel(const gemm_args *g, int64_t p, int64_t k0) {
     return (const float *)g->B + (p * g->K + k0) * CUVIL_NR;
 }
 
-/* kc rows of one panel of B read in place (ldb floats apart; whole panels, see cuvil_sgemm_strided_b)
- * into buf as [kc][NR]. */
-static const float *copy_b_block(const float *bp, int64_t ldb, int64_t kc, float *buf) {
-    for (int64_t k = 0; k < kc; k++) {
-        cuvil_vstore(buf + k * CUVIL_NR, cuvil_vload(bp + k * ldb));
-        cuvil_vstore(buf + k * CUVIL_NR + CUVIL_VL, cuvil_vload(bp + k * ldb + CUVIL_VL));
-    }
+/* kc rows of one panel of B read in place (ldb floats apart; its first nr columns, the rest zero: no
+ * read past a row's end, see cuvil_sgemm_strided_b) into buf as [kc][NR]. */
+static const float *copy_b_block(const float *bp, int64_t ldb, int64_t kc, int64_t nr, float *buf) {
+    if (nr == CUVIL_NR)
+        for (int64_t k = 0; k < kc; k++) {
+            cuvil_vstore(buf + k * CUVIL_NR, cuvil_vload(bp + k * ldb));
+            cuvil_vstore(buf + k * CUVIL_NR + CUVIL_VL, cuvil_vload(bp + k * ldb + CUVIL_VL));
+        }
+    else
+        for (int64_t k = 0; k < kc; k++) {
+            int64_t n0 = nr < CUVIL_VL ? nr : CUVIL_VL;
+            cuvil_vstore(buf + k * CUVIL_NR, vload_first(bp + k * ldb, n0));
+            cuvil_vstore(buf + k * CUVIL_NR + CUVIL_VL, vload_first(bp + k * ldb + CUVIL_VL, nr - n0));
+        }
     return buf;
 }
 
@@ -651,13 +658,18 @@ static void gemm_task(void *ctx, int64_t t0, int64_t t1) {
             if ((g->bits == 32 || g->bits == CUVIL_B_STRIDED) && kc <= CUVIL_GEMM_SHALLOW_K) {
                 /* shallow K (1x1 convs, small im2col): rows outer, so each row of C is written in one
                  * run across the task's panels; writing C, not reading B, is what costs here */
+                /* a strided B's edge panel: its columns copied once for every row tile */
+                int64_t pe = p1 - 1, ne = g->N - pe * CUVIL_NR;
+                const float *edge = g->bits == CUVIL_B_STRIDED && ne < CUVIL_NR
+                                    ? copy_b_block(b_panel(g, pe, k0), g->ldb, kc, ne, buf) : 0;
                 for (int64_t i0 = m0; i0 < m1; i0 += CUVIL_MR) {
                     int mr = (int)(m1 - i0 < CUVIL_MR ? m1 - i0 : CUVIL_MR);
                     const float *ap = kc > 0 ? a_tile(g, block, m0, i0, k0, kc, tile) : 0;
                     for (int64_t p = p0; p < p1; p++) {
                         int64_t n0 = p * CUVIL_NR, nr = g->N - n0 < CUVIL_NR ? g->N - n0 : CUVIL_NR;
-                        ukernel_tile(mr, nr, kc, ap, 0, b_panel(g, p, k0), g->ldb, g->C, g->ldc, i0, n0, first, last,
-                                     ep, (byte_run){0, 0});
+                        int in_buf = edge && p == pe;
+                        ukernel_tile(mr, nr, kc, ap, 0, in_buf ? edge : b_panel(g, p, k0), in_buf ? CUVIL_NR : g->ldb,
+                                     g->C, g->ldc, i0, n0, first, last, ep, (byte_run){0, 0});
                     }
                 }
                 k0 += CUVIL_KC;
@@ -668,13 +680,14 @@ static void gemm_task(void *ctx, int64_t t0, int64_t t1) {
              * copied into buf first. Rows N floats apart fall into few L1 sets (56x56: 12544 bytes,
              * 16 of 64 sets), so the block did not stay in L1 between the tiles (benchmarks/README.md,
              * Kernel notes) */
-            int copy_b = g->bits == CUVIL_B_STRIDED && ntiles > 1;
-            int64_t ldb = copy_b ? CUVIL_NR : g->ldb;
             for (int64_t p = p0; p < p1; p++) {
+                int64_t n0 = p * CUVIL_NR, nr = g->N - n0 < CUVIL_NR ? g->N - n0 : CUVIL_NR;
+                /* a strided B's edge panel is copied too: its last row would be read past its end */
+                int copy_b = g->bits == CUVIL_B_STRIDED && (ntiles > 1 || nr < CUVIL_NR);
+                int64_t ldb = copy_b ? CUVIL_NR : g->ldb;
                 const float *bp = g->bits == CUVIL_B_STRIDED ? b_panel(g, p, k0)
                                   : b_block(g->B, g->bits, g->scales, g->group, g->N, g->K, p, k0, kc, buf);
-                if (copy_b) bp = copy_b_block(bp, g->ldb, kc, buf);
-                int64_t n0 = p * CUVIL_NR, nr = g->N - n0 < CUVIL_NR ? g->N - n0 : CUVIL_NR;
+                if (copy_b) bp = copy_b_block(bp, g->ldb, kc, nr, buf);
                 byte_run next = next_b_block(g, p, p0, p1, k0);
                 for (int64_t i0 = m0; i0 < m1; i0 += CUVIL_MR) {
                     int mr = (int)(m1 - i0 < CUVIL_MR ? m1 - i0 : CUVIL_MR);

@@ -81,7 +81,7 @@ void cuvil_sgemm_produced_b(int64_t M, int64_t N, int64_t K, const float *A, con
 
 /* C = epilogue(A @ B) with B read in place, row-major, ldb floats between its rows: no packed copy;
  * A row-major (lda = K) or packed ahead (Ap, A NULL) as in cuvil_sgemm_produced_b.
- * N must be a multiple of CUVIL_NR (every panel whole, so no read past a row's end). A 1x1 conv's
+ * Any N: an edge panel's columns are copied with masked loads (no read past a row's end). A 1x1 conv's
  * input is its B: packing it had been 10-30% of such a conv (the less, the more filters share it). */
 #define CUVIL_B_STRIDED (-2)
 void cuvil_sgemm_strided_b(int64_t M, int64_t N, int64_t K, const float *A, const float *Ap, const float *B,

@@ -90,11 +90,13 @@ def _guarded_floats(n):
 
 @pytest.mark.parametrize("cin,cout,hw,act", [
     (58, 58, (28, 28), "relu"), (116, 116, (14, 14), "none"), (232, 232, (7, 7), "relu"),
-    (24, 16, (5, 3), "none"), (200, 40, (9, 9), "relu"), (300, 24, (3, 11), "none"), (260, 8, (3, 7), "relu")])
+    (24, 16, (5, 3), "none"), (200, 40, (9, 9), "relu"), (300, 24, (3, 11), "none"), (260, 8, (3, 7), "relu"),
+    # more filters than input channels over a shallow K: in place too (no scratch is given)
+    (24, 72, (13, 9), "relu"), (40, 120, (7, 7), "none")])
 def test_pointwise_input_read_in_place_at_any_width(conv_lib, cin, cout, hw, act):
     """1x1 convs whose GEMM reads the NCHW input in place (path 1, INPUT_AS_B, no scratch): pixel counts
     that fill no whole panel (784, 196, 49, 15, 81, 33, 21: an edge panel of 16, 4, 17, 15, 17, 1, 21
-    columns), shallow K (<= 192) and deep (200, 232, 300: the block copied for the row tiles; 260 into
+    columns; 117 and 49 with more filters than input channels), shallow K (<= 192) and deep (200, 232, 300: the block copied for the row tiles; 260 into
     8 filters: one row tile, the edge panel copied alone), two images, the last one's input ending at
     an unreadable page."""
     rng = np.random.default_rng(cin + cout)

@@ -1,6 +1,7 @@
 #include "conv.h"
 #include "pool.h"
 #include "vmath.h"
+#include "tuning.h"
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -419,8 +420,10 @@ void cuvil_conv2d(const cuvil_conv_shape *s, cuvil_conv_path path, const float *
             }
             /* the input read in place as B, when the filters are no more than the input channels: packing
              * it cost such a conv 10-30% (256 -> 64 at 56x56: 0.83x the time without it). With more
-             * filters the packing is a smaller share than the strided rows' TLB misses (64 -> 256: 1.08x) */
-            if (direct && og <= K) {
+             * filters the packing is a smaller share than the strided rows' TLB misses (64 -> 256: 1.08x),
+             * unless K is shallow: there the pack, one thread's pass over the image, held the second
+             * thread back (24 -> 72 at 56x56, 8 images, 2 threads: 0.66 ms in place, 1.0-1.7 packed) */
+            if (direct && (og <= K || K <= CUVIL_GEMM_SHALLOW_K)) {
                 cuvil_sgemm_strided_b(og, N, K, wg, wpg, xg, N, yg, N, &ep, nthreads);
                 continue;
             }

@@ -1,7 +1,11 @@
 """Static memory plan: every intermediate gets an offset in one arena, from liveness,
 best fit, 64-byte aligned. Dynamic dims are planned at their upper bound.
 
-Views (reshape of a value that is not a graph output) share their source's buffer."""
+Views (reshape of a value that is not a graph output) share their source's buffer. A concat whose
+inputs are each a contiguous run of its output (one image, or whatever comes before the axis has one
+element: NCHW and whole channel blocks alike) has its producers write there (in_place_concat): its
+inputs are views of the output at their byte offsets, and the concat itself copies nothing
+(SqueezeNet's fire modules, ShuffleNet's branches, Inception's)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -21,7 +25,9 @@ class MemoryPlan:
     offsets: dict = field(default_factory=dict)          # value name -> arena offset
     scratch: dict = field(default_factory=dict)          # node index -> (offset, bytes)
     alias: dict = field(default_factory=dict)            # value name -> name of the value it views
+    alias_offset: dict = field(default_factory=dict)     # value name -> its bytes' place in that value (0 if absent)
     sizes: dict = field(default_factory=dict)            # value name -> bytes
+    concats_in_place: set = field(default_factory=set)   # output names of concats that copy nothing
 
     def __str__(self):
         lines = [f"arena: {self.arena_bytes} bytes ({self.arena_bytes / 2**20:.2f} MiB)"]
@@ -30,7 +36,8 @@ class MemoryPlan:
         for idx, (off, n) in sorted(self.scratch.items()):
             lines.append(f"  scratch of node {idx}: offset {off}, {n} bytes")
         for a, b in self.alias.items():
-            lines.append(f"  %{a}: view of %{b}")
+            at = self.alias_offset.get(a)
+            lines.append(f"  %{a}: view of %{b}" + (f" at byte {at}" if at else ""))
         return "\n".join(lines)
 
 
@@ -43,6 +50,42 @@ def value_bytes(v, bounds):
     for d in v.type.shape:
         n *= D.upper_bound(d, bounds)
     return int(n) * np.dtype(v.dtype).itemsize
+
+
+def _static(v):
+    return all(isinstance(d, int) for d in v.type.shape)
+
+
+def in_place_concats(graph):
+    """[(concat node, its inputs' byte offsets in its output)] for the concats whose inputs can be
+    written in place: static shapes, one element before the axis (so each input is one run of the
+    output), every input an intermediate made by a node that is no view or concat (not an input,
+    constant or output), read once by this concat and by no view or other concat, at offsets that keep
+    the arena's alignment."""
+    outputs = {id(o) for o in graph.outputs}
+    producer = {id(o): n.op for n in graph.nodes for o in n.outputs}
+    users = graph.users()
+    barred = VIEW_OPS + ("concat",)
+
+    def placeable(x, y, n):
+        return (x is not None and id(x) not in outputs and producer.get(id(x)) not in (None,) + barred
+                and x.dtype == y.dtype and _static(x)
+                and not any(u.op in barred and u is not n for u in users.get(id(x), [])))
+    found = []
+    for n in graph.nodes:
+        y = n.outputs[0]
+        if n.op != "concat" or id(y) in outputs or not _static(y) or len({id(x) for x in n.inputs}) != len(n.inputs):
+            continue
+        ax = n.attrs["axis"]
+        if int(np.prod(y.type.shape[:ax], dtype=np.int64)) != 1:
+            continue
+        row = int(np.prod(y.type.shape[ax + 1:], dtype=np.int64)) * np.dtype(y.dtype).itemsize
+        offsets = [0]
+        for x in n.inputs:
+            offsets.append(offsets[-1] + int(x.type.shape[ax]) * row)
+        if all(placeable(x, y, n) for x in n.inputs) and all(at % ALIGN == 0 for at in offsets[:-1]):
+            found.append((n, offsets[:-1]))
+    return found
 
 
 def plan(graph, scratch_bytes=lambda node, bounds: 0) -> MemoryPlan:
@@ -60,6 +103,13 @@ def plan(graph, scratch_bytes=lambda node, bounds: 0) -> MemoryPlan:
             src = owner(n.inputs[0])
             root[id(n.outputs[0])] = src
             result.alias[n.outputs[0].name] = src.name
+    for n, offsets in in_place_concats(graph):
+        y = n.outputs[0]
+        result.concats_in_place.add(y.name)
+        for x, at in zip(n.inputs, offsets):
+            root[id(x)] = y
+            result.alias[x.name] = y.name
+            result.alias_offset[x.name] = at
     # live interval per owning value
     first, last, vals = {}, {}, {}
     for i, n in enumerate(graph.nodes):

@@ -123,7 +123,7 @@ class Emitter:
             return self.ptr(src)
         if src is not None and src.name in self.io:
             return f"(({t} *){self.io[src.name]})"
-        return f"(({t} *)(A + {self.shift + self.plan.offsets[name]}))"
+        return f"(({t} *)(A + {self.shift + self.plan.offsets[name] + self.plan.alias_offset.get(v.name, 0)}))"
 
     def packed(self, key, v, transform, ctype="float") -> str:
         """Pointer to a compile-time transformed copy of constant v (e.g. GEMM panels)."""

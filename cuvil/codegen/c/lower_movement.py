@@ -84,6 +84,8 @@ def lower_slice(em, node):
 @lowering("concat")
 def lower_concat(em, node):
     y, ax = node.outputs[0], node.attrs["axis"]
+    if y.name in em.plan.concats_in_place:
+        return ["/* concat: its inputs were written in place (memplan.in_place_concats) */"]
     ost = contiguous_strides(y.type.shape)
     lines, offset = [], 0
     for x in node.inputs:

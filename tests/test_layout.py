@@ -183,6 +183,35 @@ def test_deep_k_blocks_of_the_wide_tile_match_torch(tmp_path, threads, target):
             np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)
 
 
+class _PointwiseStack(torch.nn.Module):
+    """1x1 convs of 512 and 96 channels (the wide tile's two panels, and one pair plus one panel) with a
+    residual and ReLU, between two 3x3 convs so the map stays blocked."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.a = torch.nn.Conv2d(3, 96, 3, padding=1), torch.nn.Conv2d(96, 512, 1)
+        self.b, self.c = torch.nn.Conv2d(512, 96, 1), torch.nn.Conv2d(96, 32, 3, padding=1)
+
+    def forward(self, x):
+        y = torch.relu(self.stem(x))
+        return self.c(torch.relu(self.b(torch.relu(self.a(y))) + y))
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("hw", [(14, 14), (7, 7), (9, 11)])
+def test_m_blocks_in_wide_tile_rows_match_torch(tmp_path, threads, hw):
+    """M blocks a multiple of the wide tile's 6 rows on AVX-512 (blocked.c rows_unit; 196 pixels on 2
+    threads: 66, 66 and 64, of which 4 in an edge tile; 49: 30 and 19; 99), 8 elsewhere, on 2 and 3
+    threads."""
+    import cuvil
+    torch.manual_seed(1)
+    m = _PointwiseStack().eval()
+    x = torch.randn(1, 3, *hw)
+    cm = cuvil.compile(m, (x,), layout="blocked", num_threads=threads, cache_dir=str(tmp_path))
+    with torch.no_grad():
+        np.testing.assert_allclose(cm.run(x.numpy())[0], m(x).numpy(), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("threads, target", [(1, "native"), (2, "native"), (2, "x86_64-avx2"), (2, "x86_64-sse2")])
 def test_small_resnet_blocked_matches_torch(tmp_path, threads, target):
     """layout="blocked": blocks of the target's vector width (nchw8c and 6-row tiles on AVX2, nchw4c with

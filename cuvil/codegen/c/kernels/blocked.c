@@ -418,6 +418,17 @@ static int blocked_wide_block(const blocked_gemm *g, int64_t m0, int64_t m1, int
 #endif
 }
 
+/* The rows an M block is a multiple of: the wide tile's where it takes the panels (N of two panels or
+ * more), else the tile's. */
+static inline int64_t rows_unit(int64_t N) {
+#if CUVIL_VL == 16
+    return N >= 2 * CUVIL_NR ? CUVIL_WIDE_MR : CUVIL_MR;
+#else
+    (void)N;
+    return CUVIL_MR;
+#endif
+}
+
 /* Tasks t: M block t / ng x panel group t % ng (BLOCKED_GROUP panels, the last may have fewer), so
  * that consecutive tasks (one thread's run) share A. */
 static inline int64_t panel_groups(int64_t np) { return (np + BLOCKED_GROUP - 1) / BLOCKED_GROUP; }
@@ -480,7 +491,7 @@ void cuvil_sgemm_blocked(int64_t M, int64_t N, int64_t K, const float *A, int64_
                          float *C, int64_t ldc_blk, const float *bias, const float *residual, int act, int nthreads) {
     if (M <= 0 || N <= 0) return;
     int nt = M * N * K > 65536 ? nthreads : 1;
-    int64_t np = (N + CUVIL_NR - 1) / CUVIL_NR, mb, mc = blocked_m_rows(M, panel_groups(np), nt, &mb);
+    int64_t np = (N + CUVIL_NR - 1) / CUVIL_NR, mb, mc = blocked_m_rows(M, panel_groups(np), nt, rows_unit(N), &mb);
     blocked_gemm g = {M, N, K, lda_blk, ldc_blk, np, mb, mc, A, Bp, bias, residual, C, act};
     cuvil_parallel_for(nt, mb * blocked_groups(&g), 1, blocked_gemm_task, &g);
 }
@@ -497,7 +508,7 @@ void cuvil_conv_blocked(const cuvil_conv_shape *s, const float *x, const float *
     int64_t G = s->groups, Cg = s->C / G, Og = s->O / G, P = s->OH * s->OW, K = s->KH * s->KW * Cg;
     int nt = P * s->O * K > 65536 ? nthreads : 1;
     int64_t in = s->C * s->H * s->W, out = s->O * P, mb;
-    int64_t mc = blocked_m_rows(P, G * panel_groups((Og + CUVIL_NR - 1) / CUVIL_NR), nt, &mb);
+    int64_t mc = blocked_m_rows(P, G * panel_groups((Og + CUVIL_NR - 1) / CUVIL_NR), nt, rows_unit(Og), &mb);
     blocked_input b = blocked_input_tables(s, scratch);
     for (int64_t n = 0; n < s->N; n++) {
         const float *xn = blocked_image(s, &b, x + n * in, scratch, nthreads);
@@ -534,7 +545,7 @@ void cuvil_conv_nchw_blocked(const cuvil_conv_shape *s, const float *x, const fl
             cuvil_parallel_for(s->C * hp * wp > 16384 ? nthreads : 1, s->C * hp, 1, pad_task, &pa);
         }
         int nt = P * s->O * s->C * s->KH * s->KW > 65536 ? nthreads : 1;
-        int64_t np = (s->O + CUVIL_NR - 1) / CUVIL_NR, mb, mc = blocked_m_rows(P, panel_groups(np), nt, &mb);
+        int64_t np = (s->O + CUVIL_NR - 1) / CUVIL_NR, mb, mc = blocked_m_rows(P, panel_groups(np), nt, s->KH * s->KW == 1 ? rows_unit(s->O) : CUVIL_MR, &mb);
         blocked_gemm g = {P, s->O, s->C * s->KH * s->KW, 0, P * CUVIL_BLOCK, np, mb, mc,
                           0, wb, bias, residual ? residual + n * out : 0, y + n * out, act, &src};
         cuvil_parallel_for(nt, g.mb * blocked_groups(&g), 1, blocked_gemm_task, &g);

@@ -52,7 +52,7 @@ static void bf16_conv_task(void *ctx, int64_t t0, int64_t t1) {
 
 int cuvil_conv_blocked_bf16(const cuvil_conv_shape *s, const float *x, const uint32_t *wb, const float *bias,
                             const float *residual, float *y, int act, float *scratch, int nthreads) {
-    int64_t P = s->OH * s->OW, in = s->C * s->H * s->W, out = s->O * P, mb, mc = blocked_m_rows(P, 0, 1, &mb);
+    int64_t P = s->OH * s->OW, in = s->C * s->H * s->W, out = s->O * P, mb, mc = blocked_m_rows(P, 0, 1, CUVIL_MR, &mb);
     int64_t np = (s->O + CUVIL_BF16_NR - 1) / CUVIL_BF16_NR, ng = mb >= 2 * nthreads ? 1 : cuvil_min(np, 2 * nthreads);
     blocked_input b = blocked_input_tables(s, scratch);
     for (int64_t n = 0; n < s->N; n++) {
@@ -299,7 +299,7 @@ int cuvil_conv_blocked_int8(const cuvil_conv_shape *s, const float *x, const uin
                             const float *bias, const float *residual, const float *range, int input_kind, float *y,
                             int nchw_out, const int64_t *out_image, const float *out_range, int act, float *scratch,
                             int nthreads) {
-    int64_t P = s->OH * s->OW, in = s->C * s->H * s->W, out = s->O * P, mb, mc = blocked_m_rows(P, 0, 1, &mb);
+    int64_t P = s->OH * s->OW, in = s->C * s->H * s->W, out = s->O * P, mb, mc = blocked_m_rows(P, 0, 1, CUVIL_MR, &mb);
     int64_t G = s->groups, np = (s->O / G + CUVIL_I8_NR - 1) / CUVIL_I8_NR;
     int64_t ng = mb * G >= 2 * nthreads ? 1 : cuvil_min(np, 2 * nthreads);
     blocked_input b = blocked_input_tables(s, scratch);

@@ -27,12 +27,12 @@ typedef struct {
  * at 14x14 (3 blocks x 3 groups) took 0.84x the time in 4 blocks. With many tasks the larger blocks
  * reuse the weights more (MobileNetV1's 512-channel convs at 14x14 in 4 blocks, not 3: 1.02x the
  * network's time). One thread: the blocks as they were. */
-static inline int64_t blocked_m_rows(int64_t M, int64_t groups, int threads, int64_t *mb) {
-    int64_t n = (M + BLK_MC - 1) / BLK_MC, tiles = (M + CUVIL_MR - 1) / CUVIL_MR;
+static inline int64_t blocked_m_rows(int64_t M, int64_t groups, int threads, int64_t unit, int64_t *mb) {
+    int64_t n = (M + BLK_MC - 1) / BLK_MC, tiles = (M + unit - 1) / unit;
     if (threads > 1 && (n < threads || n * groups < BLK_FEW_TASKS * threads))
         n = (n + threads - 1) / threads * threads;
     if (n > tiles) n = tiles;
-    int64_t mc = ((M + n - 1) / n + CUVIL_MR - 1) / CUVIL_MR * CUVIL_MR;
+    int64_t mc = ((M + n - 1) / n + unit - 1) / unit * unit;
     *mb = (M + mc - 1) / mc;
     return mc;
 }

@@ -390,10 +390,26 @@ static b_ahead next_b_block(const blocked_gemm *g, int64_t p, int64_t kb0, int64
 #define BLOCKED_GROUP 1
 #endif
 
+/* Whether the wide tile takes a panel pair whose columns from the first on are n: two whole panels, from
+ * a blocked or gathered A or an NCHW source of a 1x1 conv (AVX-512 only). */
+static inline int wide_takes(int64_t n, const nchw_source *src) {
+    return CUVIL_VL == 16 && n >= 2 * CUVIL_NR && (!src || (src->KH == 1 && src->KW == 1));
+}
+
+/* The rows an M block is a multiple of: the wide tile's where it takes the panels (n: all the columns),
+ * else the tile's. */
+static inline int64_t rows_unit(int64_t n, const nchw_source *src) {
+#if CUVIL_VL == 16
+    return wide_takes(n, src) ? CUVIL_WIDE_MR : CUVIL_MR;
+#else
+    return (void)n, (void)src, CUVIL_MR;
+#endif
+}
+
 /* Panels p and p + 1 (both whole) over rows [m0, m1): wide tiles, the rows left over as edge tiles. */
 static int blocked_wide_block(const blocked_gemm *g, int64_t m0, int64_t m1, int64_t p, int64_t KB) {
 #if CUVIL_VL == 16
-    if (g->N - p * CUVIL_NR < 2 * CUVIL_NR || (g->src && (g->src->KH != 1 || g->src->KW != 1))) return 0;
+    if (!wide_takes(g->N - p * CUVIL_NR, g->src)) return 0;
     if (g->src) {           /* an NCHW source: all of K in one block */
         int64_t i0 = m0;
         for (; i0 + WIDE_MR <= m1; i0 += WIDE_MR) nchw_wide_tile(g, i0, p);
@@ -415,17 +431,6 @@ static int blocked_wide_block(const blocked_gemm *g, int64_t m0, int64_t m1, int
 #else
     (void)g, (void)m0, (void)m1, (void)p, (void)KB;
     return 0;
-#endif
-}
-
-/* The rows an M block is a multiple of: the wide tile's where it takes the panels (N of two panels or
- * more), else the tile's. */
-static inline int64_t rows_unit(int64_t N) {
-#if CUVIL_VL == 16
-    return N >= 2 * CUVIL_NR ? CUVIL_WIDE_MR : CUVIL_MR;
-#else
-    (void)N;
-    return CUVIL_MR;
 #endif
 }
 
@@ -491,7 +496,7 @@ void cuvil_sgemm_blocked(int64_t M, int64_t N, int64_t K, const float *A, int64_
                          float *C, int64_t ldc_blk, const float *bias, const float *residual, int act, int nthreads) {
     if (M <= 0 || N <= 0) return;
     int nt = M * N * K > 65536 ? nthreads : 1;
-    int64_t np = (N + CUVIL_NR - 1) / CUVIL_NR, mb, mc = blocked_m_rows(M, panel_groups(np), nt, rows_unit(N), &mb);
+    int64_t np = (N + CUVIL_NR - 1) / CUVIL_NR, mb, mc = blocked_m_rows(M, panel_groups(np), nt, rows_unit(N, 0), &mb);
     blocked_gemm g = {M, N, K, lda_blk, ldc_blk, np, mb, mc, A, Bp, bias, residual, C, act};
     cuvil_parallel_for(nt, mb * blocked_groups(&g), 1, blocked_gemm_task, &g);
 }
@@ -508,7 +513,7 @@ void cuvil_conv_blocked(const cuvil_conv_shape *s, const float *x, const float *
     int64_t G = s->groups, Cg = s->C / G, Og = s->O / G, P = s->OH * s->OW, K = s->KH * s->KW * Cg;
     int nt = P * s->O * K > 65536 ? nthreads : 1;
     int64_t in = s->C * s->H * s->W, out = s->O * P, mb;
-    int64_t mc = blocked_m_rows(P, G * panel_groups((Og + CUVIL_NR - 1) / CUVIL_NR), nt, rows_unit(Og), &mb);
+    int64_t mc = blocked_m_rows(P, G * panel_groups((Og + CUVIL_NR - 1) / CUVIL_NR), nt, rows_unit(Og, 0), &mb);
     blocked_input b = blocked_input_tables(s, scratch);
     for (int64_t n = 0; n < s->N; n++) {
         const float *xn = blocked_image(s, &b, x + n * in, scratch, nthreads);
@@ -545,7 +550,7 @@ void cuvil_conv_nchw_blocked(const cuvil_conv_shape *s, const float *x, const fl
             cuvil_parallel_for(s->C * hp * wp > 16384 ? nthreads : 1, s->C * hp, 1, pad_task, &pa);
         }
         int nt = P * s->O * s->C * s->KH * s->KW > 65536 ? nthreads : 1;
-        int64_t np = (s->O + CUVIL_NR - 1) / CUVIL_NR, mb, mc = blocked_m_rows(P, panel_groups(np), nt, s->KH * s->KW == 1 ? rows_unit(s->O) : CUVIL_MR, &mb);
+        int64_t np = (s->O + CUVIL_NR - 1) / CUVIL_NR, mb, mc = blocked_m_rows(P, panel_groups(np), nt, rows_unit(s->O, &src), &mb);
         blocked_gemm g = {P, s->O, s->C * s->KH * s->KW, 0, P * CUVIL_BLOCK, np, mb, mc,
                           0, wb, bias, residual ? residual + n * out : 0, y + n * out, act, &src};
         cuvil_parallel_for(nt, g.mb * blocked_groups(&g), 1, blocked_gemm_task, &g);

@@ -1,4 +1,5 @@
 #include "conv.h"
+#include "lanes.h"
 #include "pool.h"
 #include "vmath.h"
 #include "tuning.h"
@@ -28,32 +29,6 @@ static inline cuvil_vf even_lanes(const float *p) {
 #endif
 }
 
-/* The first n lanes of v to p (n < VL), the rest of p left as it is. */
-static inline void vstore_first(float *p, cuvil_vf v, int64_t n) {
-#if CUVIL_VL == 16 && defined(__AVX512F__)
-    _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1), (__m512)v);
-#elif CUVIL_VL == 8 && defined(__AVX2__)
-    __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    _mm256_maskstore_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), lanes), (__m256)v);
-#else
-    for (int64_t i = 0; i < n; i++) p[i] = v[i];
-#endif
-}
-
-/* The first n lanes (n < VL) from p, zeros in the rest; nothing past p + n is read. */
-static inline cuvil_vf vload_first(const float *p, int64_t n) {
-#if CUVIL_VL == 16 && defined(__AVX512F__)
-    return (cuvil_vf)_mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p);
-#elif CUVIL_VL == 8 && defined(__AVX2__)
-    __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    return (cuvil_vf)_mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), lanes));
-#else
-    cuvil_vf v = cuvil_vsplat(0.f);
-    for (int64_t i = 0; i < n; i++) v[i] = p[i];
-    return v;
-#endif
-}
-
 /* dst[j] = src[j * sw] for j in [lo, hi): one run of im2col pixels inside an input row, `room`
  * floats readable from src (to the end of its channel plane). At stride 1 or 2 it goes by whole
  * vectors, the last one overlapping the one before it, or one vector stored in part for a run
@@ -63,7 +38,7 @@ static inline void copy_run(float *dst, const float *src, int64_t lo, int64_t hi
     if (hi > lo && (sw == 1 || sw == 2)) {
         if (hi - lo < CUVIL_VL) {
             if (sw * lo + sw * CUVIL_VL <= room) {
-                vstore_first(dst + lo, sw == 1 ? cuvil_vload(src + lo) : even_lanes(src + 2 * lo), hi - lo);
+                cuvil_vstore_first(dst + lo, sw == 1 ? cuvil_vload(src + lo) : even_lanes(src + 2 * lo), hi - lo);
                 return;
             }
         } else if (sw * hi <= room) {
@@ -271,7 +246,7 @@ static inline void dw_store(float *y, const float *res, cuvil_vf v, int64_t n, i
         memcpy(r, res, n * sizeof(float));
         v += cuvil_vload(r);
     }
-    vstore_first(y, cuvil_vact(v, act), n);
+    cuvil_vstore_first(y, cuvil_vact(v, act), n);
 }
 
 /* One band's output rows [0, rows) (rows <= DW_ROWS), a vector of columns at a time; the shape's
@@ -337,12 +312,12 @@ static inline void dw_pad_rows(const float *x, int64_t H, int64_t W, int64_t ih0
     for (int64_t r = 0; r < rows; r++, dst += cols) {
         int64_t ih = ih0 + r, j = 0;
         for (; j + CUVIL_VL <= cols; j += CUVIL_VL) cuvil_vstore(dst + j, zero);
-        if (j < cols) vstore_first(dst + j, zero, cols - j);
+        if (j < cols) cuvil_vstore_first(dst + j, zero, cols - j);
         if (ih < 0 || ih >= H) continue;
         const float *src = x + ih * W;
         float *d = dst + pw;
         for (j = 0; j + CUVIL_VL <= w; j += CUVIL_VL) cuvil_vstore(d + j, cuvil_vload(src + j));
-        if (j < w) vstore_first(d + j, vload_first(src + j, w - j), w - j);
+        if (j < w) cuvil_vstore_first(d + j, cuvil_vload_first(src + j, w - j), w - j);
     }
 }
 

@@ -1,5 +1,6 @@
 #include "gemm.h"
 #include "half.h"
+#include "lanes.h"
 #include "pool.h"
 #include "vmath.h"
 #include "tuning.h"
@@ -237,29 +238,9 @@ static void pack_at(const float *At, int64_t lda, int64_t i0, int64_t i1, int64_
     }
 }
 
-/* The first n lanes of p (0 <= n <= VL), the rest 0, without touching memory past them; and the
- * matching store. The edge panel of a GEMM whose N is not a multiple of NR (a 14x14 conv's 196
- * columns) stays on the register path with these instead of going round through a buffer. */
-#if defined(__AVX512F__) && CUVIL_VL == 16
-#include <immintrin.h>
-/* AVX-512 masks lanes itself (the element loops below cost ResNet's 7x7 and 14x14 edge panels) */
-static inline cuvil_vf vload_first(const float *p, int64_t n) { return (cuvil_vf)_mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p); }
-static inline void vstore_first(float *p, cuvil_vf v, int64_t n) { _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1), (__m512)v); }
-#elif defined(__AVX2__) && CUVIL_VL == 8
-#include <immintrin.h>
-static const int32_t lane_mask_table[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
-static inline __m256i lane_mask(int64_t n) { return _mm256_loadu_si256((const __m256i *)(lane_mask_table + 8 - n)); }
-static inline cuvil_vf vload_first(const float *p, int64_t n) { return (cuvil_vf)_mm256_maskload_ps(p, lane_mask(n)); }
-static inline void vstore_first(float *p, cuvil_vf v, int64_t n) { _mm256_maskstore_ps(p, lane_mask(n), (__m256)v); }
-#else
-static inline cuvil_vf vload_first(const float *p, int64_t n) {
-    cuvil_vf v = cuvil_vsplat(0.f);
-    for (int64_t u = 0; u < n; u++) v[u] = p[u];
-    return v;
-}
-static inline void vstore_first(float *p, cuvil_vf v, int64_t n) { for (int64_t u = 0; u < n; u++) p[u] = v[u]; }
-#endif
-static inline cuvil_vf load_n(const float *p, int64_t n) { return n >= CUVIL_VL ? cuvil_vload(p) : vload_first(p, n); }
+/* n <= VL floats at p: the edge panel of a GEMM whose N is no multiple of NR (a 14x14 conv's 196 columns)
+ * stays on the register path with lanes.h's masked loads, not round through a buffer */
+static inline cuvil_vf load_n(const float *p, int64_t n) { return n >= CUVIL_VL ? cuvil_vload(p) : cuvil_vload_first(p, n); }
 
 /* One vector of a finished tile (its first n lanes real): the partial sums plus what C holds (after
  * the first K block), and on the last K block the epilogue. */
@@ -326,12 +307,12 @@ static inline __attribute__((always_inline)) void finish_tile(int mr, cuvil_vf c
         const float br = brow ? brow[i0 + i] : 0.f;
         cuvil_vf v0 = tile_vector(c0[i], c, bc, rs, first, last, alpha, br, act, n1);
         if (n1 == CUVIL_VL) cuvil_vstore(c, v0);
-        else vstore_first(c, v0, n1);
+        else cuvil_vstore_first(c, v0, n1);
         if (n2 <= 0) continue;
         cuvil_vf v1 = tile_vector(c1[i], c + CUVIL_VL, bc ? bc + CUVIL_VL : 0, rs ? rs + CUVIL_VL : 0, first, last,
                                   alpha, br, act, n2);
         if (n2 == CUVIL_VL) cuvil_vstore(c + CUVIL_VL, v1);
-        else vstore_first(c + CUVIL_VL, v1, n2);
+        else cuvil_vstore_first(c + CUVIL_VL, v1, n2);
     }
 }
 
@@ -592,8 +573,8 @@ static const float *copy_b_block(const float *bp, int64_t ldb, int64_t kc, int64
     else
         for (int64_t k = 0; k < kc; k++) {
             int64_t n0 = nr < CUVIL_VL ? nr : CUVIL_VL;
-            cuvil_vstore(buf + k * CUVIL_NR, vload_first(bp + k * ldb, n0));
-            cuvil_vstore(buf + k * CUVIL_NR + CUVIL_VL, vload_first(bp + k * ldb + CUVIL_VL, nr - n0));
+            cuvil_vstore(buf + k * CUVIL_NR, cuvil_vload_first(bp + k * ldb, n0));
+            cuvil_vstore(buf + k * CUVIL_NR + CUVIL_VL, cuvil_vload_first(bp + k * ldb + CUVIL_VL, nr - n0));
         }
     return buf;
 }

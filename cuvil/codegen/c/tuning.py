@@ -137,9 +137,11 @@ TUNING: tuple[Row, ...] = (
     # through C; fp32 artifacts with the value built in, interleaved, against 8: ResNet-50 0.980x (1
     # thread) 0.982x (2), MobileNetV1 0.983x / 0.981x; 16: 0.985x / 0.993x (1 thread); 128 (no K
     # blocking up to 2048 channels): 0.976x / 0.987x, 0.981x / 0.989x; 4: 1.015x / 1.028x. Zen 5 (48 KB
-    # L1D, full-width AVX-512) not measured: as before.
-    Row("blocked_conv", "Zen 5", ZEN5, "CUVIL_BLOCKED_WIDE_KB", "8", "not measured: Intel's value",
-        "none recorded"),
+    # L1D, full-width AVX-512), against 8, same measure: 32: ResNet-50 0.990x / 0.983x (1 thread), 0.996x /
+    # 1.018x / 1.034x (2), MobileNetV1 0.982x (1), 1.061x / 0.979x (2); 16: 0.990x / 1.000x, 0.989x / 1.005x
+    # / 1.017x, 0.989x, 1.026x / 0.994x; 128: 1.011x, 1.026x. Nothing clear of the noise: 8 stays.
+    Row("blocked_conv", "Zen 5", ZEN5, "CUVIL_BLOCKED_WIDE_KB", "8",
+        "K blocks of 128 channels: 16, 32, 128 no better in 48 KB L1D", "benchmarks.ab ResNet-50, MobileNetV1"),
     Row("blocked_conv", "Zen 4", ZEN4, "CUVIL_BLOCKED_WIDE_KB", "32",
         "K blocks of 512 channels: fewer trips of the sums through C", "benchmarks.ab ResNet-50, MobileNetV1"),
     Row("blocked_conv", "Intel AVX-512 and others", ELSE, "CUVIL_BLOCKED_WIDE_KB", "8",

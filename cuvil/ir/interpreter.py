@@ -40,8 +40,11 @@ def concrete_attrs(attrs: dict, env: dict) -> dict:
 
 
 def _run_region(node, arrays):
-    """cond and while_loop: their subgraphs, run by this interpreter."""
+    """cond, while_loop and batch_map: their subgraphs, run by this interpreter."""
     a = node.attrs
+    if node.op == "batch_map":
+        images = [run(a["body_graph"], *(x[i:i + 1] for x in arrays)) for i in range(arrays[0].shape[0])]
+        return [np.concatenate(outs) for outs in zip(*images)]
     if node.op == "cond":
         return run(a["then_graph"] if bool(arrays[0].reshape(-1)[0]) else a["else_graph"], *arrays[1:])
     n, carried, extra = a["carried"], list(arrays[:a["carried"]]), list(arrays[a["carried"]:])

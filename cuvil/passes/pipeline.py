@@ -4,6 +4,8 @@
     fusion_level 1+: cleanup -> fold -> simplify -> cleanup -> fold -> cleanup -> legalize -> fuse
                      (-> quantize -> cleanup, for a precision other than fp32)
                      (-> layout, where the convs run channel-blocked; -> link_int8 after it at int8)
+                     -> batch_map (a batched CNN's per-image prefix as one region, after the regions'
+                     own passes)
 
 then plan_memory (memplan) on the result. quantize comes after fusion: a linear layer's bias and
 activation are fused first and kept in its quantized form. The LLM path builds its quantized graph
@@ -16,7 +18,7 @@ import os
 
 from ..errors import UnsupportedOpError
 from ..ir.graph import regions
-from . import cleanup, fold, fuse, legalize, memplan, quantize, simplify
+from . import batch_map, cleanup, fold, fuse, legalize, memplan, quantize, simplify
 from . import layout as layout_pass
 
 
@@ -57,6 +59,12 @@ def optimize(graph, fusion_level=2, *, backend, layout="nchw", precision="fp32",
         for k, sub in regions(n):
             n.attrs[k] = optimize(sub, fusion_level, backend=backend, precision=precision, int8_convs=int8_convs,
                                   verify=verify, log=log)
+    if fusion_level > 0:           # last: its body is the optimized prefix, not a region to optimize again
+        graph = batch_map.run(graph)
+        if verify:
+            graph.verify()
+        if log:
+            log("batch_map", graph)
     return graph
 
 

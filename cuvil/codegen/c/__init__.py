@@ -1,7 +1,7 @@
 """The C backend. Importing this package registers every op's C lowering, once, in emit.LOWERINGS;
 C_BACKEND tells the passes which nodes it lowers and the scratch memory each needs."""
 from ...passes.backend import Backend
-from . import (lower_bitwise, lower_blocked, lower_control, lower_detection, lower_linalg, lower_llm, lower_movement,  # noqa: F401
+from . import (lower_batch_map, lower_bitwise, lower_blocked, lower_control, lower_detection, lower_linalg, lower_llm, lower_movement,  # noqa: F401
                lower_nn, lower_pointwise, lower_reduce, lower_scatter)
 from .emit import LOWERINGS
 from .lower_int8dot import int8_input_image, writes_int8_input

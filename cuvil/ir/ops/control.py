@@ -4,6 +4,9 @@ compiled code. The reference interpreter runs their regions (interpreter.py: reg
 
     cond(pred, *operands; then_graph, else_graph): one branch's outputs; pred a bool of one element,
         each branch a Graph whose inputs are the operands (in order) and whose outputs agree in type.
+    batch_map(*batched; body_graph): body_graph run on image i of every input (dim 0, batch N) gives image
+        i of every output: inputs and outputs [N, ...], the body's the same at [1, ...] (passes/batch_map.py
+        makes it; the C code runs the images one after another or side by side on the threads).
     while_loop(*carried, *extra; cond_graph, body_graph, carried=n): cond_graph(carried, extra) -> bool
         of one element; body_graph(carried, extra) -> new carried (same types); outputs the carried
         values once cond is false. `extra` (the loop's invariants) is read, never changed."""
@@ -59,6 +62,17 @@ def _while_infer(types, attrs, inputs):
     return list(types[:n])
 
 
+def _batch_map_infer(types, attrs, inputs):
+    body = attrs["body_graph"]
+    if not types or any(not t.shape or t.shape[0] != types[0].shape[0] for t in types):
+        raise GraphError(f"batch_map: every input needs the same batch in dim 0, got {list(types)}")
+    n = types[0].shape[0]
+    _check_region("batch_map", body, [TensorType((1, *t.shape[1:]), t.dtype) for t in types], "body_graph")
+    if any(not o.type.shape or o.type.shape[0] != 1 for o in body.outputs):
+        raise GraphError(f"batch_map: body_graph's outputs must be one image each, got {[o.type for o in body.outputs]}")
+    return [TensorType((n, *o.type.shape[1:]), o.type.dtype) for o in body.outputs]
+
+
 def _no_ref(xs, attrs):
     raise GraphError("region ops run through the interpreter (ir/interpreter.py), not a reference function")
 
@@ -67,5 +81,8 @@ declare(OpDef("cond", {"then_graph": REQUIRED, "else_graph": REQUIRED}, _cond_in
 declare(OpDef("while_loop", {"cond_graph": REQUIRED, "body_graph": REQUIRED, "carried": REQUIRED}, _while_infer,
               _no_ref, kind="region"))
 
+declare(OpDef("batch_map", {"body_graph": REQUIRED}, _batch_map_infer, _no_ref, kind="region"))
+
 # region op -> its subgraph attributes, in the order they run
-REGIONS = {"cond": ("then_graph", "else_graph"), "while_loop": ("cond_graph", "body_graph")}
+REGIONS = {"cond": ("then_graph", "else_graph"), "while_loop": ("cond_graph", "body_graph"),
+           "batch_map": ("body_graph",)}

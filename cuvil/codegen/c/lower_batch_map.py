@@ -1,0 +1,99 @@
+"""batch_map (passes/batch_map.py) in C: its body, the network's prefix at batch 1, run image by image.
+
+The body is one outlined task over "slots": each slot is an arena of its own for one image at a time
+(a table of the image's input and output pointers, then the body's memory plan), and takes the next
+image from a shared counter until none is left. Where there are enough images for the threads, every
+thread runs a slot of its own and its images on one core (each image's maps stay in that core's L2,
+the kernels run single-threaded: no join per layer); otherwise slot 0 runs every image with all the
+threads inside each layer, as the batch-1 network runs.
+
+The node's scratch: a header (the next image, the threads inside the body, a failure flag and its
+message: a lowering's CUVIL_FAIL, out of memory for bf16 activations, ends the task and the caller
+fails with it), then SLOTS_MAX slots (fewer for a smaller batch). Inside the task `A` is the slot's arena and the body's parallel loops get a context
+whose A is the slot's, so every pointer the body's lowerings write stays relative to `A`."""
+from __future__ import annotations
+
+from ...ir import dims as D
+from . import cstr
+from .emit import Emitter, bind_io, emit_body, lowering
+
+ALIGN = 64
+SLOTS_MAX = 8         # images run side by side at most (one per thread): the memory of 8 batch-1 plans
+MESSAGE = 512         # bytes of a failure's message (as cuvil_err's)
+HEADER = ALIGN + MESSAGE
+
+
+def _align(n):
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _layout(node, bounds):
+    """(the body's memory plan, slots, bytes of a slot's pointer table, bytes of a slot) of a batch_map
+    node; a dynamic batch takes the slots of its largest."""
+    from . import C_BACKEND          # (the package registers this module: import it when used)
+    from ...passes.pipeline import plan_memory
+    body = node.attrs["body_graph"]
+    plan = plan_memory(body, C_BACKEND)
+    table = _align(8 * (len(body.inputs) + len(body.outputs)))
+    slots = min(D.upper_bound(node.inputs[0].type.shape[0], bounds), SLOTS_MAX)
+    return plan, slots, table, _align(table + plan.arena_bytes)
+
+
+def _scratch(node, bounds):
+    _, slots, _, slot_bytes = _layout(node, bounds)
+    return HEADER + slots * slot_bytes
+
+
+def _image_elems(v) -> str:
+    return D.to_c(D.numel(v.type.shape[1:]))
+
+
+@lowering("batch_map", scratch=_scratch)
+def _batch_map(em, node):
+    body = node.attrs["body_graph"]
+    plan, slots, table, slot_bytes = _layout(node, em.graph.symbols)
+    images = D.to_c(node.inputs[0].type.shape[0])
+    base = em.shift + em.plan.scratch[em.node_index][0]
+    vals = list(node.inputs) + list(node.outputs)
+    consts = ["const "] * len(node.inputs) + [""] * len(node.outputs)
+    ptr_in_table = [f"(({c}{em.ctype(v)} *)((void *const *)A)[{k}])" for k, (v, c) in enumerate(zip(vals, consts))]
+    sub = Emitter(body, plan, em.weights, target=em.target, tasks=em.tasks, weights_cached=em.weights_cached,
+                  shift=table)
+    copies = bind_io(sub, ptr_in_table[:len(node.inputs)], ptr_in_table[len(node.inputs):])
+    lines = []
+    emit_body(sub, body, lines, copies)
+    name = f"cuvil_task_{len(em.tasks)}"
+    outer = [f"  {c}{em.ctype(v)} *const bm{k}_ = {em.ptr(v)};" for k, (v, c) in enumerate(zip(vals, consts))]
+    fill = [f"        ((const void **)A)[{k}] = bm{k}_ + img_ * {_image_elems(v)};" for k, v in enumerate(vals)]
+    em.tasks.append("\n".join([
+        '#pragma push_macro("CUVIL_FAIL")',
+        "#undef CUVIL_FAIL",
+        f"#define CUVIL_FAIL(...) do {{ if (!__atomic_exchange_n(&bm_[2], 1, __ATOMIC_RELAXED)) "
+        f"snprintf(bm_msg_, {MESSAGE}, __VA_ARGS__); return; }} while (0)",
+        f"static void {name}(void *vctx, int64_t lo_, int64_t hi_) {{",
+        "  CUVIL_LOCALS((const cuvil_ctx *)vctx)",
+        f"  int64_t *const bm_ = (int64_t *)(A + {base});",
+        f"  char *const bm_msg_ = A + {base + ALIGN};",
+        *outer,
+        "  for (int64_t slot_ = lo_; slot_ < hi_; slot_++) {",
+        f"    char *const slot_a_ = A + {base + HEADER} + slot_ * (int64_t){slot_bytes};",
+        "    cuvil_ctx cuvil_ctx_ = *(const cuvil_ctx *)vctx; cuvil_ctx_.A = slot_a_;",
+        "    { char *A = slot_a_; const int NT = (int)bm_[1]; (void)A; (void)NT;",
+        f"      for (int64_t img_; (img_ = __atomic_fetch_add(&bm_[0], 1, __ATOMIC_RELAXED)) < {images};) {{",
+        *fill,
+        *("      " + ln for ln in lines),
+        "      }",
+        "    }",
+        "  }",
+        "}",
+        '#pragma pop_macro("CUVIL_FAIL")']))
+    return [f"/* {cstr.comment(images)} images, one at a time or one a thread in up to {slots} slots */",
+            "{",
+            f"  int64_t *const bm_ = (int64_t *)(A + {base});",
+            f"  const int slots_ = NT < {slots} ? NT : {slots};",
+            f"  const int side_ = slots_ > 1 && ({images} % slots_ == 0 || {images} >= 4 * slots_);",
+            "  bm_[0] = 0; bm_[1] = side_ ? 1 : NT; bm_[2] = 0;",
+            f"  if (side_) cuvil_parallel_for(slots_, slots_, 1, {name}, (void *)&cuvil_ctx_);",
+            f"  else {name}((void *)&cuvil_ctx_, 0, 1);",
+            f"  if (bm_[2]) CUVIL_FAIL(\"%s\", A + {base + ALIGN});",
+            "}"]

@@ -130,8 +130,9 @@ class Block(nn.Module):
 
 @pytest.mark.parametrize("batch", [2, 3, 6])
 def test_network_matches_torch_at_every_thread_count(batch):
-    """Batch 2 and 6 take one image a thread at 2 threads (6 at 3 too); batch 3 at 2 threads and every
-    batch at 1 thread run one image at a time."""
+    """Batch 2 and 6 take one image a thread at 2 threads (6 at 3 too); batch 3 runs two images side by
+    side and then the third with both threads inside (2 at 3 threads: both side by side on two), and
+    every batch at 1 thread one image at a time."""
     torch.manual_seed(batch)
     model = Block().eval()
     for m in model.modules():

@@ -1622,6 +1622,34 @@ def while_case(op):
     c.check()
 
 
+@case("batch_map")
+def batch_map_case(op):
+    """A body of a conv, a pool, a reduction and a GEMM run image by image: a static batch of 3 (which
+    2 threads cannot halve: one image at a time) and the dynamic dim b (1 and 6 images), two inputs and
+    two outputs, one of them an input returned unchanged."""
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal((4, 2, 3, 3)) * 0.5).astype(np.float32)
+    m = rng.standard_normal((4, 3)).astype(np.float32)
+    types = [((1, 2, 6, 6), "float32"), ((1, 4), "float32")]
+
+    def body(g, x, v):
+        y = g.add("relu", [g.add("conv", [x, g.const(w)], {"pads": [(1, 1), (1, 1)]})])
+        y = g.add("max_pool", [y], {"kernel": [2, 2], "strides": [2, 2]})
+        pooled = g.add("reduce_mean", [y], {"axes": [2, 3], "keepdims": False})
+        return [g.add("matmul", [g.add("add", [pooled, v]), g.const(m)]), x]
+    region = {"body_graph": _region(types, body)}
+    for batch in (3, B):
+        c = Case(runs=2 if batch == B else 1, symbols=SYMS)
+        if batch == B:
+            x, v = c.input(dyn(c.rng, (B, 2, 6, 6), "float32"), (B, 2, 6, 6)), c.input(dyn(c.rng, (B, 4), "float32"), (B, 4))
+        else:
+            x, v = c.input(rand(c.rng, (3, 2, 6, 6), "float32")), c.input(rand(c.rng, (3, 4), "float32"))
+        y, same = c.add(op, [x, v], dict(region))
+        c.out(y, f"conv, pool, mean and GEMM per image (batch {batch})")
+        c.out(same, "an input returned")
+        c.check()
+
+
 @case("kv_update")
 def kv_update(op):
     """The cache is updated in place: the op's output is its first input's buffer."""

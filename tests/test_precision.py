@@ -10,6 +10,7 @@ import torch
 
 import cuvil
 from cuvil.accuracy import TOLERANCE
+from cuvil.ir.graph import nodes_within
 from cuvil.target import has_features
 
 from . import models
@@ -121,7 +122,7 @@ def test_digits_classifier_int8_within_one_point():
         assert cuvil.load(cm.path).manifest["precision_ops"] == {
             **convs, "matmul: int8 weights, int8 activations (integer dot)": 2}
         if cm.graph is not None:         # compiled here, not a cache hit: the calibrated range is the conv's
-            ranges = [n.attrs["int8_range"] for n in cm.graph.nodes if n.op == "conv" and n.attrs.get("int8_act")]
+            ranges = [n.attrs["int8_range"] for n in nodes_within(cm.graph) if n.op == "conv" and n.attrs.get("int8_act")]
             assert bool(ranges) == integer_convs and all((r is not None) == bool(calibration) for r in ranges)
 
 

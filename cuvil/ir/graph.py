@@ -169,5 +169,14 @@ class Graph:
 
 
 def regions(node):
-    """(attribute, Graph) of each subgraph a node holds (cond's branches, while_loop's cond and body)."""
+    """(attribute, Graph) of each subgraph a node holds (cond's branches, while_loop's cond and body,
+    batch_map's body)."""
     return [(k, v) for k, v in node.attrs.items() if isinstance(v, Graph)]
+
+
+def nodes_within(graph):
+    """The graph's nodes, each followed by those of the regions it holds, depth first."""
+    for n in graph.nodes:
+        yield n
+        for _, sub in regions(n):
+            yield from nodes_within(sub)

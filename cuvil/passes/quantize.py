@@ -30,7 +30,7 @@ import numpy as np
 
 from ..errors import CuvilError, QuantizationError
 from ..ir import interpreter, quant
-from ..ir.graph import Node
+from ..ir.graph import Node, nodes_within
 from ..ir.ops import REGISTRY
 from ..ir.ops.llm import act_block
 
@@ -206,5 +206,6 @@ def describe(node, dot=None) -> str | None:
 def precision_summary(graph, dot=None) -> dict:
     """{"<op>: <format>": count} over the weighted ops (matmuls, convs, attention) of an optimised graph."""
     counts = Counter(f"{'matmul' if n.op.startswith('matmul') else n.op}: {d}"
-                     for n in graph.nodes if (d := describe(n, dot)) is not None)
+                     for n in nodes_within(graph) if (d := describe(n, dot)) is not None)
     return dict(sorted(counts.items()))
+

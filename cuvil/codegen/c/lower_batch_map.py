@@ -2,15 +2,17 @@
 
 The body is one outlined task over "slots": each slot is an arena of its own for one image at a time
 (a table of the image's input and output pointers, then the body's memory plan), and takes the next
-image from a shared counter until none is left. Where there are enough images for the threads, every
-thread runs a slot of its own and its images on one core (each image's maps stay in that core's L2,
-the kernels run single-threaded: no join per layer); otherwise slot 0 runs every image with all the
-threads inside each layer, as the batch-1 network runs.
+image from a shared counter until the phase's last. First the images that divide among the threads:
+every thread runs a slot of its own and whole images on its core (an image's maps stay in that core's
+L2, the kernels run single-threaded: no join per layer); then the rest (3 images on 2 threads: the
+third), and every image on one thread, in slot 0 one at a time with all the threads inside each
+layer, as the batch-1 network runs.
 
-The node's scratch: a header (the next image, the threads inside the body, a failure flag and its
-message: a lowering's CUVIL_FAIL, out of memory for bf16 activations, ends the task and the caller
-fails with it), then SLOTS_MAX slots (fewer for a smaller batch). Inside the task `A` is the slot's arena and the body's parallel loops get a context
-whose A is the slot's, so every pointer the body's lowerings write stays relative to `A`."""
+The node's scratch: a header (the next image, the threads inside the body, a failure flag, the
+phase's end, and the failure's message: a lowering's CUVIL_FAIL, such as out of memory for bf16
+activations, ends the task and the caller fails with it), then SLOTS_MAX slots (fewer for a smaller
+batch). Inside the task `A` is the slot's arena and the body's parallel loops get a context whose A is
+the slot's, so every pointer the body's lowerings write stays relative to `A`."""
 from __future__ import annotations
 
 from ...ir import dims as D
@@ -79,7 +81,7 @@ def _batch_map(em, node):
         f"    char *const slot_a_ = A + {base + HEADER} + slot_ * (int64_t){slot_bytes};",
         "    cuvil_ctx cuvil_ctx_ = *(const cuvil_ctx *)vctx; cuvil_ctx_.A = slot_a_;",
         "    { char *A = slot_a_; const int NT = (int)bm_[1]; (void)A; (void)NT;",
-        f"      for (int64_t img_; (img_ = __atomic_fetch_add(&bm_[0], 1, __ATOMIC_RELAXED)) < {images};) {{",
+        "      for (int64_t img_; (img_ = __atomic_fetch_add(&bm_[0], 1, __ATOMIC_RELAXED)) < bm_[3];) {",
         *fill,
         *("      " + ln for ln in lines),
         "      }",
@@ -91,9 +93,9 @@ def _batch_map(em, node):
             "{",
             f"  int64_t *const bm_ = (int64_t *)(A + {base});",
             f"  const int slots_ = NT < {slots} ? NT : {slots};",
-            f"  const int side_ = slots_ > 1 && ({images} % slots_ == 0 || {images} >= 4 * slots_);",
-            "  bm_[0] = 0; bm_[1] = side_ ? 1 : NT; bm_[2] = 0;",
-            f"  if (side_) cuvil_parallel_for(slots_, slots_, 1, {name}, (void *)&cuvil_ctx_);",
-            f"  else {name}((void *)&cuvil_ctx_, 0, 1);",
+            f"  const int64_t side_ = slots_ > 1 ? {images} / slots_ * slots_ : 0;",
+            "  bm_[2] = 0;",
+            f"  if (side_) {{ bm_[0] = 0; bm_[1] = 1; bm_[3] = side_; cuvil_parallel_for(slots_, slots_, 1, {name}, (void *)&cuvil_ctx_); }}",
+            f"  if (side_ < {images} && !bm_[2]) {{ bm_[0] = side_; bm_[1] = NT; bm_[3] = {images}; {name}((void *)&cuvil_ctx_, 0, 1); }}",
             f"  if (bm_[2]) CUVIL_FAIL(\"%s\", A + {base + ALIGN});",
             "}"]

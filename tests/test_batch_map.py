@@ -213,3 +213,56 @@ def test_dynamic_batch_runs_as_many_images_as_each_call_brings():
             with torch.no_grad():
                 expected = model(xb).numpy()
             np.testing.assert_allclose(np.asarray(cm(xb)), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("calibrated", [True, False])
+def test_int8_network_per_image_equals_batched(calibrated, monkeypatch, tmp_path):
+    """precision="int8": calibrated, integer convs pass bytes to the next (int8_out / int8_in) and the
+    prefix never ends between two of them; uncalibrated, each image takes its own range. Image by image
+    and batched (MIN_BYTES out of reach) give the same outputs, and both stay within int8's error of
+    torch."""
+    torch.manual_seed(11)
+    model = nn.Sequential(nn.Conv2d(3, 32, 3, 1, 1), nn.ReLU(), nn.Conv2d(32, 32, 3, 1, 1), nn.ReLU(),
+                          nn.Conv2d(32, 64, 1), nn.ReLU(), nn.Conv2d(64, 32, 3, 2, 1), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10)).eval()
+    x = torch.randn(4, 3, 24, 24)
+    with torch.no_grad():
+        expected = model(x).numpy()
+    calibration = [torch.randn(4, 3, 24, 24)] if calibrated else None
+    outs = {}
+    for split in (True, False):
+        monkeypatch.setattr(batch_map, "MIN_BYTES", 0 if split else 1 << 62)
+        cm = cuvil.compile(model, (x,), precision="int8", calibration_data=calibration,
+                           cache_dir=tmp_path / str(split))         # (the source cache would give the first)
+        assert (cm.module.manifest["node_ops"][0] == "batch_map") == split
+        for threads in (1, 2):
+            cm.set_num_threads(threads)
+            outs[split, threads] = np.asarray(cm(x))
+    scale = float(np.abs(expected).max())
+    for key, got in outs.items():
+        np.testing.assert_allclose(got, outs[False, 1], rtol=1e-5, atol=1e-5 * scale)
+        assert float(np.abs(got - expected).max()) < 0.05 * scale, key
+
+
+def test_prefix_never_ends_between_convs_that_pass_bytes():
+    """conv1 stores its output as conv2's input bytes (calibrated int8), and a mean over the images sits
+    between them in the node order, so the prefix would end after conv1 with its bytes as an output of
+    the region: it ends before conv1 instead (here: nothing left to take)."""
+    from .util import compile_graph
+    rng = np.random.default_rng(5)
+    g = Graph()
+    x = Value(TensorType((3, 32, 24, 24), "float32"), "x")
+    g.inputs = [x]
+    y = conv(g, rng, x, 32)
+    mean = g.add("reduce_mean", [x], {"axes": [0], "keepdims": True})
+    g.outputs = [conv(g, rng, y, 32, 3), mean]
+    inputs = [f32(rng, 3, 32, 24, 24)]
+    expected = interpreter.run(copy.deepcopy(g), *inputs)
+    cm = compile_graph(g, precision="int8", calibration_data=[[f32(rng, 3, 32, 24, 24)]])
+    linked = "int8_out" in str(cm.graph) if cm.graph is not None else False
+    if linked:
+        assert cm.module.manifest["node_ops"][0] != "batch_map"
+    got = cm.run(*inputs)
+    scale = float(np.abs(expected[0]).max())
+    assert float(np.abs(got[0] - expected[0]).max()) < 0.05 * scale
+    np.testing.assert_allclose(got[1], expected[1], rtol=1e-5, atol=1e-5)

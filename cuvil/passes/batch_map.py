@@ -12,7 +12,8 @@ Only batches whose largest map in the prefix is MIN_BYTES or more are split (sma
 either way, and an image's GEMMs are smaller than the batch's), and only networks with a conv there: a transformer's matmuls read their weights once
 for all rows of a batch, and an image's rows are few. The prefix stops at the first node that is not
 in SEPARABLE (or pointwise), couples images (an axis over dim 0; a rank-2 matmul: the classifier
-reads its weights once for the whole batch), or takes a batched input as a weight."""
+reads its weights once for the whole batch), or takes a batched input as a weight, and never between
+two integer convs that pass bytes."""
 from __future__ import annotations
 
 from ..errors import GraphError
@@ -45,16 +46,10 @@ def _matmul_per_image(node):
     return len(node.inputs[0].type.shape) >= 3
 
 
-def _plain_conv(node):
-    """Not linked to a neighbouring integer conv by bytes (int8_out / int8_in store a value as a padded
-    byte image, not as its type says)."""
-    return node.attrs.get("int8_out") is None and not node.attrs.get("int8_in")
-
-
 # op -> (input positions that must be constants, attribute check or None); pointwise kinds take
 # (), None with every batched input of the output's rank (broadcasting aligns dims from the right)
 SEPARABLE = {
-    "conv": ((1, 2), _plain_conv),
+    "conv": ((1, 2), None),
     "max_pool": ((), None),
     "avg_pool": ((), None),
     "relayout": ((), None),
@@ -117,6 +112,26 @@ def _body(prefix, inputs, outputs, symbols):
                  symbols=dict(symbols))
 
 
+def _outputs(graph, prefix):
+    """The prefix's values read after it (or returned)."""
+    rest = graph.nodes[len(prefix):]
+    read_after = {id(i) for nd in rest for i in nd.inputs if i is not None} | {id(o) for o in graph.outputs}
+    return [o for nd in prefix for o in nd.outputs if id(o) in read_after]
+
+
+def _cut_between_linked_convs(graph, prefix):
+    """(prefix, its outputs) with no output that an integer conv stores as the next one's padded byte
+    image (passes/quantize.link_int8_convs: int8_out; its place holds no image-sized run of floats):
+    the prefix ends before such a conv, so both convs of a linked pair stay on one side."""
+    while True:
+        outputs = _outputs(graph, prefix)
+        linked = {id(o) for o in outputs if o.producer is not None and o.producer.attrs.get("int8_out") is not None}
+        cut = next((i for i, nd in enumerate(prefix) if any(id(o) in linked for o in nd.outputs)), None)
+        if cut is None:
+            return prefix, outputs
+        prefix = prefix[:cut]
+
+
 def batch_dim(graph):
     """The first input's dim 0, where it can hold two images or more: a number, or a dynamic dim's
     symbol (the C code then loops over as many images as the call brings)."""
@@ -137,7 +152,9 @@ def run(graph):
         if not separable(nd, n):
             break
         prefix.append(nd)
-    if not any(nd.op == "conv" for nd in prefix) or max(value_bytes(o, graph.symbols) for nd in prefix for o in nd.outputs) < MIN_BYTES:
+    prefix, outputs = _cut_between_linked_convs(graph, prefix)
+    if not outputs or not any(nd.op == "conv" for nd in prefix) or \
+            max(value_bytes(o, graph.symbols) for nd in prefix for o in nd.outputs) < MIN_BYTES:
         return graph
     rest = graph.nodes[len(prefix):]
     made = {id(o) for nd in prefix for o in nd.outputs}
@@ -147,10 +164,6 @@ def run(graph):
             if v is not None and not v.is_const and id(v) not in made and id(v) not in seen:
                 seen.add(id(v))
                 inputs.append(v)
-    read_after = {id(i) for nd in rest for i in nd.inputs if i is not None} | {id(o) for o in graph.outputs}
-    outputs = [o for nd in prefix for o in nd.outputs if id(o) in read_after]
-    if not outputs:
-        return graph
     body = _body(prefix, inputs, outputs, graph.symbols)
     try:
         body.verify()

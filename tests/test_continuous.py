@@ -177,15 +177,16 @@ def test_paced_prefill_chunks_follow_the_step_time(llm, monkeypatch):
         real(job)
     batcher._prefill_chunk = spy
     try:
-        seqs = [batcher.submit(p, 50) for p in (PROMPTS[0], PROMPTS[2])] + [batcher.submit(long_prompt, 6)]
-        got = [list(s) for s in seqs]
+        seqs = [iter(batcher.submit(p, 50)) for p in (PROMPTS[0], PROMPTS[2])]
+        first = next(seqs[0])            # a stream decodes: the long prompt arrives while it does
+        seqs.append(iter(batcher.submit(long_prompt, 6)))
+        got = [[first] + list(seqs[0])] + [list(s) for s in seqs[1:]]
     finally:
         batcher.close()
     assert got == alone
-    # whole chunks while nothing decodes, chunks of int(5.5) = 5 while a stream does; the prompts are read
-    # oldest first, so at least the long one is read while the 9-token one decodes. (Which chunks find a
-    # stream decoding depends on when the prompts reach the scheduler: the first prompt's 50 tokens may be
-    # done before the others arrive on a loaded host.)
+    # whole chunks while nothing decodes, chunks of int(5.5) = 5 while a stream does; the long prompt is
+    # submitted once the first stream has given a token, so it is read while that stream decodes (on a
+    # loaded host, submitted with the others, it had been read before any stream decoded)
     assert sizes[0] == (32, False), sizes
     assert all(n == (5 if decoding else 32) for n, decoding in sizes), sizes
     assert sum(decoding for _, decoding in sizes) >= 8, sizes

@@ -266,3 +266,36 @@ def test_prefix_never_ends_between_convs_that_pass_bytes():
     scale = float(np.abs(expected[0]).max())
     assert float(np.abs(got[0] - expected[0]).max()) < 0.05 * scale
     np.testing.assert_allclose(got[1], expected[1], rtol=1e-5, atol=1e-5)
+
+
+def test_hostile_onnx_names_through_the_per_image_body(tmp_path):
+    """Trust boundary: an ONNX conv net whose node, value and dynamic-dim names and doc strings are C
+    attacks, split image by image (the body's comments carry its nodes' locations, the loop bound the
+    batch's name): the attack reaches the C code only inside comments and literals, runs nothing, and
+    the answer is ONNX Runtime's."""
+    pytest.importorskip("onnx", reason="builds an ONNX model with hostile names")
+    ort = pytest.importorskip("onnxruntime", reason="ONNX Runtime is the oracle")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from .test_codegen_escaping import _code_only
+    canary = tmp_path / "pwned"
+    attack = f'*/ system("touch {canary}"); /*'
+    rng = np.random.default_rng(9)
+    w = numpy_helper.from_array(f32(rng, 8, 3, 3, 3) * 0.3, name="w" + attack)
+    nodes = [helper.make_node("Conv", ["x" + attack, w.name], ["c\n" + attack], name=attack, doc_string=attack,
+                              pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c\n" + attack], ["y%n" + attack], name="??/" + attack)]
+    dim = 'b"' + attack
+    g = helper.make_graph(nodes, attack, [helper.make_tensor_value_info("x" + attack, TensorProto.FLOAT, [dim, 3, 12, 12])],
+                          [helper.make_tensor_value_info("y%n" + attack, TensorProto.FLOAT, [dim, 8, 12, 12])],
+                          initializer=[w], doc_string=attack)
+    data = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    feed = f32(rng, 3, 3, 12, 12)
+    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x" + attack: feed})[0]
+    cm = cuvil.compile(data, dynamic_shapes={"x" + attack: {0: ("batch", 1, 4)}})
+    assert "batch_map" in cm.module.manifest["node_ops"]
+    assert "system" not in _code_only(cm.c_source)           # only ever inside comments and literals
+    for threads in (1, 2):
+        cm.set_num_threads(threads)
+        np.testing.assert_allclose(cm.run(feed)[0], want, rtol=1e-4, atol=1e-4)
+    assert not canary.exists()

@@ -90,10 +90,15 @@ def separable(node, n) -> bool:
     return all(_batched(o, n) for o in node.outputs) and (check is None or check(node))
 
 
-def _per_image(v: Value) -> Value:
-    out = Value(TensorType((1, *v.type.shape[1:]), v.type.dtype))
+def _like(v: Value, batch) -> Value:
+    """A new value of v's type and layout with `batch` images."""
+    out = Value(TensorType((batch, *v.type.shape[1:]), v.type.dtype))
     out.layout = v.layout
     return out
+
+
+def _per_image(v: Value) -> Value:
+    return _like(v, 1)
 
 
 def _body(prefix, inputs, outputs, symbols):
@@ -158,21 +163,13 @@ def run(graph):
         return graph
     rest = graph.nodes[len(prefix):]
     made = {id(o) for nd in prefix for o in nd.outputs}
-    inputs, seen = [], set()
-    for nd in prefix:
-        for v in nd.inputs:
-            if v is not None and not v.is_const and id(v) not in made and id(v) not in seen:
-                seen.add(id(v))
-                inputs.append(v)
+    inputs = list({id(v): v for nd in prefix for v in nd.inputs
+                   if v is not None and not v.is_const and id(v) not in made}.values())     # first use first
     body = _body(prefix, inputs, outputs, graph.symbols)
     try:
         body.verify()
     except GraphError:       # an op whose attributes still name the batch: left batched
         return graph
-    outer = []
-    for o in outputs:
-        v = Value(o.type)
-        v.layout = o.layout
-        outer.append(v)
+    outer = [_like(o, n) for o in outputs]
     graph.nodes = [Node("batch_map", inputs, {"body_graph": body}, outer)] + rest
     return replace_uses(graph, {id(o): v for o, v in zip(outputs, outer)})

@@ -40,6 +40,7 @@ def optimize(graph, fusion_level=2, *, backend, layout="nchw", precision="fp32",
         "layout": lambda g: layout_pass.run(g, layout),
         "quantize": lambda g: quantize.run(g, precision, int8_convs, calibration, calibration_method),
         "link_int8": lambda g: quantize.link_int8_convs(g, backend),
+        "batch_map": batch_map.run,
     }
     order = ["cleanup", "legalize"] if fusion_level == 0 else \
         ["cleanup", "fold", "simplify", "cleanup", "fold", "cleanup", "legalize", "fuse"]
@@ -49,22 +50,22 @@ def optimize(graph, fusion_level=2, *, backend, layout="nchw", precision="fp32",
         order.append("layout")
         if precision == "int8" and int8_convs:
             order.append("link_int8")
-    for name in order:
+    def apply(name, graph):
         graph = passes[name](graph)
         if verify:
             graph.verify()
         if log:
             log(name, graph)
+        return graph
+
+    for name in order:
+        graph = apply(name, graph)
     for n in graph.nodes:          # control flow: each region is a graph of its own, kept in NCHW
         for k, sub in regions(n):
             n.attrs[k] = optimize(sub, fusion_level, backend=backend, precision=precision, int8_convs=int8_convs,
                                   verify=verify, log=log)
     if fusion_level > 0:           # last: its body is the optimized prefix, not a region to optimize again
-        graph = batch_map.run(graph)
-        if verify:
-            graph.verify()
-        if log:
-            log("batch_map", graph)
+        graph = apply("batch_map", graph)
     return graph
 
 

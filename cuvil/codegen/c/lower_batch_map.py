@@ -17,16 +17,14 @@ from __future__ import annotations
 
 from ...ir import dims as D
 from . import cstr
-from .emit import Emitter, bind_io, emit_body, lowering
+from .emit import lowering
+from .lower_control import ALIGN, align, region_body, scratch_base
 
-ALIGN = 64
 SLOTS_MAX = 8         # images run side by side at most (one per thread): the memory of 8 batch-1 plans
 MESSAGE = 512         # bytes of a failure's message (as cuvil_err's)
 HEADER = ALIGN + MESSAGE
-
-
-def _align(n):
-    return (n + ALIGN - 1) // ALIGN * ALIGN
+# the header's int64 words: the next image, threads inside the body, failed, the phase's end
+NEXT, THREADS, FAILED, END = (f"bm_[{i}]" for i in range(4))
 
 
 def _layout(node, bounds):
@@ -36,9 +34,9 @@ def _layout(node, bounds):
     from ...passes.pipeline import plan_memory
     body = node.attrs["body_graph"]
     plan = plan_memory(body, C_BACKEND)
-    table = _align(8 * (len(body.inputs) + len(body.outputs)))
+    table = align(8 * (len(body.inputs) + len(body.outputs)))
     slots = min(D.upper_bound(node.inputs[0].type.shape[0], bounds), SLOTS_MAX)
-    return plan, slots, table, _align(table + plan.arena_bytes)
+    return plan, slots, table, align(table + plan.arena_bytes)
 
 
 def _scratch(node, bounds):
@@ -55,22 +53,18 @@ def _batch_map(em, node):
     body = node.attrs["body_graph"]
     plan, slots, table, slot_bytes = _layout(node, em.graph.symbols)
     images = D.to_c(node.inputs[0].type.shape[0])
-    base = em.shift + em.plan.scratch[em.node_index][0]
+    base = scratch_base(em)
     vals = list(node.inputs) + list(node.outputs)
     consts = ["const "] * len(node.inputs) + [""] * len(node.outputs)
     ptr_in_table = [f"(({c}{em.ctype(v)} *)((void *const *)A)[{k}])" for k, (v, c) in enumerate(zip(vals, consts))]
-    sub = Emitter(body, plan, em.weights, target=em.target, tasks=em.tasks, weights_cached=em.weights_cached,
-                  shift=table)
-    copies = bind_io(sub, ptr_in_table[:len(node.inputs)], ptr_in_table[len(node.inputs):])
-    lines = []
-    emit_body(sub, body, lines, copies)
+    lines = region_body(em, body, plan, table, ptr_in_table[:len(node.inputs)], ptr_in_table[len(node.inputs):])
     name = f"cuvil_task_{len(em.tasks)}"
     outer = [f"  {c}{em.ctype(v)} *const bm{k}_ = {em.ptr(v)};" for k, (v, c) in enumerate(zip(vals, consts))]
     fill = [f"        ((const void **)A)[{k}] = bm{k}_ + img_ * {_image_elems(v)};" for k, v in enumerate(vals)]
     em.tasks.append("\n".join([
         '#pragma push_macro("CUVIL_FAIL")',
         "#undef CUVIL_FAIL",
-        f"#define CUVIL_FAIL(...) do {{ if (!__atomic_exchange_n(&bm_[2], 1, __ATOMIC_RELAXED)) "
+        f"#define CUVIL_FAIL(...) do {{ if (!__atomic_exchange_n(&{FAILED}, 1, __ATOMIC_RELAXED)) "
         f"snprintf(bm_msg_, {MESSAGE}, __VA_ARGS__); return; }} while (0)",
         f"static void {name}(void *vctx, int64_t lo_, int64_t hi_) {{",
         "  CUVIL_LOCALS((const cuvil_ctx *)vctx)",
@@ -80,8 +74,8 @@ def _batch_map(em, node):
         "  for (int64_t slot_ = lo_; slot_ < hi_; slot_++) {",
         f"    char *const slot_a_ = A + {base + HEADER} + slot_ * (int64_t){slot_bytes};",
         "    cuvil_ctx cuvil_ctx_ = *(const cuvil_ctx *)vctx; cuvil_ctx_.A = slot_a_;",
-        "    { char *A = slot_a_; const int NT = (int)bm_[1]; (void)A; (void)NT;",
-        "      for (int64_t img_; (img_ = __atomic_fetch_add(&bm_[0], 1, __ATOMIC_RELAXED)) < bm_[3];) {",
+        f"    {{ char *A = slot_a_; const int NT = (int){THREADS}; (void)A; (void)NT;",
+        f"      for (int64_t img_; (img_ = __atomic_fetch_add(&{NEXT}, 1, __ATOMIC_RELAXED)) < {END};) {{",
         *fill,
         *("      " + ln for ln in lines),
         "      }",
@@ -94,8 +88,10 @@ def _batch_map(em, node):
             f"  int64_t *const bm_ = (int64_t *)(A + {base});",
             f"  const int slots_ = NT < {slots} ? NT : {slots};",
             f"  const int64_t side_ = slots_ > 1 ? {images} / slots_ * slots_ : 0;",
-            "  bm_[2] = 0;",
-            f"  if (side_) {{ bm_[0] = 0; bm_[1] = 1; bm_[3] = side_; cuvil_parallel_for(slots_, slots_, 1, {name}, (void *)&cuvil_ctx_); }}",
-            f"  if (side_ < {images} && !bm_[2]) {{ bm_[0] = side_; bm_[1] = NT; bm_[3] = {images}; {name}((void *)&cuvil_ctx_, 0, 1); }}",
-            f"  if (bm_[2]) CUVIL_FAIL(\"%s\", A + {base + ALIGN});",
+            f"  {FAILED} = 0;",
+            f"  if (side_) {{ {NEXT} = 0; {THREADS} = 1; {END} = side_; "
+            f"cuvil_parallel_for(slots_, slots_, 1, {name}, (void *)&cuvil_ctx_); }}",
+            f"  if (side_ < {images} && !{FAILED}) {{ {NEXT} = side_; {THREADS} = NT; {END} = {images}; "
+            f"{name}((void *)&cuvil_ctx_, 0, 1); }}",
+            f"  if ({FAILED}) CUVIL_FAIL(\"%s\", A + {base + ALIGN});",
             "}"]

@@ -29,7 +29,7 @@ class RegionPlan:
     total: int
 
 
-def _align(n):
+def align(n):
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
@@ -41,8 +41,8 @@ def _plan(node, bounds) -> RegionPlan:
     slots, off = [], 0
     for v in slot_values:
         slots.append(off)
-        off += _align(max(memplan.value_bytes(v, bounds), 1))
-    arena_off = _align(off)
+        off += align(max(memplan.value_bytes(v, bounds), 1))
+    arena_off = align(off)
     return RegionPlan(slots, arena_off, plans, arena_off + max((p.arena_bytes for p in plans.values()), default=0))
 
 
@@ -70,7 +70,7 @@ def _sub_emitter(em, graph, plan, base):
                    shift=base)
 
 
-def _region_body(em, graph, plan, base, inputs, outputs):
+def region_body(em, graph, plan, base, inputs, outputs):
     """C lines running `graph` with its plan at arena offset `base`, inputs and outputs at the pointer
     expressions given."""
     sub = _sub_emitter(em, graph, plan, base)
@@ -80,7 +80,7 @@ def _region_body(em, graph, plan, base, inputs, outputs):
     return lines
 
 
-def _scratch_base(em) -> int:
+def scratch_base(em) -> int:
     """Where the node's scratch starts (a region that needs none asked for 0 bytes and got no place)."""
     off, _ = em.plan.scratch.get(em.node_index, (0, 0))
     return em.shift + off
@@ -93,27 +93,27 @@ def _bytes(v):
 @lowering("cond", scratch=_scratch)
 def _cond(em, node):
     rp = _plan(node, em.graph.symbols)
-    base = _scratch_base(em)
+    base = scratch_base(em)
     arena = base + rp.arena_offset
     ins = [em.ptr(v) for v in node.inputs[1:]]
     outs = [em.ptr(o) for o in node.outputs]
-    then_lines = _region_body(em, node.attrs["then_graph"], rp.plans["then_graph"], arena, ins, outs)
-    else_lines = _region_body(em, node.attrs["else_graph"], rp.plans["else_graph"], arena, ins, outs)
+    then_lines = region_body(em, node.attrs["then_graph"], rp.plans["then_graph"], arena, ins, outs)
+    else_lines = region_body(em, node.attrs["else_graph"], rp.plans["else_graph"], arena, ins, outs)
     return [f"if (*{em.ptr(node.inputs[0])}) {{", *then_lines, "} else {", *else_lines, "}"]
 
 
 @lowering("while_loop", scratch=_scratch)
 def _while(em, node):
     rp = _plan(node, em.graph.symbols)
-    base = _scratch_base(em)
+    base = scratch_base(em)
     arena = base + rp.arena_offset
     n = node.attrs["carried"]
     slot_vals = _slot_values(node)
     slot = [f"(({em.ctype(v)} *)(A + {base + off}))" for v, off in zip(slot_vals, rp.slots)]
     carried, nxt, flag = slot[:n], slot[n:2 * n], slot[2 * n]
     extra = [em.ptr(v) for v in node.inputs[n:]]
-    cond_lines = _region_body(em, node.attrs["cond_graph"], rp.plans["cond_graph"], arena, carried + extra, [flag])
-    body_lines = _region_body(em, node.attrs["body_graph"], rp.plans["body_graph"], arena, carried + extra, nxt)
+    cond_lines = region_body(em, node.attrs["cond_graph"], rp.plans["cond_graph"], arena, carried + extra, [flag])
+    body_lines = region_body(em, node.attrs["body_graph"], rp.plans["body_graph"], arena, carried + extra, nxt)
     lines = [f"memcpy({c}, {em.ptr(v)}, (size_t)({_bytes(v)}));" for c, v in zip(carried, node.inputs[:n])]
     lines += ["for (;;) {", *cond_lines, f"  if (!*{flag}) break;", *body_lines]
     lines += [f"  memcpy({c}, {x}, (size_t)({_bytes(v)}));" for c, x, v in zip(carried, nxt, node.inputs[:n])]

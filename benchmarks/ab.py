@@ -71,12 +71,19 @@ def _build(workload: str, batch: int):
     return CNNS[workload](batch)
 
 
-def save(workload: str, path: str, target: str = "native", precision: str = "fp32", batch: int = 1):
+CALIBRATION_IMAGES = 8        # --calibrated: random inputs as benchmarks.int8_cnn calibrates on
+
+
+def save(workload: str, path: str, target: str = "native", precision: str = "fp32", batch: int = 1,
+         calibrated: bool = False):
     import cuvil
+    import torch
     model, inputs = _build(workload, batch)
-    cuvil.compile(model, inputs, num_threads=1, target=target, precision=precision,
+    torch.manual_seed(1)
+    calibration = [[torch.randn(*x.shape) for x in inputs] for _ in range(CALIBRATION_IMAGES)] if calibrated else None
+    cuvil.compile(model, inputs, num_threads=1, target=target, precision=precision, calibration_data=calibration,
                   cache_dir=tempfile.mkdtemp()).save(path)
-    print(f"saved {workload} ({target}, {precision}) to {path}")
+    print(f"saved {workload} ({target}, {precision}{', calibrated' if calibrated else ''}) to {path}")
 
 
 def compare(workload: str, paths: list, threads: int, rounds: int, burst: float, batch: int = 1):
@@ -110,6 +117,8 @@ def main(argv=None):
     ap.add_argument("--target", default="native",
                     help="with --save: the target to build for (x86_64-avx2 measures the AVX2 kernels on a newer x86)")
     ap.add_argument("--precision", default="fp32", help="with --save: compile's precision (int8: dynamic, no calibration)")
+    ap.add_argument("--calibrated", action="store_true",
+                    help=f"with --save and int8: ranges calibrated on {CALIBRATION_IMAGES} random inputs")
     ap.add_argument("--batch", type=int, default=1, help="a CNN workload's batch (save and compare alike)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=15)
@@ -117,7 +126,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     llm = a.workload == LLM_WORKLOAD
     if a.save:
-        (save_llm if llm else lambda p: save(a.workload, p, a.target, a.precision, a.batch))(a.paths[0])
+        (save_llm if llm else lambda p: save(a.workload, p, a.target, a.precision, a.batch, a.calibrated))(a.paths[0])
     elif llm:
         compare_llm(a.paths, a.threads, a.rounds)
     else:

@@ -32,7 +32,8 @@ class DotOut(ctypes.Structure):
                 ("residual", ctypes.c_void_p), ("scale_col", ctypes.c_void_p), ("nb", ctypes.c_int64),
                 ("ldn", ctypes.c_int64), ("ldm", ctypes.c_int64), ("res_ldm", ctypes.c_int64),
                 ("alpha", ctypes.c_float), ("act", ctypes.c_int), ("bytes", ctypes.c_void_p), ("row0", ctypes.c_int64),
-                ("col0", ctypes.c_int64)]
+                ("col0", ctypes.c_int64), ("res_q", ctypes.c_void_p), ("res_ld", ctypes.c_int64),
+                ("res_scale", ctypes.c_float), ("res_shift", ctypes.c_float)]
 
 
 @pytest.fixture(scope="module", params=list(BUILDS))
@@ -185,7 +186,7 @@ def test_blocked_conv_matches_integer_arithmetic(lib, k, stride, pad, dil, cin, 
     wq = int8_filter_panels(w, groups)
     terms = filter_terms(filters_as_b(w))
     r = None if rng_ is None else np.array(rng_, np.float32)
-    assert lib.cuvil_conv_blocked_int8(ctypes.byref(s), _ptr(xb), _ptr(wq), _ptr(terms), _ptr(bias), _ptr(rb), _ptr(r),
+    assert lib.cuvil_conv_blocked_int8(ctypes.byref(s), _ptr(xb), _ptr(wq), _ptr(terms), _ptr(bias), _ptr(rb), None, _ptr(r),
                                        int(nchw), _ptr(y), 0, None, None, ACT_CODES["relu"], _ptr(scratch), 2) == 0
     got = _unblocked(y, B)
 
@@ -207,9 +208,11 @@ def test_blocked_conv_matches_integer_arithmetic(lib, k, stride, pad, dil, cin, 
             assert np.abs(got[n] - ref).max() <= 0.03 * np.abs(ref).max()
 
 
-def _int8_conv(lib, x, w, bias, stride, pad, groups, rng_, kind, out_image=None, out_range=None, res=None, hw=None):
+def _int8_conv(lib, x, w, bias, stride, pad, groups, rng_, kind, out_image=None, out_range=None, res=None, hw=None,
+               res_range=None):
     """cuvil_conv_blocked_int8 on x ([N, C, H, W] floats, blocked here; or kind 2: the byte images of an
-    H x W map, hw) -> its output, blocked floats or (out_image) the next conv's byte images."""
+    H x W map, hw) -> its output, blocked floats or (out_image) the next conv's byte images; the residual
+    res: [N, O, OH, OW] floats, or with res_range its bytes over that range, pixel-major per image."""
     B = lib.block
     N, C, H, W = x.shape if kind != 2 else (x.shape[0], w.shape[1] * groups, *hw)
     O, k = w.shape[0], w.shape[2]
@@ -223,7 +226,9 @@ def _int8_conv(lib, x, w, bias, stride, pad, groups, rng_, kind, out_image=None,
     xb = x if kind == 2 else _blocked(x, B)
     assert lib.cuvil_conv_blocked_int8(
         ctypes.byref(s), _ptr(xb), _ptr(int8_filter_panels(w, groups)), _ptr(filter_terms(filters_as_b(w))),
-        _ptr(bias), _ptr(None if res is None else _blocked(res, B)), _ptr(np.array(rng_, np.float32)), kind, _ptr(y),
+        _ptr(bias), _ptr(None if res is None else res if res_range is not None else _blocked(res, B)),
+        _ptr(None if res_range is None else np.array(res_range, np.float32)), _ptr(np.array(rng_, np.float32)),
+        kind, _ptr(y),
         0, _ptr(img), _ptr(orng), ACT_CODES["relu"], _ptr(scratch), 2) == 0
     return y
 
@@ -259,6 +264,39 @@ def test_conv_writes_the_next_convs_input_bytes(lib, k2, stride2, pad2, groups2,
     got = _int8_conv(lib, bytes_, w2, b2, stride2, pad2, groups2, r2, 2, hw=hw)
     assert not np.isnan(want).any()
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("k,stride,groups,bytes_out", [
+    (1, 1, 1, False),                  # a ResNet block's last conv: floats out
+    (1, 1, 1, True),                   # ... and the next block's bytes out (the folded clamp)
+    (3, 2, 1, False),                  # gathered, strided
+    (3, 1, 2, True),                   # grouped
+])
+def test_residual_as_bytes_equals_its_floats(lib, k, stride, groups, bytes_out):
+    """A residual read as the bytes an integer conv wrote (res_range: kernels/dot_out.h widens them in the
+    epilogue) gives what the same conv gives with those bytes' float values as its residual: the floats
+    to float rounding, the bytes out to one step (the multiply-adds fold the map differently)."""
+    B = lib.block
+    C, O, H, W = 2 * B, 4 * B, 9, 11         # each group's channels whole blocks
+    rng = np.random.default_rng(k * 10 + stride + groups)
+    x = rng.standard_normal((2, C, H, W)).astype(np.float32)
+    w = (rng.standard_normal((O, C // groups, k, k)) * 0.2).astype(np.float32)
+    bias = rng.standard_normal(O).astype(np.float32)
+    pad = k // 2
+    OH, OW = (H + 2 * pad - k) // stride + 1, (W + 2 * pad - k) // stride + 1
+    r_range = [-1.5, 4.0]
+    q, scale, zero = _byte_map(rng.standard_normal((2, O, OH, OW)).astype(np.float32) * 2, r_range, lib.levels)
+    res_bytes = np.ascontiguousarray(q.transpose(0, 2, 3, 1)).astype(np.uint8).reshape(2, -1)   # pixel-major
+    res_floats = ((q - zero) * scale).astype(np.float32)
+    out = dict(out_image=[OH, OW, 0, 0], out_range=[0.0, 5.0]) if bytes_out else {}
+    want = _int8_conv(lib, x, w, bias, stride, pad, groups, [-3.0, 3.0], 0, res=res_floats, **out)
+    got = _int8_conv(lib, x, w, bias, stride, pad, groups, [-3.0, 3.0], 0, res=res_bytes, res_range=r_range, **out)
+    if bytes_out:
+        diff = np.abs(got.astype(np.int32) - want.astype(np.int32))
+        assert diff.max() <= 1 and (diff > 0).mean() < 0.01 and len(np.unique(want)) > 100
+    else:
+        assert not np.isnan(got).any()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("k,stride,pad,dil,cin,cout,hw", [
@@ -323,6 +361,8 @@ def test_int8_range_is_checked(bad):
     {"int8_out": [16, 16, 1, 1], "int8_out_range": ["a", 1.0]},      # found by the fuzz: had been a TypeError
     {"int8_in": 1},                                                  # bytes in need the range they are on
     {"int8_in": 2, "int8_range": [0.0, 1.0]},
+    {"int8_res_range": [0.0, 1.0]},                                  # no residual to read as bytes
+    {"int8_res_range": [2.0, 1.0]},
 ])
 def test_int8_links_are_checked(attrs):
     """The byte links between convs reach the generated code as constants (the image's extent, the
@@ -336,7 +376,7 @@ def test_int8_links_are_checked(attrs):
     types = [TensorType((1, 16, 4, 4), "float32"), TensorType((16, 16, 1, 1), "float32")]
     op.infer(types, {**base, "int8_out": [6, 6, 1, 1], "int8_out_range": [-1.0, 2.0]}, [None, None])
     op.infer(types, {**base, "int8_in": 1, "int8_range": [0.0, 2.0]}, [None, None])
-    with pytest.raises(ShapeError, match="int8_out|int8_in"):
+    with pytest.raises(ShapeError, match="int8_out|int8_in|int8_res_range"):
         op.infer(types, {**base, **attrs}, [None, None])
 
 
@@ -413,6 +453,69 @@ def test_calibrated_convs_pass_bytes_along(target, tmp_path, monkeypatch):
     assert np.abs(got - want).max() <= 0.04 * np.abs(want).max()
 
 
+def _bottlenecks():
+    """Three ResNet bottlenecks (the second strided, with a projection): block outputs read by the next
+    block's first conv, its projection and its last conv's residual."""
+    import torch
+    from torch import nn
+
+    def block(cin, mid, cout, stride):
+        return nn.ModuleList([nn.Conv2d(cin, mid, 1), nn.Conv2d(mid, mid, 3, stride, 1), nn.Conv2d(mid, cout, 1)])
+
+    def run(b, x, res):
+        return torch.relu(b[2](torch.relu(b[1](torch.relu(b[0](x))))) + res)
+
+    class Bottlenecks(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem, self.proj = nn.Conv2d(16, 64, 1), nn.Conv2d(64, 128, 1, 2)
+            self.b1, self.b2, self.b3 = block(64, 32, 64, 1), block(64, 32, 128, 2), block(128, 32, 128, 1)
+
+        def forward(self, x):
+            h = torch.relu(self.stem(x))
+            h = run(self.b1, h, h)
+            h = run(self.b2, h, self.proj(h))
+            return run(self.b3, h, h)
+    return Bottlenecks().eval()
+
+
+@pytest.mark.parametrize("target,threads,batch", [("native", 1, 1), ("native", 2, 1), ("native", 2, 3),
+                                                  ("x86_64-avx2", 2, 1)])
+def test_block_outputs_pass_as_bytes(target, threads, batch, tmp_path, monkeypatch):
+    """Calibrated ResNet bottlenecks: each block's output is stored once as bytes that the next block's
+    first conv and projection read as input and its last conv widens as its residual (int8_res_range;
+    passes/quantize.link_int8_convs); within int8's error of torch, and of the same model with no links, at
+    1 and 2 threads and a batch (image by image, passes/batch_map.py). With VNNI every conv after the
+    stem reads bytes; built for AVX2 the stride-1 3x3 convs keep fp32 Winograd and link nowhere."""
+    import torch
+
+    import cuvil
+    from cuvil.codegen.c.lower_int8dot import int8_conv_kind
+    from cuvil.ir.graph import nodes_within
+    from cuvil.passes import quantize
+    from cuvil.target import has_features
+    kind = int8_conv_kind(target)
+    if not kind or (target != "native" and not has_features("native", ("avx2", "fma"))):
+        pytest.skip(f"this CPU runs no integer convs for {target}")
+    torch.manual_seed(7)
+    m = _bottlenecks()
+    calib = [torch.randn(batch, 16, 14, 14) for _ in range(4)]
+    x = torch.randn(batch, 16, 14, 14)
+    kw = dict(precision="int8", layout="blocked", calibration_data=calib, num_threads=threads, target=target)
+    cm = cuvil.compile(m, (x,), cache_dir=tmp_path / "linked", **kw)
+    convs = [n for n in nodes_within(cm.graph) if n.op == "conv"]
+    assert sum(n.attrs.get("int8_res_range") is not None for n in convs) == 2        # b1's and b3's last convs
+    # AVX2: the stride-1 3x3 convs are Winograd's, outside the chain of bytes (b2's strided one is in it)
+    assert sum(n.attrs.get("int8_in") == 1 for n in convs) == (10 if kind == 2 else 6)
+    monkeypatch.setattr(quantize, "link_int8_convs", lambda graph, backend: graph)
+    plain = cuvil.compile(m, (x,), cache_dir=tmp_path / "plain", **kw)
+    want = m(x).detach().numpy()
+    got, ref = cm(x).numpy(), plain(x).numpy()
+    scale = np.abs(want).max()
+    assert np.abs(got - want).max() <= 0.04 * scale and np.abs(ref - want).max() <= 0.04 * scale
+    assert np.abs(got - ref).max() <= 0.03 * scale and not np.array_equal(got, ref)   # the residuals' bytes: lossy
+
+
 def test_a_conv_applied_twice_keeps_each_calibrated_range(tmp_path):
     """One conv module run twice (one filter constant, two conv nodes) on inputs of very different
     ranges: each node maps its input over its own calibrated range (the packed range had been keyed by
@@ -443,7 +546,8 @@ def test_a_conv_applied_twice_keeps_each_calibrated_range(tmp_path):
 
 def test_int8_link_attributes_fuzz():
     """Any value in the byte-link attributes is taken only in the checked form (four ints in [0, 2^20), a
-    finite [lo, hi] beside them; int8_in 0 or 1 with a range), else a ShapeError: nothing else gets to C."""
+    finite [lo, hi] beside them; int8_in 0 or 1 with a range; int8_res_range a finite [lo, hi] with a
+    residual), else a ShapeError: nothing else gets to C."""
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
@@ -458,13 +562,15 @@ def test_int8_link_attributes_fuzz():
                          st.lists(st.one_of(st.integers(-5, 2 ** 21), st.floats(), st.text(max_size=2)), max_size=5))
 
     @settings(max_examples=500, deadline=None, derandomize=True)        # reproducible in CI, as the other fuzzes
-    @given(out=anything, rng=anything, inb=anything, r=anything)
-    def check(out, rng, inb, r):
-        attrs = {**base, "int8_out": out, "int8_out_range": rng, "int8_in": inb, "int8_range": r}
+    @given(out=anything, rng=anything, inb=anything, r=anything, res=anything, with_res=st.booleans())
+    def check(out, rng, inb, r, res, with_res):
+        attrs = {**base, "int8_out": out, "int8_out_range": rng, "int8_in": inb, "int8_range": r, "int8_res_range": res}
         try:
-            op.infer(types, attrs, [None, None])
+            op.infer(types + [None, TensorType((1, 16, 4, 4), "float32")] if with_res else types, attrs, [None] * 4)
         except ShapeError:
             return
+        if res is not None:
+            assert with_res and all(isinstance(v, float) and np.isfinite(v) for v in res) and res[0] <= res[1]
         if out is not None:
             assert len(out) == 4 and all(type(v) is int and 0 <= v < 1 << 20 for v in out)
             assert all(isinstance(v, float) and np.isfinite(v) for v in rng) and rng[0] <= rng[1]
@@ -499,7 +605,7 @@ def test_conv_into_nchw_output_matches_the_blocked_one(lib, cout, hw, kind):
         scratch = np.zeros(lib.cuvil_conv_blocked_int8_scratch(ctypes.byref(s)) + 16, np.float32)
         y = np.full((N, O, H, W) if nchw_out else (N, O // B, H, W, B), np.nan, np.float32)
         assert lib.cuvil_conv_blocked_int8(ctypes.byref(s), _ptr(xin), _ptr(int8_filter_panels(wt)),
-                                           _ptr(filter_terms(filters_as_b(wt))), _ptr(b), _ptr(r), _ptr(rng_), kind,
+                                           _ptr(filter_terms(filters_as_b(wt))), _ptr(b), _ptr(r), None, _ptr(rng_), kind,
                                            _ptr(y), nchw_out, None, None, ACT_CODES["relu"], _ptr(scratch), 2) == 0
         return y
     got = run(w, bias, res, 1, cout)

@@ -146,33 +146,54 @@ def run(graph, precision, int8_convs=0, calibration=None, calibration_method="mi
 
 
 def link_int8_convs(graph, backend):
-    """Integer convs that feed integer convs bytes: where a conv's output is read by one integer conv
-    alone, as its input over a fixed range (calibrated, or a QDQ model's grid), and is no graph output, the
-    producer stores it as that conv's quantized input (int8_out: the reader's padded byte image; the same
-    bytes the reader would make of the floats) and the reader skips its quantization pass (int8_in).
+    """Integer convs that feed integer convs bytes: where a conv's output is read only by integer convs,
+    as their input over one fixed range (calibrated, or a QDQ model's grid) and the same byte image, or as
+    their residual, and is no graph output, the producer stores it as those readers' quantized input
+    (int8_out: the readers' padded byte image; the same bytes each would make of the floats), the
+    readers skip their quantization pass (int8_in) and the residual readers widen the bytes in their
+    epilogue (int8_res_range; only where the image is the unpadded map, pixel-major). A ResNet block's
+    output goes to the next block's first conv, its projection and its last conv's residual that way:
+    a quarter of the bytes written and read back. The residual then carries the input grid's rounding,
+    as the QDQ models of ONNX Runtime and OpenVINO keep it.
     A depthwise conv over a fixed range reads them too (its input's quantization the only loss), and then
     writes the next integer conv's bytes itself: MobileNet's expand -> depthwise -> project convs pass
     bytes along. Runs after layout: which convs are integer ones follows from their layout
-    (backend.int8_conv: the convs that can write bytes; backend.int8_input_image: those that read them)."""
+    (backend.int8_conv: the convs that can write bytes; backend.int8_input_image: those that read them;
+    backend.int8_residual: those whose residual can be bytes)."""
     users, outputs = graph.users(), {id(v) for v in graph.outputs}
     for p in graph.nodes:
-        if not backend.int8_conv(p) or p.attrs.get("int8_out") is not None:
+        if not backend.int8_conv(p) or p.attrs.get("int8_out") is not None or id(p.outputs[0]) in outputs:
             continue
         y = p.outputs[0]
-        readers = users.get(id(y), [])
-        if len(readers) != 1 or id(y) in outputs:
+        link = _byte_readers(y, list({id(n): n for n in users.get(id(y), [])}.values()), backend)
+        if link is None:
             continue
-        q = readers[0]               # as its input (a residual reads the floats)
-        if q.inputs[0] is not y or q.attrs.get("int8_range") is None:
-            continue
-        image = backend.int8_input_image(q)
-        # the bytes take the floats' place in the memory plan: they must fit (a 3x3 conv's padded 1x1 map
-        # does not)
-        if image is None or image[0] * image[1] > 4 * int(np.prod(y.shape[2:])):
-            continue
-        p.attrs.update(int8_out=image, int8_out_range=list(q.attrs["int8_range"]))
-        q.attrs["int8_in"] = 1
+        image, rng, inputs, residuals = link
+        p.attrs.update(int8_out=image, int8_out_range=rng)
+        for q in inputs:
+            q.attrs["int8_in"] = 1
+        for q in residuals:
+            q.attrs["int8_res_range"] = rng
     return graph
+
+
+def _byte_readers(y, readers, backend):
+    """(image, range, input readers, residual readers) where every reader of y can take it as bytes
+    (link_int8_convs), else None."""
+    def reads(q, i):                     # y at input i of q, and nowhere else in it
+        return len(q.inputs) > i and q.inputs[i] is y and sum(v is y for v in q.inputs) == 1
+    inputs = [q for q in readers if reads(q, 0) and q.attrs.get("int8_range") is not None]
+    residuals = [q for q in readers if reads(q, 3) and backend.int8_residual(q)]
+    if not inputs or len(inputs) + len(residuals) != len(readers):
+        return None
+    rng, image = list(inputs[0].attrs["int8_range"]), backend.int8_input_image(inputs[0])
+    if image is None or any(list(q.attrs["int8_range"]) != rng or backend.int8_input_image(q) != image for q in inputs):
+        return None
+    # the bytes take the floats' place in the memory plan: they must fit (a 3x3 conv's padded 1x1 map
+    # does not); a residual reads the map itself
+    if image[0] * image[1] > 4 * int(np.prod(y.shape[2:])) or (residuals and image != [*y.shape[2:], 0, 0]):
+        return None
+    return image, rng, inputs, residuals
 
 
 def describe(node, dot=None) -> str | None:

@@ -111,8 +111,9 @@ def lower_int8_conv(em, node, shape_struct, bias, res, act, input_kind, nchw_out
     wq = em.packed("conv_blocked_int8", w, lambda d: int8_filter_panels(d, a.get("groups", 1)), "uint32_t")
     terms = em.packed("conv_blocked_int8_terms", w, lambda d: filter_terms(filters_as_b(d)))
     rng, out_rng, image = _int8_link_constants(em, node)
+    res_rng = _range_constant(em, node, "int8_res_range")
     return ["{", f"  const cuvil_conv_shape s = {shape_struct};",
-            f"  if (cuvil_conv_blocked_int8(&s, {em.ptr(node.inputs[0])}, {wq}, {terms}, {bias}, {res}, {rng}, "
+            f"  if (cuvil_conv_blocked_int8(&s, {em.ptr(node.inputs[0])}, {wq}, {terms}, {bias}, {res}, {res_rng}, {rng}, "
             f"CUVIL_I8_IN_{input_kind}, {em.ptr(node.outputs[0])}, {int(nchw_out)}, {image}, {out_rng}, {act}, "
             f"{em.scratch()}, NT)) "
             "CUVIL_FAIL(\"out of memory for int8 activations\");", "}"]
@@ -123,11 +124,16 @@ def _int8_link_constants(em, node):
     constants, "0" for those it has not; keyed by value too: two convs sharing one filter constant may
     differ in ranges."""
     w, a = node.inputs[1], node.attrs
-    rng, out_rng = (em.packed(f"conv_{k}:{a[k]}", w, lambda d, k=k: np.array(a[k], np.float32))
-                    if a.get(k) is not None else "0" for k in ("int8_range", "int8_out_range"))
+    rng, out_rng = (_range_constant(em, node, k) for k in ("int8_range", "int8_out_range"))
     image = "0" if a.get("int8_out") is None else \
         em.packed(f"conv_int8_out:{a['int8_out']}", w, lambda d: np.array(a["int8_out"], np.int64), "int64_t")
     return rng, out_rng, image
+
+
+def _range_constant(em, node, key):
+    """A conv's [lo, hi] attribute `key` as a packed constant (keyed by value), "0" where it has none."""
+    r = node.attrs.get(key)
+    return "0" if r is None else em.packed(f"conv_{key}:{r}", node.inputs[1], lambda d: np.array(r, np.float32))
 
 
 def lower_max_pool(em, node, shape_struct):

@@ -95,6 +95,12 @@ def writes_int8_input(node) -> bool:
     return depthwise_on_bytes(node) and node.attrs.get("int8_in") == 1
 
 
+def reads_int8_residual(node) -> bool:
+    """Whether this conv can read its residual as the bytes an integer conv wrote (int8_res_range): an
+    integer conv into the channel-blocked layout, whose epilogue widens them (kernels/dot_out.h)."""
+    return computes_int8(node) and conv_plan(node).kind in ("blocked", "blocked_from_nchw") and len(node.inputs) > 3
+
+
 def int8_input_image(node):
     """[hp, wp, ph, pw]: the padded byte image of an integer conv's channel-blocked input (kernels/blocked_dot.c:
     hp x wp pixels of C bytes, the map at (ph, pw); the map itself where the conv reads in place), or None

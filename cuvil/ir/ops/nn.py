@@ -102,8 +102,10 @@ def _conv_infer(types, attrs, inputs):
         raise ShapeError(f"conv: bias shape {types[2].shape}, expected ({w.shape[0]},)")
     if attrs["act"] not in ACTIVATIONS:
         raise ShapeError(f"conv: unknown act {attrs['act']!r}")
-    for key in ("int8_range", "int8_out_range"):
+    for key in ("int8_range", "int8_out_range", "int8_res_range"):
         check_range("conv", attrs, key)
+    if attrs.get("int8_res_range") is not None and (len(types) < 4 or types[3] is None):
+        raise ShapeError("conv: int8_res_range without a residual to read as bytes")
     img = attrs.get("int8_out")
     if img is not None and not (isinstance(img, (list, tuple)) and len(img) == 4 and attrs.get("int8_out_range")
                                 and all(isinstance(v, int) and 0 <= v < 1 << 20 for v in img)):
@@ -156,10 +158,11 @@ def _conv_ref(xs, a):
 # output channel (the reference stays fp32). Between two integer convs (passes/quantize.link_int8_convs):
 # int8_out [hp, wp, ph, pw] and int8_out_range: the output is stored as the next conv's input bytes (its
 # padded image over its int8_range), and that conv's int8_in 1 reads them (the values stay logically
-# fp32, as a layout changes only how C stores them; a depthwise conv with int8_in computes on them in fp32)
+# fp32, as a layout changes only how C stores them; a depthwise conv with int8_in computes on them in fp32);
+# int8_res_range: the residual is such bytes (its producer's int8_out_range), read back in the epilogue
 declare(OpDef("conv", {"strides": None, "pads": None, "dilations": None, "groups": 1, "act": "none",
                        "layout": "nchw", "in_layout": None, "bf16_act": 0, "int8_act": 0, "int8_range": None,
-                       "int8_out": None, "int8_out_range": None, "int8_in": 0},
+                       "int8_out": None, "int8_out_range": None, "int8_in": 0, "int8_res_range": None},
               _conv_infer,
               _conv_ref,
               kind="conv"))

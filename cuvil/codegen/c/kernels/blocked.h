@@ -55,12 +55,16 @@ int cuvil_conv_blocked_bf16(const cuvil_conv_shape *s, const float *x, const uin
  * too), or CUVIL_I8_IN_BYTES: the bytes the conv before it wrote over this conv's range (its out_image),
  * N images of cuvil_conv_int8_image_bytes each. The output: blocked floats at y (NCHW floats with
  * nchw_out, the residual too: a 1x1 conv into channels that fill no block), or with out_image ({hp, wp,
- * ph, pw} of the next conv's padded image, its input range out_range) that conv's input bytes at y. K = KH * KW * C / groups at most CUVIL_I8_MAX_K. Scratch: cuvil_conv_blocked_int8_scratch floats.
+ * ph, pw} of the next conv's padded image, its input range out_range) that conv's input bytes at y.
+ * The residual: blocked floats, or with res_range the bytes an integer conv wrote over that range (its
+ * out_image of this conv's OH x OW map, unpadded: O bytes a pixel; blocked output only).
+ * K = KH * KW * C / groups at most CUVIL_I8_MAX_K. Scratch: cuvil_conv_blocked_int8_scratch floats.
  * Returns -1 where a thread's buffer for the rows could not be allocated. */
 enum { CUVIL_I8_IN_BLOCKED = 0, CUVIL_I8_IN_NCHW = 1, CUVIL_I8_IN_BYTES = 2 };
 int64_t cuvil_conv_blocked_int8_scratch(const cuvil_conv_shape *s);
 int cuvil_conv_blocked_int8(const cuvil_conv_shape *s, const float *x, const uint32_t *wq, const float *wterms,
-                            const float *bias, const float *residual, const float *range, int input_kind, float *y,
+                            const float *bias, const float *residual, const float *res_range, const float *range,
+                            int input_kind, float *y,
                             int nchw_out, const int64_t *out_image, const float *out_range, int act, float *scratch,
                             int nthreads);
 

@@ -296,7 +296,8 @@ int64_t cuvil_conv_blocked_int8_scratch(const cuvil_conv_shape *s) {
 }
 
 int cuvil_conv_blocked_int8(const cuvil_conv_shape *s, const float *x, const uint32_t *wq, const float *wterms,
-                            const float *bias, const float *residual, const float *range, int input_kind, float *y,
+                            const float *bias, const float *residual, const float *res_range, const float *range,
+                            int input_kind, float *y,
                             int nchw_out, const int64_t *out_image, const float *out_range, int act, float *scratch,
                             int nthreads) {
     int64_t P = s->OH * s->OW, in = s->C * s->H * s->W, out = s->O * P, mb, mc = blocked_m_rows(P, 0, 1, CUVIL_MR, &mb);
@@ -307,6 +308,7 @@ int cuvil_conv_blocked_int8(const cuvil_conv_shape *s, const float *x, const uin
     float *scale_col = scratch + (cuvil_conv_blocked_int8_scratch(s) - 2 * s->O), *bias_col = scale_col + s->O;
     int64_t image = b.hp * b.wp * s->C, out_bytes = out_image ? out_image[0] * out_image[1] * s->O : 0;
     byte_map om = out_image ? input_byte_map(0, 0, out_range, 1) : (byte_map){1.f, 1.f, 0.f};
+    byte_map rm = res_range ? input_byte_map(0, 0, res_range, 1) : (byte_map){1.f, 1.f, 0.f};
     for (int64_t n = 0; n < s->N; n++) {
         byte_map m = input_byte_map(x + n * in, in, range, nthreads);
         /* sum * scale * w_scale[o] - scale * zero * w_scale[o] * sum_k w[k][o] + bias[o]: wterms holds
@@ -326,8 +328,12 @@ int cuvil_conv_blocked_int8(const cuvil_conv_shape *s, const float *x, const uin
         }
         int8_conv a = {s, xq, b.pix, b.tap, (s->KH * s->KW * s->C / G + 3) / 4, P, mc, ng, np, mb * ng, b.direct,
                        b.direct && G == 1 && s->C % 4 == 0,
-                       nchw_out, input_kind == CUVIL_I8_IN_NCHW, wq, {y + n * out, 0, bias_col, residual ? residual + n * out : 0, scale_col, CUVIL_BLOCK,
+                       nchw_out, input_kind == CUVIL_I8_IN_NCHW, wq, {y + n * out, 0, bias_col, 0, scale_col, CUVIL_BLOCK,
                                       P * CUVIL_BLOCK, CUVIL_BLOCK, CUVIL_BLOCK, 1.f, act, out_image ? &bytes : 0, 0, 0}, 0};
+        if (residual && res_range)          /* the bytes its producer wrote: the map, pixel-major */
+            a.out.res_q = (const uint8_t *)residual + n * P * s->O, a.out.res_ld = s->O, a.out.res_scale = rm.scale,
+            a.out.res_shift = -rm.zero * rm.scale;
+        else if (residual) a.out.residual = residual + n * out;
         cuvil_parallel_for(P * s->O * s->C / G > 65536 ? nthreads : 1, G * mb * ng, 1, int8_conv_task, &a);
         if (a.out_of_memory) return -1;
     }

@@ -122,21 +122,34 @@ typedef struct {
      * channel col0 + n */
     const cuvil_byte_image *bytes;
     int64_t row0, col0;
+    /* res_q: the residual as the bytes an integer conv wrote for its readers (instead of `residual`):
+     * element (m, n)'s at res_q[(row0 + m) * res_ld + col0 + n], worth q * res_scale + res_shift */
+    const uint8_t *res_q;
+    int64_t res_ld;
+    float res_scale, res_shift;
 } cuvil_dot_out;
 
+/* Where element (m, n)'s residual byte is (o->res_q). */
+static inline const uint8_t *cuvil_res_byte(const cuvil_dot_out *o, int64_t m, int64_t n) {
+    return o->res_q + (o->row0 + m) * o->res_ld + o->col0 + n;
+}
+
 /* Element (m, n)'s value but for the activation: the tile's sum (at `sum`) scaled, the biases and the
- * residual (at `at`, n's place in the layout) added; sc, bc: column n's scale and bias vectors. */
+ * residual (at `at`, n's place in the layout, or its bytes) added; sc, bc: column n's scale and bias
+ * vectors. */
 static inline cuvil_vf cuvil_dot_vec(const cuvil_dot_out *o, const float *sum, cuvil_vf sc, cuvil_vf bc, int64_t m,
-                                     int64_t at) {
+                                     int64_t n, int64_t at) {
     cuvil_vf v = cuvil_vload(sum) * sc + bc;
     if (o->bias_row) v += cuvil_vsplat(o->bias_row[m]);
     if (o->residual) v += cuvil_vload(o->residual + at + m * o->res_ldm);
+    if (o->res_q) v += cuvil_vload_bytes(cuvil_res_byte(o, m, n)) * cuvil_vsplat(o->res_scale) + cuvil_vsplat(o->res_shift);
     return v;
 }
 
 static inline float cuvil_dot_one(const cuvil_dot_out *o, float sum, int64_t m, int64_t n, int64_t at) {
     return sum * (o->scale_col ? o->scale_col[n] : o->alpha) + (o->bias_row ? o->bias_row[m] : 0.f) +
-           (o->bias_col ? o->bias_col[n] : 0.f) + (o->residual ? o->residual[at + m * o->res_ldm] : 0.f);
+           (o->bias_col ? o->bias_col[n] : 0.f) + (o->residual ? o->residual[at + m * o->res_ldm] : 0.f) +
+           (o->res_q ? *cuvil_res_byte(o, m, n) * o->res_scale + o->res_shift : 0.f);
 }
 
 /* Where row m's bytes start in o->bytes (its pixel's channel col0), or 0 for a pixel the image drops
@@ -155,22 +168,39 @@ static inline void cuvil_dot_store_bytes(const cuvil_dot_out *o, const float *ou
     const cuvil_byte_image *b = o->bytes;
     int64_t j = 0;
     float lo, hi;
-    if (!o->residual && !o->bias_row && cuvil_act_bounds(o->act, &lo, &hi)) {
-        /* (sum * sc + bc) * inv + zero + 0.5 = sum * (sc inv) + (bc inv + zero + 0.5) */
+    if (!o->bias_row && cuvil_act_bounds(o->act, &lo, &hi)) {
+        /* (sum * sc + bc) * inv + zero + 0.5 = sum * (sc inv) + (bc inv + zero + 0.5), and a residual's bytes
+         * q, worth q * rs + rsh: + q * (rs inv) + rsh inv; a float residual is added before the map, so that
+         * the bytes are the general path's below to the bit (the clamp's bounds mapped as the values are).
+         * The general path had made a ResNet block's last conv slower writing bytes than writing floats. */
         cuvil_byte_clamp k = cuvil_byte_clamp_of(b, lo, hi);
+        float rs = o->res_scale * k.inv, z5 = k.z5 + (o->res_q ? o->res_shift * k.inv : 0.f);
         for (; j + CUVIL_VL <= nc; j += CUVIL_VL) {
-            int64_t n = n0 + j;
-            cuvil_vf sc = (o->scale_col ? cuvil_vload(o->scale_col + n) : cuvil_vsplat(o->alpha)) * cuvil_vsplat(k.inv);
-            cuvil_vf bc = (o->bias_col ? cuvil_vload(o->bias_col + n) : cuvil_vsplat(0.f)) * cuvil_vsplat(k.inv) +
-                          cuvil_vsplat(k.z5);
-            for (int r = 0; r < mr; r++)
-                if (row[r]) cuvil_clamped_bytes(cuvil_vload(out + r * CUVIL_DOT_NR + j) * sc + bc, &k, row[r] + n);
+            int64_t n = n0 + j, at = n / o->nb * o->ldn + n % o->nb;
+            cuvil_vf sc0 = o->scale_col ? cuvil_vload(o->scale_col + n) : cuvil_vsplat(o->alpha);
+            cuvil_vf bc0 = o->bias_col ? cuvil_vload(o->bias_col + n) : cuvil_vsplat(0.f);
+            cuvil_vf sc = sc0 * cuvil_vsplat(k.inv), bc = bc0 * cuvil_vsplat(k.inv) + cuvil_vsplat(z5);
+            for (int r = 0; r < mr; r++) {
+                cuvil_vf t;
+                if (o->residual)
+                    t = (cuvil_vload(out + r * CUVIL_DOT_NR + j) * sc0 + bc0 + cuvil_vload(o->residual + at + (m0 + r) * o->res_ldm)) *
+                        cuvil_vsplat(k.inv) + cuvil_vsplat(k.z5);
+                else {
+                    t = cuvil_vload(out + r * CUVIL_DOT_NR + j) * sc + bc;
+                    if (o->res_q) t += cuvil_vload_bytes(cuvil_res_byte(o, m0 + r, n)) * cuvil_vsplat(rs);
+                }
+                if (row[r]) cuvil_clamped_bytes(t, &k, row[r] + n);
+            }
         }
         for (; j < nc; j++) {
-            int64_t n = n0 + j;
-            float sc = (o->scale_col ? o->scale_col[n] : o->alpha) * k.inv, bc = (o->bias_col ? o->bias_col[n] : 0.f) * k.inv + k.z5;
-            for (int r = 0; r < mr; r++)
-                if (row[r]) row[r][n] = cuvil_clamped_byte(out[r * CUVIL_DOT_NR + j] * sc + bc, &k);
+            int64_t n = n0 + j, at = n / o->nb * o->ldn + n % o->nb;
+            float sc0 = o->scale_col ? o->scale_col[n] : o->alpha, bc0 = o->bias_col ? o->bias_col[n] : 0.f;
+            for (int r = 0; r < mr; r++) {
+                float s = out[r * CUVIL_DOT_NR + j], t;
+                if (o->residual) t = (s * sc0 + bc0 + o->residual[at + (m0 + r) * o->res_ldm]) * k.inv + k.z5;
+                else t = s * (sc0 * k.inv) + (bc0 * k.inv + z5) + (o->res_q ? *cuvil_res_byte(o, m0 + r, n) * rs : 0.f);
+                if (row[r]) row[r][n] = cuvil_clamped_byte(t, &k);
+            }
         }
         return;
     }
@@ -180,7 +210,7 @@ static inline void cuvil_dot_store_bytes(const cuvil_dot_out *o, const float *ou
         cuvil_vf sc = o->scale_col ? cuvil_vload(o->scale_col + n) : cuvil_vsplat(o->alpha);
         for (int r = 0; r < mr; r++)
             if (row[r])
-                cuvil_to_bytes(cuvil_vact(cuvil_dot_vec(o, out + r * CUVIL_DOT_NR + j, sc, bc, m0 + r, at), o->act),
+                cuvil_to_bytes(cuvil_vact(cuvil_dot_vec(o, out + r * CUVIL_DOT_NR + j, sc, bc, m0 + r, n, at), o->act),
                                b->inv, b->zero, b->top, row[r] + n);
     }
     for (; j < nc; j++) {
@@ -209,7 +239,7 @@ static inline void cuvil_dot_store(const cuvil_dot_out *o, const float *out, int
         cuvil_vf sc = o->scale_col ? cuvil_vload(o->scale_col + n) : cuvil_vsplat(o->alpha);
         for (int r = 0; r < mr; r++)
             cuvil_vstore(o->C + at + (m0 + r) * o->ldm,
-                         cuvil_vact(cuvil_dot_vec(o, out + r * CUVIL_DOT_NR + j, sc, bc, m0 + r, at), o->act));
+                         cuvil_vact(cuvil_dot_vec(o, out + r * CUVIL_DOT_NR + j, sc, bc, m0 + r, n, at), o->act));
     }
     if (j < nc) {
         /* the last nc - j < VL columns (one block: nb % VL == 0) as one vector through small buffers: one
@@ -223,13 +253,14 @@ static inline void cuvil_dot_store(const cuvil_dot_out *o, const float *out, int
             bc[i] = i < w && o->bias_col ? o->bias_col[n + i] : 0.f;
         }
         cuvil_dot_out no_res = *o;                    /* the residual's last row may end inside the vector */
-        no_res.residual = 0;
+        no_res.residual = 0, no_res.res_q = 0;
         for (int r = 0; r < mr; r++) {
-            cuvil_vf v = cuvil_dot_vec(&no_res, out + r * CUVIL_DOT_NR + j, cuvil_vload(sc), cuvil_vload(bc), m0 + r, at);
+            cuvil_vf v = cuvil_dot_vec(&no_res, out + r * CUVIL_DOT_NR + j, cuvil_vload(sc), cuvil_vload(bc), m0 + r, n, at);
             float *c = o->C + at + (m0 + r) * o->ldm;
-            if (o->residual) {
-                const float *res = o->residual + at + (m0 + r) * o->res_ldm;
-                for (int64_t i = 0; i < CUVIL_VL; i++) t[i] = i < w ? res[i] : 0.f;
+            if (o->residual || o->res_q) {
+                const float *res = o->residual ? o->residual + at + (m0 + r) * o->res_ldm : 0;
+                for (int64_t i = 0; i < CUVIL_VL; i++)
+                    t[i] = i >= w ? 0.f : res ? res[i] : *cuvil_res_byte(o, m0 + r, n + i) * o->res_scale + o->res_shift;
                 v += cuvil_vload(t);
             }
             cuvil_vstore(t, cuvil_vact(v, o->act));

@@ -161,6 +161,8 @@ def _unblocked(y, b):
     (1, 1, 0, 1, 24, 48, (9, 11), False, True, 1),        # NCHW, 24 channels: read in place
     (1, 1, 0, 1, 6, 32, (5, 7), True, True, 1),           # NCHW, 6 channels: rows copied to whole words
     (3, 1, 1, 1, 5, 16, (8, 8), False, True, 1),
+    (5, 1, 2, 1, 5, 16, (9, 8), True, True, 1),           # NCHW: 25-byte runs, copied as 32
+    (4, 2, 0, 1, 8, 32, (10, 11), False, True, 1),        # NCHW: 32-byte runs, read in place up to the end
     (3, 1, 1, 1, 64, 64, (9, 10), False, False, 2),       # grouped (RegNet): each group a GEMM of its own
     (1, 1, 0, 1, 64, 128, (6, 7), False, False, 4),       # grouped 1x1: gathered, not in place
     (3, 2, 1, 1, 48, 96, (11, 9), True, False, 3),

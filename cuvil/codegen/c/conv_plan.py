@@ -243,11 +243,11 @@ def _gathered_floats(node, s) -> int:
 
 def _int8_scratch(node, s) -> int:
     """Bytes of kernels/blocked_dot.c cuvil_conv_blocked_int8_scratch: cuvil_conv_blocked's, the quantized
-    image where that has no copy to hold it (and 4 floats past it for a 16-byte gather's read), two
+    image where that has no copy to hold it (and SHORT_RUN = 32 bytes past it for a short run's read), two
     columns' terms. At least the fp32 conv's."""
     in_place = pointwise_conv(node) or padded_extent(s)[2]
     image = -(-s["C"] * s["H"] * s["W"] // 4) if in_place else 0
-    return (-(-(_gathered_floats(node, s) + image + 4) // 16) * 16 + 2 * s["O"]) * 4
+    return (-(-(_gathered_floats(node, s) + image + 8) // 16) * 16 + 2 * s["O"]) * 4
 
 
 def _gemm_scratch(node, s, m) -> int:

@@ -185,6 +185,8 @@ static void quantize_task(void *ctx, int64_t r0, int64_t r1) {
     }
 }
 
+#define SHORT_RUN 32              /* bytes a gathered row's runs may be copied as, whatever their length */
+
 typedef struct {
     const cuvil_conv_shape *s;
     const uint8_t *xq;            /* the quantized image, pixel-major */
@@ -192,7 +194,7 @@ typedef struct {
     int64_t K4, P, mc, ng, np, tasks;   /* tasks: per group (RegNet's groups are GEMMs of their own) */
     int direct, in_place;         /* direct: pixel m reads pixel m, in place where its C bytes are whole words */
     int nchw_out;                 /* the output in NCHW, through nchw_from_rows */
-    int short_runs;               /* 16 bytes may be read from any pixel of the image (an NCHW input's) */
+    int short_runs;               /* SHORT_RUN bytes may be read from any pixel of the image (an NCHW input's) */
     const uint32_t *wq;
     cuvil_dot_out out;
     int out_of_memory;
@@ -234,7 +236,7 @@ static void int8_conv_task(void *ctx, int64_t t0, int64_t t1) {
         const uint32_t *Aq = (const uint32_t *)(xq + m0 * C);    /* a 1x1 conv's rows: the image's pixels */
         if (!a->in_place) {
             int64_t row = 4 * a->K4;                    /* bytes: taps * Cg up to whole words */
-            uint8_t *rowbuf = cuvil_thread_buffer(CUVIL_BUF_DOT_ROWS, (size_t)(a->mc * row + 16));
+            uint8_t *rowbuf = cuvil_thread_buffer(CUVIL_BUF_DOT_ROWS, (size_t)(a->mc * row + SHORT_RUN));
             if (!rowbuf) {
                 a->out_of_memory = 1;
                 return;
@@ -242,18 +244,21 @@ static void int8_conv_task(void *ctx, int64_t t0, int64_t t1) {
             /* row m: each tap's pixel, C bytes; undilated, a filter row's taps are side by side in the
              * image, one run of KW * C bytes (the stem's 3 channels had been 49 copies of 3 bytes) */
             int64_t run = a->s->dw == 1 ? a->s->KW : 1, runs = taps / run;
-            /* runs of at most 16 bytes (a stem's 3 x 3 channels) as one 16-byte copy each: its overhang is
-             * written over by the next run, the next row, or lands in the 16 bytes past the rows; the image it
-             * reads past has room after it (short_runs: an NCHW input's, in scratch: the float copy's place,
-             * or 4 floats of slack, cuvil_conv_blocked_int8_scratch). As calls
-             * of 9 bytes, MobileNetV2's stem had run slower in int8 than in fp32. */
-            int short_runs = a->short_runs && G == 1 && run * C <= 16;
+            /* runs of at most SHORT_RUN bytes (a stem's 3 x 3 or 7 x 3 channels) as one copy of 16 or 32
+             * bytes each: its overhang is written over by the next run, the next row, or lands in the
+             * SHORT_RUN bytes past the rows; the image it reads past has room after it (short_runs: an NCHW
+             * input's, in scratch: the float copy's place, or SHORT_RUN bytes of slack,
+             * cuvil_conv_blocked_int8_scratch). As calls of 9 bytes, MobileNetV2's stem had run slower in
+             * int8 than in fp32; as calls of 21, ResNet-50's 7x7 stem took 0.64 ms, 2.4x its dot products. */
+            int64_t span = run * C;
+            int short_runs = a->short_runs && G == 1 && span <= SHORT_RUN;
             for (int64_t m = 0; m < rows; m++) {
                 uint8_t *dst = rowbuf + m * row;
                 for (int64_t k = 0; k < runs; k++) {
                     const uint8_t *src = xq + (a->direct ? m0 + m : a->pix[m0 + m] + a->tap[k * run]) * C;
-                    if (short_runs) memcpy(dst + k * run * C, src, 16);
-                    else if (G == 1) memcpy(dst + k * run * C, src, run * C);
+                    if (short_runs && span <= 16) memcpy(dst + k * span, src, 16);
+                    else if (short_runs) memcpy(dst + k * span, src, SHORT_RUN);
+                    else if (G == 1) memcpy(dst + k * span, src, span);
                     else for (int64_t j = 0; j < run; j++) memcpy(dst + (k * run + j) * Cg, src + j * C, Cg);
                 }
                 for (int64_t i = taps * Cg; i < row; i++) dst[i] = 0;    /* (the filters' rows there are 0) */
@@ -291,8 +296,8 @@ static int64_t int8_image_at(const cuvil_conv_shape *s) {
 
 int64_t cuvil_conv_blocked_int8_scratch(const cuvil_conv_shape *s) {
     int64_t image = blocked_in_place(s) || blocked_direct(s) ? (s->C * s->H * s->W + 3) / 4 : 0;
-    /* + 4 floats: a 16-byte gather's read past the image's last pixel (int8_conv_task short_runs) */
-    return (cuvil_conv_blocked_scratch(s) + image + 4 + 15) / 16 * 16 + 2 * s->O;
+    /* + SHORT_RUN bytes: a short run's read past the image's last pixel (int8_conv_task short_runs) */
+    return (cuvil_conv_blocked_scratch(s) + image + SHORT_RUN / 4 + 15) / 16 * 16 + 2 * s->O;
 }
 
 int cuvil_conv_blocked_int8(const cuvil_conv_shape *s, const float *x, const uint32_t *wq, const float *wterms,

@@ -1,4 +1,5 @@
 #include "int8dot.h"
+#include <math.h>
 #if defined(__AVX512VNNI__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -16,10 +17,32 @@ static inline int i8_rows_for(int nv) { return nv == 4 ? 6 : nv == 3 ? 8 : nv ==
  * accumulator (its result is not tied to its input), and 24 of them then spill to the stack */
 #define I8_DOT(acc, a, b) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "vm"(b))
 
+/* A tile's sums stored straight from its registers as the next conv's bytes (cuvil_dot_store_bytes'
+ * folded clamp, the same arithmetic to the bit): per column the scale and bias folded with the byte
+ * map, per row where its bytes go (0: a pixel the image drops) and its residual's bytes (or 0). Through
+ * the float buffer and cuvil_dot_store, MobileNetV2's 16 -> 96 channel expand conv at 112x112 had spent
+ * more on the store than on its dot products. */
+typedef struct {
+    float sc[CUVIL_I8_NR], bc[CUVIL_I8_NR];      /* sc inv; bc inv + zero + 0.5 (+ the residual's shift) */
+    uint8_t *row[I8_MAX_MR];
+    const uint8_t *res[I8_MAX_MR];
+    float rs, qlo, qhi;                           /* the residual bytes' scale inv; the clamp in bytes */
+} i8_fused;
+
+static inline __attribute__((always_inline)) void i8_store_fused(const i8_fused *f, int r, int v, __m512i acc) {
+    __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_load_ps(f->sc + 16 * v), _mm512_load_ps(f->bc + 16 * v));
+    if (f->res[r])
+        t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(f->res[r] + 16 * v)))),
+                            _mm512_set1_ps(f->rs), t);
+    t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(f->qlo)), _mm512_set1_ps(f->qhi));
+    _mm_storeu_si128((__m128i *)(f->row[r] + 16 * v), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(t)));
+}
+
 /* out[r][j] = the sums of rows [0, mr) of A (bytes in words, K4 apart) times columns [0, 16 NV) of one
- * panel, by vpdpbusd; mr <= MR (a constant in every call but the edge's). */
+ * panel, by vpdpbusd; mr <= MR (a constant in every call but the edge's); with f, bytes instead. */
 static inline __attribute__((always_inline)) void i8_tile(const int MR, const int NV, int mr, const uint32_t *a,
-                                                          int64_t K4, const uint32_t *b, float *out) {
+                                                          int64_t K4, const uint32_t *b, float *out,
+                                                          const i8_fused *f) {
     __m512i acc[I8_MAX_MR][4];
 #pragma GCC unroll 24
     for (int r = 0; r < MR; r++)
@@ -41,7 +64,9 @@ static inline __attribute__((always_inline)) void i8_tile(const int MR, const in
     for (int r = 0; r < MR; r++)
 #pragma GCC unroll 4
         for (int v = 0; v < NV; v++)
-            if (r < mr) _mm512_store_ps(out + r * CUVIL_I8_NR + 16 * v, _mm512_cvtepi32_ps(acc[r][v]));
+            if (r < mr && f) {
+                if (f->row[r]) i8_store_fused(f, r, v, acc[r][v]);
+            } else if (r < mr) _mm512_store_ps(out + r * CUVIL_I8_NR + 16 * v, _mm512_cvtepi32_ps(acc[r][v]));
 }
 #elif defined(__AVX2__)
 /* AVX2: each lane's four products by vpmaddubsw (pairs into 16 bits; A's bytes <= 127 keep them from
@@ -69,8 +94,8 @@ static inline __attribute__((always_inline)) void i8_avx2_rows(const int R, int 
 }
 
 static inline void i8_tile(const int MR, const int NV, int mr, const uint32_t *a, int64_t K4, const uint32_t *b,
-                           float *out) {
-    (void)MR;
+                           float *out, const void *f) {
+    (void)MR, (void)f;
     for (int v = 0; v < NV; v++)
         for (int r0 = 0; r0 < mr; r0 += 4) {
             int rr = mr - r0 < 4 ? mr - r0 : 4;
@@ -81,8 +106,8 @@ static inline void i8_tile(const int MR, const int NV, int mr, const uint32_t *a
 #else
 /* The same integer sums in portable C. */
 static inline void i8_tile(const int MR, const int NV, int mr, const uint32_t *a, int64_t K4, const uint32_t *b,
-                           float *out) {
-    (void)MR;
+                           float *out, const void *f) {
+    (void)MR, (void)f;
     int32_t acc[I8_MAX_MR][CUVIL_I8_NR] = {{0}};
     for (int64_t k = 0; k < K4; k++, b += CUVIL_I8_NR)
         for (int r = 0; r < mr; r++) {
@@ -100,24 +125,79 @@ static inline void i8_tile(const int MR, const int NV, int mr, const uint32_t *a
  * rows left over in one tile of their own. */
 #define I8_TILE(MR, NV)                                                                                    \
     static void i8_tile_##MR##x##NV(int mr, const uint32_t *a, int64_t K4, const uint32_t *b, float *out) { \
-        if (mr == MR) i8_tile(MR, NV, MR, a, K4, b, out);                                                  \
-        else i8_tile(MR, NV, mr, a, K4, b, out);                                                           \
+        if (mr == MR) i8_tile(MR, NV, MR, a, K4, b, out, 0);                                               \
+        else i8_tile(MR, NV, mr, a, K4, b, out, 0);                                                        \
     }
 I8_TILE(6, 4)
 I8_TILE(8, 3)
 I8_TILE(12, 2)
 I8_TILE(24, 1)
 
+#if defined(__AVX512VNNI__)
+#define I8_TILE_FUSED(MR, NV)                                                                              \
+    static void i8_fused_##MR##x##NV(int mr, const uint32_t *a, int64_t K4, const uint32_t *b, const i8_fused *f) { \
+        if (mr == MR) i8_tile(MR, NV, MR, a, K4, b, 0, f);                                                 \
+        else i8_tile(MR, NV, mr, a, K4, b, 0, f);                                                          \
+    }
+I8_TILE_FUSED(6, 4)
+I8_TILE_FUSED(8, 3)
+I8_TILE_FUSED(12, 2)
+I8_TILE_FUSED(24, 1)
+
+/* The folded byte store's constants (cuvil_dot_store_bytes) for rows of one panel, or 0 where o takes
+ * the general store: floats, a float residual, a row bias or an activation that is no clamp. */
+static int i8_fused_of(const cuvil_dot_out *o, i8_fused *f, float *z5) {
+    float lo, hi;
+    if (!o->bytes || o->residual || o->bias_row || !cuvil_act_bounds(o->act, &lo, &hi)) return 0;
+    cuvil_byte_clamp k = cuvil_byte_clamp_of(o->bytes, lo, hi);
+    f->rs = o->res_scale * k.inv, f->qlo = k.qlo, f->qhi = k.qhi;
+    *z5 = k.z5 + (o->res_q ? o->res_shift * k.inv : 0.f);
+    return 1;
+}
+
+static void i8_fused_panel(const cuvil_dot_out *o, i8_fused *f, float z5, int64_t n0, int64_t nc) {
+    float inv = o->bytes->inv;
+    for (int64_t j = 0; j < nc; j++) {
+        f->sc[j] = (o->scale_col ? o->scale_col[n0 + j] : o->alpha) * inv;
+        f->bc[j] = fmaf(o->bias_col ? o->bias_col[n0 + j] : 0.f, inv, z5);
+    }
+}
+#endif
+
 void cuvil_i8_rows(const uint32_t *Aq, int64_t rows, int64_t K4, const uint32_t *Bp, int64_t N, int64_t p0,
                    int64_t p1, const cuvil_dot_out *o) {
     float out[I8_MAX_MR * CUVIL_I8_NR] __attribute__((aligned(64)));
+#if defined(__AVX512VNNI__)
+    i8_fused f __attribute__((aligned(64)));
+    float z5 = 0.f;
+    int fused = i8_fused_of(o, &f, &z5);
+#endif
     for (int64_t p = p0; p < p1; p++) {
         int64_t n0 = p * CUVIL_I8_NR, nc = N - n0 < CUVIL_I8_NR ? N - n0 : CUVIL_I8_NR;
         int nv = (int)((nc + 15) / 16), mr_full = i8_rows_for(nv);
         const uint32_t *b = Bp + p * K4 * CUVIL_I8_NR;
+#if defined(__AVX512VNNI__)
+        int whole = fused && nc == 16 * nv;          /* (a panel's last columns short of a vector: the general store) */
+        if (whole) i8_fused_panel(o, &f, z5, n0, nc);
+#endif
         for (int64_t m0 = 0; m0 < rows; m0 += mr_full) {
             int mr = rows - m0 < mr_full ? (int)(rows - m0) : mr_full;
             const uint32_t *a = Aq + m0 * K4;
+#if defined(__AVX512VNNI__)
+            if (whole) {
+                for (int r = 0; r < mr; r++) {
+                    uint8_t *q = cuvil_byte_row(o, m0 + r);
+                    f.row[r] = q ? q + n0 : 0, f.res[r] = o->res_q ? cuvil_res_byte(o, m0 + r, n0) : 0;
+                }
+                switch (nv) {
+                case 4: i8_fused_6x4(mr, a, K4, b, &f); break;
+                case 3: i8_fused_8x3(mr, a, K4, b, &f); break;
+                case 2: i8_fused_12x2(mr, a, K4, b, &f); break;
+                default: i8_fused_24x1(mr, a, K4, b, &f); break;
+                }
+                continue;
+            }
+#endif
             switch (nv) {
             case 4: i8_tile_6x4(mr, a, K4, b, out); break;
             case 3: i8_tile_8x3(mr, a, K4, b, out); break;

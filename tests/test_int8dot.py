@@ -48,6 +48,7 @@ def lib(request, tmp_path_factory):
     lib = build_kernels(tmp_path_factory.mktemp("int8dot"), FILES, flags)
     lib.cuvil_conv_blocked_int8.restype = ctypes.c_int
     lib.cuvil_conv_blocked_int8_scratch.restype = ctypes.c_int64
+    lib.cuvil_max_pool_bytes.restype = None
     lib.block, lib.levels = block, lib.cuvil_i8_levels()
     assert lib.levels == (127 if request.param == "avx2" else 255)
     return lib
@@ -382,6 +383,56 @@ def test_int8_links_are_checked(attrs):
         op.infer(types, {**base, **attrs}, [None, None])
 
 
+@pytest.mark.parametrize("attrs", [
+    {"int8_in": 1},                                                  # bytes in, none out
+    {"int8_out": [4, 4, 0, 0], "int8_out_range": [0.0, 1.0]},        # bytes out, none in
+    {"int8_in": 1, "int8_out": [4, 4, 0, 0]},                        # no range for the bytes
+    {"int8_in": 1, "int8_out": [4, 4, 0, -1], "int8_out_range": [0.0, 1.0]},
+    {"int8_in": 2, "int8_out": [4, 4, 0, 0], "int8_out_range": [0.0, 1.0]},
+])
+def test_max_pool_byte_link_is_checked(attrs):
+    """A max pool's byte link (int8_in with int8_out and its range) is refused in any other form."""
+    from cuvil.errors import ShapeError
+    from cuvil.ir.ops import REGISTRY
+    from cuvil.ir.types import TensorType
+
+    op = REGISTRY["max_pool"]
+    base = {**op.attrs, "kernel": [3, 3], "strides": [2, 2], "pads": [[1, 1], [1, 1]], "dilations": [1, 1]}
+    types = [TensorType((1, 16, 8, 8), "float32")]
+    op.infer(types, {**base, "int8_in": 1, "int8_out": [4, 4, 0, 0], "int8_out_range": [0.0, 2.0]}, [None])
+    with pytest.raises(ShapeError, match="max_pool: int8"):
+        op.infer(types, {**base, **attrs}, [None])
+
+
+def test_max_pool_byte_link_fuzz():
+    """Any value in a max pool's byte-link attributes: a ShapeError, or the checked form."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from cuvil.errors import ShapeError
+    from cuvil.ir.ops import REGISTRY
+    from cuvil.ir.types import TensorType
+
+    op = REGISTRY["max_pool"]
+    base = {**op.attrs, "kernel": [3, 3], "strides": [2, 2], "pads": [[1, 1], [1, 1]], "dilations": [1, 1]}
+    anything = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 70, 2 ** 70), st.floats(), st.text(max_size=4),
+                         st.lists(st.one_of(st.integers(-5, 2 ** 21), st.floats(), st.text(max_size=2)), max_size=5))
+
+    @settings(max_examples=300, deadline=None, derandomize=True)
+    @given(inb=anything, out=anything, rng=anything)
+    def check(inb, out, rng):
+        try:
+            op.infer([TensorType((1, 16, 8, 8), "float32")], {**base, "int8_in": inb, "int8_out": out, "int8_out_range": rng},
+                     [None])
+        except ShapeError:
+            return
+        assert inb in (0, 1) and bool(inb) == (out is not None)
+        if out is not None:
+            assert len(out) == 4 and all(type(v) is int and 0 <= v < 1 << 20 for v in out)
+            assert all(isinstance(v, float) and np.isfinite(v) for v in rng) and rng[0] <= rng[1]
+    check()
+
+
 def test_calibration_data_with_nan_is_refused():
     import torch
 
@@ -452,6 +503,73 @@ def test_calibrated_convs_pass_bytes_along(target, tmp_path, monkeypatch):
     got = cm(x).numpy()
     np.testing.assert_array_equal(got, plain(x).numpy())
     want = m(x).detach().numpy()
+    assert np.abs(got - want).max() <= 0.04 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("k,stride,pad,dil,C,hw,threads", [
+    (3, 2, 1, 1, 64, (15, 14), 2),     # ResNet's stem pool at odd sizes
+    (3, 2, 1, 1, 16, (8, 8), 1),
+    (2, 2, 0, 1, 48, (9, 7), 2),       # the last row and column in no window
+    (3, 1, 1, 2, 32, (10, 11), 1),     # dilated
+    (5, 3, 2, 1, 16, (13, 12), 2),
+])
+def test_max_pool_on_bytes(lib, k, stride, pad, dil, C, hw, threads):
+    """cuvil_max_pool_bytes: each output pixel's C bytes the maximum over its window's taps inside the map,
+    against numpy's maximum of the same bytes."""
+    H, W = hw
+    OH, OW = (H + 2 * pad - dil * (k - 1) - 1) // stride + 1, (W + 2 * pad - dil * (k - 1) - 1) // stride + 1
+    x = np.random.default_rng(k * 100 + C).integers(0, 256, (2, H, W, C)).astype(np.uint8)
+    y = np.full((2, OH, OW, C), 7, np.uint8)
+    s = Shape(2, C, H, W, C, k, k, OH, OW, stride, stride, pad, pad, dil, dil, 1)
+    lib.cuvil_max_pool_bytes(ctypes.byref(s), _ptr(x), _ptr(y), threads)
+    want = np.zeros_like(y)
+    for kh in range(k):
+        for kw in range(k):
+            ih, iw = np.arange(OH) * stride - pad + kh * dil, np.arange(OW) * stride - pad + kw * dil
+            ok_h, ok_w = (ih >= 0) & (ih < H), (iw >= 0) & (iw < W)
+            tap = x[:, np.clip(ih, 0, H - 1)][:, :, np.clip(iw, 0, W - 1)]
+            tap = np.where(ok_h[None, :, None, None] & ok_w[None, None, :, None], tap, 0)
+            want = np.maximum(want, tap)
+    np.testing.assert_array_equal(y, want)
+
+
+def test_stem_pool_passes_bytes(tmp_path, monkeypatch):
+    """A calibrated stem -> max pool -> 1x1 convs (ResNet's, the projection strided): the stem writes
+    bytes, the pool takes their maximum (int8_in on the pool), the convs read its bytes; equal to the
+    model without the links (the maximum of the bytes is the bytes of the maximum) but for the stem's
+    folded byte map at a tie, and within int8's error of torch."""
+    import torch
+
+    import cuvil
+    from cuvil.codegen.c.lower_int8dot import int8_conv_kind
+    from cuvil.passes import quantize
+    if not int8_conv_kind("native"):
+        pytest.skip("no integer convs on this CPU")
+    torch.manual_seed(11)
+
+    class Stem(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = torch.nn.Conv2d(3, 32, 7, 2, 3)
+            self.pool = torch.nn.MaxPool2d(3, 2, 1)
+            self.a, self.b = torch.nn.Conv2d(32, 32, 1), torch.nn.Conv2d(32, 64, 1, 2)
+
+        def forward(self, x):
+            h = self.pool(torch.relu(self.stem(x)))
+            return torch.relu(self.a(h)).mean((2, 3)) + self.b(h).mean((2, 3))[:, :32]
+    m = Stem().eval()
+    calib = [torch.randn(1, 3, 45, 43) for _ in range(4)]
+    x = torch.randn(1, 3, 45, 43)
+    kw = dict(precision="int8", layout="blocked", calibration_data=calib, num_threads=2)
+    cm = cuvil.compile(m, (x,), cache_dir=tmp_path / "linked", **kw)
+    pool = [n for n in cm.graph.nodes if n.op == "max_pool"]
+    assert len(pool) == 1 and pool[0].attrs["int8_in"] == 1 and "cuvil_max_pool_bytes" in cm.c_source
+    monkeypatch.setattr(quantize, "link_int8_convs", lambda graph, backend: graph)
+    plain = cuvil.compile(m, (x,), cache_dir=tmp_path / "plain", **kw)
+    assert "cuvil_max_pool_bytes" not in plain.c_source
+    want = m(x).detach().numpy()
+    got, ref = cm(x).numpy(), plain(x).numpy()
+    np.testing.assert_allclose(got, ref, rtol=0, atol=0.01 * np.abs(ref).max())
     assert np.abs(got - want).max() <= 0.04 * np.abs(want).max()
 
 

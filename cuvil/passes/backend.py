@@ -14,11 +14,12 @@ class Backend:
     scratch_bytes: Callable     # (node, dim bounds) -> bytes of scratch memory the node's code needs (memplan)
     # node -> whether it can write the next integer conv's input bytes (an integer conv, or a depthwise
     # conv reading bytes, precision="int8"), and the [hp, wp, ph, pw] of the padded byte image a conv can
-    # read from a channel-blocked input (None: it reads no such image), and whether a conv can read its
-    # residual as such bytes
+    # read from a channel-blocked input (None: it reads no such image), whether a conv can read its
+    # residual as such bytes, and whether a max pool can pass bytes through
     int8_conv: Callable = lambda node: False
     int8_input_image: Callable = lambda node: None
     int8_residual: Callable = lambda node: False
+    int8_pool: Callable = lambda node: False
 
     def lowers(self, node) -> bool:
         return node.op in self.ops and self.supports(node) is None

@@ -155,26 +155,42 @@ def link_int8_convs(graph, backend):
     output goes to the next block's first conv, its projection and its last conv's residual that way:
     a quarter of the bytes written and read back. The residual then carries the input grid's rounding,
     as the QDQ models of ONNX Runtime and OpenVINO keep it.
+    A max pool between an integer conv and such readers passes the bytes through (int8_in on the pool:
+    the maximum of the bytes is the bytes of the maximum).
     A depthwise conv over a fixed range reads them too (its input's quantization the only loss), and then
     writes the next integer conv's bytes itself: MobileNet's expand -> depthwise -> project convs pass
     bytes along. Runs after layout: which convs are integer ones follows from their layout
     (backend.int8_conv: the convs that can write bytes; backend.int8_input_image: those that read them;
     backend.int8_residual: those whose residual can be bytes)."""
     users, outputs = graph.users(), {id(v) for v in graph.outputs}
+    readers = lambda v: list({id(n): n for n in users.get(id(v), [])}.values())     # noqa: E731
+    for m in graph.nodes:           # ResNet's stem -> max pool -> the first block's convs: bytes all the way
+        p = m.inputs[0].producer if backend.int8_pool(m) and not m.attrs.get("int8_in") else None
+        y = m.outputs[0]
+        if (p is None or not backend.int8_conv(p) or p.attrs.get("int8_out") is not None
+                or len(readers(m.inputs[0])) != 1 or {id(m.inputs[0]), id(y)} & outputs):
+            continue
+        link = _byte_readers(y, readers(y), backend)
+        if link is None or link[0] != [*y.shape[2:], 0, 0]:       # the pool writes the map itself
+            continue
+        p.attrs.update(int8_out=[*m.inputs[0].shape[2:], 0, 0], int8_out_range=link[1])
+        m.attrs.update(int8_in=1)
+        _link(m, *link)
     for p in graph.nodes:
         if not backend.int8_conv(p) or p.attrs.get("int8_out") is not None or id(p.outputs[0]) in outputs:
             continue
-        y = p.outputs[0]
-        link = _byte_readers(y, list({id(n): n for n in users.get(id(y), [])}.values()), backend)
-        if link is None:
-            continue
-        image, rng, inputs, residuals = link
-        p.attrs.update(int8_out=image, int8_out_range=rng)
-        for q in inputs:
-            q.attrs["int8_in"] = 1
-        for q in residuals:
-            q.attrs["int8_res_range"] = rng
+        link = _byte_readers(p.outputs[0], readers(p.outputs[0]), backend)
+        if link is not None:
+            _link(p, *link)
     return graph
+
+
+def _link(p, image, rng, inputs, residuals):
+    p.attrs.update(int8_out=image, int8_out_range=rng)
+    for q in inputs:
+        q.attrs["int8_in"] = 1
+    for q in residuals:
+        q.attrs["int8_res_range"] = rng
 
 
 def _byte_readers(y, readers, backend):

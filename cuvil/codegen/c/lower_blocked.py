@@ -137,8 +137,13 @@ def _range_constant(em, node, key):
 
 
 def lower_max_pool(em, node, shape_struct):
+    """A blocked max pool, or on the bytes an integer conv wrote for its readers (int8_in: pixel-major maps
+    in and out, passes/quantize.link_int8_convs)."""
+    x, y = em.ptr(node.inputs[0]), em.ptr(node.outputs[0])
+    call = (f"cuvil_max_pool_bytes(&s, (const uint8_t *){x}, (uint8_t *){y}, NT);" if node.attrs.get("int8_in")
+            else f"cuvil_max_pool_blocked(&s, {x}, {y}, NT);")
     return ["{", "  " + _block_check(node.attrs["layout"]), f"  const cuvil_conv_shape s = {shape_struct};",
-            f"  cuvil_max_pool_blocked(&s, {em.ptr(node.inputs[0])}, {em.ptr(node.outputs[0])}, NT);", "}"]
+            "  " + call, "}"]
 
 
 @lowering("relayout")

@@ -11,7 +11,7 @@ import numpy as np
 from ...ir import quant
 from ...target import has_features, target_arch
 from . import cexpr
-from .conv_plan import INT8_MIN_GATHERED_NCHW_K, conv_plan, conv_shape, padded_extent, pointwise_conv
+from .conv_plan import INT8_MIN_GATHERED_NCHW_K, conv_plan, conv_shape, is_blocked, padded_extent, pointwise_conv
 from .gen_activations import ACT_CODES
 
 I8_NR = 64                    # kernels/int8dot.h CUVIL_I8_NR
@@ -99,6 +99,14 @@ def reads_int8_residual(node) -> bool:
     """Whether this conv can read its residual as the bytes an integer conv wrote (int8_res_range): an
     integer conv into the channel-blocked layout, whose epilogue widens them (kernels/dot_out.h)."""
     return computes_int8(node) and conv_plan(node).kind in ("blocked", "blocked_from_nchw") and len(node.inputs) > 3
+
+
+def pools_bytes(node) -> bool:
+    """Whether this max pool can take an integer conv's bytes and give its readers theirs
+    (kernels/blocked.c cuvil_max_pool_bytes): a 2-d one in the channel-blocked layout, static."""
+    x = node.inputs[0]
+    return (node.op == "max_pool" and is_blocked(node) and x.type.rank == 4
+            and all(isinstance(d, int) for d in x.shape[1:]))
 
 
 def int8_input_image(node):

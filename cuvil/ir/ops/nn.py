@@ -102,14 +102,11 @@ def _conv_infer(types, attrs, inputs):
         raise ShapeError(f"conv: bias shape {types[2].shape}, expected ({w.shape[0]},)")
     if attrs["act"] not in ACTIVATIONS:
         raise ShapeError(f"conv: unknown act {attrs['act']!r}")
-    for key in ("int8_range", "int8_out_range", "int8_res_range"):
+    for key in ("int8_range", "int8_res_range"):
         check_range("conv", attrs, key)
     if attrs.get("int8_res_range") is not None and (len(types) < 4 or types[3] is None):
         raise ShapeError("conv: int8_res_range without a residual to read as bytes")
-    img = attrs.get("int8_out")
-    if img is not None and not (isinstance(img, (list, tuple)) and len(img) == 4 and attrs.get("int8_out_range")
-                                and all(isinstance(v, int) and 0 <= v < 1 << 20 for v in img)):
-        raise ShapeError(f"conv: int8_out {img!r} is None or [hp, wp, ph, pw] with an int8_out_range")
+    _check_byte_out("conv", attrs)
     if attrs.get("int8_in", 0) not in (0, 1) or (attrs.get("int8_in") and attrs.get("int8_range") is None):
         raise ShapeError(f"conv: int8_in {attrs.get('int8_in')!r} is 0, or 1 with an int8_range")
     _spatial(attrs, nsp, w.shape[2:])
@@ -118,6 +115,15 @@ def _conv_infer(types, attrs, inputs):
     if any(isinstance(o, int) and o <= 0 for o in out):
         raise ShapeError(f"conv: output spatial size {out} is empty for input {x} and kernel {w.shape[2:]}")
     return [TensorType((x.shape[0], w.shape[0], *out), x.dtype)]
+
+
+def _check_byte_out(op, attrs):
+    """int8_out (a byte image [hp, wp, ph, pw] that reaches C as constants) and its int8_out_range."""
+    check_range(op, attrs, "int8_out_range")
+    img = attrs.get("int8_out")
+    if img is not None and not (isinstance(img, (list, tuple)) and len(img) == 4 and attrs.get("int8_out_range")
+                                and all(isinstance(v, int) and 0 <= v < 1 << 20 for v in img)):
+        raise ShapeError(f"{op}: int8_out {img!r} is None or [hp, wp, ph, pw] with an int8_out_range")
 
 
 def _conv_ref(xs, a):
@@ -194,6 +200,10 @@ def _pool_infer(name):
                zip(x.shape[2:], attrs["kernel"], attrs["strides"], attrs["pads"], attrs["dilations"])]
         if any(o <= 0 for o in out):
             raise ShapeError(f"{name}: empty output for input {x} and kernel {attrs['kernel']}")
+        if name == "max_pool":
+            _check_byte_out(name, attrs)
+            if attrs.get("int8_in", 0) not in (0, 1) or bool(attrs.get("int8_in")) != (attrs.get("int8_out") is not None):
+                raise ShapeError(f"max_pool: int8_in {attrs.get('int8_in')!r} is 0, or 1 with an int8_out")
         return [TensorType(x.shape[:2] + tuple(out), x.dtype)]
     return infer
 
@@ -228,7 +238,12 @@ def _pool_ref(mode):
 
 
 _POOL_ATTRS = {"kernel": None, "strides": None, "pads": None, "dilations": None, "ceil_mode": False}
-declare(OpDef("max_pool", dict(_POOL_ATTRS, layout="nchw"), _pool_infer("max_pool"), _pool_ref("max"), kind="pool"))
+# max_pool's int8_in 1 with int8_out [OH, OW, 0, 0] and its range (passes/quantize.link_int8_convs): between an
+# integer conv and integer convs that read it, it takes the conv's bytes and gives its readers theirs, the
+# maximum of the bytes (a monotone map commutes with the maximum: the same bytes as the floats' maximum
+# mapped); the values stay logically fp32, as for conv's byte links
+declare(OpDef("max_pool", dict(_POOL_ATTRS, layout="nchw", int8_in=0, int8_out=None, int8_out_range=None),
+              _pool_infer("max_pool"), _pool_ref("max"), kind="pool"))
 declare(OpDef("avg_pool", dict(_POOL_ATTRS, count_include_pad=False), _pool_infer("avg_pool"), _pool_ref("avg"),
               kind="pool"))
 

@@ -828,6 +828,41 @@ void cuvil_max_pool_blocked(const cuvil_conv_shape *s, const float *x, float *y,
     cuvil_parallel_for(rows * s->OW * CUVIL_BLOCK > 16384 ? nthreads : 1, rows, 1, max_pool_blocked_task, &a);
 }
 
+typedef struct { const cuvil_conv_shape *s; const uint8_t *x; uint8_t *y; } byte_pool;
+
+/* Output rows r = n * OH + oh in [r0, r1): each pixel's C bytes the maximum of its window's (vpmaxub). */
+static void max_pool_bytes_task(void *ctx, int64_t r0, int64_t r1) {
+    const byte_pool *a = ctx;
+    const cuvil_conv_shape *s = a->s;
+    const int64_t C = s->C;
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t n = r / s->OH, oh = r % s->OH;
+        uint8_t *d = a->y + r * s->OW * C;
+        for (int64_t ow = 0; ow < s->OW; ow++, d += C) {
+            int first = 1;
+            for (int64_t kh = 0; kh < s->KH; kh++) {
+                int64_t ih = oh * s->sh - s->ph + kh * s->dh;
+                if (ih < 0 || ih >= s->H) continue;
+                for (int64_t kw = 0; kw < s->KW; kw++) {
+                    int64_t iw = ow * s->sw - s->pw + kw * s->dw;
+                    if (iw < 0 || iw >= s->W) continue;
+                    const uint8_t *p = a->x + ((n * s->H + ih) * s->W + iw) * C;
+                    if (first) memcpy(d, p, C), first = 0;
+                    else
+                        for (int64_t c = 0; c < C; c++) d[c] = p[c] > d[c] ? p[c] : d[c];
+                }
+            }
+            if (first) memset(d, 0, C);
+        }
+    }
+}
+
+void cuvil_max_pool_bytes(const cuvil_conv_shape *s, const uint8_t *x, uint8_t *y, int nthreads) {
+    byte_pool a = {s, x, y};
+    int64_t rows = s->N * s->OH;
+    cuvil_parallel_for(rows * s->OW * s->C > 65536 ? nthreads : 1, rows, 1, max_pool_bytes_task, &a);
+}
+
 /* ---- relayout ---------------------------------------------------------------------------- */
 typedef struct { int64_t C, HW; int to_blocked; const float *x; float *y; } relayout_args;
 

@@ -92,6 +92,10 @@ void cuvil_conv3x3_winograd_blocked(const cuvil_conv_shape *s, int m, const floa
 
 /* Max pooling of a blocked tensor (C a multiple of B): windows as cuvil_pool2d's mode 0. */
 void cuvil_max_pool_blocked(const cuvil_conv_shape *s, const float *x, float *y, int nthreads);
+/* The same pool on bytes: x the N maps H x W of C bytes a pixel (an integer conv's output for its
+ * readers, pixel-major), y the N maps OH x OW alike; windows over the taps inside the map (each window
+ * holds one: pads under the kernel). */
+void cuvil_max_pool_bytes(const cuvil_conv_shape *s, const uint8_t *x, uint8_t *y, int nthreads);
 
 /* [N][C][H*W] <-> [N][C/B][H*W][B] (to_blocked 1: NCHW in; 0: blocked in). */
 void cuvil_relayout(int64_t N, int64_t C, int64_t HW, int to_blocked, const float *x, float *y, int nthreads);

@@ -118,13 +118,15 @@ def optimize(graph, opts: Options):
     """The passes that opts ask for, for the C backend (passes/pipeline.py)."""
     from .codegen.c import C_BACKEND
     from .codegen.c.lower_int8dot import int8_conv_kind
+    from .codegen.c.tuning import plan_value
     from .options import calibration_leaves
     from .passes import pipeline
     calibration = [calibration_leaves(x) for x in opts.calibration_data or ()] if opts.precision == "int8" else None
+    target = resolve_target(opts.target)
     return pipeline.optimize(graph, opts.fusion_level, backend=C_BACKEND, layout=conv_layout(opts),
                              precision=opts.precision, calibration=calibration,
-                             calibration_method=opts.calibration_method,
-                             int8_convs=int8_conv_kind(resolve_target(opts.target)))
+                             calibration_method=opts.calibration_method, int8_convs=int8_conv_kind(target),
+                             bf16_direct_outputs=plan_value("bf16_direct_3x3_max_outputs", target))
 
 
 def _dot_products(node, target):

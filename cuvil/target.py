@@ -119,6 +119,16 @@ def cpu_flags() -> set:
     return set()
 
 
+@functools.lru_cache(None)
+def cpu_vendor() -> str:
+    """This machine's CPU vendor as /proc/cpuinfo names it (AuthenticAMD, GenuineIntel), "" where unknown."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("vendor_id")), "")
+    except OSError:
+        return ""
+
+
 # what a native build may use and a loading CPU must have: -march=native lets GCC and the kernels
 # (qgemm.c's VNNI, bf16dot.c's vdpbf16ps) use any of them
 NATIVE_FEATURES = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx2", "fma", "avx", "asimd")

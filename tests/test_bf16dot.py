@@ -132,3 +132,45 @@ def test_blocked_conv_in_bf16(k, stride, pad, dil, cin, cout, hw):
     # output's scale; a slip in the layout or the gather is off by the scale itself
     assert np.isfinite(got).all()
     assert np.abs(got - want).max() <= 0.03 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("flags,vendor,want", [
+    ({"avx512f", "avx512_bf16", "avx_vnni"}, "AuthenticAMD", 196),     # Zen 5
+    ({"avx512f", "avx512_bf16"}, "AuthenticAMD", 0),                   # Zen 4: not measured, Winograd stays
+    ({"avx512f", "avx512_bf16", "avx_vnni", "amx_bf16"}, "GenuineIntel", 0),
+    ({"avx2", "fma"}, "AuthenticAMD", 0),
+])
+def test_plan_tuning_picks_the_cpu_row(monkeypatch, flags, vendor, want):
+    """codegen/c/tuning.plan_value: the first PLAN_TUNING row whose CPU test holds for a native target,
+    else the default; a portable target always gets the default."""
+    from cuvil import target
+    from cuvil.codegen.c.tuning import PLAN_DEFAULTS, plan_value
+    monkeypatch.setattr(target, "cpu_flags", lambda: set(flags))
+    monkeypatch.setattr(target, "cpu_vendor", lambda: vendor)
+    assert plan_value("bf16_direct_3x3_max_outputs", "native") == want
+    assert plan_value("bf16_direct_3x3_max_outputs", "x86_64-avx512") == PLAN_DEFAULTS["bf16_direct_3x3_max_outputs"]
+
+
+@pytest.mark.parametrize("limit", [0, 49])
+def test_small_3x3_convs_take_direct_bf16_products(monkeypatch, tmp_path, limit):
+    """With the plan's limit (tuning.PLAN_TUNING bf16_direct_3x3_max_outputs), a 3x3 conv on a 7x7 map is
+    marked bf16_act 2 and runs direct (no Winograd: cuvil_conv_blocked_bf16 where the CPU has AVX512-BF16,
+    the fp32 direct conv elsewhere, though the plan names it only for a CPU that has it), the one on a
+    14x14 map keeps Winograd; within bf16's error of torch either way."""
+    import torch
+
+    import cuvil
+    from cuvil.codegen.c import tuning
+    from cuvil.target import has_features
+    monkeypatch.setattr(tuning, "plan_value", lambda knob, target: limit)
+    torch.manual_seed(4)
+    m = torch.nn.Sequential(torch.nn.Conv2d(32, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                            torch.nn.Conv2d(32, 32, 3, padding=1), torch.nn.ReLU()).eval()
+    x = torch.randn(1, 32, 14, 14)
+    cm = cuvil.compile(m, (x,), precision="bf16", layout="blocked", cache_dir=tmp_path)
+    marks = [n.attrs["bf16_act"] for n in cm.graph.nodes if n.op == "conv"]
+    assert marks == ([1, 2] if limit else [1, 1])
+    assert cm.c_source.count("cuvil_conv3x3_winograd_blocked(&s") == (1 if limit else 2)
+    assert ("cuvil_conv_blocked_bf16" in cm.c_source) == bool(limit and has_features("native", ("avx512_bf16",)))
+    want = m(x).detach().numpy()
+    assert np.abs(cm(x).numpy() - want).max() <= 0.03 * np.abs(want).max()

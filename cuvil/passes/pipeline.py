@@ -23,11 +23,11 @@ from . import layout as layout_pass
 
 
 def optimize(graph, fusion_level=2, *, backend, layout="nchw", precision="fp32", int8_convs=0, calibration=None,
-             calibration_method="minmax", verify=None, log=None):
+             calibration_method="minmax", bf16_direct_outputs=0, verify=None, log=None):
     """backend: passes/backend.py's Backend; layout: the layout pass's target layout, a blocked
     "nchw<B>c" to run it (driver.conv_layout picks it per target); precision: quantize.py's (int8_convs: what the target's integer
     convs are, 0 none, 1 AVX2's, 2 VNNI's; calibration: input sets, each a list of arrays, over which int8 convs
-    take their input ranges by calibration_method); verify: Graph.verify() after every pass (default: when
+    take their input ranges by calibration_method; bf16_direct_outputs: quantize.run's); verify: Graph.verify() after every pass (default: when
     CUVIL_VERIFY_PASSES is set to anything but 0); log(name, graph) after every pass."""
     if verify is None:
         verify = os.environ.get("CUVIL_VERIFY_PASSES", "0") not in ("", "0")
@@ -38,7 +38,8 @@ def optimize(graph, fusion_level=2, *, backend, layout="nchw", precision="fp32",
         "legalize": lambda g: legalize.run(g, backend),
         "fuse": lambda g: fuse.run(g, fusion_level, backend),
         "layout": lambda g: layout_pass.run(g, layout),
-        "quantize": lambda g: quantize.run(g, precision, int8_convs, calibration, calibration_method),
+        "quantize": lambda g: quantize.run(g, precision, int8_convs, calibration, calibration_method,
+                                           bf16_direct_outputs),
         "link_int8": lambda g: quantize.link_int8_convs(g, backend),
         "batch_map": batch_map.run,
     }
@@ -63,7 +64,7 @@ def optimize(graph, fusion_level=2, *, backend, layout="nchw", precision="fp32",
     for n in graph.nodes:          # control flow: each region is a graph of its own, kept in NCHW
         for k, sub in regions(n):
             n.attrs[k] = optimize(sub, fusion_level, backend=backend, precision=precision, int8_convs=int8_convs,
-                                  verify=verify, log=log)
+                                  bf16_direct_outputs=bf16_direct_outputs, verify=verify, log=log)
     if fusion_level > 0:           # last: its body is the optimized prefix, not a region to optimize again
         graph = apply("batch_map", graph)
     return graph

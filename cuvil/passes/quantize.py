@@ -126,12 +126,14 @@ def calibrate(graph, calibration, method="minmax"):
     return graph
 
 
-def run(graph, precision, int8_convs=0, calibration=None, calibration_method="minmax"):
+def run(graph, precision, int8_convs=0, calibration=None, calibration_method="minmax", bf16_direct_outputs=0):
     """graph with its constant-weight matmuls in `precision` (fp32: unchanged); int8_convs: what the
     target's integer convs are (0 none, 1 AVX2's, 2 VNNI's, which take 3x3 convs from Winograd), the
     value int8 marks them with; calibration: input sets over which their input ranges are taken
     (calibrate, by calibration_method), else each image's own at run time; a range the model fixed
-    itself (an ONNX QDQ or PT2E conv's input grid) is kept."""
+    itself (an ONNX QDQ or PT2E conv's input grid) is kept. bf16_direct_outputs: bf16 marks 3x3 stride-1
+    convs of at most that many output pixels bf16_act 2, direct bf16 products rather than fp32 Winograd
+    (codegen/c/tuning.py PLAN_TUNING, per CPU)."""
     if precision == "fp32":
         return graph
     if precision not in LOSSY:
@@ -141,8 +143,17 @@ def run(graph, precision, int8_convs=0, calibration=None, calibration_method="mi
     if precision == "bf16" or (precision == "int8" and int8_convs):
         for n in graph.nodes:
             if n.op == "conv" and n.inputs[1].is_const and n.inputs[0].dtype == "float32":
-                n.attrs[f"{precision}_act"] = 1 if precision == "bf16" else int8_convs
+                n.attrs[f"{precision}_act"] = (int8_convs if precision == "int8" else
+                                               2 if _small_3x3(n, bf16_direct_outputs) else 1)
     return calibrate(graph, calibration, calibration_method) if precision == "int8" else graph
+
+
+def _small_3x3(n, max_outputs) -> bool:
+    """A 3x3 stride-1 undilated conv of one group with at most max_outputs static output pixels."""
+    a, y = n.attrs, n.outputs[0]
+    return (tuple(n.inputs[1].shape[2:]) == (3, 3) and a.get("groups", 1) == 1 and y.type.rank == 4
+            and tuple(a["strides"]) == (1, 1) and tuple(a["dilations"]) == (1, 1)
+            and all(isinstance(d, int) for d in y.shape[2:]) and y.shape[2] * y.shape[3] <= max_outputs)
 
 
 def link_int8_convs(graph, backend):

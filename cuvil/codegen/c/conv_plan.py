@@ -82,6 +82,8 @@ def winograd_tile(node):
     a = node.attrs
     if a.get("int8_act") == 2 and a.get("in_layout") != "nchw":
         return 0              # integer products on VNNI (lower_int8dot.int8_conv_kind), direct (blocked, int8_nchw)
+    if a.get("bf16_act") == 2:
+        return 0              # direct bf16 products on a small map (passes/quantize.py, tuning.PLAN_TUNING)
     if not (x.type.rank == 4 and w.is_const and tuple(w.shape[2:]) == (3, 3) and _winograd_groups(node)
             and tuple(a["strides"]) == (1, 1) and tuple(a["dilations"]) == (1, 1)
             and w.shape[0] // a.get("groups", 1) >= 16 and w.shape[1] >= 16 and isinstance(y.shape[3], int)

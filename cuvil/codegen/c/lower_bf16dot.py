@@ -29,7 +29,7 @@ def bf16_dot_panels(w: np.ndarray) -> np.ndarray:
 
 def computes_bf16(node, target: str) -> bool:
     """Whether this matmul_q or conv runs on the bf16 dot-product kernels for `target`."""
-    if node.attrs.get("bf16_act", 0) != 1 or not has_features(target, BF16_FEATURES):
+    if node.attrs.get("bf16_act", 0) not in (1, 2) or not has_features(target, BF16_FEATURES):
         return False
     if node.op == "conv":
         return node.attrs.get("groups", 1) == 1 and conv_plan(node).kind == "blocked"

@@ -11,10 +11,15 @@ skipped whole where that macro is set from outside (-D, a tuning experiment).
 
 `reason` says why in a few words; `chosen_by` names the measurement that chose the value (the
 numbers are in the commit that set it: `git log -S<knob> -- cuvil/codegen/c/kernels`). Zen 5 is
-Zen with AVX-VNNI: GCC 12 does not know znver5 and reads it as Zen 4 (znver3 with AVX-512)."""
+Zen with AVX-VNNI: GCC 12 does not know znver5 and reads it as Zen 4 (znver3 with AVX-512).
+
+PLAN_TUNING, the second table, holds the choices the code generator makes in Python (which kernel a
+node gets, so which weights are packed): each row's `when` tests a native target's CPU (its cpuinfo
+flags and vendor); plan_value(knob, target) is the first row's value that holds, else PLAN_DEFAULTS'.
+A portable target (x86_64-avx2 ...) gets the defaults: the CPU it will run on is not known."""
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 DEFAULT = "default"
 ALL = "all"
@@ -183,3 +188,43 @@ TUNING: tuple[Row, ...] = (
 # undefined, so it is gone.
 HOOKS = {"qgemm_prefetch": "CUVIL_QGEMM_PREFETCH_HINT", "qgemm_prefill": "CUVIL_QGEMM_PREFILL_BLOCKS",
          "blocked_conv": "CUVIL_BLOCKED_WIDE_KB"}
+
+
+class PlanRow(NamedTuple):
+    cpu: str
+    when: Callable    # (cpuinfo flags, vendor) -> bool
+    knob: str
+    value: int
+    reason: str
+    chosen_by: str
+
+
+def _zen5(flags, vendor) -> bool:
+    return vendor == "AuthenticAMD" and {"avx_vnni", "avx512_bf16", "avx512f"} <= flags
+
+
+PLAN_DEFAULTS = {
+    # precision="bf16": 3x3 stride-1 convs of at most this many output pixels take direct bf16 products
+    # (vdpbf16ps) instead of fp32 Winograd; 0: Winograd everywhere (Zen 4, ResNet-50: Winograd 0.82x the
+    # time of all-direct bf16). Where bf16 dot products run no faster than fp32 FMAs (Intel's AVX512-BF16
+    # without AMX), Winograd's saving wins at every size.
+    "bf16_direct_3x3_max_outputs": 0,
+}
+
+PLAN_TUNING: tuple[PlanRow, ...] = (
+    # ResNet-50 bf16, the 3x3 convs direct by output size, 9 rounds interleaved, 1 / 2 threads: 7x7 maps
+    # 0.995x / 0.964x, 7x7 and 14x14 0.970x / 0.933x, up to 28x28 0.999x / 0.978x, all 1.011x / 0.983x
+    # (Winograd's tiles fit small maps badly: 7x7 outputs in 8x8 of F(4x4, 3x3) tiles)
+    PlanRow("Zen 5", _zen5, "bf16_direct_3x3_max_outputs", 196,
+            "direct bf16 products for 3x3 convs at 14x14 and smaller", "benchmarks.ab ResNet-50 --precision bf16"),
+)
+
+
+def plan_value(knob: str, target: str) -> int:
+    from ...target import cpu_flags, cpu_vendor, resolve_target
+    if resolve_target(target) == "native":
+        flags, vendor = cpu_flags(), cpu_vendor()
+        for r in PLAN_TUNING:
+            if r.knob == knob and r.when(flags, vendor):
+                return r.value
+    return PLAN_DEFAULTS[knob]

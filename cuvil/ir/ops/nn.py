@@ -157,7 +157,8 @@ def _conv_ref(xs, a):
 # inputs: x, w, [bias], [residual]; act is the fused activation (passes set it); layout: how C stores
 # the output and residual, in_layout x's when it differs (movement.py: LAYOUTS; passes/layout.py sets
 # them, the reference ignores them); bf16_act 1 (precision="bf16"): the input and filters may be rounded
-# to bf16 where the target multiplies in bf16 (matmul_q's bf16_act; the reference stays fp32); int8_act 1 or 2
+# to bf16 where the target multiplies in bf16 (matmul_q's bf16_act; the reference stays fp32), 2: a 3x3
+# conv that takes direct bf16 products there rather than fp32 Winograd; int8_act 1 or 2
 # (precision="int8"; 2: 3x3 convs too, not Winograd): the target has integer convs and the input is
 # quantized to bytes over
 # int8_range ([lo, hi] from calibration data, or None: each image's own) and the filters to int8 per

@@ -176,17 +176,23 @@ def test_paced_prefill_chunks_follow_the_step_time(llm, monkeypatch):
         sizes.append((job[1], decoding))
         real(job)
     batcher._prefill_chunk = spy
+    real_decode, late = batcher._decode, []
+
+    def decode_then_submit(seqs):    # the long prompt arrives from the scheduler once a stream decodes
+        real_decode(seqs)
+        if not late:
+            late.append(batcher.submit(long_prompt, 6))
+    batcher._decode = decode_then_submit
     try:
         seqs = [iter(batcher.submit(p, 50)) for p in (PROMPTS[0], PROMPTS[2])]
-        first = next(seqs[0])            # a stream decodes: the long prompt arrives while it does
-        seqs.append(iter(batcher.submit(long_prompt, 6)))
-        got = [[first] + list(seqs[0])] + [list(s) for s in seqs[1:]]
+        got = [list(s) for s in seqs] + [list(late[0])]
     finally:
         batcher.close()
     assert got == alone
     # whole chunks while nothing decodes, chunks of int(5.5) = 5 while a stream does; the long prompt is
-    # submitted once the first stream has given a token, so it is read while that stream decodes (on a
-    # loaded host, submitted with the others, it had been read before any stream decoded)
+    # submitted by the scheduler after the first decode step, so it is read while the streams decode (49
+    # steps left; submitted from the test's thread after the first token, on a loaded CI host the streams
+    # had sometimes ended before it arrived)
     assert sizes[0] == (32, False), sizes
     assert all(n == (5 if decoding else 32) for n, decoding in sizes), sizes
     assert sum(decoding for _, decoding in sizes) >= 8, sizes

@@ -174,7 +174,9 @@ def link_int8_convs(graph, backend):
     (backend.int8_conv: the convs that can write bytes; backend.int8_input_image: those that read them;
     backend.int8_residual: those whose residual can be bytes)."""
     users, outputs = graph.users(), {id(v) for v in graph.outputs}
-    readers = lambda v: list({id(n): n for n in users.get(id(v), [])}.values())     # noqa: E731
+
+    def readers(v):                  # each node once, whichever of its inputs v is
+        return list({id(n): n for n in users.get(id(v), [])}.values())
     for m in graph.nodes:           # ResNet's stem -> max pool -> the first block's convs: bytes all the way
         p = m.inputs[0].producer if backend.int8_pool(m) and not m.attrs.get("int8_in") else None
         y = m.outputs[0]

@@ -21,6 +21,9 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
+from ... import target as target_module
+from ...target import resolve_target
+
 DEFAULT = "default"
 ALL = "all"
 ELSE = "else"
@@ -221,9 +224,8 @@ PLAN_TUNING: tuple[PlanRow, ...] = (
 
 
 def plan_value(knob: str, target: str) -> int:
-    from ...target import cpu_flags, cpu_vendor, resolve_target
     if resolve_target(target) == "native":
-        flags, vendor = cpu_flags(), cpu_vendor()
+        flags, vendor = target_module.cpu_flags(), target_module.cpu_vendor()
         for r in PLAN_TUNING:
             if r.knob == knob and r.when(flags, vendor):
                 return r.value

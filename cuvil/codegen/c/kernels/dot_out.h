@@ -152,6 +152,20 @@ static inline float cuvil_dot_one(const cuvil_dot_out *o, float sum, int64_t m, 
            (o->res_q ? *cuvil_res_byte(o, m, n) * o->res_scale + o->res_shift : 0.f);
 }
 
+/* The folded byte store's map (cuvil_dot_store_bytes' clamp path; int8dot.c's stores from registers take
+ * the same): where o writes bytes with no row bias and a clamp activation, that clamp in byte space, a
+ * residual byte's factor rs (its scale times inv) and z5, what the biases fold onto (zero + 0.5 + the
+ * residual bytes' shift times inv); 0 where o takes the general store. */
+typedef struct { cuvil_byte_clamp k; float rs, z5; } cuvil_byte_fold;
+
+static inline int cuvil_byte_fold_of(const cuvil_dot_out *o, cuvil_byte_fold *f) {
+    float lo, hi;
+    if (!o->bytes || o->bias_row || !cuvil_act_bounds(o->act, &lo, &hi)) return 0;
+    f->k = cuvil_byte_clamp_of(o->bytes, lo, hi);
+    f->rs = o->res_scale * f->k.inv, f->z5 = f->k.z5 + (o->res_q ? o->res_shift * f->k.inv : 0.f);
+    return 1;
+}
+
 /* Where row m's bytes start in o->bytes (its pixel's channel col0), or 0 for a pixel the image drops
  * (a strided conv's last rows or columns, which no window reads). */
 static inline uint8_t *cuvil_byte_row(const cuvil_dot_out *o, int64_t m) {
@@ -167,14 +181,14 @@ static inline void cuvil_dot_store_bytes(const cuvil_dot_out *o, const float *ou
     for (int r = 0; r < mr; r++) row[r] = cuvil_byte_row(o, m0 + r);
     const cuvil_byte_image *b = o->bytes;
     int64_t j = 0;
-    float lo, hi;
-    if (!o->bias_row && cuvil_act_bounds(o->act, &lo, &hi)) {
+    cuvil_byte_fold fold;
+    if (cuvil_byte_fold_of(o, &fold)) {
         /* (sum * sc + bc) * inv + zero + 0.5 = sum * (sc inv) + (bc inv + zero + 0.5), and a residual's bytes
          * q, worth q * rs + rsh: + q * (rs inv) + rsh inv; a float residual is added before the map, so that
          * the bytes are the general path's below to the bit (the clamp's bounds mapped as the values are).
          * The general path had made a ResNet block's last conv slower writing bytes than writing floats. */
-        cuvil_byte_clamp k = cuvil_byte_clamp_of(b, lo, hi);
-        float rs = o->res_scale * k.inv, z5 = k.z5 + (o->res_q ? o->res_shift * k.inv : 0.f);
+        cuvil_byte_clamp k = fold.k;
+        float rs = fold.rs, z5 = fold.z5;
         for (; j + CUVIL_VL <= nc; j += CUVIL_VL) {
             int64_t n = n0 + j, at = n / o->nb * o->ldn + n % o->nb;
             cuvil_vf sc0 = o->scale_col ? cuvil_vload(o->scale_col + n) : cuvil_vsplat(o->alpha);

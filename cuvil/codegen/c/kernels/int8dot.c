@@ -147,11 +147,9 @@ I8_TILE_FUSED(24, 1)
 /* The folded byte store's constants (cuvil_dot_store_bytes) for rows of one panel, or 0 where o takes
  * the general store: floats, a float residual, a row bias or an activation that is no clamp. */
 static int i8_fused_of(const cuvil_dot_out *o, i8_fused *f, float *z5) {
-    float lo, hi;
-    if (!o->bytes || o->residual || o->bias_row || !cuvil_act_bounds(o->act, &lo, &hi)) return 0;
-    cuvil_byte_clamp k = cuvil_byte_clamp_of(o->bytes, lo, hi);
-    f->rs = o->res_scale * k.inv, f->qlo = k.qlo, f->qhi = k.qhi;
-    *z5 = k.z5 + (o->res_q ? o->res_shift * k.inv : 0.f);
+    cuvil_byte_fold fold;
+    if (o->residual || !cuvil_byte_fold_of(o, &fold)) return 0;
+    f->rs = fold.rs, f->qlo = fold.k.qlo, f->qhi = fold.k.qhi, *z5 = fold.z5;
     return 1;
 }
 

@@ -114,6 +114,27 @@ def test_prefix_reuse_skips_kept_tokens_and_keeps_outputs(llm):
         assert batcher.prompt_tokens == {"reused": sum(reused), "read": total - sum(reused)}, batcher.prompt_tokens
 
 
+def test_requests_arriving_together_read_a_shared_prefix_once(llm):
+    """Three requests with one 24-token system prompt, submitted together into empty slots: the first
+    reads its prompt, the other two copy the system prompt's keys and values from its slot (48 tokens
+    reused, counted exactly), and every output equals the sequence's greedy run alone."""
+    system = list(range(200, 224))
+    prompts = [system + [5], system + [9, 10], system + [7, 8, 9]]
+    alone = [llm.generate(p, 6) for p in prompts]
+    batcher = ContinuousBatcher(llm, prefill_chunk=8)
+    try:
+        with batcher._cv:           # (re-entrant) the scheduler admits them together, into empty slots
+            seqs = [batcher.submit(p, 6) for p in prompts]
+        got = [list(s) for s in seqs]
+    finally:
+        batcher.close()
+    assert got == alone
+    assert len({s.slot for s in seqs}) == 3
+    total = sum(len(p) for p in prompts)
+    assert batcher.prompt_tokens == {"reused": 2 * len(system), "read": total - 2 * len(system)}, \
+        batcher.prompt_tokens
+
+
 def test_prefix_reuse_picks_the_slot_with_the_longest_prefix(llm):
     """Three slots keep three different prompts; a request sharing most with the second goes there (and
     its output equals its greedy run alone), one sharing nothing goes to the slot freed longest ago."""

@@ -200,6 +200,13 @@ class LLM:
         self.lengths[slots] = start + ids.shape[1]
         return logits
 
+    def _copy_cache(self, source, dest, start, stop):
+        """The keys and values at positions [start, stop) of slot `source` into slot `dest` (a shared
+        prompt prefix; unchecked and unlocked, as _step)."""
+        for cache in (self.k_cache, self.v_cache):
+            cache[:, dest, :, start:stop] = cache[:, source, :, start:stop]
+        self.lengths[dest] = stop
+
     def _prefill(self, ids):
         self.lengths[:] = 0
         return self._step(ids[None], np.zeros(1, np.int64))[0]

@@ -17,9 +17,12 @@ Prefix reuse (prefix_reuse=True, the default): a slot keeps the keys and values 
 that held it after that sequence ends, and remembers its tokens. A new request takes the free slot
 whose remembered tokens share the longest prefix with its prompt (ties: the slot freed longest ago)
 and prefills from there on, so a system prompt or a conversation's history shared by requests is
-read once per slot, not once per request. The keys and values at a position depend only on the
-tokens up to it, so the reused ones are the ones a fresh prefill would write (up to the rounding of
-a different chunking)."""
+read once per slot, not once per request. And before each prefill chunk, a sequence whose next
+prompt tokens another slot already holds (a request admitted with it and read first, a running
+sequence, a kept one) copies their keys and values from there instead of reading them: 8 requests
+that arrive together with one system prompt read it once, not 8 times. The keys and values at a
+position depend only on the tokens up to it, so the reused ones are the ones a fresh prefill would
+write (up to the rounding of a different chunking)."""
 from __future__ import annotations
 
 import collections
@@ -115,7 +118,7 @@ class ContinuousBatcher:
         self._freed: dict[int, int] = {}
         self._clock = itertools.count()
         self.steps = collections.Counter()         # "prefill" / "decode" runs; decode rows per step
-        self.prompt_tokens = collections.Counter()  # "read" (prefilled) / "reused" (from a slot's kept prefix)
+        self.prompt_tokens = collections.Counter()  # "read" (prefilled) / "reused" (kept or copied from a slot)
         self._thread = threading.Thread(target=self._run, name="cuvil-continuous-batcher", daemon=True)
         self._thread.start()
 
@@ -190,16 +193,36 @@ class ContinuousBatcher:
         seq.slot = max(free, key=lambda s: reuse[s])          # max keeps the first of ties: freed longest ago
         seq.cursor = min(reuse[seq.slot], len(seq.prompt) - 1)
         self.prompt_tokens["reused"] += seq.cursor
-        self.prompt_tokens["read"] += len(seq.prompt) - seq.cursor
         self._kept.pop(seq.slot, None)
         self._slots[seq.slot] = seq
+
+    def _written(self, slot) -> list:
+        """The tokens whose keys and values `slot` holds now, from position 0."""
+        seq = self._slots.get(slot)
+        if seq is None:
+            return self._kept.get(slot, [])
+        return seq.seen[:seq.cursor if seq.cursor < len(seq.prompt) else len(seq.seen) - 1]
+
+    def _borrow(self, seq):
+        """The longest run of seq's next prompt tokens that another slot holds, copied from there into
+        seq's slot (the scheduler thread only: it alone changes the slots)."""
+        best, source = seq.cursor, None
+        for slot in range(self.max_batch):
+            if slot != seq.slot:
+                n = min(common_prefix(self._written(slot), seq.prompt), len(seq.prompt) - 1)
+                if n > best:
+                    best, source = n, slot
+        if source is not None:
+            self.llm._copy_cache(source, seq.slot, seq.cursor, best)
+            self.prompt_tokens["reused"] += best - seq.cursor
+            seq.cursor = best
 
     def _release(self, seq, valid: bool = True):
         """seq's slot is free again; it keeps the tokens whose keys and values seq wrote (valid: the
         step that ended seq did not fail midway)."""
+        kept = self._written(seq.slot) if valid else []        # the last token fed back never ran
         del self._slots[seq.slot]
-        written = seq.cursor if seq.cursor < len(seq.prompt) else len(seq.seen) - 1   # the last token never ran
-        self._kept[seq.slot] = seq.seen[:written] if valid else []
+        self._kept[seq.slot] = kept
         self._freed[seq.slot] = next(self._clock)
 
     def _guarded(self, seqs, step, arg):
@@ -219,7 +242,10 @@ class ContinuousBatcher:
 
     def _prefill_chunk(self, job):
         seq, tokens = job
+        if self.prefix_reuse:
+            self._borrow(seq)
         a, b = seq.cursor, min(seq.cursor + tokens, len(seq.prompt))
+        self.prompt_tokens["read"] += b - a
         t0 = time.perf_counter()
         logits = self.llm._step(np.asarray([seq.prompt[a:b]], np.int64), np.array([a], np.int64),
                                 np.array([seq.slot], np.int64))

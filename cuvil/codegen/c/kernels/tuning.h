@@ -82,6 +82,9 @@
 #ifndef CUVIL_GEMV_DRAM_STREAMS
 #define CUVIL_GEMV_DRAM_STREAMS CUVIL_GEMV_STREAMS    /* from DRAM as from cache: all streams side by side */
 #endif
+#ifndef CUVIL_QGEMM_ROWS512_MIN
+#define CUVIL_QGEMM_ROWS512_MIN 8    /* int4 past 8 rows on the 6 x 64 rows tile, fewer on 4 x 32 quads (benchmarks.ab, TinyLlama prefill of 128 tokens, artifacts interleaved + benchmarks.qgemv) */
+#endif
 #ifndef CUVIL_QGEMM_DECODE_512
 #define CUVIL_QGEMM_DECODE_512 0    /* decode on the 256-bit tile */
 #endif

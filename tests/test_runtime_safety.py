@@ -347,3 +347,40 @@ def test_forked_child_runs_and_exits(tmp_path):
                        timeout=240)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().endswith("child 0"), r.stdout + r.stderr[-2000:]
+
+
+def test_dims_evaluate_from_many_threads_while_collections_switch_threads():
+    """Output dims of a dynamic artifact are read from its manifest's expressions on every run, from as
+    many threads as call it. CPython 3.11's parser is not safe to enter from two threads: a collection
+    during parsing that let another thread parse raised "SystemError: AST constructor recursion depth
+    mismatch" (32 clients of one artifact hit it in benchmarks.serve). Here collections come every 50
+    allocations and each lets the other threads run; every expression is new (none parsed before)."""
+    import threading
+    import time
+
+    from cuvil.runtime.module import eval_dim
+    errors, threshold = [], gc.get_threshold()
+
+    def switch(phase, info):
+        time.sleep(0)
+
+    def work(k):
+        try:
+            for i in range(300):
+                got = eval_dim(f"floordiv(batch*{k}+{i}, 2) + mod(seq, {i + 1}) * max(batch, {k + 7})",
+                               {"batch": 3, "seq": 7})
+                assert got == (3 * k + i) // 2 + 7 % (i + 1) * max(3, k + 7)
+        except Exception as e:  # noqa: BLE001 - collected for the assertion below
+            errors.append(repr(e))
+    gc.set_threshold(50, 1, 1)
+    gc.callbacks.append(switch)
+    try:
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    finally:
+        gc.callbacks.remove(switch)
+        gc.set_threshold(*threshold)
+    assert errors == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import ctypes
+import functools
 import os
 import re
 import sys
@@ -49,6 +50,18 @@ _OPS = {ast.Add: lambda a, b: a + b, ast.Mult: lambda a, b: a * b, ast.Sub: lamb
         ast.FloorDiv: lambda a, b: a // b, ast.Mod: lambda a, b: a % b}
 
 
+_PARSE_LOCK = threading.Lock()
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_dim(text: str) -> ast.Expression:
+    """A dim expression's tree, parsed once. CPython 3.11's parser is not safe to enter from two threads
+    at once: 32 threads running one artifact raised "SystemError: AST constructor recursion depth
+    mismatch" from here. So parsing holds a lock, and a run after the first parses nothing."""
+    with _PARSE_LOCK:
+        return ast.parse(text, mode="eval")
+
+
 def eval_dim(text: str, env: dict) -> int:
     """Evaluate a manifest dim ('batch*12', 'floordiv(seq, 2)') without eval()."""
     def ev(n):
@@ -67,8 +80,10 @@ def eval_dim(text: str, env: dict) -> int:
             if f:
                 return f(ev(n.args[0]), ev(n.args[1]))
         raise ArtifactError(f"bad dim expression in manifest: {text!r}")
+    if not isinstance(text, str):
+        raise ArtifactError(f"bad dim in manifest: {text!r} (an int or an expression)")
     try:
-        v = int(ev(ast.parse(text, mode="eval")))
+        v = int(ev(_parse_dim(text)))
     except (SyntaxError, ValueError, RecursionError, ZeroDivisionError, MemoryError) as e:
         raise ArtifactError(f"bad dim expression in manifest: {text!r} ({type(e).__name__})") from None
     if v < 0:

@@ -355,7 +355,7 @@ def test_dims_evaluate_from_many_threads_while_collections_switch_threads():
     during parsing that let another thread parse raised "SystemError: AST constructor recursion depth
     mismatch" (32 clients of one artifact hit it in benchmarks.serve). Here collections come every 50
     allocations and each lets the other threads run; every expression is new (none parsed before)."""
-    import threading
+    import concurrent.futures
     import time
 
     from cuvil.runtime.module import eval_dim
@@ -375,11 +375,8 @@ def test_dims_evaluate_from_many_threads_while_collections_switch_threads():
     gc.set_threshold(50, 1, 1)
     gc.callbacks.append(switch)
     try:
-        threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            list(pool.map(work, range(8)))
     finally:
         gc.callbacks.remove(switch)
         gc.set_threshold(*threshold)

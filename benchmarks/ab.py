@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -30,13 +31,21 @@ WORKLOADS = {**_BASE, **CNNS}
 LLM_WORKLOAD = "TinyLlama int4 decode"
 
 
+def _built_by():
+    """Which checkout compiled it: `python -m` puts the working directory first on sys.path, so a build
+    meant for another worktree (PYTHONPATH=/tmp/old) still compiles this folder's cuvil unless run from
+    inside that worktree."""
+    import cuvil
+    return f"(compiled by {Path(cuvil.__file__).resolve().parent.parent})"
+
+
 def save_llm(path: str):
     import cuvil.llm
     from benchmarks.llm import TINYLLAMA, make_checkpoint
     ckpt = make_checkpoint(TINYLLAMA, "tinyllama-shape")
     cuvil.llm.from_transformers(ckpt, precision="int4", max_seq_len=512, num_threads=1,
                                 measure_error=False).save(path)
-    print(f"saved {LLM_WORKLOAD} to {path}")
+    print(f"saved {LLM_WORKLOAD} to {path} {_built_by()}")
 
 
 def compare_llm(paths: list, threads: int, rounds: int, chunk: int = 12):
@@ -83,7 +92,7 @@ def save(workload: str, path: str, target: str = "native", precision: str = "fp3
     calibration = [[torch.randn(*x.shape) for x in inputs] for _ in range(CALIBRATION_IMAGES)] if calibrated else None
     cuvil.compile(model, inputs, num_threads=1, target=target, precision=precision, calibration_data=calibration,
                   cache_dir=tempfile.mkdtemp()).save(path)
-    print(f"saved {workload} ({target}, {precision}{', calibrated' if calibrated else ''}) to {path}")
+    print(f"saved {workload} ({target}, {precision}{', calibrated' if calibrated else ''}) to {path} {_built_by()}")
 
 
 def compare(workload: str, paths: list, threads: int, rounds: int, burst: float, batch: int = 1):

@@ -7,6 +7,7 @@ int8 and int4, float activations (dequantize into the fp32 micro-kernel) vs int8
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import numpy as np
 
@@ -59,7 +60,8 @@ def main(argv=None):
         fns[k] = (lambda m: (lambda: m.run(x)))(cm)
     ref = x.astype(np.float64) @ w
     times = interleaved(fns, rounds=a.repeat)
-    print(f"M={a.rows} K={a.K} N={a.N} threads={a.threads}")
+    import cuvil
+    print(f"M={a.rows} K={a.K} N={a.N} threads={a.threads}, kernels of {Path(cuvil.__file__).resolve().parent.parent}")
     for k in kinds:
         err = np.abs(fns[k]()[0] - ref).max() / np.abs(ref).max()
         t = times[k]

@@ -245,10 +245,10 @@ class ContinuousBatcher:
         if self.prefix_reuse:
             self._borrow(seq)
         a, b = seq.cursor, min(seq.cursor + tokens, len(seq.prompt))
-        self.prompt_tokens["read"] += b - a
         t0 = time.perf_counter()
         logits = self.llm._step(np.asarray([seq.prompt[a:b]], np.int64), np.array([a], np.int64),
                                 np.array([seq.slot], np.int64))
+        self.prompt_tokens["read"] += b - a
         self._token_s = _ema(self._token_s, (time.perf_counter() - t0) / (b - a))
         self.steps["prefill"] += 1
         seq.cursor = b

@@ -93,8 +93,9 @@ def create_llm_app(artifact, *, name=None, prefill_chunk=64, pace_prefill=False,
                         buckets=LATENCY_BUCKETS, registry=reg)
     Gauge("cuvil_llm_active_sequences", "sequences in KV cache slots", registry=reg).set_function(live.active)
     Gauge("cuvil_llm_queue_depth", "requests waiting for a slot", registry=reg).set_function(live.waiting)
-    Gauge("cuvil_llm_prompt_tokens_reused", "prompt tokens whose keys and values a slot kept from an earlier "
-          "request (prefix reuse), in all", registry=reg).set_function(live.reused)
+    Gauge("cuvil_llm_prompt_tokens_reused", "prompt tokens whose keys and values were not read again: kept in "
+          "a slot from an earlier request or copied from another slot (prefix reuse), in all",
+          registry=reg).set_function(live.reused)
     Gauge("cuvil_llm_reloads", "artifacts swapped in by --watch", registry=reg).set_function(lambda: live.reloads)
 
     @contextlib.asynccontextmanager

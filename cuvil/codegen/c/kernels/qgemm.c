@@ -593,12 +593,11 @@ static void tile_scalar(const qargs *a, int64_t m0, int64_t b0, float out[4][32]
 /* Task t: blocks [t cb, (t + 1) cb) (a quad) x all rows, tiles of mr rows x nc blocks; for each tile
  * of rows the quad's blocks in turn, so the lines they share are read from memory once per quad and
  * then from the cache. */
-/* A finished tile into C through the epilogue: act(alpha * out + bias + residual), each term its
+/* A finished tile's `rows` rows from m0 into C through the epilogue: act(alpha * out + bias + residual), each term its
  * own loop (they vectorise) and the activation over the stored tile: a scalar GELU per element had
  * made an int8 MLP at 64 rows 1.2x its fp32 time where the products alone ran at 0.66x. */
-static void q_store(const qargs *a, const float *out, int64_t ld, int64_t m0, int64_t n0, int64_t nc) {
+static void q_store(const qargs *a, const float *out, int64_t ld, int64_t m0, int64_t rows, int64_t n0, int64_t nc) {
     const cuvil_epilogue *ep = a->ep;
-    int64_t rows = a->M - m0 < a->mr ? a->M - m0 : a->mr;
     for (int64_t i = 0; i < rows; i++) {
         float *c = a->C + (m0 + i) * a->ldc + n0;
         for (int64_t j = 0; j < nc; j++) c[j] = out[i * ld + j];
@@ -662,25 +661,24 @@ static void q_task(void *ctx, int64_t t0, int64_t t1) {
             tile_scalar(a, m0, b0, out);
 #endif
             int64_t n0 = b0 * 8, nc = a->N - n0 < a->nc * 8 ? a->N - n0 : a->nc * 8;
-            q_store(a, &out[0][0], 32, m0, n0, nc);
+            q_store(a, &out[0][0], 32, m0, a->M - m0 < a->mr ? a->M - m0 : a->mr, n0, nc);
         }
 }
 
 #ifdef CUVIL_QGEMM_512
 /* More than one row on 512-bit VNNI (int8, and int4 where its tile is q4_rows512): task t is blocks
- * [8t, 8t + 8) (two quads; the last task may hold one) x all rows, in tiles of at most six rows split
- * evenly (8 rows: 4 + 4, not 6 + 2, whose 2-row tile unpacks the int4 weights for two rows), the
- * weights of a task read from memory by its first tile and from the cache by the rest. */
+ * [8t, 8t + 8) (two quads; the last task may hold one) x all rows, in tiles of six rows and the rows
+ * left over, the weights of a task read from memory by its first tile and from the cache by the rest.
+ * (Rows split evenly instead, 8 as 4 + 4: int8 at 8 rows 1.07x the time of 6 + 2, benchmarks.qgemv.) */
 static void rows_task512(void *ctx, int64_t t0, int64_t t1) {
     const qargs *a = ctx;
     float out[6 * Q8_OUT_LD] __attribute__((aligned(64)));
     const int sub = (int)(a->ablock / 4);
-    const int64_t tiles = (a->M + 5) / 6;
     for (int64_t t = t0; t < t1; t++) {
         const int64_t b0 = 8 * t;
         const int two = b0 + 4 < a->nblocks;
-        for (int64_t k = 0, m0 = 0; k < tiles; k++) {
-            const int64_t rows = a->M / tiles + (k < a->M % tiles);
+        for (int64_t m0 = 0; m0 < a->M; m0 += 6) {
+            const int64_t rows = a->M - m0 < 6 ? a->M - m0 : 6;
 #define ROWS_TILE(MR) do { if (a->bits == 4) { if (two) q4_rows512(a, MR, 4, m0, b0, out);                 \
                                                else q4_rows512(a, MR, 2, m0, b0, out); }                  \
                            else if (two) q8_rows512(a, MR, 4, sub, m0, b0, out);                          \
@@ -695,8 +693,7 @@ static void rows_task512(void *ctx, int64_t t0, int64_t t1) {
             }
 #undef ROWS_TILE
             int64_t n0 = b0 * 8, nc = a->N - n0 < 64 ? a->N - n0 : 64;
-            q_store(a, out, Q8_OUT_LD, m0, n0, nc);
-            m0 += rows;
+            q_store(a, out, Q8_OUT_LD, m0, rows, n0, nc);
         }
     }
 }

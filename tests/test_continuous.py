@@ -25,7 +25,8 @@ def test_greedy_output_equals_single_sequence_runs(llm):
     alone = [llm.generate(p, b) for p, b in zip(PROMPTS, BUDGETS)]
     batcher = ContinuousBatcher(llm, prefill_chunk=4)
     try:
-        seqs = [batcher.submit(p, b) for p, b in zip(PROMPTS, BUDGETS)]
+        with batcher._cv:           # (re-entrant) queued together: the scheduler could otherwise finish one
+            seqs = [batcher.submit(p, b) for p, b in zip(PROMPTS, BUDGETS)]     # before the next arrives
         got = [list(s) for s in seqs]
     finally:
         batcher.close()

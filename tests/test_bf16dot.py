@@ -111,6 +111,7 @@ def test_panels_layout():
     (3, 2, 1, 1, 32, 64, (15, 14)),       # gathered from a padded copy
     (3, 1, 2, 2, 16, 32, (12, 12)),       # dilated (no Winograd)
     (5, 1, 2, 1, 16, 16, (7, 9)),
+    (3, 2, 1, 1, 32, 144, (17, 19)),      # few M blocks, 3 panels: on threads, all rows rounded first
 ])
 def test_blocked_conv_in_bf16(k, stride, pad, dil, cin, cout, hw):
     """precision="bf16" on a channel-blocked conv (with bias, residual and ReLU fused) against torch:
@@ -124,9 +125,10 @@ def test_blocked_conv_in_bf16(k, stride, pad, dil, cin, cout, hw):
     torch.manual_seed(k * 10 + stride)
     m = branching_conv_block(cin, cout, k, stride, pad, dil)
     x = torch.randn(2, cin, *hw)
-    cm = cuvil.compile(m, (x,), precision="bf16", layout="blocked")
+    cm = cuvil.compile(m, (x,), precision="bf16", layout="blocked", num_threads=3)
     want = m(x).detach().numpy()
     got = cm(x).numpy()
+    assert np.array_equal(cuvil.load(cm.path, num_threads=1).run(x.numpy())[0], got)   # the rows' split changes no sum
     assert ("cuvil_conv_blocked_bf16" in cm.c_source) == has_features("native", ("avx512_bf16",))
     # bf16 keeps 8 bits: each product off by ~2^-8 relative, their sum's error a few 2^-8 of the
     # output's scale; a slip in the layout or the gather is off by the scale itself

@@ -540,7 +540,7 @@ void cuvil_conv_nchw_blocked(const cuvil_conv_shape *s, const float *x, const fl
     int64_t hp = in_place ? s->H : padded_h(s), wp = in_place ? s->W : padded_w(s), P = s->OH * s->OW, out = s->O * P;
     float *xp = scratch;
     int64_t *pix = (int64_t *)(scratch + (in_place ? 0 : s->C * hp * wp));
-    for (int64_t m = 0; m < P; m++) pix[m] = m / s->OW * s->sh * wp + m % s->OW * s->sw;
+    blocked_pixel_table(s, wp, pix);
     nchw_source src = {xp, pix, s->C, s->KH, s->KW, s->dh, s->dw, hp * wp, wp};
     for (int64_t n = 0; n < s->N; n++) {
         const float *xn = x + n * s->C * s->H * s->W;

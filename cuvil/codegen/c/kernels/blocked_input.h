@@ -70,13 +70,20 @@ typedef struct {
     int64_t hp, wp, *pix, *tap;
 } blocked_input;
 
+/* pix[m]: where output pixel m's window starts in an image of rows wp pixels long (built on every
+ * call: row by row, without a division a pixel). */
+static inline void blocked_pixel_table(const cuvil_conv_shape *s, int64_t wp, int64_t *pix) {
+    for (int64_t oh = 0; oh < s->OH; oh++)
+        for (int64_t ow = 0; ow < s->OW; ow++) *pix++ = oh * s->sh * wp + ow * s->sw;
+}
+
 static inline blocked_input blocked_input_tables(const cuvil_conv_shape *s, float *scratch) {
     blocked_input b = {blocked_direct(s), 0, 0, 0, 0, 0};
     b.in_place = b.direct || blocked_in_place(s);
     b.hp = b.in_place ? s->H : padded_h(s), b.wp = b.in_place ? s->W : padded_w(s);
     b.pix = (int64_t *)(scratch + (b.in_place ? 0 : s->C * b.hp * b.wp)), b.tap = b.pix + s->OH * s->OW;
     if (!b.direct) {
-        for (int64_t m = 0; m < s->OH * s->OW; m++) b.pix[m] = m / s->OW * s->sh * b.wp + m % s->OW * s->sw;
+        blocked_pixel_table(s, b.wp, b.pix);
         for (int64_t t = 0; t < s->KH * s->KW; t++) b.tap[t] = t / s->KW * s->dh * b.wp + t % s->KW * s->dw;
     }
     return b;

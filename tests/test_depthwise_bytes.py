@@ -188,3 +188,36 @@ def test_nchw_convs_run_in_integer_products(target, tmp_path):
         want = m(x).detach().numpy()
         got = cm(x).numpy()
         assert np.abs(got - want).max() <= 0.04 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("stride,hw,batch,threads", [(1, (23, 21), 2, 2), (2, (24, 25), 1, 2), (1, (12, 13), 1, 1)])
+@pytest.mark.parametrize("target", ["native", "x86_64-avx2"])
+def test_float_depthwise_writes_the_next_convs_bytes(stride, hw, batch, threads, target, tmp_path, monkeypatch):
+    """A MobileNet's first depthwise conv reads the float stem's output and, calibrated, writes the 1x1
+    conv's input bytes itself (kernels/blocked.c cuvil_depthwise_blocked_to_bytes); the bytes are those
+    the 1x1 conv makes of the floats unlinked, so the outputs equal the unlinked model's to the bit, on
+    one thread and split over two (tasks by rows of whole pixels), one image and two; and within int8's
+    error of torch."""
+    import torch
+
+    import cuvil
+    from cuvil.codegen.c.lower_int8dot import int8_conv_kind
+    from cuvil.passes import quantize
+    from cuvil.target import has_features
+    if target != "native" and not has_features("native", ("avx2", "fma")):
+        pytest.skip("this CPU runs no AVX2 build")
+    torch.manual_seed(stride * 7 + batch)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, 2, 1), torch.nn.ReLU6(),
+                            torch.nn.Conv2d(32, 32, 3, stride, 1, groups=32), torch.nn.ReLU6(),
+                            torch.nn.Conv2d(32, 16, 1), torch.nn.Conv2d(16, 48, 1), torch.nn.ReLU6()).eval()
+    calib = [torch.randn(batch, 3, *hw) for _ in range(4)]
+    x = torch.randn(batch, 3, *hw)
+    kw = dict(precision="int8", layout="blocked", target=target, calibration_data=calib, num_threads=threads)
+    cm = cuvil.compile(m, (x,), cache_dir=tmp_path / "linked", **kw)
+    monkeypatch.setattr(quantize, "link_int8_convs", lambda graph, backend: graph)
+    plain = cuvil.compile(m, (x,), cache_dir=tmp_path / "plain", **kw)
+    assert cm.c_source.count("cuvil_depthwise_blocked_to_bytes(&s") == (1 if int8_conv_kind(target) else 0)
+    got = cm(x).numpy()
+    assert np.array_equal(got, plain(x).numpy())
+    want = m(x).detach().numpy()       # three chained int8 convs on a small random map: up to 6.3% here
+    assert np.abs(got - want).max() <= 0.08 * np.abs(want).max()

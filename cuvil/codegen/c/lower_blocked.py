@@ -80,6 +80,11 @@ def lower_conv_call(em, node, plan, shape_struct, bias, res, act):
             return ["{", f"  const cuvil_conv_shape s = {shape_struct};",
                     f"  cuvil_depthwise_bytes(&s, (const uint8_t *){em.ptr(node.inputs[0])}, {w}, {bias}, {rng}, {res}, "
                     f"{em.ptr(node.outputs[0])}, {image}, {out_rng}, {act}, {em.scratch()}, NT);", "}"]
+        if node.attrs.get("int8_out") is not None:     # floats in, the next integer conv's bytes out
+            _, out_rng, image = _int8_link_constants(em, node)
+            return ["{", f"  const cuvil_conv_shape s = {shape_struct};",
+                    f"  cuvil_depthwise_blocked_to_bytes(&s, {em.ptr(node.inputs[0])}, {w}, {bias}, {res}, "
+                    f"(uint8_t *){em.ptr(node.outputs[0])}, {image}, {out_rng}, {act}, NT);", "}"]
         return ["{", f"  const cuvil_conv_shape s = {shape_struct};",
                 f"  cuvil_depthwise_blocked(&s, {em.ptr(node.inputs[0])}, {w}, {bias}, {res}, "
                 f"{em.ptr(node.outputs[0])}, {act}, NT);", "}"]

@@ -89,10 +89,16 @@ def depthwise_on_bytes(node) -> bool:
 
 def writes_int8_input(node) -> bool:
     """Whether this conv can write the next integer conv's input bytes (int8_out): an integer conv, or a
-    depthwise conv reading bytes itself (its output stays in bytes between the two 1x1 convs around it)."""
+    channel-blocked depthwise conv marked for integer products, on bytes (its output stays in bytes
+    between the two 1x1 convs around it) or on floats (MobileNets' first, after the float stem:
+    kernels/blocked.c cuvil_depthwise_blocked_to_bytes; its 1.6 MB of floats at 112x112 had been written,
+    then read back and quantized by the 1x1 conv after it)."""
     if computes_int8(node):                      # (not into NCHW: its readers read NCHW floats)
         return conv_plan(node).kind not in ("blocked_to_nchw", "int8_nchw")
-    return depthwise_on_bytes(node) and node.attrs.get("int8_in") == 1
+    if depthwise_on_bytes(node) and node.attrs.get("int8_in") == 1:
+        return True
+    return (node.op == "conv" and node.attrs.get("int8_act", 0) != 0 and not node.attrs.get("int8_in")
+            and conv_plan(node).kind == "blocked_depthwise")
 
 
 def reads_int8_residual(node) -> bool:

@@ -80,6 +80,12 @@ void cuvil_conv_nchw_blocked(const cuvil_conv_shape *s, const float *x, const fl
  * side, as the channels of a pixel are), any strides, pads and dilations. */
 void cuvil_depthwise_blocked(const cuvil_conv_shape *s, const float *x, const float *w, const float *bias,
                              const float *residual, float *y, int act, int nthreads);
+/* The same, its output (bias, residual and act applied) stored as the next integer conv's input bytes
+ * at y: the byte image out_image ({hp, wp, ph, pw}) over out_range, as cuvil_conv_blocked_int8 writes it
+ * (precision="int8", passes/quantize.link_int8_convs: a depthwise conv after a float stem). */
+void cuvil_depthwise_blocked_to_bytes(const cuvil_conv_shape *s, const float *x, const float *w, const float *bias,
+                                      const float *residual, uint8_t *y, const int64_t *out_image,
+                                      const float *out_range, int act, int nthreads);
 
 /* A 3x3 stride-1 conv of blocked input by Winograd F(m x m, 3x3), m 2 or 4 (winograd.h's transforms,
  * in vectors across a block of channels): the (m + 2)^2 products are blocked GEMMs (tiles x in channels) @

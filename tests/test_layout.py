@@ -677,10 +677,12 @@ def test_pools_over_pixels_of_a_blocked_map_in_lanes(tmp_path, target):
     assert np.isnan(cm.run(x.numpy())[1][1]).all() and not np.isnan(cm.run(x.numpy())[1][0]).any()
 
 
+@pytest.mark.parametrize("act", [torch.relu, torch.nn.functional.relu6])
 @pytest.mark.parametrize("target", ["native", "x86_64-avx2", "x86_64-sse2"])
-def test_fused_relu_keeps_nan_as_torch(tmp_path, target):
-    """A NaN in one input pixel reaches the outputs through blocked convs with fused ReLUs (the GEMM tile's,
-    Winograd's, the depthwise conv's) as it does in torch (the tiles' selects had turned it into 0)."""
+def test_fused_relu_keeps_nan_as_torch(tmp_path, target, act):
+    """A NaN in one input pixel reaches the outputs through blocked convs with fused ReLUs or ReLU6s (the
+    GEMM tile's, Winograd's, the depthwise conv's) as it does in torch (the tiles' selects had turned it
+    into 0; vmath.h's max and min keep it by their operand order)."""
     import cuvil
     _skip_unless_host_runs(target)
 
@@ -692,12 +694,13 @@ def test_fused_relu_keeps_nan_as_torch(tmp_path, target):
             self.d = torch.nn.Conv2d(32, 32, 3, padding=1, groups=32)        # depthwise
 
         def forward(self, x):
-            return torch.relu(self.d(torch.relu(self.w(torch.relu(self.a(x)))))).mean((2, 3))
+            return act(self.d(act(self.w(act(self.a(x)))))).mean((2, 3))
 
     torch.manual_seed(0)
     m = Net().eval()
     x = torch.randn(2, 8, 9, 10)
     cm = cuvil.compile(m, (x,), layout="blocked", target=target, cache_dir=str(tmp_path))
+    assert [n.attrs.get("act") for n in cm.graph.nodes if n.op == "conv"] == [act.__name__.split(".")[-1]] * 3
     x[1, :, 4, 5] = float("nan")
     with torch.no_grad():
         want = m(x).numpy()

@@ -49,15 +49,13 @@ def render_formula(name: str, d: Dialect, x: str) -> str:
 # name -> (scalar C of float x, vector C of cuvil_vf x): expressions, evaluated once per element
 C_EXPRESSIONS = {
     "none": ("x", "x"),
-    "relu": ("x < 0.f ? 0.f : x", "cuvil_vsel(x < 0, cuvil_vsplat(0.f), x)"),
+    "relu": ("x < 0.f ? 0.f : x", "cuvil_vrelu(x)"),
     **{name: (f(SCALAR, "x"), f(VECTOR, "x")) for name, f in FORMULAS.items()},
-    # selects, not min/max: a NaN stays NaN
-    "relu6": ("x < 0.f ? 0.f : (x > 6.f ? 6.f : x)",
-              "cuvil_vsel(x < 0, cuvil_vsplat(0.f), cuvil_vsel(x > 6, cuvil_vsplat(6.f), x))"),
+    # NaN stays NaN (the scalar form by its selects, the vector one by vmath.h's operand order)
+    "relu6": ("x < 0.f ? 0.f : (x > 6.f ? 6.f : x)", "cuvil_vrelu6(x)"),
     # x * relu6(x + 3) / 6, as torch computes it
     "hardswish": ("x * (x + 3.f < 0.f ? 0.f : (x + 3.f > 6.f ? 6.f : x + 3.f)) / 6.f",
-                  "x * cuvil_vsel(x + 3.f < 0, cuvil_vsplat(0.f), cuvil_vsel(x + 3.f > 6, cuvil_vsplat(6.f), x + 3.f))"
-                  " / cuvil_vsplat(6.f)"),
+                  "x * cuvil_vrelu6(x + 3.f) / cuvil_vsplat(6.f)"),
 }
 assert tuple(C_EXPRESSIONS) == ACTIVATIONS, "one C rendering per IR activation, in the IR's order"
 

@@ -4,12 +4,12 @@
 #define CUVIL_ACTIVATIONS_H
 #define CUVIL_ACTIVATIONS(X) \
     X(NONE, 0, (x), (x)) \
-    X(RELU, 1, (x < 0.f ? 0.f : x), (cuvil_vsel(x < 0, cuvil_vsplat(0.f), x))) \
+    X(RELU, 1, (x < 0.f ? 0.f : x), (cuvil_vrelu(x))) \
     X(GELU, 2, (0.5f * x * (1.0f + erff(x * 0.70710678118654752440f))), (cuvil_vsplat(0.5f) * x * (cuvil_vsplat(1.0f) + cuvil_verf(x * cuvil_vsplat(0.70710678118654752440f))))) \
     X(GELU_TANH, 3, (0.5f * x * (1.0f + tanhf(0.79788456080286535588f * (x + 0.044715f * x * x * x)))), (cuvil_vsplat(0.5f) * x * (cuvil_vsplat(1.0f) + cuvil_vtanh(cuvil_vsplat(0.79788456080286535588f) * (x + cuvil_vsplat(0.044715f) * x * x * x))))) \
     X(SILU, 4, (x / (1.0f + expf(-x))), (x / (cuvil_vsplat(1.0f) + cuvil_vexp(-x)))) \
     X(SIGMOID, 5, (1.0f / (1.0f + expf(-x))), (cuvil_vsplat(1.0f) / (cuvil_vsplat(1.0f) + cuvil_vexp(-x)))) \
     X(TANH, 6, (tanhf(x)), (cuvil_vtanh(x))) \
-    X(RELU6, 7, (x < 0.f ? 0.f : (x > 6.f ? 6.f : x)), (cuvil_vsel(x < 0, cuvil_vsplat(0.f), cuvil_vsel(x > 6, cuvil_vsplat(6.f), x)))) \
-    X(HARDSWISH, 8, (x * (x + 3.f < 0.f ? 0.f : (x + 3.f > 6.f ? 6.f : x + 3.f)) / 6.f), (x * cuvil_vsel(x + 3.f < 0, cuvil_vsplat(0.f), cuvil_vsel(x + 3.f > 6, cuvil_vsplat(6.f), x + 3.f)) / cuvil_vsplat(6.f)))
+    X(RELU6, 7, (x < 0.f ? 0.f : (x > 6.f ? 6.f : x)), (cuvil_vrelu6(x))) \
+    X(HARDSWISH, 8, (x * (x + 3.f < 0.f ? 0.f : (x + 3.f > 6.f ? 6.f : x + 3.f)) / 6.f), (x * cuvil_vrelu6(x + 3.f) / cuvil_vsplat(6.f)))
 #endif

@@ -61,9 +61,8 @@ static inline __attribute__((always_inline)) void store_blocked_tile(int mr, int
             if (last) {
                 x += bias;
                 if (r) x += cuvil_vload(r + i * CUVIL_BLOCK);
-                if (act == CUVIL_ACT_RELU) x = cuvil_vsel(x < 0.f, cuvil_vsplat(0.f), x);   /* NaN stays NaN, as torch's */
-                else if (act == CUVIL_ACT_RELU6)
-                    x = cuvil_vsel(x < 0.f, cuvil_vsplat(0.f), cuvil_vsel(x > 6.f, cuvil_vsplat(6.f), x));
+                if (act == CUVIL_ACT_RELU) x = cuvil_vrelu(x);              /* NaN stays NaN, as torch's */
+                else if (act == CUVIL_ACT_RELU6) x = cuvil_vrelu6(x);
                 else if (act == CUVIL_ACT_HARDSWISH) x = cuvil_vact(x, CUVIL_ACT_HARDSWISH);
             }
             cuvil_vstore(c + i * CUVIL_BLOCK, x);
@@ -653,16 +652,15 @@ static inline __attribute__((always_inline)) void dw_tile(int KW, int SW, int T,
  * stores, with the struct reread after each store (y may alias it), they had cost 4-13% of a 3x3 conv
  * (dw_bench). */
 static inline __attribute__((always_inline)) void dw_activate(int T, cuvil_vf *acc, int act) {
-    const cuvil_vf zero = cuvil_vsplat(0.f), six = cuvil_vsplat(6.f);
     switch (act) {
     case CUVIL_ACT_NONE: break;
     case CUVIL_ACT_RELU:
         #pragma GCC unroll 16
-        for (int j = 0; j < T; j++) acc[j] = cuvil_vsel(acc[j] < 0.f, zero, acc[j]);     /* NaN stays */
+        for (int j = 0; j < T; j++) acc[j] = cuvil_vrelu(acc[j]);     /* NaN stays */
         break;
     case CUVIL_ACT_RELU6:
         #pragma GCC unroll 16
-        for (int j = 0; j < T; j++) acc[j] = cuvil_vsel(acc[j] < 0.f, zero, cuvil_vsel(acc[j] > 6.f, six, acc[j]));
+        for (int j = 0; j < T; j++) acc[j] = cuvil_vrelu6(acc[j]);
         break;
     default:
         #pragma GCC unroll 16

@@ -33,6 +33,28 @@ static inline cuvil_vf cuvil_vclamp(cuvil_vf x, float lo, float hi) {
 }
 #endif
 
+/* torch's relu and relu6, NaN kept: one max (and one min) where the target has them, x their second
+ * operand, which x86's max and min return where either is NaN (and where both are zeros: -0 stays -0,
+ * as the select x < 0 ? 0 : x left it). The compare-and-select forms had cost 5 and 10 instructions a
+ * vector on AVX-512 (the compare's mask moved into a vector, then and / andnot / or): MobileNetV2's
+ * 16 -> 96 1x1 conv with ReLU6 ran 0.88x as fast as without it. */
+#if defined(__AVX512F__) && CUVIL_VL == 16
+static inline cuvil_vf cuvil_vrelu(cuvil_vf x) { return (cuvil_vf)_mm512_max_ps(_mm512_setzero_ps(), (__m512)x); }
+static inline cuvil_vf cuvil_vrelu6(cuvil_vf x) {
+    return (cuvil_vf)_mm512_min_ps(_mm512_set1_ps(6.f), _mm512_max_ps(_mm512_setzero_ps(), (__m512)x));
+}
+#elif defined(__AVX__) && CUVIL_VL == 8
+static inline cuvil_vf cuvil_vrelu(cuvil_vf x) { return (cuvil_vf)_mm256_max_ps(_mm256_setzero_ps(), (__m256)x); }
+static inline cuvil_vf cuvil_vrelu6(cuvil_vf x) {
+    return (cuvil_vf)_mm256_min_ps(_mm256_set1_ps(6.f), _mm256_max_ps(_mm256_setzero_ps(), (__m256)x));
+}
+#else
+static inline cuvil_vf cuvil_vrelu(cuvil_vf x) { return cuvil_vsel(x < 0, cuvil_vsplat(0.f), x); }
+static inline cuvil_vf cuvil_vrelu6(cuvil_vf x) {
+    return cuvil_vsel(x < 0, cuvil_vsplat(0.f), cuvil_vsel(x > 6, cuvil_vsplat(6.f), x));
+}
+#endif
+
 /* CUVIL_VL bytes at p widened to floats: vpmovzxbd + vcvtdq2ps where the target has them (GCC 12
  * turns a byte vector's __builtin_convertvector into one scalar conversion a lane). */
 #if defined(__AVX512F__) && CUVIL_VL == 16

@@ -107,7 +107,7 @@ static inline __attribute__((always_inline)) void output_rows(int m, const wgb_a
                         int64_t off = ((th * m + i) * s->OW + tw * m + j) * CUVIL_BLOCK + lane;
                         cuvil_vf v = o[i * m + j] + bias;
                         if (rb) v += cuvil_vload(rb + off);
-                        if (a->act == CUVIL_ACT_RELU) v = cuvil_vsel(v < 0.f, cuvil_vsplat(0.f), v);   /* NaN stays */
+                        if (a->act == CUVIL_ACT_RELU) v = cuvil_vrelu(v);          /* NaN stays */
                         else if (a->act) v = cuvil_vact(v, a->act);
                         cuvil_vstore(yb + off, v);
                     }

@@ -340,7 +340,8 @@ def cmd_llm_compile(a):
     t = time.perf_counter()
     llm = cuvil.llm.from_transformers(a.checkpoint, precision=a.precision, max_seq_len=a.max_seq_len,
                                       max_batch=a.max_batch, group=a.group, num_threads=a.num_threads,
-                                      cache_dir=a.cache_dir, verbose=not a.quiet, kv_cache=a.kv_cache)
+                                      cache_dir=a.cache_dir, verbose=not a.quiet, kv_cache=a.kv_cache,
+                                      max_step_tokens=a.max_step_tokens)
     llm.save(a.output)
     print(f"compiled {a.checkpoint} ({a.precision}, KV cache {a.kv_cache}) -> {a.output} in "
           f"{time.perf_counter() - t:.1f} s")
@@ -403,7 +404,7 @@ def cmd_serve(a):
         raise CuvilError(f"cuvil serve needs the serve extra: pip install 'cuvil[serve]' ({e})") from None
     serve(a.artifact, host=a.host, port=a.port, workers=a.workers, name=a.name, max_batch=a.max_batch,
           max_wait_ms=a.max_wait_ms, num_threads=a.num_threads, prefill_chunk=a.prefill_chunk,
-          pace_prefill=a.pace_prefill, watch_seconds=1.0 if a.watch else 0.0)
+          pace_prefill=a.pace_prefill, mix_prefill=a.mix_prefill, watch_seconds=1.0 if a.watch else 0.0)
 
 
 def _add_llm(sub):
@@ -419,6 +420,9 @@ def _add_llm(sub):
                    help="KV cache precision (fp16: half the memory, error measured against fp32)")
     c.add_argument("--max-seq-len", type=_int_in(1, 1 << 20), default=2048)
     c.add_argument("--max-batch", type=_int_in(1, 4096), default=1)
+    c.add_argument("--max-step-tokens", type=_int_in(1, 1 << 24), default=None,
+                   help="the most tokens one step runs, rows x tokens (default: max-seq-len); above max-batch, "
+                        "`cuvil serve --mix-prefill` has rows for prompt tokens beside the decode rows")
     c.add_argument("--num-threads", **THREADS)
     c.add_argument("--cache-dir", type=_path, default=None)
     c.add_argument("--quiet", action="store_true")
@@ -491,6 +495,9 @@ def parser():
     p.add_argument("--pace-prefill", action="store_true",
                    help="LLM artifacts: while streams decode, prompt chunks sized to take about one decode step "
                         "(smoother streams, slower first tokens)")
+    p.add_argument("--mix-prefill", type=_int_in(0, 1 << 20), default=0, metavar="N",
+                   help="LLM artifacts: while streams decode, up to N prompt tokens ride in each decode step as rows "
+                        "of their own (needs an artifact compiled with max_step_tokens > max_batch)")
     p.add_argument("--num-threads", **THREADS)
     p.set_defaults(fn=cmd_serve)
     _add_llm(sub)

@@ -168,6 +168,8 @@ def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None,
     computed = graph.data_dims()
     if computed:
         io["data_dims"] = computed
+    if graph.symbol_products:
+        io["symbol_products"] = [[a, b, int(most)] for a, b, most in graph.symbol_products]
     prefix = symbol_prefix(opts.name)
     c_src, weights = emit.generate(graph, plan, target, profile=opts.profile, weights_dir=cache.tmp_dir(cdir),
                                    signature=artifact.signature(io), prefix=prefix)

@@ -190,3 +190,59 @@ def test_fuzz_artifact_bytes(built, data, victim, verify):
             assert result == "refused", f"a damaged {victim} was loaded"
     finally:
         shutil.rmtree(d.parent)
+
+
+@pytest.fixture(scope="module")
+def built_llm_step(tmp_path_factory):
+    """An LLM step artifact: its manifest bounds the step's rows x tokens (symbol_products)."""
+    import cuvil.llm
+
+    from .llm_fixtures import small_model
+    llm = cuvil.llm.from_transformers(small_model("llama"), max_seq_len=16, max_batch=2,
+                                      cache_dir=tmp_path_factory.mktemp("llm-cache"))
+    assert llm.module.manifest["symbol_products"] == [["batch", "seq", 16]]
+    return llm.save(tmp_path_factory.mktemp("fuzz") / "llm")
+
+
+def _step_inputs(m, rows, tokens):
+    L, B, H, S, D = m.inputs[2]["shape"]
+    cache = np.zeros((L, B, H, S, D), np.float32)
+    return (np.ones((rows, tokens), np.int64), np.zeros(rows, np.int64), cache, cache.copy(),
+            np.arange(rows, dtype=np.int64) % B)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@given(edit=st.sampled_from(["loosen", "drop", "rename", "garbage"]), verify=st.booleans())
+def test_fuzz_symbol_product_edits(built_llm_step, edit, verify):
+    """The step's rows x tokens bound is signed with the library: an edited, dropped or malformed one is
+    refused at load (a looser bound would let a run overflow the buffers the plan sized by it)."""
+    d = _copy(built_llm_step)
+    try:
+        m = json.loads((d / "manifest.json").read_text())
+        prods = m["symbol_products"]
+        if edit == "loosen":
+            prods[0][2] = 10 ** 6
+        elif edit == "drop":
+            del m["symbol_products"]
+        elif edit == "rename":
+            prods[0][0] = "seq"
+        else:
+            m["symbol_products"] = [["batch", "nope", "x"]]
+        m["content_hash"] = artifact._content_hash(m)
+        (d / "manifest.json").write_text(json.dumps(m))
+        with pytest.raises(cuvil.CuvilError):
+            cuvil.load(d, verify_checksum=verify)
+    finally:
+        shutil.rmtree(d.parent)
+
+
+def test_symbol_product_bound_holds_at_run(built_llm_step):
+    """Within the bound a step runs; past it (rows x tokens > 16) the run is refused, not overflowed."""
+    mod = cuvil.load(built_llm_step)
+    try:
+        (logits,) = mod.run(*_step_inputs(mod, 2, 8))
+        assert logits.shape[:2] == (2, 8) and np.isfinite(logits).all()
+        with pytest.raises(cuvil.ShapeError, match="exceed the compiled bound 16"):
+            mod.run(*_step_inputs(mod, 2, 9))
+    finally:
+        mod.close()

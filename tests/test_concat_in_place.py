@@ -112,3 +112,26 @@ def test_random_graphs_of_convs_and_concats(seed):
     outs = [pool[-1]] + ([pool[int(rng.integers(1, len(pool)))]] if rng.random() < 0.5 else [])
     g.outputs = [conv(g, rng, o, 8, act=None) if o.type.shape[1] > 64 else o for o in outs]
     check_graph(g, [f32(rng, 1, 16, 7, 7)])
+
+
+def test_buffers_sized_by_a_bound_on_two_symbols_product():
+    """dims.numel_upper_bound with Graph.symbol_products: a count whose terms grow with both symbols is
+    bounded at the corners of a <= 8, b <= 64, a * b <= 64 (each term a^i b^j is largest at one of
+    (8, 8) and (1, 64)); a symbol alone keeps its own bound; a negative term keeps the plain bound."""
+    from cuvil.ir import dims as D
+    a, b, c = D.Sym("a"), D.Sym("b"), D.Sym("c")
+    bounds, prods = {"a": (1, 8), "b": (1, 64), "c": (1, 3)}, [("a", "b", 64)]
+    assert D.numel_upper_bound([a, b, 100], bounds, prods) == 64 * 100
+    assert D.numel_upper_bound([a, b, 100], bounds) == 8 * 64 * 100
+    assert D.numel_upper_bound([a, 5], bounds, prods) == 40
+    assert D.numel_upper_bound([a, b * b], bounds, prods) == 64 * 64            # (1, 64): 4096 > (8, 8): 512
+    assert D.numel_upper_bound([a * a, b], bounds, prods) == 8 * 8 * 8           # (8, 8): 512 > (1, 64): 64
+    assert D.numel_upper_bound([a, b + 1, c], bounds, prods) == (64 + 8) * 3      # terms a*b*c and a*c
+    assert D.numel_upper_bound([a, b - 1], bounds, prods) == 8 * 63               # a negative term: plain
+    assert D.numel_upper_bound([a, b], bounds, [("a", "b", 10 ** 6)]) == 8 * 64   # a loose bound changes nothing
+    # brute force over every (a, b) the bound allows: never above the computed bound
+    for shape in ([a, b, b], [a, a, b], [a, b + 1], [a * b + a, 2]):
+        got = D.numel_upper_bound(shape, bounds, prods)
+        worst = max(D.evaluate(D.numel(shape), {"a": x, "b": y, "c": 3})
+                    for x in range(1, 9) for y in range(1, 65) if x * y <= 64)
+        assert worst <= got <= D.numel_upper_bound(shape, bounds)

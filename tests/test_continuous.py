@@ -218,3 +218,32 @@ def test_paced_prefill_chunks_follow_the_step_time(llm, monkeypatch):
     assert sizes[0] == (32, False), sizes
     assert all(n == (5 if decoding else 32) for n, decoding in sizes), sizes
     assert sum(decoding for _, decoding in sizes) >= 8, sizes
+
+
+def test_mixed_steps_carry_prompt_tokens_and_keep_greedy_outputs(llm):
+    """mix_prefill=3: while streams decode, each decode step also reads up to 3 prompt tokens, a row each
+    at its position in its sequence's slot (two sequences' tokens in one step where a prompt ends); every
+    sequence's tokens still equal its greedy run alone, token for token."""
+    alone = [llm.generate(p, b) for p, b in zip(PROMPTS, BUDGETS)]
+    batcher = ContinuousBatcher(llm, prefill_chunk=4, mix_prefill=3)
+    try:
+        with batcher._cv:
+            seqs = [batcher.submit(p, b) for p, b in zip(PROMPTS, BUDGETS)]
+        got = [list(s) for s in seqs]
+    finally:
+        batcher.close()
+    assert got == alone
+    mixed = {k: n for k, n in batcher.steps.items() if "prompt" in k}
+    assert mixed and all(int(k.split("+ ")[1].split()[0]) <= 3 for k in mixed), batcher.steps
+    assert batcher.prompt_tokens["read"] + batcher.prompt_tokens["reused"] == sum(map(len, PROMPTS))
+
+
+def test_mixed_steps_need_rows_beyond_the_slots(tmp_path):
+    """An artifact whose steps take no more rows than its slots (max_step_tokens = max_batch) has no room
+    for prompt rows: mix_prefill says so up front; a negative one is refused."""
+    small = cuvil.llm.from_transformers(small_model("llama"), max_seq_len=4, max_batch=4, cache_dir=tmp_path)
+    assert small.max_step_tokens == 4 and small.max_rows == 4
+    with pytest.raises(cuvil.CuvilError, match="max_step_tokens"):
+        ContinuousBatcher(small, mix_prefill=2)
+    with pytest.raises(ValueError, match="mix_prefill"):
+        ContinuousBatcher(small, mix_prefill=-1)

@@ -268,3 +268,53 @@ def test_stacked_weights_read_part_by_part():
     np.testing.assert_array_equal(src.get(name), whole)
     for lo, hi in [(0, 11), (3, 7), (4, 6), (5, 11), (0, 8192)]:
         np.testing.assert_array_equal(src.rows(name, lo, hi), whole[lo:hi])
+
+
+def test_rows_of_one_slot_in_one_step_equal_its_prefill(tmp_path):
+    """A prompt's last tokens as T = 1 rows of one slot beside another slot's decode row (a mixed step of
+    continuous batching) give the logits the prompt's prefill gives at those positions; rows of a slot that
+    would write one position are refused, by LLM.step and by the compiled step itself."""
+    llm = cuvil.llm.from_transformers(small_model("llama"), max_seq_len=32, max_batch=2, cache_dir=tmp_path)
+    rng = np.random.default_rng(0)
+    p, q = rng.integers(0, 300, 12).tolist(), rng.integers(0, 300, 5).tolist()
+    want = llm.prefill(p)
+    llm.reset()
+    llm.step(np.array([p[:8]]), np.array([0]), np.array([0]))
+    llm.step(np.array([q[:-1]]), np.array([0]), np.array([1]))
+    rows = np.array([[q[-1]]] + [[t] for t in p[8:]])
+    got = llm.step(rows, np.array([4, 8, 9, 10, 11]), np.array([1, 0, 0, 0, 0]))
+    np.testing.assert_allclose(got[1:, 0], want[8:], rtol=1e-4, atol=1e-4)
+    alone = llm.prefill(q)
+    np.testing.assert_allclose(got[0, 0], alone[-1], rtol=1e-4, atol=1e-4)
+    # positions shifted by one: each row attends one key too many, and the logits differ
+    llm.reset()
+    llm.step(np.array([p[:8]]), np.array([0]), np.array([0]))
+    off = llm.step(np.array([[t] for t in p[8:]]), np.array([9, 10, 11, 12]), np.array([0, 0, 0, 0]))
+    assert np.abs(off[:, 0] - want[8:]).max() > 1e-3
+    with pytest.raises(cuvil.ShapeError, match="both write slot 0 at position 3"):
+        llm.step(np.array([[1], [2]]), np.array([3, 3]), np.array([0, 0]))
+    with pytest.raises(cuvil.ShapeError, match="positions apart"):        # the compiled step's own check
+        llm._step(np.array([[1], [2]], np.int64), np.array([3, 3], np.int64), np.array([0, 0], np.int64))
+
+
+def test_step_buffers_are_sized_by_its_tokens_not_slots_times_length(tmp_path):
+    """max_batch slots no longer multiply the step's buffers by max_seq_len: a step takes at most
+    max_step_tokens tokens (rows x tokens), and its arena is that of one sequence of that many; a step
+    with more is refused with a ShapeError naming the bound (LLM.step and the module alike)."""
+    one = cuvil.llm.from_transformers(small_model("llama"), max_seq_len=64, max_batch=1, cache_dir=tmp_path / "a")
+    many = cuvil.llm.from_transformers(small_model("llama"), max_seq_len=64, max_batch=8, cache_dir=tmp_path / "b")
+    wide = cuvil.llm.from_transformers(small_model("llama"), max_seq_len=64, max_batch=8, max_step_tokens=256,
+                                       cache_dir=tmp_path / "c")
+    assert many.max_step_tokens == 64 and many.max_rows == 64 and wide.max_step_tokens == 256
+    assert many.module.arena_bytes <= 1.1 * one.module.arena_bytes
+    assert 3 * one.module.arena_bytes < wide.module.arena_bytes <= 4.4 * one.module.arena_bytes
+    ids = np.ones((2, 40), np.int64)
+    with pytest.raises(cuvil.ShapeError, match="at most 64"):
+        many.step(ids, np.zeros(2, np.int64), np.arange(2))
+    with pytest.raises(cuvil.ShapeError, match="exceed the compiled bound 64"):
+        many.module.run(ids, np.zeros(2, np.int64), many.k_cache, many.v_cache, np.arange(2, dtype=np.int64))
+    got = wide.step(ids, np.zeros(2, np.int64), np.arange(2))          # 80 tokens: within 256
+    np.testing.assert_allclose(got[1], wide.prefill(ids[1]), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="max_step_tokens"):
+        cuvil.llm.from_transformers(small_model("llama"), max_seq_len=64, max_batch=8, max_step_tokens=32,
+                                    cache_dir=tmp_path / "d")

@@ -46,6 +46,32 @@ def numel(shape):
     return as_dim(n) if not isinstance(n, int) else n
 
 
+def numel_upper_bound(shape, bounds: dict, products=()) -> int:
+    """The most elements a tensor of `shape` holds, given the symbols' bounds {name: (lo, hi)} and, for
+    pairs of symbols, the most their product may be (`products`: [(a, b, most)], Graph.symbol_products:
+    an LLM step's rows x tokens). Each term of the expanded element count is largest at one of the two
+    corners of the region a <= hi_a, b <= hi_b, a * b <= most (on its hyperbola a term a^i b^j is monotone
+    in a), so their sum bounds it; a count with a negative term keeps the plain bound."""
+    plain = math.prod(upper_bound(d, bounds) for d in shape)
+    if not products or all(isinstance(d, int) for d in shape):
+        return plain
+    expr = sympy.expand(sympy.Mul(*[sympy.sympify(d) for d in shape]))
+    best = plain
+    for a, b, most in products:
+        if a not in bounds or b not in bounds or not {a, b} <= symbols_of(expr):
+            continue
+        ha, hb = bounds[a][1], bounds[b][1]
+        corners = [(ha, min(hb, most // ha)), (min(ha, most // hb), hb)]
+        total = 0
+        for term in sympy.Add.make_args(expr):
+            if term.as_coeff_Mul()[0] < 0:
+                total = plain
+                break
+            total += max(evaluate(term, {**{k: hi for k, (lo, hi) in bounds.items()}, a: x, b: y}) for x, y in corners)
+        best = min(best, total)
+    return int(best)
+
+
 def evaluate(d, env: dict) -> int:
     """Value of a dim for concrete symbol values {name: int}."""
     if isinstance(d, int):

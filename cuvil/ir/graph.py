@@ -73,6 +73,9 @@ class Graph:
     outputs: list[Value] = field(default_factory=list)
     nodes: list[Node] = field(default_factory=list)
     symbols: dict = field(default_factory=dict)       # name -> (min, max)
+    # [(a, b, most)]: symbols a and b whose product is at most `most` (an LLM step's rows x tokens: the
+    # memory plan sizes its buffers by it, and a run with more is refused)
+    symbol_products: list = field(default_factory=list)
     input_names: list[str] = field(default_factory=list)
     output_names: list[str] = field(default_factory=list)
     # indices of inputs / outputs the caller sees as complex: their Values hold (real, imaginary)

@@ -39,6 +39,14 @@ def _check(precision, group, max_seq_len, max_batch, kv_cache="fp32"):
             raise ValueError(f"option {name}={v!r} must be a positive int")
 
 
+def _check_step_tokens(max_step_tokens, max_seq_len, max_batch):
+    least = max(max_seq_len, max_batch)
+    if max_step_tokens is not None and (not isinstance(max_step_tokens, int) or isinstance(max_step_tokens, bool)
+                                        or max_step_tokens < least):
+        raise ValueError(f"option max_step_tokens={max_step_tokens!r} must be an int >= {least} (max_seq_len and "
+                         "max_batch: a whole prompt, and a decode step of every sequence)")
+
+
 def _eos_ids(cfg, src_dir):
     ids = set()
     for v in (getattr(cfg, "eos_token_id", None),):
@@ -51,14 +59,16 @@ def _eos_ids(cfg, src_dir):
 
 def from_transformers(src, *, precision="fp32", max_seq_len=2048, max_batch=1, num_threads=None, group=64,
                       cache_dir=None, verbose=False, measure_error=True, error_prompts=None, profile=False,
-                      target="native", kv_cache="fp32"):
+                      target="native", kv_cache="fp32", max_step_tokens=None):
     """Compile a decoder-only language model of spec.ARCHITECTURES (a transformers model object or a
     checkpoint directory of config.json + safetensors) into prefill/decode code sharing weights and
     a KV cache. target: as cuvil.compile's (an aarch64 artifact built here runs under qemu-user).
     profile=True times every node (`llm.module.profile_counters()`), as cuvil.compile's does.
     kv_cache="fp16" keeps the KV cache in IEEE halves (half the memory, so twice the sequences or the
     context; keys and values rounded once as they are stored, attention computed in fp32): its error
-    against fp32 is measured as a lossy precision's is."""
+    against fp32 is measured as a lossy precision's is. max_step_tokens: the most tokens one step runs
+    (rows x tokens each; default max_seq_len): the step's buffers are sized by it, and continuous batching
+    (cuvil.serve) puts prompt tokens beside the decode rows of a step up to it."""
     _check(precision, group, max_seq_len, max_batch, kv_cache)
     t0 = time.perf_counter()
     src_dir = None
@@ -76,10 +86,13 @@ def from_transformers(src, *, precision="fp32", max_seq_len=2048, max_batch=1, n
         src_dir = p if (p / "tokenizer.json").exists() else None
     spec = LlamaSpec.from_config(cfg, None if isinstance(src, (str, Path)) else type(src).__name__)
     max_seq_len = min(max_seq_len, spec.max_positions)
+    _check_step_tokens(max_step_tokens, max_seq_len, max_batch)
+    if max_step_tokens is None:
+        max_step_tokens = max(max_seq_len, max_batch)
     rope = rope_parameters(cfg, spec.layer_types)
 
     opts = make_options(num_threads=num_threads, cache_dir=cache_dir, verbose=verbose, profile=profile, target=target)
-    settings = (precision, group, max_seq_len, max_batch, profile, kv_cache, resolve_target(opts.target))
+    settings = (precision, group, max_seq_len, max_batch, profile, kv_cache, max_step_tokens, resolve_target(opts.target))
     cdir = cache.usable_dir(cache_dir)
     skey = _source_key(src, src_dir, settings)
     path = cache.lookup_source(cdir, skey)
@@ -93,14 +106,15 @@ def from_transformers(src, *, precision="fp32", max_seq_len=2048, max_batch=1, n
             print(f"\r[cuvil] converting layer {i}/{n} ({precision})", end="\n" if i == n else "", file=sys.stderr,
                   flush=True)
     graph = build_step_graph(spec, tensors, rope, precision=precision, group=group, max_batch=max_batch,
-                             max_seq_len=max_seq_len, progress=layer_progress, kv_dtype=KV_CACHES[kv_cache])
+                             max_seq_len=max_seq_len, progress=layer_progress, kv_dtype=KV_CACHES[kv_cache],
+                             max_step_tokens=max_step_tokens)
     path = build_graph(graph, opts, cdir, Progress(verbose), load=False)
     del graph, tensors               # the graph's constants: free them before the artifact is loaded
     gc.collect()                     # (the graph's nodes and values refer to each other)
     _return_freed_memory()
     meta = {"arch": spec.arch, "layers": spec.layers, "heads": spec.heads, "kv_heads": spec.kv_heads,
             "head_dim": spec.head_dim, "hidden": spec.hidden, "vocab": spec.vocab, "max_batch": max_batch,
-            "max_seq_len": max_seq_len, "precision": precision, "group": group if precision == "int4" else None,
+            "max_seq_len": max_seq_len, "max_step_tokens": max_step_tokens, "precision": precision, "group": group if precision == "int4" else None,
             "kv_cache": kv_cache,
             "eos_token_ids": _eos_ids(cfg, src_dir), "compile_seconds": time.perf_counter() - t0}
     (path / "llm.json").write_text(json.dumps(meta, indent=1))

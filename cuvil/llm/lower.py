@@ -2,7 +2,10 @@
 `step(ids[B, T], start[B], k_cache, v_cache, slots[B]) -> logits[B, T, V]` (row b in cache slot slots[b]).
 
 Prefill is a step with T prompt tokens, decode a step with T = 1 for every sequence in the batch:
-the same compiled code, the same weights, one preallocated KV cache (written in place)."""
+the same compiled code, the same weights, one preallocated KV cache (written in place). A step runs
+at most max_step_tokens tokens (B x T): its buffers are sized by that, not by max_batch x max_seq_len.
+Rows of one slot at different positions may share a step (a prompt's tokens as T = 1 rows beside other
+sequences' decode rows): every row's keys and values are written before any row attends."""
 from __future__ import annotations
 
 import numpy as np
@@ -169,10 +172,12 @@ def _moe(g, h, tensors, t, spec: LlamaSpec, precision, group):
 
 
 def build_step_graph(spec: LlamaSpec, tensors, rope, *, precision="fp32", group=64,
-                     max_batch=1, max_seq_len=2048, progress=None, kv_dtype="float32") -> Graph:
-    """`rope`: {layer type: (inv_freq, attention scaling)} from spec.rope_parameters."""
+                     max_batch=1, max_seq_len=2048, progress=None, kv_dtype="float32", max_step_tokens=None) -> Graph:
+    """`rope`: {layer type: (inv_freq, attention scaling)} from spec.rope_parameters. max_step_tokens: the
+    most rows x tokens a step takes (default: max_seq_len, at least max_batch)."""
     B, T = D.Sym("batch"), D.Sym("seq")
-    g = Graph(symbols={"batch": (1, max_batch), "seq": (1, max_seq_len)})
+    tokens = max_step_tokens or max(max_seq_len, max_batch)
+    g = Graph(symbols={"batch": (1, tokens), "seq": (1, max_seq_len)}, symbol_products=[("batch", "seq", tokens)])
     H, Hk, Dh = spec.heads, spec.kv_heads, spec.head_dim
     ids = Value(TensorType((B, T), "int64"), "input_ids")
     start = Value(TensorType((B,), "int64"), "start")

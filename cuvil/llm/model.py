@@ -119,6 +119,12 @@ class LLM:
         self.lengths = np.zeros(m["max_batch"], np.int64)     # tokens in the cache per sequence slot
         self._first_slots = np.arange(m["max_batch"], dtype=np.int64)
         self._takes_slots = "slots" in ins
+        # a step's rows and rows x tokens: before max_step_tokens, rows were the slots and buffers were
+        # sized for max_batch x max_seq_len tokens
+        symbols = self.module.manifest.get("symbols") or {}
+        self.max_rows = int(symbols.get("batch", [1, m["max_batch"]])[1])
+        self.max_step_tokens = next((int(n) for a, b, n in self.module.manifest.get("symbol_products") or ()
+                                     if {a, b} == {"batch", "seq"}), self.max_rows * m["max_seq_len"])
         self.tokenizer = Tokenizer(self.path) if (self.path / "tokenizer.json").exists() else None
         self.lock = CacheLock()
         self._local = threading.local()
@@ -147,24 +153,26 @@ class LLM:
 
     def step(self, ids, start=None, slots=None) -> np.ndarray:
         """ids [B, T] appended at `start` (default: each slot's current length) in the KV cache slots
-        `slots` (default: 0 .. B-1; any B distinct slots of the max_batch); returns logits [B, T, V]."""
+        `slots` (default: 0 .. B-1); returns logits [B, T, V]. Rows may share a slot at positions apart
+        (with `start` given): a prompt's tokens as T = 1 rows beside other sequences' decode rows, each
+        row attending to its slot's keys up to its own position, the step's earlier rows' included."""
         ids = self._ids(ids, "ids", (1, 2))
         if ids.ndim == 1:
             ids = ids[None]
-        self._check_batch(ids, "ids")
-        if slots is not None:
-            s = np.asarray(slots)
-            if s.dtype.kind not in "iu" or s.shape != ids.shape[:1] or s.min() < 0 or \
-                    s.max() >= self.meta["max_batch"] or len(set(s.tolist())) != len(s):
-                raise ShapeError(f"slots must be {ids.shape[0]} distinct KV cache slots in [0, "
-                                 f"{self.meta['max_batch']}), one per sequence of ids, got {slots!r}")
-            slots = np.ascontiguousarray(s, np.int64)
+        self._check_batch(ids, "ids", slots is not None)
         if start is not None:
             s = np.asarray(start)
             if s.dtype.kind not in "iu" or s.shape != ids.shape[:1] or s.min() < 0:
                 raise ShapeError(f"start must be {ids.shape[0]} int position(s) >= 0, one per sequence of ids, "
                                  f"got {start!r}")
             start = np.ascontiguousarray(s, np.int64)
+        if slots is not None:
+            s = np.asarray(slots)
+            if s.dtype.kind not in "iu" or s.shape != ids.shape[:1] or s.min() < 0 or s.max() >= self.meta["max_batch"]:
+                raise ShapeError(f"slots must be {ids.shape[0]} KV cache slots in [0, {self.meta['max_batch']}), one "
+                                 f"per row of ids, got {slots!r}")
+            slots = np.ascontiguousarray(s, np.int64)
+            _check_rows_apart(slots, start if start is not None else self.lengths[slots], ids.shape[1])
         with self.lock:
             return self._step(ids, start, slots)
 
@@ -228,10 +236,16 @@ class LLM:
             raise ShapeError(f"{name} must be token ids in [0, {vocab}), got {lo if lo < 0 else hi}")
         return np.ascontiguousarray(a, np.int64)
 
-    def _check_batch(self, ids, name):
-        if ids.shape[0] > self.meta["max_batch"]:
-            raise ShapeError(f"{name} holds {ids.shape[0]} sequences; this artifact holds max_batch="
-                             f"{self.meta['max_batch']}")
+    def _check_batch(self, ids, name, slotted=False):
+        """Rows within the slots (row b in slot b) or, with slots given, within the step's rows; and rows x
+        tokens within max_step_tokens."""
+        rows, most = ids.shape[0], self.max_rows if slotted else self.meta["max_batch"]
+        if rows > most:
+            raise ShapeError(f"{name} holds {rows} {'rows' if slotted else 'sequences'}; this artifact holds "
+                             + (f"{most} rows a step" if slotted else f"max_batch={most}"))
+        if ids.size > self.max_step_tokens:
+            raise ShapeError(f"{name} holds {rows} x {ids.shape[1]} = {ids.size} tokens; a step of this artifact "
+                             f"takes at most {self.max_step_tokens} (compile with a larger max_step_tokens)")
 
     # ---- text -------------------------------------------------------------------------------
     def _encode(self, prompt, chat):
@@ -339,6 +353,18 @@ class LLM:
         """Write the artifact (with llm.json and the tokenizer files) to `path` in one step, as
         CompiledModel.save does: a process running the artifact at `path` keeps its copy."""
         return artifact.save(self.path, path)
+
+
+def _check_rows_apart(slots, start, T):
+    """Rows of one slot must write positions apart ([start, start + T) disjoint): two writers of one
+    position would leave either's keys there."""
+    order = np.lexsort((start, slots))
+    s, p = slots[order], start[order]
+    clash = (s[1:] == s[:-1]) & (p[1:] < p[:-1] + T)
+    if clash.any():
+        i = int(np.flatnonzero(clash)[0])
+        raise ShapeError(f"rows {int(order[i])} and {int(order[i + 1])} both write slot {int(s[i])} at position "
+                         f"{int(p[i + 1])}: rows of one slot must be {T} or more positions apart")
 
 
 def _read_meta(meta_file):

@@ -45,11 +45,9 @@ def _align(n):
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def value_bytes(v, bounds):
-    n = 1
-    for d in v.type.shape:
-        n *= D.upper_bound(d, bounds)
-    return int(n) * np.dtype(v.dtype).itemsize
+def value_bytes(v, bounds, products=()):
+    """Bytes of v at the symbols' bounds (and the graph's symbol_products, where given)."""
+    return int(D.numel_upper_bound(v.type.shape, bounds, products)) * np.dtype(v.dtype).itemsize
 
 
 def _static(v):
@@ -126,7 +124,8 @@ def plan(graph, scratch_bytes=lambda node, bounds: 0) -> MemoryPlan:
     for o in graph.outputs:                       # a view returned as output keeps its source alive
         if id(owner(o)) in first:
             last[id(owner(o))] = len(graph.nodes)
-    requests = [(first[k], last[k], _align(max(value_bytes(vals[k], bounds), 1)), ("value", vals[k].name))
+    requests = [(first[k], last[k], _align(max(value_bytes(vals[k], bounds, graph.symbol_products), 1)),
+                 ("value", vals[k].name))
                 for k in vals]
     for i, n in enumerate(graph.nodes):
         s = scratch_bytes(n, bounds)

@@ -87,7 +87,7 @@ def crc_text(crc: int) -> str:
 # and stale copies (no one can sign here); what keeps an edited manifest from turning into a buffer
 # overflow is the cross-check against the signature the library itself reports (signature()).
 # what the library reports about itself; data_dims (the symbols computed at run time) only where present
-SIGNED = ("inputs", "outputs", "symbols", "data_dims")
+SIGNED = ("inputs", "outputs", "symbols", "data_dims", "symbol_products")
 HASHED = ("model.so", "model.c", "model.h")     # weights.bin has its own (parallel) checksum
 RUNNER = ("cuvil_run", "cuvil_run_main.c", "cuvil_run_io.h")   # the C runner, where one was built
 PREFIX = re.compile(r"cuvil_([A-Za-z][A-Za-z0-9_]{0,31}_)?\Z")
@@ -234,6 +234,10 @@ def _check_schema(m):
     for k, b in syms.items():
         _need(k.isidentifier() and isinstance(b, list) and len(b) == 2 and all(_is_int(x) for x in b)
               and b[0] <= b[1], f"symbols[{k!r}]", "[lo, hi] with 0 <= lo <= hi", b)
+    prods = m.get("symbol_products")
+    _need(prods is None or (isinstance(prods, list) and all(
+        isinstance(p, list) and len(p) == 3 and p[0] in syms and p[1] in syms and _is_int(p[2]) for p in prods)),
+          "symbol_products", "null or a list of [symbol, symbol, int >= 0]", prods)
     dd = m.get("data_dims")
     _need(dd is None or (isinstance(dd, list) and all(isinstance(k, str) and k in syms for k in dd)), "data_dims",
           "null or a list of names from symbols", dd)

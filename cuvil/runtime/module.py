@@ -260,10 +260,15 @@ class Module:
                     if env.setdefault(d, n) != n:
                         raise ShapeError(f"input {spec['name']!r}: dim {j} ({d}) is {n}, but {d} = {env[d]} "
                                          "in an earlier input")
+        given = set(env)
         for name, (lo, hi) in self.manifest.get("symbols", {}).items():
             if name in env and not lo <= env[name] <= hi:
                 raise ShapeError(f"dynamic dim {name} = {env[name]} is outside the compiled bounds [{lo}, {hi}]")
             env.setdefault(name, hi)
+        for a, b, most in self.manifest.get("symbol_products") or ():
+            if {a, b} <= given and env[a] * env[b] > most:
+                raise ShapeError(f"dynamic dims {a} x {b} = {env[a]} x {env[b]} = {env[a] * env[b]} exceed the "
+                                 f"compiled bound {most}")
         return env
 
     def output_shapes(self, env):

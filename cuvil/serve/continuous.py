@@ -11,7 +11,11 @@ about one decode step (at least MIN_PACED_CHUNK tokens), so their inter-token ti
 the step's while prompts are read, at the cost of the prompts' own wait. TinyLlama int4 shape, 8
 clients, 2 threads (`python -m benchmarks.serve_llm`): inter-token p99 47 ms against 247 with whole
 chunks, but TTFT p50 4.4 s against 0.6 and 104 tokens/s against 137: smooth streams for interactive
-use; whole chunks (the default) for throughput and first tokens.
+use; whole chunks (the default) for throughput and first tokens. With mix_prefill=N (`cuvil serve
+--mix-prefill N`), while streams decode, up to N prompt tokens ride in each decode step as rows of their
+own (one per token, at its position in its sequence's slot): the step reads the weights once for both,
+so prompts advance at no pass of their own and streams wait one slightly longer step, not a step and a
+chunk. With nothing decoding, prompts are read in whole chunks as before.
 
 Prefix reuse (prefix_reuse=True, the default): a slot keeps the keys and values of the last sequence
 that held it after that sequence ends, and remembers its tokens. A new request takes the free slot
@@ -97,9 +101,12 @@ def _ema(old, new):
 
 
 class ContinuousBatcher:
-    def __init__(self, llm, *, prefill_chunk: int = 64, prefix_reuse: bool = True, pace_prefill: bool = False):
+    def __init__(self, llm, *, prefill_chunk: int = 64, prefix_reuse: bool = True, pace_prefill: bool = False,
+                 mix_prefill: int = 0):
         if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
             raise ValueError(f"option prefill_chunk={prefill_chunk!r} must be a positive int")
+        if isinstance(mix_prefill, bool) or not isinstance(mix_prefill, int) or mix_prefill < 0:
+            raise ValueError(f"option mix_prefill={mix_prefill!r} must be an int >= 0")
         for name, v in (("prefix_reuse", prefix_reuse), ("pace_prefill", pace_prefill)):
             if not isinstance(v, bool):
                 raise ValueError(f"option {name}={v!r} must be True or False")
@@ -107,6 +114,11 @@ class ContinuousBatcher:
             raise CuvilError(f"{llm.path} was compiled before cache slots were addressable: recompile it")
         self.llm, self.chunk = llm, prefill_chunk
         self.max_batch = llm.meta["max_batch"]
+        # prompt tokens a decode step carries: as many as asked and the step's rows allow beside the slots'
+        self.mix = min(mix_prefill, max(0, min(llm.max_rows, llm.max_step_tokens) - self.max_batch))
+        if mix_prefill and not self.mix:
+            raise CuvilError(f"mix_prefill={mix_prefill}: {llm.path} takes {llm.max_rows} rows a step, no more than "
+                             f"its {self.max_batch} slots (recompile it with max_step_tokens > max_batch)")
         self._waiting = collections.deque()
         self._slots: dict[int, Sequence] = {}
         self._cv = threading.Condition()
@@ -179,6 +191,10 @@ class ContinuousBatcher:
                     reading = [s for s in self._slots.values() if s.cursor < len(s.prompt)]
                     writing = [s for s in self._slots.values() if s.cursor >= len(s.prompt)]
                 # a failing step ends the sequences in it, not the batcher
+                if reading and writing and self.mix:
+                    readers = self._mix_readers(reading)
+                    self._guarded(readers + writing, self._mixed, (writing, readers))
+                    continue
                 if reading:
                     oldest = min(reading, key=lambda s: s.submitted)
                     self._guarded([oldest], self._prefill_chunk, (oldest, self._chunk_tokens(bool(writing))))
@@ -265,6 +281,48 @@ class ContinuousBatcher:
         self.steps[f"decode x{len(seqs)}"] += 1
         for s, row in zip(seqs, logits[:, 0]):
             self._accept(s, row)
+
+    def _mix_readers(self, reading):
+        """The sequences whose prompt tokens the next mixed step reads: the oldest, as many as `mix` rows take."""
+        readers, left = [], self.mix
+        for seq in sorted(reading, key=lambda s: s.submitted):
+            if left <= 0:
+                break
+            readers.append(seq)
+            left -= len(seq.prompt) - seq.cursor
+        return readers
+
+    def _mixed(self, job):
+        """One step: every decoding sequence's row, then up to `mix` prompt tokens of the readers, a row
+        each at its position in its slot."""
+        writing, readers = job
+        ids, start, slots, ends = [[s.last] for s in writing], [s.position for s in writing], \
+            [s.slot for s in writing], []
+        room = self.mix
+        for seq in readers:
+            if room == 0:
+                break
+            if self.prefix_reuse:
+                self._borrow(seq)
+            a, b = seq.cursor, min(seq.cursor + room, len(seq.prompt))
+            ids += [[t] for t in seq.prompt[a:b]]
+            start += range(a, b)
+            slots += [seq.slot] * (b - a)
+            ends.append((seq, b, len(ids) - 1))
+            room -= b - a
+        t0 = time.perf_counter()
+        logits = self.llm._step(np.asarray(ids, np.int64), np.asarray(start, np.int64), np.asarray(slots, np.int64))
+        self._step_s = _ema(self._step_s, time.perf_counter() - t0)
+        read = len(ids) - len(writing)
+        self.prompt_tokens["read"] += read
+        self.steps[f"decode x{len(writing)} + {read} prompt"] += 1
+        for s, row in zip(writing, logits[:len(writing), 0]):
+            self._accept(s, row)
+        for seq, b, last_row in ends:
+            seq.cursor = b
+            if b == len(seq.prompt):           # the prompt is in: its first token
+                seq.first_token = time.perf_counter()
+                self._accept(seq, logits[last_row, 0])
 
     def _accept(self, seq, logits):
         tok = sampling.pick(logits, seen=seq.seen, **seq.sampler)

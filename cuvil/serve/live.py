@@ -13,13 +13,14 @@ from .continuous import ContinuousBatcher
 
 class Generation:
     """One artifact's LLM and the batcher over its KV cache; `entering`: requests between picking this
-    generation and having their sequence queued in its batcher."""
+    generation and having their sequence queued in its batcher. policy: ContinuousBatcher's prefill
+    options (prefill_chunk, pace_prefill, mix_prefill)."""
 
-    def __init__(self, llm, prefill_chunk, pace_prefill=False):
+    def __init__(self, llm, policy):
         if llm.tokenizer is None:
             raise CuvilError(f"{llm.path} has no tokenizer.json: the OpenAI APIs take and give text")
         self.llm, self.entering = llm, 0
-        self.batcher = ContinuousBatcher(llm, prefill_chunk=prefill_chunk, pace_prefill=pace_prefill)
+        self.batcher = ContinuousBatcher(llm, **policy)
 
     def idle(self) -> bool:
         return self.entering == 0 and self.batcher.active() == 0 and self.batcher.waiting() == 0
@@ -28,10 +29,10 @@ class Generation:
 class LiveLLM:
     RETIRE_POLL_SECONDS = 0.05
 
-    def __init__(self, llm, *, prefill_chunk=64, pace_prefill=False, num_threads=None):
-        self.prefill_chunk, self.pace_prefill, self.num_threads = prefill_chunk, pace_prefill, num_threads
+    def __init__(self, llm, *, num_threads=None, **policy):
+        self.policy, self.num_threads = policy, num_threads
         self._lock = threading.Lock()
-        self._live = Generation(llm, prefill_chunk, pace_prefill)
+        self._live = Generation(llm, policy)
         self._retiring: list[threading.Thread] = []
         self._reused_before = 0          # prompt tokens reused by retired generations
         self._closing = False
@@ -54,7 +55,7 @@ class LiveLLM:
         """Serve `artifact` from now on (an LLM artifact path). One that does not load raises here (the
         running one stays)."""
         from ..llm import load
-        new = Generation(load(artifact, num_threads=self.num_threads), self.prefill_chunk, self.pace_prefill)
+        new = Generation(load(artifact, num_threads=self.num_threads), self.policy)
         with self._lock:
             old, self._live = self._live, new
             self.reloads += 1

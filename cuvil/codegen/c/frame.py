@@ -94,6 +94,10 @@ def _bind(graph):
         lo, hi = (int(b) for b in graph.symbols.get(name, (0, 2**62)))
         msg = cstr.format_string(f"dynamic dim {name} = ") + f'"%lld is outside its bounds [{lo}, {hi}]"'
         lines.append(f"if (S_{name} < {lo} || S_{name} > {hi}) CUVIL_FAIL({msg}, (long long)S_{name});")
+    for a, b, most in graph.symbol_products:      # the memory plan sized the buffers by it
+        a, b = cstr.ident(a), cstr.ident(b)
+        msg = cstr.format_string(f"dynamic dims {a} x {b} = ") + f'"%lld exceed their compiled bound {int(most)}"'
+        lines.append(f"if (S_{a} * S_{b} > {int(most)}) CUVIL_FAIL({msg}, (long long)(S_{a} * S_{b}));")
     for i, v in enumerate(graph.inputs):
         for j, d in enumerate(v.type.shape):
             msg = (cstr.format_string(f"input {i} ({v.name}): dim {j} ") + '"is %lld, expected "'

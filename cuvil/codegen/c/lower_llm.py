@@ -280,7 +280,7 @@ def lower_kv_update(em, node):
     dst = f"(({'uint16_t' if half else 'float'} *){em.ptr(y)}) + (int64_t){layer} * {Bmax} * {Hk} * {S} * {Dd}"
     return lines + [f"if (cuvil_kv_update({B}, {Bmax}, {T}, {Hk}, {S}, {Dd}, {em.ptr(new)}, {em.ptr(start)}, {slots}, "
                     f"{dst}, {half})) CUVIL_FAIL(\"KV cache full: a sequence would pass {S} tokens, the batch exceeds {Bmax}, "
-                    f"or the cache slots are not distinct slots in [0, {Bmax})\");"]
+                    f"or the rows' cache slots are not in [0, {Bmax}) at positions apart\");"]
 
 
 @lowering("cached_attention", supports=_kv_supports)
@@ -301,8 +301,8 @@ def lower_cached_attention(em, node):
             f".scale = {float(node.attrs['scale'])!r}f, .causal = 1, .q_offset = {em.ptr(start)}, "
             f".softcap = {float(node.attrs['softcap'])!r}f, .window = {int(node.attrs['window'])}, "
             f".kv_slot = {slots}, .kv_half = {int(kc.dtype == 'float16')}}}")
-    return ["{", f"  if (cuvil_check_slots({B}, {Bmax}, {slots})) "
-            f"CUVIL_FAIL(\"cache slots must be distinct and in [0, {Bmax})\");",
+    return ["{", f"  if (cuvil_check_slots({B}, {Bmax}, {T}, {em.ptr(start)}, {slots})) "
+            f"CUVIL_FAIL(\"cache slots must be in [0, {Bmax}), rows of one slot at positions apart\");",
             f"  const cuvil_attn at = {init};",
             f"  if (cuvil_attention(&at, {em.ptr(q)}, {em.ptr(kc)} + {kv_layer} * {E}, {em.ptr(vc)} + {kv_layer} * {Ev}, "
             f"{em.ptr(y)}, NT)) CUVIL_FAIL(\"out of memory widening the fp16 KV cache's rows\");", "}"]

@@ -33,20 +33,19 @@ void cuvil_rope(int64_t B, int64_t T, int64_t H, int64_t D, const float *x, cons
     cuvil_parallel_for(B * T * H * D > 32768 ? nthreads : 1, B * T, 1, rope_task, &a);
 }
 
-int cuvil_check_slots(int64_t B, int64_t Bmax, const int64_t *slots) {
-    if (B > Bmax) return 1;
-    if (!slots) return 0;
+int cuvil_check_slots(int64_t B, int64_t Bmax, int64_t T, const int64_t *start, const int64_t *slots) {
+    if (!slots) return B > Bmax;
     for (int64_t b = 0; b < B; b++) {
         if (slots[b] < 0 || slots[b] >= Bmax) return 1;
-        for (int64_t c = 0; c < b; c++)
-            if (slots[c] == slots[b]) return 1;          /* two rows writing one slot */
+        for (int64_t c = 0; c < b; c++)       /* two rows writing one position of one slot */
+            if (slots[c] == slots[b] && start[c] < start[b] + T && start[b] < start[c] + T) return 1;
     }
     return 0;
 }
 
 int cuvil_kv_update(int64_t B, int64_t Bmax, int64_t T, int64_t Hk, int64_t S, int64_t D, const float *new_,
                     const int64_t *start, const int64_t *slots, void *cache, int half) {
-    if (cuvil_check_slots(B, Bmax, slots)) return 1;
+    if (cuvil_check_slots(B, Bmax, T, start, slots)) return 1;
     for (int64_t b = 0; b < B; b++)
         if (start[b] < 0 || start[b] + T > S) return 1;
     for (int64_t b = 0; b < B; b++) {

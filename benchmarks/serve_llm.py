@@ -112,8 +112,8 @@ def main(argv=None):
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--shared-prefix", type=int, default=0)
     ap.add_argument("--no-prefix-reuse", action="store_true", help="cuvil: read every prompt whole")
-    ap.add_argument("--mix-prefill", type=int, default=0, metavar="N",
-                    help="cuvil: while streams decode, up to N prompt tokens ride in each decode step")
+    ap.add_argument("--mix-rows", type=int, default=0, metavar="N",
+                    help="cuvil: while streams decode, prompt tokens fill each decode step up to N rows")
     ap.add_argument("--pace-prefill", action="store_true",
                     help="cuvil: while streams decode, prompt chunks sized to take about one decode step")
     ap.add_argument("--precision", default="int4")
@@ -137,7 +137,7 @@ def main(argv=None):
         server, close = None, lambda: None
         if system == "cuvil":
             batcher = ContinuousBatcher(llm, prefill_chunk=a.prefill_chunk, prefix_reuse=not a.no_prefix_reuse,
-                                        pace_prefill=a.pace_prefill, mix_prefill=a.mix_prefill)
+                                        pace_prefill=a.pace_prefill, mix_rows=a.mix_rows)
             generate, make, close = lambda p: batcher.submit(p, a.new_tokens, temperature=0.0), ids, batcher.close
         elif system == "cuvil-http":
             port, artifact = free_port(), Path(temp_dir("cuvil-bench-serve-llm-")) / "model.cuvil"
@@ -145,7 +145,7 @@ def main(argv=None):
             server = start_server([sys.executable, "-m", "cuvil", "serve", str(artifact), "--port", str(port),
                                    "--num-threads", str(a.threads), "--prefill-chunk", str(a.prefill_chunk)]
                                   + (["--pace-prefill"] if a.pace_prefill else [])
-                                  + (["--mix-prefill", str(a.mix_prefill)] if a.mix_prefill else []),
+                                  + (["--mix-rows", str(a.mix_rows)] if a.mix_rows else []),
                                   port, "/v1/models")
             generate, make = streamed_completions(f"http://127.0.0.1:{port}", a.new_tokens), ids
         elif system.startswith("llamacpp-http"):
@@ -188,7 +188,7 @@ def main(argv=None):
           f"{a.prompt}-token prompts ({a.shared_prefix} shared), {a.new_tokens} new tokens, "
           f"{a.requests_per_client} requests per client, {a.threads} threads, prefill chunk {a.prefill_chunk}"
           f"{' (paced while streams decode)' if a.pace_prefill else ''}"
-          f"{f', {a.mix_prefill} prompt tokens in each decode step' if a.mix_prefill else ''}")
+          f"{f', prompt tokens filling decode steps to {a.mix_rows} rows' if a.mix_rows else ''}")
     if reuse:
         print(f"cuvil prompt tokens: {reuse}")
     if counted:

@@ -404,7 +404,7 @@ def cmd_serve(a):
         raise CuvilError(f"cuvil serve needs the serve extra: pip install 'cuvil[serve]' ({e})") from None
     serve(a.artifact, host=a.host, port=a.port, workers=a.workers, name=a.name, max_batch=a.max_batch,
           max_wait_ms=a.max_wait_ms, num_threads=a.num_threads, prefill_chunk=a.prefill_chunk,
-          pace_prefill=a.pace_prefill, mix_prefill=a.mix_prefill, watch_seconds=1.0 if a.watch else 0.0)
+          pace_prefill=a.pace_prefill, mix_rows=a.mix_rows, watch_seconds=1.0 if a.watch else 0.0)
 
 
 def _add_llm(sub):
@@ -421,8 +421,8 @@ def _add_llm(sub):
     c.add_argument("--max-seq-len", type=_int_in(1, 1 << 20), default=2048)
     c.add_argument("--max-batch", type=_int_in(1, 4096), default=1)
     c.add_argument("--max-step-tokens", type=_int_in(1, 1 << 24), default=None,
-                   help="the most tokens one step runs, rows x tokens (default: max-seq-len); above max-batch, "
-                        "`cuvil serve --mix-prefill` has rows for prompt tokens beside the decode rows")
+                   help="the most tokens one step runs, rows x tokens (default: max-seq-len); the step's buffers "
+                        "are sized by it")
     c.add_argument("--num-threads", **THREADS)
     c.add_argument("--cache-dir", type=_path, default=None)
     c.add_argument("--quiet", action="store_true")
@@ -495,9 +495,9 @@ def parser():
     p.add_argument("--pace-prefill", action="store_true",
                    help="LLM artifacts: while streams decode, prompt chunks sized to take about one decode step "
                         "(smoother streams, slower first tokens)")
-    p.add_argument("--mix-prefill", type=_int_in(0, 1 << 20), default=0, metavar="N",
-                   help="LLM artifacts: while streams decode, up to N prompt tokens ride in each decode step as rows "
-                        "of their own (needs an artifact compiled with max_step_tokens > max_batch)")
+    p.add_argument("--mix-rows", type=_int_in(0, 1 << 20), default=0, metavar="N",
+                   help="LLM artifacts: while streams decode, prompt tokens ride in each decode step as rows of "
+                        "their own, filling it up to N rows (at least one): smooth streams, slower first tokens")
     p.add_argument("--num-threads", **THREADS)
     p.set_defaults(fn=cmd_serve)
     _add_llm(sub)

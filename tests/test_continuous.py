@@ -221,11 +221,11 @@ def test_paced_prefill_chunks_follow_the_step_time(llm, monkeypatch):
 
 
 def test_mixed_steps_carry_prompt_tokens_and_keep_greedy_outputs(llm):
-    """mix_prefill=3: while streams decode, each decode step also reads up to 3 prompt tokens, a row each
-    at its position in its sequence's slot (two sequences' tokens in one step where a prompt ends); every
-    sequence's tokens still equal its greedy run alone, token for token."""
+    """mix_rows=4: while streams decode, each decode step also reads prompt tokens, a row each at its
+    position in its sequence's slot, up to 4 rows in all and at least one (two sequences' tokens in one
+    step where a prompt ends); every sequence's tokens still equal its greedy run alone, token for token."""
     alone = [llm.generate(p, b) for p, b in zip(PROMPTS, BUDGETS)]
-    batcher = ContinuousBatcher(llm, prefill_chunk=4, mix_prefill=3)
+    batcher = ContinuousBatcher(llm, prefill_chunk=4, mix_rows=4)
     try:
         with batcher._cv:
             seqs = [batcher.submit(p, b) for p, b in zip(PROMPTS, BUDGETS)]
@@ -233,17 +233,19 @@ def test_mixed_steps_carry_prompt_tokens_and_keep_greedy_outputs(llm):
     finally:
         batcher.close()
     assert got == alone
-    mixed = {k: n for k, n in batcher.steps.items() if "prompt" in k}
-    assert mixed and all(int(k.split("+ ")[1].split()[0]) <= 3 for k in mixed), batcher.steps
+    mixed = [(int(k.split("x")[1].split()[0]), int(k.split("+ ")[1].split()[0])) for k in batcher.steps if "prompt" in k]
+    assert mixed and all(p >= 1 and d + p <= max(4, d + 1) for d, p in mixed), batcher.steps
+    assert any(d + p == 4 for d, p in mixed) and any(d == 2 and p == 1 for d, p in mixed), batcher.steps
     assert batcher.prompt_tokens["read"] + batcher.prompt_tokens["reused"] == sum(map(len, PROMPTS))
 
 
-def test_mixed_steps_need_rows_beyond_the_slots(tmp_path):
-    """An artifact whose steps take no more rows than its slots (max_step_tokens = max_batch) has no room
-    for prompt rows: mix_prefill says so up front; a negative one is refused."""
-    small = cuvil.llm.from_transformers(small_model("llama"), max_seq_len=4, max_batch=4, cache_dir=tmp_path)
-    assert small.max_step_tokens == 4 and small.max_rows == 4
-    with pytest.raises(cuvil.CuvilError, match="max_step_tokens"):
-        ContinuousBatcher(small, mix_prefill=2)
-    with pytest.raises(ValueError, match="mix_prefill"):
-        ContinuousBatcher(small, mix_prefill=-1)
+def test_mixed_step_rows_stay_within_the_artifact(llm):
+    """mix_rows above the rows a step of the artifact takes is cut to them; a negative one is refused."""
+    batcher = ContinuousBatcher(llm, mix_rows=10 ** 6)
+    try:
+        assert batcher.mix == min(llm.max_rows, llm.max_step_tokens) == 64
+        assert batcher._mix_room(3) == 61 and ContinuousBatcher._mix_room(batcher, 64) == 1
+    finally:
+        batcher.close()
+    with pytest.raises(ValueError, match="mix_rows"):
+        ContinuousBatcher(llm, mix_rows=-1)

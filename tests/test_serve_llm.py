@@ -232,3 +232,32 @@ def test_watch_swaps_in_a_saved_llm_under_load(tmp_path):
     assert during == want_old
     assert after == [want_new] * 3
     assert app.state.live._live.batcher.pace_prefill        # the reloaded generation keeps the server's policy
+
+
+def test_mixed_steps_over_http_keep_greedy_answers(tmp_path):
+    """`cuvil serve --mix-rows 3` (create_llm_app(mix_rows=3)): concurrent streamed completions, prompt
+    tokens riding in the decode steps of the others, each answer equal to its greedy run alone; the
+    server's batcher did run mixed steps."""
+    checkpoint(tmp_path / "ckpt")
+    cuvil.llm.from_transformers(tmp_path / "ckpt", max_seq_len=96, max_batch=2).save(tmp_path / "tiny.cuvil")
+    from cuvil.serve.openai import create_llm_app
+    ref = cuvil.llm.load(tmp_path / "tiny.cuvil")
+    alone = [ref.generate(p, 12) for p in PROMPTS]
+    app = create_llm_app(tmp_path / "tiny.cuvil", prefill_chunk=4, mix_rows=3)
+
+    async def main(url):
+        async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+            async def streamed(p):
+                text = ""
+                async with c.stream("POST", "/v1/completions", json={"prompt": p, "max_tokens": 12,
+                                                                      "temperature": 0, "stream": True}) as r:
+                    assert r.status_code == 200
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: ") and line != "data: [DONE]":
+                            text += json.loads(line[6:])["choices"][0]["text"]
+                return text
+            return await asyncio.gather(*(streamed(p) for p in PROMPTS))
+    with _server(app) as url:
+        assert asyncio.run(main(url)) == alone
+        steps = app.state.live._live.batcher.steps
+    assert any("prompt" in k for k in steps), steps

@@ -11,11 +11,13 @@ about one decode step (at least MIN_PACED_CHUNK tokens), so their inter-token ti
 the step's while prompts are read, at the cost of the prompts' own wait. TinyLlama int4 shape, 8
 clients, 2 threads (`python -m benchmarks.serve_llm`): inter-token p99 47 ms against 247 with whole
 chunks, but TTFT p50 4.4 s against 0.6 and 104 tokens/s against 137: smooth streams for interactive
-use; whole chunks (the default) for throughput and first tokens. With mix_prefill=N (`cuvil serve
---mix-prefill N`), while streams decode, up to N prompt tokens ride in each decode step as rows of their
-own (one per token, at its position in its sequence's slot): the step reads the weights once for both,
-so prompts advance at no pass of their own and streams wait one slightly longer step, not a step and a
-chunk. With nothing decoding, prompts are read in whole chunks as before.
+use; whole chunks (the default) for throughput and first tokens. With mix_rows=N (`cuvil serve
+--mix-rows N`), while streams decode, prompt tokens ride in each decode step as rows of their own (one
+per token, at its position in its sequence's slot), filling the step up to N rows (at least one prompt
+token): streams wait one step of at most N rows, never a step and a chunk. TinyLlama int4 shape, 8
+clients, 2 threads, Zen 5 (benchmarks/README.md): N = 8 (a step's cost rises steeply past 8 rows, where
+the int4 GEMM leaves its decode tiles) keeps the inter-token p99 under twice the 1-client median, at the
+cost of first tokens and aggregate tokens/s. With nothing decoding, prompts are read in whole chunks.
 
 Prefix reuse (prefix_reuse=True, the default): a slot keeps the keys and values of the last sequence
 that held it after that sequence ends, and remembers its tokens. A new request takes the free slot
@@ -102,11 +104,11 @@ def _ema(old, new):
 
 class ContinuousBatcher:
     def __init__(self, llm, *, prefill_chunk: int = 64, prefix_reuse: bool = True, pace_prefill: bool = False,
-                 mix_prefill: int = 0):
+                 mix_rows: int = 0):
         if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
             raise ValueError(f"option prefill_chunk={prefill_chunk!r} must be a positive int")
-        if isinstance(mix_prefill, bool) or not isinstance(mix_prefill, int) or mix_prefill < 0:
-            raise ValueError(f"option mix_prefill={mix_prefill!r} must be an int >= 0")
+        if isinstance(mix_rows, bool) or not isinstance(mix_rows, int) or mix_rows < 0:
+            raise ValueError(f"option mix_rows={mix_rows!r} must be an int >= 0")
         for name, v in (("prefix_reuse", prefix_reuse), ("pace_prefill", pace_prefill)):
             if not isinstance(v, bool):
                 raise ValueError(f"option {name}={v!r} must be True or False")
@@ -114,11 +116,9 @@ class ContinuousBatcher:
             raise CuvilError(f"{llm.path} was compiled before cache slots were addressable: recompile it")
         self.llm, self.chunk = llm, prefill_chunk
         self.max_batch = llm.meta["max_batch"]
-        # prompt tokens a decode step carries: as many as asked and the step's rows allow beside the slots'
-        self.mix = min(mix_prefill, max(0, min(llm.max_rows, llm.max_step_tokens) - self.max_batch))
-        if mix_prefill and not self.mix:
-            raise CuvilError(f"mix_prefill={mix_prefill}: {llm.path} takes {llm.max_rows} rows a step, no more than "
-                             f"its {self.max_batch} slots (recompile it with max_step_tokens > max_batch)")
+        # the rows a mixed step fills to, within the rows the artifact's step takes (at least its slots:
+        # a reading sequence holds a slot, so its one prompt row always fits beside the decode rows)
+        self.mix = min(mix_rows, llm.max_rows, llm.max_step_tokens)
         self._waiting = collections.deque()
         self._slots: dict[int, Sequence] = {}
         self._cv = threading.Condition()
@@ -192,7 +192,7 @@ class ContinuousBatcher:
                     writing = [s for s in self._slots.values() if s.cursor >= len(s.prompt)]
                 # a failing step ends the sequences in it, not the batcher
                 if reading and writing and self.mix:
-                    readers = self._mix_readers(reading)
+                    readers = self._mix_readers(reading, len(writing))
                     self._guarded(readers + writing, self._mixed, (writing, readers))
                     continue
                 if reading:
@@ -282,9 +282,13 @@ class ContinuousBatcher:
         for s, row in zip(seqs, logits[:, 0]):
             self._accept(s, row)
 
-    def _mix_readers(self, reading):
-        """The sequences whose prompt tokens the next mixed step reads: the oldest, as many as `mix` rows take."""
-        readers, left = [], self.mix
+    def _mix_room(self, decoding):
+        """Prompt rows of a mixed step beside `decoding` decode rows: up to mix rows in all, at least one."""
+        return max(1, self.mix - decoding)
+
+    def _mix_readers(self, reading, decoding):
+        """The sequences whose prompt tokens the next mixed step reads: the oldest, as many as its rows take."""
+        readers, left = [], self._mix_room(decoding)
         for seq in sorted(reading, key=lambda s: s.submitted):
             if left <= 0:
                 break
@@ -293,12 +297,12 @@ class ContinuousBatcher:
         return readers
 
     def _mixed(self, job):
-        """One step: every decoding sequence's row, then up to `mix` prompt tokens of the readers, a row
-        each at its position in its slot."""
+        """One step: every decoding sequence's row, then the readers' prompt tokens up to mix rows in all
+        (at least one), a row each at its position in its slot."""
         writing, readers = job
         ids, start, slots, ends = [[s.last] for s in writing], [s.position for s in writing], \
             [s.slot for s in writing], []
-        room = self.mix
+        room = self._mix_room(len(writing))
         for seq in readers:
             if room == 0:
                 break

@@ -141,12 +141,12 @@ def create_app(artifact, *, name=None, max_batch=8, max_wait_ms=2.0, num_threads
 
 
 def app_for(artifact, *, name=None, max_batch=8, max_wait_ms=2.0, num_threads=None, prefill_chunk=64,
-            pace_prefill=False, mix_prefill=0, watch_seconds=0.0):
+            pace_prefill=False, mix_rows=0, watch_seconds=0.0):
     """The app an artifact gets: an LLM artifact (llm.json) the OpenAI APIs, any other KServe v2."""
     if (Path(artifact) / "llm.json").exists():
         from .openai import create_llm_app
         return create_llm_app(artifact, name=name, prefill_chunk=prefill_chunk, pace_prefill=pace_prefill,
-                              mix_prefill=mix_prefill, num_threads=num_threads, watch_seconds=watch_seconds)
+                              mix_rows=mix_rows, num_threads=num_threads, watch_seconds=watch_seconds)
     return create_app(artifact, name=name, max_batch=max_batch, max_wait_ms=max_wait_ms, num_threads=num_threads,
                       watch_seconds=watch_seconds)
 

@@ -14,7 +14,7 @@ from .continuous import ContinuousBatcher
 class Generation:
     """One artifact's LLM and the batcher over its KV cache; `entering`: requests between picking this
     generation and having their sequence queued in its batcher. policy: ContinuousBatcher's prefill
-    options (prefill_chunk, pace_prefill, mix_prefill)."""
+    options (prefill_chunk, pace_prefill, mix_rows)."""
 
     def __init__(self, llm, policy):
         if llm.tokenizer is None:

@@ -70,11 +70,11 @@ def parse_sampling(body) -> dict:
                 stop=stop)
 
 
-def create_llm_app(artifact, *, name=None, prefill_chunk=64, pace_prefill=False, mix_prefill=0, num_threads=None,
+def create_llm_app(artifact, *, name=None, prefill_chunk=64, pace_prefill=False, mix_rows=0, num_threads=None,
                    llm=None, max_body_bytes=MAX_BODY_BYTES, watch_seconds=0.0):
     """The OpenAI APIs on the LLM artifact (or `llm`, loaded from it); watch_seconds > 0: reload the
     artifact whenever one is saved over it (`cuvil serve --watch`, serve/live.py). prefill_chunk,
-    pace_prefill, mix_prefill: how the continuous batcher reads prompts (serve/continuous.py)."""
+    pace_prefill, mix_rows: how the continuous batcher reads prompts (serve/continuous.py)."""
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
     from ..llm import load
@@ -82,7 +82,7 @@ def create_llm_app(artifact, *, name=None, prefill_chunk=64, pace_prefill=False,
     if not NAME_RE.fullmatch(name):
         raise ValueError(f"model name {name!r} must match {NAME_RE.pattern}")
     live = LiveLLM(llm or load(artifact, num_threads=num_threads), num_threads=num_threads,
-                   prefill_chunk=prefill_chunk, pace_prefill=pace_prefill, mix_prefill=mix_prefill)
+                   prefill_chunk=prefill_chunk, pace_prefill=pace_prefill, mix_rows=mix_rows)
     reg = CollectorRegistry()
     requests = Counter("cuvil_llm_requests", "requests answered, by endpoint and HTTP status", ["endpoint", "code"],
                        registry=reg)

@@ -1684,15 +1684,21 @@ def kv_update_fp16(op):
 
 @case("kv_update", name="bad slots")
 def kv_update_bad_slots(op):
-    """A slot outside the cache, or two rows in one slot, is a run-time error (nothing written)."""
+    """A slot outside the cache, or two rows writing one position of one slot, is a run-time error (nothing
+    written); two rows of one slot at positions apart write both (a prompt's tokens as rows of a step)."""
     c = Case()
     cache = c.input(_cache(c.rng, 1, 3, 1, 5, 4))
     new, start = c.input(rand(c.rng, (2, 1, 1, 4), "float32")), c.input(np.array([0, 1]))
     c.out(c.add(op, [cache, new, start, c.input(np.array([2, 0]))]), "slots 2 and 0")
     cm = c.check(inplace=(0,))
-    for bad in ([3, 0], [-1, 0], [1, 1]):
+    cache0, rows = c.runs[0][0], c.runs[0][1]
+    for bad_slots, bad_start in (([3, 0], [0, 1]), ([-1, 0], [0, 1]), ([1, 1], [2, 2])):
         with pytest.raises(ShapeError, match="slots"):
-            cm.run(c.runs[0][0], c.runs[0][1], c.runs[0][2], np.array(bad))
+            cm.run(cache0.copy(), rows, np.array(bad_start), np.array(bad_slots))
+    (got,) = cm.run(cache0.copy(), rows, np.array([3, 2]), np.array([1, 1]))
+    want = cache0.copy()
+    want[0, 1, 0, 3], want[0, 1, 0, 2] = rows[0, 0, 0], rows[1, 0, 0]
+    np.testing.assert_array_equal(got, want)
 
 
 @case("kv_update", name="overflow")

@@ -209,7 +209,8 @@ declare(OpDef("rope", {"scale": 1.0}, _rope_infer, _rope_ref, kind="llm"))
 # ---- kv_update: cache[layer, slot[b], h, start[b] + t] = new[b, t, h]; the output is the cache itself ---
 # an fp16 cache holds rows rounded to nearest even, which attention widens; float64 is legalized to float32
 KV_DTYPES = ("float32", "float16", "float64")
-# slots (optional, int64 [B]): the cache slot of each batch row (default: row b in slot b), distinct
+# slots (optional, int64 [B]): the cache slot of each batch row (default: row b in slot b); rows of one slot
+# write positions apart (a prompt's tokens as rows beside other sequences' decode rows)
 def _slots_type_ok(t, batch):
     return t is None or (t.rank == 1 and t.dtype == "int64" and D.dims_equal(t.shape[0], batch))
 
@@ -219,10 +220,17 @@ def slot_of(xs, n_fixed, b):
     return int(xs[n_fixed][b]) if len(xs) > n_fixed and xs[n_fixed] is not None else b
 
 
-def check_slots(op, xs, n_fixed, B, Bmax):
+def check_slots(op, xs, n_fixed, B, Bmax, start, T):
+    """Each row's slot, checked as kernels/llm.c cuvil_check_slots does: in [0, Bmax), and rows of one slot
+    writing [start, start + T) apart."""
     slots = [slot_of(xs, n_fixed, b) for b in range(B)]
-    if any(not 0 <= s < Bmax for s in slots) or len(set(slots)) != len(slots):
-        raise ShapeError(f"{op}: cache slots must be distinct and in [0, {Bmax}), got {slots}")
+    if any(not 0 <= s < Bmax for s in slots):
+        raise ShapeError(f"{op}: cache slots must be in [0, {Bmax}), got {slots}")
+    for b in range(B):
+        for c in range(b):
+            if slots[b] == slots[c] and abs(int(start[b]) - int(start[c])) < T:
+                raise ShapeError(f"{op}: rows {c} and {b} write slot {slots[b]} at one position (starts "
+                                 f"{int(start[c])} and {int(start[b])}, {T} tokens each)")
     return slots
 
 
@@ -241,7 +249,7 @@ def _kv_ref(xs, a):
     cache, new, start = xs[:3]
     out = cache.copy()
     T = new.shape[1]
-    slots = check_slots("kv_update", xs, 3, new.shape[0], cache.shape[1])
+    slots = check_slots("kv_update", xs, 3, new.shape[0], cache.shape[1], start, new.shape[1])
     for b, slot in enumerate(slots):
         if start[b] + T > cache.shape[3]:
             raise ShapeError(f"kv_update: sequence {b} runs past the cache ({start[b]} + {T} > {cache.shape[3]})")
@@ -277,7 +285,7 @@ def _ca_ref(xs, a):
     B, T, H, _ = q.shape
     out = np.zeros(q.shape[:3] + (vc.shape[-1],), np.float64)
     rep = H // kc.shape[2]
-    for b, slot in enumerate(check_slots("cached_attention", xs, 4, B, kc.shape[1])):
+    for b, slot in enumerate(check_slots("cached_attention", xs, 4, B, kc.shape[1], start, T)):
         k = np.repeat(kc[a["layer"], slot], rep, axis=0).astype(np.float64)    # [H, S, D]
         v = np.repeat(vc[a["layer"], slot], rep, axis=0).astype(np.float64)
         for t in range(T):

@@ -16,8 +16,9 @@ use; whole chunks (the default) for throughput and first tokens. With mix_rows=N
 per token, at its position in its sequence's slot), filling the step up to N rows (at least one prompt
 token): streams wait one step of at most N rows, never a step and a chunk. TinyLlama int4 shape, 8
 clients, 2 threads, Zen 5 (benchmarks/README.md): N = 8 (a step's cost rises steeply past 8 rows, where
-the int4 GEMM leaves its decode tiles) keeps the inter-token p99 under twice the 1-client median, at the
-cost of first tokens and aggregate tokens/s. With nothing decoding, prompts are read in whole chunks.
+the int4 GEMM leaves its decode tiles) gave an inter-token p99 of 25-26 ms against 134-140 with whole
+chunks (1.9-2.7x the 1-client median, by the host's phase), at the cost of first tokens (p50 2.4 s
+against 0.2) and aggregate tokens/s (0.8x). With nothing decoding, prompts are read in whole chunks.
 
 Prefix reuse (prefix_reuse=True, the default): a slot keeps the keys and values of the last sequence
 that held it after that sequence ends, and remembers its tokens. A new request takes the free slot

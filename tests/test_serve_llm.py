@@ -243,7 +243,16 @@ def test_mixed_steps_over_http_keep_greedy_answers(tmp_path):
     from cuvil.serve.openai import create_llm_app
     ref = cuvil.llm.load(tmp_path / "tiny.cuvil")
     alone = [ref.generate(p, 12) for p in PROMPTS]
-    app = create_llm_app(tmp_path / "tiny.cuvil", prefill_chunk=4, mix_rows=3)
+    # steps at a big model's pace (10 ms), so that the requests overlap on a loaded host too: the tiny
+    # model alone answered each before the next arrived (one CI run saw no mixed step)
+    slow = cuvil.llm.load(tmp_path / "tiny.cuvil")
+    step = slow._step
+
+    def paced(*a, **k):
+        time.sleep(0.01)
+        return step(*a, **k)
+    slow._step = paced
+    app = create_llm_app(tmp_path / "tiny.cuvil", prefill_chunk=4, mix_rows=3, llm=slow)
 
     async def main(url):
         async with httpx.AsyncClient(base_url=url, timeout=60) as c:

@@ -23,15 +23,20 @@ def served(tmp_path_factory):
     from cuvil.serve.openai import create_llm_app
     reference = cuvil.llm.load(d / "tiny.cuvil")
     # the served copy steps at a big model's pace (3 ms a step), so a disconnect is seen mid-stream
-    slow = cuvil.llm.load(d / "tiny.cuvil")
-    step = slow._step
-
-    def paced(*a, **k):
-        time.sleep(0.003)
-        return step(*a, **k)
-    slow._step = paced
+    slow = _paced(cuvil.llm.load(d / "tiny.cuvil"), 0.003)
     with _server(create_llm_app(d / "tiny.cuvil", prefill_chunk=4, llm=slow)) as url:
         yield url, reference
+
+
+def _paced(llm, seconds):
+    """llm, each step of it taking `seconds` more (a big model's pace)."""
+    step = llm._step
+
+    def paced(*a, **k):
+        time.sleep(seconds)
+        return step(*a, **k)
+    llm._step = paced
+    return llm
 
 
 PROMPTS = ["cuvil compiles", "le café est très", "the quick brown fox", "数据 编译器", "emoji test"]
@@ -196,13 +201,7 @@ def test_watch_swaps_in_a_saved_llm_under_load(tmp_path):
     assert want_old != want_new
     served = tmp_path / "live.cuvil"
     shutil.copytree(tmp_path / "m0", served)
-    slow = cuvil.llm.load(served)
-    step = slow._step
-
-    def paced(*a, **k):                # 40 tokens take ~0.3 s: the save lands while the first stream runs
-        time.sleep(0.008)
-        return step(*a, **k)
-    slow._step = paced
+    slow = _paced(cuvil.llm.load(served), 0.008)    # 40 tokens take ~0.3 s: the save lands while the first stream runs
     body = {"prompt": prompt, "max_tokens": 40, "temperature": 0}
 
     async def main(url):
@@ -245,13 +244,7 @@ def test_mixed_steps_over_http_keep_greedy_answers(tmp_path):
     alone = [ref.generate(p, 12) for p in PROMPTS]
     # steps at a big model's pace (10 ms), so that the requests overlap on a loaded host too: the tiny
     # model alone answered each before the next arrived (one CI run saw no mixed step)
-    slow = cuvil.llm.load(tmp_path / "tiny.cuvil")
-    step = slow._step
-
-    def paced(*a, **k):
-        time.sleep(0.01)
-        return step(*a, **k)
-    slow._step = paced
+    slow = _paced(cuvil.llm.load(tmp_path / "tiny.cuvil"), 0.01)
     app = create_llm_app(tmp_path / "tiny.cuvil", prefill_chunk=4, mix_rows=3, llm=slow)
 
     async def main(url):

@@ -86,14 +86,15 @@ static void product_task(void *ctx, int64_t i0, int64_t i1) {
 
 /* Items r = ob * TH + th: Y = A^T M A for a row of tiles of one output block, then bias, residual
  * and activation, stored pixel by pixel inside the output. */
-static inline __attribute__((always_inline)) void output_rows(int m, const wgb_args *a, int64_t r0, int64_t r1) {
+static inline __attribute__((always_inline)) void output_rows(int m, const wgb_args *a, int64_t r0, int64_t r1,
+                                                             int res, int act) {
     const cuvil_conv_shape *s = a->s;
     const int alpha = m + 2;
     int64_t T = a->TH * a->TW, plane = s->O * T;
     for (int64_t r = r0; r < r1; r++) {
         int64_t ob = r / a->TH, th = r % a->TH;
         float *yb = a->y + ob * s->OH * s->OW * CUVIL_BLOCK;
-        const float *rb = a->residual ? a->residual + ob * s->OH * s->OW * CUVIL_BLOCK : 0;
+        const float *rb = res ? a->residual + ob * s->OH * s->OW * CUVIL_BLOCK : 0;
         for (int64_t tw = 0; tw < a->TW; tw++) {
             const float *src = a->prod + (ob * T + th * a->TW + tw) * CUVIL_BLOCK;
             for (int lane = 0; lane < CUVIL_BLOCK; lane += CUVIL_VL) {
@@ -106,9 +107,9 @@ static inline __attribute__((always_inline)) void output_rows(int m, const wgb_a
                     for (int j = 0; j < m && tw * m + j < s->OW; j++) {
                         int64_t off = ((th * m + i) * s->OW + tw * m + j) * CUVIL_BLOCK + lane;
                         cuvil_vf v = o[i * m + j] + bias;
-                        if (rb) v += cuvil_vload(rb + off);
-                        if (a->act == CUVIL_ACT_RELU) v = cuvil_vrelu(v);          /* NaN stays */
-                        else if (a->act) v = cuvil_vact(v, a->act);
+                        if (res) v += cuvil_vload(rb + off);
+                        if (act == CUVIL_ACT_RELU) v = cuvil_vrelu(v);          /* NaN stays */
+                        else if (act) v = cuvil_vact(v, act);
                         cuvil_vstore(yb + off, v);
                     }
             }
@@ -116,10 +117,21 @@ static inline __attribute__((always_inline)) void output_rows(int m, const wgb_a
     }
 }
 
+/* output_rows with the residual and ReLU (or none) as constants: tested per output vector, they were a
+ * compare and branch each beside a few adds (as the blocked tiles' stores, blocked.c store_vector_as). */
 static void output_task(void *ctx, int64_t r0, int64_t r1) {
     const wgb_args *a = ctx;
-    if (a->m == 4) output_rows(4, a, r0, r1);
-    else output_rows(2, a, r0, r1);
+    const int res = a->residual != 0, act = a->act;
+    #define OUT(M) do {                                                                                   \
+        if (act == CUVIL_ACT_RELU) { if (res) output_rows(M, a, r0, r1, 1, CUVIL_ACT_RELU);                \
+                                     else output_rows(M, a, r0, r1, 0, CUVIL_ACT_RELU); }                  \
+        else if (act == CUVIL_ACT_NONE) { if (res) output_rows(M, a, r0, r1, 1, CUVIL_ACT_NONE);           \
+                                          else output_rows(M, a, r0, r1, 0, CUVIL_ACT_NONE); }             \
+        else output_rows(M, a, r0, r1, res, act);                                                          \
+    } while (0)
+    if (a->m == 4) OUT(4);
+    else OUT(2);
+    #undef OUT
 }
 
 void cuvil_conv3x3_winograd_blocked(const cuvil_conv_shape *s, int m, const float *x, const float *up,

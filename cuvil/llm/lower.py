@@ -172,12 +172,12 @@ def _moe(g, h, tensors, t, spec: LlamaSpec, precision, group):
 
 
 def build_step_graph(spec: LlamaSpec, tensors, rope, *, precision="fp32", group=64,
-                     max_batch=1, max_seq_len=2048, progress=None, kv_dtype="float32", max_step_tokens=None) -> Graph:
+                     max_batch=1, max_seq_len=2048, max_step_tokens, progress=None, kv_dtype="float32") -> Graph:
     """`rope`: {layer type: (inv_freq, attention scaling)} from spec.rope_parameters. max_step_tokens: the
-    most rows x tokens a step takes (default: max_seq_len, at least max_batch)."""
+    most rows x tokens a step takes (compile.from_transformers decides it)."""
     B, T = D.Sym("batch"), D.Sym("seq")
-    tokens = max_step_tokens or max(max_seq_len, max_batch)
-    g = Graph(symbols={"batch": (1, tokens), "seq": (1, max_seq_len)}, symbol_products=[("batch", "seq", tokens)])
+    g = Graph(symbols={"batch": (1, max_step_tokens), "seq": (1, max_seq_len)},
+              symbol_products=[("batch", "seq", max_step_tokens)])
     H, Hk, Dh = spec.heads, spec.kv_heads, spec.head_dim
     ids = Value(TensorType((B, T), "int64"), "input_ids")
     start = Value(TensorType((B,), "int64"), "start")

@@ -268,10 +268,7 @@ class ContinuousBatcher:
         self.prompt_tokens["read"] += b - a
         self._token_s = _ema(self._token_s, (time.perf_counter() - t0) / (b - a))
         self.steps["prefill"] += 1
-        seq.cursor = b
-        if b == len(seq.prompt):           # the prompt is in: its first token
-            seq.first_token = time.perf_counter()
-            self._accept(seq, logits[0, -1])
+        self._read_to(seq, b, logits[0, -1])
 
     def _decode(self, seqs):
         ids = np.array([[s.last] for s in seqs], np.int64)
@@ -324,10 +321,15 @@ class ContinuousBatcher:
         for s, row in zip(writing, logits[:len(writing), 0]):
             self._accept(s, row)
         for seq, b, last_row in ends:
-            seq.cursor = b
-            if b == len(seq.prompt):           # the prompt is in: its first token
-                seq.first_token = time.perf_counter()
-                self._accept(seq, logits[last_row, 0])
+            self._read_to(seq, b, logits[last_row, 0])
+
+    def _read_to(self, seq, b, logits):
+        """seq's prompt is in the cache up to b; `logits`: those at its last token read, whose pick is the
+        sequence's first token once the whole prompt is in."""
+        seq.cursor = b
+        if b == len(seq.prompt):
+            seq.first_token = time.perf_counter()
+            self._accept(seq, logits)
 
     def _accept(self, seq, logits):
         tok = sampling.pick(logits, seen=seq.seen, **seq.sampler)

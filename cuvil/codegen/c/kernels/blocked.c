@@ -748,72 +748,104 @@ static inline __attribute__((always_inline)) void dw_inside(int KW, int SW, int 
     }
 }
 
-/* T pixels from ow of a 3x3 filter's interior row (dw3_run): the sums of its taps, then the residual and
- * the activation as each vector is stored (act a constant; DW3_OTHER: `other`, through cuvil_vact). */
+/* One output row of a 3x3 depthwise conv (dw3_run): its input row of filter row 0 and the offset of the
+ * rows after it, the filter vectors (in registers), and where the row goes. */
+typedef struct {
+    const blocked_dw *a;
+    const float *xr, *res;
+    float *y;
+    int64_t row, pw;
+    uint8_t *q;                   /* into bytes: the row's first pixel's channels in the image, 0 where the
+                                   * image drops the row (a strided reader's) */
+    int64_t cols;                 /* and the pixels of the row the image keeps */
+    cuvil_vf wv[9], bias;
+} dw3_row_args;
+
+/* T pixels from ow of a 3x3 filter's interior row: the sums of its taps, then the residual and the
+ * activation (act a constant; DW3_OTHER: a->act through cuvil_vact) as each vector is stored, into
+ * floats or (bytes) the next integer conv's input bytes. */
 #define DW3_OTHER (-1)
-static inline __attribute__((always_inline)) void dw3_tile(int T, int SW, int act, int other, const float *xr,
-                                                           int64_t row, const cuvil_vf *wv, cuvil_vf bias, float *y,
-                                                           const float *res, int64_t ow, int64_t pw) {
-    const float *x0 = xr + (ow * SW - pw) * CUVIL_BLOCK;
+static inline __attribute__((always_inline)) void dw3_tile(int T, int SW, int act, int bytes, const dw3_row_args *r,
+                                                           int64_t ow) {
+    const float *x0 = r->xr + (ow * SW - r->pw) * CUVIL_BLOCK;
     cuvil_vf acc[8];
     #pragma GCC unroll 8
-    for (int j = 0; j < T; j++) acc[j] = bias;
+    for (int j = 0; j < T; j++) acc[j] = r->bias;
     #pragma GCC unroll 3
     for (int kh = 0; kh < 3; kh++)
         #pragma GCC unroll 3
         for (int kw = 0; kw < 3; kw++)
             #pragma GCC unroll 8
             for (int j = 0; j < T; j++)
-                acc[j] += cuvil_vload(x0 + kh * row + (j * SW + kw) * CUVIL_BLOCK) * wv[kh * 3 + kw];
+                acc[j] += cuvil_vload(x0 + kh * r->row + (j * SW + kw) * CUVIL_BLOCK) * r->wv[kh * 3 + kw];
     #pragma GCC unroll 8
     for (int j = 0; j < T; j++) {
-        cuvil_vf v = acc[j];
-        if (res) v += cuvil_vload(res + (ow + j) * CUVIL_BLOCK);
-        if (act == CUVIL_ACT_RELU) v = cuvil_vrelu(v);              /* NaN stays NaN, as torch's */
-        else if (act == CUVIL_ACT_RELU6) v = cuvil_vrelu6(v);
-        else if (act != CUVIL_ACT_NONE) v = cuvil_vact(v, other);
-        cuvil_vstore(y + (ow + j) * CUVIL_BLOCK, v);
+        if (r->res) acc[j] += cuvil_vload(r->res + (ow + j) * CUVIL_BLOCK);
+        if (act == CUVIL_ACT_RELU) acc[j] = cuvil_vrelu(acc[j]);              /* NaN stays NaN, as torch's */
+        else if (act == CUVIL_ACT_RELU6) acc[j] = cuvil_vrelu6(acc[j]);
+        else if (act != CUVIL_ACT_NONE) acc[j] = cuvil_vact(acc[j], r->a->act);
+        if (!bytes) cuvil_vstore(r->y + (ow + j) * CUVIL_BLOCK, acc[j]);
+    }
+    if (bytes && r->q) {          /* the row's place in the image taken once (dw_store_bytes divides per tile) */
+        const cuvil_byte_image *b = r->a->out;
+        #pragma GCC unroll 8
+        for (int j = 0; j < T; j++)
+            if (ow + j < r->cols) cuvil_to_bytes(acc[j], b->inv, b->zero, b->top, r->q + (ow + j) * b->C);
     }
 }
 
 /* Pixels [ow, end) of an output row whose 3x3 windows lie wholly inside the input, in tiles of 8, then 4,
- * then the last 1-3. The 9 filter vectors stay in registers over the row, and the activation is a
- * constant of each copy. dw_inside's general tiles (filter vectors reloaded each tile, the sums' address
- * taken for the byte store, the epilogue's flags read per tile) ran a 3x3 conv at 1.9-2.4 ns an output
- * vector on Zen 5 where this takes 1.4-1.9 (benchmarks/harness/dw_bench.c; same on an AVX2 build). */
-static inline __attribute__((always_inline)) void dw3_run(int SW, int act, const blocked_dw *a, const float *xr,
-                                                          const float *w, cuvil_vf bias, int64_t off, int64_t ow,
-                                                          int64_t end) {
+ * then the last 1-3. The 9 filter vectors stay in registers over the row, and the activation and the
+ * output's kind are constants of each copy. dw_inside's general tiles (filter vectors reloaded each tile,
+ * the sums' address taken for the byte store on every path, the epilogue's flags read per tile) ran a
+ * 3x3 conv at 1.9-2.4 ns an output vector on Zen 5 where this takes 1.4-1.9
+ * (benchmarks/harness/dw_bench.c; alike or faster on an AVX2 build). */
+static inline __attribute__((always_inline)) void dw3_run(int SW, int act, int bytes, const blocked_dw *a,
+                                                          const float *xr, const float *w, cuvil_vf bias,
+                                                          int64_t off, int64_t ow, int64_t end) {
     const cuvil_conv_shape *s = a->s;
-    const int64_t row = s->dh * s->W * CUVIL_BLOCK, pw = s->pw;
-    float *y = a->y + off;
-    const float *res = a->residual ? a->residual + off : 0;
-    cuvil_vf wv[9];
+    dw3_row_args r = {a, xr, a->residual ? a->residual + off : 0, a->y + off, s->dh * s->W * CUVIL_BLOCK, s->pw};
+    r.bias = bias;
+    if (bytes) {
+        const cuvil_byte_image *b = a->out;
+        int64_t rows = off / CUVIL_BLOCK / s->OW, plane = rows / s->OH, oh = rows % s->OH, CB = s->C / CUVIL_BLOCK;
+        r.q = oh + b->ph < b->hp ? b->q + ((plane / CB * b->hp + oh + b->ph) * b->wp + b->pw) * b->C + plane % CB * CUVIL_BLOCK : 0;
+        r.cols = b->wp - b->pw;
+    }
     #pragma GCC unroll 9
-    for (int t = 0; t < 9; t++) wv[t] = cuvil_vload(w + t * s->C);
-    for (; ow + 8 <= end; ow += 8) dw3_tile(8, SW, act, a->act, xr, row, wv, bias, y, res, ow, pw);
+    for (int t = 0; t < 9; t++) r.wv[t] = cuvil_vload(w + t * s->C);
+    for (; ow + 8 <= end; ow += 8) dw3_tile(8, SW, act, bytes, &r, ow);
     if (ow + 4 <= end) {
-        dw3_tile(4, SW, act, a->act, xr, row, wv, bias, y, res, ow, pw);
+        dw3_tile(4, SW, act, bytes, &r, ow);
         ow += 4;
     }
     switch (end - ow) {
-    case 3: dw3_tile(3, SW, act, a->act, xr, row, wv, bias, y, res, ow, pw); break;
-    case 2: dw3_tile(2, SW, act, a->act, xr, row, wv, bias, y, res, ow, pw); break;
-    case 1: dw3_tile(1, SW, act, a->act, xr, row, wv, bias, y, res, ow, pw); break;
+    case 3: dw3_tile(3, SW, act, bytes, &r, ow); break;
+    case 2: dw3_tile(2, SW, act, bytes, &r, ow); break;
+    case 1: dw3_tile(1, SW, act, bytes, &r, ow); break;
     default: break;
     }
 }
 
-/* dw3_run for stride SW, one copy per activation that has its own store (the others through cuvil_vact) */
+/* dw3_run for stride SW and output kind `bytes`: one copy per activation that has its own store (the
+ * others through cuvil_vact, a switch a vector: MobileNetV2's first depthwise conv into bytes took 1.6x the
+ * time with its ReLU6 there) */
+static inline __attribute__((always_inline)) void dw3_acts(int SW, int bytes, const blocked_dw *a, const float *xr,
+                                                           const float *w, cuvil_vf bias, int64_t off, int64_t ow,
+                                                           int64_t end) {
+    switch (a->act) {
+    case CUVIL_ACT_NONE: dw3_run(SW, CUVIL_ACT_NONE, bytes, a, xr, w, bias, off, ow, end); break;
+    case CUVIL_ACT_RELU: dw3_run(SW, CUVIL_ACT_RELU, bytes, a, xr, w, bias, off, ow, end); break;
+    case CUVIL_ACT_RELU6: dw3_run(SW, CUVIL_ACT_RELU6, bytes, a, xr, w, bias, off, ow, end); break;
+    default: dw3_run(SW, DW3_OTHER, bytes, a, xr, w, bias, off, ow, end); break;
+    }
+}
+
 static inline __attribute__((always_inline)) void dw3_row(int SW, const blocked_dw *a, const float *xr,
                                                           const float *w, cuvil_vf bias, int64_t off, int64_t ow,
                                                           int64_t end) {
-    switch (a->act) {
-    case CUVIL_ACT_NONE: dw3_run(SW, CUVIL_ACT_NONE, a, xr, w, bias, off, ow, end); break;
-    case CUVIL_ACT_RELU: dw3_run(SW, CUVIL_ACT_RELU, a, xr, w, bias, off, ow, end); break;
-    case CUVIL_ACT_RELU6: dw3_run(SW, CUVIL_ACT_RELU6, a, xr, w, bias, off, ow, end); break;
-    default: dw3_run(SW, DW3_OTHER, a, xr, w, bias, off, ow, end); break;
-    }
+    if (a->out) dw3_acts(SW, 1, a, xr, w, bias, off, ow, end);
+    else dw3_acts(SW, 0, a, xr, w, bias, off, ow, end);
 }
 
 /* A row's inside pixels: a 3x3 filter's whole rows by dw3_row; else dw_inside for the filter widths and
@@ -822,7 +854,7 @@ static inline __attribute__((always_inline)) void dw3_row(int SW, const blocked_
 static int dw_row(const blocked_dw *a, const float *xr, const float *w, cuvil_vf bias, int64_t off,
                   int64_t ow, int64_t end, int kh0, int kh1) {
     const int whole = kh0 == 0 && kh1 == a->s->KH;
-    if (whole && !a->out && a->s->KH == 3 && a->s->KW == 3 && a->s->dw == 1 && (a->s->sw == 1 || a->s->sw == 2)) {
+    if (whole && a->s->KH == 3 && a->s->KW == 3 && a->s->dw == 1 && (a->s->sw == 1 || a->s->sw == 2)) {
         if (a->s->sw == 1) dw3_row(1, a, xr, w, bias, off, ow, end);
         else dw3_row(2, a, xr, w, bias, off, ow, end);
         return 1;

@@ -677,6 +677,41 @@ def test_pools_over_pixels_of_a_blocked_map_in_lanes(tmp_path, target):
     assert np.isnan(cm.run(x.numpy())[1][1]).all() and not np.isnan(cm.run(x.numpy())[1][0]).any()
 
 
+@pytest.mark.parametrize("target", ["native", "x86_64-avx2", "x86_64-sse2"])
+def test_blocked_max_pools_match_torch_nan_and_inf_included(tmp_path, target):
+    """The blocked max pool (kernels/blocked.c: rows in tiles of 8, 4 and 1 pixels where the windows lie
+    inside the input, the edges window by window) at odd maps, for 2x2 and 3x3 windows at strides 1 and
+    2, with pads and ceil mode, and a 5x5 window (no tiles), as torch: a NaN in an input pixel reaches
+    every output whose window holds it (the selects had dropped it: a wrong answer), and an inf wins."""
+    import cuvil
+    _skip_unless_host_runs(target)
+    POOLS = [(3, 2, 1, False), (3, 2, 0, True), (2, 2, 0, False), (3, 1, 1, False), (2, 1, 0, True), (5, 2, 2, False)]
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = torch.nn.Conv2d(3, 32, 1)
+
+        def forward(self, x):
+            y = self.c(x)
+            return tuple(torch.nn.functional.max_pool2d(y, k, s, p, ceil_mode=c) for k, s, p, c in POOLS)
+
+    torch.manual_seed(0)
+    m = Net().eval()
+    x = torch.randn(1, 3, 29, 37)
+    cm = cuvil.compile(m, (x,), layout="blocked", target=target, cache_dir=str(tmp_path))
+    assert cm.c_source.count("cuvil_max_pool_blocked(") == len(POOLS)
+    x[0, :, 5, 9] = float("nan")                 # inside the tiled columns
+    x[0, :, 0, 0] = float("nan")                 # a corner: the edge path
+    x[0, 1, 12, 20] = float("inf")
+    with torch.no_grad():
+        for got, want in zip(cm.run(x.numpy()), m(x)):
+            want = want.numpy()
+            assert np.isnan(want).any()
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+            np.testing.assert_allclose(np.nan_to_num(got, posinf=1e30), np.nan_to_num(want, posinf=1e30), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("act", [torch.relu, torch.nn.functional.relu6])
 @pytest.mark.parametrize("target", ["native", "x86_64-avx2", "x86_64-sse2"])
 def test_fused_relu_keeps_nan_as_torch(tmp_path, target, act):

@@ -601,10 +601,10 @@ static inline __attribute__((always_inline)) cuvil_vf window(int depthwise, cons
             for (int64_t kw = 0; kw < KW; kw++) {
                 cuvil_vf e = cuvil_vload(x0 + kh * row + kw * tap);
                 if (depthwise) acc += e * cuvil_vload(w + (kh * KW + kw) * s->C);
-                else if ((kh * KW + kw) & 1) odd = cuvil_vsel(e > odd, e, odd);
-                else acc = cuvil_vsel(e > acc, e, acc);
+                else if ((kh * KW + kw) & 1) odd = cuvil_vmax_nan(odd, e);
+                else acc = cuvil_vmax_nan(acc, e);
             }
-        return depthwise ? acc : cuvil_vsel(odd > acc, odd, acc);
+        return depthwise ? acc : cuvil_vmax_nan(acc, odd);
     }
     for (int64_t kh = 0; kh < s->KH; kh++) {
         int64_t ih = ih0 + kh * s->dh;
@@ -614,7 +614,7 @@ static inline __attribute__((always_inline)) cuvil_vf window(int depthwise, cons
             if (iw < 0 || iw >= s->W) continue;
             cuvil_vf e = cuvil_vload(xc + (ih * s->W + iw) * CUVIL_BLOCK + v);
             if (depthwise) acc += e * cuvil_vload(w + (kh * s->KW + kw) * s->C);
-            else acc = cuvil_vsel(e > acc, e, acc);
+            else acc = cuvil_vmax_nan(acc, e);
         }
     }
     return acc;
@@ -981,18 +981,69 @@ void cuvil_depthwise_blocked_to_bytes(const cuvil_conv_shape *s, const float *x,
 
 typedef struct { const cuvil_conv_shape *s; const float *x; float *y; } blocked_pool;
 
-/* Output rows r = (n * C / B + cb) * OH + oh in [r0, r1): each pixel's B channels in vectors. */
+/* T pixels from ow of a pooled row whose windows lie inside the input along W, over the filter rows
+ * [kh0, kh1) (xr: the input row of kh0): K (the window's width and, at most, height) and SW constants,
+ * each input vector of a filter row loaded once for the T windows it falls in. */
+static inline __attribute__((always_inline)) void pool_tile(int K, int SW, int T, const cuvil_conv_shape *s,
+                                                            const float *xr, int64_t kh0, int64_t kh1, int64_t ow,
+                                                            float *d) {
+    const float *x0 = xr + (ow * SW - s->pw) * CUVIL_BLOCK;
+    const int64_t row = s->dh * s->W * CUVIL_BLOCK;
+    cuvil_vf acc[8];
+    #pragma GCC unroll 8
+    for (int j = 0; j < T; j++) acc[j] = cuvil_vsplat(-INFINITY);
+    for (int64_t kh = kh0; kh < kh1; kh++)
+        #pragma GCC unroll 3
+        for (int kw = 0; kw < K; kw++)
+            #pragma GCC unroll 8
+            for (int j = 0; j < T; j++)
+                acc[j] = cuvil_vmax_nan(acc[j], cuvil_vload(x0 + (kh - kh0) * row + (j * SW + kw) * CUVIL_BLOCK));
+    #pragma GCC unroll 8
+    for (int j = 0; j < T; j++) cuvil_vstore(d + (ow + j) * CUVIL_BLOCK, acc[j]);
+}
+
+/* Pixels [ow, end) of a pooled row in tiles of 8, then 4, then one by one (pool_tile). */
+static inline __attribute__((always_inline)) void pool_inside(int K, int SW, const cuvil_conv_shape *s,
+                                                              const float *xr, int64_t kh0, int64_t kh1,
+                                                              int64_t ow, int64_t end, float *d) {
+    for (; ow + 8 <= end; ow += 8) pool_tile(K, SW, 8, s, xr, kh0, kh1, ow, d);
+    if (ow + 4 <= end) {
+        pool_tile(K, SW, 4, s, xr, kh0, kh1, ow, d);
+        ow += 4;
+    }
+    for (; ow < end; ow++) pool_tile(K, SW, 1, s, xr, kh0, kh1, ow, d);
+}
+
+/* Output rows r = (n * C / B + cb) * OH + oh in [r0, r1): each pixel's B channels in vectors. The
+ * pixels whose windows lie inside the input along W in tiles (2x2 and 3x3 windows, strides 1 and 2,
+ * undilated along W: ResNet's, SqueezeNet's and VGG's pools), over the window's rows inside the map; the
+ * rest one by one (window). One window at a time, the 3x3 stride-2 pool after SqueezeNet's first conv
+ * took 36 cycles an output vector. */
 static void max_pool_blocked_task(void *ctx, int64_t r0, int64_t r1) {
     const blocked_pool *a = ctx;
     const cuvil_conv_shape *s = a->s;
+    int64_t first = (s->pw + s->sw - 1) / s->sw, last_in = s->W - 1 + s->pw - (s->KW - 1) * s->dw;
+    int64_t end = last_in >= 0 ? cuvil_min(last_in / s->sw + 1, s->OW) : 0;
+    int tiled = s->dw == 1 && (s->KW == 2 || s->KW == 3) && (s->sw == 1 || s->sw == 2) && first < end;
     for (int64_t r = r0; r < r1; r++) {
-        int64_t plane = r / s->OH, oh = r % s->OH;
+        int64_t plane = r / s->OH, oh = r % s->OH, ow = 0, ih0, kh0, kh1;
         const float *xc = a->x + plane * s->H * s->W * CUVIL_BLOCK;
         float *d = a->y + r * s->OW * CUVIL_BLOCK;
-        for (int64_t ow = 0; ow < s->OW; ow++, d += CUVIL_BLOCK)
-            for (int v = 0; v < CUVIL_BLOCK; v += CUVIL_VL) {
-                cuvil_vstore(d + v, window(0, s, xc, 0, oh, ow, v, cuvil_vsplat(-INFINITY)));
+        cuvil_window_taps(oh, s->sh, s->ph, s->dh, s->KH, s->H, &ih0, &kh0, &kh1);
+        if (tiled && kh0 < kh1) {
+            const float *xr = xc + (ih0 + kh0 * s->dh) * s->W * CUVIL_BLOCK;
+            for (; ow < first; ow++) cuvil_vstore(d + ow * CUVIL_BLOCK, window(0, s, xc, 0, oh, ow, 0, cuvil_vsplat(-INFINITY)));
+            switch (s->KW * 4 + s->sw) {
+            case 2 * 4 + 1: pool_inside(2, 1, s, xr, kh0, kh1, ow, end, d); break;
+            case 2 * 4 + 2: pool_inside(2, 2, s, xr, kh0, kh1, ow, end, d); break;
+            case 3 * 4 + 1: pool_inside(3, 1, s, xr, kh0, kh1, ow, end, d); break;
+            default: pool_inside(3, 2, s, xr, kh0, kh1, ow, end, d); break;
             }
+            ow = end;
+        }
+        for (; ow < s->OW; ow++)
+            for (int v = 0; v < CUVIL_BLOCK; v += CUVIL_VL)
+                cuvil_vstore(d + ow * CUVIL_BLOCK + v, window(0, s, xc, 0, oh, ow, v, cuvil_vsplat(-INFINITY)));
     }
 }
 

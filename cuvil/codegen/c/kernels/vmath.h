@@ -55,6 +55,21 @@ static inline cuvil_vf cuvil_vrelu6(cuvil_vf x) {
 }
 #endif
 
+/* The larger of m and x, NaN where either is (torch's max pooling carries a NaN in a window to its
+ * output; the select x > m ? x : m had dropped it). x86's max returns its second operand where either
+ * is NaN, so max(m, x) carries x's; m's NaN is kept by a select on m's unordered self-compare. */
+static inline cuvil_vf cuvil_vmax_nan(cuvil_vf m, cuvil_vf x) {
+#if defined(__AVX512F__) && CUVIL_VL == 16
+    __m512 r = _mm512_max_ps((__m512)m, (__m512)x);
+    return (cuvil_vf)_mm512_mask_mov_ps(r, _mm512_cmp_ps_mask((__m512)m, (__m512)m, _CMP_UNORD_Q), (__m512)m);
+#elif defined(__AVX__) && CUVIL_VL == 8
+    __m256 r = _mm256_max_ps((__m256)m, (__m256)x);
+    return (cuvil_vf)_mm256_blendv_ps(r, (__m256)m, _mm256_cmp_ps((__m256)m, (__m256)m, _CMP_UNORD_Q));
+#else
+    return cuvil_vsel(m != m, m, cuvil_vsel(x > m, x, cuvil_vsel(x != x, x, m)));
+#endif
+}
+
 /* CUVIL_VL bytes at p widened to floats: vpmovzxbd + vcvtdq2ps where the target has them (GCC 12
  * turns a byte vector's __builtin_convertvector into one scalar conversion a lane). */
 #if defined(__AVX512F__) && CUVIL_VL == 16

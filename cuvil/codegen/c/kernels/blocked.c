@@ -925,6 +925,11 @@ static void depthwise_blocked_task(void *ctx, int64_t r0, int64_t r1) {
 #define DW_PLANE_MAX_FLOATS (1 << 14)     /* 64 KiB: a 5x5 filter's padded 28x28 map */
 
 static inline int dw_plane_copy_fits(const cuvil_conv_shape *s) {
+    /* not a 3x3 stride-2 conv: it copies 4 input pixels an output pixel, and dw3_row's tiles with the
+     * edges one by one took 0.6-0.85x its time (dw_bench, Zen 5: 192 channels 28x28 -> 14x14 16.5 -> 9.7
+     * us, 576 channels 14x14 -> 7x7 11.5 -> 9.8; stride 1 at 14x14 alike, at 7x7 the copy still wins) */
+    if (s->KH == 3 && s->KW == 3 && s->sh == 2 && s->sw == 2)
+        return 0;
     return s->dw == 1 && padded_h(s) * padded_w(s) * CUVIL_BLOCK <= DW_PLANE_MAX_FLOATS;
 }
 

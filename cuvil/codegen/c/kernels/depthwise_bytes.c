@@ -113,6 +113,86 @@ static inline __attribute__((always_inline)) void dw_bytes_row(int KW, int SW, c
         }
 }
 
+/* A 3x3 filter's row (dw3_bytes_row): where its outputs go, by the kind of store */
+enum { DW3_FOLDED, DW3_CLAMPED, DW3_STORE };
+
+/* T pixels from ow of channels [c, c + B) of output row (n, oh), the 9 filter vectors wv in registers:
+ * x0 the window row's inputs of pixel 0 at channel c; q (folded: the row's bytes at pixel 0, 0 where the
+ * image drops the row) and cols (the pixels it keeps), or y (clamped: the row's floats at pixel 0). */
+static inline __attribute__((always_inline)) void dw3_bytes_tile(int SW, int T, int kind, const dw_bytes *a,
+                                                                 const uint8_t *x0, int64_t row, const cuvil_vf *wv,
+                                                                 cuvil_vf bias, uint8_t *q, int64_t cols, float *y,
+                                                                 int64_t n, int64_t oh, int64_t ow, int64_t c) {
+    const int64_t C = a->s->C;
+    const uint8_t *xt = x0 + ow * SW * C;
+    cuvil_vf acc[8];
+    #pragma GCC unroll 8
+    for (int j = 0; j < T; j++) acc[j] = bias;
+    #pragma GCC unroll 3
+    for (int kh = 0; kh < 3; kh++)
+        #pragma GCC unroll 3
+        for (int kw = 0; kw < 3; kw++)
+            #pragma GCC unroll 8
+            for (int j = 0; j < T; j++) acc[j] += cuvil_vload_bytes(xt + kh * row + (j * SW + kw) * C) * wv[kh * 3 + kw];
+    if (kind == DW3_FOLDED) {
+        if (!q) return;
+        #pragma GCC unroll 8
+        for (int j = 0; j < T; j++)
+            if (ow + j < cols) cuvil_clamped_bytes(acc[j], &a->clamp, q + (ow + j) * C);
+    } else if (kind == DW3_CLAMPED) {
+        #pragma GCC unroll 8
+        for (int j = 0; j < T; j++) cuvil_vstore(y + (ow + j) * CUVIL_BLOCK, cuvil_vclamp(acc[j], a->lo, a->hi));
+    } else
+        dw_bytes_store(a, n, oh, ow, c, acc, T);
+}
+
+/* Output row (n, oh) of a 3x3 filter, channel blocks [cb0, cb1) one after another, each over the whole row
+ * in tiles of 8 pixels, then 4, then the last 1-3, its 9 filter vectors held in registers. dw_bytes_row's
+ * order (each tile over every channel block) reloaded them each tile: 10-11 cycles an output vector on
+ * Zen 5 where the 9 multiply-adds need 4.5. A row's bytes (3 input rows) stay in L1 across its blocks. */
+static inline __attribute__((always_inline)) void dw3_bytes_row(int SW, int kind, const dw_bytes *a, const uint8_t *xr,
+                                                                int64_t n, int64_t oh, int64_t cb0, int64_t cb1) {
+    const cuvil_conv_shape *s = a->s;
+    const int64_t C = s->C, OW = s->OW, row = s->dh * a->ldx;
+    uint8_t *q = 0;
+    int64_t cols = 0;
+    if (kind == DW3_FOLDED) {
+        const cuvil_byte_image *o = a->out;
+        q = oh + o->ph < o->hp ? o->q + ((n * o->hp + oh + o->ph) * o->wp + o->pw) * C : 0;
+        cols = o->wp - o->pw;
+    }
+    for (int64_t cb = cb0; cb < cb1; cb++) {
+        int64_t c = cb * CUVIL_BLOCK, ow = 0;
+        cuvil_vf wv[9], bias = cuvil_vload(a->bias + c);
+        #pragma GCC unroll 9
+        for (int t = 0; t < 9; t++) wv[t] = cuvil_vload(a->w + t * C + c);
+        const uint8_t *x0 = xr + c;
+        uint8_t *qc = q ? q + c : 0;
+        float *y = kind == DW3_CLAMPED ? a->y + ((n * (C / CUVIL_BLOCK) + cb) * s->OH + oh) * OW * CUVIL_BLOCK : 0;
+#define DW3_TILE(T) dw3_bytes_tile(SW, T, kind, a, x0, row, wv, bias, qc, cols, y, n, oh, ow, c)
+        for (; ow + 8 <= OW; ow += 8) DW3_TILE(8);
+        if (ow + 4 <= OW) {
+            DW3_TILE(4);
+            ow += 4;
+        }
+        switch (OW - ow) {
+        case 3: DW3_TILE(3); break;
+        case 2: DW3_TILE(2); break;
+        case 1: DW3_TILE(1); break;
+        default: break;
+        }
+#undef DW3_TILE
+    }
+}
+
+/* dw3_bytes_row for stride SW, one copy per kind of store */
+static inline __attribute__((always_inline)) void dw3_bytes_rows(int SW, const dw_bytes *a, const uint8_t *xr, int64_t n,
+                                                                 int64_t oh, int64_t cb0, int64_t cb1) {
+    if (a->folded) dw3_bytes_row(SW, DW3_FOLDED, a, xr, n, oh, cb0, cb1);
+    else if (a->clamped) dw3_bytes_row(SW, DW3_CLAMPED, a, xr, n, oh, cb0, cb1);
+    else dw3_bytes_row(SW, DW3_STORE, a, xr, n, oh, cb0, cb1);
+}
+
 /* Any other filter width, stride or dilation along W: pixel by pixel, the taps' offsets at run time. */
 static void dw_bytes_row_any(const dw_bytes *a, const uint8_t *xr, int64_t n, int64_t oh, int64_t cb0, int64_t cb1) {
     const cuvil_conv_shape *s = a->s;
@@ -139,8 +219,8 @@ static void dw_bytes_task(void *ctx, int64_t t0, int64_t t1) {
         int64_t cb0 = k * CB / a->chunks, cb1 = (k + 1) * CB / a->chunks;
         const uint8_t *xr = a->x + n * a->image + oh * s->sh * a->ldx;
         switch (s->dw == 1 ? s->KW * 4 + s->sw : 0) {
-        case 3 * 4 + 1: dw_bytes_row(3, 1, a, xr, n, oh, cb0, cb1); break;
-        case 3 * 4 + 2: dw_bytes_row(3, 2, a, xr, n, oh, cb0, cb1); break;
+        case 3 * 4 + 1: dw3_bytes_rows(1, a, xr, n, oh, cb0, cb1); break;
+        case 3 * 4 + 2: dw3_bytes_rows(2, a, xr, n, oh, cb0, cb1); break;
         case 5 * 4 + 1: dw_bytes_row(5, 1, a, xr, n, oh, cb0, cb1); break;
         case 5 * 4 + 2: dw_bytes_row(5, 2, a, xr, n, oh, cb0, cb1); break;
         case 7 * 4 + 1: dw_bytes_row(7, 1, a, xr, n, oh, cb0, cb1); break;

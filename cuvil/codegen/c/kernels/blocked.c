@@ -783,7 +783,7 @@ static inline __attribute__((always_inline)) void dw3_tile(int T, int SW, int ac
         if (r->res) acc[j] += cuvil_vload(r->res + (ow + j) * CUVIL_BLOCK);
         if (act == CUVIL_ACT_RELU) acc[j] = cuvil_vrelu(acc[j]);              /* NaN stays NaN, as torch's */
         else if (act == CUVIL_ACT_RELU6) acc[j] = cuvil_vrelu6(acc[j]);
-        else if (act != CUVIL_ACT_NONE) acc[j] = cuvil_vact(acc[j], r->a->act);
+        else if (act != CUVIL_ACT_NONE) acc[j] = cuvil_vact(acc[j], act == DW3_OTHER ? r->a->act : act);
         if (!bytes) cuvil_vstore(r->y + (ow + j) * CUVIL_BLOCK, acc[j]);
     }
     if (bytes && r->q) {          /* the row's place in the image taken once (dw_store_bytes divides per tile) */
@@ -827,9 +827,9 @@ static inline __attribute__((always_inline)) void dw3_run(int SW, int act, int b
     }
 }
 
-/* dw3_run for stride SW and output kind `bytes`: one copy per activation that has its own store (the
- * others through cuvil_vact, a switch a vector: MobileNetV2's first depthwise conv into bytes took 1.6x the
- * time with its ReLU6 there) */
+/* dw3_run for stride SW and output kind `bytes`: one copy per activation MobileNets use (ReLU, ReLU6,
+ * hardswish, none), the others through cuvil_vact's switch a vector (with ReLU6 there, MobileNetV2's
+ * first depthwise conv into bytes had taken 1.6x the time) */
 static inline __attribute__((always_inline)) void dw3_acts(int SW, int bytes, const blocked_dw *a, const float *xr,
                                                            const float *w, cuvil_vf bias, int64_t off, int64_t ow,
                                                            int64_t end) {
@@ -837,6 +837,7 @@ static inline __attribute__((always_inline)) void dw3_acts(int SW, int bytes, co
     case CUVIL_ACT_NONE: dw3_run(SW, CUVIL_ACT_NONE, bytes, a, xr, w, bias, off, ow, end); break;
     case CUVIL_ACT_RELU: dw3_run(SW, CUVIL_ACT_RELU, bytes, a, xr, w, bias, off, ow, end); break;
     case CUVIL_ACT_RELU6: dw3_run(SW, CUVIL_ACT_RELU6, bytes, a, xr, w, bias, off, ow, end); break;
+    case CUVIL_ACT_HARDSWISH: dw3_run(SW, CUVIL_ACT_HARDSWISH, bytes, a, xr, w, bias, off, ow, end); break;
     default: dw3_run(SW, DW3_OTHER, bytes, a, xr, w, bias, off, ow, end); break;
     }
 }

@@ -103,7 +103,8 @@ def _inverted_residual(cin, expand, k, stride):
             super().__init__()
             e = cin * expand
             self.a = torch.nn.Conv2d(cin, e, 1)
-            self.d = torch.nn.Conv2d(e, e, k, stride, k // 2, groups=e)
+            kk = k if isinstance(k, tuple) else (k, k)
+            self.d = torch.nn.Conv2d(e, e, kk, stride, (kk[0] // 2, kk[1] // 2), groups=e)
             self.p = torch.nn.Conv2d(e, cin, 1)
             self.q = torch.nn.Conv2d(cin, e, 1)       # and the next block's expand: the project writes bytes
 
@@ -116,7 +117,9 @@ def _inverted_residual(cin, expand, k, stride):
 
 
 @pytest.mark.parametrize("k,stride,hw,cin", [(3, 1, (14, 13), 32), (3, 2, (15, 16), 32), (5, 1, (9, 11), 32),
-                                             (5, 2, (12, 12), 32), (3, 1, (12, 10), 24), (3, 2, (11, 12), 24)])
+                                             (5, 2, (12, 12), 32), (3, 1, (12, 10), 24), (3, 2, (11, 12), 24),
+                                             # 3 wide but not 3 tall: not the 3x3 rows' kernel
+                                             ((1, 3), 1, (12, 13), 32), ((5, 3), 2, (13, 12), 32)])
 @pytest.mark.parametrize("target", ["native", "x86_64-avx2"])
 def test_compiled_depthwise_reads_and_writes_bytes(k, stride, hw, cin, target, tmp_path, monkeypatch):
     """Calibrated int8 inverted-residual blocks: the depthwise conv reads the expand conv's bytes and
@@ -132,7 +135,7 @@ def test_compiled_depthwise_reads_and_writes_bytes(k, stride, hw, cin, target, t
     from cuvil.target import has_features
     if target != "native" and not has_features("native", ("avx2", "fma")):
         pytest.skip("this CPU runs no AVX2 build")
-    torch.manual_seed(k * 10 + stride)
+    torch.manual_seed(sum(k) if isinstance(k, tuple) else k * 10 + stride)
     m = _inverted_residual(cin, 4, k, stride)
     calib = [torch.randn(1, cin, *hw) for _ in range(4)]
     x = torch.randn(1, cin, *hw)

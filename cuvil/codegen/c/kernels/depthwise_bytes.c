@@ -219,8 +219,14 @@ static void dw_bytes_task(void *ctx, int64_t t0, int64_t t1) {
         int64_t cb0 = k * CB / a->chunks, cb1 = (k + 1) * CB / a->chunks;
         const uint8_t *xr = a->x + n * a->image + oh * s->sh * a->ldx;
         switch (s->dw == 1 ? s->KW * 4 + s->sw : 0) {
-        case 3 * 4 + 1: dw3_bytes_rows(1, a, xr, n, oh, cb0, cb1); break;
-        case 3 * 4 + 2: dw3_bytes_rows(2, a, xr, n, oh, cb0, cb1); break;
+        case 3 * 4 + 1:           /* 3 wide and 3 tall: the 3x3 rows; 3 wide, any other height: tiles */
+            if (s->KH == 3) dw3_bytes_rows(1, a, xr, n, oh, cb0, cb1);
+            else dw_bytes_row(3, 1, a, xr, n, oh, cb0, cb1);
+            break;
+        case 3 * 4 + 2:
+            if (s->KH == 3) dw3_bytes_rows(2, a, xr, n, oh, cb0, cb1);
+            else dw_bytes_row(3, 2, a, xr, n, oh, cb0, cb1);
+            break;
         case 5 * 4 + 1: dw_bytes_row(5, 1, a, xr, n, oh, cb0, cb1); break;
         case 5 * 4 + 2: dw_bytes_row(5, 2, a, xr, n, oh, cb0, cb1); break;
         case 7 * 4 + 1: dw_bytes_row(7, 1, a, xr, n, oh, cb0, cb1); break;

@@ -677,12 +677,14 @@ def test_pools_over_pixels_of_a_blocked_map_in_lanes(tmp_path, target):
     assert np.isnan(cm.run(x.numpy())[1][1]).all() and not np.isnan(cm.run(x.numpy())[1][0]).any()
 
 
+@pytest.mark.parametrize("layout", ["blocked", "nchw"])
 @pytest.mark.parametrize("target", ["native", "x86_64-avx2", "x86_64-sse2"])
-def test_blocked_max_pools_match_torch_nan_and_inf_included(tmp_path, target):
-    """The blocked max pool (kernels/blocked.c: rows in tiles of 8, 4 and 1 pixels where the windows lie
-    inside the input, the edges window by window) at odd maps, for 2x2 and 3x3 windows at strides 1 and
-    2, with pads and ceil mode, and a 5x5 window (no tiles), as torch: a NaN in an input pixel reaches
-    every output whose window holds it (the selects had dropped it: a wrong answer), and an inf wins."""
+def test_max_pools_match_torch_nan_and_inf_included(tmp_path, target, layout):
+    """Max pools at odd maps, for 2x2 and 3x3 windows at strides 1 and 2, with pads and ceil mode, and a
+    5x5 window, as torch: a NaN in an input pixel reaches every output whose window holds it, and an inf
+    wins. Blocked (kernels/blocked.c: rows in tiles of 8, 4 and 1 pixels where the windows lie inside the
+    input, the edges window by window; its selects had dropped the NaN: a wrong answer) and NCHW
+    (kernels/conv.c pool_row_strip: vectors of outputs, the last ones of a row stored in part)."""
     import cuvil
     _skip_unless_host_runs(target)
     POOLS = [(3, 2, 1, False), (3, 2, 0, True), (2, 2, 0, False), (3, 1, 1, False), (2, 1, 0, True), (5, 2, 2, False)]
@@ -699,8 +701,9 @@ def test_blocked_max_pools_match_torch_nan_and_inf_included(tmp_path, target):
     torch.manual_seed(0)
     m = Net().eval()
     x = torch.randn(1, 3, 29, 37)
-    cm = cuvil.compile(m, (x,), layout="blocked", target=target, cache_dir=str(tmp_path))
-    assert cm.c_source.count("cuvil_max_pool_blocked(") == len(POOLS)
+    cm = cuvil.compile(m, (x,), layout=layout, target=target, cache_dir=str(tmp_path))
+    kernel = "cuvil_max_pool_blocked(" if layout == "blocked" else "cuvil_pool2d("
+    assert cm.c_source.count(kernel) == len(POOLS)
     x[0, :, 5, 9] = float("nan")                 # inside the tiled columns
     x[0, :, 0, 0] = float("nan")                 # a corner: the edge path
     x[0, 1, 12, 20] = float("inf")

@@ -988,7 +988,7 @@ void cuvil_depthwise_blocked_to_bytes(const cuvil_conv_shape *s, const float *x,
 typedef struct { const cuvil_conv_shape *s; const float *x; float *y; } blocked_pool;
 
 /* T pixels from ow of a pooled row whose windows lie inside the input along W, over the filter rows
- * [kh0, kh1) (xr: the input row of kh0): K (the window's width and, at most, height) and SW constants,
+ * [kh0, kh1) (xr: the input row of kh0; any number of them): K (the window's width) and SW constants,
  * each input vector of a filter row loaded once for the T windows it falls in. */
 static inline __attribute__((always_inline)) void pool_tile(int K, int SW, int T, const cuvil_conv_shape *s,
                                                             const float *xr, int64_t kh0, int64_t kh1, int64_t ow,
@@ -1021,8 +1021,8 @@ static inline __attribute__((always_inline)) void pool_inside(int K, int SW, con
 }
 
 /* Output rows r = (n * C / B + cb) * OH + oh in [r0, r1): each pixel's B channels in vectors. The
- * pixels whose windows lie inside the input along W in tiles (2x2 and 3x3 windows, strides 1 and 2,
- * undilated along W: ResNet's, SqueezeNet's and VGG's pools), over the window's rows inside the map; the
+ * pixels whose windows lie inside the input along W in tiles (windows 2 or 3 wide, any height, strides 1
+ * and 2 along W, undilated along W: ResNet's, SqueezeNet's and VGG's pools), over the window's rows inside the map; the
  * rest one by one (window). One window at a time, the 3x3 stride-2 pool after SqueezeNet's first conv
  * took 36 cycles an output vector. */
 static void max_pool_blocked_task(void *ctx, int64_t r0, int64_t r1) {

@@ -504,8 +504,8 @@ class _DepthwiseBranches(torch.nn.Module):
     CASES = [(3, 1, 1, 1), (3, 2, 1, 1), (5, 1, 2, 1), (5, 2, 2, 1), (7, 1, 3, 1), (3, 1, 0, 1), (3, 1, 2, 2),
              (7, 2, 3, 1), (3, 3, 1, 1),                 # (kernel, stride, pad, dilation)
              (3, 1, (2, 1), (2, 1)), (5, 1, (4, 2), (2, 1))]  # dilated along H only: tiled, filter rows clipped
-    # the fused activations, in turn: the tiles' own ReLU and ReLU6, none, and the table's (hardswish)
-    ACTS = [torch.nn.functional.hardswish, torch.nn.functional.relu6, lambda t: t, torch.relu]
+    # the fused activations, in turn: the tiles' own ReLU and ReLU6, none, and the table's (hardswish, SiLU)
+    ACTS = [torch.nn.functional.hardswish, torch.nn.functional.relu6, lambda t: t, torch.relu, torch.nn.functional.silu]
 
     def __init__(self, c):
         super().__init__()
@@ -516,7 +516,7 @@ class _DepthwiseBranches(torch.nn.Module):
 
     def forward(self, x):
         h = self.inp(x)
-        ys = [o(self.ACTS[i % 4](dw(h))) for i, (dw, o) in enumerate(zip(self.dws, self.outs))]
+        ys = [o(self.ACTS[i % len(self.ACTS)](dw(h))) for i, (dw, o) in enumerate(zip(self.dws, self.outs))]
         return (*ys, self.outs[0](torch.relu(self.res(h) + h)))
 
 

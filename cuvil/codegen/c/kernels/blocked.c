@@ -827,9 +827,9 @@ static inline __attribute__((always_inline)) void dw3_run(int SW, int act, int b
     }
 }
 
-/* dw3_run for stride SW and output kind `bytes`: one copy per activation MobileNets use (ReLU, ReLU6,
- * hardswish, none), the others through cuvil_vact's switch a vector (with ReLU6 there, MobileNetV2's
- * first depthwise conv into bytes had taken 1.6x the time) */
+/* dw3_run for stride SW and output kind `bytes`: one copy per activation MobileNets and EfficientNets use
+ * (ReLU, ReLU6, hardswish, SiLU, none), the others through cuvil_vact's switch a vector (with ReLU6
+ * there, MobileNetV2's first depthwise conv into bytes had taken 1.6x the time) */
 static inline __attribute__((always_inline)) void dw3_acts(int SW, int bytes, const blocked_dw *a, const float *xr,
                                                            const float *w, cuvil_vf bias, int64_t off, int64_t ow,
                                                            int64_t end) {
@@ -838,6 +838,7 @@ static inline __attribute__((always_inline)) void dw3_acts(int SW, int bytes, co
     case CUVIL_ACT_RELU: dw3_run(SW, CUVIL_ACT_RELU, bytes, a, xr, w, bias, off, ow, end); break;
     case CUVIL_ACT_RELU6: dw3_run(SW, CUVIL_ACT_RELU6, bytes, a, xr, w, bias, off, ow, end); break;
     case CUVIL_ACT_HARDSWISH: dw3_run(SW, CUVIL_ACT_HARDSWISH, bytes, a, xr, w, bias, off, ow, end); break;
+    case CUVIL_ACT_SILU: dw3_run(SW, CUVIL_ACT_SILU, bytes, a, xr, w, bias, off, ow, end); break;
     default: dw3_run(SW, DW3_OTHER, bytes, a, xr, w, bias, off, ow, end); break;
     }
 }

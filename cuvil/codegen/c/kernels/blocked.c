@@ -795,7 +795,8 @@ static inline __attribute__((always_inline)) void dw3_tile(int T, int SW, int ac
 }
 
 /* Pixels [ow, end) of an output row whose 3x3 windows lie wholly inside the input, in tiles of 8, then 4,
- * then the last 1-3. The 9 filter vectors stay in registers over the row, and the activation and the
+ * then the last 1-3. The 9 filter vectors are loaded once a row (in registers on AVX-512; AVX2's and
+ * SSE2's 16 registers spill some beside the 8 sums), and the activation and the
  * output's kind are constants of each copy. dw_inside's general tiles (filter vectors reloaded each tile,
  * the sums' address taken for the byte store on every path, the epilogue's flags read per tile) ran a
  * 3x3 conv at 1.9-2.4 ns an output vector on Zen 5 where this takes 1.4-1.9

@@ -147,7 +147,8 @@ static inline __attribute__((always_inline)) void dw3_bytes_tile(int SW, int T, 
 }
 
 /* Output row (n, oh) of a 3x3 filter, channel blocks [cb0, cb1) one after another, each over the whole row
- * in tiles of 8 pixels, then 4, then the last 1-3, its 9 filter vectors held in registers. dw_bytes_row's
+ * in tiles of 8 pixels, then 4, then the last 1-3, its 9 filter vectors loaded once (in registers on
+ * AVX-512; 16-register targets spill some). dw_bytes_row's
  * order (each tile over every channel block) reloaded them each tile: 10-11 cycles an output vector on
  * Zen 5 where the 9 multiply-adds need 4.5. A row's bytes (3 input rows) stay in L1 across its blocks. */
 static inline __attribute__((always_inline)) void dw3_bytes_row(int SW, int kind, const dw_bytes *a, const uint8_t *xr,

@@ -37,6 +37,8 @@ def portable_lib(request, tmp_path_factory):
 @pytest.mark.parametrize("bits,group,m,n,k", [(4, 32, 1, 6, 64), (4, 64, 5, 10, 128), (4, 128, 3, 4, 256),
                                               (4, 32, 17, 22, 448),      # prefill rows, a partial block of columns
                                               (4, 128, 7, 14, 512), (4, 64, 2, 42, 64),
+                                              # 512-bit int4 decode tiles of 4 and 8 rows (5-8 rows: one of 8)
+                                              (4, 32, 8, 40, 128), (4, 64, 6, 70, 256), (4, 32, 4, 34, 128),
                                               (8, 1 << 30, 1, 7, 96), (8, 1 << 30, 6, 9, 256),
                                               (8, 1 << 30, 1, 40, 192), (8, 1 << 30, 9, 17, 128),
                                               # 512-bit int8 prefill: tiles of 6 rows and the rest, two quads

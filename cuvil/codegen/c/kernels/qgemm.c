@@ -129,7 +129,7 @@ static inline int q_value(const qargs *a, int64_t k, int64_t n) {
 #ifdef CUVIL_QGEMM_AVX2
 /* A tile's rows: activations, their block scales and (int4) the int16 runs' starting values; rows
  * past M repeat row m0 (computed, not stored). */
-typedef struct { const int8_t *x[4]; const float *dx[4]; const __m256i *no[4]; } qrows;
+typedef struct { const int8_t *x[8]; const float *dx[8]; const __m256i *no[8]; } qrows;
 static inline __attribute__((always_inline)) qrows q_rows(const qargs *a, int MR, int64_t m0, int64_t runs) {
     qrows r;
     for (int i = 0; i < MR; i++) {
@@ -231,7 +231,7 @@ static inline __attribute__((always_inline)) void q4_tile(const qargs *a, int MR
  * Decode on Zen keeps the 256-bit tile, which read DRAM faster there; Intel decodes on this one
  * (CUVIL_QGEMM_DECODE_512; numbers: benchmarks/README.md, Kernel notes). */
 static inline __attribute__((always_inline)) void q4_tile512(const qargs *a, int MR, int NP, int U, int UPG,
-                                                             int64_t m0, int64_t b0, __m512 acc[4][2]) {
+                                                             int64_t m0, int64_t b0, __m512 acc[8][2]) {
     const int64_t K = a->K, G = a->nb, runs = K / (8 * U);
     const qrows rw = q_rows(a, MR, m0, runs);
     const int8_t *const *xr = rw.x;
@@ -249,13 +249,15 @@ static inline __attribute__((always_inline)) void q4_tile512(const qargs *a, int
     const __m256i ones = _mm256_set1_epi16(1);
 #pragma GCC unroll 1
     for (int64_t g = 0; g < G; g++) {
-        __m512i sum[4][2];
+        __m512i sum[8][2];
         for (int u = 0; u < UPG; u++) {
             const int64_t run = g * UPG + u;
-            __m512i p[4][2];
+            __m512i p[8][2], q[4][2];        /* q: up to 4 rows, the high nibbles' own sums (more chains) */
             for (int i = 0; i < MR; i++) {   /* the partials start as int32 (see q4_tile) */
                 __m512i no = _mm512_broadcast_i64x4(_mm256_madd_epi16(_mm256_load_si256(nor[i] + run), ones));
                 for (int j = 0; j < NP; j++) p[i][j] = no;
+                if (MR <= 4)
+                    for (int j = 0; j < NP; j++) q[i][j] = _mm512_setzero_si512();
             }
             for (int c = 0; c < U; c++) {
                 const int64_t kc = run * U + c;
@@ -269,12 +271,18 @@ static inline __attribute__((always_inline)) void q4_tile512(const qargs *a, int
                 for (int i = 0; i < MR; i++) {
                     const __m512i xl = _mm512_set1_epi32(*(const int32_t *)(xr[i] + kc * 8));
                     const __m512i xh = _mm512_set1_epi32(*(const int32_t *)(xr[i] + kc * 8 + 4));
-                    for (int j = 0; j < NP; j++)
-                        { DOT512(p[i][j], wl[j], xl); DOT512(p[i][j], wh[j], xh); }
+                    for (int j = 0; j < NP; j++) {
+                        DOT512(p[i][j], wl[j], xl);
+                        if (MR <= 4) DOT512(q[i][j], wh[j], xh);
+                        else DOT512(p[i][j], wh[j], xh);
+                    }
                 }
             }
             for (int i = 0; i < MR; i++)
-                for (int j = 0; j < NP; j++) sum[i][j] = u ? _mm512_add_epi32(sum[i][j], p[i][j]) : p[i][j];
+                for (int j = 0; j < NP; j++) {
+                    if (MR <= 4) p[i][j] = _mm512_add_epi32(p[i][j], q[i][j]);
+                    sum[i][j] = u ? _mm512_add_epi32(sum[i][j], p[i][j]) : p[i][j];
+                }
         }
         for (int j = 0; j < NP; j++) {
             const __m512 sw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc[j] + g * 32)));
@@ -617,7 +625,7 @@ static void q_store(const qargs *a, const float *out, int64_t ld, int64_t m0, in
 
 static void q_task(void *ctx, int64_t t0, int64_t t1) {
     const qargs *a = ctx;
-    float out[4][32] __attribute__((aligned(64)));
+    float out[8][32] __attribute__((aligned(64)));
     for (int64_t t = t0; t < t1; t++)
       for (int64_t m0 = 0; m0 < a->M; m0 += a->mr)
         for (int64_t b0 = t * a->cb; b0 < (t + 1) * a->cb && b0 < a->nblocks; b0 += a->nc) {
@@ -636,7 +644,7 @@ static void q_task(void *ctx, int64_t t0, int64_t t1) {
             } while (0)
 #ifdef CUVIL_QGEMM_512
 #define CUVIL_QTILE512(MR, NP) do {                                                                         \
-                __m512 acc5[4][2];                                                                          \
+                __m512 acc5[8][2];                                                                          \
                 if (a->bits == 4) switch (a->ablock) { case 32: q4_tile512(a, MR, NP, 4, 1, m0, b0, acc5); break; \
                                                       case 64: q4_tile512(a, MR, NP, 8, 1, m0, b0, acc5); break; \
                                                       default: q4_tile512(a, MR, NP, 8, 2, m0, b0, acc5); }      \
@@ -646,7 +654,8 @@ static void q_task(void *ctx, int64_t t0, int64_t t1) {
                 for (int i = 0; i < MR; i++)                                                                \
                     for (int j = 0; j < NP; j++) _mm512_store_ps(out[i] + 16 * j, acc5[i][j]);              \
             } while (0)
-            if (a->mr > 1) CUVIL_QTILE512(4, 2);        /* int4 up to CUVIL_QGEMM_ROWS512_MIN rows */
+            if (a->mr > 4) CUVIL_QTILE512(8, 2);        /* int4 up to CUVIL_QGEMM_ROWS512_MIN rows */
+            else if (a->mr == 4) CUVIL_QTILE512(4, 2);
             else if (CUVIL_QGEMM_DECODE_512) CUVIL_QTILE512(1, 2);
             else
 #undef CUVIL_QTILE512
@@ -744,8 +753,15 @@ int cuvil_qgemm(int64_t M, int64_t N, int64_t K, int64_t kv, const float *A, int
     int64_t nblocks = (N + 7) / 8, quad_bytes = 4 * K * bits;
     int64_t pf = M == 1 && CUVIL_QGEMM_PREFETCH_BYTES ? CUVIL_QGEMM_PREFETCH_BYTES : quad_bytes;
     int64_t nc = M == 1 ? 4 : CUVIL_QGEMM_PREFILL_BLOCKS;
-    qargs a = {M, N, K, ablock, ldc, nb, pf, nblocks, xq, dx, scales, ep, noff, W, bits,
-               M == 1 ? 1 : 4, (int)nc, 4, C, 0};
+#ifdef CUVIL_QGEMM_512
+    /* 5-8 rows one tile of 8, which unpacks each chunk's nibbles once where two of 4 unpacked them twice
+     * (8 rows: 0.85x the decode step). 2 and 3 rows stay on the tile of 4: from cache a tile of 2 is 0.83x
+     * its time, but from DRAM the decode step took 1.06-1.08x (benchmarks/README.md) */
+    const int mr = M == 1 ? 1 : M > 4 ? 8 : 4;
+#else
+    const int mr = M == 1 ? 1 : 4;
+#endif
+    qargs a = {M, N, K, ablock, ldc, nb, pf, nblocks, xq, dx, scales, ep, noff, W, bits, mr, (int)nc, 4, C, 0};
     int64_t nquads = (nblocks + 3) / 4, work = M * N * K > 65536;
     if (M == 1) cuvil_parallel_chunks(work ? nthreads : 1, nquads, (nquads + nthreads - 1) / nthreads, q_task, &a);
     else cuvil_parallel_for(work ? nthreads : 1, nquads, 1, q_task, &a);

@@ -45,7 +45,7 @@ def portable_lib(request, tmp_path_factory):
                                               # and a lone last one, blocks of 32 / 64 / 128
                                               (8, 1 << 30, 13, 72, 192), (8, 1 << 30, 4, 100, 96),
                                               (8, 1 << 30, 8, 130, 256), (8, 1 << 30, 2, 64, 128),
-                                              # 512-bit int4 rows past 8: tiles of 6 and the rest (9: 6 + 3, 13: 6 + 6 + 1), a lone last quad
+                                              # 512-bit int4 rows past 8: tiles of 8, the last 1-4 rows in one of 4 (9: 8 + 4, 13: 8 + 8, 11: 8 + 4), a lone last quad
                                               (4, 32, 9, 130, 256), (4, 128, 13, 72, 256), (4, 64, 11, 100, 192)])
 def test_portable_qgemm_matches_reference(portable_lib, bits, group, m, n, k):
     rng = np.random.default_rng(k + m)

@@ -177,17 +177,9 @@ TUNING: tuple[Row, ...] = (
     Row("qgemm_prefetch", "Intel", ELSE, "CUVIL_QGEMM_DECODE_512", "1", "decode on the 512-bit VNNI tiles too",
         AB_DECODE),
     Row("qgemm_prefill", "512-bit VNNI", QGEMM_512, "CUVIL_QGEMM_PREFILL_BLOCKS", "4",
-        "a prefill tile takes a whole quad (4 rows x 2 pairs)", AB_PREFILL),
+        "a tile of several rows takes a whole quad (8 or 4 rows x 2 pairs)", AB_PREFILL),
     Row("qgemm_prefill", "AVX2 and others", ELSE, "CUVIL_QGEMM_PREFILL_BLOCKS", "2",
         "two blocks side by side: whole 64-byte lines", AB_PREFILL + " + benchmarks.qgemv --rows 128"),
-    # int4 rows on 512-bit VNNI, Zen 5, 2 threads: q4_rows512 (6 x 64 tiles) against q4_tile512 (4 x 32),
-    # benchmarks.qgemv 2048 x 5632 from L3, runs interleaved: 8 rows (as 4 + 4) 0.81-0.83x the time, 16
-    # 0.86-0.92x, 64 (tiles of 6 and the rest) 0.85-0.89x. From DRAM (TinyLlama-shaped int4 decode,
-    # artifacts interleaved) 4 and 8 rows 1.02-1.05x with or without prefetch a task or two ahead
-    # (q4_tile512 prefetches a quad ahead), so a decode of up to 8 sequences stays on q4_tile512. Intel:
-    # not measured.
-    Row("qgemm_rows", "all", DEFAULT, "CUVIL_QGEMM_ROWS512_MIN", "8",
-        "int4 past 8 rows on the 6 x 64 rows tile, fewer on 4 x 32 quads", AB_PREFILL + " + benchmarks.qgemv"),
     Row("qgemm_prefetch", "all", DEFAULT, "CUVIL_QGEMM_DECODE_512", "0", "decode on the 256-bit tile",
         "-"),
     Row("qgemm_prefetch", "all", DEFAULT, "CUVIL_QGEMM_PREFETCH_BYTES", "0", "decode prefetch one quad ahead",

@@ -226,8 +226,11 @@ static inline __attribute__((always_inline)) void q4_tile(const qargs *a, int MR
 #define DOT512(acc, u, s) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "vm"(s))
 /* q4_tile on 512-bit vectors (VNNI): a vector is a pair of blocks side by side in their quad (sixteen
  * columns, one 64-byte line a chunk), so a chunk of a quad is two loads, four masks and four dpbusd
- * where the 256-bit tile takes twice as many. MR rows x NP pairs: 4 x a quad up to
- * CUVIL_QGEMM_ROWS512_MIN rows (more: q4_rows512).
+ * where the 256-bit tile takes twice as many. MR rows x NP pairs: a quad (NP 2) by tiles of 8 rows,
+ * the last 1-4 rows in one of 4 (q_task). Every int4 GEMM of more than one row runs here: the 8-row tile
+ * prefetches the next quad and reads DRAM while it multiplies, where the 6 x 64 rows tile it replaced
+ * (as q8_rows512) stalled on it; a TinyLlama-shaped step at 2 threads, 16 rows 0.78x the time, 64
+ * rows (a prefill chunk) 0.92-0.95x, 128 0.97x (benchmarks/README.md).
  * Decode on Zen keeps the 256-bit tile, which read DRAM faster there; Intel decodes on this one
  * (CUVIL_QGEMM_DECODE_512; numbers: benchmarks/README.md, Kernel notes). */
 static inline __attribute__((always_inline)) void q4_tile512(const qargs *a, int MR, int NP, int U, int UPG,
@@ -453,62 +456,6 @@ static inline __attribute__((always_inline)) void q8_rows512(const qargs *a, con
         }
     }
 }
-
-/* int4 past CUVIL_QGEMM_ROWS512_MIN rows (prefill) on 512-bit VNNI: MR <= 6 rows x NV / 2 quads, as
- * q8_rows512. The nibbles go in as they are stored (w + 8, unsigned) against the signed activations, so a
- * block's sum gains 8 x the row's activation sum over the block (xsum), taken off once per block and row;
- * each nibble half is its own dpbusd (low: K 8c .. 8c + 3, high: 8c + 4 .. 8c + 7) against its four
- * activation bytes broadcast. The group's float16 scales (one per column and activation block) and the
- * row's block scale multiply the block's sum into `out`. q4_tile512's 4 x 32 holds 8 accumulators, each
- * taking two dependent dpbusd a chunk; these 24 run 0.81-0.92x its time from cache (tuning.py). */
-static inline __attribute__((always_inline)) void q4_rows512(const qargs *a, const int MR, const int NV,
-                                                            int64_t m0, int64_t b0, float *out) {
-    const int64_t nb = a->nb, K = a->K, quad = K * 16, sub = a->ablock / 8;  /* chunks of eight K a block */
-    const int8_t *x = a->xq + m0 * K;
-    const uint8_t *w = q_block(a, b0);
-    const uint16_t *sc = (const uint16_t *)a->scales + (b0 >> 2) * nb * 32;
-    const __m512i low4 = _mm512_set1_epi8(15);
-    for (int i = 0; i < MR; i++)
-        for (int v = 0; v < NV; v++) _mm512_store_ps(out + i * Q8_OUT_LD + 16 * v, _mm512_setzero_ps());
-#pragma GCC unroll 1
-    for (int64_t blk = 0; blk < nb; blk++) {
-        __m512i is[6][4];
-#pragma GCC unroll 6
-        for (int i = 0; i < MR; i++)
-#pragma GCC unroll 4
-            for (int v = 0; v < NV; v++) is[i][v] = _mm512_setzero_si512();
-#pragma GCC unroll 1
-        for (int64_t c = 0; c < sub; c++, x += 8, w += 128) {
-            __m512i lo[4], hi[4];
-#pragma GCC unroll 4
-            for (int v = 0; v < NV; v++) {
-                const __m512i wv = _mm512_loadu_si512((const void *)(w + (v >> 1) * quad + 64 * (v & 1)));
-                lo[v] = _mm512_and_si512(wv, low4), hi[v] = _mm512_and_si512(_mm512_srli_epi16(wv, 4), low4);
-            }
-#pragma GCC unroll 6
-            for (int i = 0; i < MR; i++) {
-                const __m512i xl = _mm512_set1_epi32(*(const int32_t *)(x + i * K));
-                const __m512i xh = _mm512_set1_epi32(*(const int32_t *)(x + i * K + 4));
-#pragma GCC unroll 4
-                for (int v = 0; v < NV; v++) { DOT512(is[i][v], lo[v], xl); DOT512(is[i][v], hi[v], xh); }
-            }
-        }
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; v++) {
-            const __m512 sw = _mm512_cvtph_ps(_mm256_loadu_si256(
-                (const __m256i *)(sc + ((v >> 1) * nb + blk) * 32 + 16 * (v & 1))));
-#pragma GCC unroll 6
-            for (int i = 0; i < MR; i++) {
-                const int64_t m = m0 + i;
-                float *o = out + i * Q8_OUT_LD + 16 * v;
-                const __m512i lost = _mm512_set1_epi32(8 * a->xsum[m * nb + blk]);
-                _mm512_store_ps(o, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(is[i][v], lost)),
-                                                   _mm512_mul_ps(sw, _mm512_set1_ps(a->dx[m * nb + blk])),
-                                                   _mm512_load_ps(o)));
-            }
-        }
-    }
-}
 #endif
 #else
 #if defined(__ARM_FEATURE_DOTPROD)
@@ -623,11 +570,15 @@ static void q_store(const qargs *a, const float *out, int64_t ld, int64_t m0, in
     if (ep && ep->act) cuvil_activate_block(a->C, a->ldc, m0, m0 + rows, n0, n0 + nc, ep->act);
 }
 
+/* Rows of the tile at m0: a->mr, but the last 1-4 rows after tiles of 8 in a tile of 4 (12 rows as
+ * 8 + 4, not 8 + 8 with four repeated). */
+static inline int64_t tile_rows(const qargs *a, int64_t m0) { return a->mr == 8 && a->M - m0 <= 4 ? 4 : a->mr; }
+
 static void q_task(void *ctx, int64_t t0, int64_t t1) {
     const qargs *a = ctx;
     float out[8][32] __attribute__((aligned(64)));
     for (int64_t t = t0; t < t1; t++)
-      for (int64_t m0 = 0; m0 < a->M; m0 += a->mr)
+      for (int64_t m0 = 0, mr = tile_rows(a, 0); m0 < a->M; m0 += mr, mr = tile_rows(a, m0))
         for (int64_t b0 = t * a->cb; b0 < (t + 1) * a->cb && b0 < a->nblocks; b0 += a->nc) {
 #ifdef CUVIL_QGEMM_AVX2
             __m256 acc[4][4];
@@ -654,8 +605,8 @@ static void q_task(void *ctx, int64_t t0, int64_t t1) {
                 for (int i = 0; i < MR; i++)                                                                \
                     for (int j = 0; j < NP; j++) _mm512_store_ps(out[i] + 16 * j, acc5[i][j]);              \
             } while (0)
-            if (a->mr > 4) CUVIL_QTILE512(8, 2);        /* int4 up to CUVIL_QGEMM_ROWS512_MIN rows */
-            else if (a->mr == 4) CUVIL_QTILE512(4, 2);
+            if (mr == 8) CUVIL_QTILE512(8, 2);        /* int4 of more than one row */
+            else if (mr == 4) CUVIL_QTILE512(4, 2);
             else if (CUVIL_QGEMM_DECODE_512) CUVIL_QTILE512(1, 2);
             else
 #undef CUVIL_QTILE512
@@ -670,12 +621,12 @@ static void q_task(void *ctx, int64_t t0, int64_t t1) {
             tile_scalar(a, m0, b0, out);
 #endif
             int64_t n0 = b0 * 8, nc = a->N - n0 < a->nc * 8 ? a->N - n0 : a->nc * 8;
-            q_store(a, &out[0][0], 32, m0, a->M - m0 < a->mr ? a->M - m0 : a->mr, n0, nc);
+            q_store(a, &out[0][0], 32, m0, a->M - m0 < mr ? a->M - m0 : mr, n0, nc);
         }
 }
 
 #ifdef CUVIL_QGEMM_512
-/* More than one row on 512-bit VNNI (int8, and int4 where its tile is q4_rows512): task t is blocks
+/* int8 of more than one row on 512-bit VNNI: task t is blocks
  * [8t, 8t + 8) (two quads; the last task may hold one) x all rows, in tiles of six rows and the rows
  * left over, the weights of a task read from memory by its first tile and from the cache by the rest.
  * (Rows split evenly instead, 8 as 4 + 4: int8 at 8 rows 1.07x the time of 6 + 2, benchmarks.qgemv.) */
@@ -688,9 +639,7 @@ static void rows_task512(void *ctx, int64_t t0, int64_t t1) {
         const int two = b0 + 4 < a->nblocks;
         for (int64_t m0 = 0; m0 < a->M; m0 += 6) {
             const int64_t rows = a->M - m0 < 6 ? a->M - m0 : 6;
-#define ROWS_TILE(MR) do { if (a->bits == 4) { if (two) q4_rows512(a, MR, 4, m0, b0, out);                 \
-                                               else q4_rows512(a, MR, 2, m0, b0, out); }                  \
-                           else if (two) q8_rows512(a, MR, 4, sub, m0, b0, out);                          \
+#define ROWS_TILE(MR) do { if (two) q8_rows512(a, MR, 4, sub, m0, b0, out);                                 \
                            else q8_rows512(a, MR, 2, sub, m0, b0, out); } while (0)
             switch (rows) {
             case 1: ROWS_TILE(1); break;
@@ -725,9 +674,8 @@ int cuvil_qgemm(int64_t M, int64_t N, int64_t K, int64_t kv, const float *A, int
     float *dx = (float *)(((uintptr_t)(xq + M * K) + 63) & ~(uintptr_t)63);
     void *noff = (void *)(((uintptr_t)(dx + M * nb) + 63) & ~(uintptr_t)63);
 #ifdef CUVIL_QGEMM_512
-    /* int4 rows on q4_rows512 past CUVIL_QGEMM_ROWS512_MIN (a decode of a few sequences streams its weights
-     * from memory as fast on q4_tile512's quads, which prefetch); noff's room holds the activation sums */
-    int32_t *xsum = M > (bits == 4 ? CUVIL_QGEMM_ROWS512_MIN : 1) ? noff : 0;
+    /* int8 rows on q8_rows512 (int4 rows stay on q4_tile512's quads); noff's room holds the activation sums */
+    int32_t *xsum = M > 1 && bits == 8 ? noff : 0;
 #else
     int32_t *xsum = 0;
 #endif

@@ -52,7 +52,7 @@
 /* ---- qgemm_prefill ---- */
 #ifdef CUVIL_QGEMM_PREFILL_BLOCKS    /* set from outside: a tuning experiment */
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)    /* 512-bit VNNI */
-#define CUVIL_QGEMM_PREFILL_BLOCKS 4    /* a prefill tile takes a whole quad (4 rows x 2 pairs) (benchmarks.ab, TinyLlama prefill of 128 tokens, artifacts interleaved) */
+#define CUVIL_QGEMM_PREFILL_BLOCKS 4    /* a tile of several rows takes a whole quad (8 or 4 rows x 2 pairs) (benchmarks.ab, TinyLlama prefill of 128 tokens, artifacts interleaved) */
 #else    /* AVX2 and others */
 #define CUVIL_QGEMM_PREFILL_BLOCKS 2    /* two blocks side by side: whole 64-byte lines (benchmarks.ab, TinyLlama prefill of 128 tokens, artifacts interleaved + benchmarks.qgemv --rows 128) */
 #endif
@@ -81,9 +81,6 @@
 #endif
 #ifndef CUVIL_GEMV_DRAM_STREAMS
 #define CUVIL_GEMV_DRAM_STREAMS CUVIL_GEMV_STREAMS    /* from DRAM as from cache: all streams side by side */
-#endif
-#ifndef CUVIL_QGEMM_ROWS512_MIN
-#define CUVIL_QGEMM_ROWS512_MIN 8    /* int4 past 8 rows on the 6 x 64 rows tile, fewer on 4 x 32 quads (benchmarks.ab, TinyLlama prefill of 128 tokens, artifacts interleaved + benchmarks.qgemv) */
 #endif
 #ifndef CUVIL_QGEMM_DECODE_512
 #define CUVIL_QGEMM_DECODE_512 0    /* decode on the 256-bit tile */

@@ -3,7 +3,7 @@ benchmarks.llm builds it) in int4, N concurrent clients each generating 128 new 
 128-token prompt.
 
     python -m benchmarks.serve_llm [--clients 1,2,4,8] [--requests-per-client 2] [--threads 2] [--small]
-                                   [--systems cuvil,cuvil-http,llamacpp-http] [--shared-prefix N]
+                                   [--systems cuvil,cuvil-http,llamacpp-http] [--shared-prefix N] [--rounds R]
 
 Systems:
   cuvil          cuvil.serve.continuous.ContinuousBatcher in this process (the scheduler behind `cuvil
@@ -120,6 +120,8 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prefill-chunk", type=int, default=64)
     ap.add_argument("--systems", default="cuvil")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="the client counts in turn this many times; medians, each ratio taken within a round")
     ap.add_argument("--small", action="store_true", help="a 4-layer 512-wide model (a quick check)")
     a = ap.parse_args(argv)
     import cuvil.llm
@@ -166,17 +168,18 @@ def main(argv=None):
         overhead = LLAMACPP_PROMPT_OVERHEAD if system.startswith("llamacpp") else 0
         try:
             list(generate(make(np.random.default_rng(0), 16)))                     # warm-up
-            results[system] = {}
-            for c in levels:
-                prompts = _prompts(np.random.default_rng(c), c * a.requests_per_client, a.prompt - overhead,
-                                   max(a.shared_prefix - overhead, 0), make)
-                results[system][c] = run_level(generate, c, a.requests_per_client, prompts)
+            rounds = []
+            for r in range(a.rounds):           # the 1-client and N-client runs of a round minutes apart at most
+                prompts = {c: _prompts(np.random.default_rng(c + 1000 * r), c * a.requests_per_client,
+                                       a.prompt - overhead, max(a.shared_prefix - overhead, 0), make) for c in levels}
+                rounds.append({c: run_level(generate, c, a.requests_per_client, prompts[c]) for c in levels})
+            results[system] = rounds
             if system == "cuvil":
                 reuse = dict(batcher.prompt_tokens)
             else:                          # what the server counted for the last prompt (its tokenizer's)
                 import httpx
                 r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=600,
-                               json={"prompt": prompts[-1], "max_tokens": 1}).json()
+                               json={"prompt": prompts[levels[-1]][-1], "max_tokens": 1}).json()
                 counted[system] = r["usage"]["prompt_tokens"]
         finally:
             close()
@@ -196,19 +199,24 @@ def main(argv=None):
     print("| system | clients | tokens/s | vs 1 client | TTFT p50 ms | TTFT p99 ms | inter-token p50 ms | "
           "inter-token p99 ms |")
     print("|---|---|---|---|---|---|---|---|")
-    for system, rows in results.items():
-        base = rows[levels[0]]["tok_s"]
-        for c, r in rows.items():
-            print(f"| {system} | {c} | {r['tok_s']:.1f} | {r['tok_s'] / base:.2f}x | {r['ttft50']:.0f} | "
-                  f"{r['ttft99']:.0f} | {r['itl50']:.1f} | {r['itl99']:.1f} |")
-        print(f"{system}: inter-token p99 at {levels[-1]} clients / 1-client median: "
-              f"{rows[levels[-1]]['itl99'] / rows[levels[0]]['itl50']:.2f}x")
+    med = lambda rounds, f: float(np.median([f(r) for r in rounds]))  # noqa: E731
+    for system, rounds in results.items():
+        first, last = levels[0], levels[-1]
+        for c in levels:
+            m = {k: med(rounds, lambda r: r[c][k]) for k in rounds[0][c]}
+            print(f"| {system} | {c} | {m['tok_s']:.1f} | {med(rounds, lambda r: r[c]['tok_s'] / r[first]['tok_s']):.2f}x"
+                  f" | {m['ttft50']:.0f} | {m['ttft99']:.0f} | {m['itl50']:.1f} | {m['itl99']:.1f} |")
+        each = lambda f: ", ".join(f"{f(r):.2f}x" for r in rounds)  # noqa: E731
+        print(f"{system}: at {last} clients, tokens/s / 1-client's: "
+              f"{each(lambda r: r[last]['tok_s'] / r[first]['tok_s'])}; inter-token p99 / 1-client median: "
+              f"{each(lambda r: r[last]['itl99'] / r[first]['itl50'])} (round by round)")
     peers = [s for s in results if s.startswith("llamacpp")]
     if "cuvil-http" in results and peers:
         for c in levels:
-            best = max(peers, key=lambda s: results[s][c]["tok_s"])
+            tok_s = {s: med(results[s], lambda r: r[c]["tok_s"]) for s in peers + ["cuvil-http"]}
+            best = max(peers, key=tok_s.get)
             print(f"cuvil-http / {best} (the faster llama.cpp) aggregate tokens/s at {c} clients: "
-                  f"{results['cuvil-http'][c]['tok_s'] / results[best][c]['tok_s']:.2f}x")
+                  f"{tok_s['cuvil-http'] / tok_s[best]:.2f}x")
 
 
 if __name__ == "__main__":

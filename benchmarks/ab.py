@@ -7,7 +7,11 @@ process, so the host's drift hits them alike (how this project measures a kernel
 
 The LLM workload "TinyLlama int4 decode" (a TinyLlama-shaped checkpoint from its config, random weights,
 int4) saves a cuvil.llm artifact and compares decode: after the same 128-token prompt, chunks of 12
-greedy tokens in turn, tokens/s medians (the first artifact's logits are the reference).
+greedy tokens in turn, tokens/s medians (the first artifact's logits are the reference). With
+`--llm-rows 1,8,16` it times steps of that many rows instead (a step of B <= 8 slots x T tokens each, at
+position 100: a decode of 8 sequences is 8, a mixed step or prefill chunk more), ms medians; its
+artifacts hold 8 sequences. Copy both artifacts fresh (cp -r) before comparing: a directory written
+long before and one just written ran 5-10% apart with the same code (the page cache's pages).
 
 Each round runs every artifact for a burst of `--burst` seconds, in alternating order; the medians of
 the rounds and their ratios to the first artifact are printed, after the largest output difference
@@ -43,7 +47,7 @@ def save_llm(path: str):
     import cuvil.llm
     from benchmarks.llm import TINYLLAMA, make_checkpoint
     ckpt = make_checkpoint(TINYLLAMA, "tinyllama-shape")
-    cuvil.llm.from_transformers(ckpt, precision="int4", max_seq_len=512, num_threads=1,
+    cuvil.llm.from_transformers(ckpt, precision="int4", max_seq_len=512, max_batch=8, num_threads=1,
                                 measure_error=False).save(path)
     print(f"saved {LLM_WORKLOAD} to {path} {_built_by()}")
 
@@ -69,6 +73,30 @@ def compare_llm(paths: list, threads: int, rounds: int, chunk: int = 12):
     med = [float(np.median(t)) for t in tps]
     print(f"{LLM_WORKLOAD}, {threads} thread(s), {rounds} rounds: "
           + "  ".join(f"{p} {v:.2f} tok/s ({v / med[0]:.3f}x)" for p, v in zip(paths, med)))
+
+
+def compare_llm_rows(paths: list, threads: int, rounds: int, rows: list, steps: int = 5):
+    """Steps of each row count (B slots x T tokens, B the largest divisor <= 8), artifacts in turn."""
+    import cuvil.llm
+    llms = [cuvil.llm.load(p, num_threads=threads) for p in paths]
+    shape = {r: (b, r // b) for r in rows for b in [max(d for d in range(1, 9) if r % d == 0)]}
+    run = lambda m, r: m._step(np.full(shape[r], 7, np.int64), np.full(shape[r][0], 100, np.int64),  # noqa: E731
+                               np.arange(shape[r][0], dtype=np.int64))
+    first = [np.asarray(run(m, max(rows))) for m in llms]
+    for p, lg in zip(paths[1:], first[1:]):
+        print(f"{p}: max |logits - first's| at {max(rows)} rows {float(np.abs(lg - first[0]).max()):.3g}")
+    ms = {}
+    for r in range(rounds):
+        for n in rows:
+            for i in (range(len(llms)) if r % 2 else reversed(range(len(llms)))):
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    run(llms[i], n)
+                ms.setdefault((n, i), []).append((time.perf_counter() - t0) / steps * 1e3)
+    for n in rows:
+        med = [float(np.median(ms[(n, i)])) for i in range(len(llms))]
+        print(f"TinyLlama int4, {n} rows a step {shape[n]}, {threads} thread(s), {rounds} rounds: "
+              + "  ".join(f"{p} {v:.2f} ms ({v / med[0]:.3f}x)" for p, v in zip(paths, med)))
 
 
 def _build(workload: str, batch: int):
@@ -132,10 +160,13 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--burst", type=float, default=0.25)
+    ap.add_argument("--llm-rows", default="", help=f"{LLM_WORKLOAD}: time steps of these row counts (1,8,16)")
     a = ap.parse_args(argv)
     llm = a.workload == LLM_WORKLOAD
     if a.save:
         (save_llm if llm else lambda p: save(a.workload, p, a.target, a.precision, a.batch, a.calibrated))(a.paths[0])
+    elif llm and a.llm_rows:
+        compare_llm_rows(a.paths, a.threads, a.rounds, [int(r) for r in a.llm_rows.split(",")])
     elif llm:
         compare_llm(a.paths, a.threads, a.rounds)
     else:

@@ -117,6 +117,7 @@ def main(argv=None):
     ap.add_argument("--pace-prefill", action="store_true",
                     help="cuvil: while streams decode, prompt chunks sized to take about one decode step")
     ap.add_argument("--precision", default="int4")
+    ap.add_argument("--kv-cache", default="fp32", help="fp16: the opt-in half-size KV cache (cuvil only)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prefill-chunk", type=int, default=64)
     ap.add_argument("--systems", default="cuvil")
@@ -132,7 +133,8 @@ def main(argv=None):
     ckpt = make_checkpoint(shape, "llama-small" if a.small else "tinyllama-shape")
     llm = cuvil.llm.from_transformers(ckpt, precision=a.precision, max_batch=max(levels),
                                       max_seq_len=a.prompt + a.new_tokens + 8, num_threads=a.threads,
-                                      cache_dir=temp_dir("cuvil-bench-serve-llm-"), measure_error=False)
+                                      cache_dir=temp_dir("cuvil-bench-serve-llm-"), measure_error=False,
+                                      kv_cache=a.kv_cache)
     ids = lambda rng, n: _ids(rng, n, shape["vocab_size"])  # noqa: E731
     results, reuse, counted = {}, {}, {}
     for system in systems:
@@ -189,7 +191,8 @@ def main(argv=None):
     print(f"machine: {machine_line()}")
     print(f"{'TinyLlama-1.1B shape' if not a.small else 'small Llama'} {a.precision}, max_batch {max(levels)}, "
           f"{a.prompt}-token prompts ({a.shared_prefix} shared), {a.new_tokens} new tokens, "
-          f"{a.requests_per_client} requests per client, {a.threads} threads, prefill chunk {a.prefill_chunk}"
+          f"{a.requests_per_client} requests per client, {a.threads} threads, prefill chunk {a.prefill_chunk}, "
+          f"{a.kv_cache} KV cache"
           f"{' (paced while streams decode)' if a.pace_prefill else ''}"
           f"{f', prompt tokens filling decode steps to {a.mix_rows} rows' if a.mix_rows else ''}")
     if reuse:

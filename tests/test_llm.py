@@ -312,9 +312,28 @@ def test_step_buffers_are_sized_by_its_tokens_not_slots_times_length(tmp_path):
     with pytest.raises(cuvil.ShapeError, match="at most 64"):
         many.step(ids, np.zeros(2, np.int64), np.arange(2))
     with pytest.raises(cuvil.ShapeError, match="exceed the compiled bound 64"):
-        many.module.run(ids, np.zeros(2, np.int64), many.k_cache, many.v_cache, np.arange(2, dtype=np.int64))
+        many.module.run(ids, np.zeros(2, np.int64), many.k_cache, many.v_cache, np.arange(2, dtype=np.int64),
+                        np.array([79], np.int64))
     got = wide.step(ids, np.zeros(2, np.int64), np.arange(2))          # 80 tokens: within 256
     np.testing.assert_allclose(got[1], wide.prefill(ids[1]), rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="max_step_tokens"):
         cuvil.llm.from_transformers(small_model("llama"), max_seq_len=64, max_batch=8, max_step_tokens=32,
                                     cache_dir=tmp_path / "d")
+
+
+def test_logits_of_chosen_tokens_only(tmp_path):
+    """A step returns the logits of the tokens asked for (a prompt chunk: its last), each equal to
+    transformers eager's at that position; tokens outside the step are a ShapeError, not a read past it."""
+    model = small_model("llama")
+    llm = cuvil.llm.from_transformers(model, max_seq_len=32, max_batch=2, cache_dir=tmp_path)
+    prompts = np.random.default_rng(5).integers(2, 300, (2, 6))
+    with torch.no_grad():
+        want = np.stack([model(torch.tensor([p])).logits[0].numpy() for p in prompts])      # [2, 6, V]
+    start, slots = np.zeros(2, np.int64), np.arange(2, dtype=np.int64)
+    got = llm._step_rows(prompts, start, slots, np.array([11, 0, 5, 6]))
+    np.testing.assert_allclose(got, want.reshape(12, -1)[[11, 0, 5, 6]], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(llm._step_last(prompts, start, slots), want[:, -1], rtol=1e-4, atol=1e-4)
+    for bad in ([12], [-1], []):
+        with pytest.raises(cuvil.ShapeError, match="logit rows"):
+            llm._step_rows(prompts, start, slots, np.array(bad, np.int64))
+    assert llm.generate(prompts[0].tolist(), max_new_tokens=1) == [int(want[0, -1].argmax())]

@@ -1,5 +1,6 @@
 """A decoder-only model (Llama and the FAMILIES of spec.py) -> one IR graph
-`step(ids[B, T], start[B], k_cache, v_cache, slots[B]) -> logits[B, T, V]` (row b in cache slot slots[b]).
+`step(ids[B, T], start[B], k_cache, v_cache, slots[B], logit_rows[R]) -> logits[R, V]` (row b in cache slot
+slots[b]; logit row r is token logit_rows[r] = b * T + t).
 
 Prefill is a step with T prompt tokens, decode a step with T = 1 for every sequence in the batch:
 the same compiled code, the same weights, one preallocated KV cache (written in place). A step runs
@@ -175,8 +176,8 @@ def build_step_graph(spec: LlamaSpec, tensors, rope, *, precision="fp32", group=
                      max_batch=1, max_seq_len=2048, max_step_tokens, progress=None, kv_dtype="float32") -> Graph:
     """`rope`: {layer type: (inv_freq, attention scaling)} from spec.rope_parameters. max_step_tokens: the
     most rows x tokens a step takes (compile.from_transformers decides it)."""
-    B, T = D.Sym("batch"), D.Sym("seq")
-    g = Graph(symbols={"batch": (1, max_step_tokens), "seq": (1, max_seq_len)},
+    B, T, R = D.Sym("batch"), D.Sym("seq"), D.Sym("rows")
+    g = Graph(symbols={"batch": (1, max_step_tokens), "seq": (1, max_seq_len), "rows": (1, max_step_tokens)},
               symbol_products=[("batch", "seq", max_step_tokens)])
     H, Hk, Dh = spec.heads, spec.kv_heads, spec.head_dim
     ids = Value(TensorType((B, T), "int64"), "input_ids")
@@ -184,7 +185,11 @@ def build_step_graph(spec: LlamaSpec, tensors, rope, *, precision="fp32", group=
     cache_t = TensorType((spec.layers, max_batch, Hk, max_seq_len, Dh), kv_dtype)
     kc, vc = Value(cache_t, "k_cache"), Value(cache_t, "v_cache")
     slots = Value(TensorType((B,), "int64"), "slots")     # each row's KV cache slot (continuous batching)
-    g.inputs, g.input_names = [ids, start, kc, vc, slots], ["input_ids", "start", "k_cache", "v_cache", "slots"]
+    # the tokens (b * T + t) whose logits the step returns: a prompt chunk needs its last token's only,
+    # and the output head is 6% of a TinyLlama token's products
+    logit_rows = Value(TensorType((R,), "int64"), "logit_rows")
+    g.inputs = [ids, start, kc, vc, slots, logit_rows]
+    g.input_names = ["input_ids", "start", "k_cache", "v_cache", "slots", "logit_rows"]
     pos = g.add("add", [g.add("reshape", [start], {"shape": [B, 1]}),
                         g.add("reshape", [g.add("iota", [], {"length": T})], {"shape": [1, T]})])
     x = g.add("gather", [g.const(tensors.get("model.embed_tokens.weight")), ids], {"axis": 0})
@@ -229,7 +234,8 @@ def build_step_graph(spec: LlamaSpec, tensors, rope, *, precision="fp32", group=
             x = g.add("add", [x, _rms_norm(g, y, tensors, t + mlp_out + ".weight", spec, 2) if mlp_out else y])
         if progress:
             progress(i + 1, spec.layers)
-    x = _rms_norm(g, x, tensors, "model.norm.weight", spec, 2)
+    x = g.add("gather", [g.add("reshape", [x], {"shape": [B * T, spec.hidden]}), logit_rows], {"axis": 0})
+    x = _rms_norm(g, x, tensors, "model.norm.weight", spec, 1)
     head = "lm_head.weight" if "lm_head.weight" in tensors and not spec.tie_embeddings else "model.embed_tokens.weight"
     logits = _linear(g, x, tensors, head, precision, group)
     if spec.final_softcap:

@@ -119,6 +119,7 @@ class LLM:
         self.lengths = np.zeros(m["max_batch"], np.int64)     # tokens in the cache per sequence slot
         self._first_slots = np.arange(m["max_batch"], dtype=np.int64)
         self._takes_slots = "slots" in ins
+        self._takes_logit_rows = "logit_rows" in ins     # before: logits of every token
         # a step's rows and rows x tokens: before max_step_tokens, rows were the slots and buffers were
         # sized for max_batch x max_seq_len tokens
         symbols = self.module.manifest.get("symbols") or {}
@@ -191,6 +192,22 @@ class LLM:
 
     # unchecked and unlocked: for callers that checked the arguments and hold the lock
     def _step(self, ids, start, slots=None):
+        """logits [B, T, V] of every token."""
+        B, T = ids.shape
+        return self._step_rows(ids, start, slots, None).reshape(B, T, -1)
+
+    def _step_last(self, ids, start, slots=None):
+        """logits [B, V] of each row's last token: what a prompt chunk needs."""
+        B, T = ids.shape
+        return self._step_rows(ids, start, slots, np.arange(1, B + 1, dtype=np.int64) * T - 1)
+
+    def _step_rows(self, ids, start, slots, rows):
+        """logits [R, V] of tokens `rows` (b * T + t; None: all, in order)."""
+        if rows is not None:
+            rows = np.ascontiguousarray(rows, np.int64)
+            if rows.ndim != 1 or not rows.size or rows.min() < 0 or rows.max() >= ids.size:
+                raise ShapeError(f"logit rows must be 1 to {ids.size} token indices in [0, {ids.size}), got "
+                                 f"{rows.tolist()}")
         if slots is None:
             slots = self._first_slots[:ids.shape[0]]
         if start is None:
@@ -198,7 +215,10 @@ class LLM:
         if int(start.max(initial=0)) + ids.shape[1] > self.max_seq_len:
             raise ShapeError(f"sequence would reach {int(start.max()) + ids.shape[1]} tokens; this artifact holds "
                              f"{self.max_seq_len} (compile with a larger max_seq_len)")
-        if self._takes_slots:
+        if self._takes_logit_rows:
+            every = np.arange(ids.size, dtype=np.int64) if rows is None else rows
+            (logits,) = self.module.run(ids, start, self.k_cache, self.v_cache, slots, every)
+        elif self._takes_slots:
             (logits,) = self.module.run(ids, start, self.k_cache, self.v_cache, slots)
         elif not np.array_equal(slots, self._first_slots[:len(slots)]):
             raise CuvilError(f"{self.path} was compiled before cache slots were addressable: recompile it to run "
@@ -206,6 +226,9 @@ class LLM:
         else:
             (logits,) = self.module.run(ids, start, self.k_cache, self.v_cache)
         self.lengths[slots] = start + ids.shape[1]
+        if not self._takes_logit_rows:         # an older artifact: every token's, then the rows asked for
+            logits = logits.reshape(ids.size, -1)
+            logits = logits if rows is None else logits[rows]
         return logits
 
     def _copy_cache(self, source, dest, start, stop):
@@ -335,7 +358,8 @@ class LLM:
         out = TextStream(self.tokenizer, stop_ids, stop_strings, min(max_new_tokens, self.max_seq_len - len(ids)),
                          tokens=stats.tokens)
         t0 = time.perf_counter()
-        logits = self._prefill(np.asarray(ids, np.int64))[-1]
+        self.lengths[:] = 0
+        logits = self._step_last(np.asarray(ids, np.int64)[None], np.zeros(1, np.int64))[0]
         stats.prefill_seconds = time.perf_counter() - t0
         seen = list(ids)
         t1 = time.perf_counter()

@@ -263,12 +263,12 @@ class ContinuousBatcher:
             self._borrow(seq)
         a, b = seq.cursor, min(seq.cursor + tokens, len(seq.prompt))
         t0 = time.perf_counter()
-        logits = self.llm._step(np.asarray([seq.prompt[a:b]], np.int64), np.array([a], np.int64),
-                                np.array([seq.slot], np.int64))
+        logits = self.llm._step_last(np.asarray([seq.prompt[a:b]], np.int64), np.array([a], np.int64),
+                                     np.array([seq.slot], np.int64))
         self.prompt_tokens["read"] += b - a
         self._token_s = _ema(self._token_s, (time.perf_counter() - t0) / (b - a))
         self.steps["prefill"] += 1
-        self._read_to(seq, b, logits[0, -1])
+        self._read_to(seq, b, logits[0])
 
     def _decode(self, seqs):
         ids = np.array([[s.last] for s in seqs], np.int64)
@@ -312,16 +312,19 @@ class ContinuousBatcher:
             slots += [seq.slot] * (b - a)
             ends.append((seq, b, len(ids) - 1))
             room -= b - a
+        # logits of the decode rows and of each reader's last prompt token in the step, not of every row
+        rows = list(range(len(writing))) + [last_row for _, _, last_row in ends]
         t0 = time.perf_counter()
-        logits = self.llm._step(np.asarray(ids, np.int64), np.asarray(start, np.int64), np.asarray(slots, np.int64))
+        logits = self.llm._step_rows(np.asarray(ids, np.int64), np.asarray(start, np.int64),
+                                     np.asarray(slots, np.int64), np.asarray(rows, np.int64))
         self._step_s = _ema(self._step_s, time.perf_counter() - t0)
         read = len(ids) - len(writing)
         self.prompt_tokens["read"] += read
         self.steps[f"decode x{len(writing)} + {read} prompt"] += 1
-        for s, row in zip(writing, logits[:len(writing), 0]):
+        for s, row in zip(writing, logits[:len(writing)]):
             self._accept(s, row)
-        for seq, b, last_row in ends:
-            self._read_to(seq, b, logits[last_row, 0])
+        for (seq, b, _), row in zip(ends, logits[len(writing):]):
+            self._read_to(seq, b, row)
 
     def _read_to(self, seq, b, logits):
         """seq's prompt is in the cache up to b; `logits`: those at its last token read, whose pick is the

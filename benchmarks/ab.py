@@ -9,7 +9,8 @@ The LLM workload "TinyLlama int4 decode" (a TinyLlama-shaped checkpoint from its
 int4) saves a cuvil.llm artifact and compares decode: after the same 128-token prompt, chunks of 12
 greedy tokens in turn, tokens/s medians (the first artifact's logits are the reference). With
 `--llm-rows 1,8,16` it times steps of that many rows instead (a step of B <= 8 slots x T tokens each, at
-position 100: a decode of 8 sequences is 8, a mixed step or prefill chunk more), ms medians; its
+position 100, logits of each slot's last token: a decode of 8 sequences is 8, a prefill chunk 64), ms
+medians; its
 artifacts hold 8 sequences. Copy both artifacts fresh (cp -r) before comparing: a directory written
 long before and one just written ran 5-10% apart with the same code (the page cache's pages).
 
@@ -80,8 +81,9 @@ def compare_llm_rows(paths: list, threads: int, rounds: int, rows: list, steps: 
     import cuvil.llm
     llms = [cuvil.llm.load(p, num_threads=threads) for p in paths]
     shape = {r: (b, r // b) for r in rows for b in [max(d for d in range(1, 9) if r % d == 0)]}
-    run = lambda m, r: m._step(np.full(shape[r], 7, np.int64), np.full(shape[r][0], 100, np.int64),  # noqa: E731
-                               np.arange(shape[r][0], dtype=np.int64))
+    # the logits of each slot's last token, as a decode step (T = 1: every row) and a prompt chunk take them
+    run = lambda m, r: m._step_last(np.full(shape[r], 7, np.int64), np.full(shape[r][0], 100, np.int64),  # noqa: E731
+                                    np.arange(shape[r][0], dtype=np.int64))
     first = [np.asarray(run(m, max(rows))) for m in llms]
     for p, lg in zip(paths[1:], first[1:]):
         print(f"{p}: max |logits - first's| at {max(rows)} rows {float(np.abs(lg - first[0]).max()):.3g}")

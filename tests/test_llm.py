@@ -336,4 +336,6 @@ def test_logits_of_chosen_tokens_only(tmp_path):
     for bad in ([12], [-1], []):
         with pytest.raises(cuvil.ShapeError, match="logit rows"):
             llm._step_rows(prompts, start, slots, np.array(bad, np.int64))
+    with pytest.raises(cuvil.CuvilError, match="out of range"):      # the compiled step checks them too
+        llm.module.run(prompts, start, llm.k_cache, llm.v_cache, slots, np.array([12], np.int64))
     assert llm.generate(prompts[0].tolist(), max_new_tokens=1) == [int(want[0, -1].argmax())]

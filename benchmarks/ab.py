@@ -34,6 +34,7 @@ WORKLOADS = {**_BASE, **CNNS}
 
 
 LLM_WORKLOAD = "TinyLlama int4 decode"
+LLM_WORKLOADS = {LLM_WORKLOAD: "int4", "TinyLlama int8 decode": "int8"}     # workload -> weight precision
 
 
 def _built_by():
@@ -44,13 +45,13 @@ def _built_by():
     return f"(compiled by {Path(cuvil.__file__).resolve().parent.parent})"
 
 
-def save_llm(path: str):
+def save_llm(path: str, workload: str = LLM_WORKLOAD):
     import cuvil.llm
     from benchmarks.llm import TINYLLAMA, make_checkpoint
     ckpt = make_checkpoint(TINYLLAMA, "tinyllama-shape")
-    cuvil.llm.from_transformers(ckpt, precision="int4", max_seq_len=512, max_batch=8, num_threads=1,
+    cuvil.llm.from_transformers(ckpt, precision=LLM_WORKLOADS[workload], max_seq_len=512, max_batch=8, num_threads=1,
                                 measure_error=False).save(path)
-    print(f"saved {LLM_WORKLOAD} to {path} {_built_by()}")
+    print(f"saved {workload} to {path} {_built_by()}")
 
 
 def compare_llm(paths: list, threads: int, rounds: int, chunk: int = 12):
@@ -72,7 +73,7 @@ def compare_llm(paths: list, threads: int, rounds: int, chunk: int = 12):
             for m in llms:
                 m.prefill(prompt)
     med = [float(np.median(t)) for t in tps]
-    print(f"{LLM_WORKLOAD}, {threads} thread(s), {rounds} rounds: "
+    print(f"TinyLlama decode, {threads} thread(s), {rounds} rounds: "
           + "  ".join(f"{p} {v:.2f} tok/s ({v / med[0]:.3f}x)" for p, v in zip(paths, med)))
 
 
@@ -97,7 +98,7 @@ def compare_llm_rows(paths: list, threads: int, rounds: int, rows: list, steps: 
                 ms.setdefault((n, i), []).append((time.perf_counter() - t0) / steps * 1e3)
     for n in rows:
         med = [float(np.median(ms[(n, i)])) for i in range(len(llms))]
-        print(f"TinyLlama int4, {n} rows a step {shape[n]}, {threads} thread(s), {rounds} rounds: "
+        print(f"TinyLlama, {n} rows a step {shape[n]}, {threads} thread(s), {rounds} rounds: "
               + "  ".join(f"{p} {v:.2f} ms ({v / med[0]:.3f}x)" for p, v in zip(paths, med)))
 
 
@@ -150,7 +151,7 @@ def compare(workload: str, paths: list, threads: int, rounds: int, burst: float,
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("workload", choices=sorted(WORKLOADS) + [LLM_WORKLOAD])
+    ap.add_argument("workload", choices=sorted(WORKLOADS) + sorted(LLM_WORKLOADS))
     ap.add_argument("paths", nargs="+", help="artifact directories (with --save: the one to write)")
     ap.add_argument("--save", action="store_true", help="compile the workload with this tree and save it")
     ap.add_argument("--target", default="native",
@@ -164,9 +165,12 @@ def main(argv=None):
     ap.add_argument("--burst", type=float, default=0.25)
     ap.add_argument("--llm-rows", default="", help=f"{LLM_WORKLOAD}: time steps of these row counts (1,8,16)")
     a = ap.parse_args(argv)
-    llm = a.workload == LLM_WORKLOAD
+    llm = a.workload in LLM_WORKLOADS
     if a.save:
-        (save_llm if llm else lambda p: save(a.workload, p, a.target, a.precision, a.batch, a.calibrated))(a.paths[0])
+        if llm:
+            save_llm(a.paths[0], a.workload)
+        else:
+            save(a.workload, a.paths[0], a.target, a.precision, a.batch, a.calibrated)
     elif llm and a.llm_rows:
         compare_llm_rows(a.paths, a.threads, a.rounds, [int(r) for r in a.llm_rows.split(",")])
     elif llm:

@@ -333,9 +333,9 @@ def test_logits_of_chosen_tokens_only(tmp_path):
     got = llm._step_rows(prompts, start, slots, np.array([11, 0, 5, 6]))
     np.testing.assert_allclose(got, want.reshape(12, -1)[[11, 0, 5, 6]], rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(llm._step_last(prompts, start, slots), want[:, -1], rtol=1e-4, atol=1e-4)
-    for bad in ([12], [-1], []):
+    for bad in ([12], [-1], [], [1.5]):
         with pytest.raises(cuvil.ShapeError, match="logit rows"):
-            llm._step_rows(prompts, start, slots, np.array(bad, np.int64))
+            llm._step_rows(prompts, start, slots, np.asarray(bad))
     with pytest.raises(cuvil.CuvilError, match="out of range"):      # the compiled step checks them too
         llm.module.run(prompts, start, llm.k_cache, llm.v_cache, slots, np.array([12], np.int64))
     assert llm.generate(prompts[0].tolist(), max_new_tokens=1) == [int(want[0, -1].argmax())]

@@ -1518,7 +1518,7 @@ def matmul_q_int_dot(op):
         assert ab, (bits, group, k)
         # 20 rows: int4 takes the dequantize-into-fp32-GEMM path (float activations). One row of 330
         # columns, from K 256 on: 11 tiles of 32 columns split over the threads as 6 + 5, the last tile
-        # half empty. 2-8 rows: the 512-bit VNNI decode tiles of 4 and 8 rows (2, 3 and 6 with rows repeated)
+        # half empty. int4 at 2-8 rows: the 512-bit VNNI tiles of 4 and 8 rows (2, 3 and 6 with rows repeated)
         for m, n in [(1, 2), (1, 10), (1, 330), (2, 12), (3, 6), (4, 34), (6, 40), (8, 66), (9, 8), (20, 38)]:
             w, s = _quantize(r, k, n, bits, group)
             x = rand(r, (m, k), "float32", -1, 1)

@@ -204,10 +204,11 @@ class LLM:
     def _step_rows(self, ids, start, slots, rows):
         """logits [R, V] of tokens `rows` (b * T + t; None: all, in order)."""
         if rows is not None:
-            rows = np.ascontiguousarray(rows, np.int64)
-            if rows.ndim != 1 or not rows.size or rows.min() < 0 or rows.max() >= ids.size:
-                raise ShapeError(f"logit rows must be 1 to {ids.size} token indices in [0, {ids.size}), got "
-                                 f"{rows.tolist()}")
+            r = np.asarray(rows)
+            if r.dtype.kind not in "iu" or r.ndim != 1 or not r.size or r.min() < 0 or r.max() >= ids.size:
+                raise ShapeError(f"logit rows must be a 1-d list of integer token indices in [0, {ids.size}), got "
+                                 f"{r.tolist()}")
+            rows = np.ascontiguousarray(r, np.int64)
         if slots is None:
             slots = self._first_slots[:ids.shape[0]]
         if start is None:

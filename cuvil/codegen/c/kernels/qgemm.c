@@ -108,7 +108,7 @@ typedef struct {
     const cuvil_epilogue *ep;     /* bias, residual, activation (gemm.h); NULL: the plain product */
     const void *noff;             /* int4: [M][K / run] int16 x 16 starting partials (q4_offsets) */
     const uint8_t *W;
-    int bits, mr, nc, cb;         /* tile rows, tile blocks, blocks per task */
+    int bits, mr, nc, cb;         /* tile rows (8: the last 1-4 rows in a tile of 4, tile_rows), tile blocks, blocks per task */
     float *C;
     const int32_t *xsum;          /* int8 on 512-bit VNNI with M > 1: [M][nb] sums of the activation bytes */
 } qargs;
@@ -360,7 +360,7 @@ static inline __attribute__((always_inline)) void q8_tile(const qargs *a, int MR
  * (x + 128) w loses 128 x the sum of w, counted once per tile for all its rows by one more dpbusd.
  * Reached for one row (decode where CUVIL_QGEMM_DECODE_512); more rows take q8_rows512. */
 static inline __attribute__((always_inline)) void q8_tile512(const qargs *a, int MR, int NP, int SUB, int64_t m0,
-                                                             int64_t b0, __m512 acc[4][2]) {
+                                                             int64_t b0, __m512 acc[8][2]) {
     const int64_t nb = a->nb;
     const qrows rw = q_rows(a, MR, m0, 0);
     const int8_t *const *xr = rw.x, *wc[2];
@@ -375,7 +375,7 @@ static inline __attribute__((always_inline)) void q8_tile512(const qargs *a, int
     const __m512i bias = _mm512_set1_epi8((char)0x80);
 #pragma GCC unroll 1
     for (int64_t blk = 0; blk < nb; blk++) {
-        __m512i is[4][2], corr[2];
+        __m512i is[8][2], corr[2];     /* 8 rows: sized for q_task's tile, which int8 never reaches */
         for (int j = 0; j < NP; j++) {
             corr[j] = _mm512_setzero_si512();
             for (int i = 0; i < MR; i++) is[i][j] = _mm512_setzero_si512();
@@ -605,7 +605,7 @@ static void q_task(void *ctx, int64_t t0, int64_t t1) {
                 for (int i = 0; i < MR; i++)                                                                \
                     for (int j = 0; j < NP; j++) _mm512_store_ps(out[i] + 16 * j, acc5[i][j]);              \
             } while (0)
-            if (mr == 8) CUVIL_QTILE512(8, 2);        /* int4 of more than one row */
+            if (mr == 8) CUVIL_QTILE512(8, 2);        /* int4 of more than one row (int8: rows_task512) */
             else if (mr == 4) CUVIL_QTILE512(4, 2);
             else if (CUVIL_QGEMM_DECODE_512) CUVIL_QTILE512(1, 2);
             else
@@ -697,7 +697,8 @@ int cuvil_qgemm(int64_t M, int64_t N, int64_t K, int64_t kv, const float *A, int
      * bound): a tile is a quad, one equal run of quads a thread, so each thread reads one stretch of
      * memory and its prefetch (one quad ahead; on Intel 2 KB) stays in its own stretch. Claimed two tiles at a time,
      * the threads took turns, and each prefetched the tile the other would read (benchmarks/README.md,
-     * Kernel notes). More rows (prefill): tiles of 4 rows x nc blocks, a quad per task. */
+     * Kernel notes). More rows: tiles of 4 rows x nc blocks (512-bit VNNI, int4: 8 rows, the last 1-4 in a
+     * tile of 4), a quad per task. */
     int64_t nblocks = (N + 7) / 8, quad_bytes = 4 * K * bits;
     int64_t pf = M == 1 && CUVIL_QGEMM_PREFETCH_BYTES ? CUVIL_QGEMM_PREFETCH_BYTES : quad_bytes;
     int64_t nc = M == 1 ? 4 : CUVIL_QGEMM_PREFILL_BLOCKS;

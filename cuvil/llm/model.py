@@ -239,9 +239,11 @@ class LLM:
             cache[:, dest, :, start:stop] = cache[:, source, :, start:stop]
         self.lengths[dest] = stop
 
-    def _prefill(self, ids):
+    def _prefill(self, ids, last=False):
+        """A fresh prompt in slot 0: logits of every position [T, V], or (last) of its last token [V]."""
         self.lengths[:] = 0
-        return self._step(ids[None], np.zeros(1, np.int64))[0]
+        step = self._step_last if last else self._step
+        return step(ids[None], np.zeros(1, np.int64))[0]
 
     def _ids(self, ids, name, ranks):
         """`ids` as C-contiguous int64 token ids of one of `ranks`, in batches the artifact holds. An id
@@ -359,8 +361,7 @@ class LLM:
         out = TextStream(self.tokenizer, stop_ids, stop_strings, min(max_new_tokens, self.max_seq_len - len(ids)),
                          tokens=stats.tokens)
         t0 = time.perf_counter()
-        self.lengths[:] = 0
-        logits = self._step_last(np.asarray(ids, np.int64)[None], np.zeros(1, np.int64))[0]
+        logits = self._prefill(np.asarray(ids, np.int64), last=True)
         stats.prefill_seconds = time.perf_counter() - t0
         seen = list(ids)
         t1 = time.perf_counter()

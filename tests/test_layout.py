@@ -427,16 +427,18 @@ class _GroupedWinograd(torch.nn.Module):
 
 
 @pytest.mark.parametrize("target", ["native", "x86_64-avx2", "x86_64-sse2"])
-@pytest.mark.parametrize("hw", [(13, 14), (7, 9)])
-def test_grouped_winograd_matches_torch(tmp_path, target, hw):
+@pytest.mark.parametrize("hw,threads", [((13, 14), 2), ((7, 9), 2), ((7, 9), 3)])
+def test_grouped_winograd_matches_torch(tmp_path, target, hw, threads):
     """Grouped 3x3 convs run as Winograd products, one per group (kernels/winograd_blocked.c), F(4x4) on the
-    13x14 map (partial tiles both ways) and F(2x2) on the 7x9 one, at every vector width."""
+    13x14 map (partial tiles both ways) and F(2x2) on the 7x9 one, at every vector width. The threads split
+    groups into parts of tile rows where the groups do not share out evenly (3 groups on 2 threads, 2 and 4
+    on 3)."""
     import cuvil
     _skip_unless_host_runs(target)
     torch.manual_seed(0)
     m = _GroupedWinograd().eval()
     x = torch.randn(2, 3, *hw)
-    cm = cuvil.compile(m, (x,), layout="blocked", num_threads=2, target=target, cache_dir=str(tmp_path))
+    cm = cuvil.compile(m, (x,), layout="blocked", num_threads=threads, target=target, cache_dir=str(tmp_path))
     m_tile = 4 if hw[0] * hw[1] >= 144 else 2
     assert cm.c_source.count(f"cuvil_conv3x3_winograd_blocked(&s, {m_tile},") == 3
     with torch.no_grad():

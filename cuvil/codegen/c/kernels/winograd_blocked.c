@@ -11,6 +11,7 @@ typedef struct {
     const cuvil_conv_shape *s;
     int m;
     int64_t TH, TW;
+    int64_t parts;              /* group_task: tile-row parts of each group */
     const float *x, *up, *bias, *residual;
     float *v, *prod, *y;        /* transformed input [alpha2][C/16][T][16], products [alpha2][O/16][T][16] */
     int act;
@@ -70,8 +71,9 @@ static void input_task(void *ctx, int64_t r0, int64_t r1) {
     else input_rows(2, a, r0, r1);
 }
 
-/* The alpha^2 products of each group (whole channel blocks: conv_plan._winograd_groups), one GEMM per
- * task on one thread (as winograd4.c: product_task4); item = xi * groups + group. */
+/* The alpha^2 products of an ungrouped conv, one GEMM per task on one thread (as winograd4.c:
+ * product_task4), so that each thread reads its share of the filters; item = xi * groups + group
+ * (grouped convs run group_task instead). */
 static void product_task(void *ctx, int64_t i0, int64_t i1) {
     const wgb_args *a = ctx;
     const cuvil_conv_shape *s = a->s;
@@ -134,14 +136,52 @@ static void output_task(void *ctx, int64_t r0, int64_t r1) {
     #undef OUT
 }
 
+/* Items it = q * parts + part: group q's tile rows [part * TH / parts, (part + 1) * TH / parts), from its
+ * input blocks through its products to its output blocks, on one thread. The groups of a grouped conv
+ * share nothing, so a thread's transformed input and products stay in its own L2: run by phases (the
+ * input by rows, the products by transform point, the output by rows), every phase read what the other
+ * core had written, and where the host put the two cores far apart (a core-to-core round trip of 380 ns,
+ * not 100) RegNetY's grouped convs ran as slowly on 2 threads as on 1. */
+static void group_task(void *ctx, int64_t i0, int64_t i1) {
+    const wgb_args *a = ctx;
+    const cuvil_conv_shape *s = a->s;
+    int64_t G = s->groups, Cb = s->C / G / CUVIL_BLOCK, Ob = s->O / G / CUVIL_BLOCK, T = a->TH * a->TW;
+    int64_t ustride = cuvil_packed_b_size(Cb * CUVIL_BLOCK, Ob * CUVIL_BLOCK), alpha2 = (a->m + 2) * (a->m + 2);
+    for (int64_t it = i0; it < i1; it++) {
+        int64_t q = it / a->parts, part = it % a->parts;
+        int64_t th0 = part * a->TH / a->parts, th1 = (part + 1) * a->TH / a->parts, t0 = th0 * a->TW;
+        if (th1 == th0) continue;
+        for (int64_t cb = q * Cb; cb < (q + 1) * Cb; cb++) input_task((void *)a, cb * a->TH + th0, cb * a->TH + th1);
+        for (int64_t xi = 0; xi < alpha2; xi++)
+            cuvil_sgemm_blocked((th1 - th0) * a->TW, Ob * CUVIL_BLOCK, Cb * CUVIL_BLOCK,
+                                a->v + (xi * s->C + q * Cb * CUVIL_BLOCK) * T + t0 * CUVIL_BLOCK,
+                                T * CUVIL_BLOCK, a->up + (xi * G + q) * ustride,
+                                a->prod + (xi * s->O + q * Ob * CUVIL_BLOCK) * T + t0 * CUVIL_BLOCK, T * CUVIL_BLOCK,
+                                0, 0, CUVIL_ACT_NONE, 1);
+        for (int64_t ob = q * Ob; ob < (q + 1) * Ob; ob++) output_task((void *)a, ob * a->TH + th0, ob * a->TH + th1);
+    }
+}
+
+/* Parts of tile rows a group is split into: the fewest that give every thread as many items (a thread
+ * reads the filters of each group it works on, so groups are split only for the balance). */
+static int64_t group_parts(int64_t groups, int64_t TH, int nthreads) {
+    for (int64_t p = 1; p <= TH; p++)
+        if ((groups * p) % nthreads == 0) return p;
+    return TH;
+}
+
 void cuvil_conv3x3_winograd_blocked(const cuvil_conv_shape *s, int m, const float *x, const float *up,
                                     const float *bias, const float *residual, float *y, int act, float *scratch,
                                     int nthreads) {
     int64_t TH = (s->OH + m - 1) / m, TW = (s->OW + m - 1) / m, T = TH * TW, alpha2 = (m + 2) * (m + 2);
     int64_t in = s->C * s->H * s->W, out = s->O * s->OH * s->OW;
     for (int64_t n = 0; n < s->N; n++) {
-        wgb_args a = {s, m, TH, TW, x + n * in, up, bias, residual ? residual + n * out : 0, scratch,
-                      scratch + alpha2 * s->C * T, y + n * out, act};
+        wgb_args a = {s, m, TH, TW, group_parts(s->groups, TH, nthreads), x + n * in, up, bias,
+                      residual ? residual + n * out : 0, scratch, scratch + alpha2 * s->C * T, y + n * out, act};
+        if (s->groups > 1) {
+            cuvil_parallel_for(nthreads, s->groups * a.parts, 1, group_task, &a);
+            continue;
+        }
         cuvil_parallel_for(nthreads, s->C / CUVIL_BLOCK * TH, 1, input_task, &a);
         cuvil_parallel_chunks(nthreads, alpha2 * s->groups, 1, product_task, &a);
         cuvil_parallel_for(nthreads, s->O / CUVIL_BLOCK * TH, 1, output_task, &a);

@@ -57,8 +57,30 @@ def machine_line():
         pass
     features = " ".join(f for f in KEY_FEATURES if f in flags)
     import torch
-    return (f"{cpu}{family} ({features or 'no AVX2'}; {cache_line()}), {os.cpu_count()} cores, {platform.system()} "
-            f"{platform.release()}, Python {platform.python_version()}, torch {torch.__version__}")
+    return (f"{cpu}{family} ({features or 'no AVX2'}; {cache_line()}), {os.cpu_count()} cores{core_round_trip()}, "
+            f"{platform.system()} {platform.release()}, Python {platform.python_version()}, torch {torch.__version__}")
+
+
+def core_round_trip():
+    """", core-to-core round trip N ns" (harness/core_latency.c, the first two CPUs this process may use), or "" where it cannot be
+    built or run. A shared host's vCPUs sat near (about 100 ns) or far apart (about 400 ns) by the
+    minute, and two threads gained much less where far: say which held when a table was taken."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:              # one CPU: the two threads would take turns, not answer each other
+        return ""
+    src = Path(__file__).resolve().parent / "harness" / "core_latency.c"
+    exe = Path(tempfile.gettempdir()) / "cuvil-core-latency"
+    try:
+        if not exe.exists() or exe.stat().st_mtime < src.stat().st_mtime:
+            subprocess.run(["cc", "-O2", "-pthread", str(src), "-o", str(exe)], check=True, capture_output=True,
+                           timeout=60)
+        out = subprocess.run([str(exe), str(cpus[0]), str(cpus[1])], check=True, capture_output=True, text=True, timeout=30).stdout
+        return f", core-to-core round trip {int(out)} ns"
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return ""
 
 
 def cache_line():

@@ -427,12 +427,12 @@ class _GroupedWinograd(torch.nn.Module):
 
 
 @pytest.mark.parametrize("target", ["native", "x86_64-avx2", "x86_64-sse2"])
-@pytest.mark.parametrize("hw,threads", [((13, 14), 2), ((7, 9), 2), ((7, 9), 3)])
+@pytest.mark.parametrize("hw,threads", [((13, 14), 2), ((7, 9), 2), ((7, 9), 3), ((13, 14), 1)])
 def test_grouped_winograd_matches_torch(tmp_path, target, hw, threads):
     """Grouped 3x3 convs run as Winograd products, one per group (kernels/winograd_blocked.c), F(4x4) on the
-    13x14 map (partial tiles both ways) and F(2x2) on the 7x9 one, at every vector width. The threads split
-    groups into parts of tile rows where the groups do not share out evenly (3 groups on 2 threads, 2 and 4
-    on 3)."""
+    13x14 map (partial tiles both ways) and F(2x2) on the 7x9 one, at every vector width. More than one
+    thread takes whole groups, split into parts of tile rows where they do not share out evenly (3 groups
+    on 2 threads, 2 and 4 on 3); one thread runs the products of every group after all the transforms."""
     import cuvil
     _skip_unless_host_runs(target)
     torch.manual_seed(0)

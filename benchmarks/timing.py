@@ -62,8 +62,8 @@ def machine_line():
 
 
 def core_round_trip():
-    """", core-to-core round trip N ns" (harness/core_latency.c, the first two CPUs this process may use), or "" where it cannot be
-    built or run. A shared host's vCPUs sat near (about 100 ns) or far apart (about 400 ns) by the
+    """", core-to-core round trip N ns" (harness/core_latency.c, on the first two CPUs this process may
+    use), or "" where it cannot be built or run. A shared host's vCPUs sat near (about 100 ns) or far apart (about 400 ns) by the
     minute, and two threads gained much less where far: say which held when a table was taken."""
     import subprocess
     import tempfile
@@ -77,7 +77,8 @@ def core_round_trip():
         if not exe.exists() or exe.stat().st_mtime < src.stat().st_mtime:
             subprocess.run(["cc", "-O2", "-pthread", str(src), "-o", str(exe)], check=True, capture_output=True,
                            timeout=60)
-        out = subprocess.run([str(exe), str(cpus[0]), str(cpus[1])], check=True, capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run([str(exe), str(cpus[0]), str(cpus[1])], check=True, capture_output=True, text=True,
+                             timeout=30).stdout
         return f", core-to-core round trip {int(out)} ns"
     except (OSError, ValueError, subprocess.SubprocessError):
         return ""

@@ -71,19 +71,23 @@ static void input_task(void *ctx, int64_t r0, int64_t r1) {
     else input_rows(2, a, r0, r1);
 }
 
-/* The alpha^2 products of each group, one GEMM per task on one thread (as winograd4.c: product_task4),
+/* The product at transform point xi of group q (whole channel blocks: conv_plan._winograd_groups) for
+ * tiles [t0, t0 + tiles), on this thread. */
+static void group_product(const wgb_args *a, int64_t xi, int64_t q, int64_t t0, int64_t tiles) {
+    const cuvil_conv_shape *s = a->s;
+    int64_t G = s->groups, Cg = s->C / G, Og = s->O / G, T = a->TH * a->TW;
+    cuvil_sgemm_blocked(tiles, Og, Cg, a->v + (xi * s->C + q * Cg) * T + t0 * CUVIL_BLOCK, T * CUVIL_BLOCK,
+                        a->up + (xi * G + q) * cuvil_packed_b_size(Cg, Og),
+                        a->prod + (xi * s->O + q * Og) * T + t0 * CUVIL_BLOCK, T * CUVIL_BLOCK, 0, 0, CUVIL_ACT_NONE, 1);
+}
+
+/* The alpha^2 products of each group over all tiles, one GEMM per task (as winograd4.c: product_task4),
  * so that each thread reads its share of the filters; item = xi * groups + group. Grouped convs on more
  * than one thread run group_task instead. */
 static void product_task(void *ctx, int64_t i0, int64_t i1) {
     const wgb_args *a = ctx;
-    const cuvil_conv_shape *s = a->s;
-    int64_t G = s->groups, Cg = s->C / G, Og = s->O / G;
-    int64_t T = a->TH * a->TW, ustride = cuvil_packed_b_size(Cg, Og);
-    for (int64_t item = i0; item < i1; item++) {
-        int64_t xi = item / G, q = item % G;
-        cuvil_sgemm_blocked(T, Og, Cg, a->v + (xi * s->C + q * Cg) * T, T * CUVIL_BLOCK, a->up + item * ustride,
-                            a->prod + (xi * s->O + q * Og) * T, T * CUVIL_BLOCK, 0, 0, CUVIL_ACT_NONE, 1);
-    }
+    for (int64_t item = i0; item < i1; item++)
+        group_product(a, item / a->s->groups, item % a->s->groups, 0, a->TH * a->TW);
 }
 
 /* Items r = ob * TH + th: Y = A^T M A for a row of tiles of one output block, then bias, residual
@@ -145,19 +149,13 @@ static void output_task(void *ctx, int64_t r0, int64_t r1) {
 static void group_task(void *ctx, int64_t i0, int64_t i1) {
     const wgb_args *a = ctx;
     const cuvil_conv_shape *s = a->s;
-    int64_t G = s->groups, Cb = s->C / G / CUVIL_BLOCK, Ob = s->O / G / CUVIL_BLOCK, T = a->TH * a->TW;
-    int64_t ustride = cuvil_packed_b_size(Cb * CUVIL_BLOCK, Ob * CUVIL_BLOCK), alpha2 = (a->m + 2) * (a->m + 2);
+    int64_t Cb = s->C / s->groups / CUVIL_BLOCK, Ob = s->O / s->groups / CUVIL_BLOCK, alpha2 = (a->m + 2) * (a->m + 2);
     for (int64_t it = i0; it < i1; it++) {
+        /* parts <= TH (group_parts): every part has a row */
         int64_t q = it / a->parts, part = it % a->parts;
-        int64_t th0 = part * a->TH / a->parts, th1 = (part + 1) * a->TH / a->parts, t0 = th0 * a->TW;
-        if (th1 == th0) continue;
+        int64_t th0 = part * a->TH / a->parts, th1 = (part + 1) * a->TH / a->parts;
         for (int64_t cb = q * Cb; cb < (q + 1) * Cb; cb++) input_task((void *)a, cb * a->TH + th0, cb * a->TH + th1);
-        for (int64_t xi = 0; xi < alpha2; xi++)
-            cuvil_sgemm_blocked((th1 - th0) * a->TW, Ob * CUVIL_BLOCK, Cb * CUVIL_BLOCK,
-                                a->v + (xi * s->C + q * Cb * CUVIL_BLOCK) * T + t0 * CUVIL_BLOCK,
-                                T * CUVIL_BLOCK, a->up + (xi * G + q) * ustride,
-                                a->prod + (xi * s->O + q * Ob * CUVIL_BLOCK) * T + t0 * CUVIL_BLOCK, T * CUVIL_BLOCK,
-                                0, 0, CUVIL_ACT_NONE, 1);
+        for (int64_t xi = 0; xi < alpha2; xi++) group_product(a, xi, q, th0 * a->TW, (th1 - th0) * a->TW);
         for (int64_t ob = q * Ob; ob < (q + 1) * Ob; ob++) output_task((void *)a, ob * a->TH + th0, ob * a->TH + th1);
     }
 }

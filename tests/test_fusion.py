@@ -223,6 +223,21 @@ def test_conv_swapped_random_geometry(seed):
     assert "cuvil_conv_swapped(" in cm.c_source
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_conv_swapped_packs_many_tiles(threads):
+    """ShuffleNet's shape of swapped conv: 116 channels (no block) at stride 2 into 210 output pixels,
+    so the transposed A is packed into many row tiles and a last partial one, eight im2col rows at a
+    time across K blocks (gemm.c pack_at_task), on one thread and split between two."""
+    g = Graph()
+    x = Value(TensorType((1, 116, 27, 29), "float32"), "x")
+    g.inputs = [x]
+    g.outputs = [g.add("conv", [x, g.const(f32(48, 116, 3, 3)), g.const(f32(48))],
+                       {"strides": [2, 2], "pads": [(1, 1), (1, 1)], "dilations": [1, 1]})]
+    assert tuple(g.outputs[0].shape) == (1, 48, 14, 15)
+    cm = check_graph(g, [f32(1, 116, 27, 29)], rtol=1e-3, atol=1e-3, num_threads=threads)
+    assert "cuvil_conv_swapped(" in cm.c_source
+
+
 def test_conv_not_swapped_keeps_implicit_im2col():
     """A conv the swapped form could take but does not (few empty lanes x K) still runs its im2col inside
     the GEMM: the scratch reserved for the swapped form is not passed to it (cuvil_conv2d reads a

@@ -521,19 +521,28 @@ static void pack_a_task(void *ctx, int64_t t0, int64_t t1) {
 }
 
 /* Rows [k0, k1) of a transposed A into every tile: each row of At (one channel of a 1x1 conv's NCHW
- * input) is read once, in order, and dealt out MR floats to a tile. Tile by tile (pack_at over K),
- * each line of At was read three times, by strided reads (benchmarks/README.md, Kernel notes). */
+ * input, or one im2col row) is read once, in order, and dealt out MR floats to a tile. Tile by tile
+ * (pack_at over K), each line of At was read three times, by strided reads. Eight rows at a time, so
+ * that each tile gets 8 x MR floats in a run: one row at a time, the tiles' writes lay kc * MR floats
+ * apart (12 KB, a multiple of 4 KB), all in one L1 set, and ShuffleNet's 116 -> 232 channel conv spent
+ * 108 of its 500 us packing (benchmarks/README.md, Kernel notes). */
+#define PACK_AT_ROWS 8
 static void pack_at_task(void *ctx, int64_t k0, int64_t k1) {
     const gemm_args *g = ctx;
-    int64_t tiles = (g->M + CUVIL_MR - 1) / CUVIL_MR, full = g->M / CUVIL_MR;
-    for (int64_t k = k0; k < k1; k++) {
+    int64_t tiles = (g->M + CUVIL_MR - 1) / CUVIL_MR, full = g->M / CUVIL_MR, rest = g->M - full * CUVIL_MR;
+    for (int64_t k = k0, n; k < k1; k += n) {
         int64_t kb = k / CUVIL_KC * CUVIL_KC, kc = g->K - kb < CUVIL_KC ? g->K - kb : CUVIL_KC;
+        n = k1 - k < PACK_AT_ROWS ? k1 - k : PACK_AT_ROWS;
+        if (n > kb + kc - k) n = kb + kc - k;                     /* rows of one K block */
         const float *src = g->A + k * g->lda;
         float *d = (float *)g->ap + kb * tiles * CUVIL_MR + (k - kb) * CUVIL_MR;
-        for (int64_t ti = 0; ti < full; ti++) memcpy(d + ti * kc * CUVIL_MR, src + ti * CUVIL_MR, CUVIL_MR * sizeof(float));
-        if (full < tiles)                 /* the last tile's rows past M repeat row M - 1's start: unused */
-            for (int i = 0; i < CUVIL_MR; i++)
-                d[full * kc * CUVIL_MR + i] = src[full * CUVIL_MR + (i < g->M - full * CUVIL_MR ? i : 0)];
+        for (int64_t ti = 0; ti < full; ti++)
+            for (int64_t r = 0; r < n; r++)
+                memcpy(d + ti * kc * CUVIL_MR + r * CUVIL_MR, src + r * g->lda + ti * CUVIL_MR, CUVIL_MR * sizeof(float));
+        if (rest)                         /* the last tile's rows past M repeat row M - 1's start: unused */
+            for (int64_t r = 0; r < n; r++)
+                for (int i = 0; i < CUVIL_MR; i++)
+                    d[full * kc * CUVIL_MR + r * CUVIL_MR + i] = src[r * g->lda + full * CUVIL_MR + (i < rest ? i : 0)];
     }
 }
 

@@ -49,6 +49,9 @@ void *cuvil_thread_buffer(int slot, size_t bytes) {
  * front, the others, once out of work of their own, from the back. */
 typedef struct { _Alignas(64) _Atomic uint64_t span; } owned_run;
 
+/* What the threads write (next, done) lies on lines of its own, apart from what they only read: each
+ * write to a line the other cores read costs every one of them a transfer, and where a host puts two
+ * vCPUs far apart (a 400 ns round trip) a parallel region had paid about 2 us in such transfers. */
 typedef struct {
     cuvil_task_fn fn;
     void *ctx;
@@ -56,20 +59,25 @@ typedef struct {
     int helpers;                  /* workers allowed to join this job */
     int tail;                     /* threads sharing the tail: claims shrink toward its end (guided) */
     int owned;                    /* runs: items split into helpers + 1 owned runs (cuvil_parallel_for) */
-    atomic_int_fast64_t next, done;
     owned_run *runs;
+    _Alignas(64) atomic_int_fast64_t next;
+    _Alignas(64) atomic_int_fast64_t done;   /* items finished: each thread adds its own once, when out of work */
 } job_t;
 
 static pthread_mutex_t submit_lock = PTHREAD_MUTEX_INITIALIZER;   /* one job at a time */
 static pthread_mutex_t sleep_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
-static job_t *_Atomic current;
-static atomic_uint_fast64_t generation;
-static atomic_int sleepers;
-static atomic_int in_job;          /* workers that may be reading `current`: its owner waits for 0 */
+/* What the submitter posts and every worker's spin reads, on a line of its own (the submit lock's
+ * line, taken and given back each region, had been that line's neighbour) */
+static struct {
+    _Alignas(64) job_t *_Atomic job;
+    atomic_uint_fast64_t generation;
+    atomic_int sleepers;
+    atomic_int stopping;        /* set by the library's destructor: workers leave, and are joined */
+} posted;
+static struct { _Alignas(64) atomic_int count; } in_job;   /* workers that may be reading posted.job: its owner waits for 0 */
 static int nworkers;
 static pthread_t workers[MAX_WORKERS];
-static atomic_int stopping;        /* set by the library's destructor: workers leave, and are joined */
 static __thread int in_worker;
 
 /* One wait of a spin: the CPU's pause for the first PAUSE_SPINS waits, then sched_yield, so that a
@@ -146,13 +154,14 @@ static int64_t claim_owned(job_t *j, int me, int64_t *b) {
 }
 
 static void run_chunks(job_t *j, int me) {
+    int64_t finished = 0;
     for (;;) {
         int64_t b, c = j->owned ? claim_owned(j, me, &b) : claim(j, &b);
-        if (c <= 0) return;
-        int64_t e = b + c;
-        j->fn(j->ctx, b, e);
-        atomic_fetch_add(&j->done, e - b);
+        if (c <= 0) break;
+        j->fn(j->ctx, b, b + c);
+        finished += c;
     }
+    atomic_fetch_add(&j->done, finished);
 }
 
 static void *worker(void *arg) {
@@ -162,23 +171,23 @@ static void *worker(void *arg) {
     for (;;) {
         int64_t t0 = now_ns();
         int spins = 0;
-        while (atomic_load(&generation) == seen && !atomic_load(&stopping)) {
+        while (atomic_load(&posted.generation) == seen && !atomic_load(&posted.stopping)) {
             if (now_ns() - t0 > SPIN_NS) {
                 pthread_mutex_lock(&sleep_lock);
-                atomic_fetch_add(&sleepers, 1);
-                while (atomic_load(&generation) == seen && !atomic_load(&stopping)) pthread_cond_wait(&wake, &sleep_lock);
-                atomic_fetch_sub(&sleepers, 1);
+                atomic_fetch_add(&posted.sleepers, 1);
+                while (atomic_load(&posted.generation) == seen && !atomic_load(&posted.stopping)) pthread_cond_wait(&wake, &sleep_lock);
+                atomic_fetch_sub(&posted.sleepers, 1);
                 pthread_mutex_unlock(&sleep_lock);
                 break;
             }
             relax(&spins);
         }
-        if (atomic_load(&stopping)) return 0;
-        seen = atomic_load(&generation);
-        atomic_fetch_add(&in_job, 1);
-        job_t *j = atomic_load(&current);
+        if (atomic_load(&posted.stopping)) return 0;
+        seen = atomic_load(&posted.generation);
+        atomic_fetch_add(&in_job.count, 1);
+        job_t *j = atomic_load(&posted.job);
         if (j && id < j->helpers) run_chunks(j, id + 1);
-        atomic_fetch_sub(&in_job, 1);
+        atomic_fetch_sub(&in_job.count, 1);
     }
     return 0;
 }
@@ -189,9 +198,9 @@ static void reset_in_child(void) {
     pthread_mutex_init(&submit_lock, 0);
     pthread_mutex_init(&sleep_lock, 0);
     pthread_cond_init(&wake, 0);
-    atomic_store(&current, (job_t *)0);
-    atomic_store(&sleepers, 0);
-    atomic_store(&in_job, 0);
+    atomic_store(&posted.job, (job_t *)0);
+    atomic_store(&posted.sleepers, 0);
+    atomic_store(&in_job.count, 0);
     nworkers = 0;
 }
 
@@ -228,9 +237,9 @@ static void submit(int nthreads, int64_t n, int64_t chunk, int64_t grain, int gu
     }
     atomic_init(&j.next, 0);
     atomic_init(&j.done, 0);
-    atomic_store(&current, &j);
-    atomic_fetch_add(&generation, 1);
-    if (atomic_load(&sleepers) > 0) {
+    atomic_store(&posted.job, &j);
+    atomic_fetch_add(&posted.generation, 1);
+    if (atomic_load(&posted.sleepers) > 0) {
         pthread_mutex_lock(&sleep_lock);
         pthread_cond_broadcast(&wake);
         pthread_mutex_unlock(&sleep_lock);
@@ -238,8 +247,8 @@ static void submit(int nthreads, int64_t n, int64_t chunk, int64_t grain, int gu
     run_chunks(&j, 0);
     int spins = 0;
     while (atomic_load(&j.done) < n) relax(&spins);   /* only chunks already claimed are waited for */
-    atomic_store(&current, (job_t *)0);
-    while (atomic_load(&in_job) > 0) relax(&spins);   /* no worker still holds a pointer to j */
+    atomic_store(&posted.job, (job_t *)0);
+    while (atomic_load(&in_job.count) > 0) relax(&spins);   /* no worker still holds a pointer to j */
     pthread_mutex_unlock(&submit_lock);
 }
 
@@ -320,7 +329,7 @@ void *cuvil_thread_buffer(int slot, size_t bytes) {
  * leave their loop and are joined, so none is left running code that is about to be unmapped, and
  * every thread's buffers are freed. The runtime unloads an artifact only when no run is in flight. */
 __attribute__((destructor)) static void pool_shutdown(void) {
-    atomic_store(&stopping, 1);
+    atomic_store(&posted.stopping, 1);
     pthread_mutex_lock(&sleep_lock);
     pthread_cond_broadcast(&wake);
     pthread_mutex_unlock(&sleep_lock);

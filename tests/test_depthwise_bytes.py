@@ -126,7 +126,8 @@ def test_compiled_depthwise_reads_and_writes_bytes(k, stride, hw, cin, target, t
     writes the project conv's (cuvil_depthwise_bytes); within int8's error of torch and of the same model
     compiled without the links (where the depthwise conv runs on floats), on every target with integer
     convs; without them no conv is linked. 24 channels on a 16-float target: the project conv reads the
-    blocked bytes into NCHW output (conv_plan "blocked_to_nchw"), the next expand conv reads NCHW."""
+    blocked bytes into NCHW output (conv_plan "blocked_to_nchw"); with the block's input, NCHW floats, as
+    its residual it writes NCHW that the next expand conv reads, without (stride 2) that conv's bytes."""
     import torch
 
     import cuvil

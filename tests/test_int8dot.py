@@ -269,6 +269,30 @@ def test_conv_writes_the_next_convs_input_bytes(lib, k2, stride2, pad2, groups2,
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("cout,residual", [(24, False), (24, True), (40, True), (8, False)])
+def test_bytes_of_a_panel_in_part(lib, cout, residual):
+    """A conv whose output channels end in part of a vector (24 = 16 + 8 on AVX-512) writes the same bytes
+    for them as the conv padded to whole vectors with zero filters does (its residual bytes read only as
+    far as the channels go): the last vector's masked load and store, and nothing past the channels."""
+    B = lib.block
+    full = -(-cout // B) * B
+    rng = np.random.default_rng(cout)
+    x = rng.standard_normal((2, 2 * B, 7, 9)).astype(np.float32)
+    w = np.zeros((full, 2 * B, 1, 1), np.float32)
+    w[:cout] = rng.standard_normal((cout, 2 * B, 1, 1)) * 0.2
+    bias = np.zeros(full, np.float32)
+    bias[:cout] = rng.standard_normal(cout)
+    res = rng.integers(0, 256, (2, 7 * 9, full), dtype=np.uint8)
+    args = dict(out_image=[7, 9, 0, 0], out_range=[0.0, 4.0])
+
+    def conv(o):
+        r = dict(res=np.ascontiguousarray(res[:, :, :o]).reshape(2, -1), res_range=[-2.0, 3.0]) if residual else {}
+        return _int8_conv(lib, x, w[:o], bias[:o], 1, 0, 1, [-3.0, 3.0], 0, **args, **r).reshape(2, 7 * 9, o)
+    got, want = conv(cout), conv(full)[:, :, :cout]
+    np.testing.assert_array_equal(got, want)
+    assert len(np.unique(got)) > 50
+
+
 @pytest.mark.parametrize("k,stride,groups,bytes_out", [
     (1, 1, 1, False),                  # a ResNet block's last conv: floats out
     (1, 1, 1, True),                   # ... and the next block's bytes out (the folded clamp)
@@ -504,6 +528,48 @@ def test_calibrated_convs_pass_bytes_along(target, tmp_path, monkeypatch):
     np.testing.assert_array_equal(got, plain(x).numpy())
     want = m(x).detach().numpy()
     assert np.abs(got - want).max() <= 0.04 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("target,threads", [("native", 1), ("native", 2), ("x86_64-avx2", 2)])
+def test_channels_no_block_holds_pass_bytes(target, threads, tmp_path, monkeypatch):
+    """MobileNetV2's 24-channel maps: channels that fill no block of 16 keep the NCHW layout in fp32, and the
+    integer convs around them passed them as NCHW floats (a project conv turned its rows, the next conv
+    quantized them again). Now they pass as bytes, pixel-major as every byte image is: the project conv
+    writes them with its last vector of 16 in part (24 = 16 + 8), the expand conv reads them in place and
+    the residual reader widens them. All three readers take bytes (none quantizes an NCHW map but the
+    first, from the model's input); within int8's error of torch and of the unlinked model, from which
+    the residual's bytes make it differ."""
+    import torch
+
+    import cuvil
+    from cuvil.passes import quantize
+    from cuvil.target import has_features
+    if target != "native" and not has_features("native", ("avx2", "fma")):
+        pytest.skip("this CPU runs no AVX2 build")
+
+    class Chain(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2 = torch.nn.Conv2d(32, 24, 1), torch.nn.Conv2d(24, 40, 1)
+            self.c3, self.c4 = torch.nn.Conv2d(40, 24, 1), torch.nn.Conv2d(24, 32, 1)
+
+        def forward(self, x):
+            y = self.c1(x)
+            return torch.relu(self.c4(self.c3(torch.relu(self.c2(y))) + y))
+    torch.manual_seed(5)
+    m = Chain().eval()
+    calib = [torch.randn(1, 32, 13, 11) for _ in range(4)]
+    x = torch.randn(1, 32, 13, 11)
+    kw = dict(precision="int8", layout="blocked", target=target, calibration_data=calib, num_threads=threads)
+    cm = cuvil.compile(m, (x,), cache_dir=tmp_path / "linked", **kw)
+    assert cm.c_source.count("CUVIL_I8_IN_BYTES") == 3 and cm.c_source.count("CUVIL_I8_IN_NCHW") <= 1
+    monkeypatch.setattr(quantize, "link_int8_convs", lambda graph, backend: graph)
+    plain = cuvil.compile(m, (x,), cache_dir=tmp_path / "plain", **kw)
+    want = m(x).detach().numpy()
+    got, ref = cm(x).numpy(), plain(x).numpy()
+    scale = np.abs(want).max()
+    assert np.abs(got - want).max() <= 0.04 * scale and np.abs(ref - want).max() <= 0.04 * scale
+    assert np.abs(got - ref).max() <= 0.03 * scale and not np.array_equal(got, ref)   # the residual's bytes
 
 
 @pytest.mark.parametrize("k,stride,pad,dil,C,hw,threads", [

@@ -61,7 +61,7 @@ def lower_conv(em, node, plan, shape_struct, bias, res, act):
 def lower_conv_call(em, node, plan, shape_struct, bias, res, act):
     nr, m = panel_width(em), plan.winograd
     if computes_int8(node, em.target):
-        kind = "NCHW" if plan.kind == "blocked_from_nchw" else "BYTES" if node.attrs.get("int8_in") else "BLOCKED"
+        kind = "BYTES" if node.attrs.get("int8_in") else "NCHW" if plan.kind == "blocked_from_nchw" else "BLOCKED"
         return lower_int8_conv(em, node, shape_struct, bias, res, act, kind, nchw_out=plan.kind == "blocked_to_nchw")
     if plan.kind == "blocked_to_nchw":
         raise AssertionError(f"conv at {node.loc}: blocked input into NCHW output has integer kernels only")
@@ -109,10 +109,13 @@ def lower_conv_call(em, node, plan, shape_struct, bias, res, act):
 
 
 def lower_int8_conv(em, node, shape_struct, bias, res, act, input_kind, nchw_out=False):
-    """input_kind: BLOCKED, NCHW or BYTES (kernels/blocked.h CUVIL_I8_IN_*); nchw_out: the output (and
-    residual) in NCHW, not blocked; int8_out (the next conv's byte image) and the ranges reach C as
-    constants, checked by the op (ints, and floats within float32's range)."""
+    """input_kind: BLOCKED, NCHW or BYTES (kernels/blocked.h CUVIL_I8_IN_*); nchw_out: the output (and a
+    float residual) in NCHW, not blocked, unless it goes out as the next conv's byte image (int8_out,
+    pixel-major whatever the layout: the channels of an NCHW map pass to an integer reader that way too);
+    the image and the ranges reach C as constants, checked by the op (ints, and floats within float32's
+    range)."""
     w, a = node.inputs[1], node.attrs
+    nchw_out = nchw_out and a.get("int8_out") is None
     wq = em.packed("conv_blocked_int8", w, lambda d: int8_filter_panels(d, a.get("groups", 1)), "uint32_t")
     terms = em.packed("conv_blocked_int8_terms", w, lambda d: filter_terms(filters_as_b(d)))
     rng, out_rng, image = _int8_link_constants(em, node)

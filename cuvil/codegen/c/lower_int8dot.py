@@ -93,8 +93,12 @@ def writes_int8_input(node) -> bool:
     between the two 1x1 convs around it) or on floats (MobileNets' first, after the float stem:
     kernels/blocked.c cuvil_depthwise_blocked_to_bytes; its 1.6 MB of floats at 112x112 had been written,
     then read back and quantized by the 1x1 conv after it)."""
-    if computes_int8(node):                      # (not into NCHW: its readers read NCHW floats)
-        return conv_plan(node).kind not in ("blocked_to_nchw", "int8_nchw")
+    if computes_int8(node):
+        # into NCHW too, bytes being pixel-major whatever the layout; but a float residual in NCHW is added
+        # as the rows are turned into NCHW, so such a conv writes bytes only where its residual is bytes
+        # too (passes/quantize.link_int8_convs links the residual's producer first: it comes first)
+        return not (conv_plan(node).kind in ("blocked_to_nchw", "int8_nchw") and len(node.inputs) > 3
+                    and node.inputs[3] is not None and node.attrs.get("int8_res_range") is None)
     if depthwise_on_bytes(node) and node.attrs.get("int8_in") == 1:
         return True
     return (node.op == "conv" and node.attrs.get("int8_act", 0) != 0 and not node.attrs.get("int8_in")
@@ -103,8 +107,9 @@ def writes_int8_input(node) -> bool:
 
 def reads_int8_residual(node) -> bool:
     """Whether this conv can read its residual as the bytes an integer conv wrote (int8_res_range): an
-    integer conv into the channel-blocked layout, whose epilogue widens them (kernels/dot_out.h)."""
-    return computes_int8(node) and conv_plan(node).kind in ("blocked", "blocked_from_nchw") and len(node.inputs) > 3
+    integer conv, whose epilogue widens them (kernels/dot_out.h; into NCHW, that of its rows before they
+    are turned, kernels/blocked_dot.c)."""
+    return computes_int8(node) and len(node.inputs) > 3
 
 
 def pools_bytes(node) -> bool:
@@ -116,10 +121,11 @@ def pools_bytes(node) -> bool:
 
 
 def int8_input_image(node):
-    """[hp, wp, ph, pw]: the padded byte image of an integer conv's channel-blocked input (kernels/blocked_dot.c:
-    hp x wp pixels of C bytes, the map at (ph, pw); the map itself where the conv reads in place), or None
-    for a conv that is no such one. A depthwise conv on bytes reads the same image."""
-    if not (depthwise_on_bytes(node) or (computes_int8(node) and conv_plan(node).kind in ("blocked", "blocked_to_nchw"))):
+    """[hp, wp, ph, pw]: the padded byte image of an integer conv's input, channel-blocked or NCHW
+    (kernels/blocked_dot.c: hp x wp pixels of C bytes, the map at (ph, pw); the map itself where the conv
+    reads in place), or None for a conv that is no such one. A depthwise conv on bytes reads the same
+    image."""
+    if not (depthwise_on_bytes(node) or computes_int8(node)):     # an NCHW input's channels: the same pixels
         return None
     s, _ = conv_shape(node, lambda d: d)       # spatial dims are static in a blocked conv
     hp, wp, in_place = padded_extent(s)

@@ -164,7 +164,8 @@ def lower_conv(em, node):
     if plan.kind.startswith("blocked"):
         return lower_blocked.lower_conv(em, node, plan, _shape_struct(s), bias, res, act)
     if plan.kind == "int8_nchw":
-        return lower_blocked.lower_int8_conv(em, node, _shape_struct(s), bias, res, act, "NCHW", nchw_out=True)
+        kind = "BYTES" if node.attrs.get("int8_in") else "NCHW"
+        return lower_blocked.lower_int8_conv(em, node, _shape_struct(s), bias, res, act, kind, nchw_out=True)
     w, groups = node.inputs[1], node.attrs.get("groups", 1)
     m, mr = plan.winograd, tile_rows(em)
     if plan.kind == "winograd":

@@ -298,6 +298,10 @@ static void int8_conv_task(void *ctx, int64_t t0, int64_t t1) {
                 return;
             }
             cuvil_dot_out r = {buf, 0, o.bias_col, 0, o.scale_col, INT64_MAX / 2, 0, ldb, 0, 1.f, CUVIL_ACT_NONE, 0, 0, 0};
+            /* a residual in bytes (the map pixel-major, as rows are) is added to the rows; a float one, in
+             * NCHW, as they are turned */
+            r.row0 = o.row0, r.col0 = o.col0, r.res_q = o.res_q, r.res_ld = o.res_ld, r.res_scale = o.res_scale,
+            r.res_shift = o.res_shift;
             cuvil_i8_rows(Aq, rows, a->K4, a->wq + g * a->np * a->K4 * CUVIL_I8_NR, Og, p0, p1, &r);
             nchw_from_rows(buf, ldb, rows, p0 * CUVIL_I8_NR, cuvil_min(p1 * CUVIL_I8_NR, Og), a->out.C + g * Og * a->P + m0,
                            a->out.residual ? a->out.residual + g * Og * a->P + m0 : 0, a->P, a->out.act);

@@ -27,22 +27,32 @@ typedef struct {
     uint8_t *row[I8_MAX_MR];
     const uint8_t *res[I8_MAX_MR];
     float rs, qlo, qhi;                           /* the residual bytes' scale inv; the clamp in bytes */
+    __mmask16 tail;                               /* the last vector's columns, where it is in part (24: 8) */
 } i8_fused;
 
-static inline __attribute__((always_inline)) void i8_store_fused(const i8_fused *f, int r, int v, __m512i acc) {
+/* Vector v of row r; with PART (the last vector of a panel that holds fewer columns) only its columns
+ * are read and written (MobileNetV2's 24 channels had gone through the float buffer and 8 bytes a row
+ * one by one: its project convs wrote bytes slower than they had written NCHW floats). */
+static inline __attribute__((always_inline)) void i8_store_fused(const int PART, const i8_fused *f, int r, int v,
+                                                                 __m512i acc) {
     __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_load_ps(f->sc + 16 * v), _mm512_load_ps(f->bc + 16 * v));
-    if (f->res[r])
-        t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(f->res[r] + 16 * v)))),
-                            _mm512_set1_ps(f->rs), t);
+    if (f->res[r]) {
+        const uint8_t *q = f->res[r] + 16 * v;
+        __m128i b = PART ? _mm_maskz_loadu_epi8(f->tail, q) : _mm_loadu_si128((const __m128i *)q);
+        t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)), _mm512_set1_ps(f->rs), t);
+    }
     t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(f->qlo)), _mm512_set1_ps(f->qhi));
-    _mm_storeu_si128((__m128i *)(f->row[r] + 16 * v), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(t)));
+    __m128i bytes = _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(t));
+    if (PART) _mm_mask_storeu_epi8(f->row[r] + 16 * v, f->tail, bytes);
+    else _mm_storeu_si128((__m128i *)(f->row[r] + 16 * v), bytes);
 }
 
 /* out[r][j] = the sums of rows [0, mr) of A (bytes in words, K4 apart) times columns [0, 16 NV) of one
- * panel, by vpdpbusd; mr <= MR (a constant in every call but the edge's); with f, bytes instead. */
-static inline __attribute__((always_inline)) void i8_tile(const int MR, const int NV, int mr, const uint32_t *a,
-                                                          int64_t K4, const uint32_t *b, float *out,
-                                                          const i8_fused *f) {
+ * panel, by vpdpbusd; mr <= MR (a constant in every call but the edge's); with f, bytes instead (PART: the
+ * panel's last vector in part). */
+static inline __attribute__((always_inline)) void i8_tile_vnni(const int MR, const int NV, const int PART, int mr,
+                                                               const uint32_t *a, int64_t K4, const uint32_t *b,
+                                                               float *out, const i8_fused *f) {
     __m512i acc[I8_MAX_MR][4];
 #pragma GCC unroll 24
     for (int r = 0; r < MR; r++)
@@ -65,8 +75,14 @@ static inline __attribute__((always_inline)) void i8_tile(const int MR, const in
 #pragma GCC unroll 4
         for (int v = 0; v < NV; v++)
             if (r < mr && f) {
-                if (f->row[r]) i8_store_fused(f, r, v, acc[r][v]);
+                if (f->row[r]) i8_store_fused(PART && v == NV - 1, f, r, v, acc[r][v]);
             } else if (r < mr) _mm512_store_ps(out + r * CUVIL_I8_NR + 16 * v, _mm512_cvtepi32_ps(acc[r][v]));
+}
+
+static inline __attribute__((always_inline)) void i8_tile(const int MR, const int NV, int mr, const uint32_t *a,
+                                                          int64_t K4, const uint32_t *b, float *out,
+                                                          const i8_fused *f) {
+    i8_tile_vnni(MR, NV, 0, mr, a, K4, b, out, f);
 }
 #elif defined(__AVX2__)
 /* AVX2: each lane's four products by vpmaddubsw (pairs into 16 bits; A's bytes <= 127 keep them from
@@ -135,9 +151,11 @@ I8_TILE(24, 1)
 
 #if defined(__AVX512VNNI__)
 #define I8_TILE_FUSED(MR, NV)                                                                              \
-    static void i8_fused_##MR##x##NV(int mr, const uint32_t *a, int64_t K4, const uint32_t *b, const i8_fused *f) { \
-        if (mr == MR) i8_tile(MR, NV, MR, a, K4, b, 0, f);                                                 \
-        else i8_tile(MR, NV, mr, a, K4, b, 0, f);                                                          \
+    static void i8_fused_##MR##x##NV(int mr, int part, const uint32_t *a, int64_t K4, const uint32_t *b,      \
+                                     const i8_fused *f) {                                                  \
+        if (part) i8_tile_vnni(MR, NV, 1, mr, a, K4, b, 0, f);                                             \
+        else if (mr == MR) i8_tile_vnni(MR, NV, 0, MR, a, K4, b, 0, f);                                    \
+        else i8_tile_vnni(MR, NV, 0, mr, a, K4, b, 0, f);                                                  \
     }
 I8_TILE_FUSED(6, 4)
 I8_TILE_FUSED(8, 3)
@@ -159,6 +177,7 @@ static void i8_fused_panel(const cuvil_dot_out *o, i8_fused *f, float z5, int64_
         f->sc[j] = (o->scale_col ? o->scale_col[n0 + j] : o->alpha) * inv;
         f->bc[j] = fmaf(o->bias_col ? o->bias_col[n0 + j] : 0.f, inv, z5);
     }
+    for (int64_t j = nc; j % 16; j++) f->sc[j] = f->bc[j] = 0.f;      /* the last vector's lanes past N */
 }
 #endif
 
@@ -175,23 +194,24 @@ void cuvil_i8_rows(const uint32_t *Aq, int64_t rows, int64_t K4, const uint32_t 
         int nv = (int)((nc + 15) / 16), mr_full = i8_rows_for(nv);
         const uint32_t *b = Bp + p * K4 * CUVIL_I8_NR;
 #if defined(__AVX512VNNI__)
-        int whole = fused && nc == 16 * nv;          /* (a panel's last columns short of a vector: the general store) */
-        if (whole) i8_fused_panel(o, &f, z5, n0, nc);
+        int whole = fused, part = nc < 16 * nv;
+        if (whole) {
+            i8_fused_panel(o, &f, z5, n0, nc);
+            f.tail = (__mmask16)((1u << (nc - 16 * (nv - 1))) - 1);
+        }
 #endif
         for (int64_t m0 = 0; m0 < rows; m0 += mr_full) {
             int mr = rows - m0 < mr_full ? (int)(rows - m0) : mr_full;
             const uint32_t *a = Aq + m0 * K4;
 #if defined(__AVX512VNNI__)
             if (whole) {
-                for (int r = 0; r < mr; r++) {
-                    uint8_t *q = cuvil_byte_row(o, m0 + r);
-                    f.row[r] = q ? q + n0 : 0, f.res[r] = o->res_q ? cuvil_res_byte(o, m0 + r, n0) : 0;
-                }
+                cuvil_byte_rows(o, m0, mr, n0, f.row);
+                for (int r = 0; r < mr; r++) f.res[r] = o->res_q ? cuvil_res_byte(o, m0 + r, n0) : 0;
                 switch (nv) {
-                case 4: i8_fused_6x4(mr, a, K4, b, &f); break;
-                case 3: i8_fused_8x3(mr, a, K4, b, &f); break;
-                case 2: i8_fused_12x2(mr, a, K4, b, &f); break;
-                default: i8_fused_24x1(mr, a, K4, b, &f); break;
+                case 4: i8_fused_6x4(mr, part, a, K4, b, &f); break;
+                case 3: i8_fused_8x3(mr, part, a, K4, b, &f); break;
+                case 2: i8_fused_12x2(mr, part, a, K4, b, &f); break;
+                default: i8_fused_24x1(mr, part, a, K4, b, &f); break;
                 }
                 continue;
             }

@@ -166,10 +166,9 @@ static inline int cuvil_byte_fold_of(const cuvil_dot_out *o, cuvil_byte_fold *f)
     return 1;
 }
 
-/* Where row m's bytes start in o->bytes (its pixel's channel col0), or 0 for a pixel the image drops
- * (a strided conv's last rows or columns, which no window reads). */
-/* Rows m0 .. m0 + mr's (0: a pixel the image drops), plus n0: one division for the tile, then pixel by
- * pixel (a division a row had cost a 1x1 conv with 16 input channels 5% of its time). */
+/* Where rows m0 .. m0 + mr's bytes start in o->bytes (their pixel's channel col0 + n0), or 0 for a pixel
+ * the image drops (a strided conv's last rows or columns, which no window reads): one division for the
+ * tile, then pixel by pixel (a division a row had cost a 1x1 conv with 16 input channels 5% of its time). */
 static inline void cuvil_byte_rows(const cuvil_dot_out *o, int64_t m0, int mr, int64_t n0, uint8_t **row) {
     const cuvil_byte_image *b = o->bytes;
     int64_t p = o->row0 + m0, r = p / b->OW + b->ph, c = p % b->OW + b->pw;

@@ -11,6 +11,7 @@ import pytest
 from cuvil.codegen.c.gen_activations import ACT_CODES
 
 from .test_int8dot import Shape, _byte_map, _ptr, lib  # noqa: F401  (lib: the kernel builds, a fixture)
+from .util import compile_linked_and_plain
 
 
 def _act(y, act):
@@ -130,9 +131,7 @@ def test_compiled_depthwise_reads_and_writes_bytes(k, stride, hw, cin, target, t
     its residual it writes NCHW that the next expand conv reads, without (stride 2) that conv's bytes."""
     import torch
 
-    import cuvil
     from cuvil.codegen.c.lower_int8dot import int8_conv_kind
-    from cuvil.passes import quantize
     from cuvil.target import has_features
     if target != "native" and not has_features("native", ("avx2", "fma")):
         pytest.skip("this CPU runs no AVX2 build")
@@ -141,9 +140,7 @@ def test_compiled_depthwise_reads_and_writes_bytes(k, stride, hw, cin, target, t
     calib = [torch.randn(1, cin, *hw) for _ in range(4)]
     x = torch.randn(1, cin, *hw)
     kw = dict(precision="int8", layout="blocked", target=target, calibration_data=calib)
-    cm = cuvil.compile(m, (x,), cache_dir=tmp_path / "linked", **kw)
-    monkeypatch.setattr(quantize, "link_int8_convs", lambda graph, backend: graph)
-    plain = cuvil.compile(m, (x,), cache_dir=tmp_path / "plain", **kw)
+    cm, plain = compile_linked_and_plain(m, (x,), tmp_path, monkeypatch, **kw)
     assert cm.c_source.count("cuvil_depthwise_bytes(") == (1 if int8_conv_kind(target) else 0)
     assert "cuvil_depthwise_bytes(" not in plain.c_source
     from cuvil.codegen.c.conv_plan import conv_plan
@@ -204,9 +201,7 @@ def test_float_depthwise_writes_the_next_convs_bytes(stride, hw, batch, threads,
     error of torch."""
     import torch
 
-    import cuvil
     from cuvil.codegen.c.lower_int8dot import int8_conv_kind
-    from cuvil.passes import quantize
     from cuvil.target import has_features
     if target != "native" and not has_features("native", ("avx2", "fma")):
         pytest.skip("this CPU runs no AVX2 build")
@@ -217,9 +212,7 @@ def test_float_depthwise_writes_the_next_convs_bytes(stride, hw, batch, threads,
     calib = [torch.randn(batch, 3, *hw) for _ in range(4)]
     x = torch.randn(batch, 3, *hw)
     kw = dict(precision="int8", layout="blocked", target=target, calibration_data=calib, num_threads=threads)
-    cm = cuvil.compile(m, (x,), cache_dir=tmp_path / "linked", **kw)
-    monkeypatch.setattr(quantize, "link_int8_convs", lambda graph, backend: graph)
-    plain = cuvil.compile(m, (x,), cache_dir=tmp_path / "plain", **kw)
+    cm, plain = compile_linked_and_plain(m, (x,), tmp_path, monkeypatch, **kw)
     assert cm.c_source.count("cuvil_depthwise_blocked_to_bytes(&s") == (1 if int8_conv_kind(target) else 0)
     got = cm(x).numpy()
     assert np.array_equal(got, plain(x).numpy())

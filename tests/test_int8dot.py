@@ -15,7 +15,7 @@ from cuvil.codegen.c.lower_blocked import filters_as_b, int8_filter_panels
 from cuvil.codegen.c.lower_int8dot import filter_terms, int8_dot_panels, int8_matmul_terms, quantized_filters
 from cuvil.target import cpu_flags
 
-from .util import branching_conv_block, build_kernels
+from .util import branching_conv_block, build_kernels, compile_linked_and_plain
 
 BUILDS = {"portable": (["-march=x86-64"], 4), "avx2": (["-march=x86-64-v3"], 8),
           "avx512_vnni": (["-march=native"], 16)}
@@ -497,9 +497,7 @@ def test_calibrated_convs_pass_bytes_along(target, tmp_path, monkeypatch):
     VNNI: all three links of a 1x1 -> 1x1 -> 3x3 -> 1x1 chain; AVX2 (3x3 convs stay Winograd): the first."""
     import torch
 
-    import cuvil
     from cuvil.codegen.c.lower_int8dot import int8_conv_kind
-    from cuvil.passes import quantize
     from cuvil.target import has_features
     if target != "native" and not has_features("native", ("avx2", "fma")):
         pytest.skip("this CPU runs no AVX2 build")
@@ -518,9 +516,7 @@ def test_calibrated_convs_pass_bytes_along(target, tmp_path, monkeypatch):
     calib = [torch.randn(1, 32, 13, 11) for _ in range(4)]
     x = torch.randn(1, 32, 13, 11)
     kw = dict(precision="int8", layout="blocked", target=target, calibration_data=calib)
-    cm = cuvil.compile(m, (x,), cache_dir=tmp_path / "linked", **kw)
-    monkeypatch.setattr(quantize, "link_int8_convs", lambda graph, backend: graph)
-    plain = cuvil.compile(m, (x,), cache_dir=tmp_path / "plain", **kw)
+    cm, plain = compile_linked_and_plain(m, (x,), tmp_path, monkeypatch, **kw)
     kind = int8_conv_kind(target)
     assert cm.c_source.count("CUVIL_I8_IN_BYTES") == (3 if kind == 2 else 1 if kind == 1 else 0)
     assert "CUVIL_I8_IN_BYTES" not in plain.c_source
@@ -541,8 +537,6 @@ def test_channels_no_block_holds_pass_bytes(target, threads, tmp_path, monkeypat
     the residual's bytes make it differ."""
     import torch
 
-    import cuvil
-    from cuvil.passes import quantize
     from cuvil.target import has_features
     if target != "native" and not has_features("native", ("avx2", "fma")):
         pytest.skip("this CPU runs no AVX2 build")
@@ -561,10 +555,8 @@ def test_channels_no_block_holds_pass_bytes(target, threads, tmp_path, monkeypat
     calib = [torch.randn(1, 32, 13, 11) for _ in range(4)]
     x = torch.randn(1, 32, 13, 11)
     kw = dict(precision="int8", layout="blocked", target=target, calibration_data=calib, num_threads=threads)
-    cm = cuvil.compile(m, (x,), cache_dir=tmp_path / "linked", **kw)
+    cm, plain = compile_linked_and_plain(m, (x,), tmp_path, monkeypatch, **kw)
     assert cm.c_source.count("CUVIL_I8_IN_BYTES") == 3 and cm.c_source.count("CUVIL_I8_IN_NCHW") <= 1
-    monkeypatch.setattr(quantize, "link_int8_convs", lambda graph, backend: graph)
-    plain = cuvil.compile(m, (x,), cache_dir=tmp_path / "plain", **kw)
     want = m(x).detach().numpy()
     got, ref = cm(x).numpy(), plain(x).numpy()
     scale = np.abs(want).max()
@@ -606,9 +598,7 @@ def test_stem_pool_passes_bytes(tmp_path, monkeypatch):
     folded byte map at a tie, and within int8's error of torch."""
     import torch
 
-    import cuvil
     from cuvil.codegen.c.lower_int8dot import int8_conv_kind
-    from cuvil.passes import quantize
     if not int8_conv_kind("native"):
         pytest.skip("no integer convs on this CPU")
     torch.manual_seed(11)
@@ -627,11 +617,9 @@ def test_stem_pool_passes_bytes(tmp_path, monkeypatch):
     calib = [torch.randn(1, 3, 45, 43) for _ in range(4)]
     x = torch.randn(1, 3, 45, 43)
     kw = dict(precision="int8", layout="blocked", calibration_data=calib, num_threads=2)
-    cm = cuvil.compile(m, (x,), cache_dir=tmp_path / "linked", **kw)
+    cm, plain = compile_linked_and_plain(m, (x,), tmp_path, monkeypatch, **kw)
     pool = [n for n in cm.graph.nodes if n.op == "max_pool"]
     assert len(pool) == 1 and pool[0].attrs["int8_in"] == 1 and "cuvil_max_pool_bytes" in cm.c_source
-    monkeypatch.setattr(quantize, "link_int8_convs", lambda graph, backend: graph)
-    plain = cuvil.compile(m, (x,), cache_dir=tmp_path / "plain", **kw)
     assert "cuvil_max_pool_bytes" not in plain.c_source
     want = m(x).detach().numpy()
     got, ref = cm(x).numpy(), plain(x).numpy()
@@ -675,10 +663,8 @@ def test_block_outputs_pass_as_bytes(target, threads, batch, tmp_path, monkeypat
     stem reads bytes; built for AVX2 the stride-1 3x3 convs keep fp32 Winograd and link nowhere."""
     import torch
 
-    import cuvil
     from cuvil.codegen.c.lower_int8dot import int8_conv_kind
     from cuvil.ir.graph import nodes_within
-    from cuvil.passes import quantize
     from cuvil.target import has_features
     kind = int8_conv_kind(target)
     if not kind or (target != "native" and not has_features("native", ("avx2", "fma"))):
@@ -688,13 +674,11 @@ def test_block_outputs_pass_as_bytes(target, threads, batch, tmp_path, monkeypat
     calib = [torch.randn(batch, 16, 14, 14) for _ in range(4)]
     x = torch.randn(batch, 16, 14, 14)
     kw = dict(precision="int8", layout="blocked", calibration_data=calib, num_threads=threads, target=target)
-    cm = cuvil.compile(m, (x,), cache_dir=tmp_path / "linked", **kw)
+    cm, plain = compile_linked_and_plain(m, (x,), tmp_path, monkeypatch, **kw)
     convs = [n for n in nodes_within(cm.graph) if n.op == "conv"]
     assert sum(n.attrs.get("int8_res_range") is not None for n in convs) == 2        # b1's and b3's last convs
     # AVX2: the stride-1 3x3 convs are Winograd's, outside the chain of bytes (b2's strided one is in it)
     assert sum(n.attrs.get("int8_in") == 1 for n in convs) == (10 if kind == 2 else 6)
-    monkeypatch.setattr(quantize, "link_int8_convs", lambda graph, backend: graph)
-    plain = cuvil.compile(m, (x,), cache_dir=tmp_path / "plain", **kw)
     want = m(x).detach().numpy()
     got, ref = cm(x).numpy(), plain(x).numpy()
     scale = np.abs(want).max()

@@ -74,3 +74,13 @@ def branching_conv_block(cin, cout, k, stride, pad, dil):
             h = torch.relu(self.a(x))
             return torch.relu(self.c(h) + self.r(h))
     return Block().eval()
+
+
+def compile_linked_and_plain(model, args, tmp_path, monkeypatch, **opts):
+    """(linked, plain): the model compiled as it is, and with passes/quantize.link_int8_convs switched off, so
+    that every map between integer convs stays in floats (the oracle the byte links are checked against)."""
+    import cuvil
+    from cuvil.passes import quantize
+    linked = cuvil.compile(model, args, cache_dir=tmp_path / "linked", **opts)
+    monkeypatch.setattr(quantize, "link_int8_convs", lambda graph, backend: graph)
+    return linked, cuvil.compile(model, args, cache_dir=tmp_path / "plain", **opts)

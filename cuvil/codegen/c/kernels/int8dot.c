@@ -194,8 +194,8 @@ void cuvil_i8_rows(const uint32_t *Aq, int64_t rows, int64_t K4, const uint32_t 
         int nv = (int)((nc + 15) / 16), mr_full = i8_rows_for(nv);
         const uint32_t *b = Bp + p * K4 * CUVIL_I8_NR;
 #if defined(__AVX512VNNI__)
-        int whole = fused, part = nc < 16 * nv;
-        if (whole) {
+        int part = nc < 16 * nv;                     /* the panel's last vector holds fewer than 16 columns */
+        if (fused) {
             i8_fused_panel(o, &f, z5, n0, nc);
             f.tail = (__mmask16)((1u << (nc - 16 * (nv - 1))) - 1);
         }
@@ -204,7 +204,7 @@ void cuvil_i8_rows(const uint32_t *Aq, int64_t rows, int64_t K4, const uint32_t 
             int mr = rows - m0 < mr_full ? (int)(rows - m0) : mr_full;
             const uint32_t *a = Aq + m0 * K4;
 #if defined(__AVX512VNNI__)
-            if (whole) {
+            if (fused) {
                 cuvil_byte_rows(o, m0, mr, n0, f.row);
                 for (int r = 0; r < mr; r++) f.res[r] = o->res_q ? cuvil_res_byte(o, m0 + r, n0) : 0;
                 switch (nv) {

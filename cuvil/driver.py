@@ -117,6 +117,7 @@ def conv_layout(opts: Options) -> str:
 def optimize(graph, opts: Options):
     """The passes that opts ask for, for the C backend (passes/pipeline.py)."""
     from .codegen.c import C_BACKEND
+    from .codegen.c.lower_bf16dot import multiplies_bf16
     from .codegen.c.lower_int8dot import int8_conv_kind
     from .codegen.c.tuning import plan_value
     from .options import calibration_leaves
@@ -126,7 +127,8 @@ def optimize(graph, opts: Options):
     return pipeline.optimize(graph, opts.fusion_level, backend=C_BACKEND, layout=conv_layout(opts),
                              precision=opts.precision, calibration=calibration,
                              calibration_method=opts.calibration_method, int8_convs=int8_conv_kind(target),
-                             bf16_direct_outputs=plan_value("bf16_direct_3x3_max_outputs", target))
+                             bf16_direct_outputs=plan_value("bf16_direct_3x3_max_outputs", target),
+                             bf16_convs=multiplies_bf16(target))
 
 
 def _dot_products(node, target):

@@ -176,3 +176,126 @@ def test_small_3x3_convs_take_direct_bf16_products(monkeypatch, tmp_path, limit)
     assert ("cuvil_conv_blocked_bf16" in cm.c_source) == bool(limit and has_features("native", ("avx512_bf16",)))
     want = m(x).detach().numpy()
     assert np.abs(cm(x).numpy() - want).max() <= 0.03 * np.abs(want).max()
+
+
+# ---- bf16 maps between bf16 convs (passes/quantize.link_bf16_convs) ----
+CONV_BUILDS = {"portable": (["-march=x86-64"], 4, None), "avx2": (["-mavx2", "-mfma", "-mf16c"], 8, "avx2"),
+               "native": (["-march=native"], 16, "avx512f")}
+_conv_libs = {}
+
+
+def _conv_lib(build, tmp_path_factory):
+    flags, _, needs = CONV_BUILDS[build]
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the builds' flags are x86 flags")
+    if needs and needs not in cpu_flags():
+        pytest.skip(f"this CPU has no {needs} (the portable build covers the kernel's C)")
+    if build not in _conv_libs:
+        lib = build_kernels(tmp_path_factory.mktemp(f"bf16conv_{build}"),
+                            ("blocked_dot.c", "bf16dot.c", "int8dot.c", "blocked.c", "pool.c"), flags)
+        lib.cuvil_conv_blocked_bf16.restype = ctypes.c_int
+        lib.cuvil_conv_blocked_scratch.restype = ctypes.c_int64
+        _conv_libs[build] = lib
+    return _conv_libs[build]
+
+
+def _blocked(x, B):
+    """[C, H, W] -> the channel-blocked layout [C / B][H][W][B]."""
+    C, H, W = x.shape
+    return np.ascontiguousarray(x.reshape(C // B, B, H, W).transpose(0, 2, 3, 1))
+
+
+@pytest.mark.parametrize("build", list(CONV_BUILDS))
+@pytest.mark.parametrize("k,stride,pad,hw", [(1, 1, 0, (5, 7)), (3, 1, 1, (6, 5)), (1, 2, 0, (7, 9)), (3, 2, 1, (9, 8))])
+def test_conv_reads_and_writes_bf16_maps(build, k, stride, pad, hw, tmp_path_factory):
+    """cuvil_conv_blocked_bf16 with its input, residual and output as bf16 maps (CUVIL_BF16_IN | RES | OUT)
+    against the same conv on floats, given the floats of the maps' bf16 bits: the very bits of its output
+    rounded (a reader's rounding of its input is the writer's; a bf16 residual widens exactly). Every
+    source kind (in place, padded copy, gathered) at every block width, a panel cut short (48 channels),
+    two images (each where its floats' image would start)."""
+    from cuvil.codegen.c.lower_blocked import bf16_filter_panels
+    lib = _conv_lib(build, tmp_path_factory)
+    B = CONV_BUILDS[build][1]
+    rng = np.random.default_rng(k * 7 + stride)
+    N, C, O, (H, W) = 2, 32, 48, hw
+    OH, OW = (H + 2 * pad - k) // stride + 1, (W + 2 * pad - k) // stride + 1
+    shape = (ctypes.c_int64 * 16)(N, C, H, W, O, k, k, OH, OW, stride, stride, pad, pad, 1, 1, 1)
+    widen = lambda bits: _as_float(bits)
+    xb = to_bf16(rng.standard_normal((N, C, H, W), np.float32))
+    rb = to_bf16(rng.standard_normal((N, O, OH, OW), np.float32))
+    wb = bf16_filter_panels(rng.standard_normal((O, C, k, k), np.float32))
+    bias = rng.standard_normal(O).astype(np.float32)
+    scratch = np.zeros(lib.cuvil_conv_blocked_scratch(shape) + 64, np.float32)
+
+    def blocked_images(imgs, dtype):       # image n's map where its floats' image would start
+        per = imgs[0].size
+        buf = np.zeros(len(imgs) * per * (4 // np.dtype(dtype).itemsize), dtype)
+        for n, im in enumerate(imgs):
+            buf[n * per * (4 // np.dtype(dtype).itemsize):][:per] = _blocked(im, B).ravel()
+        return buf
+
+    def conv(x, res, y, links):
+        assert lib.cuvil_conv_blocked_bf16(shape, _ptr(x), _ptr(wb), _ptr(bias), _ptr(res), _ptr(y),
+                                           ACT_CODES["relu"], links, _ptr(scratch), 2) == 0
+    floats = np.full(N * O * OH * OW, np.nan, np.float32)
+    conv(blocked_images(widen(xb), np.float32), blocked_images(widen(rb), np.float32), floats, 0)
+    maps = np.full(N * O * OH * OW * 2, 0xFFFF, np.uint16)
+    conv(blocked_images(xb, np.uint16), blocked_images(rb, np.uint16), maps, 1 | 2 | 4)
+    per = O * OH * OW
+    for n in range(N):
+        got, want = maps[2 * n * per:][:per], to_bf16(floats[n * per:][:per])
+        assert np.array_equal(got, want), f"image {n}: {np.count_nonzero(got != want)} of {per} differ"
+
+
+def _convs(graph):
+    """The graph's convs in order, those in a batch_map's body included."""
+    out = []
+    for n in graph.nodes:
+        if n.op == "batch_map":
+            out += _convs(n.attrs["body_graph"])
+        elif n.op == "conv":
+            out.append(n)
+    return out
+
+
+@pytest.mark.parametrize("hw", [14, 64])
+def test_bf16_convs_pass_bf16_maps(hw, tmp_path, monkeypatch):
+    """precision="bf16" on two bottleneck blocks and a max pool: where the CPU multiplies in bf16, each conv
+    whose output only bf16 convs read stores it in bf16 for them (as input, or as the second block's
+    residual); the first conv reads the graph's input and the last writes the pool's floats. At 64 px
+    the images run one by one (batch_map), the links inside its body. Linked against unlinked: within
+    bf16's rounding of the residual; both within bf16's error of torch; 1 and 2 threads the same bits.
+    A CPU without bf16 products links nothing."""
+    import torch
+
+    import cuvil
+    from cuvil.target import has_features
+
+    from .util import compile_linked_and_plain
+
+    class Bottleneck(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Conv2d(32, 16, 1), torch.nn.Conv2d(16, 16, 3, padding=2, dilation=2)
+            self.c = torch.nn.Conv2d(16, 32, 1)
+
+        def forward(self, x):
+            return torch.relu(self.c(torch.relu(self.b(torch.relu(self.a(x))))) + x)
+
+    torch.manual_seed(hw)
+    m = torch.nn.Sequential(Bottleneck(), Bottleneck(), torch.nn.MaxPool2d(2)).eval()
+    x = torch.randn(2, 32, hw, hw)
+    linked, plain = compile_linked_and_plain(m, (x,), tmp_path, monkeypatch, precision="bf16", layout="blocked",
+                                             num_threads=2)
+    marks = [[n.attrs.get(k, 0) for n in _convs(linked.graph)] for k in ("bf16_in", "bf16_res", "bf16_out")]
+    if has_features("native", ("avx512_bf16",)):
+        assert marks == [[0, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 1], [1, 1, 1, 1, 1, 0]]
+        assert "CUVIL_BF16_IN | CUVIL_BF16_RES" in linked.c_source
+    else:
+        assert marks == [[0] * 6] * 3
+    assert (hw == 64) == any(n.op == "batch_map" for n in linked.graph.nodes)
+    got, base, want = linked(x).numpy(), plain(x).numpy(), m(x).detach().numpy()
+    assert np.array_equal(cuvil.load(linked.path, num_threads=1).run(x.numpy())[0], got)
+    scale = np.abs(want).max()
+    assert np.abs(got - base).max() <= 2 ** -7 * scale        # the residual's rounding, carried one block
+    assert np.abs(got - want).max() <= 0.03 * scale and np.abs(base - want).max() <= 0.03 * scale

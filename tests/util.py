@@ -77,10 +77,12 @@ def branching_conv_block(cin, cout, k, stride, pad, dil):
 
 
 def compile_linked_and_plain(model, args, tmp_path, monkeypatch, **opts):
-    """(linked, plain): the model compiled as it is, and with passes/quantize.link_int8_convs switched off, so
-    that every map between integer convs stays in floats (the oracle the byte links are checked against)."""
+    """(linked, plain): the model compiled as it is, and with passes/quantize.link_int8_convs and
+    link_bf16_convs switched off, so that every map between integer or bf16 convs stays in floats (the
+    oracle the byte and bf16 links are checked against)."""
     import cuvil
     from cuvil.passes import quantize
     linked = cuvil.compile(model, args, cache_dir=tmp_path / "linked", **opts)
-    monkeypatch.setattr(quantize, "link_int8_convs", lambda graph, backend: graph)
+    for link in ("link_int8_convs", "link_bf16_convs"):
+        monkeypatch.setattr(quantize, link, lambda graph, backend: graph)
     return linked, cuvil.compile(model, args, cache_dir=tmp_path / "plain", **opts)

@@ -20,6 +20,9 @@ class Backend:
     int8_input_image: Callable = lambda node: None
     int8_residual: Callable = lambda node: False
     int8_pool: Callable = lambda node: False
+    # node -> whether a conv runs on bf16 dot products where the target has them (precision="bf16") and
+    # can read its input and residual, and write its output, as bf16 maps
+    bf16_conv: Callable = lambda node: False
 
     def lowers(self, node) -> bool:
         return node.op in self.ops and self.supports(node) is None

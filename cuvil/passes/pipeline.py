@@ -23,11 +23,12 @@ from . import layout as layout_pass
 
 
 def optimize(graph, fusion_level=2, *, backend, layout="nchw", precision="fp32", int8_convs=0, calibration=None,
-             calibration_method="minmax", bf16_direct_outputs=0, verify=None, log=None):
+             calibration_method="minmax", bf16_direct_outputs=0, bf16_convs=False, verify=None, log=None):
     """backend: passes/backend.py's Backend; layout: the layout pass's target layout, a blocked
     "nchw<B>c" to run it (driver.conv_layout picks it per target); precision: quantize.py's (int8_convs: what the target's integer
     convs are, 0 none, 1 AVX2's, 2 VNNI's; calibration: input sets, each a list of arrays, over which int8 convs
-    take their input ranges by calibration_method; bf16_direct_outputs: quantize.run's); verify: Graph.verify() after every pass (default: when
+    take their input ranges by calibration_method; bf16_direct_outputs: quantize.run's; bf16_convs: whether the
+    target multiplies in bf16, so that bf16 convs pass bf16 maps, quantize.link_bf16_convs); verify: Graph.verify() after every pass (default: when
     CUVIL_VERIFY_PASSES is set to anything but 0); log(name, graph) after every pass."""
     if verify is None:
         verify = os.environ.get("CUVIL_VERIFY_PASSES", "0") not in ("", "0")
@@ -41,6 +42,7 @@ def optimize(graph, fusion_level=2, *, backend, layout="nchw", precision="fp32",
         "quantize": lambda g: quantize.run(g, precision, int8_convs, calibration, calibration_method,
                                            bf16_direct_outputs),
         "link_int8": lambda g: quantize.link_int8_convs(g, backend),
+        "link_bf16": lambda g: quantize.link_bf16_convs(g, backend),
         "batch_map": batch_map.run,
     }
     order = ["cleanup", "legalize"] if fusion_level == 0 else \
@@ -51,6 +53,8 @@ def optimize(graph, fusion_level=2, *, backend, layout="nchw", precision="fp32",
         order.append("layout")
         if precision == "int8" and int8_convs:
             order.append("link_int8")
+        if precision == "bf16" and bf16_convs:
+            order.append("link_bf16")
     def apply(name, graph):
         graph = passes[name](graph)
         if verify:
@@ -64,7 +68,8 @@ def optimize(graph, fusion_level=2, *, backend, layout="nchw", precision="fp32",
     for n in graph.nodes:          # control flow: each region is a graph of its own, kept in NCHW
         for k, sub in regions(n):
             n.attrs[k] = optimize(sub, fusion_level, backend=backend, precision=precision, int8_convs=int8_convs,
-                                  bf16_direct_outputs=bf16_direct_outputs, verify=verify, log=log)
+                                  bf16_direct_outputs=bf16_direct_outputs, bf16_convs=bf16_convs, verify=verify,
+                                  log=log)
     if fusion_level > 0:           # last: its body is the optimized prefix, not a region to optimize again
         graph = apply("batch_map", graph)
     return graph

@@ -225,6 +225,30 @@ def _byte_readers(y, readers, backend):
     return image, rng, inputs, residuals
 
 
+def link_bf16_convs(graph, backend):
+    """bf16 convs that feed bf16 convs bf16 maps: where a conv's output is read only by convs in bf16
+    products (backend.bf16_conv), as their input or their residual, and is no graph output, the producer
+    stores it in bf16 (bf16_out) and its readers read it so (bf16_in, bf16_res). A reader rounds its input
+    to bf16 anyway, so its products are unchanged; a residual carries bf16's rounding. A ResNet block's
+    output (3.2 MB of floats at 56x56 x 256) is written once and read by the next block's first conv,
+    its projection and its last conv's residual: half the bytes each time. Runs after layout, where a
+    target multiplies in bf16 (the pipeline's bf16_convs)."""
+    users, outputs = graph.users(), {id(v) for v in graph.outputs}
+    for p in graph.nodes:
+        y = p.outputs[0]
+        if not backend.bf16_conv(p) or id(y) in outputs:
+            continue
+        readers = list({id(n): n for n in users.get(id(y), [])}.values())
+        slots = [[i for i, v in enumerate(q.inputs) if v is y] for q in readers]
+        # each reader a bf16 conv taking y once, as its input (0) or its residual (3)
+        if not readers or any(not backend.bf16_conv(q) or s not in ([0], [3]) for q, s in zip(readers, slots)):
+            continue
+        p.attrs["bf16_out"] = 1
+        for q, s in zip(readers, slots):
+            q.attrs["bf16_in" if s == [0] else "bf16_res"] = 1
+    return graph
+
+
 def describe(node, dot=None) -> str | None:
     """The precision a node computes in, as precision_summary counts it (None: not a weighted op);
     dot(node): the dot products the target runs it on, "bf16", "int8" (VNNI), "int8_avx2", "bytes_depthwise"

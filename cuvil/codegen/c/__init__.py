@@ -4,6 +4,7 @@ from ...passes.backend import Backend
 from . import (lower_batch_map, lower_bitwise, lower_blocked, lower_control, lower_detection, lower_linalg, lower_llm, lower_movement,  # noqa: F401
                lower_nn, lower_pointwise, lower_reduce, lower_scatter)
 from .emit import LOWERINGS
+from .lower_bf16dot import links_bf16
 from .lower_int8dot import int8_input_image, pools_bytes, reads_int8_residual, writes_int8_input
 
 
@@ -20,4 +21,4 @@ def scratch_bytes(node, bounds) -> int:
 
 C_BACKEND = Backend(frozenset(LOWERINGS), supports, scratch_bytes, int8_conv=writes_int8_input,
                     int8_input_image=int8_input_image, int8_residual=reads_int8_residual,
-                    int8_pool=pools_bytes)
+                    int8_pool=pools_bytes, bf16_conv=links_bf16)

@@ -27,13 +27,25 @@ def bf16_dot_panels(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(words.reshape(K2, n, BF16_NR).transpose(1, 0, 2))
 
 
+def multiplies_bf16(target: str) -> bool:
+    """Whether `target` has the bf16 dot products (the kernels' instruction; elsewhere bf16 marks change
+    no conv, and no two convs may pass bf16 maps: passes/quantize.link_bf16_convs)."""
+    return has_features(target, BF16_FEATURES)
+
+
 def computes_bf16(node, target: str) -> bool:
     """Whether this matmul_q or conv runs on the bf16 dot-product kernels for `target`."""
-    if node.attrs.get("bf16_act", 0) not in (1, 2) or not has_features(target, BF16_FEATURES):
+    if not multiplies_bf16(target):
         return False
-    if node.op == "conv":
-        return node.attrs.get("groups", 1) == 1 and conv_plan(node).kind == "blocked"
-    return node.op == "matmul_q" and node.attrs["bits"] == 16 and node.inputs[1].dtype == "uint16"
+    return links_bf16(node) or (node.op == "matmul_q" and node.attrs.get("bf16_act", 0) in (1, 2)
+                                and node.attrs["bits"] == 16 and node.inputs[1].dtype == "uint16")
+
+
+def links_bf16(node) -> bool:
+    """Whether this conv runs on the bf16 dot-product kernels where the target has them
+    (cuvil_conv_blocked_bf16), which read and write bf16 maps (passes/quantize.link_bf16_convs)."""
+    return (node.op == "conv" and node.attrs.get("bf16_act", 0) in (1, 2) and node.attrs.get("groups", 1) == 1
+            and conv_plan(node).kind == "blocked")
 
 
 

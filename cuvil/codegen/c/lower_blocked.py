@@ -95,12 +95,15 @@ def lower_conv_call(em, node, plan, shape_struct, bias, res, act):
                 f"  cuvil_conv3x3_winograd_blocked(&s, {m}, {em.ptr(node.inputs[0])}, {up}, {bias}, {res}, "
                 f"{em.ptr(node.outputs[0])}, {act}, {em.scratch()}, NT);", "}"]
     assert plan.kind == "blocked", plan.kind
+    links = [f"CUVIL_BF16_{k.upper()}" for k in ("in", "res", "out") if node.attrs.get(f"bf16_{k}")]
     if computes_bf16(node, em.target):
         wb = em.packed("conv_blocked_bf16", node.inputs[1], bf16_filter_panels, "uint32_t")
         return ["{", f"  const cuvil_conv_shape s = {shape_struct};",
                 f"  if (cuvil_conv_blocked_bf16(&s, {em.ptr(node.inputs[0])}, {wb}, {bias}, {res}, "
-                f"{em.ptr(node.outputs[0])}, {act}, {em.scratch()}, NT)) CUVIL_FAIL(\"out of memory for bf16 activations\");",
-                "}"]
+                f"{em.ptr(node.outputs[0])}, {act}, {' | '.join(links) or 0}, {em.scratch()}, NT)) "
+                "CUVIL_FAIL(\"out of memory for bf16 activations\");", "}"]
+    if links:
+        raise AssertionError(f"conv at {node.loc}: bf16 maps linked for a target without bf16 dot products")
     wb = em.packed(plan.pack, node.inputs[1], lambda d: grouped_filters_as_b(d, node.attrs.get("groups", 1), nr))
     return ["{", f"  const cuvil_conv_shape s = {shape_struct};",
             f"  _Static_assert(CUVIL_NR == {nr}, \"conv filters packed for another panel width\");",

@@ -109,6 +109,11 @@ def _conv_infer(types, attrs, inputs):
     _check_byte_out("conv", attrs)
     if attrs.get("int8_in", 0) not in (0, 1) or (attrs.get("int8_in") and attrs.get("int8_range") is None):
         raise ShapeError(f"conv: int8_in {attrs.get('int8_in')!r} is 0, or 1 with an int8_range")
+    for key in ("bf16_in", "bf16_res", "bf16_out"):
+        if attrs.get(key, 0) not in (0, 1) or (attrs.get(key) and attrs.get("bf16_act", 0) not in (1, 2)):
+            raise ShapeError(f"conv: {key} {attrs.get(key)!r} is 0, or 1 with a bf16_act")
+    if attrs.get("bf16_res") and (len(types) < 4 or types[3] is None):
+        raise ShapeError("conv: bf16_res without a residual to read as bf16")
     _spatial(attrs, nsp, w.shape[2:])
     out = [_conv_out(n, k, s, lo, hi, d) for n, k, s, (lo, hi), d in
            zip(x.shape[2:], w.shape[2:], attrs["strides"], attrs["pads"], attrs["dilations"])]
@@ -166,10 +171,14 @@ def _conv_ref(xs, a):
 # int8_out [hp, wp, ph, pw] and int8_out_range: the output is stored as the next conv's input bytes (its
 # padded image over its int8_range), and that conv's int8_in 1 reads them (the values stay logically
 # fp32, as a layout changes only how C stores them; a depthwise conv with int8_in computes on them in fp32);
-# int8_res_range: the residual is such bytes (its producer's int8_out_range), read back in the epilogue
+# int8_res_range: the residual is such bytes (its producer's int8_out_range), read back in the epilogue.
+# Between two convs in bf16 products (passes/quantize.link_bf16_convs): bf16_out 1 stores the output as
+# bf16 (the layout's order, where the floats would be), and its readers' bf16_in / bf16_res 1 read it so
+# (the values stay logically fp32; rounded as the reader would round its input anyway)
 declare(OpDef("conv", {"strides": None, "pads": None, "dilations": None, "groups": 1, "act": "none",
                        "layout": "nchw", "in_layout": None, "bf16_act": 0, "int8_act": 0, "int8_range": None,
-                       "int8_out": None, "int8_out_range": None, "int8_in": 0, "int8_res_range": None},
+                       "int8_out": None, "int8_out_range": None, "int8_in": 0, "int8_res_range": None,
+                       "bf16_in": 0, "bf16_res": 0, "bf16_out": 0},
               _conv_infer,
               _conv_ref,
               kind="conv"))

@@ -41,10 +41,15 @@ void cuvil_depthwise_bytes(const cuvil_conv_shape *s, const uint8_t *x, const fl
 
 /* cuvil_conv_blocked in bf16 products with fp32 sums (groups 1; kernels/bf16dot.h): wb the filters
  * as B, in bf16 pair panels (bf16dot.h, CUVIL_BF16_NR columns each); the input rounded to bf16 as each M
- * block reads it. Same scratch as cuvil_conv_blocked; returns -1 where a thread's buffer for the rounded
- * rows could not be allocated. */
+ * block reads it. links: which of x, the residual and y are bf16 maps instead (a conv's output that only
+ * bf16 convs read: the same layout in bf16 bit patterns, image n where its floats' would start; half the
+ * bytes to write and read back, and the reader's rounding done once by the writer). Same scratch as
+ * cuvil_conv_blocked; returns -1 where a thread's buffer for the rounded rows could not be allocated. */
+#define CUVIL_BF16_IN 1       /* links: x is a bf16 map (passes/quantize.link_bf16_convs) */
+#define CUVIL_BF16_RES 2      /* the residual is one */
+#define CUVIL_BF16_OUT 4      /* y is stored as one */
 int cuvil_conv_blocked_bf16(const cuvil_conv_shape *s, const float *x, const uint32_t *wb, const float *bias,
-                            const float *residual, float *y, int act, float *scratch, int nthreads);
+                            const float *residual, float *y, int act, int links, float *scratch, int nthreads);
 
 /* cuvil_conv_blocked in int8 products with int32 sums (any groups; kernels/int8dot.h): each image
  * quantized to bytes, q = x / scale + zero rounded over [lo, hi] (range: the calibrated or the model's

@@ -17,18 +17,20 @@ typedef struct {
     cuvil_dot_out out;
     int64_t P, K2, mc, ng, np;
     uint32_t *shared;             /* all P rows, rounded beforehand by every thread (few M blocks), or 0 */
+    int in16;                     /* the input is a bf16 map (CUVIL_BF16_IN): its elements bf16, not floats */
     int out_of_memory;
 } bf16_conv;
 
-/* Row m of A (pixel m's K = taps x channels) as bf16 pairs, from the blocked input. */
+/* Row m of A (pixel m's K = taps x channels) as bf16 pairs, from the blocked input: each block of
+ * channels rounded, or copied from a bf16 map (the same bits: its producer rounded them as this would). */
 static inline void bf16_conv_row(const bf16_conv *a, int64_t m, uint32_t *row) {
     const gathered_source *src = &a->src;
     int64_t taps = a->s->KH * a->s->KW;
     for (int64_t t = 0; t < taps; t++)
         for (int64_t cb = 0; cb < src->CB; cb++, row += CUVIL_BLOCK / 2) {
-            const float *p = a->direct ? src->x + cb * src->plane + m * CUVIL_BLOCK
-                                       : src->x + cb * src->plane + (src->pix[m] + src->tap[t]) * CUVIL_BLOCK;
-            cuvil_bf16_round(p, CUVIL_BLOCK, row);
+            int64_t at = cb * src->plane + (a->direct ? m : src->pix[m] + src->tap[t]) * CUVIL_BLOCK;
+            if (a->in16) memcpy(row, (const uint16_t *)src->x + at, CUVIL_BLOCK * sizeof(uint16_t));
+            else cuvil_bf16_round(src->x + at, CUVIL_BLOCK, row);
         }
 }
 
@@ -47,8 +49,10 @@ static void bf16_conv_task(void *ctx, int64_t t0, int64_t t1) {
         if (!a->shared)
             for (int64_t m = 0; m < rows; m++) bf16_conv_row(a, m0 + m, Ab + m * a->K2);
         cuvil_dot_out o = a->out;
-        o.C += m0 * CUVIL_BLOCK;
+        if (o.C16) o.C16 += m0 * CUVIL_BLOCK;
+        else o.C += m0 * CUVIL_BLOCK;
         if (o.residual) o.residual += m0 * CUVIL_BLOCK;
+        if (o.res16) o.res16 += m0 * CUVIL_BLOCK;
         cuvil_bf16_rows(Ab, rows, a->K2, a->wb, a->s->O, q * a->np / a->ng, (q + 1) * a->np / a->ng, &o);
     }
 }
@@ -59,7 +63,7 @@ static void bf16_conv_round_task(void *ctx, int64_t m0, int64_t m1) {
 }
 
 int cuvil_conv_blocked_bf16(const cuvil_conv_shape *s, const float *x, const uint32_t *wb, const float *bias,
-                            const float *residual, float *y, int act, float *scratch, int nthreads) {
+                            const float *residual, float *y, int act, int links, float *scratch, int nthreads) {
     int64_t P = s->OH * s->OW, in = s->C * s->H * s->W, out = s->O * P, mb, mc = blocked_m_rows(P, 0, 1, CUVIL_MR, &mb);
     int nt = P * s->O * s->C > 65536 ? nthreads : 1;
     int64_t np = (s->O + CUVIL_BF16_NR - 1) / CUVIL_BF16_NR, ng = nt > 1 && mb < 2 * nt ? cuvil_min(np, 2 * nt) : 1;
@@ -73,12 +77,16 @@ int cuvil_conv_blocked_bf16(const cuvil_conv_shape *s, const float *x, const uin
         if (!shared) return -1;
     }
     blocked_input b = blocked_input_tables(s, scratch);
+    int in16 = links & CUVIL_BF16_IN;
     for (int64_t n = 0; n < s->N; n++) {
-        const float *xn = blocked_image(s, &b, x + n * in, scratch, nthreads);
+        /* image n of a bf16 map where its floats' image would be (x + n * in), its planes as long in elements */
+        const float *xn = blocked_image_of(s, &b, x + n * in, scratch, nthreads, in16 ? CUVIL_BLOCK / 2 : CUVIL_BLOCK);
         bf16_conv a = {s, {xn, b.pix, b.tap, s->C / CUVIL_BLOCK, b.hp * b.wp * CUVIL_BLOCK}, b.direct, wb,
-                       {y + n * out, 0, bias, residual ? residual + n * out : 0, 0, CUVIL_BLOCK, P * CUVIL_BLOCK, CUVIL_BLOCK,
-                        CUVIL_BLOCK, 1.f, act},
-                       P, K2, mc, ng, np, shared, 0};
+                       {y + n * out, 0, bias, residual && !(links & CUVIL_BF16_RES) ? residual + n * out : 0, 0, CUVIL_BLOCK,
+                        P * CUVIL_BLOCK, CUVIL_BLOCK, CUVIL_BLOCK, 1.f, act},
+                       P, K2, mc, ng, np, shared, in16, 0};
+        if (links & CUVIL_BF16_OUT) a.out.C16 = (uint16_t *)(y + n * out);
+        if (residual && (links & CUVIL_BF16_RES)) a.out.res16 = (const uint16_t *)(residual + n * out);
         if (shared) cuvil_parallel_for(nt, P, 1, bf16_conv_round_task, &a);
         cuvil_parallel_for(nt, mb * ng, 1, bf16_conv_task, &a);
         if (a.out_of_memory) return -1;

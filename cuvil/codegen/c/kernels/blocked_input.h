@@ -89,12 +89,18 @@ static inline blocked_input blocked_input_tables(const cuvil_conv_shape *s, floa
     return b;
 }
 
-/* Image xn as A's source: itself, or its zero-padded copy written into scratch. */
-static inline const float *blocked_image(const cuvil_conv_shape *s, const blocked_input *b, const float *xn, float *scratch,
-                                  int nthreads) {
+/* Image xn as A's source: itself, or its zero-padded copy written into scratch; `pixel`: floats a
+ * pixel's block of channels takes (CUVIL_BLOCK, or half that for a map in bf16). */
+static inline const float *blocked_image_of(const cuvil_conv_shape *s, const blocked_input *b, const float *xn,
+                                            float *scratch, int nthreads, int64_t pixel) {
     if (b->in_place) return xn;
-    pad_args pa = {s, xn, scratch, CUVIL_BLOCK};
+    pad_args pa = {s, xn, scratch, pixel};
     cuvil_parallel_for(s->C * b->hp * b->wp > 16384 ? nthreads : 1, s->C / CUVIL_BLOCK * b->hp, 1, pad_task, &pa);
     return scratch;
+}
+
+static inline const float *blocked_image(const cuvil_conv_shape *s, const blocked_input *b, const float *xn, float *scratch,
+                                         int nthreads) {
+    return blocked_image_of(s, b, xn, scratch, nthreads, CUVIL_BLOCK);
 }
 #endif

@@ -3,6 +3,7 @@
 #ifndef CUVIL_DOT_OUT_H
 #define CUVIL_DOT_OUT_H
 #include "gemm.h"
+#include "lowp.h"
 #include "vmath.h"
 
 #define CUVIL_DOT_NR 64        /* a tile's columns: one panel of the packed B */
@@ -127,7 +128,32 @@ typedef struct {
     const uint8_t *res_q;
     int64_t res_ld;
     float res_scale, res_shift;
+    /* bf16 maps (a bf16 conv's output that only bf16 convs read, passes/quantize.link_bf16_convs): C16
+     * instead of C, res16 instead of residual, in the same layout, as bf16 bit patterns */
+    uint16_t *C16;
+    const uint16_t *res16;
 } cuvil_dot_out;
+
+/* VL floats -> their bf16 bit patterns at p, rounded to nearest even as bf16dot.h's cuvil_bf16_round
+ * rounds them (a reader rounding the floats itself gets the same bits). */
+static inline void cuvil_store_bf16(cuvil_vf v, uint16_t *p) {
+#if defined(__AVX512BF16__) && CUVIL_VL == 16
+    _mm256_storeu_si256((__m256i *)p, (__m256i)_mm512_cvtneps_pbh((__m512)v));
+#else
+    for (int i = 0; i < CUVIL_VL; i++) p[i] = cv_f32_to_bfloat16(v[i], 0);
+#endif
+}
+
+/* VL bf16 bit patterns at p -> floats (exact). */
+static inline cuvil_vf cuvil_load_bf16(const uint16_t *p) {
+#if defined(__AVX512F__) && CUVIL_VL == 16
+    return (cuvil_vf)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16);
+#else
+    cuvil_vf v;
+    for (int i = 0; i < CUVIL_VL; i++) v[i] = cv_bfloat16_to_f32(p[i]);
+    return v;
+#endif
+}
 
 /* Where element (m, n)'s residual byte is (o->res_q). */
 static inline const uint8_t *cuvil_res_byte(const cuvil_dot_out *o, int64_t m, int64_t n) {
@@ -142,6 +168,7 @@ static inline cuvil_vf cuvil_dot_vec(const cuvil_dot_out *o, const float *sum, c
     cuvil_vf v = cuvil_vload(sum) * sc + bc;
     if (o->bias_row) v += cuvil_vsplat(o->bias_row[m]);
     if (o->residual) v += cuvil_vload(o->residual + at + m * o->res_ldm);
+    if (o->res16) v += cuvil_load_bf16(o->res16 + at + m * o->res_ldm);
     if (o->res_q) v += cuvil_vload_bytes(cuvil_res_byte(o, m, n)) * cuvil_vsplat(o->res_scale) + cuvil_vsplat(o->res_shift);
     return v;
 }
@@ -149,6 +176,7 @@ static inline cuvil_vf cuvil_dot_vec(const cuvil_dot_out *o, const float *sum, c
 static inline float cuvil_dot_one(const cuvil_dot_out *o, float sum, int64_t m, int64_t n, int64_t at) {
     return sum * (o->scale_col ? o->scale_col[n] : o->alpha) + (o->bias_row ? o->bias_row[m] : 0.f) +
            (o->bias_col ? o->bias_col[n] : 0.f) + (o->residual ? o->residual[at + m * o->res_ldm] : 0.f) +
+           (o->res16 ? cv_bfloat16_to_f32(o->res16[at + m * o->res_ldm]) : 0.f) +
            (o->res_q ? *cuvil_res_byte(o, m, n) * o->res_scale + o->res_shift : 0.f);
 }
 
@@ -255,9 +283,11 @@ static inline void cuvil_dot_store(const cuvil_dot_out *o, const float *out, int
         int64_t n = n0 + j, at = n / o->nb * o->ldn + n % o->nb;
         cuvil_vf bc = o->bias_col ? cuvil_vload(o->bias_col + n) : cuvil_vsplat(0.f);
         cuvil_vf sc = o->scale_col ? cuvil_vload(o->scale_col + n) : cuvil_vsplat(o->alpha);
-        for (int r = 0; r < mr; r++)
-            cuvil_vstore(o->C + at + (m0 + r) * o->ldm,
-                         cuvil_vact(cuvil_dot_vec(o, out + r * CUVIL_DOT_NR + j, sc, bc, m0 + r, n, at), o->act));
+        for (int r = 0; r < mr; r++) {
+            cuvil_vf v = cuvil_vact(cuvil_dot_vec(o, out + r * CUVIL_DOT_NR + j, sc, bc, m0 + r, n, at), o->act);
+            if (o->C16) cuvil_store_bf16(v, o->C16 + at + (m0 + r) * o->ldm);
+            else cuvil_vstore(o->C + at + (m0 + r) * o->ldm, v);
+        }
     }
     if (j < nc) {
         /* the last nc - j < VL columns (one block: nb % VL == 0) as one vector through small buffers: one
@@ -271,18 +301,22 @@ static inline void cuvil_dot_store(const cuvil_dot_out *o, const float *out, int
             bc[i] = i < w && o->bias_col ? o->bias_col[n + i] : 0.f;
         }
         cuvil_dot_out no_res = *o;                    /* the residual's last row may end inside the vector */
-        no_res.residual = 0, no_res.res_q = 0;
+        no_res.residual = 0, no_res.res_q = 0, no_res.res16 = 0;
         for (int r = 0; r < mr; r++) {
             cuvil_vf v = cuvil_dot_vec(&no_res, out + r * CUVIL_DOT_NR + j, cuvil_vload(sc), cuvil_vload(bc), m0 + r, n, at);
-            float *c = o->C + at + (m0 + r) * o->ldm;
-            if (o->residual || o->res_q) {
-                const float *res = o->residual ? o->residual + at + (m0 + r) * o->res_ldm : 0;
+            int64_t e = at + (m0 + r) * o->ldm, er = at + (m0 + r) * o->res_ldm;
+            if (o->residual || o->res_q || o->res16) {
                 for (int64_t i = 0; i < CUVIL_VL; i++)
-                    t[i] = i >= w ? 0.f : res ? res[i] : *cuvil_res_byte(o, m0 + r, n + i) * o->res_scale + o->res_shift;
+                    t[i] = i >= w               ? 0.f
+                           : o->residual        ? o->residual[er + i]
+                           : o->res16           ? cv_bfloat16_to_f32(o->res16[er + i])
+                                                : *cuvil_res_byte(o, m0 + r, n + i) * o->res_scale + o->res_shift;
                 v += cuvil_vload(t);
             }
             cuvil_vstore(t, cuvil_vact(v, o->act));
-            for (int64_t i = 0; i < w; i++) c[i] = t[i];
+            for (int64_t i = 0; i < w; i++)
+                if (o->C16) o->C16[e + i] = cv_f32_to_bfloat16(t[i], 0);
+                else o->C[e + i] = t[i];
         }
     }
 }

@@ -299,3 +299,82 @@ def test_bf16_convs_pass_bf16_maps(hw, tmp_path, monkeypatch):
     scale = np.abs(want).max()
     assert np.abs(got - base).max() <= 2 ** -7 * scale        # the residual's rounding, carried one block
     assert np.abs(got - want).max() <= 0.03 * scale and np.abs(base - want).max() <= 0.03 * scale
+
+
+@pytest.mark.parametrize("build", list(CONV_BUILDS))
+@pytest.mark.parametrize("C,k,stride,pad,dil,hw", [(3, 7, 2, 3, 1, (23, 19)), (8, 3, 2, 1, 1, (9, 10)),
+                                                   (4, 5, 1, 2, 2, (11, 8)), (3, 4, 4, 0, 1, (16, 12))])
+def test_stem_conv_in_bf16(build, C, k, stride, pad, dil, hw, tmp_path_factory):
+    """cuvil_conv_nchw_blocked_bf16 (a stem: NCHW input, channel-blocked output) against numpy on the same
+    bf16 operands: the 7x7 stride-2 stem's short runs, runs of 24 values, a dilated conv (a run a tap), a
+    patchify conv read in place; 80 output channels (a panel cut short), bias, residual and ReLU, two images;
+    its output also as a bf16 map with a bf16 residual (CUVIL_BF16_RES | OUT): the rounded bits of the
+    float run's."""
+    from cuvil.codegen.c.lower_blocked import bf16_filter_panels
+    lib = _conv_lib(build, tmp_path_factory)
+    lib.cuvil_conv_nchw_blocked_scratch.restype = ctypes.c_int64
+    B = CONV_BUILDS[build][1]
+    rng = np.random.default_rng(C * k + stride)
+    N, O, (H, W) = 2, 80 // B * B, hw
+    OH, OW = (H + 2 * pad - dil * (k - 1) - 1) // stride + 1, (W + 2 * pad - dil * (k - 1) - 1) // stride + 1
+    shape = (ctypes.c_int64 * 16)(N, C, H, W, O, k, k, OH, OW, stride, stride, pad, pad, dil, dil, 1)
+    x = rng.standard_normal((N, C, H, W), np.float32)
+    w = rng.standard_normal((O, C, k, k), np.float32)
+    bias, res = rng.standard_normal(O).astype(np.float32), rng.standard_normal((N, O, OH, OW), np.float32)
+    scratch = np.zeros(lib.cuvil_conv_nchw_blocked_scratch(shape) + 64, np.float32)
+    y = np.full((N, O // B, OH, OW, B), np.nan, np.float32)
+    res_b = np.stack([_blocked(r, B) for r in res])
+    assert lib.cuvil_conv_nchw_blocked_bf16(shape, _ptr(x), _ptr(bf16_filter_panels(w)), _ptr(bias), _ptr(res_b),
+                                            _ptr(y), ACT_CODES["relu"], 0, _ptr(scratch), 2) == 0
+    xr = torch_free_conv(_as_float(to_bf16(x)), _as_float(to_bf16(w)), stride, pad, dil)
+    want = np.maximum(xr + bias[:, None, None] + res, 0)
+    got = y.transpose(0, 1, 4, 2, 3).reshape(N, O, OH, OW)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    rb = to_bf16(res)
+    maps = np.full(y.size * 2, 0xFFFF, np.uint16)
+    res16 = np.zeros(res.size * 2, np.uint16)
+    per = O * OH * OW
+    for n in range(N):
+        res16[2 * n * per:][:per] = _blocked(rb[n], B).ravel()
+        res_b[n] = _blocked(_as_float(rb[n]), B)
+    assert lib.cuvil_conv_nchw_blocked_bf16(shape, _ptr(x), _ptr(bf16_filter_panels(w)), _ptr(bias), _ptr(res_b),
+                                            _ptr(y), ACT_CODES["relu"], 0, _ptr(scratch), 2) == 0
+    assert lib.cuvil_conv_nchw_blocked_bf16(shape, _ptr(x), _ptr(bf16_filter_panels(w)), _ptr(bias), _ptr(res16),
+                                            _ptr(maps), ACT_CODES["relu"], 2 | 4, _ptr(scratch), 2) == 0
+    for n in range(N):
+        assert np.array_equal(maps[2 * n * per:][:per], to_bf16(y[n].ravel()))
+
+
+def torch_free_conv(x, w, stride, pad, dil):
+    """A plain float64 conv (N, C, H, W) x (O, C, k, k): the oracle of the stem test."""
+    N, C, H, W = x.shape
+    O, _, k, _ = w.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    OH, OW = (H + 2 * pad - dil * (k - 1) - 1) // stride + 1, (W + 2 * pad - dil * (k - 1) - 1) // stride + 1
+    out = np.zeros((N, O, OH, OW))
+    for kh in range(k):
+        for kw in range(k):
+            patch = xp[:, :, kh * dil:kh * dil + stride * (OH - 1) + 1:stride, kw * dil:kw * dil + stride * (OW - 1) + 1:stride]
+            out += np.einsum("nchw,oc->nohw", patch, w[:, :, kh, kw].astype(np.float64))
+    return out
+
+
+@pytest.mark.parametrize("k,stride,pad,takes", [(7, 2, 3, True), (3, 2, 1, False)])
+def test_stem_takes_bf16_products_from_64_products(k, stride, pad, takes, tmp_path):
+    """precision="bf16": a stem (NCHW input) of 147 products an output runs cuvil_conv_nchw_blocked_bf16
+    where the CPU has AVX512-BF16 and passes the 1x1 conv after it a bf16 map; one of 27 (MobileNet's
+    3x3) stays fp32 (lower_bf16dot.BF16_MIN_NCHW_K). Within bf16's error of torch either way."""
+    import torch
+
+    import cuvil
+    from cuvil.target import has_features
+    torch.manual_seed(k)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 32, k, stride, pad), torch.nn.ReLU(), torch.nn.Conv2d(32, 32, 1),
+                            torch.nn.ReLU()).eval()
+    x = torch.randn(1, 3, 40, 36)
+    cm = cuvil.compile(m, (x,), precision="bf16", layout="blocked", cache_dir=tmp_path)
+    native = has_features("native", ("avx512_bf16",))
+    assert ("cuvil_conv_nchw_blocked_bf16(&s" in cm.c_source) == (takes and native)
+    assert [n.attrs.get("bf16_out", 0) for n in _convs(cm.graph)] == [int(takes and native), 0]
+    want = m(x).detach().numpy()
+    assert np.abs(cm(x).numpy() - want).max() <= 0.03 * np.abs(want).max()

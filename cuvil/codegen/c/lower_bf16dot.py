@@ -14,6 +14,10 @@ from .conv_plan import conv_plan
 
 BF16_NR = 64                  # kernels/bf16dot.h CUVIL_BF16_NR
 BF16_FEATURES = ("avx512_bf16",)
+# a conv from an NCHW input (a stem) takes bf16 products from this many products an output (K): ResNet's
+# 7x7 stem (K 147); a MobileNet's 3x3 (K 27) gathers more than it multiplies, as in int8
+# (conv_plan.INT8_MIN_GATHERED_NCHW_K)
+BF16_MIN_NCHW_K = 64
 
 
 def bf16_dot_panels(w: np.ndarray) -> np.ndarray:
@@ -43,9 +47,13 @@ def computes_bf16(node, target: str) -> bool:
 
 def links_bf16(node) -> bool:
     """Whether this conv runs on the bf16 dot-product kernels where the target has them
-    (cuvil_conv_blocked_bf16), which read and write bf16 maps (passes/quantize.link_bf16_convs)."""
-    return (node.op == "conv" and node.attrs.get("bf16_act", 0) in (1, 2) and node.attrs.get("groups", 1) == 1
-            and conv_plan(node).kind == "blocked")
+    (cuvil_conv_blocked_bf16, and cuvil_conv_nchw_blocked_bf16 for a stem of BF16_MIN_NCHW_K products an
+    output), which read and write bf16 maps (passes/quantize.link_bf16_convs; a stem's input is an NCHW
+    map, which no channel-blocked conv writes)."""
+    if node.op != "conv" or node.attrs.get("bf16_act", 0) not in (1, 2) or node.attrs.get("groups", 1) != 1:
+        return False
+    kind, w = conv_plan(node).kind, node.inputs[1].shape
+    return kind == "blocked" or (kind == "blocked_from_nchw" and int(np.prod(w[1:])) >= BF16_MIN_NCHW_K)
 
 
 

@@ -51,6 +51,12 @@ void cuvil_depthwise_bytes(const cuvil_conv_shape *s, const uint8_t *x, const fl
 int cuvil_conv_blocked_bf16(const cuvil_conv_shape *s, const float *x, const uint32_t *wb, const float *bias,
                             const float *residual, float *y, int act, int links, float *scratch, int nthreads);
 
+/* The same from an NCHW input (cuvil_conv_nchw_blocked in bf16 products: a network's stem), wb as for
+ * cuvil_conv_blocked_bf16 (K in the order (kh, kw, c)); links: CUVIL_BF16_RES and CUVIL_BF16_OUT.
+ * Scratch: cuvil_conv_nchw_blocked's. */
+int cuvil_conv_nchw_blocked_bf16(const cuvil_conv_shape *s, const float *x, const uint32_t *wb, const float *bias,
+                                 const float *residual, float *y, int act, int links, float *scratch, int nthreads);
+
 /* cuvil_conv_blocked in int8 products with int32 sums (any groups; kernels/int8dot.h): each image
  * quantized to bytes, q = x / scale + zero rounded over [lo, hi] (range: the calibrated or the model's
  * own [lo, hi], or NULL for the image's), the filters as B in signed-byte panels (int8dot.h; each

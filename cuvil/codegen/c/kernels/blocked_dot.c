@@ -9,6 +9,26 @@
 #include <math.h>
 
 /* ---- bf16 products ------------------------------------------------------------------------ */
+/* Image n's output of a bf16 conv into the channel-blocked layout (P pixels): floats, or a bf16 map
+ * (links: CUVIL_BF16_OUT, CUVIL_BF16_RES) where its floats would start. */
+static cuvil_dot_out bf16_conv_out(float *y, const float *bias, const float *residual, int act, int links, int64_t P) {
+    cuvil_dot_out o = {y, 0, bias, residual && !(links & CUVIL_BF16_RES) ? residual : 0, 0, CUVIL_BLOCK,
+                       P * CUVIL_BLOCK, CUVIL_BLOCK, CUVIL_BLOCK, 1.f, act};
+    if (links & CUVIL_BF16_OUT) o.C16 = (uint16_t *)y;
+    if (residual && (links & CUVIL_BF16_RES)) o.res16 = (const uint16_t *)residual;
+    return o;
+}
+
+/* o from pixel m0 on */
+static cuvil_dot_out bf16_conv_out_from(const cuvil_dot_out *o, int64_t m0) {
+    cuvil_dot_out r = *o;
+    if (r.C16) r.C16 += m0 * CUVIL_BLOCK;
+    else r.C += m0 * CUVIL_BLOCK;
+    if (r.residual) r.residual += m0 * CUVIL_BLOCK;
+    if (r.res16) r.res16 += m0 * CUVIL_BLOCK;
+    return r;
+}
+
 typedef struct {
     const cuvil_conv_shape *s;
     gathered_source src;          /* x, CB and plane always; pix and tap where the conv gathers */
@@ -48,11 +68,7 @@ static void bf16_conv_task(void *ctx, int64_t t0, int64_t t1) {
         }
         if (!a->shared)
             for (int64_t m = 0; m < rows; m++) bf16_conv_row(a, m0 + m, Ab + m * a->K2);
-        cuvil_dot_out o = a->out;
-        if (o.C16) o.C16 += m0 * CUVIL_BLOCK;
-        else o.C += m0 * CUVIL_BLOCK;
-        if (o.residual) o.residual += m0 * CUVIL_BLOCK;
-        if (o.res16) o.res16 += m0 * CUVIL_BLOCK;
+        cuvil_dot_out o = bf16_conv_out_from(&a->out, m0);
         cuvil_bf16_rows(Ab, rows, a->K2, a->wb, a->s->O, q * a->np / a->ng, (q + 1) * a->np / a->ng, &o);
     }
 }
@@ -82,11 +98,8 @@ int cuvil_conv_blocked_bf16(const cuvil_conv_shape *s, const float *x, const uin
         /* image n of a bf16 map where its floats' image would be (x + n * in), its planes as long in elements */
         const float *xn = blocked_image_of(s, &b, x + n * in, scratch, nthreads, in16 ? CUVIL_BLOCK / 2 : CUVIL_BLOCK);
         bf16_conv a = {s, {xn, b.pix, b.tap, s->C / CUVIL_BLOCK, b.hp * b.wp * CUVIL_BLOCK}, b.direct, wb,
-                       {y + n * out, 0, bias, residual && !(links & CUVIL_BF16_RES) ? residual + n * out : 0, 0, CUVIL_BLOCK,
-                        P * CUVIL_BLOCK, CUVIL_BLOCK, CUVIL_BLOCK, 1.f, act},
+                       bf16_conv_out(y + n * out, bias, residual ? residual + n * out : 0, act, links, P),
                        P, K2, mc, ng, np, shared, in16, 0};
-        if (links & CUVIL_BF16_OUT) a.out.C16 = (uint16_t *)(y + n * out);
-        if (residual && (links & CUVIL_BF16_RES)) a.out.res16 = (const uint16_t *)(residual + n * out);
         if (shared) cuvil_parallel_for(nt, P, 1, bf16_conv_round_task, &a);
         cuvil_parallel_for(nt, mb * ng, 1, bf16_conv_task, &a);
         if (a.out_of_memory) return -1;
@@ -168,11 +181,7 @@ static void bf16_nchw_task(void *ctx, int64_t t0, int64_t t1) {
             }
             if (K % 2) row[K] = 0;                    /* the last pair's high half (its filters' row is 0) */
         }
-        cuvil_dot_out o = a->out;
-        if (o.C16) o.C16 += m0 * CUVIL_BLOCK;
-        else o.C += m0 * CUVIL_BLOCK;
-        if (o.residual) o.residual += m0 * CUVIL_BLOCK;
-        if (o.res16) o.res16 += m0 * CUVIL_BLOCK;
+        cuvil_dot_out o = bf16_conv_out_from(&a->out, m0);
         cuvil_bf16_rows(Ab, rows, a->K2, a->wb, s->O, 0, a->np, &o);
     }
 }
@@ -189,10 +198,7 @@ int cuvil_conv_nchw_blocked_bf16(const cuvil_conv_shape *s, const float *x, cons
     for (int64_t n = 0; n < s->N; n++) {
         a.x = x + n * s->C * s->H * s->W;
         cuvil_parallel_for(s->C * hp * wp > 16384 ? nthreads : 1, hp, 1, bf16_nchw_image_task, &a);
-        a.out = (cuvil_dot_out){y + n * out, 0, bias, residual && !(links & CUVIL_BF16_RES) ? residual + n * out : 0, 0,
-                                CUVIL_BLOCK, P * CUVIL_BLOCK, CUVIL_BLOCK, CUVIL_BLOCK, 1.f, act};
-        if (links & CUVIL_BF16_OUT) a.out.C16 = (uint16_t *)(y + n * out);
-        if (residual && (links & CUVIL_BF16_RES)) a.out.res16 = (const uint16_t *)(residual + n * out);
+        a.out = bf16_conv_out(y + n * out, bias, residual ? residual + n * out : 0, act, links, P);
         cuvil_parallel_for(nt, mb, 1, bf16_nchw_task, &a);
         if (a.out_of_memory) return -1;
     }

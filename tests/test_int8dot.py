@@ -33,7 +33,8 @@ class DotOut(ctypes.Structure):
                 ("ldn", ctypes.c_int64), ("ldm", ctypes.c_int64), ("res_ldm", ctypes.c_int64),
                 ("alpha", ctypes.c_float), ("act", ctypes.c_int), ("bytes", ctypes.c_void_p), ("row0", ctypes.c_int64),
                 ("col0", ctypes.c_int64), ("res_q", ctypes.c_void_p), ("res_ld", ctypes.c_int64),
-                ("res_scale", ctypes.c_float), ("res_shift", ctypes.c_float)]
+                ("res_scale", ctypes.c_float), ("res_shift", ctypes.c_float), ("C16", ctypes.c_void_p),
+                ("res16", ctypes.c_void_p)]
 
 
 @pytest.fixture(scope="module", params=list(BUILDS))

@@ -112,7 +112,7 @@ static inline uint8_t cuvil_clamped_byte(float t, const cuvil_byte_clamp *k) {
 /* Element (m, n) goes to C[n / nb * ldn + m * ldm + n % nb] (row-major: nb past N, ldm = ldc; the
  * channel-blocked layout: nb = CUVIL_BLOCK, ldn = pixels * nb, ldm = nb), the residual in the same
  * layout (res_ldm apart), as act(sum * (scale_col ? scale_col[n] : alpha) + bias_row[m] + bias_col[n]
- * + residual). */
+ * + residual). tests/test_int8dot.py mirrors this struct (DotOut): a field added here goes there too. */
 typedef struct {
     float *C;
     const float *bias_row, *bias_col, *residual, *scale_col;

@@ -168,7 +168,6 @@ static inline cuvil_vf cuvil_dot_vec(const cuvil_dot_out *o, const float *sum, c
     cuvil_vf v = cuvil_vload(sum) * sc + bc;
     if (o->bias_row) v += cuvil_vsplat(o->bias_row[m]);
     if (o->residual) v += cuvil_vload(o->residual + at + m * o->res_ldm);
-    if (o->res16) v += cuvil_load_bf16(o->res16 + at + m * o->res_ldm);
     if (o->res_q) v += cuvil_vload_bytes(cuvil_res_byte(o, m, n)) * cuvil_vsplat(o->res_scale) + cuvil_vsplat(o->res_shift);
     return v;
 }
@@ -176,7 +175,6 @@ static inline cuvil_vf cuvil_dot_vec(const cuvil_dot_out *o, const float *sum, c
 static inline float cuvil_dot_one(const cuvil_dot_out *o, float sum, int64_t m, int64_t n, int64_t at) {
     return sum * (o->scale_col ? o->scale_col[n] : o->alpha) + (o->bias_row ? o->bias_row[m] : 0.f) +
            (o->bias_col ? o->bias_col[n] : 0.f) + (o->residual ? o->residual[at + m * o->res_ldm] : 0.f) +
-           (o->res16 ? cv_bfloat16_to_f32(o->res16[at + m * o->res_ldm]) : 0.f) +
            (o->res_q ? *cuvil_res_byte(o, m, n) * o->res_scale + o->res_shift : 0.f);
 }
 
@@ -268,6 +266,27 @@ static inline void cuvil_dot_store_bytes(const cuvil_dot_out *o, const float *ou
     }
 }
 
+/* cuvil_dot_store with a bf16 map as the output (C16) or the residual (res16): a channel-blocked conv's,
+ * whose columns fill whole vectors. A function of its own: the two tests a vector it takes had made the
+ * float store cost MobileNetV2's bf16 convs 3% (benchmarks.ab, 1 thread). */
+static inline void cuvil_dot_store_bf16(const cuvil_dot_out *o, const float *out, int64_t m0, int mr, int64_t n0,
+                                        int64_t nc) {
+    for (int64_t j = 0; j < nc; j += CUVIL_VL) {
+        int64_t n = n0 + j, at = n / o->nb * o->ldn + n % o->nb;
+        cuvil_vf bc = o->bias_col ? cuvil_vload(o->bias_col + n) : cuvil_vsplat(0.f);
+        cuvil_vf sc = o->scale_col ? cuvil_vload(o->scale_col + n) : cuvil_vsplat(o->alpha);
+        for (int r = 0; r < mr; r++) {
+            cuvil_vf v = cuvil_vload(out + r * CUVIL_DOT_NR + j) * sc + bc;
+            if (o->bias_row) v += cuvil_vsplat(o->bias_row[m0 + r]);
+            if (o->residual) v += cuvil_vload(o->residual + at + (m0 + r) * o->res_ldm);
+            if (o->res16) v += cuvil_load_bf16(o->res16 + at + (m0 + r) * o->res_ldm);
+            v = cuvil_vact(v, o->act);
+            if (o->C16) cuvil_store_bf16(v, o->C16 + at + (m0 + r) * o->ldm);
+            else cuvil_vstore(o->C + at + (m0 + r) * o->ldm, v);
+        }
+    }
+}
+
 /* Rows [0, mr) of a tile's sums (out, CUVIL_DOT_NR floats a row), columns [n0, n0 + nc), into o's
  * layout from row m0: column vector by column vector, so each one's place in the layout is one
  * division (per element, the divisions had cost a blocked 1x1 conv with K 64 as much as its dot
@@ -278,16 +297,18 @@ static inline void cuvil_dot_store(const cuvil_dot_out *o, const float *out, int
         cuvil_dot_store_bytes(o, out, m0, mr, n0, nc);
         return;
     }
+    if (o->C16 || o->res16) {
+        cuvil_dot_store_bf16(o, out, m0, mr, n0, nc);
+        return;
+    }
     int64_t j = 0;
     for (; j + CUVIL_VL <= nc; j += CUVIL_VL) {          /* a vector never crosses a block (nb % VL == 0) */
         int64_t n = n0 + j, at = n / o->nb * o->ldn + n % o->nb;
         cuvil_vf bc = o->bias_col ? cuvil_vload(o->bias_col + n) : cuvil_vsplat(0.f);
         cuvil_vf sc = o->scale_col ? cuvil_vload(o->scale_col + n) : cuvil_vsplat(o->alpha);
-        for (int r = 0; r < mr; r++) {
-            cuvil_vf v = cuvil_vact(cuvil_dot_vec(o, out + r * CUVIL_DOT_NR + j, sc, bc, m0 + r, n, at), o->act);
-            if (o->C16) cuvil_store_bf16(v, o->C16 + at + (m0 + r) * o->ldm);
-            else cuvil_vstore(o->C + at + (m0 + r) * o->ldm, v);
-        }
+        for (int r = 0; r < mr; r++)
+            cuvil_vstore(o->C + at + (m0 + r) * o->ldm,
+                         cuvil_vact(cuvil_dot_vec(o, out + r * CUVIL_DOT_NR + j, sc, bc, m0 + r, n, at), o->act));
     }
     if (j < nc) {
         /* the last nc - j < VL columns (one block: nb % VL == 0) as one vector through small buffers: one
@@ -301,22 +322,18 @@ static inline void cuvil_dot_store(const cuvil_dot_out *o, const float *out, int
             bc[i] = i < w && o->bias_col ? o->bias_col[n + i] : 0.f;
         }
         cuvil_dot_out no_res = *o;                    /* the residual's last row may end inside the vector */
-        no_res.residual = 0, no_res.res_q = 0, no_res.res16 = 0;
+        no_res.residual = 0, no_res.res_q = 0;
         for (int r = 0; r < mr; r++) {
             cuvil_vf v = cuvil_dot_vec(&no_res, out + r * CUVIL_DOT_NR + j, cuvil_vload(sc), cuvil_vload(bc), m0 + r, n, at);
-            int64_t e = at + (m0 + r) * o->ldm, er = at + (m0 + r) * o->res_ldm;
-            if (o->residual || o->res_q || o->res16) {
+            float *c = o->C + at + (m0 + r) * o->ldm;
+            if (o->residual || o->res_q) {
+                const float *res = o->residual ? o->residual + at + (m0 + r) * o->res_ldm : 0;
                 for (int64_t i = 0; i < CUVIL_VL; i++)
-                    t[i] = i >= w               ? 0.f
-                           : o->residual        ? o->residual[er + i]
-                           : o->res16           ? cv_bfloat16_to_f32(o->res16[er + i])
-                                                : *cuvil_res_byte(o, m0 + r, n + i) * o->res_scale + o->res_shift;
+                    t[i] = i >= w ? 0.f : res ? res[i] : *cuvil_res_byte(o, m0 + r, n + i) * o->res_scale + o->res_shift;
                 v += cuvil_vload(t);
             }
             cuvil_vstore(t, cuvil_vact(v, o->act));
-            for (int64_t i = 0; i < w; i++)
-                if (o->C16) o->C16[e + i] = cv_f32_to_bfloat16(t[i], 0);
-                else o->C[e + i] = t[i];
+            for (int64_t i = 0; i < w; i++) c[i] = t[i];
         }
     }
 }

@@ -211,13 +211,14 @@ def test_conv_reads_and_writes_bf16_maps(build, k, stride, pad, hw, tmp_path_fac
     """cuvil_conv_blocked_bf16 with its input, residual and output as bf16 maps (CUVIL_BF16_IN | RES | OUT)
     against the same conv on floats, given the floats of the maps' bf16 bits: the very bits of its output
     rounded (a reader's rounding of its input is the writer's; a bf16 residual widens exactly). Every
-    source kind (in place, padded copy, gathered) at every block width, a panel cut short (48 channels),
-    two images (each where its floats' image would start)."""
+    source kind (in place, padded copy, gathered) at every block width, two panels, the second cut short
+    (80 channels: on 2 threads split by panels, all rows taken once beforehand), two images (each where
+    its floats' image would start)."""
     from cuvil.codegen.c.lower_blocked import bf16_filter_panels
     lib = _conv_lib(build, tmp_path_factory)
     B = CONV_BUILDS[build][1]
     rng = np.random.default_rng(k * 7 + stride)
-    N, C, O, (H, W) = 2, 32, 48, hw
+    N, C, O, (H, W) = 2, 32, 80, hw
     OH, OW = (H + 2 * pad - k) // stride + 1, (W + 2 * pad - k) // stride + 1
     shape = (ctypes.c_int64 * 16)(N, C, H, W, O, k, k, OH, OW, stride, stride, pad, pad, 1, 1, 1)
     widen = lambda bits: _as_float(bits)
@@ -303,11 +304,13 @@ def test_bf16_convs_pass_bf16_maps(hw, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("build", list(CONV_BUILDS))
 @pytest.mark.parametrize("C,k,stride,pad,dil,hw", [(3, 7, 2, 3, 1, (23, 19)), (8, 3, 2, 1, 1, (9, 10)),
-                                                   (4, 5, 1, 2, 2, (11, 8)), (3, 4, 4, 0, 1, (16, 12))])
+                                                   (8, 5, 1, 2, 1, (9, 10)), (4, 5, 1, 2, 2, (11, 8)),
+                                                   (3, 4, 4, 0, 1, (16, 12))])
 def test_stem_conv_in_bf16(build, C, k, stride, pad, dil, hw, tmp_path_factory):
     """cuvil_conv_nchw_blocked_bf16 (a stem: NCHW input, channel-blocked output) against numpy on the same
-    bf16 operands: the 7x7 stride-2 stem's short runs, runs of 24 values, a dilated conv (a run a tap), a
-    patchify conv read in place; 80 output channels (a panel cut short), bias, residual and ReLU, two images;
+    bf16 operands: the 7x7 stride-2 stem's short runs, runs of 24 values (still short) and of 40 (copied
+    whole), a dilated conv (a run a tap), an unpadded patchify conv; 80 output channels (a panel cut
+    short), bias, residual and ReLU, two images;
     its output also as a bf16 map with a bf16 residual (CUVIL_BF16_RES | OUT): the rounded bits of the
     float run's."""
     from cuvil.codegen.c.lower_blocked import bf16_filter_panels

@@ -21,7 +21,8 @@ class Backend:
     int8_residual: Callable = lambda node: False
     int8_pool: Callable = lambda node: False
     # node -> whether a conv runs on bf16 dot products where the target has them (precision="bf16") and
-    # can read its input and residual, and write its output, as bf16 maps
+    # can read its input and residual, and write its output, as bf16 maps (a stem's input is an NCHW map,
+    # which no conv that writes bf16 maps produces)
     bf16_conv: Callable = lambda node: False
 
     def lowers(self, node) -> bool:

@@ -3,7 +3,8 @@
     fusion_level 0:  cleanup -> legalize (-> quantize -> cleanup)
     fusion_level 1+: cleanup -> fold -> simplify -> cleanup -> fold -> cleanup -> legalize -> fuse
                      (-> quantize -> cleanup, for a precision other than fp32)
-                     (-> layout, where the convs run channel-blocked; -> link_int8 after it at int8)
+                     (-> layout, where the convs run channel-blocked; -> link_int8 after it at int8,
+                     link_bf16 at bf16 where the target multiplies in bf16)
                      -> batch_map (a batched CNN's per-image prefix as one region, after the regions'
                      own passes)
 

@@ -1,5 +1,6 @@
-"""matmul_q over bf16 weights, and channel-blocked convs, on CPUs that multiply in bf16 (AVX512-BF16):
-the panels their kernels read (kernels/bf16dot.h, cuvil_conv_blocked_bf16) and the calls. Taken for
+"""matmul_q over bf16 weights, and channel-blocked convs (and stems from an NCHW input), on CPUs that
+multiply in bf16 (AVX512-BF16): the panels their kernels read (kernels/bf16dot.h, cuvil_conv_blocked_bf16,
+cuvil_conv_nchw_blocked_bf16) and the calls. Taken for
 nodes whose inputs may be rounded to bf16 (bf16_act, set by compile's precision="bf16"); elsewhere
 matmul_q widens the weights to fp32 (lower_llm.lower_matmul_q) and convs stay fp32. Winograd and
 depthwise convs stay fp32 too: Winograd's F(4x4, 3x3) saves more multiplications than bf16's two per

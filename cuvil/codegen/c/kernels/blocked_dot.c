@@ -156,7 +156,9 @@ static void bf16_nchw_task(void *ctx, int64_t t0, int64_t t1) {
     bf16_nchw_conv *a = ctx;
     const cuvil_conv_shape *s = a->s;
     const int64_t C = s->C, run = s->dw == 1 ? s->KW : 1, runs = s->KH * s->KW / run, span = run * C;
-    const int short_runs = span * (int64_t)sizeof(uint16_t) <= BF16_SHORT_RUN;
+    /* the image's slack: the other half of the floats' place cuvil_conv_nchw_blocked_scratch gives it */
+    const int short_runs = span * (int64_t)sizeof(uint16_t) <= BF16_SHORT_RUN &&
+                           C * a->hp * a->wp * (int64_t)sizeof(uint16_t) >= BF16_SHORT_RUN;
     for (int64_t t = t0; t < t1; t++) {
         int64_t m0 = t * a->mc, rows = a->P - m0 < a->mc ? a->P - m0 : a->mc;
         uint32_t *Ab = cuvil_thread_buffer(CUVIL_BUF_DOT_ROWS, (size_t)(a->mc * a->K2) * sizeof(uint32_t) + BF16_SHORT_RUN);

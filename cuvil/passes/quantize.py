@@ -24,6 +24,8 @@ GOP/s on ResNet-50's);
 precision_summary() says which nodes got which format, for the compile report and --verbose."""
 from __future__ import annotations
 
+import functools
+
 from collections import Counter
 
 import numpy as np
@@ -174,9 +176,7 @@ def link_int8_convs(graph, backend):
     (backend.int8_conv: the convs that can write bytes; backend.int8_input_image: those that read them;
     backend.int8_residual: those whose residual can be bytes)."""
     users, outputs = graph.users(), {id(v) for v in graph.outputs}
-
-    def readers(v):                  # each node once, whichever of its inputs v is
-        return list({id(n): n for n in users.get(id(v), [])}.values())
+    readers = functools.partial(_readers, users)
     for m in graph.nodes:           # ResNet's stem -> max pool -> the first block's convs: bytes all the way
         p = m.inputs[0].producer if backend.int8_pool(m) and not m.attrs.get("int8_in") else None
         y = m.outputs[0]
@@ -196,6 +196,11 @@ def link_int8_convs(graph, backend):
         if link is not None:
             _link(p, *link)
     return graph
+
+
+def _readers(users, v):
+    """The nodes that read v (graph.users()), each once, whichever of its inputs v is."""
+    return list({id(n): n for n in users.get(id(v), [])}.values())
 
 
 def _link(p, image, rng, inputs, residuals):
@@ -238,7 +243,7 @@ def link_bf16_convs(graph, backend):
         y = p.outputs[0]
         if not backend.bf16_conv(p) or id(y) in outputs:
             continue
-        readers = list({id(n): n for n in users.get(id(y), [])}.values())
+        readers = _readers(users, y)
         slots = [[i for i, v in enumerate(q.inputs) if v is y] for q in readers]
         # each reader a bf16 conv taking y once, as its input (0) or its residual (3)
         if not readers or any(not backend.bf16_conv(q) or s not in ([0], [3]) for q, s in zip(readers, slots)):

@@ -25,7 +25,6 @@ precision_summary() says which nodes got which format, for the compile report an
 from __future__ import annotations
 
 import functools
-
 from collections import Counter
 
 import numpy as np

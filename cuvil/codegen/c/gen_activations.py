@@ -55,7 +55,7 @@ C_EXPRESSIONS = {
     "relu6": ("x < 0.f ? 0.f : (x > 6.f ? 6.f : x)", "cuvil_vrelu6(x)"),
     # x * relu6(x + 3) / 6, as torch computes it
     "hardswish": ("x * (x + 3.f < 0.f ? 0.f : (x + 3.f > 6.f ? 6.f : x + 3.f)) / 6.f",
-                  "x * cuvil_vrelu6(x + 3.f) / cuvil_vsplat(6.f)"),
+                  "cuvil_vdiv_by(x * cuvil_vrelu6(x + 3.f), 6.f)"),
 }
 assert tuple(C_EXPRESSIONS) == ACTIVATIONS, "one C rendering per IR activation, in the IR's order"
 

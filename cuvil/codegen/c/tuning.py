@@ -154,6 +154,15 @@ TUNING: tuple[Row, ...] = (
         "K blocks of 512 channels: fewer trips of the sums through C", "benchmarks.ab ResNet-50, MobileNetV1"),
     Row("blocked_conv", "Intel AVX-512 and others", ELSE, "CUVIL_BLOCKED_WIDE_KB", "8",
         "K blocks of 128 channels: two panels' B (32 KB) stay in L1", "none recorded"),
+    # ---- vmath.h: hardswish's division by 6 (cuvil_vdiv_by) on AVX-512 ----
+    # Intel's vdivps zmm issues once in 10-16 cycles: a hardswish epilogue took 3.34 ns a vector, 1.48
+    # as a multiply and a correction FMA (the same quotients; scratch loop over 4096 floats in L1). In a
+    # depthwise conv that was most of the time: MobileNetV3's 72 channels 3x3 at 56x56 (NCHW, 1 thread,
+    # benchmarks/harness/dw_bench.c) 206 us with hardswish against 109 with ReLU. Zen keeps vdivps:
+    # Zen 4 issues one zmm FMA a cycle, where its division is cheaper (not measured here).
+    Row("vector_division", "Zen", "defined(CUVIL_ZEN)", "CUVIL_FAST_DIV", "0", "vdivps", "not measured"),
+    Row("vector_division", "Intel AVX-512 and others", ELSE, "CUVIL_FAST_DIV", "1",
+        "a multiply and a correction FMA instead of vdivps", "scratch activation loop + benchmarks.ab MobileNetV3-ish"),
     # ---- qgemm.c: int8/int4 weight tiles ----
     # The weight prefetch, one tile ahead. Zen 4, decode of 8 TinyLlama-shaped layers against T0,
     # artifacts interleaved, speed: int8 1.12x (1 thread) 1.10x (2), int4 1.29x / 1.11x (T1 alike).
@@ -190,7 +199,7 @@ TUNING: tuple[Row, ...] = (
 # that build when set alone: the GEMV's CUVIL_GEMV_PREFETCH, set alone, left its hint and fp32 switch
 # undefined, so it is gone.
 HOOKS = {"qgemm_prefetch": "CUVIL_QGEMM_PREFETCH_HINT", "qgemm_prefill": "CUVIL_QGEMM_PREFILL_BLOCKS",
-         "blocked_conv": "CUVIL_BLOCKED_WIDE_KB"}
+         "blocked_conv": "CUVIL_BLOCKED_WIDE_KB", "vector_division": "CUVIL_FAST_DIV"}
 
 
 class PlanRow(NamedTuple):

@@ -11,5 +11,5 @@
     X(SIGMOID, 5, (1.0f / (1.0f + expf(-x))), (cuvil_vsplat(1.0f) / (cuvil_vsplat(1.0f) + cuvil_vexp(-x)))) \
     X(TANH, 6, (tanhf(x)), (cuvil_vtanh(x))) \
     X(RELU6, 7, (x < 0.f ? 0.f : (x > 6.f ? 6.f : x)), (cuvil_vrelu6(x))) \
-    X(HARDSWISH, 8, (x * (x + 3.f < 0.f ? 0.f : (x + 3.f > 6.f ? 6.f : x + 3.f)) / 6.f), (x * cuvil_vrelu6(x + 3.f) / cuvil_vsplat(6.f)))
+    X(HARDSWISH, 8, (x * (x + 3.f < 0.f ? 0.f : (x + 3.f > 6.f ? 6.f : x + 3.f)) / 6.f), (cuvil_vdiv_by(x * cuvil_vrelu6(x + 3.f), 6.f)))
 #endif

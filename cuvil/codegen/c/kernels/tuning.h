@@ -37,6 +37,14 @@
 #define CUVIL_BLOCKED_WIDE_KB 8    /* K blocks of 128 channels: two panels' B (32 KB) stay in L1 (none recorded) */
 #endif
 
+/* ---- vector_division ---- */
+#ifdef CUVIL_FAST_DIV    /* set from outside: a tuning experiment */
+#elif defined(CUVIL_ZEN)    /* Zen */
+#define CUVIL_FAST_DIV 0    /* vdivps (not measured) */
+#else    /* Intel AVX-512 and others */
+#define CUVIL_FAST_DIV 1    /* a multiply and a correction FMA instead of vdivps (scratch activation loop + benchmarks.ab MobileNetV3-ish) */
+#endif
+
 /* ---- qgemm_prefetch ---- */
 #ifdef CUVIL_QGEMM_PREFETCH_HINT    /* set from outside: a tuning experiment */
 #elif defined(CUVIL_ZEN) && defined(__AVXVNNI__)    /* Zen 5 */

@@ -154,6 +154,22 @@ TUNING: tuple[Row, ...] = (
         "K blocks of 512 channels: fewer trips of the sums through C", "benchmarks.ab ResNet-50, MobileNetV1"),
     Row("blocked_conv", "Intel AVX-512 and others", ELSE, "CUVIL_BLOCKED_WIDE_KB", "8",
         "K blocks of 128 channels: two panels' B (32 KB) stay in L1", "none recorded"),
+    # ---- blocked.c: software prefetch in the blocked convs' tiles ----
+    # The output (and residual) lines a tile will store, asked for before its K loop: on Intel each
+    # had been a wait on L3 (Sapphire-Rapids class: ResNet-50 0.96-0.98x the time); on Zen 5 the
+    # requests cost 1.02-1.05x (1 thread), its own prefetchers having the lines in time.
+    Row("blocked_prefetch", "Zen", "defined(CUVIL_ZEN)", "CUVIL_BLOCKED_PREFETCH_OUTPUT", "0",
+        "the hardware prefetchers have the output lines in time", "benchmarks.ab ResNet-50, 25 rounds"),
+    # The next wide tile's input lines (its pixels' channel blocks of this K block), asked for as each K
+    # block starts. Intel (Emerald-Rapids class, 2 MB L2): where a map outgrows L2 the tile waited on
+    # L3 for them; strided and padded convs (gathered) of ResNet-50 alone, two builds interleaved in one
+    # process (1 thread): 0.89-0.92x the time, 1x1 convs 0.99x. Zen: not measured, left as it was.
+    Row("blocked_prefetch", "Zen", "defined(CUVIL_ZEN)", "CUVIL_BLOCKED_PREFETCH_A", "0", "as before (not measured)",
+        "-"),
+    Row("blocked_prefetch", "Intel AVX-512 and others", ELSE, "CUVIL_BLOCKED_PREFETCH_OUTPUT", "1",
+        "a tile's output lines before its K loop", "benchmarks.ab ResNet-50"),
+    Row("blocked_prefetch", "Intel AVX-512 and others", ELSE, "CUVIL_BLOCKED_PREFETCH_A", "1",
+        "the next tile's input lines as each K block starts", "C harness, two builds interleaved + benchmarks.ab ResNet-50"),
     # ---- vmath.h: hardswish's division by 6 (cuvil_vdiv_by) on AVX-512 ----
     # Intel's vdivps zmm issues once in 10-16 cycles: a hardswish epilogue took 3.34 ns a vector, 1.48
     # as a multiply and a correction FMA (the same quotients; scratch loop over 4096 floats in L1). In a
@@ -189,6 +205,8 @@ TUNING: tuple[Row, ...] = (
         "a tile of several rows takes a whole quad (8 or 4 rows x 2 pairs)", AB_PREFILL),
     Row("qgemm_prefill", "AVX2 and others", ELSE, "CUVIL_QGEMM_PREFILL_BLOCKS", "2",
         "two blocks side by side: whole 64-byte lines", AB_PREFILL + " + benchmarks.qgemv --rows 128"),
+    Row("blocked_prefetch", "all", DEFAULT, "CUVIL_BLOCKED_PREFETCH_OUTPUT", "1",
+        "a tile's output lines before its K loop (where CUVIL_BLOCKED_PREFETCH_A is set from outside)", "-"),
     Row("qgemm_prefetch", "all", DEFAULT, "CUVIL_QGEMM_DECODE_512", "0", "decode on the 256-bit tile",
         "-"),
     Row("qgemm_prefetch", "all", DEFAULT, "CUVIL_QGEMM_PREFETCH_BYTES", "0", "decode prefetch one quad ahead",
@@ -199,7 +217,8 @@ TUNING: tuple[Row, ...] = (
 # that build when set alone: the GEMV's CUVIL_GEMV_PREFETCH, set alone, left its hint and fp32 switch
 # undefined, so it is gone.
 HOOKS = {"qgemm_prefetch": "CUVIL_QGEMM_PREFETCH_HINT", "qgemm_prefill": "CUVIL_QGEMM_PREFILL_BLOCKS",
-         "blocked_conv": "CUVIL_BLOCKED_WIDE_KB", "vector_division": "CUVIL_FAST_DIV"}
+         "blocked_conv": "CUVIL_BLOCKED_WIDE_KB", "vector_division": "CUVIL_FAST_DIV",
+         "blocked_prefetch": "CUVIL_BLOCKED_PREFETCH_A"}
 
 
 class PlanRow(NamedTuple):

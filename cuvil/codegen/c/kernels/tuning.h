@@ -37,6 +37,16 @@
 #define CUVIL_BLOCKED_WIDE_KB 8    /* K blocks of 128 channels: two panels' B (32 KB) stay in L1 (none recorded) */
 #endif
 
+/* ---- blocked_prefetch ---- */
+#ifdef CUVIL_BLOCKED_PREFETCH_A    /* set from outside: a tuning experiment */
+#elif defined(CUVIL_ZEN)    /* Zen */
+#define CUVIL_BLOCKED_PREFETCH_OUTPUT 0    /* the hardware prefetchers have the output lines in time (benchmarks.ab ResNet-50, 25 rounds) */
+#define CUVIL_BLOCKED_PREFETCH_A 0    /* as before (not measured) */
+#else    /* Intel AVX-512 and others */
+#define CUVIL_BLOCKED_PREFETCH_OUTPUT 1    /* a tile's output lines before its K loop (benchmarks.ab ResNet-50) */
+#define CUVIL_BLOCKED_PREFETCH_A 1    /* the next tile's input lines as each K block starts (C harness, two builds interleaved + benchmarks.ab ResNet-50) */
+#endif
+
 /* ---- vector_division ---- */
 #ifdef CUVIL_FAST_DIV    /* set from outside: a tuning experiment */
 #elif defined(CUVIL_ZEN)    /* Zen */
@@ -89,6 +99,9 @@
 #endif
 #ifndef CUVIL_GEMV_DRAM_STREAMS
 #define CUVIL_GEMV_DRAM_STREAMS CUVIL_GEMV_STREAMS    /* from DRAM as from cache: all streams side by side */
+#endif
+#ifndef CUVIL_BLOCKED_PREFETCH_OUTPUT
+#define CUVIL_BLOCKED_PREFETCH_OUTPUT 1    /* a tile's output lines before its K loop (where CUVIL_BLOCKED_PREFETCH_A is set from outside) */
 #endif
 #ifndef CUVIL_QGEMM_DECODE_512
 #define CUVIL_QGEMM_DECODE_512 0    /* decode on the 256-bit tile */

@@ -122,3 +122,25 @@ def test_depthwise_harness_checks_its_outputs(tmp_path):
     for args in runs:
         r = subprocess.run([str(exe), *args.split()], capture_output=True, text=True)
         assert r.returncode == 0 and float(r.stdout) > 0, (args, r.stderr)
+
+
+def test_blocked_ab_harness_compares_two_builds(tmp_path):
+    """benchmarks/harness/blocked_ab.c (two kernel builds on ResNet-50's blocked convs, in one process)
+    builds, loads the kernels as shared libraries and finds a build's outputs equal to its own copy's."""
+    import subprocess
+
+    from benchmarks import kernel_ab
+    from cuvil.build.toolchain import COMMON_FLAGS, find_compiler, target_flags
+    kernels = kernel_ab.ROOT / kernel_ab.KERNELS
+    lib = tmp_path / "kernels.so"          # one build as both A and B: the harness's own machinery is the subject
+    subprocess.run([find_compiler(), *COMMON_FLAGS, *target_flags("native"), "-fPIC", "-shared",
+                    f"-I{kernels.parent}", *sorted(map(str, kernels.glob("*.c"))), "-lm", "-o", str(lib)],
+                   check=True, capture_output=True)
+    exe = tmp_path / "blocked_ab"
+    subprocess.run([find_compiler(), "-O2", *target_flags("native"), f"-I{kernels.parent}", f"-I{kernels}",
+                    f"-I{kernel_ab.HARNESS.parent}", str(kernel_ab.HARNESS.parent / "blocked_ab.c"), "-ldl", "-o", str(exe)],
+                   check=True, capture_output=True)
+    r = subprocess.run([str(exe), str(lib), str(lib), "1", "1"], capture_output=True, text=True, timeout=600)
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and len(lines) == 9, r.stderr
+    assert all(line.endswith("same output") for line in lines), lines

@@ -162,14 +162,15 @@ TUNING: tuple[Row, ...] = (
         "the hardware prefetchers have the output lines in time", "benchmarks.ab ResNet-50, 25 rounds"),
     # The next wide tile's input lines (its pixels' channel blocks of this K block), asked for as each K
     # block starts. Intel (Emerald-Rapids class, 2 MB L2): where a map outgrows L2 the tile waited on
-    # L3 for them; strided and padded convs (gathered) of ResNet-50 alone, two builds interleaved in one
-    # process (1 thread): 0.89-0.92x the time, 1x1 convs 0.99x. Zen: not measured, left as it was.
+    # L3 for them; ResNet-50's strided and direct 3x3 convs alone, two builds interleaved in one process
+    # (benchmarks/harness/blocked_ab.c, 1 thread, both orders): 0.92-0.95x the time, 1x1 convs 0.99x;
+    # ResNet-50 0.95-0.99x, RegNetY-4GF 0.94-0.97x (benchmarks.ab). Zen: not measured, left as it was.
     Row("blocked_prefetch", "Zen", "defined(CUVIL_ZEN)", "CUVIL_BLOCKED_PREFETCH_A", "0", "as before (not measured)",
         "-"),
     Row("blocked_prefetch", "Intel AVX-512 and others", ELSE, "CUVIL_BLOCKED_PREFETCH_OUTPUT", "1",
         "a tile's output lines before its K loop", "benchmarks.ab ResNet-50"),
     Row("blocked_prefetch", "Intel AVX-512 and others", ELSE, "CUVIL_BLOCKED_PREFETCH_A", "1",
-        "the next tile's input lines as each K block starts", "C harness, two builds interleaved + benchmarks.ab ResNet-50"),
+        "the next tile's input lines as each K block starts", "benchmarks/harness/blocked_ab.c + benchmarks.ab ResNet-50"),
     # ---- vmath.h: hardswish's division by 6 (cuvil_vdiv_by) on AVX-512 ----
     # Intel's vdivps zmm issues once in 10-16 cycles: a hardswish epilogue took 3.34 ns a vector, 1.48
     # as a multiply and a correction FMA (the same quotients; scratch loop over 4096 floats in L1). In a

@@ -276,9 +276,7 @@ static inline void cuvil_dot_store_bf16(const cuvil_dot_out *o, const float *out
         cuvil_vf bc = o->bias_col ? cuvil_vload(o->bias_col + n) : cuvil_vsplat(0.f);
         cuvil_vf sc = o->scale_col ? cuvil_vload(o->scale_col + n) : cuvil_vsplat(o->alpha);
         for (int r = 0; r < mr; r++) {
-            cuvil_vf v = cuvil_vload(out + r * CUVIL_DOT_NR + j) * sc + bc;
-            if (o->bias_row) v += cuvil_vsplat(o->bias_row[m0 + r]);
-            if (o->residual) v += cuvil_vload(o->residual + at + (m0 + r) * o->res_ldm);
+            cuvil_vf v = cuvil_dot_vec(o, out + r * CUVIL_DOT_NR + j, sc, bc, m0 + r, n, at);
             if (o->res16) v += cuvil_load_bf16(o->res16 + at + (m0 + r) * o->res_ldm);
             v = cuvil_vact(v, o->act);
             if (o->C16) cuvil_store_bf16(v, o->C16 + at + (m0 + r) * o->ldm);

@@ -44,7 +44,7 @@
 #define CUVIL_BLOCKED_PREFETCH_A 0    /* as before (not measured) */
 #else    /* Intel AVX-512 and others */
 #define CUVIL_BLOCKED_PREFETCH_OUTPUT 1    /* a tile's output lines before its K loop (benchmarks.ab ResNet-50) */
-#define CUVIL_BLOCKED_PREFETCH_A 1    /* the next tile's input lines as each K block starts (C harness, two builds interleaved + benchmarks.ab ResNet-50) */
+#define CUVIL_BLOCKED_PREFETCH_A 1    /* the next tile's input lines as each K block starts (benchmarks/harness/blocked_ab.c + benchmarks.ab ResNet-50) */
 #endif
 
 /* ---- vector_division ---- */

@@ -752,7 +752,7 @@ def test_int8_link_attributes_fuzz():
 @pytest.mark.parametrize("cout,hw,kind", [(37, (9, 11), 0), (24, (7, 16), 2), (8, (5, 5), 0), (29, (6, 9), 1)])
 def test_conv_into_nchw_output_matches_the_blocked_one(lib, cout, hw, kind):
     """An integer 1x1 conv writing NCHW (nchw_out: output channels that fill no block, passes/layout.py
-    int8_into_nchw) gives exactly the blocked output of the same conv with its filters padded to whole
+    into_nchw) gives exactly the blocked output of the same conv with its filters padded to whole
     blocks by zero filters (to float rounding), residual and ReLU fused, from blocked floats, NCHW floats
     (conv_plan "int8_nchw") or the bytes before it."""
     B = lib.block

@@ -143,6 +143,8 @@ def _skip_unless_host_runs(target):
     import platform
 
     from cuvil.target import cpu_flags
+    if target == "x86_64-avx512" and "avx512f" not in cpu_flags():
+        pytest.skip(f"this CPU cannot run {target} code")
     if target == "x86_64-avx2" and "avx2" not in cpu_flags():
         pytest.skip(f"this CPU cannot run {target} code")
     if target == "x86_64-sse2" and platform.machine() != "x86_64":
@@ -775,3 +777,60 @@ def test_blocked_convs_split_by_rows_between_threads_match_torch(tmp_path, threa
         with torch.no_grad():
             want = m(x).numpy()
         np.testing.assert_allclose(cm.run(x.numpy())[0], want, rtol=1e-3, atol=1e-3)
+
+
+def test_convs_into_channels_that_fill_no_block_end_the_blocked_region_in_nchw():
+    """A conv of blocked input into channels that fill no block writes NCHW itself (into_nchw: 24 at
+    blocks of 16, its padding to 32 a third more work) where its input is blocked; into 8 channels (twice
+    the work at 16) it stays an NCHW conv after a relayout."""
+    def graph(o):
+        g = Graph()
+        x = Value(TensorType((1, 16, 8, 8), "float32"), "x")
+        g.inputs = [x]
+        g.outputs = [_conv(g, g.add("relu", [_conv(g, _conv(g, x, 32), 32, 3)]), o)]
+        return g
+    g = layout.run(graph(24), "nchw16c")
+    assert _ops(g) == [("relayout", "nchw16c"), ("conv", "nchw16c"), ("conv", "nchw16c"), ("relu", None), ("conv", "nchw")]
+    assert g.nodes[-1].attrs["in_layout"] == "nchw16c"
+    g = layout.run(graph(8), "nchw16c")
+    assert _ops(g)[-2:] == [("relayout", "nchw"), ("conv", "nchw")] and g.nodes[-1].attrs.get("in_layout") in (None, "nchw")
+    bf16 = graph(24)
+    bf16.nodes[-1].attrs["bf16_act"] = 1                    # bf16 products write blocks only
+    assert _ops(layout.run(bf16, "nchw16c"))[-2:] == [("relayout", "nchw"), ("conv", "nchw")]
+
+
+class _IntoNchw(torch.nn.Module):
+    """Convs of a blocked map (a chain of two blocked convs before them) into 37, 30 and 26 channels (no
+    whole block of 16, 8 or 4 in any): a 1x1 one with a residual and
+    ReLU6, a padded 3x3 stride-2 one (gathered) with SiLU (applied as the rows turn into NCHW), and a 1x1
+    one over 1040 channels (several K blocks)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Conv2d(32, 64, 1), torch.nn.Conv2d(64, 64, 3, padding=1)
+        self.p, self.r = torch.nn.Conv2d(64, 37, 1), torch.nn.Conv2d(32, 37, 1)
+        self.s, self.deep, self.d = torch.nn.Conv2d(64, 30, 3, 2, 1), torch.nn.Conv2d(64, 1040, 1), torch.nn.Conv2d(1040, 26, 1)
+
+    def forward(self, x):
+        a = torch.relu(self.a(x))
+        b = torch.relu(self.b(a))
+        return (torch.nn.functional.relu6(self.p(b) + self.r(x)), torch.nn.functional.silu(self.s(b)),
+                self.d(torch.relu(self.deep(a))))
+
+
+@pytest.mark.parametrize("target,hw,threads", [("native", (13, 11), 2), ("x86_64-avx512", (7, 9), 3), ("x86_64-avx2", (5, 6), 1),
+                                               ("x86_64-sse2", (7, 9), 2)])
+def test_convs_from_blocks_into_nchw_match_torch(tmp_path, target, hw, threads):
+    """cuvil_conv_blocked_nchw_out against torch at each vector width, pixel counts with every row
+    remainder, split between 1, 2 and 3 threads: the rows computed as whole blocks, then turned into NCHW
+    with bias, residual and activation."""
+    import cuvil
+    _skip_unless_host_runs(target)
+    torch.manual_seed(0)
+    m = _IntoNchw().eval()
+    x = torch.randn(2, 32, *hw)
+    cm = cuvil.compile(m, (x,), layout="blocked", num_threads=threads, target=target, cache_dir=str(tmp_path))
+    assert cm.c_source.count("cuvil_conv_blocked_nchw_out(") == 3
+    with torch.no_grad():
+        for got, want in zip(cm.run(x.numpy()), m(x)):
+            np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)

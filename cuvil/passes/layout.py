@@ -8,8 +8,8 @@ Runs after fusion, so that a conv's fused residual is known to be read in the co
 blocked op alone between NCHW neighbours would pay a relayout in and out for its gain, so only ops
 with a blocked neighbour (producer or consumer) are taken: a net's chain of convs turns blocked whole,
 a lone conv stays as it was. A stem conv (a few input channels, NCHW) can write blocked output from
-NCHW input, so the blocked region starts at its output; an integer 1x1 conv into channels that fill no
-block reads blocked input into NCHW output (int8_into_nchw), so one can end there."""
+NCHW input, so the blocked region starts at its output; a conv into channels that fill no block reads
+blocked input into NCHW output (into_nchw), so one can end there."""
 from __future__ import annotations
 
 import numpy as np
@@ -57,19 +57,29 @@ def blockable_from_nchw(node, block: int) -> bool:
             and int(np.prod(w.shape[1:])) <= NCHW_IN_MAX_K)
 
 
-def int8_into_nchw(node, block: int) -> bool:
-    """Whether a conv can read blocked input and write NCHW: a 1x1 conv marked for integer products
-    (int8_act, passes/quantize.py) whose input channels fill blocks and output channels do not
-    (kernels/blocked_dot.c nchw_out). MobileNetV2's projections to 24 channels had taken a relayout of
-    their input and run in fp32; the blocked region now ends at their output."""
-    if node.op != "conv" or not node.attrs.get("int8_act"):
+# the most work a conv into NCHW output may spend on padding: its output channels are computed in whole
+# blocks, at most this many times as many as it has (24 -> 32 channels; 8 -> 16 would double the work)
+INTO_NCHW_MAX_PADDING = 4 / 3
+
+
+def into_nchw(node, block: int) -> bool:
+    """Whether a conv can read blocked input and write NCHW: output channels that fill no block, input
+    channels that do, groups 1. In fp32 any such conv whose padding to whole blocks stays under
+    INTO_NCHW_MAX_PADDING (kernels/blocked.h cuvil_conv_blocked_nchw_out: MobileNetV2's and EfficientNet's
+    projections to 24 and 40 channels had taken a relayout of their input to NCHW, then an NCHW conv);
+    one marked for integer products (int8_act, passes/quantize.py) when 1x1 (kernels/blocked_dot.c
+    nchw_out); none in bf16 products, whose kernels write blocks only. The blocked region ends at its output."""
+    if node.op != "conv":
         return False
     x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
     a = node.attrs
-    return (_static_4d(x) and _static_4d(y) and w.is_const and a.get("groups", 1) == 1
-            and x.shape[1] % block == 0 and y.shape[1] % block != 0 and x.shape[1] <= INT8_MAX_K
-            and tuple(w.shape[2:]) == (1, 1) and tuple(a["strides"]) == (1, 1) and tuple(a["dilations"]) == (1, 1)
-            and all(tuple(p) == (0, 0) for p in a["pads"]))
+    if not (_static_4d(x) and _static_4d(y) and w.is_const and a.get("groups", 1) == 1
+            and x.shape[1] % block == 0 and y.shape[1] % block != 0):
+        return False
+    if a.get("int8_act"):
+        return (x.shape[1] <= INT8_MAX_K and tuple(w.shape[2:]) == (1, 1) and tuple(a["strides"]) == (1, 1)
+                and tuple(a["dilations"]) == (1, 1) and all(tuple(p) == (0, 0) for p in a["pads"]))
+    return not a.get("bf16_act") and -(-y.shape[1] // block) * block <= INTO_NCHW_MAX_PADDING * y.shape[1]
 
 
 def _nhwc_transpose(node, perm, block) -> bool:
@@ -214,7 +224,7 @@ def run(graph, layout: str):
             continue
         if reads_in_place(n) and id(n.inputs[0]) in blocked_values:
             positions = [0]
-        if not blocked and int8_into_nchw(n, block) and id(n.inputs[0]) in blocked_values:
+        if not blocked and into_nchw(n, block) and id(n.inputs[0]) in blocked_values:
             positions = [0]                    # x read blocked; the output (and a residual) NCHW
             n.attrs["in_layout"] = layout
         if _nhwc_transpose(n, TO_NHWC, block) and id(n.inputs[0]) in blocked_values:

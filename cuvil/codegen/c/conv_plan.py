@@ -42,8 +42,8 @@ def int8_nchw(node) -> bool:
 
 
 def reads_blocked_into_nchw(node) -> bool:
-    """An NCHW conv that reads its input channel-blocked (passes/layout.py: an integer 1x1 conv whose
-    output channels fill no block, MobileNetV2's projections to 24 channels): kind "blocked_to_nchw"."""
+    """An NCHW conv that reads its input channel-blocked (passes/layout.into_nchw: output channels that
+    fill no block, MobileNetV2's projections to 24 channels): kind "blocked_to_nchw"."""
     return not is_blocked(node) and layout_block(node.attrs.get("in_layout") or "nchw") > 0
 
 
@@ -172,7 +172,7 @@ def conv2d_path(node) -> str:
 @dataclass(frozen=True)
 class ConvPlan:
     """kind: "nd" (direct loops of a 3-d conv, direct_nd.conv_nd); channel-blocked (kernels/blocked.h):
-    "blocked_from_nchw" (NCHW input), "blocked_to_nchw" (NCHW output, integer products),
+    "blocked_from_nchw" (NCHW input), "blocked_to_nchw" (NCHW output),
     "blocked_depthwise", "blocked_winograd", "blocked"; NCHW: "int8_nchw" (a 1x1 conv in integer products),
     "winograd", "swapped" (cuvil_conv_swapped), "gemm" (cuvil_conv2d), or "swappable" when no panel
     width was given (the target decides between "swapped" and "gemm"; the scratch covers both).
@@ -191,7 +191,7 @@ def _kind(node, m, nr):
     if node.inputs[0].type.rank == 5:
         return "nd", None
     if reads_blocked_into_nchw(node):
-        return "blocked_to_nchw", None           # integer products only (lower_int8dot.computes_int8)
+        return "blocked_to_nchw", "conv_blocked_b"       # (integer products pack their own)
     if int8_nchw(node):
         return "int8_nchw", None
     if is_blocked(node):

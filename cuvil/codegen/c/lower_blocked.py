@@ -63,11 +63,16 @@ def lower_conv_call(em, node, plan, shape_struct, bias, res, act):
     if computes_int8(node, em.target):
         kind = "BYTES" if node.attrs.get("int8_in") else "NCHW" if plan.kind == "blocked_from_nchw" else "BLOCKED"
         return lower_int8_conv(em, node, shape_struct, bias, res, act, kind, nchw_out=plan.kind == "blocked_to_nchw")
-    if plan.kind == "blocked_to_nchw":
-        raise AssertionError(f"conv at {node.loc}: blocked input into NCHW output has integer kernels only")
     links = [f"CUVIL_BF16_{k.upper()}" for k in ("in", "res", "out") if node.attrs.get(f"bf16_{k}")]
     if links and not computes_bf16(node, em.target) or node.attrs.get("bf16_in") and plan.kind != "blocked":
         raise AssertionError(f"conv at {node.loc}: bf16 maps linked to a conv that does not read or write them")
+    if plan.kind == "blocked_to_nchw":               # fp32 (passes/layout.into_nchw takes no bf16 conv)
+        wb = em.packed(plan.pack, node.inputs[1], lambda d: grouped_filters_as_b(d, 1, nr))
+        return ["{", f"  const cuvil_conv_shape s = {shape_struct};",
+                f"  _Static_assert(CUVIL_NR == {nr}, \"conv filters packed for another panel width\");",
+                f"  if (cuvil_conv_blocked_nchw_out(&s, {em.ptr(node.inputs[0])}, {wb}, {bias}, {res}, "
+                f"{em.ptr(node.outputs[0])}, {act}, {em.scratch()}, NT)) "
+                "CUVIL_FAIL(\"out of memory for a conv's rows\");", "}"]
     if plan.kind == "blocked_from_nchw" and computes_bf16(node, em.target):
         wb = em.packed("conv_blocked_bf16", node.inputs[1], bf16_filter_panels, "uint32_t")
         return ["{", f"  const cuvil_conv_shape s = {shape_struct};",

@@ -1,6 +1,7 @@
 #include "blocked.h"
 #include "blocked_input.h"
 #include "int8dot.h"
+#include "nchw_rows.h"
 #include "pool.h"
 #include "transpose.h"
 #include "tuning.h"
@@ -565,6 +566,62 @@ void cuvil_conv_blocked(const cuvil_conv_shape *s, const float *x, const float *
         gg.tasks = mb * blocked_groups(&gg.g);
         cuvil_parallel_for(nt, G * gg.tasks, 1, grouped_gemm_task, &gg);
     }
+}
+
+/* ---- convolution of a blocked input into NCHW output ------------------------------------- */
+typedef struct {
+    grouped_gemm gg;              /* the conv's GEMM as cuvil_conv_blocked sets it up, N the output channels
+                                     up to whole blocks (the filters' padded columns are 0), no epilogue */
+    int64_t O, P;
+    float *y;
+    const float *bias, *residual;
+    int act, out_of_memory;
+} nchw_out_gemm;
+
+/* Task t: M block t / ng x panel group t % ng, as blocked_gemm_task's, the block's rows computed into a
+ * thread buffer as blocked rows of their own, then turned into NCHW with the epilogue. */
+static void nchw_out_task(void *ctx, int64_t t0, int64_t t1) {
+    nchw_out_gemm *a = ctx;
+    const blocked_gemm *g = &a->gg.g;
+    int64_t ng = blocked_groups(g), ldc = g->mc * CUVIL_BLOCK;
+    float *buf = cuvil_thread_buffer(CUVIL_BUF_DOT_OUT, (size_t)(g->np * CUVIL_NR * g->mc) * sizeof(float));
+    if (!buf) {
+        a->out_of_memory = 1;
+        return;
+    }
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t m0 = t / ng * g->mc, rows = cuvil_min(g->mc, g->M - m0), q = t % ng;
+        blocked_gemm b = *g;                 /* rows [m0, m0 + rows) as a GEMM of its own, into buf */
+        gathered_source src;
+        b.M = b.mc = rows, b.mb = 1, b.C = buf, b.ldc = ldc;
+        if (g->gsrc) src = *g->gsrc, src.pix += m0, b.gsrc = &src;
+        else b.A += m0 * CUVIL_BLOCK;
+        blocked_gemm_task(&b, q, q + 1);
+        int64_t c0 = q * BLOCKED_GROUP * CUVIL_NR, c1 = cuvil_min(c0 + BLOCKED_GROUP * CUVIL_NR, a->O);
+        for (int64_t c = c0; c < c1; c += CUVIL_BLOCK)
+            cuvil_nchw_from_rows(buf + c / CUVIL_BLOCK * ldc, CUVIL_BLOCK, rows, 0, cuvil_min(CUVIL_BLOCK, c1 - c),
+                                 a->y + c * a->P + m0, a->residual ? a->residual + c * a->P + m0 : 0,
+                                 a->bias ? a->bias + c : 0, a->P, a->act);
+    }
+}
+
+int cuvil_conv_blocked_nchw_out(const cuvil_conv_shape *s, const float *x, const float *wb, const float *bias,
+                                const float *residual, float *y, int act, float *scratch, int nthreads) {
+    int64_t P = s->OH * s->OW, K = s->KH * s->KW * s->C, N = (s->O + CUVIL_BLOCK - 1) / CUVIL_BLOCK * CUVIL_BLOCK;
+    int nt = P * N * K > 65536 ? nthreads : 1;
+    int64_t in = s->C * s->H * s->W, out = s->O * P, np = (N + CUVIL_NR - 1) / CUVIL_NR, mb;
+    int64_t mc = blocked_m_rows(P, panel_groups(np), nt, rows_unit(N, 0), &mb);
+    blocked_input b = blocked_input_tables(s, scratch);
+    for (int64_t n = 0; n < s->N; n++) {
+        const float *xn = blocked_image(s, &b, x + n * in, scratch, nthreads);
+        nchw_out_gemm a = {{{P, N, K, b.hp * b.wp * CUVIL_BLOCK, 0, np, mb, mc, xn, wb, 0, 0, 0, CUVIL_ACT_NONE},
+                            {xn, b.pix, b.tap, s->C / CUVIL_BLOCK, b.hp * b.wp * CUVIL_BLOCK}},
+                           s->O, P, y + n * out, bias, residual ? residual + n * out : 0, act, 0};
+        if (!b.direct) a.gg.g.gsrc = &a.gg.src;
+        cuvil_parallel_for(nt, mb * blocked_groups(&a.gg.g), 1, nchw_out_task, &a);
+        if (a.out_of_memory) return -1;
+    }
+    return 0;
 }
 
 /* ---- convolution of an NCHW input into the blocked layout ---------------------------------- */

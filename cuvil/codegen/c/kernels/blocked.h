@@ -28,6 +28,15 @@ int64_t cuvil_conv_blocked_scratch(const cuvil_conv_shape *s);
 void cuvil_conv_blocked(const cuvil_conv_shape *s, const float *x, const float *wb, const float *bias,
                         const float *residual, float *y, int act, float *scratch, int nthreads);
 
+/* cuvil_conv_blocked (groups 1) into NCHW output: channels that fill no block (MobileNetV2's and
+ * EfficientNet's projections to 24 and 40), computed as whole blocks a block of pixels at a time into a
+ * thread buffer and turned into NCHW with the epilogue, so the block of the wide map before them is
+ * read once (it had been turned into NCHW by a relayout, then read by an NCHW conv). wb: the filters as
+ * cuvil_conv_blocked's, packed with their O columns zero padded to panels. Scratch: cuvil_conv_blocked's.
+ * Returns -1 where a thread's buffer for the rows could not be allocated. */
+int cuvil_conv_blocked_nchw_out(const cuvil_conv_shape *s, const float *x, const float *wb, const float *bias,
+                                const float *residual, float *y, int act, float *scratch, int nthreads);
+
 /* A depthwise conv (groups = C = O) on the byte image the integer conv before it wrote (precision="int8",
  * passes/quantize.link_int8_convs; depthwise_bytes.c): x pixel-major bytes over range [lo, hi], the padded
  * extent's rows and columns (blocked_input.h; the map itself where no window reaches past it), padding at

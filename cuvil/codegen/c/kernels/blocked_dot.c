@@ -5,7 +5,7 @@
 #include "bf16dot.h"
 #include "blocked_input.h"
 #include "int8dot.h"
-#include "transpose.h"
+#include "nchw_rows.h"
 #include <math.h>
 
 /* ---- bf16 products ------------------------------------------------------------------------ */
@@ -333,38 +333,12 @@ typedef struct {
     const int64_t *pix, *tap;     /* where the conv gathers (not direct) */
     int64_t K4, P, mc, ng, np, tasks;   /* tasks: per group (RegNet's groups are GEMMs of their own) */
     int direct, in_place;         /* direct: pixel m reads pixel m, in place where its C bytes are whole words */
-    int nchw_out;                 /* the output in NCHW, through nchw_from_rows */
+    int nchw_out;                 /* the output in NCHW, through cuvil_nchw_from_rows */
     int short_runs;               /* SHORT_RUN bytes may be read from any pixel of the image (an NCHW input's) */
     const uint32_t *wq;
     cuvil_dot_out out;
     int out_of_memory;
 } int8_conv;
-
-/* Rows [0, rows) x columns [c0, c1) of an M block's output, row-major in buf (ldb floats a row), into NCHW
- * at y (its first pixel of channel 0, P floats a channel) with the residual (the same layout) and the
- * activation: VL x VL blocks turned in registers where the target has the transposes (ldb a multiple of
- * VL, c0 of a panel's columns), else one by one.
- * (Stored column by column from the tiles, MobileNetV2's 144 -> 24 channel projection at 56x56 had
- * taken 2.4x the time of one into 32 blocked channels.) */
-static void nchw_from_rows(const float *buf, int64_t ldb, int64_t rows, int64_t c0, int64_t c1, float *y,
-                           const float *res, int64_t P, int act) {
-    int64_t r = 0;
-#ifdef CUVIL_TRANSPOSE_BLOCK
-    float t[CUVIL_VL * CUVIL_VL] __attribute__((aligned(64)));
-    for (; r + CUVIL_VL <= rows; r += CUVIL_VL) {
-        for (int64_t n = c0; n < c1; n += CUVIL_VL) {        /* a block past c1 reads ldb's padding, unstored */
-            transpose_block(buf + r * ldb + n, ldb, t, CUVIL_VL);
-            for (int j = 0; j < CUVIL_VL && n + j < c1; j++) {
-                cuvil_vf v = cuvil_vload(t + j * CUVIL_VL);
-                if (res) v += cuvil_vload(res + (n + j) * P + r);
-                cuvil_vstore(y + (n + j) * P + r, cuvil_vact(v, act));
-            }
-        }
-    }
-#endif
-    for (; r < rows; r++)
-        for (int64_t n = c0; n < c1; n++) y[n * P + r] = cuvil_act(buf[r * ldb + n] + (res ? res[n * P + r] : 0.f), act);
-}
 
 static void int8_conv_task(void *ctx, int64_t t0, int64_t t1) {
     int8_conv *a = ctx;
@@ -424,8 +398,8 @@ static void int8_conv_task(void *ctx, int64_t t0, int64_t t1) {
             r.row0 = o.row0, r.col0 = o.col0, r.res_q = o.res_q, r.res_ld = o.res_ld, r.res_scale = o.res_scale,
             r.res_shift = o.res_shift;
             cuvil_i8_rows(Aq, rows, a->K4, a->wq + g * a->np * a->K4 * CUVIL_I8_NR, Og, p0, p1, &r);
-            nchw_from_rows(buf, ldb, rows, p0 * CUVIL_I8_NR, cuvil_min(p1 * CUVIL_I8_NR, Og), a->out.C + g * Og * a->P + m0,
-                           a->out.residual ? a->out.residual + g * Og * a->P + m0 : 0, a->P, a->out.act);
+            cuvil_nchw_from_rows(buf, ldb, rows, p0 * CUVIL_I8_NR, cuvil_min(p1 * CUVIL_I8_NR, Og), a->out.C + g * Og * a->P + m0,
+                                 a->out.residual ? a->out.residual + g * Og * a->P + m0 : 0, 0, a->P, a->out.act);
             continue;
         }
         cuvil_i8_rows(Aq, rows, a->K4, a->wq + g * a->np * a->K4 * CUVIL_I8_NR, Og, p0, p1, &o);

@@ -153,6 +153,20 @@ def _conv_scratch(node, bounds):
 
 @lowering("conv", scratch=_conv_scratch, supports=_conv_supports)
 def lower_conv(em, node):
+    lines = _lower_conv_call(em, node)
+    live = node.attrs.get("live_channels")
+    if not live:
+        return lines
+    # channels widened to whole blocks (passes/pad_channels.py): the padding's outputs zeroed
+    y = node.outputs[0]
+    n, c, h, w = (D.to_c(d) for d in y.shape)
+    if not (isinstance(live, int) and 0 < live < y.shape[1]):
+        raise AssertionError(f"conv at {node.loc}: live_channels {live!r} outside its {y.shape[1]} channels")
+    return lines + [f"cuvil_zero_channels({n}, {c}, (int64_t)({h}) * ({w}), {live}, {int(y.layout != 'nchw')}, "
+                    f"{em.ptr(y)});"]
+
+
+def _lower_conv_call(em, node):
     nr = panel_width(em)
     plan = conv_plan(node, nr)
     if plan.kind == "nd":

@@ -156,7 +156,10 @@ def _conv_ref(xs, a):
     if len(xs) > 3 and xs[3] is not None:       # fused residual
         out += xs[3]
     from .fused import apply_act
-    return apply_act(out.astype(xs[0].dtype), a["act"])
+    out = apply_act(out.astype(xs[0].dtype), a["act"])
+    if a.get("live_channels"):           # channels padded to whole blocks (passes/pad_channels.py): zeros
+        out[:, a["live_channels"]:] = 0
+    return out
 
 
 # inputs: x, w, [bias], [residual]; act is the fused activation (passes set it); layout: how C stores
@@ -178,7 +181,7 @@ def _conv_ref(xs, a):
 declare(OpDef("conv", {"strides": None, "pads": None, "dilations": None, "groups": 1, "act": "none",
                        "layout": "nchw", "in_layout": None, "bf16_act": 0, "int8_act": 0, "int8_range": None,
                        "int8_out": None, "int8_out_range": None, "int8_in": 0, "int8_res_range": None,
-                       "bf16_in": 0, "bf16_res": 0, "bf16_out": 0},
+                       "bf16_in": 0, "bf16_res": 0, "bf16_out": 0, "live_channels": 0},
               _conv_infer,
               _conv_ref,
               kind="conv"))

@@ -1,4 +1,5 @@
 #include "blocked.h"
+#include <string.h>
 #include "blocked_input.h"
 #include "int8dot.h"
 #include "nchw_rows.h"
@@ -622,6 +623,28 @@ int cuvil_conv_blocked_nchw_out(const cuvil_conv_shape *s, const float *x, const
         if (a.out_of_memory) return -1;
     }
     return 0;
+}
+
+/* ---- channels padded to whole blocks --------------------------------------------------------- */
+void cuvil_zero_channels(int64_t N, int64_t C, int64_t HW, int64_t live, int blocked, float *y) {
+    typedef int32_t lane_mask __attribute__((vector_size(sizeof(cuvil_vf))));
+    for (int64_t n = 0; n < N; n++) {
+        float *yn = y + n * C * HW;
+        if (!blocked) {
+            memset(yn + live * HW, 0, (size_t)((C - live) * HW) * sizeof(float));
+            continue;
+        }
+        for (int64_t b = live / CUVIL_BLOCK; b < C / CUVIL_BLOCK; b++) {
+            lane_mask keep;                  /* the block's real channels' lanes: all bits; its padding's: none */
+            for (int l = 0; l < CUVIL_BLOCK; l++) keep[l] = b * CUVIL_BLOCK + l < live ? -1 : 0;
+            for (float *q = yn + b * HW * CUVIL_BLOCK, *e = q + HW * CUVIL_BLOCK; q < e; q += CUVIL_BLOCK) {
+                lane_mask v;                 /* by bits: a NaN times a zero mask would stay NaN */
+                memcpy(&v, q, sizeof v);
+                v &= keep;
+                memcpy(q, &v, sizeof v);
+            }
+        }
+    }
 }
 
 /* ---- convolution of an NCHW input into the blocked layout ---------------------------------- */

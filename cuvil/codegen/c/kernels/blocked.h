@@ -123,6 +123,12 @@ void cuvil_max_pool_blocked(const cuvil_conv_shape *s, const float *x, float *y,
  * holds one: pads under the kernel). */
 void cuvil_max_pool_bytes(const cuvil_conv_shape *s, const uint8_t *x, uint8_t *y, int nthreads);
 
+/* Channels [live, C) of an [N][C][HW] map set to 0, NCHW (blocked 0) or blocked: the padding a conv
+ * whose channels were widened to whole blocks writes past its live ones (passes/pad_channels.py), so
+ * that the zero filters which read them add exact zeros whatever its input held (an inf times a zero
+ * filter is NaN). */
+void cuvil_zero_channels(int64_t N, int64_t C, int64_t HW, int64_t live, int blocked, float *y);
+
 /* [N][C][H*W] <-> [N][C/B][H*W][B] (to_blocked 1: NCHW in; 0: blocked in). */
 void cuvil_relayout(int64_t N, int64_t C, int64_t HW, int to_blocked, const float *x, float *y, int nthreads);
 /* A blocked [N][C/B][HW][B] map to channels-last [N][HW][C] (to_nhwc) or back: ConvNeXt's permutes

@@ -13,6 +13,8 @@ from cuvil.ir.graph import Graph, TensorType, Value
 from cuvil.passes import layout
 from cuvil.target import resolve_target, vector_floats
 
+from .util import skip_unless_host_runs
+
 torch = pytest.importorskip("torch", reason="the end-to-end cases compile torch modules")
 
 
@@ -139,18 +141,6 @@ class _Bottlenecks(torch.nn.Module):
         return x, self.fc(x.mean((2, 3)))
 
 
-def _skip_unless_host_runs(target):
-    import platform
-
-    from cuvil.target import cpu_flags
-    if target == "x86_64-avx512" and "avx512f" not in cpu_flags():
-        pytest.skip(f"this CPU cannot run {target} code")
-    if target == "x86_64-avx2" and "avx2" not in cpu_flags():
-        pytest.skip(f"this CPU cannot run {target} code")
-    if target == "x86_64-sse2" and platform.machine() != "x86_64":
-        pytest.skip("x86_64-sse2 code runs on x86-64 hosts only")
-
-
 class _DeepChannels(torch.nn.Module):
     """Convs deep enough in channels for several K blocks of the wide tile (tuning.h
     CUVIL_BLOCKED_WIDE_KB: 8 or 32 blocks of 16 channels): a 1x1 conv of 1040 channels into 80 (a pair of
@@ -219,7 +209,7 @@ def test_small_resnet_blocked_matches_torch(tmp_path, threads, target):
     """layout="blocked": blocks of the target's vector width (nchw8c and 6-row tiles on AVX2, nchw4c with
     SSE2, the width of NEON and the portable kernels)."""
     import cuvil
-    _skip_unless_host_runs(target)
+    skip_unless_host_runs(target)
     torch.manual_seed(0)
     m = _Bottlenecks().eval()
     for mod in m.modules():                        # BN statistics away from identity, so folding matters
@@ -244,7 +234,7 @@ def test_pointwise_convs_from_nchw_into_blocks_match_torch(tmp_path, target):
     output channels of two whole panels (the wide tiles on AVX-512), one and a half, pixel counts with
     every row remainder; then a padded 3x3 one from NCHW (the copy)."""
     import cuvil
-    _skip_unless_host_runs(target)
+    skip_unless_host_runs(target)
 
     class Net(torch.nn.Module):
         def __init__(self, cin, cout):
@@ -436,7 +426,7 @@ def test_grouped_winograd_matches_torch(tmp_path, target, hw, threads):
     thread takes whole groups, split into parts of tile rows where they do not share out evenly (3 groups
     on 2 threads, 2 and 4 on 3); one thread runs the products of every group after all the transforms."""
     import cuvil
-    _skip_unless_host_runs(target)
+    skip_unless_host_runs(target)
     torch.manual_seed(0)
     m = _GroupedWinograd().eval()
     x = torch.randn(2, 3, *hw)
@@ -472,7 +462,7 @@ def test_channels_last_mlp_reads_and_writes_blocked_maps(tmp_path, target):
     """The permutes around ConvNeXt's channels-last LayerNorm and MLP read and write the blocked maps
     themselves (cuvil_blocked_nhwc): no relayout but the output's, and the result equals torch's, batch 2."""
     import cuvil
-    _skip_unless_host_runs(target)
+    skip_unless_host_runs(target)
     torch.manual_seed(0)
     vf = vector_floats(resolve_target(target))
     m = _ConvNeXtish(2 * vf).eval()
@@ -533,7 +523,7 @@ def test_depthwise_tiles_and_edges_match_torch(tmp_path, target, hw):
     40 x 41 (too large for the copy at 16 channels): the top and bottom rows tiled over the filter rows
     inside the map, the edge columns one by one over their clipped windows."""
     import cuvil
-    _skip_unless_host_runs(target)
+    skip_unless_host_runs(target)
     torch.manual_seed(0)
     m = _DepthwiseBranches(16).eval()
     x = 5 * torch.randn(1, 3, *hw)                   # sums past ReLU6's 6
@@ -658,7 +648,7 @@ def test_pools_over_pixels_of_a_blocked_map_in_lanes(tmp_path, target):
     number of partial rows), and a NaN in one image's input pixel, which the pools of that image carry
     (maxima included) and the other image's do not."""
     import cuvil
-    _skip_unless_host_runs(target)
+    skip_unless_host_runs(target)
 
     class Net(torch.nn.Module):
         def __init__(self):
@@ -690,7 +680,7 @@ def test_max_pools_match_torch_nan_and_inf_included(tmp_path, target, layout):
     input, the edges window by window; its selects had dropped the NaN: a wrong answer) and NCHW
     (kernels/conv.c pool_row_strip: vectors of outputs, the last ones of a row stored in part)."""
     import cuvil
-    _skip_unless_host_runs(target)
+    skip_unless_host_runs(target)
     POOLS = [(3, 2, 1, False), (3, 2, 0, True), (2, 2, 0, False), (3, 1, 1, False), (2, 1, 0, True), (5, 2, 2, False)]
 
     class Net(torch.nn.Module):
@@ -726,7 +716,7 @@ def test_fused_relu_keeps_nan_as_torch(tmp_path, target, act):
     GEMM tile's, Winograd's, the depthwise conv's) as it does in torch (the tiles' selects had turned it
     into 0; vmath.h's max and min keep it by their operand order)."""
     import cuvil
-    _skip_unless_host_runs(target)
+    skip_unless_host_runs(target)
 
     class Net(torch.nn.Module):
         def __init__(self):
@@ -825,7 +815,7 @@ def test_convs_from_blocks_into_nchw_match_torch(tmp_path, target, hw, threads):
     remainder, split between 1, 2 and 3 threads: the rows computed as whole blocks, then turned into NCHW
     with bias, residual and activation."""
     import cuvil
-    _skip_unless_host_runs(target)
+    skip_unless_host_runs(target)
     torch.manual_seed(0)
     m = _IntoNchw().eval()
     x = torch.randn(2, 32, *hw)

@@ -9,6 +9,8 @@ from cuvil.ir.graph import Graph, TensorType, Value
 from cuvil.ir.interpreter import run as run_graph
 from cuvil.passes import layout, pad_channels
 
+from .util import skip_unless_host_runs
+
 torch = pytest.importorskip("torch", reason="the end-to-end cases compile torch modules")
 
 
@@ -111,22 +113,12 @@ class _MBConv(torch.nn.Module):
         return x
 
 
-def _skip_unless_host_runs(target):
-    import platform
-
-    from cuvil.target import cpu_flags
-    if target == "x86_64-avx2" and "avx2" not in cpu_flags():
-        pytest.skip(f"this CPU cannot run {target} code")
-    if target == "x86_64-sse2" and platform.machine() != "x86_64":
-        pytest.skip("x86_64-sse2 code runs on x86-64 hosts only")
-
-
 @pytest.mark.parametrize("target,threads", [("native", 2), ("x86_64-avx2", 1), ("x86_64-sse2", 3)])
 def test_padded_blocks_match_torch(tmp_path, target, threads):
     """The widened blocks at each vector width (58 and 90 fill no block of 16, 8 or 4 but 90 -> 92 at 4),
     with the padding's zeroing in the blocked layout, against torch."""
     import cuvil
-    _skip_unless_host_runs(target)
+    skip_unless_host_runs(target)
     torch.manual_seed(0)
     m = _MBConv().eval()
     x = torch.randn(2, 16, 13, 11)

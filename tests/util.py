@@ -86,3 +86,17 @@ def compile_linked_and_plain(model, args, tmp_path, monkeypatch, **opts):
     for link in ("link_int8_convs", "link_bf16_convs"):
         monkeypatch.setattr(quantize, link, lambda graph, backend: graph)
     return linked, cuvil.compile(model, args, cache_dir=tmp_path / "plain", **opts)
+
+
+def skip_unless_host_runs(target):
+    """pytest.skip where this CPU cannot run code built for `target` (the builds with explicit flags)."""
+    import platform
+
+    import pytest
+
+    from cuvil.target import cpu_flags
+    needs = {"x86_64-avx512": "avx512f", "x86_64-avx2": "avx2"}.get(target)
+    if needs and needs not in cpu_flags():
+        pytest.skip(f"this CPU cannot run {target} code")
+    if target.startswith("x86_64") and platform.machine() != "x86_64":
+        pytest.skip(f"{target} code runs on x86-64 hosts only")

@@ -790,16 +790,16 @@ def test_convs_into_channels_that_fill_no_block_end_the_blocked_region_in_nchw()
 
 
 class _IntoNchw(torch.nn.Module):
-    """Convs of a blocked map (a chain of two blocked convs before them) into 37, 30 and 26 channels (no
-    whole block of 16, 8 or 4 in any): a 1x1 one with a residual and
-    ReLU6, a padded 3x3 stride-2 one (gathered) with SiLU (applied as the rows turn into NCHW), and a 1x1
-    one over 1040 channels (several K blocks)."""
+    """Convs of a blocked map (a chain of two blocked convs before them) into 37, 30 and 98 channels (no
+    whole block of 16, 8 or 4 in any): a 1x1 one with a residual and ReLU6, a padded 3x3 stride-2 one
+    (gathered) with SiLU (applied as the rows turn into NCHW), and a 1x1 one over 1040 channels (several K
+    blocks) into 98 (at 16 floats, the wide tile's panel pair and a second panel group)."""
 
     def __init__(self):
         super().__init__()
         self.a, self.b = torch.nn.Conv2d(32, 64, 1), torch.nn.Conv2d(64, 64, 3, padding=1)
         self.p, self.r = torch.nn.Conv2d(64, 37, 1), torch.nn.Conv2d(32, 37, 1)
-        self.s, self.deep, self.d = torch.nn.Conv2d(64, 30, 3, 2, 1), torch.nn.Conv2d(64, 1040, 1), torch.nn.Conv2d(1040, 26, 1)
+        self.s, self.deep, self.d = torch.nn.Conv2d(64, 30, 3, 2, 1), torch.nn.Conv2d(64, 1040, 1), torch.nn.Conv2d(1040, 98, 1)
 
     def forward(self, x):
         a = torch.relu(self.a(x))

@@ -69,8 +69,7 @@ def test_only_channel_counts_worth_padding_are_widened(c, block, widened):
     lambda g, y: g.add("div", [y, y]),                                         # 0 / 0 in the padding
 ])
 def test_a_region_that_reaches_another_op_is_left_as_it_is(tail):
-    """The project's output (72 channels here: the block's input has 72) reaches an op that would see the
-    padding; the block's own 80-wide inner region is widened regardless."""
+    """A region of 72-channel maps that reaches an op which would see the padding stays 72 wide."""
     g = Graph()
     x = Value(TensorType((1, 72, 6, 5), "float32"), "x")
     g.inputs = [x]
@@ -78,6 +77,39 @@ def test_a_region_that_reaches_another_op_is_left_as_it_is(tail):
     g.outputs = [tail(g, y)]
     pad_channels.run(g, 16)
     assert all(n.outputs[0].shape[1] == 72 for n in g.nodes if n.op == "conv" and n.outputs[0].shape[1] != 32)
+
+
+def test_a_depthwise_residual_from_outside_the_region_keeps_it_as_it_is():
+    """A depthwise conv's fused residual is widened with its output or the region fails: here it is the
+    graph's input, which cannot be."""
+    g = Graph()
+    x = Value(TensorType((1, 72, 6, 5), "float32"), "x")
+    g.inputs = [x]
+    d = _conv(g, _conv(g, x, 72, act="relu"), 72, 3, groups=72, residual=x)
+    g.outputs = [_conv(g, d, 16)]
+    pad_channels.run(g, 16)
+    g.verify()
+    assert [n.outputs[0].shape[1] for n in g.nodes] == [72, 72, 16]
+
+
+def test_a_per_channel_constant_is_padded_only_where_the_region_reads_it():
+    """One [1, 72, 1, 1] constant (cleanup merges equal small ones) scales a map inside a region and the
+    graph's other input outside it: only the region's use takes the padded copy."""
+    g = Graph()
+    x, z = Value(TensorType((1, 16, 6, 5), "float32"), "x"), Value(TensorType((1, 72, 6, 5), "float32"), "z")
+    g.inputs = [x, z]
+    scale = g.const(np.linspace(0.5, 2, 72, dtype=np.float32).reshape(1, 72, 1, 1))
+    e = g.add("mul", [_conv(g, _conv(g, x, 72, act="relu"), 72, 3, groups=72), scale])
+    g.outputs = [_conv(g, e, 16), g.add("mul", [z, scale])]
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal(v.shape).astype(np.float32) for v in g.inputs]
+    want = run_graph(g, *xs)
+    pad_channels.run(g, 16)
+    g.verify()
+    assert [n.outputs[0].shape[1] for n in g.nodes] == [80, 80, 80, 16, 72]
+    assert g.nodes[-1].inputs[1] is scale and g.nodes[2].inputs[1].shape == (1, 80, 1, 1)
+    for got, w in zip(run_graph(g, *xs), want):
+        np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-5)
 
 
 def test_graph_outputs_keep_their_channels():

@@ -66,7 +66,8 @@ def into_nchw(node, block: int) -> bool:
     """Whether a conv can read blocked input and write NCHW: output channels that fill no block, input
     channels that do, groups 1. In fp32 any such conv whose padding to whole blocks stays under
     INTO_NCHW_MAX_PADDING (kernels/blocked.h cuvil_conv_blocked_nchw_out: MobileNetV2's and EfficientNet's
-    projections to 24 and 40 channels had taken a relayout of their input to NCHW, then an NCHW conv);
+    projections to 24 channels, which passes/pad_channels.py leaves as they are, had taken a relayout of
+    their input to NCHW, then an NCHW conv);
     one marked for integer products (int8_act, passes/quantize.py) when 1x1 (kernels/blocked_dot.c
     nchw_out); none in bf16 products, whose kernels write blocks only. The blocked region ends at its output."""
     if node.op != "conv":

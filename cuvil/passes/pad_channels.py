@@ -1,5 +1,5 @@
 """Pad channels to whole blocks: where a net's maps have channel counts that fill no block of the target's
-vector width (MobileNetV3's 24, 40, 72, 120 and 200 at blocks of 16), widen them, with zero filters, to
+vector width (MobileNetV3's 40, 72, 120 and 200 at blocks of 16), widen them, with zero filters, to
 the next multiple, so the layout pass runs them channel-blocked instead of NCHW (blocked depthwise convs
 took half the time of the NCHW kernel on MobileNetV3's 72 and 120 channels; a blocked map needs no
 relayout between the 1x1 convs around it). What OpenVINO and oneDNN do with a blocked layout's last
@@ -70,7 +70,7 @@ class _Region:
         self.c = c
         self.values = {}          # id -> Value: the maps widened
         self.sources, self.readers, self.depthwise = {}, {}, {}     # id(node) -> node
-        self.consts = {}          # id(const) -> the const's value: per-channel operands padded with zeros
+        self.consts = []          # (node, k): per-channel constant operands, padded with zeros
         self.failed = False
 
     def add(self, v, users, outputs):
@@ -89,6 +89,8 @@ class _Region:
         if _const_conv(p) and _depthwise(p):
             self.depthwise[id(p)] = p
             self._pending.append(p.inputs[0])
+            if len(p.inputs) > 3 and p.inputs[3] is not None:    # its fused residual, as a source's
+                self._pending.append(p.inputs[3])
         elif _const_conv(p) and p.attrs.get("groups", 1) == 1:
             self.sources[id(p)] = p
             if len(p.inputs) > 3 and p.inputs[3] is not None:    # a fused residual has the output's shape
@@ -118,11 +120,11 @@ class _Region:
     def _operands(self, n):
         """A binary node's operands: maps and gates of C are widened; per-channel constants padded with
         zeros; single elements left as they are."""
-        for x in n.inputs:
+        for k, x in enumerate(n.inputs):
             if _scalar(x):
                 continue
             if x.is_const and x.type.rank == 4 and x.shape[1] == self.c and x.shape[2:] == (1, 1):
-                self.consts[id(x)] = x
+                self.consts.append((n, k))
             else:
                 self._pending.append(x)
 
@@ -163,10 +165,8 @@ def _widen(graph, region, block):
             n.attrs["live_channels"] = c         # its padded channels written as zeros
     for n in region.readers.values():
         n.inputs[1] = padded_const(n.inputs[1], 1)
-    for n in graph.nodes:
-        for k, x in enumerate(n.inputs):
-            if x is not None and id(x) in region.consts:
-                n.inputs[k] = padded_const(x, 1)
+    for n, k in region.consts:           # only these uses: a constant may be shared with nodes outside
+        n.inputs[k] = padded_const(n.inputs[k], 1)
     # the new types, in graph order (each node's inputs are final before it)
     widened = set(region.values)
     for n in graph.nodes:

@@ -279,7 +279,7 @@ def _scratch(node, bounds, m) -> int:
 def conv_plan(node, nr=None, bounds=None) -> ConvPlan:
     """The kernel this conv takes and what it needs. nr: the target's panel width (gemm_plan.panel_width),
     which decides "swapped"; bounds: the symbols' bounds, from which scratch_bytes is computed."""
-    m = winograd_tile(node)
+    m = 0 if reads_blocked_into_nchw(node) else winograd_tile(node)     # (blocked into NCHW: no Winograd kernel)
     kind, pack = _kind(node, m, nr)
     return ConvPlan(kind, m, pack, conv2d_path(node) if kind == "gemm" else None,
                     None if bounds is None else _scratch(node, bounds, m))

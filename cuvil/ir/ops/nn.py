@@ -119,7 +119,11 @@ def _conv_infer(types, attrs, inputs):
            zip(x.shape[2:], w.shape[2:], attrs["strides"], attrs["pads"], attrs["dilations"])]
     if any(isinstance(o, int) and o <= 0 for o in out):
         raise ShapeError(f"conv: output spatial size {out} is empty for input {x} and kernel {w.shape[2:]}")
-    return [TensorType((x.shape[0], w.shape[0], *out), x.dtype)]
+    y = (x.shape[0], w.shape[0], *out)
+    r = types[3] if len(types) > 3 else None
+    if r is not None and not (r.rank == len(y) and all(D.dims_equal(a, b) for a, b in zip(r.shape, y))):
+        raise ShapeError(f"conv: residual shape {list(r.shape)}, expected the output's {list(y)}")
+    return [TensorType(y, x.dtype)]
 
 
 def _check_byte_out(op, attrs):

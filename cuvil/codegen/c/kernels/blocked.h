@@ -29,7 +29,7 @@ void cuvil_conv_blocked(const cuvil_conv_shape *s, const float *x, const float *
                         const float *residual, float *y, int act, float *scratch, int nthreads);
 
 /* cuvil_conv_blocked (groups 1) into NCHW output: channels that fill no block (MobileNetV2's and
- * EfficientNet's projections to 24 and 40), computed as whole blocks a block of pixels at a time into a
+ * EfficientNet's projections to 24), computed as whole blocks a block of pixels at a time into a
  * thread buffer and turned into NCHW with the epilogue, so the block of the wide map before them is
  * read once (it had been turned into NCHW by a relayout, then read by an NCHW conv). wb: the filters as
  * cuvil_conv_blocked's, packed with their O columns zero padded to panels. Scratch: cuvil_conv_blocked's.

@@ -148,16 +148,21 @@ class _MBConv(torch.nn.Module):
 @pytest.mark.parametrize("target,threads", [("native", 2), ("x86_64-avx2", 1), ("x86_64-sse2", 3)])
 def test_padded_blocks_match_torch(tmp_path, target, threads):
     """The widened blocks at each vector width (58 and 90 fill no block of 16, 8 or 4 but 90 -> 92 at 4),
-    with the padding's zeroing in the blocked layout, against torch."""
+    with the padding's zeroing in the blocked layout (the maps) and in NCHW (the gates), against torch;
+    natively with a dynamic batch, run at 1 and 3 images."""
     import cuvil
     skip_unless_host_runs(target)
     torch.manual_seed(0)
     m = _MBConv().eval()
     x = torch.randn(2, 16, 13, 11)
-    cm = cuvil.compile(m, (x,), layout="blocked", num_threads=threads, target=target, cache_dir=str(tmp_path))
+    dyn = {"x": {0: torch.export.Dim("batch", min=1, max=4)}} if target == "native" else None
+    cm = cuvil.compile(m, (x,), layout="blocked", num_threads=threads, target=target, dynamic_shapes=dyn,
+                       cache_dir=str(tmp_path))
     assert "cuvil_zero_channels(" in cm.c_source and "cuvil_depthwise_blocked(" in cm.c_source
-    with torch.no_grad():
-        np.testing.assert_allclose(cm.run(x.numpy())[0], m(x).numpy(), rtol=1e-4, atol=1e-4)
+    for n in (1, 3) if dyn else (2,):
+        xn = torch.randn(n, 16, 13, 11)
+        with torch.no_grad():
+            np.testing.assert_allclose(cm.run(xn.numpy())[0], m(xn).numpy(), rtol=1e-4, atol=1e-4)
 
 
 def test_infinities_do_not_reach_real_channels_through_the_padding(tmp_path):

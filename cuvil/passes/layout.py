@@ -18,6 +18,7 @@ from ..ir.graph import Node, Value
 from ..ir.quant import INT8_MAX_K
 from ..ir.ops import REGISTRY, infer_types
 from ..ir.ops.movement import FROM_NHWC, TO_NHWC, layout_block
+from .pad_channels import padded
 
 
 def _static_4d(v):
@@ -80,7 +81,7 @@ def into_nchw(node, block: int) -> bool:
     if a.get("int8_act"):
         return (x.shape[1] <= INT8_MAX_K and tuple(w.shape[2:]) == (1, 1) and tuple(a["strides"]) == (1, 1)
                 and tuple(a["dilations"]) == (1, 1) and all(tuple(p) == (0, 0) for p in a["pads"]))
-    return not a.get("bf16_act") and -(-y.shape[1] // block) * block <= INTO_NCHW_MAX_PADDING * y.shape[1]
+    return not a.get("bf16_act") and padded(y.shape[1], block) <= INTO_NCHW_MAX_PADDING * y.shape[1]
 
 
 def _nhwc_transpose(node, perm, block) -> bool:

@@ -550,6 +550,17 @@ int64_t cuvil_conv_blocked_scratch(const cuvil_conv_shape *s) {
     return copy + 2 * (s->OH * s->OW + s->KH * s->KW);         /* + the int64 tables pix and tap */
 }
 
+/* Group 0's GEMM of a blocked conv over image xn (every group's has its shape), `columns` output channels
+ * wide: A read in place, or gathered through gg->src. The epilogue (bias, residual, C, act) is left 0. */
+static void conv_image_gemm(grouped_gemm *gg, const cuvil_conv_shape *s, const blocked_input *b, const float *xn,
+                            const float *wb, int64_t columns, int64_t mb, int64_t mc) {
+    int64_t Cg = s->C / s->groups, P = s->OH * s->OW, plane = b->hp * b->wp * CUVIL_BLOCK;
+    *gg = (grouped_gemm){{P, columns, s->KH * s->KW * Cg, plane, P * CUVIL_BLOCK, (columns + CUVIL_NR - 1) / CUVIL_NR,
+                          mb, mc, xn, wb},
+                         {xn, b->pix, b->tap, Cg / CUVIL_BLOCK, plane}};
+    if (!b->direct) gg->g.gsrc = &gg->src;         /* grouped_gemm_task points each group's copy at its own */
+}
+
 void cuvil_conv_blocked(const cuvil_conv_shape *s, const float *x, const float *wb, const float *bias,
                         const float *residual, float *y, int act, float *scratch, int nthreads) {
     int64_t G = s->groups, Cg = s->C / G, Og = s->O / G, P = s->OH * s->OW, K = s->KH * s->KW * Cg;
@@ -558,12 +569,10 @@ void cuvil_conv_blocked(const cuvil_conv_shape *s, const float *x, const float *
     int64_t mc = blocked_m_rows(P, G * panel_groups((Og + CUVIL_NR - 1) / CUVIL_NR), nt, rows_unit(Og, 0), &mb);
     blocked_input b = blocked_input_tables(s, scratch);
     for (int64_t n = 0; n < s->N; n++) {
-        const float *xn = blocked_image(s, &b, x + n * in, scratch, nthreads);
-        grouped_gemm gg = {{P, Og, K, b.hp * b.wp * CUVIL_BLOCK, P * CUVIL_BLOCK, (Og + CUVIL_NR - 1) / CUVIL_NR, mb, mc,
-                            xn, wb, bias, residual ? residual + n * out : 0, y + n * out, act},
-                           {xn, b.pix, b.tap, Cg / CUVIL_BLOCK, b.hp * b.wp * CUVIL_BLOCK},
-                           0, Cg * b.hp * b.wp, cuvil_packed_b_size(K, Og), Og * P, Og};
-        if (!b.direct) gg.g.gsrc = &gg.src;          /* grouped_gemm_task points each group's copy at its own */
+        grouped_gemm gg;
+        conv_image_gemm(&gg, s, &b, blocked_image(s, &b, x + n * in, scratch, nthreads), wb, Og, mb, mc);
+        gg.g.bias = bias, gg.g.residual = residual ? residual + n * out : 0, gg.g.C = y + n * out, gg.g.act = act;
+        gg.a_step = Cg * b.hp * b.wp, gg.b_step = cuvil_packed_b_size(K, Og), gg.c_step = Og * P, gg.bias_step = Og;
         gg.tasks = mb * blocked_groups(&gg.g);
         cuvil_parallel_for(nt, G * gg.tasks, 1, grouped_gemm_task, &gg);
     }
@@ -614,11 +623,9 @@ int cuvil_conv_blocked_nchw_out(const cuvil_conv_shape *s, const float *x, const
     int64_t mc = blocked_m_rows(P, panel_groups(np), nt, rows_unit(N, 0), &mb);
     blocked_input b = blocked_input_tables(s, scratch);
     for (int64_t n = 0; n < s->N; n++) {
-        const float *xn = blocked_image(s, &b, x + n * in, scratch, nthreads);
-        nchw_out_gemm a = {{{P, N, K, b.hp * b.wp * CUVIL_BLOCK, 0, np, mb, mc, xn, wb, 0, 0, 0, CUVIL_ACT_NONE},
-                            {xn, b.pix, b.tap, s->C / CUVIL_BLOCK, b.hp * b.wp * CUVIL_BLOCK}},
-                           s->O, P, y + n * out, bias, residual ? residual + n * out : 0, act, 0};
-        if (!b.direct) a.gg.g.gsrc = &a.gg.src;
+        nchw_out_gemm a = {.O = s->O, .P = P, .y = y + n * out, .bias = bias,
+                           .residual = residual ? residual + n * out : 0, .act = act};
+        conv_image_gemm(&a.gg, s, &b, blocked_image(s, &b, x + n * in, scratch, nthreads), wb, N, mb, mc);
         cuvil_parallel_for(nt, mb * blocked_groups(&a.gg.g), 1, nchw_out_task, &a);
         if (a.out_of_memory) return -1;
     }

@@ -4,6 +4,7 @@
 #ifndef CUVIL_VMATH_H
 #define CUVIL_VMATH_H
 #include "common.h"
+#include "smath.h"
 #include "tuning.h"
 
 typedef int32_t cuvil_vi __attribute__((vector_size(CUVIL_VL * 4)));
@@ -110,18 +111,21 @@ static inline cuvil_vf cuvil_vload_bytes(const uint8_t *p) {
 #if defined(__AVX512F__) && CUVIL_VL == 16
 /* exp(x) for x in [-104, 89] (or NaN, kept): the same reduction and polynomial as the portable form
  * below, 2^n by vscalefps (inf past the top of the exponent range, denormals and 0 past the bottom).
+ * n is rounded by adding and subtracting 1.5 * 2^23, the multiply by log2(e) fused into the add: two
+ * operations where vrndscaleps (two uops on Intel) and its multiply took three. A SiLU vector in L1
+ * took 0.89x the time (Intel AVX-512), its exp and division as accurate as before (1.0e-7 relative).
  * Also softmax's exp of x <= 0 (attention.c). */
 static inline __m512 cuvil_vexp_in_range(__m512 x) {
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 shifter = _mm512_set1_ps(12582912.f);
+    __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), shifter), shifter);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.9875691500e-4f), r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(CUVIL_EXP_P6), r, _mm512_set1_ps(CUVIL_EXP_P5));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CUVIL_EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CUVIL_EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CUVIL_EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
     return _mm512_scalef_ps(p, n);
 }
 
@@ -139,18 +143,20 @@ static inline cuvil_vf cuvil_vexp(cuvil_vf x) {
     /* round to nearest: add and subtract 1.5 * 2^23 */
     n = (n + cuvil_vsplat(12582912.f)) - cuvil_vsplat(12582912.f);
     cuvil_vf r = xc - n * cuvil_vsplat(0.693359375f) - n * cuvil_vsplat(-2.12194440e-4f);
-    cuvil_vf p = cuvil_vsplat(1.9875691500e-4f);
-    p = p * r + cuvil_vsplat(1.3981999507e-3f);
-    p = p * r + cuvil_vsplat(8.3334519073e-3f);
-    p = p * r + cuvil_vsplat(4.1665795894e-2f);
-    p = p * r + cuvil_vsplat(1.6666665459e-1f);
-    p = p * r + cuvil_vsplat(5.0000001201e-1f);
-    p = p * r * r + r + cuvil_vsplat(1.f);
+    cuvil_vf p = cuvil_vsplat(CUVIL_EXP_P6);
+    p = p * r + cuvil_vsplat(CUVIL_EXP_P5);
+    p = p * r + cuvil_vsplat(CUVIL_EXP_P4);
+    p = p * r + cuvil_vsplat(CUVIL_EXP_P3);
+    p = p * r + cuvil_vsplat(CUVIL_EXP_P2);
+    p = p * r + cuvil_vsplat(1.f);
+    p = p * r + cuvil_vsplat(1.f);
     cuvil_vi e = (__builtin_convertvector(n, cuvil_vi) + 127) << 23;
     cuvil_vf scale;
     memcpy(&scale, &e, sizeof scale);
     cuvil_vf y = p * scale;
-    return cuvil_vsel(x != x, x, y);                              /* keep NaN */
+    /* NaN kept and exp(x > ln(FLT_MAX)) = inf (the clamp alone left FLT_MAX / 1.4, so SiLU(-inf) came
+     * out -inf where torch gives NaN): x * inf is both, from one unordered-or-greater compare */
+    return cuvil_vsel(~(x <= cuvil_vsplat(88.7228390f)), x * cuvil_vsplat(INFINITY), y);
 }
 #endif
 

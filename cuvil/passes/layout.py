@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ir import dims as D
 from ..ir.graph import Node, Value
 from ..ir.quant import INT8_MAX_K
 from ..ir.ops import REGISTRY, infer_types
@@ -100,11 +101,12 @@ def _blocked_inputs(node):
 
 
 def per_channel(v, y) -> bool:
-    """v broadcasts against the 4-d y as one value per channel ([N or 1, C, 1, 1] once padded to rank 4):
-    the same bytes in NCHW and in any blocked layout, so read in place by a blocked node."""
+    """v broadcasts against the 4-d y as one value per channel ([N or 1, C, 1, 1] once padded to rank 4, N
+    y's batch, static or not): the same bytes in NCHW and in any blocked layout, so read in place by a
+    blocked node. (A dynamic batch's squeeze-and-excitation gates had ended the blocked region.)"""
     shape = (1,) * (4 - v.type.rank) + tuple(v.shape)
-    return (v.type.rank <= 4 and all(isinstance(d, int) for d in shape) and shape[1] == y.shape[1]
-            and shape[2] == shape[3] == 1 and shape[0] in (1, y.shape[0]))
+    return (v.type.rank <= 4 and all(isinstance(d, int) for d in shape[1:]) and shape[1] == y.shape[1]
+            and shape[2] == shape[3] == 1 and (shape[0] == 1 or D.dims_equal(shape[0], y.shape[0])))
 
 
 def _whole_blocks(node, block):

@@ -235,6 +235,15 @@ def _blocked_scratch(node, s, m) -> int:
     return _int8_scratch(node, s) if node.attrs.get("int8_act") else _gathered_floats(node, s) * 4
 
 
+def _gate_scratch(node, s) -> int:
+    """Bytes of kernels/blocked.h cuvil_conv_gated_scratch: a conv with a gate folded in
+    (passes/gate_conv.py) scales its filters, packed in panels of two blocks, into scratch first."""
+    if len(node.inputs) < 5 or node.inputs[4] is None:
+        return 0
+    nr = 2 * layout_block(node.attrs.get("in_layout") or node.attrs["layout"])
+    return -(-s["O"] // nr) * nr * s["C"] * 4
+
+
 def _gathered_floats(node, s) -> int:
     """kernels/blocked.c cuvil_conv_blocked_scratch: the zero-padded copy and the pixel and tap tables."""
     if pointwise_conv(node):
@@ -266,7 +275,7 @@ def _gemm_scratch(node, s, m) -> int:
 def _scratch(node, bounds, m) -> int:
     s, _ = conv_shape(node, lambda d: D.upper_bound(d, bounds))
     if is_blocked(node) or reads_blocked_into_nchw(node) or int8_nchw(node):
-        return _blocked_scratch(node, s, m)
+        return _blocked_scratch(node, s, m) + _gate_scratch(node, s)
     # the swapped form's pixel-major product (conv.c: swapped_ldc) and im2col rows; whether it is taken
     # depends on the target's panel width
     swapped_bytes = 0

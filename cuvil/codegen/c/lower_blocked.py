@@ -66,6 +66,8 @@ def lower_conv_call(em, node, plan, shape_struct, bias, res, act):
     links = [f"CUVIL_BF16_{k.upper()}" for k in ("in", "res", "out") if node.attrs.get(f"bf16_{k}")]
     if links and not computes_bf16(node, em.target) or node.attrs.get("bf16_in") and plan.kind != "blocked":
         raise AssertionError(f"conv at {node.loc}: bf16 maps linked to a conv that does not read or write them")
+    if len(node.inputs) > 4 and node.inputs[4] is not None:
+        return _gated_conv(em, node, plan, shape_struct, bias, res, act, nr)
     if plan.kind == "blocked_to_nchw":               # fp32 (passes/layout.into_nchw takes no bf16 conv)
         wb = em.packed(plan.pack, node.inputs[1], lambda d: grouped_filters_as_b(d, 1, nr))
         return ["{", f"  const cuvil_conv_shape s = {shape_struct};",
@@ -120,6 +122,20 @@ def lower_conv_call(em, node, plan, shape_struct, bias, res, act):
             f"  _Static_assert(CUVIL_NR == {nr}, \"conv filters packed for another panel width\");",
             f"  cuvil_conv_blocked(&s, {em.ptr(node.inputs[0])}, {wb}, {bias}, {res}, {em.ptr(node.outputs[0])}, "
             f"{act}, {em.scratch()}, NT);", "}"]
+
+
+def _gated_conv(em, node, plan, shape_struct, bias, res, act, nr):
+    """A 1x1 conv with a gate folded in (passes/gate_conv.py), its filters packed as without one."""
+    gate = node.inputs[4]
+    if plan.kind not in ("blocked", "blocked_to_nchw") or computes_bf16(node, em.target):
+        raise AssertionError(f"conv at {node.loc}: a gate folded into a conv of kind {plan.kind}")
+    wb = em.packed(plan.pack, node.inputs[1], lambda d: grouped_filters_as_b(d, 1, nr))
+    step = 0 if gate.shape[0] == 1 else node.inputs[0].shape[1]
+    return ["{", f"  const cuvil_conv_shape s = {shape_struct};",
+            f"  _Static_assert(CUVIL_NR == {nr}, \"conv filters packed for another panel width\");",
+            f"  if (cuvil_conv_blocked_gated(&s, {em.ptr(node.inputs[0])}, {wb}, {em.ptr(gate)}, {step}, {bias}, {res}, "
+            f"{em.ptr(node.outputs[0])}, {act}, {int(plan.kind == 'blocked_to_nchw')}, {em.scratch()}, NT)) "
+            "CUVIL_FAIL(\"out of memory for a conv's rows\");", "}"]
 
 
 def lower_int8_conv(em, node, shape_struct, bias, res, act, input_kind, nchw_out=False):

@@ -123,7 +123,17 @@ def _conv_infer(types, attrs, inputs):
     r = types[3] if len(types) > 3 else None
     if r is not None and not (r.rank == len(y) and all(D.dims_equal(a, b) for a, b in zip(r.shape, y))):
         raise ShapeError(f"conv: residual shape {list(r.shape)}, expected the output's {list(y)}")
+    _check_gate(types[4] if len(types) > 4 else None, x)
     return [TensorType(y, x.dtype)]
+
+
+def _check_gate(g, x):
+    """A conv's gate (passes/gate_conv.py): one scale per image (or one for all) and input channel."""
+    if g is None:
+        return
+    if not (g.rank == 4 and D.dims_equal(g.shape[1], x.shape[1]) and tuple(g.shape[2:]) == (1, 1)
+            and (g.shape[0] == 1 or D.dims_equal(g.shape[0], x.shape[0])) and g.dtype == x.dtype):
+        raise ShapeError(f"conv: gate {g}, expected {x.dtype}[{x.shape[0]} or 1, {x.shape[1]}, 1, 1]")
 
 
 def _check_byte_out(op, attrs):
@@ -137,6 +147,8 @@ def _check_byte_out(op, attrs):
 
 def _conv_ref(xs, a):
     x, w = xs[0].astype(np.float64), xs[1].astype(np.float64)
+    if len(xs) > 4 and xs[4] is not None:       # a gate folded in (passes/gate_conv.py): the input scaled
+        x = x * xs[4].astype(x.dtype)
     b = xs[2] if len(xs) > 2 else None
     nsp = x.ndim - 2
     pads = [(0, 0), (0, 0)] + [tuple(p) for p in a["pads"]]
@@ -166,7 +178,8 @@ def _conv_ref(xs, a):
     return out
 
 
-# inputs: x, w, [bias], [residual]; act is the fused activation (passes set it); layout: how C stores
+# inputs: x, w, [bias], [residual], [gate]: a per-image, per-input-channel scale [N or 1, C, 1, 1] of x
+# (passes/gate_conv.py folds a squeeze-and-excitation multiply into the 1x1 conv after it); act is the fused activation (passes set it); layout: how C stores
 # the output and residual, in_layout x's when it differs (movement.py: LAYOUTS; passes/layout.py sets
 # them, the reference ignores them); bf16_act 1 (precision="bf16"): the input and filters may be rounded
 # to bf16 where the target multiplies in bf16 (matmul_q's bf16_act; the reference stays fp32), 2: a 3x3

@@ -632,6 +632,41 @@ int cuvil_conv_blocked_nchw_out(const cuvil_conv_shape *s, const float *x, const
     return 0;
 }
 
+/* ---- a gate folded into a 1x1 conv ------------------------------------------------------------- */
+int64_t cuvil_conv_gated_scratch(const cuvil_conv_shape *s) { return cuvil_packed_b_size(s->C, s->O); }
+
+/* Panels [p0, p1) of the filters with row k (input channel k: a 1x1 conv's K order) scaled by gate[k]. */
+typedef struct { const float *wb, *gate; float *out; int64_t K; } gate_filters;
+
+static void gate_filters_task(void *ctx, int64_t p0, int64_t p1) {
+    const gate_filters *a = ctx;
+    for (int64_t p = p0; p < p1; p++)
+        for (int64_t k = 0, i = p * a->K * CUVIL_NR; k < a->K; k++, i += CUVIL_NR) {
+            cuvil_vf g = cuvil_vsplat(a->gate[k]);
+            for (int j = 0; j < CUVIL_NR; j += CUVIL_VL)
+                *(cuvil_vf *)(a->out + i + j) = cuvil_vload(a->wb + i + j) * g;
+        }
+}
+
+int cuvil_conv_blocked_gated(const cuvil_conv_shape *s, const float *x, const float *wb, const float *gate,
+                             int64_t gate_step, const float *bias, const float *residual, float *y, int act,
+                             int nchw_out, float *scratch, int nthreads) {
+    int64_t K = s->C, np = (s->O + CUVIL_NR - 1) / CUVIL_NR, in = s->C * s->H * s->W, out = s->O * s->OH * s->OW;
+    cuvil_conv_shape one = *s;
+    one.N = 1;
+    float *w = scratch;
+    scratch += cuvil_conv_gated_scratch(s);
+    for (int64_t n = 0; n < s->N; n++) {
+        gate_filters a = {wb, gate + n * gate_step, w, K};
+        cuvil_parallel_for(np * K * CUVIL_NR > 65536 ? nthreads : 1, np, 1, gate_filters_task, &a);
+        const float *r = residual ? residual + n * out : 0;
+        if (!nchw_out) cuvil_conv_blocked(&one, x + n * in, w, bias, r, y + n * out, act, scratch, nthreads);
+        else if (cuvil_conv_blocked_nchw_out(&one, x + n * in, w, bias, r, y + n * out, act, scratch, nthreads))
+            return -1;
+    }
+    return 0;
+}
+
 /* ---- channels padded to whole blocks --------------------------------------------------------- */
 void cuvil_zero_channels(int64_t N, int64_t C, int64_t HW, int64_t live, int blocked, float *y) {
     typedef int32_t lane_mask __attribute__((vector_size(sizeof(cuvil_vf))));

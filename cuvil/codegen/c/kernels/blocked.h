@@ -37,6 +37,17 @@ void cuvil_conv_blocked(const cuvil_conv_shape *s, const float *x, const float *
 int cuvil_conv_blocked_nchw_out(const cuvil_conv_shape *s, const float *x, const float *wb, const float *bias,
                                 const float *residual, float *y, int act, float *scratch, int nthreads);
 
+/* A 1x1 stride-1 conv (groups 1) of x scaled by a gate, one scale per image and input channel
+ * (passes/gate_conv.py: a squeeze-and-excitation multiply folded into the conv after it): each image runs
+ * cuvil_conv_blocked, or cuvil_conv_blocked_nchw_out where nchw_out, with its filters' rows scaled by
+ * gate + n * gate_step (0: one gate for every image) into the first
+ * cuvil_conv_gated_scratch floats of scratch, the conv's own scratch after them. Returns -1 as
+ * cuvil_conv_blocked_nchw_out does. */
+int64_t cuvil_conv_gated_scratch(const cuvil_conv_shape *s);
+int cuvil_conv_blocked_gated(const cuvil_conv_shape *s, const float *x, const float *wb, const float *gate,
+                             int64_t gate_step, const float *bias, const float *residual, float *y, int act,
+                             int nchw_out, float *scratch, int nthreads);
+
 /* A depthwise conv (groups = C = O) on the byte image the integer conv before it wrote (precision="int8",
  * passes/quantize.link_int8_convs; depthwise_bytes.c): x pixel-major bytes over range [lo, hi], the padded
  * extent's rows and columns (blocked_input.h; the map itself where no window reaches past it), padding at

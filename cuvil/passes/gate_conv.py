@@ -1,0 +1,68 @@
+"""Fold a squeeze-and-excitation gate into the 1x1 conv that reads the gated map (MobileNetV3,
+EfficientNet): conv(x * g), with g one scale per image and input channel ([N, C, 1, 1]), is conv(x) with
+each image's filters scaled by g, row by row. The multiply was a pass of its own over the map (4-5% of
+EfficientNet-B0's time at 1 thread); scaled filters cost C x O products an image instead of C x H x W
+and no pass, so the fold is taken where the map's pixels outnumber the conv's output channels, rounded up to
+the kernel's panel: EfficientNet-B0's gates up to 14 x 14, not its 7 x 7 ones (1152 -> 192 channels).
+
+For the channel-blocked 1x1 convs of fp32 graphs (kernels/blocked.h cuvil_conv_blocked_gated), so it runs
+after the layout pass: the conv's input x, then the gate as its fifth input (ir/ops/nn.py: conv)."""
+from __future__ import annotations
+
+from ..ir import dims as D
+from ..ir.ops.movement import layout_block
+
+
+def _pointwise_fp32(conv) -> bool:
+    """A 1x1 conv of constant filters, stride 1, no padding, groups 1, in fp32 products, whose input is
+    channel-blocked (kinds "blocked" and "blocked_to_nchw")."""
+    a, x, w = conv.attrs, conv.inputs[0], conv.inputs[1]
+    return (w.is_const and tuple(w.shape[2:]) == (1, 1) and a.get("groups", 1) == 1
+            and tuple(a["strides"]) == (1, 1) and all(tuple(p) == (0, 0) for p in a["pads"])
+            and not (a.get("int8_act") or a.get("bf16_act") or a.get("int8_in") or a.get("bf16_in"))
+            and layout_block(x.layout) > 0 and (len(conv.inputs) < 5 or conv.inputs[4] is None))
+
+
+def _gate_of(mul, x):
+    """For mul = x' * g (either order) with x' shaped like x and g [N or 1, C, 1, 1] (N: x's batch), the
+    pair (x', g); else None."""
+    if mul.op != "mul" or len(mul.inputs) != 2:
+        return None
+    for a, g in (mul.inputs, mul.inputs[::-1]):
+        if (a.type.rank == 4 and g.type.rank == 4 and a.dtype == g.dtype == "float32"
+                and all(D.dims_equal(p, q) for p, q in zip(a.shape, x.shape))
+                and g.shape[1] == x.shape[1] and g.shape[2] == g.shape[3] == 1
+                and (g.shape[0] == 1 or D.dims_equal(g.shape[0], x.shape[0]))):
+            return a, g
+    return None
+
+
+def _worth_folding(conv) -> bool:
+    x, y = conv.inputs[0], conv.outputs[0]
+    panel = 2 * layout_block(x.layout)
+    return x.shape[2] * x.shape[3] > -(-y.shape[1] // panel) * panel
+
+
+def run(graph):
+    uses = {}
+    for n in graph.nodes:
+        for v in n.inputs:
+            if v is not None:
+                uses[id(v)] = uses.get(id(v), 0) + 1
+    for v in graph.outputs:
+        uses[id(v)] = uses.get(id(v), 0) + 1
+    folded = set()
+    for conv in graph.nodes:
+        if conv.op != "conv" or not _pointwise_fp32(conv):
+            continue
+        x = conv.inputs[0]
+        mul = x.producer
+        pair = _gate_of(mul, x) if mul is not None and uses.get(id(x)) == 1 else None
+        if pair is None or layout_block(pair[0].layout) != layout_block(x.layout) or not _worth_folding(conv):
+            continue
+        inputs = list(conv.inputs) + [None] * (4 - len(conv.inputs))
+        conv.inputs = [pair[0], *inputs[1:4], pair[1]]
+        folded.add(id(mul))
+    if folded:
+        graph.nodes = [n for n in graph.nodes if id(n) not in folded]
+    return graph

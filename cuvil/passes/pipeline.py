@@ -3,7 +3,7 @@
     fusion_level 0:  cleanup -> legalize (-> quantize -> cleanup)
     fusion_level 1+: cleanup -> fold -> simplify -> cleanup -> fold -> cleanup -> legalize -> fuse
                      (-> quantize -> cleanup, for a precision other than fp32)
-                     (-> pad_channels at fp32 -> layout, where the convs run channel-blocked; -> gate_conv after
+                     (-> pad_channels at fp32 -> layout, where the convs run channel-blocked; -> squeeze_excite after
                      it at fp32; -> link_int8 after it at int8,
                      link_bf16 at bf16 where the target multiplies in bf16)
                      -> batch_map (a batched CNN's per-image prefix as one region, after the regions'
@@ -20,7 +20,7 @@ import os
 
 from ..errors import UnsupportedOpError
 from ..ir.graph import regions
-from . import batch_map, cleanup, fold, fuse, gate_conv, legalize, memplan, pad_channels, quantize, simplify
+from . import batch_map, cleanup, fold, fuse, squeeze_excite, legalize, memplan, pad_channels, quantize, simplify
 from . import layout as layout_pass
 from ..ir.ops.movement import layout_block
 
@@ -43,7 +43,7 @@ def optimize(graph, fusion_level=2, *, backend, layout="nchw", precision="fp32",
         "fuse": lambda g: fuse.run(g, fusion_level, backend),
         "layout": lambda g: layout_pass.run(g, layout),
         "pad_channels": lambda g: pad_channels.run(g, layout_block(layout)),
-        "gate_conv": gate_conv.run,
+        "squeeze_excite": squeeze_excite.run,
         "quantize": lambda g: quantize.run(g, precision, int8_convs, calibration, calibration_method,
                                            bf16_direct_outputs),
         "link_int8": lambda g: quantize.link_int8_convs(g, backend),
@@ -59,7 +59,7 @@ def optimize(graph, fusion_level=2, *, backend, layout="nchw", precision="fp32",
             order.append("pad_channels")
         order.append("layout")
         if precision == "fp32":
-            order.append("gate_conv")
+            order.append("squeeze_excite")
         if precision == "int8" and int8_convs:
             order.append("link_int8")
         if precision == "bf16" and bf16_convs:

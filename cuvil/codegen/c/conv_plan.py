@@ -228,8 +228,11 @@ def _blocked_scratch(node, s, m) -> int:
         fp32 = (s["C"] * hp * wp + 2 * s["OH"] * s["OW"]) * 4
         return max(fp32, _int8_scratch(node, s)) if node.attrs.get("int8_act") else fp32
     if node.attrs.get("groups", 1) > 1 and depthwise_conv(node):
-        # kernels/depthwise_bytes.c cuvil_depthwise_bytes_scratch: the scaled filters and the biases
-        return (s["KH"] * s["KW"] + 1) * s["C"] * 4 if node.attrs.get("int8_in") else 0
+        # kernels/depthwise_bytes.c cuvil_depthwise_bytes_scratch: the scaled filters and the biases;
+        # cuvil_depthwise_blocked_mean's: each output row's sum (passes/squeeze_excite.py)
+        if node.attrs.get("int8_in"):
+            return (s["KH"] * s["KW"] + 1) * s["C"] * 4
+        return s["N"] * s["O"] * s["OH"] * 4 if node.attrs.get("mean_out") else 0
     if m:
         return (m + 2) ** 2 * (s["C"] + s["O"]) * -(-s["OH"] // m) * -(-s["OW"] // m) * 4
     return _int8_scratch(node, s) if node.attrs.get("int8_act") else _gathered_floats(node, s) * 4
@@ -237,7 +240,7 @@ def _blocked_scratch(node, s, m) -> int:
 
 def _gate_scratch(node, s) -> int:
     """Bytes of kernels/blocked.h cuvil_conv_gated_scratch: a conv with a gate folded in
-    (passes/gate_conv.py) scales its filters, packed in panels of two blocks, into scratch first."""
+    (passes/squeeze_excite.py) scales its filters, packed in panels of two blocks, into scratch first."""
     if len(node.inputs) < 5 or node.inputs[4] is None:
         return 0
     nr = 2 * layout_block(node.attrs.get("in_layout") or node.attrs["layout"])

@@ -101,6 +101,10 @@ def lower_conv_call(em, node, plan, shape_struct, bias, res, act):
             return ["{", f"  const cuvil_conv_shape s = {shape_struct};",
                     f"  cuvil_depthwise_blocked_to_bytes(&s, {em.ptr(node.inputs[0])}, {w}, {bias}, {res}, "
                     f"(uint8_t *){em.ptr(node.outputs[0])}, {image}, {out_rng}, {act}, NT);", "}"]
+        if node.attrs.get("mean_out"):               # the squeeze's mean too (passes/squeeze_excite.py)
+            return ["{", f"  const cuvil_conv_shape s = {shape_struct};",
+                    f"  cuvil_depthwise_blocked_mean(&s, {em.ptr(node.inputs[0])}, {w}, {bias}, {res}, "
+                    f"{em.ptr(node.outputs[0])}, {act}, {em.ptr(node.outputs[1])}, {em.scratch()}, NT);", "}"]
         return ["{", f"  const cuvil_conv_shape s = {shape_struct};",
                 f"  cuvil_depthwise_blocked(&s, {em.ptr(node.inputs[0])}, {w}, {bias}, {res}, "
                 f"{em.ptr(node.outputs[0])}, {act}, NT);", "}"]
@@ -125,7 +129,7 @@ def lower_conv_call(em, node, plan, shape_struct, bias, res, act):
 
 
 def _gated_conv(em, node, plan, shape_struct, bias, res, act, nr):
-    """A 1x1 conv with a gate folded in (passes/gate_conv.py), its filters packed as without one."""
+    """A 1x1 conv with a gate folded in (passes/squeeze_excite.py), its filters packed as without one."""
     gate = node.inputs[4]
     if plan.kind not in ("blocked", "blocked_to_nchw") or computes_bf16(node, em.target):
         raise AssertionError(f"conv at {node.loc}: a gate folded into a conv of kind {plan.kind}")

@@ -124,11 +124,14 @@ def _conv_infer(types, attrs, inputs):
     if r is not None and not (r.rank == len(y) and all(D.dims_equal(a, b) for a, b in zip(r.shape, y))):
         raise ShapeError(f"conv: residual shape {list(r.shape)}, expected the output's {list(y)}")
     _check_gate(types[4] if len(types) > 4 else None, x)
-    return [TensorType(y, x.dtype)]
+    if attrs.get("mean_out", 0) not in (0, 1) or (attrs.get("mean_out") and nsp != 2):
+        raise ShapeError(f"conv: mean_out {attrs.get('mean_out')!r} is 0, or 1 for a 2-d conv")
+    mean = [TensorType((y[0], y[1], 1, 1), x.dtype)] if attrs.get("mean_out") else []
+    return [TensorType(y, x.dtype)] + mean
 
 
 def _check_gate(g, x):
-    """A conv's gate (passes/gate_conv.py): one scale per image (or one for all) and input channel."""
+    """A conv's gate (passes/squeeze_excite.py): one scale per image (or one for all) and input channel."""
     if g is None:
         return
     if not (g.rank == 4 and D.dims_equal(g.shape[1], x.shape[1]) and tuple(g.shape[2:]) == (1, 1)
@@ -147,7 +150,7 @@ def _check_byte_out(op, attrs):
 
 def _conv_ref(xs, a):
     x, w = xs[0].astype(np.float64), xs[1].astype(np.float64)
-    if len(xs) > 4 and xs[4] is not None:       # a gate folded in (passes/gate_conv.py): the input scaled
+    if len(xs) > 4 and xs[4] is not None:       # a gate folded in (passes/squeeze_excite.py): the input scaled
         x = x * xs[4].astype(x.dtype)
     b = xs[2] if len(xs) > 2 else None
     nsp = x.ndim - 2
@@ -175,11 +178,14 @@ def _conv_ref(xs, a):
     out = apply_act(out.astype(xs[0].dtype), a["act"])
     if a.get("live_channels"):           # channels padded to whole blocks (passes/pad_channels.py): zeros
         out[:, a["live_channels"]:] = 0
+    if a.get("mean_out"):                # the squeeze's mean taken as the map is written (passes/squeeze_excite.py)
+        return [out, out.astype(np.float64).mean(axis=(2, 3), keepdims=True)]
     return out
 
 
 # inputs: x, w, [bias], [residual], [gate]: a per-image, per-input-channel scale [N or 1, C, 1, 1] of x
-# (passes/gate_conv.py folds a squeeze-and-excitation multiply into the 1x1 conv after it); act is the fused activation (passes set it); layout: how C stores
+# (passes/squeeze_excite.py folds a squeeze-and-excitation multiply into the 1x1 conv after it); mean_out 1: a
+# second output, the output's mean over its pixels [N, O, 1, 1] (the squeeze before such a gate); act is the fused activation (passes set it); layout: how C stores
 # the output and residual, in_layout x's when it differs (movement.py: LAYOUTS; passes/layout.py sets
 # them, the reference ignores them); bf16_act 1 (precision="bf16"): the input and filters may be rounded
 # to bf16 where the target multiplies in bf16 (matmul_q's bf16_act; the reference stays fp32), 2: a 3x3
@@ -198,7 +204,7 @@ def _conv_ref(xs, a):
 declare(OpDef("conv", {"strides": None, "pads": None, "dilations": None, "groups": 1, "act": "none",
                        "layout": "nchw", "in_layout": None, "bf16_act": 0, "int8_act": 0, "int8_range": None,
                        "int8_out": None, "int8_out_range": None, "int8_in": 0, "int8_res_range": None,
-                       "bf16_in": 0, "bf16_res": 0, "bf16_out": 0, "live_channels": 0},
+                       "bf16_in": 0, "bf16_res": 0, "bf16_out": 0, "live_channels": 0, "mean_out": 0},
               _conv_infer,
               _conv_ref,
               kind="conv"))

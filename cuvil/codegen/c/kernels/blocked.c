@@ -762,7 +762,21 @@ typedef struct {
     float *y;
     int act;
     const cuvil_byte_image *out;  /* the next integer conv's input bytes instead of y, or 0 */
+    float *row_sums;              /* each output row's sum over its pixels, B floats a row, or 0 */
 } blocked_dw;
+
+/* Output row r's sum over its pixels into row_sums, where asked for (the squeeze's mean: the row was just
+ * written, so it is read from L1 rather than from the map once it is done). Two chains of adds. */
+static inline void dw_row_sum(const blocked_dw *a, int64_t r) {
+    if (!a->row_sums) return;
+    const int64_t OW = a->s->OW;
+    const float *y = a->y + r * OW * CUVIL_BLOCK;
+    cuvil_vf s0 = cuvil_vsplat(0.f), s1 = cuvil_vsplat(0.f);
+    int64_t ow = 0;
+    for (; ow + 1 < OW; ow += 2) s0 += cuvil_vload(y + ow * CUVIL_BLOCK), s1 += cuvil_vload(y + (ow + 1) * CUVIL_BLOCK);
+    if (ow < OW) s0 += cuvil_vload(y + ow * CUVIL_BLOCK);
+    *(cuvil_vf *)(a->row_sums + r * CUVIL_BLOCK) = s0 + s1;
+}
 
 /* T output vectors (activated) from blocked offset off, as the next integer conv's input bytes: each
  * pixel's channels at its place in the byte image, the pixels a strided reader's image drops skipped. */
@@ -1054,6 +1068,7 @@ static void depthwise_blocked_task(void *ctx, int64_t r0, int64_t r1) {
             }
         }
         for (; ow < s->OW; ow++) dw_store(a, off + ow * CUVIL_BLOCK, window(1, s, xc, w, oh, ow, 0, bias));
+        dw_row_sum(a, r);
     }
 }
 
@@ -1092,6 +1107,7 @@ static void depthwise_blocked_plane_task(void *ctx, int64_t q0, int64_t q1) {
             const float *xr = buf + oh * s->sh * ps.W * CUVIL_BLOCK;
             if (!dw_row(&pa, xr, w, bias, off, 0, s->OW, 0, (int)s->KH))
                 for (int64_t ow = 0; ow < s->OW; ow++) dw_store(&pa, off + ow * CUVIL_BLOCK, window(1, &ps, buf, w, oh, ow, 0, bias));
+            dw_row_sum(a, q * s->OH + oh);
         }
     }
 }
@@ -1106,8 +1122,21 @@ static void depthwise_blocked_run(const blocked_dw *a, int nthreads) {
 
 void cuvil_depthwise_blocked(const cuvil_conv_shape *s, const float *x, const float *w, const float *bias,
                              const float *residual, float *y, int act, int nthreads) {
-    blocked_dw a = {s, x, w, bias, residual, y, act, 0};
+    blocked_dw a = {s, x, w, bias, residual, y, act, 0, 0};
     depthwise_blocked_run(&a, nthreads);
+}
+
+void cuvil_depthwise_blocked_mean(const cuvil_conv_shape *s, const float *x, const float *w, const float *bias,
+                                  const float *residual, float *y, int act, float *mean, float *scratch,
+                                  int nthreads) {
+    blocked_dw a = {s, x, w, bias, residual, y, act, 0, scratch};
+    depthwise_blocked_run(&a, nthreads);
+    const cuvil_vf scale = cuvil_vsplat(1.f / (float)(s->OH * s->OW));
+    for (int64_t q = 0; q < s->N * (s->O / CUVIL_BLOCK); q++) {     /* plane q: mean + q * B, as in NCHW */
+        cuvil_vf sum = cuvil_vsplat(0.f);
+        for (int64_t oh = 0; oh < s->OH; oh++) sum += cuvil_vload(scratch + (q * s->OH + oh) * CUVIL_BLOCK);
+        *(cuvil_vf *)(mean + q * CUVIL_BLOCK) = sum * scale;
+    }
 }
 
 void cuvil_depthwise_blocked_to_bytes(const cuvil_conv_shape *s, const float *x, const float *w, const float *bias,
@@ -1119,7 +1148,7 @@ void cuvil_depthwise_blocked_to_bytes(const cuvil_conv_shape *s, const float *x,
                               out_image[0], out_image[1], out_image[2], out_image[3]};
     for (int64_t n = 0; n < s->N; n++)
         cuvil_byte_border(y + n * bytes.hp * bytes.wp * s->O, out_image, s->OH, s->OW, s->O, (uint8_t)zero);
-    blocked_dw a = {s, x, w, bias, residual, 0, act, &bytes};
+    blocked_dw a = {s, x, w, bias, residual, 0, act, &bytes, 0};
     depthwise_blocked_run(&a, nthreads);
 }
 

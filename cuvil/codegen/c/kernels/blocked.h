@@ -38,7 +38,7 @@ int cuvil_conv_blocked_nchw_out(const cuvil_conv_shape *s, const float *x, const
                                 const float *residual, float *y, int act, float *scratch, int nthreads);
 
 /* A 1x1 stride-1 conv (groups 1) of x scaled by a gate, one scale per image and input channel
- * (passes/gate_conv.py: a squeeze-and-excitation multiply folded into the conv after it): each image runs
+ * (passes/squeeze_excite.py: a squeeze-and-excitation multiply folded into the conv after it): each image runs
  * cuvil_conv_blocked, or cuvil_conv_blocked_nchw_out where nchw_out, with its filters' rows scaled by
  * gate + n * gate_step (0: one gate for every image) into the first
  * cuvil_conv_gated_scratch floats of scratch, the conv's own scratch after them. Returns -1 as
@@ -111,6 +111,12 @@ void cuvil_conv_nchw_blocked(const cuvil_conv_shape *s, const float *x, const fl
  * side, as the channels of a pixel are), any strides, pads and dilations. */
 void cuvil_depthwise_blocked(const cuvil_conv_shape *s, const float *x, const float *w, const float *bias,
                              const float *residual, float *y, int act, int nthreads);
+/* The same, with the output's mean over its pixels at mean ([N][C], as an NCHW [N, C, 1, 1]): each
+ * output row summed as it is written (the squeeze of a squeeze-and-excitation block,
+ * passes/squeeze_excite.py). Scratch: N * C * OH floats, the rows' sums. */
+void cuvil_depthwise_blocked_mean(const cuvil_conv_shape *s, const float *x, const float *w, const float *bias,
+                                  const float *residual, float *y, int act, float *mean, float *scratch,
+                                  int nthreads);
 /* The same, its output (bias, residual and act applied) stored as the next integer conv's input bytes
  * at y: the byte image out_image ({hp, wp, ph, pw}) over out_range, as cuvil_conv_blocked_int8 writes it
  * (precision="int8", passes/quantize.link_int8_convs: a depthwise conv after a float stem). */

@@ -24,12 +24,12 @@ class Epilogue(ctypes.Structure):
 
 
 @pytest.fixture(scope="module", params=list(BUILDS))
-def lib(request, tmp_path_factory):
+def lib(request):
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("the builds' flags are x86 flags")
     if request.param == "avx512_bf16" and "avx512_bf16" not in cpu_flags():
         pytest.skip("this CPU has no AVX512-BF16 (the portable build covers the kernel's C)")
-    lib = build_kernels(tmp_path_factory.mktemp("bf16dot"), ("bf16dot.c", "gemm.c", "pool.c"), BUILDS[request.param])
+    lib = build_kernels(("bf16dot.c", "gemm.c", "pool.c"), BUILDS[request.param])
     lib.cuvil_sgemm_bf16dot.restype = ctypes.c_int
     return lib
 
@@ -184,15 +184,14 @@ CONV_BUILDS = {"portable": (["-march=x86-64"], 4, None), "avx2": (["-mavx2", "-m
 _conv_libs = {}
 
 
-def _conv_lib(build, tmp_path_factory):
+def _conv_lib(build):
     flags, _, needs = CONV_BUILDS[build]
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("the builds' flags are x86 flags")
     if needs and needs not in cpu_flags():
         pytest.skip(f"this CPU has no {needs} (the portable build covers the kernel's C)")
     if build not in _conv_libs:
-        lib = build_kernels(tmp_path_factory.mktemp(f"bf16conv_{build}"),
-                            ("blocked_dot.c", "bf16dot.c", "int8dot.c", "blocked.c", "pool.c"), flags)
+        lib = build_kernels(("blocked_dot.c", "bf16dot.c", "int8dot.c", "blocked.c", "pool.c"), flags)
         lib.cuvil_conv_blocked_bf16.restype = ctypes.c_int
         lib.cuvil_conv_blocked_scratch.restype = ctypes.c_int64
         _conv_libs[build] = lib
@@ -207,7 +206,7 @@ def _blocked(x, B):
 
 @pytest.mark.parametrize("build", list(CONV_BUILDS))
 @pytest.mark.parametrize("k,stride,pad,hw", [(1, 1, 0, (5, 7)), (3, 1, 1, (6, 5)), (1, 2, 0, (7, 9)), (3, 2, 1, (9, 8))])
-def test_conv_reads_and_writes_bf16_maps(build, k, stride, pad, hw, tmp_path_factory):
+def test_conv_reads_and_writes_bf16_maps(build, k, stride, pad, hw):
     """cuvil_conv_blocked_bf16 with its input, residual and output as bf16 maps (CUVIL_BF16_IN | RES | OUT)
     against the same conv on floats, given the floats of the maps' bf16 bits: the very bits of its output
     rounded (a reader's rounding of its input is the writer's; a bf16 residual widens exactly). Every
@@ -215,7 +214,7 @@ def test_conv_reads_and_writes_bf16_maps(build, k, stride, pad, hw, tmp_path_fac
     (80 channels: on 2 threads split by panels, all rows taken once beforehand), two images (each where
     its floats' image would start)."""
     from cuvil.codegen.c.lower_blocked import bf16_filter_panels
-    lib = _conv_lib(build, tmp_path_factory)
+    lib = _conv_lib(build)
     B = CONV_BUILDS[build][1]
     rng = np.random.default_rng(k * 7 + stride)
     N, C, O, (H, W) = 2, 32, 80, hw
@@ -306,7 +305,7 @@ def test_bf16_convs_pass_bf16_maps(hw, tmp_path, monkeypatch):
 @pytest.mark.parametrize("C,k,stride,pad,dil,hw", [(3, 7, 2, 3, 1, (23, 19)), (8, 3, 2, 1, 1, (9, 10)),
                                                    (8, 5, 1, 2, 1, (9, 10)), (4, 5, 1, 2, 2, (11, 8)),
                                                    (3, 4, 4, 0, 1, (16, 12))])
-def test_stem_conv_in_bf16(build, C, k, stride, pad, dil, hw, tmp_path_factory):
+def test_stem_conv_in_bf16(build, C, k, stride, pad, dil, hw):
     """cuvil_conv_nchw_blocked_bf16 (a stem: NCHW input, channel-blocked output) against numpy on the same
     bf16 operands: the 7x7 stride-2 stem's short runs, runs of 24 values (still short) and of 40 (copied
     whole), a dilated conv (a run a tap), an unpadded patchify conv; 80 output channels (a panel cut
@@ -314,7 +313,7 @@ def test_stem_conv_in_bf16(build, C, k, stride, pad, dil, hw, tmp_path_factory):
     its output also as a bf16 map with a bf16 residual (CUVIL_BF16_RES | OUT): the rounded bits of the
     float run's."""
     from cuvil.codegen.c.lower_blocked import bf16_filter_panels
-    lib = _conv_lib(build, tmp_path_factory)
+    lib = _conv_lib(build)
     lib.cuvil_conv_nchw_blocked_scratch.restype = ctypes.c_int64
     B = CONV_BUILDS[build][1]
     rng = np.random.default_rng(C * k + stride)

@@ -25,13 +25,13 @@ class ConvShape(ctypes.Structure):
 
 
 @pytest.fixture(scope="module", params=list(WIDTHS))
-def conv_lib(request, tmp_path_factory):
+def conv_lib(request):
     x86 = platform.machine() in ("x86_64", "AMD64")
     if request.param != "native" and not x86:
         pytest.skip(f"{request.param} flags are x86 flags")
     if request.param == "avx2" and "avx2" not in cpu_flags():
         pytest.skip("this CPU cannot run AVX2 code")
-    return build_kernels(tmp_path_factory.mktemp("conv"), ("conv.c", "gemm.c", "pool.c"), WIDTHS[request.param])
+    return build_kernels(("conv.c", "gemm.c", "pool.c"), WIDTHS[request.param])
 
 
 def _ptr(a):

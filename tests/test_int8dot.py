@@ -38,7 +38,7 @@ class DotOut(ctypes.Structure):
 
 
 @pytest.fixture(scope="module", params=list(BUILDS))
-def lib(request, tmp_path_factory):
+def lib(request):
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("the builds' flags are x86 flags")
     flags, block = BUILDS[request.param]
@@ -46,7 +46,7 @@ def lib(request, tmp_path_factory):
         pytest.skip("this CPU has no AVX-512 VNNI (the portable and AVX2 builds cover the kernels' C)")
     if request.param == "avx2" and "avx2" not in cpu_flags():
         pytest.skip("this CPU has no AVX2")
-    lib = build_kernels(tmp_path_factory.mktemp("int8dot"), FILES, flags)
+    lib = build_kernels(FILES, flags)
     lib.cuvil_conv_blocked_int8.restype = ctypes.c_int
     lib.cuvil_conv_blocked_int8_scratch.restype = ctypes.c_int64
     lib.cuvil_max_pool_bytes.restype = None

@@ -17,13 +17,13 @@ AVX512 = ["-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfm
 
 
 @pytest.fixture(scope="module", params=[0, 1], ids=["vdivps", "fast"])
-def lib(request, tmp_path_factory):
+def lib(request):
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("the builds' flags are x86 flags")
     if "avx512f" not in cpu_flags():
         pytest.skip("this CPU has no AVX-512F (the division by 6 is plain C division elsewhere)")
     flags = AVX512 + [f"-DCUVIL_FAST_DIV={request.param}"]
-    lib = build_kernels(tmp_path_factory.mktemp(f"vdiv{request.param}"), ("gemm.c", "pool.c"), flags)
+    lib = build_kernels(("gemm.c", "pool.c"), flags)
     lib.cuvil_activate_block.restype = None
     return lib
 

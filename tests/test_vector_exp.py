@@ -15,9 +15,9 @@ from .util import build_kernels, skip_unless_host_runs
 
 
 @pytest.fixture(scope="module", params=["x86_64-avx512", "x86_64-avx2", "x86_64-sse2"])
-def lib(request, tmp_path_factory):
+def lib(request):
     skip_unless_host_runs(request.param)
-    lib = build_kernels(tmp_path_factory.mktemp(request.param), ("gemm.c", "pool.c"), TARGETS[request.param].flags)
+    lib = build_kernels(("gemm.c", "pool.c"), TARGETS[request.param].flags)
     lib.cuvil_activate_block.restype = None
     return lib
 

@@ -44,17 +44,36 @@ def import_file(path):
     return module
 
 
-def build_kernels(out_dir, files, flags):
+def build_kernels(files, flags):
     """Some of the kernel library's C files built by themselves into a shared library with `flags`
-    (an ISA to test on this host): the loaded ctypes.CDLL."""
+    (an ISA to test on this host): the loaded ctypes.CDLL. Built once per test run for the same files,
+    flags and kernel sources, whichever worker asks first (the others wait on a lock and load it): a
+    build of test_int8dot's files is up to a minute and a half on CI's two cores, and its module fixture
+    serves test_depthwise_bytes too."""
     import ctypes
+    import fcntl
+    import hashlib
+    import os
     import subprocess
+    import tempfile
+    from pathlib import Path
 
     from cuvil.build.toolchain import COMMON_FLAGS, KERNELS_DIR
-    out = out_dir / "libkernels.so"
-    subprocess.run(["gcc", *COMMON_FLAGS, "-shared", *flags, *(str(KERNELS_DIR / f) for f in files), "-o", str(out), "-lm"],
-                   check=True)
-    return ctypes.CDLL(str(out))
+    h = hashlib.sha256(repr((tuple(files), tuple(flags), COMMON_FLAGS)).encode())
+    for src in sorted(KERNELS_DIR.glob("*.[ch]")):
+        h.update(src.name.encode() + src.read_bytes())
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
+    cache = Path(tempfile.gettempdir()) / f"cuvil-test-kernels-{run}"
+    cache.mkdir(exist_ok=True)
+    so = cache / f"{h.hexdigest()[:24]}.so"
+    with open(so.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not so.exists():
+            tmp = so.with_suffix(f".{os.getpid()}.tmp")
+            subprocess.run(["gcc", *COMMON_FLAGS, "-shared", *flags, *(str(KERNELS_DIR / f) for f in files), "-o",
+                            str(tmp), "-lm"], check=True)
+            os.replace(tmp, so)
+    return ctypes.CDLL(str(so))
 
 
 def branching_conv_block(cin, cout, k, stride, pad, dil):

@@ -18,14 +18,20 @@ from ..ir import dims as D
 from ..ir.ops.movement import layout_block
 
 
+def _fp32_products(a) -> bool:
+    """A conv's attrs mark no integer or bf16 products and no byte or bf16 maps in or out."""
+    return not (a.get("int8_act") or a.get("bf16_act") or a.get("int8_in") or a.get("bf16_in")
+                or a.get("int8_out") is not None)
+
+
 def _pointwise_fp32(conv) -> bool:
     """A 1x1 conv of constant filters, stride 1, no padding, groups 1, in fp32 products, whose input is
     channel-blocked (kinds "blocked" and "blocked_to_nchw")."""
     a, x, w = conv.attrs, conv.inputs[0], conv.inputs[1]
     return (w.is_const and tuple(w.shape[2:]) == (1, 1) and a.get("groups", 1) == 1
             and tuple(a["strides"]) == (1, 1) and all(tuple(p) == (0, 0) for p in a["pads"])
-            and not (a.get("int8_act") or a.get("bf16_act") or a.get("int8_in") or a.get("bf16_in"))
-            and layout_block(x.layout) > 0 and (len(conv.inputs) < 5 or conv.inputs[4] is None))
+            and _fp32_products(a) and layout_block(x.layout) > 0
+            and (len(conv.inputs) < 5 or conv.inputs[4] is None))
 
 
 def _gate_of(mul, x):
@@ -53,8 +59,7 @@ def _blocked_depthwise_fp32(conv) -> bool:
     a, x, y = conv.attrs, conv.inputs[0], conv.outputs[0]
     return (conv.op == "conv" and len(conv.outputs) == 1 and x.type.rank == 4 and layout_block(y.layout) > 0
             and a.get("groups", 1) == x.shape[1] == y.shape[1] and not a.get("in_layout")
-            and not (a.get("int8_act") or a.get("bf16_act") or a.get("int8_in") or a.get("bf16_in")
-                     or a.get("int8_out") is not None or a.get("live_channels")))
+            and _fp32_products(a) and not a.get("live_channels"))
 
 
 def _spatial_mean(n) -> bool:
@@ -78,20 +83,15 @@ def _means_into_depthwise(graph):
 
 def _gates_into_convs(graph):
     """Each gate multiply whose product only a blocked 1x1 conv reads, worth folding, becomes that conv's gate."""
-    uses = {}
-    for n in graph.nodes:
-        for v in n.inputs:
-            if v is not None:
-                uses[id(v)] = uses.get(id(v), 0) + 1
-    for v in graph.outputs:
-        uses[id(v)] = uses.get(id(v), 0) + 1
+    users, outputs = graph.users(), {id(v) for v in graph.outputs}
     folded = set()
     for conv in graph.nodes:
         if conv.op != "conv" or not _pointwise_fp32(conv):
             continue
         x = conv.inputs[0]
         mul = x.producer
-        pair = _gate_of(mul, x) if mul is not None and uses.get(id(x)) == 1 else None
+        only_conv = users.get(id(x)) == [conv] and id(x) not in outputs
+        pair = _gate_of(mul, x) if mul is not None and only_conv else None
         if pair is None or layout_block(pair[0].layout) != layout_block(x.layout) or not _worth_folding(conv):
             continue
         inputs = list(conv.inputs) + [None] * (4 - len(conv.inputs))

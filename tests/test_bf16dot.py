@@ -136,21 +136,24 @@ def test_blocked_conv_in_bf16(k, stride, pad, dil, cin, cout, hw):
     assert np.abs(got - want).max() <= 0.03 * np.abs(want).max()
 
 
-@pytest.mark.parametrize("flags,vendor,want", [
-    ({"avx512f", "avx512_bf16", "avx_vnni"}, "AuthenticAMD", 196),     # Zen 5
-    ({"avx512f", "avx512_bf16"}, "AuthenticAMD", 0),                   # Zen 4: not measured, Winograd stays
-    ({"avx512f", "avx512_bf16", "avx_vnni", "amx_bf16"}, "GenuineIntel", 0),
-    ({"avx2", "fma"}, "AuthenticAMD", 0),
+@pytest.mark.parametrize("knob,flags,vendor,want", [
+    ("bf16_direct_3x3_max_outputs", {"avx512f", "avx512_bf16", "avx_vnni"}, "AuthenticAMD", 196),     # Zen 5
+    ("bf16_direct_3x3_max_outputs", {"avx512f", "avx512_bf16"}, "AuthenticAMD", 0),   # Zen 4: not measured
+    ("bf16_direct_3x3_max_outputs", {"avx512f", "avx512_bf16", "avx_vnni", "amx_bf16"}, "GenuineIntel", 0),
+    ("bf16_direct_3x3_max_outputs", {"avx2", "fma"}, "AuthenticAMD", 0),
+    ("blocked_winograd4_min_outputs", {"avx512f", "avx512_vnni"}, "GenuineIntel", 225),      # F(2x2) at 14x14
+    ("blocked_winograd4_min_outputs", {"avx512f", "avx512_bf16", "avx_vnni"}, "AuthenticAMD", 144),
+    ("blocked_winograd4_min_outputs", {"avx2", "fma"}, "GenuineIntel", 144),
 ])
-def test_plan_tuning_picks_the_cpu_row(monkeypatch, flags, vendor, want):
+def test_plan_tuning_picks_the_cpu_row(monkeypatch, knob, flags, vendor, want):
     """codegen/c/tuning.plan_value: the first PLAN_TUNING row whose CPU test holds for a native target,
     else the default; a portable target always gets the default."""
     from cuvil import target
     from cuvil.codegen.c.tuning import PLAN_DEFAULTS, plan_value
     monkeypatch.setattr(target, "cpu_flags", lambda: set(flags))
     monkeypatch.setattr(target, "cpu_vendor", lambda: vendor)
-    assert plan_value("bf16_direct_3x3_max_outputs", "native") == want
-    assert plan_value("bf16_direct_3x3_max_outputs", "x86_64-avx512") == PLAN_DEFAULTS["bf16_direct_3x3_max_outputs"]
+    assert plan_value(knob, "native") == want
+    assert plan_value(knob, "x86_64-avx512") == PLAN_DEFAULTS[knob]
 
 
 @pytest.mark.parametrize("limit", [0, 49])

@@ -422,7 +422,8 @@ class _GroupedWinograd(torch.nn.Module):
 @pytest.mark.parametrize("hw,threads", [((13, 14), 2), ((7, 9), 2), ((7, 9), 3), ((13, 14), 1)])
 def test_grouped_winograd_matches_torch(tmp_path, target, hw, threads):
     """Grouped 3x3 convs run as Winograd products, one per group (kernels/winograd_blocked.c), F(4x4) on the
-    13x14 map (partial tiles both ways) and F(2x2) on the 7x9 one, at every vector width. More than one
+    13x14 map (partial tiles both ways; F(2x2) where the CPU's PLAN_TUNING row asks for more outputs) and
+    F(2x2) on the 7x9 one, at every vector width. More than one
     thread takes whole groups, split into parts of tile rows where they do not share out evenly (3 groups
     on 2 threads, 2 and 4 on 3); one thread runs the products of every group after all the transforms."""
     import cuvil
@@ -431,7 +432,8 @@ def test_grouped_winograd_matches_torch(tmp_path, target, hw, threads):
     m = _GroupedWinograd().eval()
     x = torch.randn(2, 3, *hw)
     cm = cuvil.compile(m, (x,), layout="blocked", num_threads=threads, target=target, cache_dir=str(tmp_path))
-    m_tile = 4 if hw[0] * hw[1] >= 144 else 2
+    from cuvil.codegen.c.tuning import plan_value
+    m_tile = 4 if hw[0] * hw[1] >= plan_value("blocked_winograd4_min_outputs", target) else 2
     assert cm.c_source.count(f"cuvil_conv3x3_winograd_blocked(&s, {m_tile},") == 3
     with torch.no_grad():
         np.testing.assert_allclose(cm.run(x.numpy())[0], m(x).numpy(), rtol=1e-3, atol=1e-3)

@@ -9,6 +9,7 @@ from .conv_plan import CONV2D_PATHS, WINOGRAD_MAX_W, conv_plan, conv_shape, is_b
 from .emit import lowering
 from .gemm_plan import GEMM_KC, GEMM_MC, mat_dims, matmul_plan, pack_a, pack_b, panel_width, tile_rows
 from .gen_activations import ACT_CODES
+from .tuning import plan_value
 from .direct_nd import conv_nd, pool_nd
 from .loops import broadcast_strides
 
@@ -168,7 +169,7 @@ def lower_conv(em, node):
 
 def _lower_conv_call(em, node):
     nr = panel_width(em)
-    plan = conv_plan(node, nr)
+    plan = conv_plan(node, nr, winograd4_min=plan_value("blocked_winograd4_min_outputs", em.target))
     if plan.kind == "nd":
         return conv_nd(em, node)
     s, _ = conv_shape(node, D.to_c)

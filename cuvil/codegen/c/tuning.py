@@ -235,12 +235,19 @@ def _zen5(flags, vendor) -> bool:
     return vendor == "AuthenticAMD" and {"avx_vnni", "avx512_bf16", "avx512f"} <= flags
 
 
+def _intel_512(flags, vendor) -> bool:
+    return vendor == "GenuineIntel" and "avx512f" in flags
+
+
 PLAN_DEFAULTS = {
     # precision="bf16": 3x3 stride-1 convs of at most this many output pixels take direct bf16 products
     # (vdpbf16ps) instead of fp32 Winograd; 0: Winograd everywhere (Zen 4, ResNet-50: Winograd 0.82x the
     # time of all-direct bf16). Where bf16 dot products run no faster than fp32 FMAs (Intel's AVX512-BF16
     # without AMX), Winograd's saving wins at every size.
     "bf16_direct_3x3_max_outputs": 0,
+    # fp32 3x3 stride-1 convs in the channel-blocked layout take Winograd F(4x4, 3x3) from this many output
+    # pixels per image, F(2x2, 3x3) below (conv_plan.winograd_tile)
+    "blocked_winograd4_min_outputs": 12 * 12,
 }
 
 PLAN_TUNING: tuple[PlanRow, ...] = (
@@ -249,6 +256,12 @@ PLAN_TUNING: tuple[PlanRow, ...] = (
     # (Winograd's tiles fit small maps badly: 7x7 outputs in 8x8 of F(4x4, 3x3) tiles)
     PlanRow("Zen 5", _zen5, "bf16_direct_3x3_max_outputs", 196,
             "direct bf16 products for 3x3 convs at 14x14 and smaller", "benchmarks.ab ResNet-50 --precision bf16"),
+    # F(2x2) at 14x14 on an Emerald-Rapids-class Xeon (2 MB L2), 9 rounds interleaved, both orders, 1 / 2
+    # threads: RegNetY-4GF 0.970x (swapped 1.028x) / 0.975x, ResNet-50 0.983x (1.022x) / 1.004x; F(2x2)
+    # also at 28x28 RegNetY 1.004x, direct at 7x7 0.994x. F(4x4) over a 14x14 map is 16 tiles (a 30%
+    # overhang), its GEMMs 16 rows against 2.25x the filters of F(2x2)'s 49
+    PlanRow("Intel AVX-512", _intel_512, "blocked_winograd4_min_outputs", 15 * 15,
+            "F(2x2) Winograd for blocked 3x3 convs at 14x14 and smaller", "benchmarks.ab RegNetY-4GF, ResNet-50"),
 )
 
 

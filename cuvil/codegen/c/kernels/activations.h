@@ -6,7 +6,7 @@
     X(NONE, 0, (x), (x)) \
     X(RELU, 1, (x < 0.f ? 0.f : x), (cuvil_vrelu(x))) \
     X(GELU, 2, (0.5f * x * (1.0f + erff(x * 0.70710678118654752440f))), (cuvil_vsplat(0.5f) * x * (cuvil_vsplat(1.0f) + cuvil_verf(x * cuvil_vsplat(0.70710678118654752440f))))) \
-    X(GELU_TANH, 3, (0.5f * x * (1.0f + tanhf(0.79788456080286535588f * (x + 0.044715f * x * x * x)))), (cuvil_vsplat(0.5f) * x * (cuvil_vsplat(1.0f) + cuvil_vtanh(cuvil_vsplat(0.79788456080286535588f) * (x + cuvil_vsplat(0.044715f) * x * x * x))))) \
+    X(GELU_TANH, 3, (x / (1.0f + expf(-1.59576912160573071176f * x * (1.0f + 0.044715f * x * x)))), (x / (cuvil_vsplat(1.0f) + cuvil_vexp(cuvil_vsplat(-1.59576912160573071176f) * x * (cuvil_vsplat(1.0f) + cuvil_vsplat(0.044715f) * x * x))))) \
     X(SILU, 4, (x / (1.0f + expf(-x))), (x / (cuvil_vsplat(1.0f) + cuvil_vexp(-x)))) \
     X(SIGMOID, 5, (1.0f / (1.0f + expf(-x))), (cuvil_vsplat(1.0f) / (cuvil_vsplat(1.0f) + cuvil_vexp(-x)))) \
     X(TANH, 6, (tanhf(x)), (cuvil_vtanh(x))) \

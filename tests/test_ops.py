@@ -1070,6 +1070,9 @@ def norm(op):
     c.out(c.add(op, [x4, *params(5, 7)], {"axis": 2}), "[2,3,5,7] axis=2")
     c.out(c.add(op, [x4], {"axis": 1}), "[2,3,5,7] axis=1")
     c.out(c.add(op, [c.input(f(3, 1)), *params(1)]), "n=1")
+    # rows past the last 4 vectors: summed a vector at a time (kernels/norm.c), then a scalar tail
+    c.out(c.add(op, [c.input(f(5, 96, lo=-3, hi=5)), *params(96)]), "n=96")
+    c.out(c.add(op, [c.input(f(3, 103)), *params(103)]), "n=103")
     c.out(c.add(op, [c.input(f(0, 8)), *params(8)]), "[0,8]")
     c.out(c.add(op, [c.input(f(3, 4099, lo=99, hi=101)), *params(4099)]), "n=4099, mean 100, std 0.6")
     c.out(c.add(op, [c.input(f(3, 64, lo=1e3, hi=1e3 + 1)), *params(64)]), "n=64, mean 1000, std 0.3")

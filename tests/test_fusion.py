@@ -36,6 +36,35 @@ def test_linear_bias_activation(M, N, K, act):
     assert ops_of(cm) == ["matmul_fused"]
 
 
+@pytest.mark.parametrize("form", ["bias, scale [N]", "scale [1, 1, N] first", "no bias", "scale read twice",
+                                  "scale per row", "scale not finite", "matmul read twice"])
+def test_column_scale_folds_into_the_linear_layer(form):
+    """mul(matmul(x, W) + b, g), g one constant per column (ConvNeXt's layer scale): W and b scaled at
+    compile time, the multiply gone (passes/simplify.fold_scale_into_linear); a scale that is not one per
+    column, not finite, or whose operand has other readers is left as it was. Against the reference
+    interpreter on the graph as written."""
+    g = Graph()
+    x = Value(TensorType((2, 7, 24), "float32"), "x")
+    g.inputs = [x]
+    z = g.add("matmul", [x, g.const(f32(24, 40))])
+    y = z if form == "no bias" else g.add("add", [z, g.const(f32(40))])
+    scale = {"scale per row": f32(7, 1), "scale [1, 1, N] first": f32(1, 1, 40)}.get(form, f32(40))
+    if form == "scale not finite":
+        scale[3] = np.inf
+    c = g.const(scale)
+    out = g.add("mul", [c, y] if form == "scale [1, 1, N] first" else [y, c])
+    g.outputs = [g.add("relu", [out])]
+    if form == "scale read twice":
+        g.outputs.append(g.add("neg", [y]))
+    if form == "matmul read twice":
+        g.outputs.append(g.add("neg", [z]))
+    cm = check_graph(g, [f32(2, 7, 24)])
+    if form in ("bias, scale [N]", "scale [1, 1, N] first", "no bias"):
+        assert ops_of(cm) == ["matmul_fused"]          # the scale, the bias and the relu in the GEMM
+    else:                                              # the multiply kept (alone or in a pointwise chain)
+        assert any(op not in ("matmul_fused", "neg") for op in ops_of(cm)), ops_of(cm)
+
+
 @pytest.mark.parametrize("threads", [2, 3])
 @pytest.mark.parametrize("M,N,K", [(128, 384, 384), (203, 96, 401), (300, 1200, 40)])
 def test_rows_split_over_threads(M, N, K, threads):

@@ -1,6 +1,7 @@
 """Algebraic simplification: batch norm folded into the conv before it (or into a per-channel
-scale and shift), zero padding folded into the conv after it, clip(0, 6) named relu6 (an activation
-epilogues take), reshape chains collapsed, identity ops removed."""
+scale and shift), a per-column scale into the linear layer before it, zero padding folded into the
+conv after it, clip(0, 6) named relu6 (an activation epilogues take), reshape chains collapsed,
+identity ops removed."""
 from __future__ import annotations
 
 import numpy as np
@@ -34,6 +35,46 @@ def fold_batch_norm(graph):
         new_b = ((b0 - mean) * a + bias).astype(w.dtype)
         conv.inputs = [conv.inputs[0], graph.const(new_w), graph.const(new_b)]
         mapping[id(n.outputs[0])] = conv.outputs[0]
+        drop.add(id(n))
+    graph.nodes = [n for n in graph.nodes if id(n) not in drop]
+    return replace_uses(graph, mapping)
+
+
+def _column_scale(v, n):
+    """v's constant as one finite float per column of an [..., n] value ([n] or [1, ..., 1, n]), else None."""
+    d = v.data if v.is_const else None
+    if d is None or d.dtype.kind != "f" or d.shape[-1:] != (n,) or any(s != 1 for s in d.shape[:-1]) \
+            or not np.isfinite(d).all():
+        return None
+    return d.reshape(n)
+
+
+def fold_scale_into_linear(graph):
+    """mul(matmul(x, W) [+ b], g) with W, b and g constants and g one scale per output column (ConvNeXt's
+    layer scale after its MLP) -> matmul(x, W g) [+ b g]: a pass over the output gone."""
+    single = _single_user(graph)
+    mapping, drop = {}, set()
+    for n in graph.nodes:
+        if n.op != "mul" or len(n.inputs) != 2:
+            continue
+        y, g = n.inputs if n.inputs[1].is_const else n.inputs[::-1]
+        N = y.shape[-1] if y.type.rank else None
+        if not isinstance(N, int) or y.is_const or not single(y) or n.outputs[0].type.rank != y.type.rank:
+            continue
+        scale = _column_scale(g, N)
+        add, mm = (y.producer, None) if y.producer is not None and y.producer.op == "add" else (None, y.producer)
+        b = None
+        if add is not None:
+            z, bv = add.inputs if add.inputs[1].is_const else add.inputs[::-1]
+            b = _column_scale(bv, N)
+            mm = z.producer if b is not None and single(z) and z.type.shape == y.type.shape else None
+        if scale is None or mm is None or mm.op != "matmul" or not mm.inputs[1].is_const or mm.inputs[1].type.rank < 2 \
+                or mm.inputs[1].data.dtype != scale.dtype or y.dtype != scale.dtype:
+            continue
+        mm.inputs = [mm.inputs[0], graph.const((mm.inputs[1].data * scale).astype(scale.dtype))]
+        if add is not None:
+            add.inputs = [z, graph.const((b * scale).astype(scale.dtype).reshape(bv.data.shape))]
+        mapping[id(n.outputs[0])] = y
         drop.add(id(n))
     graph.nodes = [n for n in graph.nodes if id(n) not in drop]
     return replace_uses(graph, mapping)
@@ -140,4 +181,5 @@ def fold_pad_into_conv(graph):
 
 def run(graph):
     graph = name_gated_activations(name_relu6(global_avg_pool_as_mean(fold_pad_into_conv(fold_batch_norm(graph)))))
+    graph = fold_scale_into_linear(graph)
     return collapse_reshapes(remove_identities(graph))

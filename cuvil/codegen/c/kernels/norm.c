@@ -1,43 +1,9 @@
 #include "norm.h"
 #include "pool.h"
+#include "vmath.h"
 #if defined(__AVX__)
 #include <immintrin.h>
 #endif
-
-typedef struct { int64_t n, inner; const float *x; float *y; int take_log; } softmax_args;
-
-static void softmax_task(void *ctx, int64_t r0, int64_t r1) {
-    const softmax_args *a = ctx;
-    int64_t n = a->n, inner = a->inner;
-    for (int64_t oi = r0; oi < r1; oi++) {
-        int64_t o = oi / inner, i = oi % inner;
-        const float *xr = a->x + o * n * inner + i;
-        float *yr = a->y + o * n * inner + i;
-        float m = -INFINITY;
-        for (int64_t k = 0; k < n; k++) m = xr[k * inner] > m ? xr[k * inner] : m;
-        if (m == -INFINITY) m = 0.f;   /* a fully masked row: exp(-inf - 0) = 0, sum 0 -> nan as torch */
-        double s = 0.0;
-        for (int64_t k = 0; k < n; k++) {
-            float e = expf(xr[k * inner] - m);
-            if (!a->take_log) yr[k * inner] = e;
-            s += e;
-        }
-        if (a->take_log) {
-            float ls = (float)log(s);
-            for (int64_t k = 0; k < n; k++) yr[k * inner] = xr[k * inner] - m - ls;
-        } else {
-            float r = (float)(1.0 / s);
-            for (int64_t k = 0; k < n; k++) yr[k * inner] *= r;
-        }
-    }
-}
-
-void cuvil_softmax(int64_t outer, int64_t n, int64_t inner, const float *x, float *y, int take_log, int nthreads) {
-    softmax_args a = {n, inner, x, y, take_log};
-    cuvil_parallel_for(outer * n * inner > 8192 ? nthreads : 1, outer * inner, 1, softmax_task, &a);
-}
-
-typedef struct { int64_t n; const float *x, *gamma, *beta; float eps; int rms; float *y; } norm_args;
 
 /* The sum of a vector's lanes in double, in a tree: once per row and statistic, so it is most of a row's
  * time where rows are short (ConvNeXt's 96 channels). Widened a half vector at a time where the target
@@ -60,6 +26,131 @@ static inline double lanes_in_double(cuvil_vf t) {
     return h[0];
 #endif
 }
+
+typedef struct { int64_t n, inner, chunks; const float *x; float *y; int take_log; } softmax_args;
+
+/* Softmax keeps torch's edges: a NaN is ignored by the max but makes its row (or column) NaN through the
+ * sum, an all -inf row is exp(-inf - 0) = 0 everywhere, so 0 / 0 = NaN, and a +inf makes its row NaN. */
+
+/* exp(d) for d = x - max <= 0, exactly 0 where float's exp is (the portable vector exp clamps at -87.3,
+ * which left 1e-38 for a masked -inf); NaN stays NaN. */
+static inline cuvil_vf softmax_exp(cuvil_vf d) {
+    return cuvil_vsel(d < cuvil_vsplat(-103.972084f), cuvil_vsplat(0.f), cuvil_vexp(d));
+}
+
+/* One element of x at stride `inner` per step of n: the scalar form, for the columns no vector fills. */
+static void softmax_strided(const float *xr, int64_t n, int64_t inner, float *yr, int take_log) {
+    float m = -INFINITY;
+    for (int64_t k = 0; k < n; k++) m = xr[k * inner] > m ? xr[k * inner] : m;
+    if (m == -INFINITY) m = 0.f;
+    double s = 0.0;
+    for (int64_t k = 0; k < n; k++) {
+        float e = cuvil_fexp(xr[k * inner] - m);
+        if (!take_log) yr[k * inner] = e;
+        s += e;
+    }
+    if (take_log) {
+        float ls = (float)log(s);
+        for (int64_t k = 0; k < n; k++) yr[k * inner] = xr[k * inner] - m - ls;
+    } else {
+        float r = (float)(1.0 / s);
+        for (int64_t k = 0; k < n; k++) yr[k * inner] *= r;
+    }
+}
+
+/* A contiguous row in vectors: the max, exp(x - max) in 2 vectors of float lanes (each lane adds about
+ * n / (2 VL) terms, then the lanes in double), the scale. A libm expf an element in double had taken
+ * 11x torch's time over BERT-sized attention scores. */
+static void softmax_row(const float *x, int64_t n, float *y, int take_log) {
+    int64_t nv = n / CUVIL_VL * CUVIL_VL, k;
+    cuvil_vf vm = cuvil_vsplat(-INFINITY);
+    for (k = 0; k < nv; k += CUVIL_VL) {
+        cuvil_vf v = cuvil_vload(x + k);
+        vm = cuvil_vsel(v > vm, v, vm);
+    }
+    float m = -INFINITY;
+    for (int l = 0; l < CUVIL_VL; l++) m = vm[l] > m ? vm[l] : m;
+    for (; k < n; k++) m = x[k] > m ? x[k] : m;
+    if (m == -INFINITY) m = 0.f;
+    const cuvil_vf mv = cuvil_vsplat(m);
+    cuvil_vf acc[2] = {cuvil_vsplat(0.f), cuvil_vsplat(0.f)};
+    for (k = 0; k < nv; k += CUVIL_VL) {
+        cuvil_vf e = softmax_exp(cuvil_vload(x + k) - mv);
+        if (!take_log) cuvil_vstore(y + k, e);
+        acc[(k / CUVIL_VL) & 1] += e;
+    }
+    double s = lanes_in_double(acc[0] + acc[1]);
+    for (; k < n; k++) {
+        float e = cuvil_fexp(x[k] - m);
+        if (!take_log) y[k] = e;
+        s += e;
+    }
+    if (take_log) {
+        const float ls = (float)log(s);
+        const cuvil_vf lv = cuvil_vsplat(ls);
+        for (k = 0; k < nv; k += CUVIL_VL) cuvil_vstore(y + k, cuvil_vload(x + k) - mv - lv);
+        for (; k < n; k++) y[k] = x[k] - m - ls;
+    } else {
+        const float r = (float)(1.0 / s);
+        const cuvil_vf rv = cuvil_vsplat(r);
+        for (k = 0; k < nv; k += CUVIL_VL) cuvil_vstore(y + k, cuvil_vload(y + k) * rv);
+        for (; k < n; k++) y[k] *= r;
+    }
+}
+
+/* VL columns i0.. of one outer slice, softmax along the strided axis: each lane is a column of its own,
+ * its sum kept in double. */
+static void softmax_columns(const float *x, int64_t n, int64_t inner, float *y, int take_log) {
+    cuvil_vf m = cuvil_vsplat(-INFINITY);
+    for (int64_t k = 0; k < n; k++) {
+        cuvil_vf v = cuvil_vload(x + k * inner);
+        m = cuvil_vsel(v > m, v, m);
+    }
+    m = cuvil_vsel(m == cuvil_vsplat(-INFINITY), cuvil_vsplat(0.f), m);
+    double s[CUVIL_VL] = {0};
+    for (int64_t k0 = 0; k0 < n; k0 += 256) {            /* float sums of up to 256 terms, then double */
+        cuvil_vf part = cuvil_vsplat(0.f);
+        for (int64_t k = k0; k < n && k < k0 + 256; k++) {
+            cuvil_vf e = softmax_exp(cuvil_vload(x + k * inner) - m);
+            if (!take_log) cuvil_vstore(y + k * inner, e);
+            part += e;
+        }
+        for (int l = 0; l < CUVIL_VL; l++) s[l] += part[l];
+    }
+    cuvil_vf f;
+    for (int l = 0; l < CUVIL_VL; l++) f[l] = take_log ? (float)log(s[l]) : (float)(1.0 / s[l]);
+    for (int64_t k = 0; k < n; k++) {
+        cuvil_vf v;
+        if (take_log) v = cuvil_vload(x + k * inner) - m - f;
+        else v = cuvil_vload(y + k * inner) * f;
+        cuvil_vstore(y + k * inner, v);
+    }
+}
+
+/* Items: rows where the axis is the last (inner 1), else chunks of VL columns (the last one's columns
+ * one at a time where they fill no vector). */
+static void softmax_task(void *ctx, int64_t i0, int64_t i1) {
+    const softmax_args *a = ctx;
+    const int64_t n = a->n, inner = a->inner;
+    for (int64_t it = i0; it < i1; it++) {
+        if (inner == 1) {
+            softmax_row(a->x + it * n, n, a->y + it * n, a->take_log);
+            continue;
+        }
+        int64_t o = it / a->chunks, c0 = it % a->chunks * CUVIL_VL, off = o * n * inner + c0;
+        if (c0 + CUVIL_VL <= inner) softmax_columns(a->x + off, n, inner, a->y + off, a->take_log);
+        else
+            for (int64_t i = 0; c0 + i < inner; i++) softmax_strided(a->x + off + i, n, inner, a->y + off + i, a->take_log);
+    }
+}
+
+void cuvil_softmax(int64_t outer, int64_t n, int64_t inner, const float *x, float *y, int take_log, int nthreads) {
+    int64_t chunks = inner == 1 ? 1 : (inner + CUVIL_VL - 1) / CUVIL_VL;
+    softmax_args a = {n, inner, chunks, x, y, take_log};
+    cuvil_parallel_for(outer * n * inner > 8192 ? nthreads : 1, outer * chunks, 1, softmax_task, &a);
+}
+
+typedef struct { int64_t n; const float *x, *gamma, *beta; float eps; int rms; float *y; } norm_args;
 
 /* The sum over a row of d = (x - hi) - lo, or of d * d, in 4 vectors of float lanes (each lane adds
  * about n / (4 VL) terms), the vectors past the last 4 in the first; the lanes and the tail under a

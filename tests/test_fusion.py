@@ -65,6 +65,24 @@ def test_column_scale_folds_into_the_linear_layer(form):
         assert any(op not in ("matmul_fused", "neg") for op in ops_of(cm)), ops_of(cm)
 
 
+def test_pow_by_a_small_constant_is_its_cheaper_op():
+    """pow(x, 2), pow(x, 0.5) and pow(x, -1) run as x * x, sqrt and reciprocal (passes/simplify.pow_by_constant),
+    with pow's values at the edges (-0, +-inf, NaN, negatives); pow(x, -0.5) and pow(x, 2.5) stay pow, as does a
+    pow whose exponent widens x. Against the reference interpreter (numpy's pow)."""
+    g = Graph()
+    x = Value(TensorType((4, 10), "float32"), "x")
+    g.inputs = [x]
+    outs = [g.add("pow", [x, g.const(np.float32(e))]) for e in (2.0, 0.5, -1.0, -0.5, 2.5)]
+    outs.append(g.add("pow", [x, g.const(np.full((3, 4, 10), 2.0, np.float32))]))
+    g.outputs = outs
+    xs = np.abs(f32(4, 10)) * 3
+    xs[0, :6] = [-0.0, 0.0, np.inf, -np.inf, np.nan, -2.0]
+    check_graph(g, [xs], rtol=1e-6, atol=0)
+    from cuvil.passes import simplify
+    ops = [n.op for n in simplify.pow_by_constant(g).nodes]
+    assert ops == ["mul", "sqrt", "reciprocal", "pow", "pow", "pow"]
+
+
 @pytest.mark.parametrize("threads", [2, 3])
 @pytest.mark.parametrize("M,N,K", [(128, 384, 384), (203, 96, 401), (300, 1200, 40)])
 def test_rows_split_over_threads(M, N, K, threads):

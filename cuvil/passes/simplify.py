@@ -1,12 +1,13 @@
 """Algebraic simplification: batch norm folded into the conv before it (or into a per-channel
-scale and shift), a per-column scale into the linear layer before it, zero padding folded into the
-conv after it, clip(0, 6) named relu6 (an activation epilogues take), reshape chains collapsed,
-identity ops removed."""
+scale and shift), a per-column scale into the linear layer before it, pow by 2, 0.5 and -1 as the
+ops those are, zero padding folded into the conv after it, clip(0, 6) named relu6 (an activation
+epilogues take), reshape chains collapsed, identity ops removed."""
 from __future__ import annotations
 
 import numpy as np
 
 from ..ir import dims as D
+from ..ir.graph import Node
 from .cleanup import replace_uses
 
 
@@ -109,6 +110,30 @@ def remove_identities(graph):
     return replace_uses(graph, mapping)
 
 
+# pow(x, c) for a constant c that a cheaper op computes, as torch's own pow does for these: a libm pow
+# per element had made HF's RMSNorm (x.pow(2).mean(-1)) 14x eager's time
+# (not -0.5: rsqrt(-0) is -inf where C's pow, and so ONNX's, gives +inf)
+POW_BY = {2.0: "square", 0.5: "sqrt", -1.0: "reciprocal"}
+
+
+def pow_by_constant(graph):
+    """pow(x, 2) -> x * x, pow(x, 0.5 / -1) -> sqrt / reciprocal, for a float x whose shape the exponent
+    does not widen."""
+    nodes = []
+    for n in graph.nodes:
+        x, c = (n.inputs + [None, None])[:2]
+        op = None
+        if n.op == "pow" and c is not None and c.is_const and c.data.size == 1 and x.dtype in ("float32", "float64") \
+                and c.data.dtype == x.dtype and n.outputs[0].type.shape == x.type.shape:
+            op = POW_BY.get(float(c.data.reshape(())))
+        if op is None:
+            nodes.append(n)
+        else:
+            nodes.append(Node("mul", [x, x], {}, n.outputs, n.loc) if op == "square" else Node(op, [x], {}, n.outputs, n.loc))
+    graph.nodes = nodes
+    return graph
+
+
 def name_relu6(graph):
     for n in graph.nodes:
         if n.op == "clip" and n.attrs.get("min") == 0 and n.attrs.get("max") == 6 and n.inputs[0].dtype == "float32":
@@ -181,5 +206,5 @@ def fold_pad_into_conv(graph):
 
 def run(graph):
     graph = name_gated_activations(name_relu6(global_avg_pool_as_mean(fold_pad_into_conv(fold_batch_norm(graph)))))
-    graph = fold_scale_into_linear(graph)
+    graph = pow_by_constant(fold_scale_into_linear(graph))
     return collapse_reshapes(remove_identities(graph))

@@ -15,9 +15,11 @@
 #define CUVIL_EXP_P3 1.6666430234909058e-1f
 #define CUVIL_EXP_P2 4.999999403953552e-1f
 
+/* 2^n scales p in two normal factors, so results below FLT_MIN come out as their subnormals (one factor
+ * clamped x at -87.3, leaving 1.2e-38 where exp(-100) is 3.7e-44: softplus(-100) was off by 3e5 x). */
 static inline float cuvil_fexp(float x) {
     float xc = x > 88.3762626647949f ? 88.3762626647949f : x;
-    xc = xc < -87.3365478515625f ? -87.3365478515625f : xc;
+    xc = xc < -103.972084f ? -103.972084f : xc;
     float n = xc * 1.44269504088896341f;
     n = (n + 12582912.f) - 12582912.f;
     float r = xc - n * 0.693359375f - n * -2.12194440e-4f;
@@ -28,13 +30,58 @@ static inline float cuvil_fexp(float x) {
     p = p * r + CUVIL_EXP_P2;
     p = p * r + 1.f;
     p = p * r + 1.f;
-    int32_t e = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &e, 4);
-    float y = p * scale;
+    int32_t ni = (int32_t)n, e1 = ((ni >> 1) + 127) << 23, e2 = ((ni - (ni >> 1)) + 127) << 23;
+    float s1, s2;
+    memcpy(&s1, &e1, 4);
+    memcpy(&s2, &e2, 4);
+    float y = p * s1 * s2;
     y = x > 88.7228390f ? INFINITY : y;
     y = x < -103.972084f ? 0.f : y;
     return x != x ? x : y;
+}
+
+/* log(x): x = m 2^e with m in [sqrt(1/2), sqrt(2)), log(m) = f - f^2 / 2 + f^3 P(f) for f = m - 1 (the
+ * Cephes logf polynomial, ~1 ulp), e ln 2 added in two parts. Subnormals are scaled into the normal
+ * range first; x < 0 and NaN give NaN, 0 gives -inf, inf gives inf. Branch-free, so loops of it
+ * vectorize (libm's logf kept them scalar: softplus and log1p(exp(x)) ran at 27x eager's time). */
+static inline float cuvil_flog(float x) {
+    const int sub = x < 1.17549435e-38f;
+    float xs = sub ? x * 8388608.f : x;
+    int32_t i;
+    memcpy(&i, &xs, 4);
+    int32_t e = ((i >> 23) & 0xff) - 126 - (sub ? 23 : 0);
+    i = (i & 0x007fffff) | 0x3f000000;                        /* m in [0.5, 1) */
+    float m;
+    memcpy(&m, &i, 4);
+    const int low = m < 0.707106781186547524f;
+    e -= low;
+    float f = low ? m + m - 1.f : m - 1.f;
+    float z = f * f;
+    float p = 7.0376836292e-2f;
+    p = p * f - 1.1514610310e-1f;
+    p = p * f + 1.1676998740e-1f;
+    p = p * f - 1.2420140846e-1f;
+    p = p * f + 1.4249322787e-1f;
+    p = p * f - 1.6668057665e-1f;
+    p = p * f + 2.0000714765e-1f;
+    p = p * f - 2.4999993993e-1f;
+    p = p * f + 3.3333331174e-1f;
+    float fe = (float)e;
+    float y = p * f * z + fe * -2.12194440e-4f - 0.5f * z;
+    y = f + y + fe * 0.693359375f;
+    y = x == INFINITY ? x : y;
+    y = x == 0.f ? -INFINITY : y;
+    return x < 0.f || x != x ? NAN : y;
+}
+
+/* log(1 + x) as log(u) x / (u - 1), u = 1 + x: the rounding of u cancels (Goldberg), so small x keep
+ * their relative accuracy; u = 1 gives x itself. */
+static inline float cuvil_flog1p(float x) {
+    float u = 1.f + x;
+    float d = u - 1.f;
+    float y = cuvil_flog(u) * (x / (d == 0.f ? 1.f : d));
+    y = d == 0.f ? x : y;
+    return x == INFINITY ? x : y;
 }
 
 static inline float cuvil_ferf(float x) {

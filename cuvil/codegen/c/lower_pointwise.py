@@ -50,7 +50,7 @@ UNARY_F.update({k: v for k, v in SPECIAL_C.items() if "{1}" not in v})
 # float32 versions that keep a loop vectorizable (kernels/smath.h), used in place of libm calls
 FAST_F32 = {
     "exp": "cuvil_fexp({0})", "erf": "cuvil_ferf({0})", "tanh": "cuvil_ftanh({0})",
-    "log": "cuvil_flog({0})", "log1p": "cuvil_flog1p({0})",
+    "log": "cuvil_flog({0})", "log1p": "cuvil_flog1p({0})", "sin": "cuvil_fsin({0})", "cos": "cuvil_fcos({0})",
     "softplus": "(cuvil_flog1p(cuvil_fexp(-fabsf({0}))) + ({0} > 0 ? {0} : 0.f))",
     **{name: render_formula(name, SMATH, "{0}") for name in ("sigmoid", "silu", "gelu", "gelu_tanh")},
 }

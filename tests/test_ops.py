@@ -619,6 +619,12 @@ def gather(op):
     c.out(c.add(op, [c.input(rand(r, (9, 4), "float32")),
                      c.input([np.array([8], np.int64), np.array([0, -1, 3, 5, 2, 2], np.int64)], (B,))], {"axis": 0}),
           "indices[b]")
+    # along the last axis: a row of outputs a task (lower_movement.lower_gather), any element type
+    c.out(c.add(op, [c.input(rand(r, (3, 2, 9), "int64")), c.input(np.array([8, -1, 0, 4, -9, 4, 4], np.int64))],
+                {"axis": 2}), "last axis int64, negative indices")
+    c.out(c.add(op, [c.input(rand(r, (5, 6), "bool")),
+                     c.input([np.array([5], np.int64), np.array([0, -1, 3], np.int64)], (B,))], {"axis": 1}),
+          "last axis bool, indices[b]")
     c.check()
 
 

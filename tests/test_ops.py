@@ -623,7 +623,7 @@ def gather(op):
     c.out(c.add(op, [c.input(rand(r, (3, 2, 9), "int64")), c.input(np.array([8, -1, 0, 4, -9, 4, 4], np.int64))],
                 {"axis": 2}), "last axis int64, negative indices")
     c.out(c.add(op, [c.input(rand(r, (5, 6), "bool")),
-                     c.input([np.array([5], np.int64), np.array([0, -1, 3], np.int64)], (B,))], {"axis": 1}),
+                     c.input([np.array([5], np.int64), np.array([0, -1, 3, 5, 2, -6], np.int64)], (B,))], {"axis": 1}),
           "last axis bool, indices[b]")
     c.check()
 

@@ -150,3 +150,18 @@ def test_index_writes_beside_whole_dims_and_one_hot_match_eager(model, args):
         want = model(*args)
     got = cuvil.compile(model, args).run(*[a.numpy() for a in args])[0]
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kernel,stride,bias", [((2, 2), 2, True), ((3, 2), (3, 2), False), ((3, 3), 2, True)])
+def test_transposed_conv_by_patches_matches_eager(kernel, stride, bias):
+    """A transposed conv whose kernel equals its stride (UNet's upsampling) runs as one GEMM into patches, no
+    conv over the stride's zeros (frontend/aten._patches_transposed); one whose kernel overlaps (3x3, stride 2)
+    keeps the spread-input conv. Both match eager, batch 2, bias or not."""
+    torch.manual_seed(0)
+    m = torch.nn.ConvTranspose2d(6, 5, kernel, stride, bias=bias).eval()
+    x = torch.randn(2, 6, 7, 9)
+    cm = cuvil.compile(m, (x,))
+    ops = [n.op for n in cm.graph.nodes]
+    assert ("conv" in ops) == (kernel == (3, 3)), ops
+    with torch.no_grad():
+        np.testing.assert_allclose(cm(x).numpy(), m(x).numpy(), rtol=1e-5, atol=1e-5)

@@ -465,3 +465,28 @@ def test_qlinear_conv_per_channel_matches_onnxruntime():
         warnings.simplefilter("ignore", cuvil.PrecisionWarning)
         got = cuvil.compile(m).run(x)[0]
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("weights", ["initializers", "inputs"])
+def test_conv_transpose_by_patches_matches_onnxruntime(weights):
+    """ConvTranspose whose kernel equals its strides (2x2 stride 2, and 3x2 stride (3, 2)) runs as a GEMM into
+    patches (frontend/onnx/conv._patches_transposed), with its weight and bias as initializers or as graph
+    inputs; against ONNX Runtime, batch 2."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 6, 5, 7)).astype(np.float32)
+    params = {"w1": rng.standard_normal((6, 4, 2, 2)).astype(np.float32), "b1": rng.standard_normal(4).astype(np.float32),
+              "w2": rng.standard_normal((4, 3, 3, 2)).astype(np.float32)}
+    nodes = [helper.make_node("ConvTranspose", ["x", "w1", "b1"], ["h"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("ConvTranspose", ["h", "w2"], ["y"], kernel_shape=[3, 2], strides=[3, 2])]
+    ins = [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))]
+    if weights == "inputs":
+        ins += [helper.make_tensor_value_info(k, TensorProto.FLOAT, list(v.shape)) for k, v in params.items()]
+    inits = [numpy_helper.from_array(v, k) for k, v in params.items()] if weights == "initializers" else []
+    g = helper.make_graph(nodes, "up", ins, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 30, 28])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    feed = {"x": x, **(params if weights == "inputs" else {})}
+    want = _ort(model, feed)[0]
+    cm = cuvil.compile(model)
+    assert not any(n.op == "conv" for n in cm.graph.nodes), [n.op for n in cm.graph.nodes]
+    got = cm.run(*feed.values())[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -1,7 +1,8 @@
 """Convolution and pooling op handlers.
 
-Conv, ConvTranspose (zero insertion, then a conv with the flipped, transposed kernel), Max / Average / Lp
-pooling and their global forms, MaxPool's Indices output, MaxUnpool, Col2Im and DeformConv."""
+Conv, ConvTranspose (zero insertion, then a conv with the flipped, transposed kernel; a GEMM into patches
+where the kernel equals the strides), Max / Average / Lp pooling and their global forms, MaxPool's Indices
+output, MaxUnpool, Col2Im and DeformConv."""
 from __future__ import annotations
 
 import itertools
@@ -27,6 +28,22 @@ def _conv(c):
     grid = dequantized_range(c, c.node.input[0]) if c.integer_kernels else None
     return c.op("conv", ins, strides=tuple(strides), pads=pads, dilations=tuple(dil), groups=c.attr("group", 1),
                 **({"int8_range": grid} if grid else {}))
+
+
+def _patches_transposed(c, x, w, b, kernel):
+    """A 2-d ConvTranspose whose kernel equals its strides (no pads, dilation or groups: UNet's 2x2 stride-2
+    upsampling) as one GEMM of the pixels by the weight as [C, O kh kw], its columns then moved to their
+    kh x kw patches (as frontend/aten._patches_transposed): the zero-spread conv multiplied the zeros too."""
+    n, cin, h, wd = shape_of(x)
+    o, (kh, kw) = shape_of(w)[1], kernel
+    wm = contig(w.reshape(cin, o * kh * kw)) if isinstance(w, np.ndarray) else c.reshape(w, (cin, o * kh * kw))
+    y = c.op("matmul", [c.op("transpose", [x], perm=(0, 2, 3, 1)), wm])
+    if b is not None:        # each output channel's bias on its kh kw columns
+        bias = (contig(np.repeat(b, kh * kw)) if isinstance(b, np.ndarray) else
+                c.reshape(c.op("expand", [c.reshape(b, (o, 1))], shape=(o, kh * kw)), (o * kh * kw,)))
+        y = c.op("add", [y, bias])
+    y = c.op("transpose", [c.reshape(y, (n, h, wd, o, kh, kw))], perm=(0, 3, 1, 4, 2, 5))
+    return c.reshape(y, (n, o, h * kh, wd * kw))
 
 
 @handler("ConvTranspose")
@@ -63,8 +80,11 @@ def _conv_transpose(c):
     else:
         p = c.attr("pads") or [0] * (2 * nsp)
         pads = [(p[i], p[i + nsp]) for i in range(nsp)]
-    # zero-insertion upsampling of x, then a conv with the flipped, transposed kernel
     N, C = shape_of(x)[:2]
+    if nsp == 2 and g == 1 and list(kernel) == list(strides) and all(d == 1 for d in dil) and not any(outpad) \
+            and all(p == (0, 0) for p in pads) and isinstance(N, int):
+        return _patches_transposed(c, x, w, b, kernel)
+    # zero-insertion upsampling of x, then a conv with the flipped, transposed kernel
     y = x
     if any(s > 1 for s in strides):
         shp, exp_shape, final = [N, C], [N, C], [N, C]

@@ -1,7 +1,8 @@
 """Static memory plan: every intermediate gets an offset in one arena, from liveness,
 best fit, 64-byte aligned. Dynamic dims are planned at their upper bound.
 
-Views (reshape of a value that is not a graph output) share their source's buffer. A concat whose
+Views (reshape of a value that is not a graph output) share their source's buffer; a reshape that is a
+graph output has its source written into the output instead (reshaped_outputs). A concat whose
 inputs are each a contiguous run of its output (one image, or whatever comes before the axis has one
 element: NCHW and whole channel blocks alike) has its producers write there (in_place_concat): its
 inputs are views of the output at their byte offsets, and the concat itself copies nothing
@@ -86,6 +87,25 @@ def in_place_concats(graph):
     return found
 
 
+def reshaped_outputs(graph):
+    """[(x, y)] for y = reshape(x) a graph output (once) and x an intermediate that only this reshape reads,
+    made by a node that is no view and stored plainly: x's producer writes into y's buffer, and the
+    reshape copies nothing (a group norm's [N, G, C/G * H * W] result had been copied out whole)."""
+    users, found = graph.users(), []
+    outs = [id(o) for o in graph.outputs]
+    inputs = {id(i) for i in graph.inputs}
+    for n in graph.nodes:
+        if n.op != "reshape" or outs.count(id(n.outputs[0])) != 1:
+            continue
+        x, y = n.inputs[0], n.outputs[0]
+        p = x.producer
+        if (p is None or x.is_const or id(x) in inputs or id(x) in outs or p.op in VIEW_OPS or p.op == "concat"
+                or len(users.get(id(x), [])) != 1 or getattr(x, "layout", "nchw") != "nchw" or x.dtype != y.dtype):
+            continue
+        found.append((x, y))
+    return found
+
+
 def plan(graph, scratch_bytes=lambda node, bounds: 0) -> MemoryPlan:
     bounds = graph.symbols
     outputs = {id(o) for o in graph.outputs}
@@ -101,6 +121,9 @@ def plan(graph, scratch_bytes=lambda node, bounds: 0) -> MemoryPlan:
             src = owner(n.inputs[0])
             root[id(n.outputs[0])] = src
             result.alias[n.outputs[0].name] = src.name
+    for x, y in reshaped_outputs(graph):          # written where the reshape would have copied it to
+        root[id(x)] = y
+        result.alias[x.name] = y.name
     for n, offsets in in_place_concats(graph):
         y = n.outputs[0]
         result.concats_in_place.add(y.name)

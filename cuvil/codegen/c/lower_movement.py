@@ -25,8 +25,8 @@ def _nbytes(v):
 @lowering("reshape")
 def lower_reshape(em, node):
     x, y = node.inputs[0], node.outputs[0]
-    if em.plan.alias.get(y.name) is not None:
-        return []                                    # a view: shares its source's buffer
+    if em.plan.alias.get(y.name) is not None or em.plan.alias.get(x.name) == y.name:
+        return []                                    # a view: shares its source's buffer (or x was written into y)
     return [f"memcpy({em.ptr(y)}, {em.ptr(x)}, {_nbytes(y)});"]
 
 

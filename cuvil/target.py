@@ -108,17 +108,24 @@ def target_arch(target: str) -> str:
 
 
 def cpu_flags() -> set:
-    """This machine's CPU features (/proc/cpuinfo); empty where unknown."""
+    """This machine's CPU features (/proc/cpuinfo); empty where unknown. A copy: callers may change it."""
+    return set(_cpuinfo_flags())
+
+
+@functools.lru_cache(None)
+def _cpuinfo_flags() -> frozenset:
+    """/proc/cpuinfo read once a process (the code generator asks per conv, through tuning.plan_value)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith(("flags", "Features")):
-                    return set(line.split(":", 1)[1].split())
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return set()
+    return frozenset()
 
 
+@functools.lru_cache(None)
 @functools.lru_cache(None)
 def cpu_vendor() -> str:
     """This machine's CPU vendor as /proc/cpuinfo names it (AuthenticAMD, GenuineIntel), "" where unknown."""

@@ -23,7 +23,7 @@ from cuvil.ir.ops.elementwise import BINARY, COMPARE, FLOAT_BINARY, LOGICAL, UNA
 from cuvil.ir.ops.fused import ACTIVATIONS
 from cuvil.target import vector_floats
 
-from .util import compile_graph
+from .util import check_graph, compile_graph
 
 F64_TOL = (1e-9, 1e-9)
 # passes/legalize.py computes float64 nodes of ops whose C kernels are float32-only (conv, pooling,
@@ -1860,6 +1860,21 @@ def test_index_out_of_range_is_an_error_not_a_crash():
         with pytest.raises(ShapeError, match="out of range"):
             cm.run(xv, np.array(bad_i, np.int64), np.array(bad_j, np.int64))
     np.testing.assert_array_equal(cm.run(xv, np.array([-4, -1]), np.array([[-5], [4], [0], [2]]))[0], xv[[0, 3]])
+
+
+def test_topk_longer_than_a_symbolic_dim_is_an_error_not_garbage():
+    """k against a dim known only at run time (lower_reduce.lower_topk): a row shorter than k is refused with
+    the sizes, not filled from uninitialised slots; rows at least k long match the reference."""
+    g = Graph()
+    n = dims.Sym("n")
+    g.symbols["n"] = (1, 9)
+    x = Value(TensorType((2, n), "float32"), "x")
+    g.inputs = [x]
+    g.outputs = list(g.add("topk", [x], {"k": 3, "axis": 1}))
+    xv = np.random.default_rng(0).standard_normal((2, 7)).astype(np.float32)
+    cm = check_graph(g, [xv])
+    with pytest.raises(ShapeError, match="k=3 for a dim of size 2"):
+        cm.run(xv[:, :2])
 
 
 def test_attention_window_and_cap_from_a_config_are_bounded_before_c():

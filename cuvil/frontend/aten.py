@@ -9,6 +9,7 @@ import torch
 
 from ..ir import dims as D
 from ..ir.graph import Value
+from .conv_patches import patches_transposed
 from .torch_dtypes import dtype_of
 
 aten = torch.ops.aten
@@ -663,28 +664,11 @@ def _spread(ctx, x, axis, s):
     return ctx.add("slice", [y], {"axis": axis, "start": 0, "step": 1, "length": (n - 1) * s + 1})
 
 
-def _patches_transposed(ctx, x, w, b):
-    """A 2-d transposed conv whose kernel equals its stride (no padding, dilation or groups: UNet's 2x2
-    stride-2 upsampling) writes each input pixel's own kh x kw patch of outputs: one GEMM of the pixels by
-    the weight as [C, O kh kw], its columns then moved to their patches (depth to space). The spread-input
-    conv it replaces multiplied the stride's zeros too: kh kw times the work."""
-    n, c, h, wd = x.shape
-    o, kh, kw = w.shape[1], w.shape[2], w.shape[3]
-    y = ctx.add("matmul", [ctx.add("transpose", [x], {"perm": [0, 2, 3, 1]}),
-                           ctx.add("reshape", [w], {"shape": [c, o * kh * kw]})])
-    if b is not None:              # each output channel's bias on its kh kw columns (folded when b is constant)
-        bias = ctx.add("expand", [ctx.add("reshape", [b], {"shape": [o, 1]})], {"shape": [o, kh * kw]})
-        y = ctx.add("add", [y, ctx.add("reshape", [bias], {"shape": [o * kh * kw]})])
-    y = ctx.add("reshape", [y], {"shape": [n, h, wd, o, kh, kw]})
-    y = ctx.add("transpose", [y], {"perm": [0, 3, 1, 4, 2, 5]})
-    return ctx.add("reshape", [y], {"shape": [n, o, h * kh, wd * kw]})
-
-
 def _conv_transposed(ctx, x, w, b, stride, padding, dilation, output_padding, groups):
     """A transposed convolution as the plain one it equals: the input spread by the stride, padded by
     dilation * (k - 1) - padding (plus output_padding at the end; a negative pad crops), convolved at
     stride 1 with the weight's in / out channels swapped within each group and its taps flipped; where
-    the kernel equals the stride, a GEMM into patches (_patches_transposed)."""
+    the kernel equals the stride, a GEMM into patches (conv_patches.py)."""
     nsp = x.type.rank - 2
     s, p, d, op = (_per_dim(v, nsp) for v in (stride, padding, dilation, output_padding))
     ks = list(w.shape[2:])
@@ -692,7 +676,7 @@ def _conv_transposed(ctx, x, w, b, stride, padding, dilation, output_padding, gr
         raise Unsupported("a transposed convolution over symbolic sizes")
     if nsp == 2 and groups == 1 and ks == s and not any(p) and not any(op) and all(v == 1 for v in d) \
             and isinstance(x.shape[0], int):
-        return _patches_transposed(ctx, x, w, b)
+        return patches_transposed(ctx.add, x, w, b)
     for a in range(nsp):
         if s[a] > 1:
             x = _spread(ctx, x, 2 + a, s[a])

@@ -89,8 +89,9 @@ def in_place_concats(graph):
 
 def reshaped_outputs(graph):
     """[(x, y)] for y = reshape(x) a graph output (once) and x an intermediate that only this reshape reads,
-    made by a node that is no view and stored plainly: x's producer writes into y's buffer, and the
-    reshape copies nothing (a group norm's [N, G, C/G * H * W] result had been copied out whole)."""
+    made by a node that is no view and no concat (whose inputs may already be views of x) and stored plainly:
+    x's producer writes into y's buffer, and the reshape copies nothing (a group norm's [N, G, C/G * H * W]
+    result had been copied out whole)."""
     users, found = graph.users(), []
     outs = [id(o) for o in graph.outputs]
     inputs = {id(i) for i in graph.inputs}
@@ -100,7 +101,7 @@ def reshaped_outputs(graph):
         x, y = n.inputs[0], n.outputs[0]
         p = x.producer
         if (p is None or x.is_const or id(x) in inputs or id(x) in outs or p.op in VIEW_OPS or p.op == "concat"
-                or len(users.get(id(x), [])) != 1 or getattr(x, "layout", "nchw") != "nchw" or x.dtype != y.dtype):
+                or len(users.get(id(x), [])) != 1 or x.layout != "nchw" or x.dtype != y.dtype):
             continue
         found.append((x, y))
     return found

@@ -119,18 +119,16 @@ POW_BY = {2.0: "square", 0.5: "sqrt", -1.0: "reciprocal"}
 def pow_by_constant(graph):
     """pow(x, 2) -> x * x, pow(x, 0.5 / -1) -> sqrt / reciprocal, for a float x whose shape the exponent
     does not widen."""
-    nodes = []
-    for n in graph.nodes:
-        x, c = (n.inputs + [None, None])[:2]
-        op = None
-        if n.op == "pow" and c is not None and c.is_const and c.data.size == 1 and x.dtype in ("float32", "float64") \
-                and c.data.dtype == x.dtype and n.outputs[0].type.shape == x.type.shape:
-            op = POW_BY.get(float(c.data.reshape(())))
+    def cheaper(n):
+        x, c = n.inputs
+        if not (c.is_const and c.data.size == 1 and x.dtype in ("float32", "float64") and c.data.dtype == x.dtype
+                and n.outputs[0].type.shape == x.type.shape):
+            return n
+        op = POW_BY.get(float(c.data.reshape(())))
         if op is None:
-            nodes.append(n)
-        else:
-            nodes.append(Node("mul", [x, x], {}, n.outputs, n.loc) if op == "square" else Node(op, [x], {}, n.outputs, n.loc))
-    graph.nodes = nodes
+            return n
+        return Node("mul", [x, x], {}, n.outputs, n.loc) if op == "square" else Node(op, [x], {}, n.outputs, n.loc)
+    graph.nodes = [cheaper(n) if n.op == "pow" else n for n in graph.nodes]
     return graph
 
 

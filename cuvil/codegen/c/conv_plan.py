@@ -68,17 +68,17 @@ WINOGRAD_G = {2: np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 
               4: np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
                            [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]])}
 # outputs per image from which F(4x4) replaces F(2x2), unless the CPU's row in tuning.PLAN_TUNING
-# (winograd4_min_outputs) says otherwise for the blocked kernel. ResNet-50's 3x3 convs, interleaved A/B (1 / 2
+# (blocked_winograd4_min_outputs) says otherwise for the blocked kernel. ResNet-50's 3x3 convs, interleaved A/B (1 / 2
 # threads): 64 channels at 56x56 0.91 / 0.68x the time, 128 at 28x28 0.76 / 0.74x, 256 at 14x14
 # 0.87 / 0.74x; 512 at 7x7 2.0x (its 4x4 tiles overhang the image by 30% and its filters, 2.25x the
 # size, are read per call for 4 tiles)
 WINOGRAD4_MIN_OUTPUTS = 12 * 12
 
 
-def winograd_tile(node, blocked4_min=WINOGRAD4_MIN_OUTPUTS):
+def winograd_tile(node, winograd4_min=WINOGRAD4_MIN_OUTPUTS):
     """The output tile size of the Winograd conv this node takes (kernels/winograd.h), or 0: 3x3 stride-1
     convs with a constant filter and enough channels to fill the GEMMs. F(2x2, 3x3) spends 16 multiplies
-    per 4 outputs and channel pair, F(4x4, 3x3) 36 per 16 (direct: 9 per output). blocked4_min: the
+    per 4 outputs and channel pair, F(4x4, 3x3) 36 per 16 (direct: 9 per output). winograd4_min: the
     outputs per image from which a channel-blocked conv takes F(4x4) (the target's PLAN_TUNING value)."""
     x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
     a = node.attrs
@@ -92,7 +92,7 @@ def winograd_tile(node, blocked4_min=WINOGRAD4_MIN_OUTPUTS):
             and y.shape[3] + 3 <= WINOGRAD_MAX_W):
         return 0
     oh = y.shape[2]
-    min4 = blocked4_min if is_blocked(node) else WINOGRAD4_MIN_OUTPUTS
+    min4 = winograd4_min if is_blocked(node) else WINOGRAD4_MIN_OUTPUTS
     return 4 if isinstance(oh, int) and oh * y.shape[3] >= min4 else 2
 
 
@@ -294,7 +294,7 @@ def _scratch(node, bounds, m) -> int:
 def conv_plan(node, nr=None, bounds=None, winograd4_min=WINOGRAD4_MIN_OUTPUTS) -> ConvPlan:
     """The kernel this conv takes and what it needs. nr: the target's panel width (gemm_plan.panel_width),
     which decides "swapped"; bounds: the symbols' bounds, from which scratch_bytes is computed;
-    winograd4_min: winograd_tile's blocked4_min. The scratch covers both Winograd tiles, so the memory plan
+    winograd4_min: winograd_tile's. The scratch covers both Winograd tiles, so the memory plan
     needs no target."""
     m = 0 if reads_blocked_into_nchw(node) else winograd_tile(node, winograd4_min)   # (blocked into NCHW: no Winograd kernel)
     kind, pack = _kind(node, m, nr)

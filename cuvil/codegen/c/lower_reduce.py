@@ -238,5 +238,7 @@ def lower_topk(em, node):
         "}",
         f"for (int64_t r = 0; r < nK; r++) {{ {V}[(o * nK + r) * nI + i] = kv[r]; {IX}[(o * nK + r) * nI + i] = kj[r]; }}"]
     decl = f"const int64_t nO = {outer}, nN = {n}, nI = {inner}, nK = {k};"
-    return ["{", "  " + decl, "  if (nK > 0) {"] + ["    " + b for b in em.parallel("oi", "nO * nI", "nO * nI * nN", body, [decl])] + \
-        ["  }", "}"]
+    # a symbolic dim shorter than k at run time (a static one is checked by the IR): no row to fill
+    check = ('  if (nN < nK) CUVIL_FAIL("topk: k=%lld for a dim of size %lld", (long long)nK, (long long)nN);')
+    return ["{", "  " + decl, check, "  if (nK > 0) {"] + \
+        ["    " + b for b in em.parallel("oi", "nO * nI", "nO * nI * nN", body, [decl])] + ["  }", "}"]

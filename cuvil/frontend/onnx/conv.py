@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from ...errors import ShapeError
+from ..conv_patches import patches_transposed
 from .helpers import Unsupported, auto_pad, contig, dequantized_range, dtype_of, rank_of, shape_of
 from .registry import handler
 
@@ -28,22 +29,6 @@ def _conv(c):
     grid = dequantized_range(c, c.node.input[0]) if c.integer_kernels else None
     return c.op("conv", ins, strides=tuple(strides), pads=pads, dilations=tuple(dil), groups=c.attr("group", 1),
                 **({"int8_range": grid} if grid else {}))
-
-
-def _patches_transposed(c, x, w, b, kernel):
-    """A 2-d ConvTranspose whose kernel equals its strides (no pads, dilation or groups: UNet's 2x2 stride-2
-    upsampling) as one GEMM of the pixels by the weight as [C, O kh kw], its columns then moved to their
-    kh x kw patches (as frontend/aten._patches_transposed): the zero-spread conv multiplied the zeros too."""
-    n, cin, h, wd = shape_of(x)
-    o, (kh, kw) = shape_of(w)[1], kernel
-    wm = contig(w.reshape(cin, o * kh * kw)) if isinstance(w, np.ndarray) else c.reshape(w, (cin, o * kh * kw))
-    y = c.op("matmul", [c.op("transpose", [x], perm=(0, 2, 3, 1)), wm])
-    if b is not None:        # each output channel's bias on its kh kw columns
-        bias = (contig(np.repeat(b, kh * kw)) if isinstance(b, np.ndarray) else
-                c.reshape(c.op("expand", [c.reshape(b, (o, 1))], shape=(o, kh * kw)), (o * kh * kw,)))
-        y = c.op("add", [y, bias])
-    y = c.op("transpose", [c.reshape(y, (n, h, wd, o, kh, kw))], perm=(0, 3, 1, 4, 2, 5))
-    return c.reshape(y, (n, o, h * kh, wd * kw))
 
 
 @handler("ConvTranspose")
@@ -83,7 +68,7 @@ def _conv_transpose(c):
     N, C = shape_of(x)[:2]
     if nsp == 2 and g == 1 and list(kernel) == list(strides) and all(d == 1 for d in dil) and not any(outpad) \
             and all(p == (0, 0) for p in pads) and isinstance(N, int):
-        return _patches_transposed(c, x, w, b, kernel)
+        return patches_transposed(lambda op, ins, attrs: c.op(op, ins, **attrs), x, w, b)
     # zero-insertion upsampling of x, then a conv with the flipped, transposed kernel
     y = x
     if any(s > 1 for s in strides):

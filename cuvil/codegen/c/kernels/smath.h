@@ -117,23 +117,36 @@ static inline float cuvil_fcos(float x) {
     return (float)((q + 1) & 2 ? -y : y);
 }
 
-/* erf as vmath.h's cuvil_verf computes it (the same rational fit, so a standalone erf or GELU and an
- * epilogue's agree): 10 FMAs and a division where the A&S 7.1.26 form it replaces took an exp besides
+/* erf(x) = x P(x^2) / Q(x^2) on [-4, 4], +-1 beyond: a least-squares rational fit of degree 5 / 5 in x^2,
+ * its coefficients shared with vmath.h's cuvil_verf (a standalone erf or GELU and an epilogue's agree) */
+#define CUVIL_ERF_P5 2.00097880e-06f
+#define CUVIL_ERF_P4 2.86950265e-04f
+#define CUVIL_ERF_P3 3.91954417e-03f
+#define CUVIL_ERF_P2 5.32099340e-02f
+#define CUVIL_ERF_P1 1.94178196e-01f
+#define CUVIL_ERF_P0 1.12837902e+00f
+#define CUVIL_ERF_Q5 3.76954440e-05f
+#define CUVIL_ERF_Q4 1.19747822e-03f
+#define CUVIL_ERF_Q3 1.52751321e-02f
+#define CUVIL_ERF_Q2 1.15635199e-01f
+#define CUVIL_ERF_Q1 5.05417514e-01f
+
+/* erf as vmath.h's cuvil_verf computes it: 10 FMAs and a division where the A&S 7.1.26 form it replaces took an exp besides
  * (a standalone GELU at 1.7x eager's time). */
 static inline float cuvil_ferf(float x) {
     float xc = x < -4.f ? -4.f : (x > 4.f ? 4.f : x);
     float z = xc * xc;
-    float p = 2.00097880e-06f;
-    p = p * z + 2.86950265e-04f;
-    p = p * z + 3.91954417e-03f;
-    p = p * z + 5.32099340e-02f;
-    p = p * z + 1.94178196e-01f;
-    p = p * z + 1.12837902e+00f;
-    float q = 3.76954440e-05f;
-    q = q * z + 1.19747822e-03f;
-    q = q * z + 1.52751321e-02f;
-    q = q * z + 1.15635199e-01f;
-    q = q * z + 5.05417514e-01f;
+    float p = CUVIL_ERF_P5;
+    p = p * z + CUVIL_ERF_P4;
+    p = p * z + CUVIL_ERF_P3;
+    p = p * z + CUVIL_ERF_P2;
+    p = p * z + CUVIL_ERF_P1;
+    p = p * z + CUVIL_ERF_P0;
+    float q = CUVIL_ERF_Q5;
+    q = q * z + CUVIL_ERF_Q4;
+    q = q * z + CUVIL_ERF_Q3;
+    q = q * z + CUVIL_ERF_Q2;
+    q = q * z + CUVIL_ERF_Q1;
     q = q * z + 1.f;
     float y = xc * p / q;
     y = y < -1.f ? -1.f : (y > 1.f ? 1.f : y);

@@ -171,6 +171,13 @@ TUNING: tuple[Row, ...] = (
         "a tile's output lines before its K loop", "benchmarks.ab ResNet-50"),
     Row("blocked_prefetch", "Intel AVX-512 and others", ELSE, "CUVIL_BLOCKED_PREFETCH_A", "1",
         "the next tile's input lines as each K block starts", "benchmarks/harness/blocked_ab.c + benchmarks.ab ResNet-50"),
+    # ---- int8dot.c: the next weight panel asked for toward L2 while a panel's tiles run ----
+    # Zen 5 (fast L3): ResNet-50 int8 1.043x, then 0.997x swapped: nothing to gain, left off.
+    Row("int8_prefetch", "Zen", "defined(CUVIL_ZEN)", "CUVIL_I8_PREFETCH_PANEL_K4", "0",
+        "the next panel left to the hardware prefetchers", "benchmarks.ab ResNet-50 int8"),
+    Row("int8_prefetch", "Intel AVX-512 and others", ELSE, "CUVIL_I8_PREFETCH_PANEL_K4", "64",
+        "the next panel's lines shared out over a panel's first tiles, from 256 input channels",
+        "benchmarks.ab ResNet-50, MobileNetV2 int8"),
     # ---- vmath.h: hardswish's division by 6 (cuvil_vdiv_by) on AVX-512 ----
     # Intel's vdivps zmm issues once in 10-16 cycles: a hardswish epilogue took 3.34 ns a vector, 1.48
     # as a multiply and a correction FMA (the same quotients; scratch loop over 4096 floats in L1). In a

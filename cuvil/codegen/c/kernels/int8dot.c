@@ -1,4 +1,5 @@
 #include "int8dot.h"
+#include "tuning.h"
 #include <math.h>
 #if defined(__AVX512VNNI__) || defined(__AVX2__)
 #include <immintrin.h>
@@ -11,6 +12,15 @@ int cuvil_i8_levels(void) { return CUVIL_I8_LEVELS; }
  * output channels had run in 6 x 4 tiles three quarters empty: 51 GOP/s). */
 #define I8_MAX_MR 24
 static inline int i8_rows_for(int nv) { return nv == 4 ? 6 : nv == 3 ? 8 : nv == 2 ? 12 : 24; }
+
+/* Lines of the next panel's weights a tile asks for toward L2, `lines` each K step from `at`: the
+ * panel's first tile had read them from L3 at the mesh's pace (CUVIL_I8_PREFETCH_PANEL_K4, tuning.h).
+ * Whole tiles only; the rest run the loop without the requests. */
+typedef struct {
+    const char *at;
+    int lines;
+} i8_prefetch;
+#define I8_NO_PREFETCH ((i8_prefetch){0, 0})   /* a constant: the tile's loop then asks for nothing */
 
 #if defined(__AVX512VNNI__)
 /* acc += the four-byte dots of a (unsigned) and b (signed), in place: GCC's intrinsic copies its
@@ -52,13 +62,14 @@ static inline __attribute__((always_inline)) void i8_store_fused(const int PART,
  * panel's last vector in part). */
 static inline __attribute__((always_inline)) void i8_tile_vnni(const int MR, const int NV, const int PART, int mr,
                                                                const uint32_t *a, int64_t K4, const uint32_t *b,
-                                                               float *out, const i8_fused *f) {
+                                                               float *out, const i8_fused *f, i8_prefetch pf) {
     __m512i acc[I8_MAX_MR][4];
 #pragma GCC unroll 24
     for (int r = 0; r < MR; r++)
 #pragma GCC unroll 4
         for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_si512();
     for (int64_t k = 0; k < K4; k++, b += CUVIL_I8_NR) {
+        for (int j = 0; j < pf.lines; j++) __builtin_prefetch(pf.at + (k * pf.lines + j) * 64, 0, 2);
         __m512i bv[4];
 #pragma GCC unroll 4
         for (int v = 0; v < NV; v++) bv[v] = _mm512_loadu_si512(b + 16 * v);
@@ -80,9 +91,8 @@ static inline __attribute__((always_inline)) void i8_tile_vnni(const int MR, con
 }
 
 static inline __attribute__((always_inline)) void i8_tile(const int MR, const int NV, int mr, const uint32_t *a,
-                                                          int64_t K4, const uint32_t *b, float *out,
-                                                          const i8_fused *f) {
-    i8_tile_vnni(MR, NV, 0, mr, a, K4, b, out, f);
+                                                          int64_t K4, const uint32_t *b, float *out, i8_prefetch pf) {
+    i8_tile_vnni(MR, NV, 0, mr, a, K4, b, out, 0, pf);
 }
 #elif defined(__AVX2__)
 /* AVX2: each lane's four products by vpmaddubsw (pairs into 16 bits; A's bytes <= 127 keep them from
@@ -110,8 +120,8 @@ static inline __attribute__((always_inline)) void i8_avx2_rows(const int R, int 
 }
 
 static inline void i8_tile(const int MR, const int NV, int mr, const uint32_t *a, int64_t K4, const uint32_t *b,
-                           float *out, const void *f) {
-    (void)MR, (void)f;
+                           float *out, i8_prefetch pf) {
+    (void)MR, (void)pf;
     for (int v = 0; v < NV; v++)
         for (int r0 = 0; r0 < mr; r0 += 4) {
             int rr = mr - r0 < 4 ? mr - r0 : 4;
@@ -122,8 +132,8 @@ static inline void i8_tile(const int MR, const int NV, int mr, const uint32_t *a
 #else
 /* The same integer sums in portable C. */
 static inline void i8_tile(const int MR, const int NV, int mr, const uint32_t *a, int64_t K4, const uint32_t *b,
-                           float *out, const void *f) {
-    (void)MR, (void)f;
+                           float *out, i8_prefetch pf) {
+    (void)MR, (void)pf;
     int32_t acc[I8_MAX_MR][CUVIL_I8_NR] = {{0}};
     for (int64_t k = 0; k < K4; k++, b += CUVIL_I8_NR)
         for (int r = 0; r < mr; r++) {
@@ -140,22 +150,37 @@ static inline void i8_tile(const int MR, const int NV, int mr, const uint32_t *a
 /* One tile's rows of one panel, NV vectors wide: whole tiles unrolled at their constant height, the
  * rows left over in one tile of their own. */
 #define I8_TILE(MR, NV)                                                                                    \
-    static void i8_tile_##MR##x##NV(int mr, const uint32_t *a, int64_t K4, const uint32_t *b, float *out) { \
-        if (mr == MR) i8_tile(MR, NV, MR, a, K4, b, out, 0);                                               \
-        else i8_tile(MR, NV, mr, a, K4, b, out, 0);                                                        \
+    static void i8_tile_##MR##x##NV(int mr, const uint32_t *a, int64_t K4, const uint32_t *b, float *out,     \
+                                    i8_prefetch pf) {                                                      \
+        if (mr == MR && pf.lines) i8_tile(MR, NV, MR, a, K4, b, out, pf);                                  \
+        else if (mr == MR) i8_tile(MR, NV, MR, a, K4, b, out, I8_NO_PREFETCH);                             \
+        else i8_tile(MR, NV, mr, a, K4, b, out, I8_NO_PREFETCH);                                           \
     }
 I8_TILE(6, 4)
 I8_TILE(8, 3)
 I8_TILE(12, 2)
 I8_TILE(24, 1)
 
+/* Tile t of a panel's `tiles` asks for its share of the next panel's K4 x 4 lines (the panel after b's),
+ * one line a K step where there are 4 tiles or more to share them, 2 or 4 where fewer; none where panels
+ * are short (CUVIL_I8_PREFETCH_PANEL_K4: small weights come from L2 in time, and the requests cost). */
+static i8_prefetch next_panel_share(const uint32_t *b, int64_t K4, int next, int64_t t, int64_t tiles) {
+    if (!CUVIL_I8_PREFETCH_PANEL_K4 || K4 < CUVIL_I8_PREFETCH_PANEL_K4 || !next || t >= 4) return I8_NO_PREFETCH;
+    int lines = tiles >= 4 ? 1 : tiles >= 2 ? 2 : 4;
+    if (t * lines >= 4) return I8_NO_PREFETCH;
+    return (i8_prefetch){(const char *)(b + K4 * CUVIL_I8_NR) + t * lines * K4 * 64, lines};
+}
+
 #if defined(__AVX512VNNI__)
+/* inlined into the switch, as the tiles had been before they took a prefetch (out of line, MobileNetV2's
+ * 16 -> 96 expand conv, 4 K steps a tile, took 1.1x the time) */
 #define I8_TILE_FUSED(MR, NV)                                                                              \
-    static void i8_fused_##MR##x##NV(int mr, int part, const uint32_t *a, int64_t K4, const uint32_t *b,      \
-                                     const i8_fused *f) {                                                  \
-        if (part) i8_tile_vnni(MR, NV, 1, mr, a, K4, b, 0, f);                                             \
-        else if (mr == MR) i8_tile_vnni(MR, NV, 0, MR, a, K4, b, 0, f);                                    \
-        else i8_tile_vnni(MR, NV, 0, mr, a, K4, b, 0, f);                                                  \
+    static inline __attribute__((always_inline)) void i8_fused_##MR##x##NV(                               \
+        int mr, int part, const uint32_t *a, int64_t K4, const uint32_t *b, const i8_fused *f, i8_prefetch pf) { \
+        if (part) i8_tile_vnni(MR, NV, 1, mr, a, K4, b, 0, f, I8_NO_PREFETCH);                             \
+        else if (mr == MR && pf.lines) i8_tile_vnni(MR, NV, 0, MR, a, K4, b, 0, f, pf);                    \
+        else if (mr == MR) i8_tile_vnni(MR, NV, 0, MR, a, K4, b, 0, f, I8_NO_PREFETCH);                    \
+        else i8_tile_vnni(MR, NV, 0, mr, a, K4, b, 0, f, I8_NO_PREFETCH);                                  \
     }
 I8_TILE_FUSED(6, 4)
 I8_TILE_FUSED(8, 3)
@@ -200,27 +225,29 @@ void cuvil_i8_rows(const uint32_t *Aq, int64_t rows, int64_t K4, const uint32_t 
             f.tail = (__mmask16)((1u << (nc - 16 * (nv - 1))) - 1);
         }
 #endif
-        for (int64_t m0 = 0; m0 < rows; m0 += mr_full) {
+        int64_t tiles = (rows + mr_full - 1) / mr_full;
+        for (int64_t m0 = 0, t = 0; m0 < rows; m0 += mr_full, t++) {
             int mr = rows - m0 < mr_full ? (int)(rows - m0) : mr_full;
             const uint32_t *a = Aq + m0 * K4;
+            i8_prefetch pf = next_panel_share(b, K4, p + 1 < p1, t, tiles);
 #if defined(__AVX512VNNI__)
             if (fused) {
                 cuvil_byte_rows(o, m0, mr, n0, f.row);
                 for (int r = 0; r < mr; r++) f.res[r] = o->res_q ? cuvil_res_byte(o, m0 + r, n0) : 0;
                 switch (nv) {
-                case 4: i8_fused_6x4(mr, part, a, K4, b, &f); break;
-                case 3: i8_fused_8x3(mr, part, a, K4, b, &f); break;
-                case 2: i8_fused_12x2(mr, part, a, K4, b, &f); break;
-                default: i8_fused_24x1(mr, part, a, K4, b, &f); break;
+                case 4: i8_fused_6x4(mr, part, a, K4, b, &f, pf); break;
+                case 3: i8_fused_8x3(mr, part, a, K4, b, &f, pf); break;
+                case 2: i8_fused_12x2(mr, part, a, K4, b, &f, pf); break;
+                default: i8_fused_24x1(mr, part, a, K4, b, &f, pf); break;
                 }
                 continue;
             }
 #endif
             switch (nv) {
-            case 4: i8_tile_6x4(mr, a, K4, b, out); break;
-            case 3: i8_tile_8x3(mr, a, K4, b, out); break;
-            case 2: i8_tile_12x2(mr, a, K4, b, out); break;
-            default: i8_tile_24x1(mr, a, K4, b, out); break;
+            case 4: i8_tile_6x4(mr, a, K4, b, out, pf); break;
+            case 3: i8_tile_8x3(mr, a, K4, b, out, pf); break;
+            case 2: i8_tile_12x2(mr, a, K4, b, out, pf); break;
+            default: i8_tile_24x1(mr, a, K4, b, out, pf); break;
             }
             cuvil_dot_store(o, out, m0, mr, n0, nc);
         }

@@ -47,6 +47,13 @@
 #define CUVIL_BLOCKED_PREFETCH_A 1    /* the next tile's input lines as each K block starts (benchmarks/harness/blocked_ab.c + benchmarks.ab ResNet-50) */
 #endif
 
+/* ---- int8_prefetch ---- */
+#if defined(CUVIL_ZEN)    /* Zen */
+#define CUVIL_I8_PREFETCH_PANEL_K4 0    /* the next panel left to the hardware prefetchers (benchmarks.ab ResNet-50 int8) */
+#else    /* Intel AVX-512 and others */
+#define CUVIL_I8_PREFETCH_PANEL_K4 64    /* the next panel's lines shared out over a panel's first tiles, from 256 input channels (benchmarks.ab ResNet-50, MobileNetV2 int8) */
+#endif
+
 /* ---- vector_division ---- */
 #ifdef CUVIL_FAST_DIV    /* set from outside: a tuning experiment */
 #elif defined(CUVIL_ZEN)    /* Zen */

@@ -172,6 +172,12 @@ TUNING: tuple[Row, ...] = (
     Row("blocked_prefetch", "Intel AVX-512 and others", ELSE, "CUVIL_BLOCKED_PREFETCH_A", "1",
         "the next tile's input lines as each K block starts", "benchmarks/harness/blocked_ab.c + benchmarks.ab ResNet-50"),
     # ---- int8dot.c: the next weight panel asked for toward L2 while a panel's tiles run ----
+    # Intel (Emerald-Rapids class, 2 MB L2, a mesh L3): a panel's first tile had read its weights from L3,
+    # where ResNet-50's 7x7 stage (9 tiles a panel) ran at 57% of the vpdpbusd peak against 86-90% at
+    # 14x14 and 28x28. ResNet-50 int8 calibrated, benchmarks.ab both orders: 0.932x / 0.927x the time at 1 /
+    # 2 threads; MobileNetV2 0.991-1.001x; into L1 instead of L2 0.964x against 0.953x; the output lines
+    # asked for before the K loop as well: no change (0.961x). Short panels (K < 256) are left out: their
+    # weights come from L2 in time and MobileNetV2 took 1.01-1.02x with every panel asked for.
     # Zen 5 (fast L3): ResNet-50 int8 1.043x, then 0.997x swapped: nothing to gain, left off.
     Row("int8_prefetch", "Zen", "defined(CUVIL_ZEN)", "CUVIL_I8_PREFETCH_PANEL_K4", "0",
         "the next panel left to the hardware prefetchers", "benchmarks.ab ResNet-50 int8"),

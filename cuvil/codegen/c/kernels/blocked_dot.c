@@ -340,6 +340,12 @@ typedef struct {
     int out_of_memory;
 } int8_conv;
 
+/* n bytes (a multiple of 64) copied a line at a time, inline: as memcpy calls of a filter row's bytes, 192
+ * for ResNet's 3x3 convs over 64 channels, the windows' copy had taken a quarter of their time */
+static inline void copy_lines(uint8_t *dst, const uint8_t *src, int64_t n) {
+    for (int64_t i = 0; i < n; i += 64) memcpy(dst + i, src + i, 64);
+}
+
 static void int8_conv_task(void *ctx, int64_t t0, int64_t t1) {
     int8_conv *a = ctx;
     int64_t C = a->s->C, G = a->s->groups, Cg = C / G, Og = a->s->O / G, taps = a->s->KH * a->s->KW;
@@ -372,6 +378,7 @@ static void int8_conv_task(void *ctx, int64_t t0, int64_t t1) {
                     const uint8_t *src = xq + (a->direct ? m0 + m : a->pix[m0 + m] + a->tap[k * run]) * C;
                     if (short_runs && span <= 16) memcpy(dst + k * span, src, 16);
                     else if (short_runs) memcpy(dst + k * span, src, SHORT_RUN);
+                    else if (G == 1 && span % 64 == 0) copy_lines(dst + k * span, src, span);
                     else if (G == 1) memcpy(dst + k * span, src, span);
                     else for (int64_t j = 0; j < run; j++) memcpy(dst + (k * run + j) * Cg, src + j * C, Cg);
                 }

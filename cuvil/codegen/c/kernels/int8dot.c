@@ -43,8 +43,8 @@ typedef struct {
 /* Vector v of row r; with PART (the last vector of a panel that holds fewer columns) only its columns
  * are read and written (MobileNetV2's 24 channels had gone through the float buffer and 8 bytes a row
  * one by one: its project convs wrote bytes slower than they had written NCHW floats). */
-static inline __attribute__((always_inline)) void i8_store_fused(const int PART, const i8_fused *f, int r, int v,
-                                                                 __m512i acc) {
+static inline __attribute__((always_inline)) __m512i i8_levels_of(const int PART, const i8_fused *f, int r, int v,
+                                                                  __m512i acc) {
     __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_load_ps(f->sc + 16 * v), _mm512_load_ps(f->bc + 16 * v));
     if (f->res[r]) {
         const uint8_t *q = f->res[r] + 16 * v;
@@ -52,9 +52,25 @@ static inline __attribute__((always_inline)) void i8_store_fused(const int PART,
         t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)), _mm512_set1_ps(f->rs), t);
     }
     t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(f->qlo)), _mm512_set1_ps(f->qhi));
-    __m128i bytes = _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(t));
+    return _mm512_cvttps_epi32(t);
+}
+
+static inline __attribute__((always_inline)) void i8_store_fused(const int PART, const i8_fused *f, int r, int v,
+                                                                 __m512i acc) {
+    __m128i bytes = _mm512_cvtepi32_epi8(i8_levels_of(PART, f, r, v, acc));
     if (PART) _mm_mask_storeu_epi8(f->row[r] + 16 * v, f->tail, bytes);
     else _mm_storeu_si128((__m128i *)(f->row[r] + 16 * v), bytes);
+}
+
+/* A whole panel's 64 bytes of row r at once: two saturating packs and a permute (levels are within
+ * [0, 255], so the packs change nothing) in place of four vpmovdb, each two uops on the port the packs
+ * share with vpdpbusd; the store epilogue is most of the time of a conv over 64 input channels. */
+static inline __attribute__((always_inline)) void i8_store_fused4(const i8_fused *f, int r, const __m512i *acc) {
+    __m512i w01 = _mm512_packus_epi32(i8_levels_of(0, f, r, 0, acc[0]), i8_levels_of(0, f, r, 1, acc[1]));
+    __m512i w23 = _mm512_packus_epi32(i8_levels_of(0, f, r, 2, acc[2]), i8_levels_of(0, f, r, 3, acc[3]));
+    /* lane l of the packs holds 4 bytes of each vector in turn: dword 4 l + v is vector v's lane l */
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_storeu_si512(f->row[r], _mm512_permutexvar_epi32(order, _mm512_packus_epi16(w01, w23)));
 }
 
 /* out[r][j] = the sums of rows [0, mr) of A (bytes in words, K4 apart) times columns [0, 16 NV) of one
@@ -83,11 +99,14 @@ static inline __attribute__((always_inline)) void i8_tile_vnni(const int MR, con
     }
 #pragma GCC unroll 24
     for (int r = 0; r < MR; r++)
+        if (r < mr && f && NV == 4 && !PART) {
+            if (f->row[r]) i8_store_fused4(f, r, acc[r]);
+        } else
 #pragma GCC unroll 4
-        for (int v = 0; v < NV; v++)
-            if (r < mr && f) {
-                if (f->row[r]) i8_store_fused(PART && v == NV - 1, f, r, v, acc[r][v]);
-            } else if (r < mr) _mm512_store_ps(out + r * CUVIL_I8_NR + 16 * v, _mm512_cvtepi32_ps(acc[r][v]));
+            for (int v = 0; v < NV; v++)
+                if (r < mr && f) {
+                    if (f->row[r]) i8_store_fused(PART && v == NV - 1, f, r, v, acc[r][v]);
+                } else if (r < mr) _mm512_store_ps(out + r * CUVIL_I8_NR + 16 * v, _mm512_cvtepi32_ps(acc[r][v]));
 }
 
 static inline __attribute__((always_inline)) void i8_tile(const int MR, const int NV, int mr, const uint32_t *a,

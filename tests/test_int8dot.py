@@ -294,6 +294,36 @@ def test_bytes_of_a_panel_in_part(lib, cout, residual):
     assert len(np.unique(got)) > 50
 
 
+@pytest.mark.parametrize("C,hw,stride,residual", [
+    (16, (9, 30), 1, False),           # an output row of five whole tiles
+    (16, (7, 31), 1, True),            # ... and a tile of one row at each row's end, copied
+    (16, (8, 61), 2, True),            # strided
+    (64, (5, 29), 1, False),           # a filter row of three lines
+])
+def test_windows_read_in_place_equal_copied_rows(lib, C, hw, stride, residual):
+    """A 3x3 conv into bytes whose output rows are wide enough reads its windows where they lie in the
+    padded image (cuvil_i8_window_rows, on VNNI); with 80 output channels (a panel in part) it copies its
+    rows as before. The first 64 channels' bytes are the same either way (the other 16 filters are zero)."""
+    rng = np.random.default_rng(C + stride)
+    H, W = hw
+    OH, OW = (H + 2 - 3) // stride + 1, (W + 2 - 3) // stride + 1
+    x = rng.standard_normal((2, C, H, W)).astype(np.float32)
+    w = np.zeros((80, C, 3, 3), np.float32)
+    w[:64] = rng.standard_normal((64, C, 3, 3)) * 0.3
+    bias = np.zeros(80, np.float32)
+    bias[:64] = rng.standard_normal(64)
+    res = rng.integers(0, 256, (2, OH * OW, 80), dtype=np.uint8)
+
+    def conv(o):
+        r = dict(res=np.ascontiguousarray(res[:, :, :o]).reshape(2, -1), res_range=[-2.0, 3.0]) if residual else {}
+        y = _int8_conv(lib, x, w[:o], bias[:o], stride, 1, 1, [-3.0, 3.0], 0, out_image=[OH, OW, 0, 0],
+                       out_range=[0.0, 6.0], **r)
+        return y.reshape(2, OH * OW, o)
+    got, want = conv(64), conv(80)[:, :, :64]
+    np.testing.assert_array_equal(got, want)
+    assert len(np.unique(got)) > 100
+
+
 @pytest.mark.parametrize("k,stride,groups,bytes_out", [
     (1, 1, 1, False),                  # a ResNet block's last conv: floats out
     (1, 1, 1, True),                   # ... and the next block's bytes out (the folded clamp)

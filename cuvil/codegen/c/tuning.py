@@ -179,6 +179,14 @@ TUNING: tuple[Row, ...] = (
     # asked for before the K loop as well: no change (0.961x). Short panels (K < 256) are left out: their
     # weights come from L2 in time and MobileNetV2 took 1.01-1.02x with every panel asked for.
     # Zen 5 (fast L3): ResNet-50 int8 1.043x, then 0.997x swapped: nothing to gain, left off.
+    # ---- int8dot.c: 3 x 3 convs reading their windows in place (cuvil_i8_window_rows) ----
+    # Intel (Emerald-Rapids class), ResNet-50's 3 x 3 convs per node, 1 thread: at 56x56 1.365 -> 1.032 ms
+    # (3 convs; 1.023 with no copy at all, a measurement with wrong sums), at 28x28 1.107 -> 0.995; the whole
+    # network 0.984-0.994x (1 thread, both orders, after the copies a line at a time), 0.993x (2). Narrower
+    # maps keep the copy: an output row of 14 or 7 ends in a tile of 2 or 1 rows, and without the copy the
+    # 14x14 convs gained 3% at most. Zen: not measured, the same rule.
+    Row("int8_window", "all", ALL, "CUVIL_I8_WINDOW_MIN_OW", "28",
+        "3 x 3 convs read their windows in place from 28 output columns", "benchmarks.ab ResNet-50 int8"),
     Row("int8_prefetch", "Zen", "defined(CUVIL_ZEN)", "CUVIL_I8_PREFETCH_PANEL_K4", "0",
         "the next panel left to the hardware prefetchers", "benchmarks.ab ResNet-50 int8"),
     Row("int8_prefetch", "Intel AVX-512 and others", ELSE, "CUVIL_I8_PREFETCH_PANEL_K4", "64",

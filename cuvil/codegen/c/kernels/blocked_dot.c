@@ -335,6 +335,8 @@ typedef struct {
     int direct, in_place;         /* direct: pixel m reads pixel m, in place where its C bytes are whole words */
     int nchw_out;                 /* the output in NCHW, through cuvil_nchw_from_rows */
     int short_runs;               /* SHORT_RUN bytes may be read from any pixel of the image (an NCHW input's) */
+    int64_t window_run_step;      /* > 0: a 3 x 3 conv's rows read where they lie (cuvil_i8_window_rows), its
+                                   * filter rows this many pixels apart; 0: copied side by side */
     const uint32_t *wq;
     cuvil_dot_out out;
     int out_of_memory;
@@ -354,6 +356,20 @@ static void int8_conv_task(void *ctx, int64_t t0, int64_t t1) {
         int64_t m0 = t / a->ng * a->mc, rows = a->P - m0 < a->mc ? a->P - m0 : a->mc, q = t % a->ng;
         const uint8_t *xq = a->xq + g * Cg;
         const uint32_t *Aq = (const uint32_t *)(xq + m0 * C);    /* a 1x1 conv's rows: the image's pixels */
+        cuvil_dot_out o = a->out;          /* group g writes output channels [g Og, g Og + Og) */
+        o.C += g * Og * a->P + m0 * CUVIL_BLOCK, o.row0 = m0, o.col0 = g * Og;
+        if (o.residual) o.residual += g * Og * a->P + m0 * CUVIL_BLOCK;
+        o.scale_col += g * Og, o.bias_col += g * Og;
+        int64_t p0 = q * a->np / a->ng, p1 = (q + 1) * a->np / a->ng;
+        if (a->window_run_step) {
+            uint8_t *spare = cuvil_thread_buffer(CUVIL_BUF_DOT_ROWS, (size_t)(6 * 4 * a->K4 + SHORT_RUN));
+            if (!spare) {
+                a->out_of_memory = 1;
+                return;
+            }
+            cuvil_i8_window w = {xq, a->pix + m0, C, a->s->OW, m0 % a->s->OW, a->s->sw, a->window_run_step};
+            if (cuvil_i8_window_rows(&w, rows, a->K4, a->wq, Og, p0, p1, &o, spare)) continue;
+        }
         if (!a->in_place) {
             int64_t row = 4 * a->K4;                    /* bytes: taps * Cg up to whole words */
             uint8_t *rowbuf = cuvil_thread_buffer(CUVIL_BUF_DOT_ROWS, (size_t)(a->mc * row + SHORT_RUN));
@@ -386,11 +402,6 @@ static void int8_conv_task(void *ctx, int64_t t0, int64_t t1) {
             }
             Aq = (const uint32_t *)rowbuf;
         }
-        cuvil_dot_out o = a->out;          /* group g writes output channels [g Og, g Og + Og) */
-        o.C += g * Og * a->P + m0 * CUVIL_BLOCK, o.row0 = m0, o.col0 = g * Og;
-        if (o.residual) o.residual += g * Og * a->P + m0 * CUVIL_BLOCK;
-        o.scale_col += g * Og, o.bias_col += g * Og;
-        int64_t p0 = q * a->np / a->ng, p1 = (q + 1) * a->np / a->ng;
         if (a->nchw_out) {
             /* the block's sums scaled row-major into a thread buffer, then turned to NCHW */
             int64_t ldb = (Og + CUVIL_VL - 1) / CUVIL_VL * CUVIL_VL;
@@ -423,6 +434,14 @@ int64_t cuvil_conv_blocked_int8_scratch(const cuvil_conv_shape *s) {
     int64_t image = blocked_in_place(s) || blocked_direct(s) ? (s->C * s->H * s->W + 3) / 4 : 0;
     /* + SHORT_RUN bytes: a short run's read past the image's last pixel (int8_conv_task short_runs) */
     return (cuvil_conv_blocked_scratch(s) + image + SHORT_RUN / 4 + 15) / 16 * 16 + 2 * s->O;
+}
+
+/* Whether a 3 x 3 conv's rows can be read where they lie in its image (cuvil_i8_window_rows): whole words a
+ * pixel, one group, undilated, whole panels into bytes, on maps wide enough (CUVIL_I8_WINDOW_MIN_OW, tuning.h:
+ * the tiles an output row's end cuts short cost more than the copy saves on narrow maps). */
+static int int8_windows(const cuvil_conv_shape *s, int nchw_out) {
+    return s->KH == 3 && s->KW == 3 && s->groups == 1 && s->dw == 1 && s->C % 4 == 0 && s->O % CUVIL_I8_NR == 0 &&
+           !nchw_out && s->OW >= CUVIL_I8_WINDOW_MIN_OW;
 }
 
 int cuvil_conv_blocked_int8(const cuvil_conv_shape *s, const float *x, const uint32_t *wq, const float *wterms,
@@ -461,7 +480,7 @@ int cuvil_conv_blocked_int8(const cuvil_conv_shape *s, const float *x, const uin
         }
         int8_conv a = {s, xq, b.pix, b.tap, (s->KH * s->KW * s->C / G + 3) / 4, P, mc, ng, np, mb * ng, b.direct,
                        b.direct && G == 1 && s->C % 4 == 0,
-                       nchw_out, input_kind == CUVIL_I8_IN_NCHW, wq, {y + n * out, 0, bias_col, 0, scale_col, CUVIL_BLOCK,
+                       nchw_out, input_kind == CUVIL_I8_IN_NCHW, int8_windows(s, nchw_out) ? s->dh * b.wp : 0, wq, {y + n * out, 0, bias_col, 0, scale_col, CUVIL_BLOCK,
                                       P * CUVIL_BLOCK, CUVIL_BLOCK, CUVIL_BLOCK, 1.f, act, out_image ? &bytes : 0, 0, 0}, 0};
         if (residual && res_range)          /* the bytes its producer wrote: the map, pixel-major */
             a.out.res_q = (const uint8_t *)residual + n * P * s->O, a.out.res_ld = s->O, a.out.res_scale = rm.scale,

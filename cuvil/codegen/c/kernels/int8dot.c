@@ -1,6 +1,7 @@
 #include "int8dot.h"
 #include "tuning.h"
 #include <math.h>
+#include <string.h>
 #if defined(__AVX512VNNI__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -222,6 +223,79 @@ static void i8_fused_panel(const cuvil_dot_out *o, i8_fused *f, float z5, int64_
         f->bc[j] = fmaf(o->bias_col ? o->bias_col[n0 + j] : 0.f, inv, z5);
     }
     for (int64_t j = nc; j % 16; j++) f->sc[j] = f->bc[j] = 0.f;      /* the last vector's lanes past N */
+}
+#endif
+
+#if defined(__AVX512VNNI__)
+/* Six output pixels of one output row times a whole panel, their windows read where they lie: pixel r's
+ * filter row j (of 3) at a + r lda + j run_step, run_words words each; bytes out as i8_fused_6x4's. Its own
+ * loop: the shared tile with a loop over runs had the compiler spill in every tile (1.09x the time). */
+static void i8_window_6x4(const uint32_t *a, int64_t lda, int64_t run_step, int64_t run_words, const uint32_t *b,
+                          const i8_fused *f, i8_prefetch pf) {
+    __m512i acc[6][4];
+#pragma GCC unroll 6
+    for (int r = 0; r < 6; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) acc[r][v] = _mm512_setzero_si512();
+    const char *pa = pf.at;
+    for (int j = 0; j < 3; j++, a += run_step)
+        for (int64_t k = 0; k < run_words; k++, b += CUVIL_I8_NR, pa += 64 * pf.lines) {
+            for (int l = 0; l < pf.lines; l++) __builtin_prefetch(pa + 64 * l, 0, 2);
+            __m512i bv[4];
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++) bv[v] = _mm512_loadu_si512(b + 16 * v);
+#pragma GCC unroll 6
+            for (int r = 0; r < 6; r++) {
+                __m512i av = _mm512_set1_epi32((int)a[r * lda + k]);
+#pragma GCC unroll 4
+                for (int v = 0; v < 4; v++) I8_DOT(acc[r][v], av, bv[v]);
+            }
+        }
+#pragma GCC unroll 6
+    for (int r = 0; r < 6; r++)
+        if (f->row[r]) i8_store_fused4(f, r, acc[r]);
+}
+
+/* A window's rows side by side in dst (the tiles cut short at an output row's end) */
+static void i8_window_copy(const cuvil_i8_window *w, int64_t m, int mr, uint8_t *dst) {
+    int64_t span = 3 * w->C;
+    for (int r = 0; r < mr; r++)
+        for (int j = 0; j < 3; j++) memcpy(dst + (r * 3 + j) * span, w->x + (w->pix[m + r] + j * w->run_step) * w->C, span);
+}
+
+int cuvil_i8_window_rows(const cuvil_i8_window *w, int64_t rows, int64_t K4, const uint32_t *Bp, int64_t N,
+                         int64_t p0, int64_t p1, const cuvil_dot_out *o, uint8_t *spare) {
+    i8_fused f __attribute__((aligned(64)));
+    float z5 = 0.f;
+    if (N % CUVIL_I8_NR || !i8_fused_of(o, &f, &z5)) return 0;
+    int64_t words = w->C / 4, tiles = (rows + 5) / 6;
+    for (int64_t p = p0; p < p1; p++) {
+        int64_t n0 = p * CUVIL_I8_NR;
+        const uint32_t *b = Bp + p * K4 * CUVIL_I8_NR;
+        i8_fused_panel(o, &f, z5, n0, CUVIL_I8_NR);
+        int mr;
+        for (int64_t m0 = 0, t = 0, col = w->col0; m0 < rows; m0 += mr, t++) {
+            mr = (int)cuvil_min(cuvil_min(6, rows - m0), w->OW - col);
+            if ((col += mr) == w->OW) col = 0;
+            cuvil_byte_rows(o, m0, mr, n0, f.row);
+            for (int r = 0; r < mr; r++) f.res[r] = o->res_q ? cuvil_res_byte(o, m0 + r, n0) : 0;
+            i8_prefetch pf = next_panel_share(b, K4, p + 1 < p1, t, tiles);
+            if (mr == 6) {
+                i8_window_6x4((const uint32_t *)(w->x + w->pix[m0] * w->C), w->step * words, w->run_step * words,
+                              K4 / 3, b, &f, pf);
+            } else {
+                i8_window_copy(w, m0, mr, spare);
+                i8_fused_6x4(mr, 0, (const uint32_t *)spare, K4, b, &f, I8_NO_PREFETCH);
+            }
+        }
+    }
+    return 1;
+}
+#else
+int cuvil_i8_window_rows(const cuvil_i8_window *w, int64_t rows, int64_t K4, const uint32_t *Bp, int64_t N,
+                         int64_t p0, int64_t p1, const cuvil_dot_out *o, uint8_t *spare) {
+    (void)w, (void)rows, (void)K4, (void)Bp, (void)N, (void)p0, (void)p1, (void)o, (void)spare;
+    return 0;
 }
 #endif
 

@@ -32,6 +32,22 @@ int cuvil_i8_levels(void);
 void cuvil_i8_rows(const uint32_t *Aq, int64_t rows, int64_t K4, const uint32_t *Bp, int64_t N, int64_t p0,
                    int64_t p1, const cuvil_dot_out *o);
 
+/* A 3 x 3 conv's rows of A where they lie in its padded image, instead of copied side by side: output
+ * pixel m's window starts at pixel pix[m] of x (C bytes a pixel, C % 4 == 0), its 3 filter rows run_step
+ * pixels apart, each 3 pixels side by side; neighbours in an output row `step` pixels apart (the stride);
+ * col0 the first row's column of OW. */
+typedef struct {
+    const uint8_t *x;
+    const int64_t *pix;                   /* at the block's first row */
+    int64_t C, OW, col0, step, run_step;
+} cuvil_i8_window;
+
+/* cuvil_i8_rows over w's windows, into bytes (o's byte image; N a multiple of CUVIL_I8_NR): 0 where it
+ * cannot (another output, a build without VNNI), and the caller copies the rows instead. spare: room for
+ * 6 rows of K4 words (the tiles an output row's end cuts short are copied). */
+int cuvil_i8_window_rows(const cuvil_i8_window *w, int64_t rows, int64_t K4, const uint32_t *Bp, int64_t N,
+                         int64_t p0, int64_t p1, const cuvil_dot_out *o, uint8_t *spare);
+
 /* A linear layer of a quantized model on its own activation grid (matmul_q's int8_range: an ONNX QDQ or
  * PT2E model's): C[M][N] (ldc) = act(A[M][K] (lda) on bytes over range [lo, hi] as an int8 conv maps its
  * input, times Bp (cuvil_i8_rows' panels of the int8 weights) * wterms[n] + bias[n] + residual[M][N]),

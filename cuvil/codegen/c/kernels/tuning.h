@@ -99,6 +99,7 @@
 #define CUVIL_GEMM_SHALLOW_MIN_PANELS_PER_THREAD 32    /* shallow K takes the wide panel groups from 32 panels x M blocks a thread (1x1 convs 26 -> 60 GFLOP/s with the rows-outer order) */
 #define CUVIL_GEMM_SHALLOW_PANELS_PER_TASK 16    /* shallow K: 16 panels a task, longer runs of C rows (1x1 convs 26 -> 60 GFLOP/s with the rows-outer order) */
 #define CUVIL_GEMM_PRODUCED_MIN_TASKS_PER_THREAD 4    /* B produced in the tasks (implicit im2col): single panels enough from 4 tasks a thread (3x3 stride-2 conv 128 -> 128 at 28x28 (benchmarks.layers times it in ResNet-50)) */
+#define CUVIL_I8_WINDOW_MIN_OW 28    /* 3 x 3 convs read their windows in place from 28 output columns (benchmarks.ab ResNet-50 int8) */
 
 /* ---- where no row above set a knob ---- */
 #ifndef CUVIL_GEMV_PREFETCH_BF16

@@ -158,15 +158,26 @@ TUNING: tuple[Row, ...] = (
     # The output (and residual) lines a tile will store, asked for before its K loop: on Intel each
     # had been a wait on L3 (Sapphire-Rapids class: ResNet-50 0.96-0.98x the time); on Zen 5 the
     # requests cost 1.02-1.05x (1 thread), its own prefetchers having the lines in time.
-    Row("blocked_prefetch", "Zen", "defined(CUVIL_ZEN)", "CUVIL_BLOCKED_PREFETCH_OUTPUT", "0",
-        "the hardware prefetchers have the output lines in time", "benchmarks.ab ResNet-50, 25 rounds"),
     # The next wide tile's input lines (its pixels' channel blocks of this K block), asked for as each K
     # block starts. Intel (Emerald-Rapids class, 2 MB L2): where a map outgrows L2 the tile waited on
     # L3 for them; ResNet-50's strided and direct 3x3 convs alone, two builds interleaved in one process
     # (benchmarks/harness/blocked_ab.c, 1 thread, both orders): 0.92-0.95x the time, 1x1 convs 0.99x;
-    # ResNet-50 0.95-0.99x, RegNetY-4GF 0.94-0.97x (benchmarks.ab). Zen: not measured, left as it was.
-    Row("blocked_prefetch", "Zen", "defined(CUVIL_ZEN)", "CUVIL_BLOCKED_PREFETCH_A", "0", "as before (not measured)",
-        "-"),
+    # ResNet-50 0.95-0.99x, RegNetY-4GF 0.94-0.97x (benchmarks.ab). Zen 4 (1 MB L2): the same waits, on L3
+    # or DRAM; ResNet-50's blocked convs with the caches flushed before each call (as in the network, whose
+    # weights stream from DRAM; blocked_ab.c, 1 thread): 1x1 convs 0.81-0.94x the time (256 -> 64 at 56x56
+    # 0.81x, 1024 -> 256 at 14x14 0.89x, the stride-2 ones 0.90x / 0.94x), 3x3 0.98-1.02x; warm 0.98-1.05x;
+    # the output lines too gained nothing more (0.91-1.06x). Zen 5: not measured, left as it was.
+    Row("blocked_prefetch", "Zen 5", ZEN5, "CUVIL_BLOCKED_PREFETCH_OUTPUT", "0",
+        "the hardware prefetchers have the output lines in time", "benchmarks.ab ResNet-50, 25 rounds"),
+    Row("blocked_prefetch", "Zen 5", ZEN5, "CUVIL_BLOCKED_PREFETCH_A", "0", "as before (not measured on Zen 5)", "-"),
+    Row("blocked_prefetch", "Zen 4", ZEN4, "CUVIL_BLOCKED_PREFETCH_OUTPUT", "0",
+        "as Zen 5: the output lines in time", "benchmarks/harness/blocked_ab.c (cold)"),
+    Row("blocked_prefetch", "Zen 4", ZEN4, "CUVIL_BLOCKED_PREFETCH_A", "1",
+        "the next tile's input lines as each K block starts", "benchmarks/harness/blocked_ab.c (cold) + benchmarks.ab"),
+    Row("blocked_prefetch", "Zen 3 (AVX2: no wide tile reads these)", "defined(CUVIL_ZEN)",
+        "CUVIL_BLOCKED_PREFETCH_OUTPUT", "0", "as Zen 5", "-"),
+    Row("blocked_prefetch", "Zen 3 (AVX2: no wide tile reads these)", "defined(CUVIL_ZEN)", "CUVIL_BLOCKED_PREFETCH_A",
+        "0", "as before", "-"),
     Row("blocked_prefetch", "Intel AVX-512 and others", ELSE, "CUVIL_BLOCKED_PREFETCH_OUTPUT", "1",
         "a tile's output lines before its K loop", "benchmarks.ab ResNet-50"),
     Row("blocked_prefetch", "Intel AVX-512 and others", ELSE, "CUVIL_BLOCKED_PREFETCH_A", "1",

@@ -39,9 +39,15 @@
 
 /* ---- blocked_prefetch ---- */
 #ifdef CUVIL_BLOCKED_PREFETCH_A    /* set from outside: a tuning experiment */
-#elif defined(CUVIL_ZEN)    /* Zen */
+#elif CUVIL_VL == 16 && defined(CUVIL_ZEN) && defined(__AVXVNNI__)    /* Zen 5 */
 #define CUVIL_BLOCKED_PREFETCH_OUTPUT 0    /* the hardware prefetchers have the output lines in time (benchmarks.ab ResNet-50, 25 rounds) */
-#define CUVIL_BLOCKED_PREFETCH_A 0    /* as before (not measured) */
+#define CUVIL_BLOCKED_PREFETCH_A 0    /* as before (not measured on Zen 5) */
+#elif CUVIL_VL == 16 && defined(CUVIL_ZEN)    /* Zen 4 */
+#define CUVIL_BLOCKED_PREFETCH_OUTPUT 0    /* as Zen 5: the output lines in time (benchmarks/harness/blocked_ab.c (cold)) */
+#define CUVIL_BLOCKED_PREFETCH_A 1    /* the next tile's input lines as each K block starts (benchmarks/harness/blocked_ab.c (cold) + benchmarks.ab) */
+#elif defined(CUVIL_ZEN)    /* Zen 3 (AVX2: no wide tile reads these) */
+#define CUVIL_BLOCKED_PREFETCH_OUTPUT 0    /* as Zen 5 */
+#define CUVIL_BLOCKED_PREFETCH_A 0    /* as before */
 #else    /* Intel AVX-512 and others */
 #define CUVIL_BLOCKED_PREFETCH_OUTPUT 1    /* a tile's output lines before its K loop (benchmarks.ab ResNet-50) */
 #define CUVIL_BLOCKED_PREFETCH_A 1    /* the next tile's input lines as each K block starts (benchmarks/harness/blocked_ab.c + benchmarks.ab ResNet-50) */

@@ -190,6 +190,8 @@ TUNING: tuple[Row, ...] = (
     # asked for before the K loop as well: no change (0.961x). Short panels (K < 256) are left out: their
     # weights come from L2 in time and MobileNetV2 took 1.01-1.02x with every panel asked for.
     # Zen 5 (fast L3): ResNet-50 int8 1.043x, then 0.997x swapped: nothing to gain, left off.
+    # Zen 4 (thirty-second part): ResNet-50 int8 calibrated 0.996x / 0.991x (1 thread, both orders), 0.994x /
+    # 0.966x (2): within this host's noise, left off.
     # ---- int8dot.c: 3 x 3 convs reading their windows in place (cuvil_i8_window_rows) ----
     # Intel (Emerald-Rapids class), ResNet-50's 3 x 3 convs per node, 1 thread: at 56x56 1.365 -> 1.032 ms
     # (3 convs; 1.023 with no copy at all, a measurement with wrong sums), at 28x28 1.107 -> 0.995; the whole

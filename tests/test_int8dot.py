@@ -421,6 +421,8 @@ def test_int8_range_is_checked(bad):
     {"int8_in": 2, "int8_range": [0.0, 1.0]},
     {"int8_res_range": [0.0, 1.0]},                                  # no residual to read as bytes
     {"int8_res_range": [2.0, 1.0]},
+    {"int8_res_seen": [2.0, 1.0]},                                   # a residual's calibrated range, as the others
+    {"int8_res_seen": [0.0, float("inf")]},
 ])
 def test_int8_links_are_checked(attrs):
     """The byte links between convs reach the generated code as constants (the image's extent, the
@@ -434,7 +436,7 @@ def test_int8_links_are_checked(attrs):
     types = [TensorType((1, 16, 4, 4), "float32"), TensorType((16, 16, 1, 1), "float32")]
     op.infer(types, {**base, "int8_out": [6, 6, 1, 1], "int8_out_range": [-1.0, 2.0]}, [None, None])
     op.infer(types, {**base, "int8_in": 1, "int8_range": [0.0, 2.0]}, [None, None])
-    with pytest.raises(ShapeError, match="int8_out|int8_in|int8_res_range"):
+    with pytest.raises(ShapeError, match="int8_out|int8_in|int8_res_range|int8_res_seen"):
         op.infer(types, {**base, **attrs}, [None, None])
 
 
@@ -689,7 +691,9 @@ def _bottlenecks():
 def test_block_outputs_pass_as_bytes(target, threads, batch, tmp_path, monkeypatch):
     """Calibrated ResNet bottlenecks: each block's output is stored once as bytes that the next block's
     first conv and projection read as input and its last conv widens as its residual (int8_res_range;
-    passes/quantize.link_int8_convs); within int8's error of torch, and of the same model with no links, at
+    passes/quantize.link_int8_convs), and the projection's output, which only b2's last conv reads (as
+    its residual), as bytes over the range calibration saw there (int8_res_seen); within int8's error of
+    torch, and of the same model with no links, at
     1 and 2 threads and a batch (image by image, passes/batch_map.py). With VNNI every conv after the
     stem reads bytes; built for AVX2 the stride-1 3x3 convs keep fp32 Winograd and link nowhere."""
     import torch
@@ -707,7 +711,11 @@ def test_block_outputs_pass_as_bytes(target, threads, batch, tmp_path, monkeypat
     kw = dict(precision="int8", layout="blocked", calibration_data=calib, num_threads=threads, target=target)
     cm, plain = compile_linked_and_plain(m, (x,), tmp_path, monkeypatch, **kw)
     convs = [n for n in nodes_within(cm.graph) if n.op == "conv"]
-    assert sum(n.attrs.get("int8_res_range") is not None for n in convs) == 2        # b1's and b3's last convs
+    assert sum(n.attrs.get("int8_res_range") is not None for n in convs) == 3        # b1's, b2's and b3's last
+    widened = {id(n.inputs[3].producer): n for n in convs if n.attrs.get("int8_res_range") is not None}
+    proj = [n for n in convs if id(n) in widened and n.attrs.get("act") == "none"]   # the one conv with no ReLU
+    assert len(proj) == 1 and proj[0].attrs["int8_out"] is not None
+    assert proj[0].attrs["int8_out_range"] == widened[id(proj[0])].attrs["int8_res_seen"]
     # AVX2: the stride-1 3x3 convs are Winograd's, outside the chain of bytes (b2's strided one is in it)
     assert sum(n.attrs.get("int8_in") == 1 for n in convs) == (10 if kind == 2 else 6)
     want = m(x).detach().numpy()

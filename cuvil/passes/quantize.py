@@ -94,25 +94,31 @@ def calibrate(graph, calibration, method="minmax"):
     """Each int8 conv's input range (int8_range) over the calibration inputs (each a list of arrays in
     the graph's input order), run through the reference interpreter: min / max, or with method
     "percentile" the PERCENTILES of its values (of up to PERCENTILE_SAMPLES each set). The conv then maps
-    its input onto bytes over that range, values outside it clipped, instead of over each image's own."""
+    its input onto bytes over that range, values outside it clipped, instead of over each image's own.
+    Its residual's range too (int8_res_seen), for link_int8_convs to store a map only residuals read
+    as bytes."""
     convs = {id(n): n for n in graph.nodes if n.op == "conv" and n.attrs.get("int8_act")
              and n.attrs.get("int8_range") is None}           # a QDQ model's grid (frontend/onnx/conv.py) kept
     if not convs or not calibration:
         return graph
     seen, samples = {}, {}
 
+    def see(key, node, x, what):
+        lo, hi = float(x.min()), float(x.max())
+        if not (np.isfinite(lo) and np.isfinite(hi)):
+            raise QuantizationError(f"conv at {node.loc or 'an unknown location'}: its {what} holds NaN or "
+                                    "infinity on the calibration data")
+        old = seen.get(key, (lo, hi))
+        seen[key] = (min(old[0], lo), max(old[1], hi))
+        if method == "percentile":
+            flat = x.reshape(-1)
+            samples.setdefault(key, []).append(flat[::max(1, flat.size // PERCENTILE_SAMPLES)])
+
     def observe(node, arrays):
         if id(node) in convs and arrays[0].size:
-            x = arrays[0]
-            lo, hi = float(x.min()), float(x.max())
-            if not (np.isfinite(lo) and np.isfinite(hi)):
-                raise QuantizationError(f"conv at {node.loc or 'an unknown location'}: its input holds NaN or "
-                                        "infinity on the calibration data")
-            old = seen.get(id(node), (lo, hi))
-            seen[id(node)] = (min(old[0], lo), max(old[1], hi))
-            if method == "percentile":
-                flat = x.reshape(-1)
-                samples.setdefault(id(node), []).append(flat[::max(1, flat.size // PERCENTILE_SAMPLES)])
+            see((id(node), 0), node, arrays[0], "input")
+            if len(arrays) > 3 and arrays[3] is not None and arrays[3].size:
+                see((id(node), 3), node, arrays[3], "residual")
     for i, arrays in enumerate(calibration):
         arrays = [a.astype(v.dtype) if a.dtype.kind == "f" and np.dtype(v.dtype).kind == "f" else a
                   for a, v in zip(arrays, graph.inputs)]           # float64 data for a float32 input
@@ -123,7 +129,7 @@ def calibrate(graph, calibration, method="minmax"):
     for key, (lo, hi) in seen.items():
         if method == "percentile":
             lo, hi = (float(v) for v in np.percentile(np.concatenate(samples[key]), PERCENTILES))
-        convs[key].attrs["int8_range"] = [lo, hi]
+        convs[key[0]].attrs["int8_range" if key[1] == 0 else "int8_res_seen"] = [lo, hi]
     return graph
 
 
@@ -165,7 +171,9 @@ def link_int8_convs(graph, backend):
     readers skip their quantization pass (int8_in) and the residual readers widen the bytes in their
     epilogue (int8_res_range; only where the image is the unpadded map, pixel-major). A ResNet block's
     output goes to the next block's first conv, its projection and its last conv's residual that way:
-    a quarter of the bytes written and read back. The residual then carries the input grid's rounding,
+    a quarter of the bytes written and read back. A map read only as residuals (a projection's output)
+    is stored so over the range its readers saw in calibration (int8_res_seen): the block's last conv
+    then takes the byte epilogue too, where a float residual had sent its sums through the float store. The residual then carries the input grid's rounding,
     as the QDQ models of ONNX Runtime and OpenVINO keep it.
     A max pool between an integer conv and such readers passes the bytes through (int8_in on the pool:
     the maximum of the bytes is the bytes of the maximum).
@@ -217,8 +225,13 @@ def _byte_readers(y, readers, backend):
         return len(q.inputs) > i and q.inputs[i] is y and sum(v is y for v in q.inputs) == 1
     inputs = [q for q in readers if reads(q, 0) and q.attrs.get("int8_range") is not None]
     residuals = [q for q in readers if reads(q, 3) and backend.int8_residual(q)]
-    if not inputs or len(inputs) + len(residuals) != len(readers):
+    if len(inputs) + len(residuals) != len(readers):
         return None
+    if not inputs:          # read only as residuals (a projection's output): over the range they saw
+        seen = [q.attrs.get("int8_res_seen") for q in residuals]
+        if not residuals or None in seen or y.type.rank != 4:
+            return None
+        return [*y.shape[2:], 0, 0], [min(r[0] for r in seen), max(r[1] for r in seen)], [], residuals
     rng, image = list(inputs[0].attrs["int8_range"]), backend.int8_input_image(inputs[0])
     if image is None or any(list(q.attrs["int8_range"]) != rng or backend.int8_input_image(q) != image for q in inputs):
         return None

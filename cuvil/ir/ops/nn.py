@@ -102,7 +102,7 @@ def _conv_infer(types, attrs, inputs):
         raise ShapeError(f"conv: bias shape {types[2].shape}, expected ({w.shape[0]},)")
     if attrs["act"] not in ACTIVATIONS:
         raise ShapeError(f"conv: unknown act {attrs['act']!r}")
-    for key in ("int8_range", "int8_res_range"):
+    for key in ("int8_range", "int8_res_range", "int8_res_seen"):
         check_range("conv", attrs, key)
     if attrs.get("int8_res_range") is not None and (len(types) < 4 or types[3] is None):
         raise ShapeError("conv: int8_res_range without a residual to read as bytes")
@@ -197,14 +197,16 @@ def _conv_ref(xs, a):
 # int8_out [hp, wp, ph, pw] and int8_out_range: the output is stored as the next conv's input bytes (its
 # padded image over its int8_range), and that conv's int8_in 1 reads them (the values stay logically
 # fp32, as a layout changes only how C stores them; a depthwise conv with int8_in computes on them in fp32);
-# int8_res_range: the residual is such bytes (its producer's int8_out_range), read back in the epilogue.
+# int8_res_range: the residual is such bytes (its producer's int8_out_range), read back in the epilogue;
+# int8_res_seen: the residual's [lo, hi] over the calibration data, the range its producer's bytes take
+# where no conv reads that map as its input (a ResNet projection's output).
 # Between two convs in bf16 products (passes/quantize.link_bf16_convs): bf16_out 1 stores the output as
 # bf16 (the layout's order, where the floats would be), and its readers' bf16_in / bf16_res 1 read it so
 # (the values stay logically fp32; rounded as the reader would round its input anyway)
 declare(OpDef("conv", {"strides": None, "pads": None, "dilations": None, "groups": 1, "act": "none",
                        "layout": "nchw", "in_layout": None, "bf16_act": 0, "int8_act": 0, "int8_range": None,
                        "int8_out": None, "int8_out_range": None, "int8_in": 0, "int8_res_range": None,
-                       "bf16_in": 0, "bf16_res": 0, "bf16_out": 0, "live_channels": 0, "mean_out": 0},
+                       "int8_res_seen": None, "bf16_in": 0, "bf16_res": 0, "bf16_out": 0, "live_channels": 0, "mean_out": 0},
               _conv_infer,
               _conv_ref,
               kind="conv"))

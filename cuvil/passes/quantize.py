@@ -173,8 +173,9 @@ def link_int8_convs(graph, backend):
     output goes to the next block's first conv, its projection and its last conv's residual that way:
     a quarter of the bytes written and read back. A map read only as residuals (a projection's output)
     is stored so over the range its readers saw in calibration (int8_res_seen): the block's last conv
-    then takes the byte epilogue too, where a float residual had sent its sums through the float store. The residual then carries the input grid's rounding,
-    as the QDQ models of ONNX Runtime and OpenVINO keep it.
+    then takes the byte epilogue too, where a float residual had sent its sums through the float store.
+    The residual then carries the input grid's rounding, as the QDQ models of ONNX Runtime and OpenVINO
+    keep it.
     A max pool between an integer conv and such readers passes the bytes through (int8_in on the pool:
     the maximum of the bytes is the bytes of the maximum).
     A depthwise conv over a fixed range reads them too (its input's quantization the only loss), and then

@@ -206,7 +206,8 @@ def _conv_ref(xs, a):
 declare(OpDef("conv", {"strides": None, "pads": None, "dilations": None, "groups": 1, "act": "none",
                        "layout": "nchw", "in_layout": None, "bf16_act": 0, "int8_act": 0, "int8_range": None,
                        "int8_out": None, "int8_out_range": None, "int8_in": 0, "int8_res_range": None,
-                       "int8_res_seen": None, "bf16_in": 0, "bf16_res": 0, "bf16_out": 0, "live_channels": 0, "mean_out": 0},
+                       "int8_res_seen": None, "bf16_in": 0, "bf16_res": 0, "bf16_out": 0, "live_channels": 0,
+                       "mean_out": 0},
               _conv_infer,
               _conv_ref,
               kind="conv"))

@@ -34,18 +34,9 @@ static void run(void *ctx) {
     c->f(&c->s, c->x, c->wb, c->b, c->r, c->y, CUVIL_ACT_RELU, c->scratch, c->nt);
 }
 
-/* median_us of run, each call after a flush where asked for (the flush not timed) */
-static double median_call_us(int calls, call *c) {
-    if (!flush_buffer) return median_us(calls, run, c);
-    double t[CALLS];
-    for (int i = -3; i < calls; i++) {
-        for (int64_t j = 0; j < FLUSH_BYTES; j += 64) flush_buffer[j] += 1;
-        double t0 = now_us();
-        run(c);
-        if (i >= 0) t[i] = now_us() - t0;
-    }
-    qsort(t, calls, sizeof(double), by_value);
-    return t[calls / 2];
+static void flush_caches(void *ctx) {
+    (void)ctx;
+    for (int64_t j = 0; j < FLUSH_BYTES; j += 64) flush_buffer[j] += 1;
 }
 
 /* in channels, out channels, input size, filter size, stride, padding, with a residual */
@@ -83,8 +74,8 @@ int main(int argc, char **argv) {
         float *ya = pattern_floats(out, 1, 0, 0), *yb = pattern_floats(out, 1, 0, 0);
         double ta[MAX_ROUNDS], tb[MAX_ROUNDS];
         for (int r = 0; r < rounds; r++) {
-            c.f = fa, c.y = ya, ta[r] = median_call_us(CALLS, &c);
-            c.f = fb, c.y = yb, tb[r] = median_call_us(CALLS, &c);
+            c.f = fa, c.y = ya, ta[r] = median_us_after(CALLS, run, &c, flush_buffer ? flush_caches : 0);
+            c.f = fb, c.y = yb, tb[r] = median_us_after(CALLS, run, &c, flush_buffer ? flush_caches : 0);
         }
         qsort(ta, rounds, sizeof(double), by_value);
         qsort(tb, rounds, sizeof(double), by_value);

@@ -25,11 +25,13 @@ static float *pattern_floats(int64_t n, int64_t mul, float scale, float off) {
     return p;
 }
 
-/* The median microseconds of `calls` calls of run(ctx), after three not counted; -1 where memory ran out. */
-static double median_us(int calls, void (*run)(void *), void *ctx) {
+/* The median microseconds of `calls` calls of run(ctx), after three not counted, each call after
+ * before(ctx) where given (not timed: a cache flush); -1 where memory ran out. */
+static inline double median_us_after(int calls, void (*run)(void *), void *ctx, void (*before)(void *)) {
     double *t = malloc(sizeof(double) * calls), m;
     if (!t) return -1;
     for (int i = -3; i < calls; i++) {
+        if (before) before(ctx);
         double t0 = now_us();
         run(ctx);
         if (i >= 0) t[i] = now_us() - t0;
@@ -39,4 +41,6 @@ static double median_us(int calls, void (*run)(void *), void *ctx) {
     free(t);
     return m;
 }
+
+static inline double median_us(int calls, void (*run)(void *), void *ctx) { return median_us_after(calls, run, ctx, 0); }
 #endif

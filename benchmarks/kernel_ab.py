@@ -35,9 +35,11 @@ def _kernels_at(rev: str, dest: Path) -> Path:
     return dest / KERNELS
 
 
-def build(kernels: Path, out: Path, target: str) -> Path:
-    srcs = sorted(str(p) for p in kernels.glob("*.c"))
-    cmd = [find_compiler(), *COMMON_FLAGS, *target_flags(target), f"-I{kernels.parent}", str(HARNESS), *srcs,
+def build(kernels: Path, out: Path, target: str, harness: Path = HARNESS, archive: Path | None = None) -> Path:
+    """The harness against the kernels in `kernels`, compiled from their sources, or linked from `archive`
+    (cuvil.build.toolchain.kernels_object: the same sources, already built) where given."""
+    srcs = [str(archive)] if archive else sorted(str(p) for p in kernels.glob("*.c"))
+    cmd = [find_compiler(), *COMMON_FLAGS, *target_flags(target), f"-I{kernels.parent}", str(harness), *srcs,
            "-lm", "-o", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:

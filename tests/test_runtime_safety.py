@@ -321,6 +321,36 @@ def test_concurrent_compiles_of_one_model_share_a_cache(tmp_path):
     assert not [p for p in (cdir / "tmp").iterdir() if p.name.startswith("build-")]
 
 
+def test_kernel_library_is_built_once_when_asked_for_at_once(tmp_path, monkeypatch):
+    """Four threads ask for one target's kernel library in an empty kernel cache at once (as a test run's
+    workers or a server's replicas do): it is built once, and every caller gets it."""
+    import hashlib
+    import threading
+    import time
+
+    from cuvil.build import toolchain
+    builds = []
+
+    def build(target, dest):                   # a stand-in for the compiler: slow, and counted
+        builds.append(target)
+        time.sleep(0.5)
+        dest.write_bytes(b"library")
+        toolchain._digest_file(dest).write_text(hashlib.sha256(b"library").hexdigest())
+
+    monkeypatch.setenv("CUVIL_KERNEL_CACHE", str(tmp_path / "kernels"))
+    monkeypatch.setattr(toolchain, "_build_kernels", build)
+    toolchain._kernels_intact.cache_clear()
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(toolchain.kernels_object("native", tmp_path)))
+               for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    toolchain._kernels_intact.cache_clear()
+    assert builds == ["native"] and len(got) == 4 and len(set(got)) == 1 and got[0].read_bytes() == b"library"
+
+
 FORK = """
 import os, sys, numpy as np, torch, cuvil
 torch.manual_seed(6)

@@ -2,6 +2,7 @@
 (the kernel library is compiled once per target and compiler, then reused from the cache)."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -9,6 +10,11 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:             # no POSIX file locks (Windows): builds may then run side by side
+    fcntl = None
 
 from ..errors import CompileError
 from ..target import TARGETS, native_cpu
@@ -130,6 +136,24 @@ def kernels_object(target: str, cache_dir: Path) -> Path:
     if _kernels_intact(dest):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
+    with _build_lock(dest.parent):
+        _kernels_intact.cache_clear()
+        if not _kernels_intact(dest):      # not built by another process while this one waited
+            _build_kernels(target, dest)
+    return dest
+
+
+@contextlib.contextmanager
+def _build_lock(folder: Path):
+    """One kernel build at a time per library: processes that start together (a test run's workers, a
+    server's replicas) had each built the same library, side by side on the same cores."""
+    with open(folder / "build.lock", "w") as f:
+        if fcntl is not None:
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def _build_kernels(target: str, dest: Path):
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
         objs = []
         cc = find_compiler(target)
@@ -149,7 +173,6 @@ def kernels_object(target: str, cache_dir: Path) -> Path:
         os.replace(Path(tmp) / "lib.sha256", _digest_file(dest))
         os.replace(Path(tmp) / "lib.a", dest)
     _kernels_intact.cache_clear()
-    return dest
 
 
 def _digest_file(lib: Path) -> Path:

@@ -269,6 +269,10 @@ def _zen5(flags, vendor) -> bool:
     return vendor == "AuthenticAMD" and {"avx_vnni", "avx512_bf16", "avx512f"} <= flags
 
 
+def _zen4_bf16(flags, vendor) -> bool:
+    return vendor == "AuthenticAMD" and {"avx512_bf16", "avx512f"} <= flags and "avx_vnni" not in flags
+
+
 def _intel_512(flags, vendor) -> bool:
     return vendor == "GenuineIntel" and "avx512f" in flags
 
@@ -290,6 +294,12 @@ PLAN_TUNING: tuple[PlanRow, ...] = (
     # (Winograd's tiles fit small maps badly: 7x7 outputs in 8x8 of F(4x4, 3x3) tiles)
     PlanRow("Zen 5", _zen5, "bf16_direct_3x3_max_outputs", 196,
             "direct bf16 products for 3x3 convs at 14x14 and smaller", "benchmarks.ab ResNet-50 --precision bf16"),
+    # Zen 4, ResNet-50 bf16, direct at 7x7 only, 21 rounds interleaved, both orders: 1 thread 0.965x / 0.974x,
+    # 2 threads 0.973x / 1.032x; its two 512-channel 3x3 convs at 7x7 3.05 -> 2.18 ms (F(2x2) tiles overhang
+    # a 7x7 map by 30%); at 14x14 Winograd's 244 effective GFLOP/s beat direct bf16 (Winograd everywhere
+    # had taken 0.82x the time of direct everywhere)
+    PlanRow("Zen 4", _zen4_bf16, "bf16_direct_3x3_max_outputs", 49,
+            "direct bf16 products for 3x3 convs at 7x7 and smaller", "benchmarks.ab ResNet-50 --precision bf16"),
     # F(2x2) at 14x14 on an Emerald-Rapids-class Xeon (2 MB L2), 9 rounds interleaved, both orders, 1 / 2
     # threads: RegNetY-4GF 0.970x (swapped 1.028x) / 0.975x, ResNet-50 0.983x (1.022x) / 1.004x; F(2x2)
     # also at 28x28 RegNetY 1.004x, direct at 7x7 0.994x. F(4x4) over a 14x14 map is 16 tiles (a 30%

@@ -17,7 +17,7 @@ from cuvil.target import cpu_flags
 
 from .util import branching_conv_block, build_kernels, compile_linked_and_plain
 
-BUILDS = {"portable": (["-march=x86-64"], 4), "avx2": (["-march=x86-64-v3"], 8),
+BUILDS = {"portable": (["-march=x86-64"], 4), "avx2": (["-march=haswell"], 8),
           "avx512_vnni": (["-march=native"], 16)}
 FILES = ("blocked_dot.c", "depthwise_bytes.c", "blocked.c", "int8dot.c", "int8_matmul.c", "bf16dot.c", "gemm.c", "pool.c", "conv.c", "winograd.c",
          "winograd4.c", "winograd_blocked.c", "special.c")

@@ -46,7 +46,8 @@ def import_file(path):
 
 def build_kernels(files, flags):
     """Some of the kernel library's C files built by themselves into a shared library with `flags`
-    (an ISA to test on this host): the loaded ctypes.CDLL. Built once per test run for the same files,
+    (an ISA to test on this host), or where `flags` are a compile target's, that target's whole kernel
+    library (_target_of): the loaded ctypes.CDLL. Built once per test run for the same files,
     flags and kernel sources, whichever worker asks first (the others wait on a lock and load it): a
     build of test_int8dot's files is up to a minute and a half on CI's two cores, and its module fixture
     serves test_depthwise_bytes too."""
@@ -59,7 +60,8 @@ def build_kernels(files, flags):
     from pathlib import Path
 
     from cuvil.build.toolchain import COMMON_FLAGS, KERNELS_DIR
-    h = hashlib.sha256(repr((tuple(files), tuple(flags), COMMON_FLAGS)).encode())
+    target = _target_of(flags)
+    h = hashlib.sha256(repr((tuple(files), tuple(flags), COMMON_FLAGS, target)).encode())
     for src in sorted(KERNELS_DIR.glob("*.[ch]")):
         h.update(src.name.encode() + src.read_bytes())
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
@@ -70,10 +72,24 @@ def build_kernels(files, flags):
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not so.exists():
             tmp = so.with_suffix(f".{os.getpid()}.tmp")
-            subprocess.run(["gcc", *COMMON_FLAGS, "-shared", *flags, *(str(KERNELS_DIR / f) for f in files), "-o",
-                            str(tmp), "-lm"], check=True)
+            if target:          # that target's whole library, as the compiler's tests build it once a run
+                from cuvil.build.toolchain import kernels_object
+                lib = kernels_object(target, Path(os.environ["CUVIL_CACHE_DIR"]))
+                sources = ["-Wl,--whole-archive", str(lib), "-Wl,--no-whole-archive"]
+            else:
+                sources = [str(KERNELS_DIR / f) for f in files]
+            subprocess.run(["gcc", *COMMON_FLAGS, "-shared", *flags, *sources, "-o", str(tmp), "-lm"], check=True)
             os.replace(tmp, so)
     return ctypes.CDLL(str(so))
+
+
+def _target_of(flags):
+    """The compile target whose flags these are (cuvil.build.toolchain.target_flags), or None: its kernel
+    library is then linked whole rather than `files` compiled again (single-threaded, up to a minute and
+    a half each on CI's two cores)."""
+    from cuvil.build.toolchain import target_flags
+    return next((t for t in ("native", "x86_64-sse2", "x86_64-avx2", "x86_64-avx512") if list(flags) == target_flags(t)),
+                None)
 
 
 def branching_conv_block(cin, cout, k, stride, pad, dil):

@@ -11,6 +11,8 @@ import torch
 import cuvil
 from cuvil.build import toolchain
 
+from .util import kernel_library, link_kernel_library
+
 MAIN = r"""
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,19 +86,11 @@ def test_bad_names_are_refused(bad):
         cuvil.compile(torch.nn.ReLU(), (torch.randn(2),), name=bad)
 
 
-def _native_kernels(cache_dir):
-    """The tree's kernels for this machine as the compiler builds them for a model (built once a run)."""
-    from pathlib import Path
-
-    from cuvil.build.toolchain import kernels_object
-    return kernels_object("native", Path(cache_dir))
-
-
 @pytest.fixture(scope="module")
-def gemm_harness(tmp_path_factory, cache_dir):
+def gemm_harness(tmp_path_factory):
     from benchmarks import kernel_ab
     return kernel_ab.build(kernel_ab.ROOT / kernel_ab.KERNELS, tmp_path_factory.mktemp("harness") / "bench", "native",
-                           archive=_native_kernels(cache_dir))
+                           archive=kernel_library("native"))
 
 
 @pytest.mark.parametrize("shape,rows_written", [((1, 100, 70), False), ((37, 200, 450), True), ((130, 64, 33), True)])
@@ -107,14 +101,14 @@ def test_gemm_harness_checks_its_product(gemm_harness, shape, rows_written):
     assert kernel_ab.time_once(gemm_harness, shape, 2, 3, rows_written) > 0
 
 
-def test_depthwise_harness_checks_its_outputs(tmp_path, cache_dir):
+def test_depthwise_harness_checks_its_outputs(tmp_path):
     """benchmarks/harness/dw_bench.c (behind benchmarks/README.md's depthwise kernel notes) builds against
     the kernels as they are, and its outputs agree with a plain loop (it exits 1 where not): blocked and
     NCHW maps, filters 3 / 5 / 7, strides 1 / 2, pads, activations."""
     import subprocess
     from benchmarks import kernel_ab
     exe = kernel_ab.build(kernel_ab.ROOT / kernel_ab.KERNELS, tmp_path / "dw_bench", "native",
-                          harness=kernel_ab.HARNESS.parent / "dw_bench.c", archive=_native_kernels(cache_dir))
+                          harness=kernel_ab.HARNESS.parent / "dw_bench.c", archive=kernel_library("native"))
     runs = ["32 13 29 3 1 2 2", "16 40 41 5 2 1 2 2 7", "16 17 9 7 1 1 2 3 0", "48 14 14 3 1 2 2 1 8",
             "5 13 29 3 1 2 2 1 1 nchw", "3 40 41 5 2 1 2 2 8 nchw", "2 17 9 7 1 1 2 3 0 nchw", "7 14 14 3 2 2 2 1 7 nchw"]
     for args in runs:
@@ -122,20 +116,16 @@ def test_depthwise_harness_checks_its_outputs(tmp_path, cache_dir):
         assert r.returncode == 0 and float(r.stdout) > 0, (args, r.stderr)
 
 
-def test_blocked_ab_harness_compares_two_builds(tmp_path, cache_dir):
+def test_blocked_ab_harness_compares_two_builds(tmp_path):
     """benchmarks/harness/blocked_ab.c (two kernel builds on ResNet-50's blocked convs, in one process)
     builds, loads the kernels as shared libraries and finds a build's outputs equal to its own copy's."""
     import subprocess
 
     from benchmarks import kernel_ab
-    from cuvil.build.toolchain import COMMON_FLAGS, find_compiler, target_flags
+    from cuvil.build.toolchain import find_compiler, target_flags
     kernels = kernel_ab.ROOT / kernel_ab.KERNELS
     # one build as both A and B (the harness's machinery is the subject): the run's kernels, already built
-    # (their objects are position independent), as a shared library
-    lib = tmp_path / "kernels.so"
-    subprocess.run([find_compiler(), *COMMON_FLAGS, *target_flags("native"), "-shared", "-Wl,--no-undefined",
-                    "-Wl,--whole-archive", str(_native_kernels(cache_dir)), "-Wl,--no-whole-archive", "-lm", "-o", str(lib)],
-                   check=True, capture_output=True)
+    lib = link_kernel_library("native", tmp_path / "kernels.so")
     exe = tmp_path / "blocked_ab"
     subprocess.run([find_compiler(), "-O2", *target_flags("native"), f"-I{kernels.parent}", f"-I{kernels}",
                     f"-I{kernel_ab.HARNESS.parent}", str(kernel_ab.HARNESS.parent / "blocked_ab.c"), "-ldl", "-o", str(exe)],

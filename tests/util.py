@@ -61,7 +61,8 @@ def build_kernels(files, flags):
 
     from cuvil.build.toolchain import COMMON_FLAGS, KERNELS_DIR
     target = _target_of(flags)
-    h = hashlib.sha256(repr((tuple(files), tuple(flags), COMMON_FLAGS, target)).encode())
+    # a target's whole library is one build whatever files were asked for
+    h = hashlib.sha256(repr((() if target else tuple(files), tuple(flags), COMMON_FLAGS, target)).encode())
     for src in sorted(KERNELS_DIR.glob("*.[ch]")):
         h.update(src.name.encode() + src.read_bytes())
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
@@ -73,14 +74,34 @@ def build_kernels(files, flags):
         if not so.exists():
             tmp = so.with_suffix(f".{os.getpid()}.tmp")
             if target:          # that target's whole library, as the compiler's tests build it once a run
-                from cuvil.build.toolchain import kernels_object
-                lib = kernels_object(target, Path(os.environ["CUVIL_CACHE_DIR"]))
-                sources = ["-Wl,--whole-archive", str(lib), "-Wl,--no-whole-archive"]
+                link_kernel_library(target, tmp)
             else:
-                sources = [str(KERNELS_DIR / f) for f in files]
-            subprocess.run(["gcc", *COMMON_FLAGS, "-shared", *flags, *sources, "-o", str(tmp), "-lm"], check=True)
+                subprocess.run(["gcc", *COMMON_FLAGS, "-shared", *flags, *(str(KERNELS_DIR / f) for f in files),
+                                "-o", str(tmp), "-lm"], check=True)
             os.replace(tmp, so)
     return ctypes.CDLL(str(so))
+
+
+def kernel_library(target):
+    """The run's kernel library (libcuvil_kernels.a) for `target`, as the compiler builds it for a model:
+    built once a run, in the run's cache (conftest.py)."""
+    import os
+    from pathlib import Path
+
+    from cuvil.build.toolchain import kernels_object
+    return kernels_object(target, Path(os.environ["CUVIL_CACHE_DIR"]))
+
+
+def link_kernel_library(target, out):
+    """kernel_library(target) linked whole into the shared library `out` (its objects are position
+    independent), every symbol resolved."""
+    import subprocess
+
+    from cuvil.build.toolchain import COMMON_FLAGS, find_compiler, target_flags
+    subprocess.run([find_compiler(), *COMMON_FLAGS, *target_flags(target), "-shared", "-Wl,--no-undefined",
+                    "-Wl,--whole-archive", str(kernel_library(target)), "-Wl,--no-whole-archive", "-lm", "-o", str(out)],
+                   check=True, capture_output=True)
+    return out
 
 
 def _target_of(flags):

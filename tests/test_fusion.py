@@ -565,3 +565,35 @@ def test_depthwise_conv(k, stride, pad, dil, mult, act, residual, hw):
         feeds.append(f32(2, c * mult, oh, ow))
     g.outputs = [g.add("conv", ins, attrs)]
     check_graph(g, feeds)
+
+
+def test_constant_transposed_past_the_fold_cap_is_folded(monkeypatch):
+    """A constant's transpose above passes/fold.MAX_FOLD_BYTES folds all the same (it is no larger than
+    the weight it reads: VGG's 411 MB classifier had been transposed at every call, 0.9 s, and its matmul
+    packed B at run time), so the matmul takes the prepacked weight; a value that grows past the cap
+    (an expand) stays a node."""
+    from cuvil.passes import fold
+    monkeypatch.setattr(fold, "MAX_FOLD_BYTES", 1024)
+    g = Graph()
+    x = Value(TensorType((3, 64), "float32"), "x")
+    g.inputs = [x]
+    w = g.add("transpose", [g.const(f32(40, 64))], {"perm": [1, 0]})          # 10 KB
+    y = g.add("matmul", [x, w])
+    big = g.add("expand", [g.const(f32(1, 40))], {"shape": [3, 40]})          # 480 B: folds
+    grown = g.add("expand", [g.const(f32(1, 1, 40))], {"shape": [16, 3, 40]})  # 7.7 KB from 160 B: stays
+    g.outputs = [g.add("add", [g.add("add", [y, big]), grown])]
+    cm = check_graph(g, [f32(3, 64)])
+    assert "transpose" not in ops_of(cm) and "expand" in ops_of(cm)
+    assert "cuvil_pack_b(" not in cm.c_source        # no packing at run time
+
+
+@pytest.mark.parametrize("op", ["avg_pool", "max_pool"])
+def test_pool_of_one_pixel_windows_is_no_node(op):
+    """A pool whose windows are single pixels (VGG's adaptive_avg_pool2d(7) on a 7 x 7 map) is its input."""
+    g = Graph()
+    x = Value(TensorType((2, 5, 7, 7), "float32"), "x")
+    g.inputs = [x]
+    y = g.add(op, [x], {"kernel": [1, 1], "strides": [1, 1], "pads": [(0, 0), (0, 0)]})
+    g.outputs = [g.add("relu", [y])]
+    cm = check_graph(g, [f32(2, 5, 7, 7)])
+    assert op not in ops_of(cm)

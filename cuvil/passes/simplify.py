@@ -97,6 +97,14 @@ def collapse_reshapes(graph):
     return replace_uses(graph, mapping)
 
 
+def _one_pixel_windows(n):
+    """A pool whose every window is one pixel, each output its input's: VGG's adaptive_avg_pool2d(7) on
+    a 7 x 7 map (its loops had taken 2.4 ms to copy 100 KB)."""
+    a = n.attrs
+    return (all(k == 1 for k in a["kernel"]) and all(s == 1 for s in a["strides"])
+            and all(tuple(p) == (0, 0) for p in a["pads"]) and tuple(n.inputs[0].shape) == tuple(n.outputs[0].shape))
+
+
 def remove_identities(graph):
     mapping = {}
     for n in graph.nodes:
@@ -106,6 +114,8 @@ def remove_identities(graph):
         elif n.op in ("expand",) and tuple(n.inputs[0].shape) == tuple(n.outputs[0].shape):
             mapping[id(n.outputs[0])] = n.inputs[0]
         elif n.op == "transpose" and list(n.attrs["perm"]) == sorted(n.attrs["perm"]):
+            mapping[id(n.outputs[0])] = n.inputs[0]
+        elif n.op in ("avg_pool", "max_pool") and _one_pixel_windows(n):
             mapping[id(n.outputs[0])] = n.inputs[0]
     return replace_uses(graph, mapping)
 

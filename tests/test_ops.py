@@ -1016,6 +1016,13 @@ def pool(op):
     xn = c.input(wide)
     c.out(c.add(op, [xn], dict(kernel=(3, 3), strides=(2, 2), pads=((1, 1), (1, 1)))), "nan/inf 41 wide stride 2")
     c.out(c.add(op, [xn], dict(kernel=(2, 3), dilations=(1, 2))), "nan/inf 41 wide dilated")
+    if op == "avg_pool":      # the vector path's divisors: PoolFormer's 3x3 stride 1, a ceil_mode overhang
+        xa = c.input(rand(r, (1, 2, 4, 41), "float32"))
+        for cip in (False, True):
+            c.out(c.add(op, [xa], dict(kernel=(3, 3), pads=((1, 1), (1, 1)), count_include_pad=cip)),
+                  f"41 wide 3x3 stride 1 count_include_pad={cip}")
+            c.out(c.add(op, [xa], dict(kernel=(3, 3), strides=(2, 2), pads=((1, 1), (1, 1)), ceil_mode=True,
+                                       count_include_pad=cip)), f"41 wide stride 2 ceil_mode count_include_pad={cip}")
     x3 = c.input(rand(r, (2, 3, 5, 6, 7), "float32"))
     c.out(c.add(op, [x3], dict(kernel=(2, 2, 2))), "3-d 2x2x2")
     c.out(c.add(op, [x3], dict(kernel=(3, 2, 3), strides=(2, 1, 2), pads=((1, 1), (0, 1), (1, 0)), ceil_mode=True)),

@@ -569,11 +569,18 @@ static void pool_row_strip(const pool_args *a, const float *xc, float *yr, int64
         if (a->mode == 0) for (int64_t w = c0; w < c1; w++) row[w - c0] = pool_combine(0, row[w - c0], in[w]);
         else for (int64_t w = c0; w < c1; w++) row[w - c0] += in[w];
     }
-    /* max over windows inside the image, VL outputs at a time (stride 1 or 2): ResNet's 3x3 stride-2
-     * pool after the stem took 2.2 ms output by output */
-    int vec = a->mode == 0 && (s->sw == 1 || s->sw == 2);
+    /* windows inside the image VL outputs at a time (stride 1 or 2): ResNet's 3x3 stride-2 max pool
+     * after the stem took 2.2 ms output by output, PoolFormer's 3x3 stride-1 averages at 56x56 1.9 ms */
+    int vec = s->sw == 1 || s->sw == 2;
     int64_t in_lo = (s->pw + s->sw - 1) / s->sw, in_hi = s->W + s->pw - (s->KW - 1) * s->dw;
     in_hi = in_hi > 0 ? (in_hi - 1) / s->sw + 1 : 0;     /* outputs [in_lo, in_hi) see no pad */
+    cuvil_vf count = cuvil_vsplat(1.f);                   /* an average's divisor there, the same for all */
+    if (a->mode && in_lo < in_hi) {
+        int64_t w0, kw0, kw1, n;
+        cuvil_window_taps(in_lo, s->sw, s->pw, s->dw, s->KW, s->W, &w0, &kw0, &kw1);
+        n = pool_count(a, h0, kh0, kh1, w0, kw0, kw1);
+        count = cuvil_vsplat((float)(n > 0 ? n : 1));
+    }
     for (int64_t ow = o0; ow < o1; ow++) {
         /* the last 1 to VL - 1 outputs inside the image as one vector too, stored in part (one by one, 7 of
          * each row's 56 in ShuffleNet's 24-channel 3x3 stride-2 pool at 112x112: 82 -> 63 us); the lanes
@@ -581,14 +588,15 @@ static void pool_row_strip(const pool_args *a, const float *xc, float *yr, int64
         int64_t n = cuvil_min(CUVIL_VL, cuvil_min(in_hi, o1) - ow);
         const float *rv = row + ow * s->sw - s->pw - c0;
         if (vec && ow >= in_lo && n > 0 && rv + (CUVIL_VL - 1) * s->sw + (s->KW - 1) * s->dw + 2 * CUVIL_VL <= row_end) {
-            cuvil_vf acc = cuvil_vsplat(-INFINITY);
+            cuvil_vf acc = cuvil_vsplat(a->mode == 0 ? -INFINITY : 0.f);
             cuvil_vi nan = {0};
             for (int64_t kw = 0; kw < s->KW; kw++) {
                 cuvil_vf v = s->sw == 1 ? cuvil_vload(rv + kw * s->dw) : even_lanes(rv + kw * s->dw);
-                acc = cuvil_vsel(v > acc, v, acc);
-                nan |= v != v;
+                if (a->mode) acc += v;            /* in the scalar path's order: the same sums */
+                else acc = cuvil_vsel(v > acc, v, acc), nan |= v != v;
             }
-            acc = cuvil_vsel(nan, cuvil_vsplat(NAN), acc);
+            if (a->mode) acc = acc / count;
+            else acc = cuvil_vsel(nan, cuvil_vsplat(NAN), acc);
             if (n == CUVIL_VL) cuvil_vstore(yr + ow, acc);
             else cuvil_vstore_first(yr + ow, acc, n);
             ow += n - 1;

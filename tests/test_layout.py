@@ -401,6 +401,49 @@ def test_grouped_convs_run_blocked_and_match_torch(tmp_path):
         np.testing.assert_allclose(cm.run(x.numpy())[0], m(x).numpy(), rtol=1e-4, atol=1e-4)
 
 
+class _NarrowGroups(torch.nn.Module):
+    """Grouped convs whose groups are narrower than a block (ResNeXt's 32 groups of 4 and 8 channels) between
+    dense 1x1 convs: 3x3 at stride 1 and 2 (the 3-wide tiles), 3x3 dilated, 5x3 with uneven pads and a
+    stride of 3 (the general tile), a residual and activations fused."""
+
+    CASES = [(2, (3, 3), 1, 1, 1), (4, (3, 3), 1, 1, 1), (8, (3, 3), 2, 1, 1), (4, (3, 3), 1, 2, 2),
+             (2, (5, 3), (3, 1), (2, 0), 1), (8, (3, 3), 2, 0, 1)]
+
+    def __init__(self, c=32):
+        super().__init__()
+        self.inp = torch.nn.Conv2d(3, c, 1)
+        self.convs = torch.nn.ModuleList(torch.nn.Conv2d(c, c, k, s, p, d, groups=c // w) for w, k, s, p, d in self.CASES)
+        self.outs = torch.nn.ModuleList(torch.nn.Conv2d(c, c, 1) for _ in self.CASES)
+
+    def forward(self, x):
+        h = torch.relu(self.inp(x))
+        ys = [o(torch.nn.functional.silu(conv(h)) if i % 2 else torch.relu(conv(h)))
+              for i, (conv, o) in enumerate(zip(self.convs, self.outs))]
+        return (*ys, self.outs[0](torch.relu(self.convs[1](h) + h)))
+
+
+@pytest.mark.parametrize("hw", [(13, 29), (6, 7)])
+@pytest.mark.parametrize("target", ["native", "x86_64-avx2", "x86_64-sse2"])
+def test_narrow_groups_run_blocked_and_match_torch(tmp_path, target, hw):
+    """Groups narrower than a block (2, 4 and 8 channels) run blocked by lane permutes
+    (kernels/grouped_blocked.c) at every vector width that has such groups, with no relayout inside the
+    net; at odd maps (13 x 29: 8-pixel tiles, remainders and edges; 6 x 7: narrower than a tile)."""
+    import cuvil
+    skip_unless_host_runs(target)
+    torch.manual_seed(0)
+    m = _NarrowGroups().eval()
+    x = 3 * torch.randn(1, 3, *hw)
+    block = vector_floats(target)
+    text = cuvil_api.inspect_stages(m, (x,), stages=("passes",), layout="blocked", target=target)["passes"]
+    assert text.count("relayout(") == len(m.CASES) + 1, text           # each output's only
+    cm = cuvil.compile(m, (x,), layout="blocked", target=target, num_threads=2, cache_dir=str(tmp_path))
+    narrow = sum(w < block for w, *_ in m.CASES)       # (the residual branch's conv is convs[1]'s, computed once)
+    assert cm.c_source.count("cuvil_conv_grouped_blocked(") == narrow
+    with torch.no_grad():
+        for got, want in zip(cm.run(x.numpy()), m(x)):
+            np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)
+
+
 class _GroupedWinograd(torch.nn.Module):
     """Grouped 3x3 stride-1 convs whose groups are whole channel blocks at 4, 8 and 16 floats (32, 48 and
     16 channels a group, 3 / 2 / 4 groups, outputs of 32 and 16 a group), with a residual and activations."""

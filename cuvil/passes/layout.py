@@ -27,16 +27,23 @@ def _static_4d(v):
     return v.type.rank == 4 and v.dtype == "float32" and all(isinstance(d, int) for d in v.shape[1:])
 
 
+def narrow_groups(cg: int, og: int, block: int) -> bool:
+    """Groups of as many channels in as out, fewer than a block and dividing it (ResNeXt's 4 and 8): the
+    blocked grouped kernel's (kernels/grouped_blocked.c) lane permutes take them."""
+    return cg == og and cg < block and block % cg == 0 and cg > 1
+
+
 def blockable(node, block: int) -> bool:
     """Whether the blocked kernels take this node: a 2-d conv of constant filters, depthwise (groups = in
-    = out channels) or each group's channels in and out multiples of the block, or a 2-d max pool whose
-    channels are; static shapes but for the batch."""
+    = out channels), each group's channels in and out multiples of the block or narrow_groups, or a 2-d
+    max pool whose channels are; static shapes but for the batch."""
     if node.op == "conv":
         x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
         g = node.attrs.get("groups", 1)
         if not (_static_4d(x) and _static_4d(y) and w.is_const and x.shape[1] % block == 0 and y.shape[1] % block == 0):
             return False
-        return g == x.shape[1] == y.shape[1] or (x.shape[1] // g % block == 0 and y.shape[1] // g % block == 0)
+        cg, og = x.shape[1] // g, y.shape[1] // g
+        return g == x.shape[1] == y.shape[1] or (cg % block == 0 and og % block == 0) or narrow_groups(cg, og, block)
     if node.op == "max_pool":
         x, y = node.inputs[0], node.outputs[0]
         return _static_4d(x) and _static_4d(y) and x.shape[1] % block == 0

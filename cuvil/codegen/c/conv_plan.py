@@ -176,7 +176,7 @@ def conv2d_path(node) -> str:
 class ConvPlan:
     """kind: "nd" (direct loops of a 3-d conv, direct_nd.conv_nd); channel-blocked (kernels/blocked.h):
     "blocked_from_nchw" (NCHW input), "blocked_to_nchw" (NCHW output),
-    "blocked_depthwise", "blocked_winograd", "blocked"; NCHW: "int8_nchw" (a 1x1 conv in integer products),
+    "blocked_depthwise", "blocked_grouped", "blocked_winograd", "blocked"; NCHW: "int8_nchw" (a 1x1 conv in integer products),
     "winograd", "swapped" (cuvil_conv_swapped), "gemm" (cuvil_conv2d), or "swappable" when no panel
     width was given (the target decides between "swapped" and "gemm"; the scratch covers both).
     winograd: the Winograd output tile size (0: none). pack: the name under which the filters are
@@ -202,6 +202,8 @@ def _kind(node, m, nr):
             return "blocked_from_nchw", "conv_nchw_blocked_b"
         if node.attrs.get("groups", 1) > 1 and depthwise_conv(node):
             return "blocked_depthwise", "depthwise_blocked"
+        if grouped_direct(node):
+            return "blocked_grouped", "grouped_blocked"
         if m:
             return "blocked_winograd", f"winograd{m}_blocked_b"
         return "blocked", "conv_blocked_b"
@@ -213,6 +215,14 @@ def _kind(node, m, nr):
         return "swapped", "conv_b"
     # filters packed at compile time into the GEMM's A tiles only
     return "gemm", "conv_a" if node.inputs[1].is_const and not depthwise_conv(node) else None
+
+
+def grouped_direct(node) -> bool:
+    """A blocked grouped conv whose groups are narrower than a block (passes/layout.narrow_groups): its
+    products by lane permutes (kernels/grouped_blocked.c: cuvil_conv_grouped_blocked)."""
+    g, w = node.attrs.get("groups", 1), node.inputs[1]
+    block = layout_block(node.attrs.get("layout", "nchw"))
+    return g > 1 and block > 0 and w.shape[1] < block and not depthwise_conv(node)
 
 
 def padded_extent(s):
@@ -230,6 +240,8 @@ def _blocked_scratch(node, s, m) -> int:
         hp, wp, _ = padded_extent(s)
         fp32 = (s["C"] * hp * wp + 2 * s["OH"] * s["OW"]) * 4
         return max(fp32, _int8_scratch(node, s)) if node.attrs.get("int8_act") else fp32
+    if grouped_direct(node):
+        return 0                                      # reads the map in place, tests the pads
     if node.attrs.get("groups", 1) > 1 and depthwise_conv(node):
         # kernels/depthwise_bytes.c cuvil_depthwise_bytes_scratch: the scaled filters and the biases;
         # cuvil_depthwise_blocked_mean's: each output row's sum (passes/squeeze_excite.py)

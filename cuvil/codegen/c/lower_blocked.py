@@ -38,6 +38,14 @@ def grouped_filters_as_b(w: np.ndarray, groups: int, nr: int) -> np.ndarray:
     return np.concatenate([pack_b(filters_as_b(w[q * og:(q + 1) * og]), nr).ravel() for q in range(groups)])
 
 
+def grouped_filters_by_lane(w: np.ndarray, block: int) -> np.ndarray:
+    """[O, g, KH, KW] -> [O / B][KH][KW][g][B] (kernels/blocked.h: cuvil_conv_grouped_blocked), B = block:
+    each tap's and group input's filter values for a block of outputs side by side, as the block's
+    channels of a pixel are."""
+    O, g, KH, KW = w.shape
+    return np.ascontiguousarray(w.astype(np.float32).reshape(O // block, block, g, KH, KW).transpose(0, 3, 4, 2, 1))
+
+
 def winograd_filters_as_b(w: np.ndarray, m: int, nr: int, groups: int = 1) -> np.ndarray:
     """[O, C / groups, 3, 3] -> U[i][j] = G g G^T of every (o, c) as packed B operands [C / groups][O / groups],
     one per group, for each of the (m + 2)^2 (i, j) in turn."""
@@ -107,6 +115,12 @@ def lower_conv_call(em, node, plan, shape_struct, bias, res, act):
                     f"{em.ptr(node.outputs[0])}, {act}, {em.ptr(node.outputs[1])}, {em.scratch()}, NT);", "}"]
         return ["{", f"  const cuvil_conv_shape s = {shape_struct};",
                 f"  cuvil_depthwise_blocked(&s, {em.ptr(node.inputs[0])}, {w}, {bias}, {res}, "
+                f"{em.ptr(node.outputs[0])}, {act}, NT);", "}"]
+    if plan.kind == "blocked_grouped":               # fp32 (no integer or bf16 kernel takes narrow groups)
+        block = layout_block(node.attrs["layout"])
+        w = em.packed(plan.pack, node.inputs[1], lambda d: grouped_filters_by_lane(d, block))
+        return ["{", f"  const cuvil_conv_shape s = {shape_struct};",
+                f"  cuvil_conv_grouped_blocked(&s, {em.ptr(node.inputs[0])}, {w}, {bias}, {res}, "
                 f"{em.ptr(node.outputs[0])}, {act}, NT);", "}"]
     if plan.kind == "blocked_winograd":
         up = em.packed(plan.pack, node.inputs[1], lambda d: winograd_filters_as_b(d, m, nr, node.attrs.get("groups", 1)))

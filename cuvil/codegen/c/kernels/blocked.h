@@ -107,6 +107,13 @@ int64_t cuvil_conv_nchw_blocked_scratch(const cuvil_conv_shape *s);
 void cuvil_conv_nchw_blocked(const cuvil_conv_shape *s, const float *x, const float *wb, const float *bias,
                              const float *residual, float *y, int act, float *scratch, int nthreads);
 
+/* A grouped conv of blocked input whose groups have g = C / groups = O / groups channels each, g dividing
+ * a block or a multiple of it (grouped_blocked.c): w as [O / B][KH * KW][g][B], the filter value of
+ * output channel ob B + l for the tap and its group's input j at [ob][tap][j][l]; any strides, pads and
+ * dilations; bias, residual and act fused. */
+void cuvil_conv_grouped_blocked(const cuvil_conv_shape *s, const float *x, const float *w, const float *bias,
+                                const float *residual, float *y, int act, int nthreads);
+
 /* A depthwise conv (groups = C = O) of blocked input: w as [KH * KW][C] (each tap's filter values side by
  * side, as the channels of a pixel are), any strides, pads and dilations. */
 void cuvil_depthwise_blocked(const cuvil_conv_shape *s, const float *x, const float *w, const float *bias,

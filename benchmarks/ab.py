@@ -28,9 +28,11 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.cnn_models import CNNS
+from benchmarks.cnn_wide import WIDE_CNNS
 from benchmarks.workloads import WORKLOADS as _BASE
 
-WORKLOADS = {**_BASE, **CNNS}
+VISION = {**CNNS, **WIDE_CNNS}
+WORKLOADS = {**_BASE, **VISION}
 
 
 LLM_WORKLOAD = "TinyLlama int4 decode"
@@ -106,9 +108,9 @@ def _build(workload: str, batch: int):
     """The workload's model and inputs; batch: a CNN's images (the other workloads have their own)."""
     if batch == 1:
         return WORKLOADS[workload]()
-    if workload not in CNNS:
-        raise SystemExit(f"--batch takes a CNN workload ({', '.join(CNNS)}), not {workload!r}")
-    return CNNS[workload](batch)
+    if workload not in VISION:
+        raise SystemExit(f"--batch takes a CNN workload ({', '.join(VISION)}), not {workload!r}")
+    return VISION[workload](batch)
 
 
 CALIBRATION_IMAGES = 8        # --calibrated: random inputs as benchmarks.int8_cnn calibrates on

@@ -20,10 +20,11 @@ import tempfile
 import time
 
 from benchmarks.cnn_models import CNNS
+from benchmarks.cnn_wide import WIDE_CNNS
 from benchmarks.systems import export_onnx
 from benchmarks.workloads import WORKLOADS as _BASE
 
-WORKLOADS = {**_BASE, **CNNS}
+WORKLOADS = {**_BASE, **CNNS, **WIDE_CNNS}
 
 
 def _graph_nodes(model, inputs):

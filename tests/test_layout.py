@@ -407,7 +407,7 @@ class _NarrowGroups(torch.nn.Module):
     stride of 3 (the general tile), a residual and activations fused."""
 
     CASES = [(2, (3, 3), 1, 1, 1), (4, (3, 3), 1, 1, 1), (8, (3, 3), 2, 1, 1), (4, (3, 3), 1, 2, 2),
-             (2, (5, 3), (3, 1), (2, 0), 1), (8, (3, 3), 2, 0, 1)]
+             (2, (5, 3), (3, 1), (2, 0), 1), (8, (3, 3), 2, 0, 1), (16, (3, 3), 1, 1, 1)]
 
     def __init__(self, c=32):
         super().__init__()
@@ -424,12 +424,18 @@ class _NarrowGroups(torch.nn.Module):
 
 @pytest.mark.parametrize("hw", [(13, 29), (6, 7)])
 @pytest.mark.parametrize("target", ["native", "x86_64-avx2", "x86_64-sse2"])
-def test_narrow_groups_run_blocked_and_match_torch(tmp_path, target, hw):
+@pytest.mark.parametrize("whole_min_w", [0, 12])
+def test_narrow_groups_run_blocked_and_match_torch(tmp_path, monkeypatch, target, hw, whole_min_w):
     """Groups narrower than a block (2, 4 and 8 channels) run blocked by lane permutes
     (kernels/grouped_blocked.c) at every vector width that has such groups, with no relayout inside the
-    net; at odd maps (13 x 29: 8-pixel tiles, remainders and edges; 6 x 7: narrower than a tile)."""
+    net; at odd maps (13 x 29: 8- and 4-pixel tiles, remainders and edges; 6 x 7: narrower than a tile).
+    With the plan's grouped_direct_block_min_width set (whole_min_w), groups of exactly one block whose
+    output rows are that wide take it too, each input channel broadcast."""
     import cuvil
+    from cuvil.codegen.c import tuning
     skip_unless_host_runs(target)
+    monkeypatch.setattr(tuning, "PLAN_TUNING", ())
+    monkeypatch.setitem(tuning.PLAN_DEFAULTS, "grouped_direct_block_min_width", whole_min_w)
     torch.manual_seed(0)
     m = _NarrowGroups().eval()
     x = 3 * torch.randn(1, 3, *hw)
@@ -437,7 +443,12 @@ def test_narrow_groups_run_blocked_and_match_torch(tmp_path, target, hw):
     text = cuvil_api.inspect_stages(m, (x,), stages=("passes",), layout="blocked", target=target)["passes"]
     assert text.count("relayout(") == len(m.CASES) + 1, text           # each output's only
     cm = cuvil.compile(m, (x,), layout="blocked", target=target, num_threads=2, cache_dir=str(tmp_path))
-    narrow = sum(w < block for w, *_ in m.CASES)       # (the residual branch's conv is convs[1]'s, computed once)
+    def out_w(k, st, p, d):
+        st, p = (st, st) if isinstance(st, int) else st, (p, p) if isinstance(p, int) else p
+        return (hw[1] + 2 * p[1] - d * (k[1] - 1) - 1) // st[1] + 1
+
+    # (the residual branch's conv is convs[1]'s, computed once)
+    narrow = sum(w < block or (w == block and 0 < whole_min_w <= out_w(*case)) for w, *case in m.CASES)
     assert cm.c_source.count("cuvil_conv_grouped_blocked(") == narrow
     with torch.no_grad():
         for got, want in zip(cm.run(x.numpy()), m(x)):

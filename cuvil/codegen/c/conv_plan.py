@@ -190,7 +190,7 @@ class ConvPlan:
     scratch_bytes: int | None = None
 
 
-def _kind(node, m, nr):
+def _kind(node, m, nr, grouped_min_w=0):
     if node.inputs[0].type.rank == 5:
         return "nd", None
     if reads_blocked_into_nchw(node):
@@ -202,7 +202,7 @@ def _kind(node, m, nr):
             return "blocked_from_nchw", "conv_nchw_blocked_b"
         if node.attrs.get("groups", 1) > 1 and depthwise_conv(node):
             return "blocked_depthwise", "depthwise_blocked"
-        if grouped_direct(node):
+        if grouped_direct(node, grouped_min_w):
             return "blocked_grouped", "grouped_blocked"
         if m:
             return "blocked_winograd", f"winograd{m}_blocked_b"
@@ -217,12 +217,17 @@ def _kind(node, m, nr):
     return "gemm", "conv_a" if node.inputs[1].is_const and not depthwise_conv(node) else None
 
 
-def grouped_direct(node) -> bool:
-    """A blocked grouped conv whose groups are narrower than a block (passes/layout.narrow_groups): its
-    products by lane permutes (kernels/grouped_blocked.c: cuvil_conv_grouped_blocked)."""
-    g, w = node.attrs.get("groups", 1), node.inputs[1]
+def grouped_direct(node, block_min_width=0) -> bool:
+    """A blocked grouped conv that takes the direct grouped kernel (kernels/grouped_blocked.c:
+    cuvil_conv_grouped_blocked): groups narrower than a block (passes/layout.narrow_groups: by lane
+    permutes), or of one block each where the output rows are at least block_min_width wide (the
+    target's tuning.PLAN_TUNING value; 0: never)."""
+    g, w, y = node.attrs.get("groups", 1), node.inputs[1], node.outputs[0]
     block = layout_block(node.attrs.get("layout", "nchw"))
-    return g > 1 and block > 0 and w.shape[1] < block and not depthwise_conv(node)
+    if g <= 1 or block <= 0 or depthwise_conv(node) or node.attrs.get("in_layout") == "nchw":
+        return False
+    whole = w.shape[1] == block and w.shape[0] // g == block and 0 < block_min_width <= y.shape[3]
+    return w.shape[1] < block or whole
 
 
 def padded_extent(s):
@@ -303,12 +308,12 @@ def _scratch(node, bounds, m) -> int:
     return max(swapped_bytes, _gemm_scratch(node, s, m))
 
 
-def conv_plan(node, nr=None, bounds=None, winograd4_min=WINOGRAD4_MIN_OUTPUTS) -> ConvPlan:
+def conv_plan(node, nr=None, bounds=None, winograd4_min=WINOGRAD4_MIN_OUTPUTS, grouped_min_w=0) -> ConvPlan:
     """The kernel this conv takes and what it needs. nr: the target's panel width (gemm_plan.panel_width),
     which decides "swapped"; bounds: the symbols' bounds, from which scratch_bytes is computed;
-    winograd4_min: winograd_tile's. The scratch covers both Winograd tiles, so the memory plan
-    needs no target."""
+    winograd4_min: winograd_tile's; grouped_min_w: grouped_direct's. The scratch covers both Winograd tiles
+    and the grouped GEMM, so the memory plan needs no target."""
     m = 0 if reads_blocked_into_nchw(node) else winograd_tile(node, winograd4_min)   # (blocked into NCHW: no Winograd kernel)
-    kind, pack = _kind(node, m, nr)
+    kind, pack = _kind(node, m, nr, grouped_min_w)
     scratch = None if bounds is None else max(_scratch(node, bounds, t) for t in ((2, 4) if m else (0,)))
     return ConvPlan(kind, m, pack, conv2d_path(node) if kind == "gemm" else None, scratch)

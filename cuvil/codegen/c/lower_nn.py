@@ -169,7 +169,8 @@ def lower_conv(em, node):
 
 def _lower_conv_call(em, node):
     nr = panel_width(em)
-    plan = conv_plan(node, nr, winograd4_min=plan_value("blocked_winograd4_min_outputs", em.target))
+    plan = conv_plan(node, nr, winograd4_min=plan_value("blocked_winograd4_min_outputs", em.target),
+                     grouped_min_w=plan_value("grouped_direct_block_min_width", em.target))
     if plan.kind == "nd":
         return conv_nd(em, node)
     s, _ = conv_shape(node, D.to_c)

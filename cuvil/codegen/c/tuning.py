@@ -286,6 +286,10 @@ PLAN_DEFAULTS = {
     # fp32 3x3 stride-1 convs in the channel-blocked layout take Winograd F(4x4, 3x3) from this many output
     # pixels per image, F(2x2, 3x3) below (conv_plan.winograd_tile)
     "blocked_winograd4_min_outputs": 12 * 12,
+    # grouped convs whose groups are one channel block each take the direct grouped kernel
+    # (kernels/grouped_blocked.c, conv_plan.grouped_direct) where their output rows are at least this wide,
+    # instead of a GEMM (or Winograd) per group of N = one block; 0: never. Narrower groups always take it.
+    "grouped_direct_block_min_width": 0,
 }
 
 PLAN_TUNING: tuple[PlanRow, ...] = (
@@ -304,6 +308,12 @@ PLAN_TUNING: tuple[PlanRow, ...] = (
     # threads: RegNetY-4GF 0.970x (swapped 1.028x) / 0.975x, ResNet-50 0.983x (1.022x) / 1.004x; F(2x2)
     # also at 28x28 RegNetY 1.004x, direct at 7x7 0.994x. F(4x4) over a 14x14 map is 16 tiles (a 30%
     # overhang), its GEMMs 16 rows against 2.25x the filters of F(2x2)'s 49
+    # Zen 4, ResNeXt-50's 16-channel groups, 1 thread (a C harness against the network's profile): 512
+    # channels at 14x14 0.92 -> 0.36 ms, 28x28 stride 2 0.83 -> 0.41; its 32-channel groups at 7x7 stay
+    # GEMMs (0.39 against 0.56 direct: a 7-wide row fills no tile). The network, 11 rounds interleaved,
+    # both orders: 0.973x / 0.949x (1 thread), 0.964x / 0.968x (2 threads)
+    PlanRow("Zen 4", _zen4_bf16, "grouped_direct_block_min_width", 12,
+            "groups of one block by the direct grouped kernel from 12-wide rows", "benchmarks.ab ResNeXt-50-ish"),
     PlanRow("Intel AVX-512", _intel_512, "blocked_winograd4_min_outputs", 15 * 15,
             "F(2x2) Winograd for blocked 3x3 convs at 14x14 and smaller", "benchmarks.ab RegNetY-4GF, ResNet-50"),
 )

@@ -89,11 +89,11 @@ static inline __attribute__((always_inline)) void grouped_tile(const grouped_arg
  * unrolled every element is a register (cuvil_vf may alias, and arrays of it stay in memory). */
 typedef float gb_vec __attribute__((vector_size(CUVIL_VL * 4)));
 
-/* grouped_tile for 3-wide windows along W (dilation 1, stride SW 1 or 2) inside the map, GB_TILE
+/* grouped_tile for 3-wide windows along W (dilation 1, stride SW 1 or 2) inside the map, T <= GB_TILE
  * outputs: each input pixel's vector for input j formed once (a permute or a broadcast) and multiplied
  * into the up to 3 outputs whose windows hold it, where grouped_tile forms it once per tap (the
  * permutes, one per product, had bounded the kernel: 4-channel groups at 56x56 44 GFLOP/s). */
-static inline __attribute__((always_inline)) void grouped_tile3(const grouped_args *a, int SW, int NARROW,
+static inline __attribute__((always_inline)) void grouped_tile3(const grouped_args *a, int T, int SW, int NARROW,
                                                                 const float *xn, int64_t ob, int64_t oh, int64_t ow,
                                                                 float *yrow, const float *rrow) {
     const cuvil_conv_shape *s = a->s;
@@ -103,7 +103,7 @@ static inline __attribute__((always_inline)) void grouped_tile3(const grouped_ar
     cuvil_window_taps(oh, s->sh, s->ph, s->dh, s->KH, s->H, &ih0, &kh0, &kh1);
     gb_vec acc[GB_TILE], f[3];
     gb_vec b = a->bias ? (gb_vec)cuvil_vload(a->bias + ob * CUVIL_BLOCK) : (gb_vec)cuvil_vsplat(0.f);
-    for (int t = 0; t < GB_TILE; t++) acc[t] = b;
+    for (int t = 0; t < T; t++) acc[t] = b;
     const float *wb = a->w + ob * s->KH * 3 * g * CUVIL_BLOCK;
     for (int64_t kh = kh0; kh < kh1; kh++) {
         int64_t px0 = ((ih0 + kh * s->dh) * s->W + ow * SW - s->pw) * CUVIL_BLOCK;
@@ -113,25 +113,33 @@ static inline __attribute__((always_inline)) void grouped_tile3(const grouped_ar
             const float *xj = NARROW ? xn + cb0 * plane + px0 : xn + (cb0 + j / CUVIL_BLOCK) * plane + j % CUVIL_BLOCK + px0;
             cuvil_vi mj = a->masks[NARROW ? j : 0];
             #pragma GCC unroll 32
-            for (int i = 0; i < (GB_TILE - 1) * SW + 3; i++) {
+            for (int i = 0; i < (T - 1) * SW + 3; i++) {
                 gb_vec p = NARROW ? (gb_vec)permute_lanes(cuvil_vload(xj + i * CUVIL_BLOCK), mj)
                                   : (gb_vec)cuvil_vsplat(xj[i * CUVIL_BLOCK]);
                 #pragma GCC unroll 3
                 for (int kw = 0; kw < 3; kw++) {
                     int d = i - kw;
-                    if (d >= 0 && d % SW == 0 && d / SW < GB_TILE) acc[d / SW] += f[kw] * p;
+                    if (d >= 0 && d % SW == 0 && d / SW < T) acc[d / SW] += f[kw] * p;
                 }
             }
         }
     }
-    for (int t = 0; t < GB_TILE; t++) store_output(a, (cuvil_vf)acc[t], yrow, rrow, ow + t);
+    for (int t = 0; t < T; t++) store_output(a, (cuvil_vf)acc[t], yrow, rrow, ow + t);
 }
 
-static inline __attribute__((always_inline)) void grouped_tiles3(const grouped_args *a, int SW, const float *xn,
-                                                                 int64_t ob, int64_t oh, int64_t ow, float *yrow,
-                                                                 const float *rrow) {
-    if (a->g < CUVIL_BLOCK) grouped_tile3(a, SW, 1, xn, ob, oh, ow, yrow, rrow);
-    else grouped_tile3(a, SW, 0, xn, ob, oh, ow, yrow, rrow);
+/* Output pixels [ow, end) of a row whose windows lie inside the map, in tiles of 8, then 4 (a 14-wide
+ * map's inside pixels: 8 + 4), as grouped_tile3 with the stride SW; returns where they stopped. */
+static inline __attribute__((always_inline)) int64_t grouped_inside3(const grouped_args *a, int SW, const float *xn,
+                                                                     int64_t ob, int64_t oh, int64_t ow, int64_t end,
+                                                                     float *yrow, const float *rrow) {
+    const int narrow = a->g < CUVIL_BLOCK;
+    for (; ow + GB_TILE <= end; ow += GB_TILE)
+        if (narrow) grouped_tile3(a, GB_TILE, SW, 1, xn, ob, oh, ow, yrow, rrow);
+        else grouped_tile3(a, GB_TILE, SW, 0, xn, ob, oh, ow, yrow, rrow);
+    for (; ow + GB_TILE / 2 <= end; ow += GB_TILE / 2)
+        if (narrow) grouped_tile3(a, GB_TILE / 2, SW, 1, xn, ob, oh, ow, yrow, rrow);
+        else grouped_tile3(a, GB_TILE / 2, SW, 0, xn, ob, oh, ow, yrow, rrow);
+    return ow;
 }
 
 /* Rows r = (n * O / B + ob) * OH + oh of the output. */
@@ -150,10 +158,8 @@ static void grouped_task(void *ctx, int64_t r0, int64_t r1) {
         const float *rrow = a->residual ? a->residual + at : 0;
         int64_t ow = 0;
         for (; ow < s->OW && ow < first; ow++) grouped_tile(a, 1, 0, xn, ob, oh, ow, yrow, rrow);
-        if (tile3 && s->sw == 1)
-            for (; ow + GB_TILE <= end; ow += GB_TILE) grouped_tiles3(a, 1, xn, ob, oh, ow, yrow, rrow);
-        else if (tile3)
-            for (; ow + GB_TILE <= end; ow += GB_TILE) grouped_tiles3(a, 2, xn, ob, oh, ow, yrow, rrow);
+        if (tile3 && s->sw == 1) ow = grouped_inside3(a, 1, xn, ob, oh, ow, end, yrow, rrow);
+        else if (tile3) ow = grouped_inside3(a, 2, xn, ob, oh, ow, end, yrow, rrow);
         for (; ow + GB_TILE <= end; ow += GB_TILE) grouped_tile(a, GB_TILE, 1, xn, ob, oh, ow, yrow, rrow);
         for (; ow < end; ow++) grouped_tile(a, 1, 1, xn, ob, oh, ow, yrow, rrow);
         for (; ow < s->OW; ow++) grouped_tile(a, 1, 0, xn, ob, oh, ow, yrow, rrow);

@@ -455,6 +455,46 @@ def test_narrow_groups_run_blocked_and_match_torch(tmp_path, monkeypatch, target
             np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)
 
 
+class _GroupNorms(torch.nn.Module):
+    """BiT's pre-activation unit: group norms (affine) of groups narrower than a block, one block and
+    several blocks wide, between convs, with ReLU and a residual."""
+
+    def __init__(self, c=32, groups=(16, 2, 1)):
+        super().__init__()
+        self.inp = torch.nn.Conv2d(3, c, 3, 1, 1)
+        self.norms = torch.nn.ModuleList(torch.nn.GroupNorm(g, c) for g in groups)
+        self.convs = torch.nn.ModuleList(torch.nn.Conv2d(c, c, 3, 1, 1) for _ in groups)
+        with torch.no_grad():
+            for n in self.norms:
+                n.weight.normal_()
+                n.bias.normal_()
+
+    def forward(self, x):
+        h = self.inp(x)
+        for norm, conv in zip(self.norms, self.convs):
+            h = h + conv(torch.relu(norm(h)))
+        return h
+
+
+@pytest.mark.parametrize("target", ["native", "x86_64-avx2", "x86_64-sse2"])
+def test_group_norms_stay_blocked_and_match_torch(tmp_path, target):
+    """A group norm (the frontends' reshape -> layer_norm -> reshape, passes/simplify.group_norms) reads and
+    writes the blocked map where its groups are whole blocks or divide one (kernels/norm.c
+    cuvil_group_norm_blocked), so the convs around it stay blocked: 2, 16 and 32 channels a group at
+    every vector width, batch 2, maps off the vector's multiples, means far from 0."""
+    import cuvil
+    skip_unless_host_runs(target)
+    torch.manual_seed(0)
+    m = _GroupNorms().eval()
+    x = 4 + torch.randn(2, 3, 9, 11)
+    text = cuvil_api.inspect_stages(m, (x,), stages=("passes",), layout="blocked", target=target)["passes"]
+    assert text.count("group_norm(") == 3 and "layer_norm(" not in text and text.count("relayout(") == 1, text
+    cm = cuvil.compile(m, (x,), layout="blocked", target=target, num_threads=2, cache_dir=str(tmp_path))
+    assert cm.c_source.count("cuvil_group_norm_blocked(") == 3
+    with torch.no_grad():
+        np.testing.assert_allclose(cm.run(x.numpy())[0], m(x).numpy(), rtol=1e-4, atol=1e-4)
+
+
 class _GroupedWinograd(torch.nn.Module):
     """Grouped 3x3 stride-1 convs whose groups are whole channel blocks at 4, 8 and 16 floats (32, 48 and
     16 channels a group, 3 / 2 / 4 groups, outputs of 32 and 16 a group), with a residual and activations."""

@@ -1100,6 +1100,22 @@ def norm(op):
     c.check()
 
 
+@case("group_norm")
+def group_norm(op):
+    """NCHW (each image's groups are rows of the layer norm's kernel); the channel-blocked kernel is checked
+    through whole nets in test_layout.py."""
+    c = Case(runs=2, symbols=SYMS)
+    r = c.rng
+    x = c.input(rand(r, (2, 6, 5, 7), "float32", -2, 2))
+    for groups in (1, 3, 6):
+        c.out(c.add(op, [x], {"groups": groups}), f"{groups} groups")
+    c.out(c.add(op, [x], {"groups": 2, "eps": 0.5}), "eps 0.5")
+    c.out(c.add(op, [c.input(rand(r, (1, 4, 3, 3), "float32", 999, 1001))], {"groups": 2}), "mean 1000")
+    c.out(c.add(op, [c.input(np.full((1, 4, 2, 2), 3.0, np.float32))], {"groups": 4}), "constant (var 0)")
+    c.out(c.add(op, [c.input(dyn(r, (B, 4, 3, 5), "float32"), (B, 4, 3, 5))], {"groups": 2}), "batch b")
+    c.check()
+
+
 @case("batch_norm")
 def batch_norm(op):
     c = Case(runs=2, symbols=SYMS)

@@ -135,9 +135,12 @@ def _elementwise_over(node, block):
     operands; else None: a pointwise node whose operands are shaped like the output, one value per channel,
     or a single element (a ReLU6 or an add between two convs keeps them blocked, and so does a
     squeeze-and-excitation's scaling of a map by its per-channel gate: lower_pointwise indexes such
-    operands by channel), or a channel concat or slice in whole blocks (_whole_blocks)."""
+    operands by channel), a channel concat or slice in whole blocks (_whole_blocks), or a group norm whose
+    groups fit the blocks (_group_norm_blocks)."""
     if node.op in ("concat", "slice"):
         return _whole_blocks(node, block)
+    if node.op == "group_norm":
+        return [0] if _group_norm_blocks(node, block) else None
     kind = REGISTRY[node.op].kind
     y = node.outputs[0]
     if kind not in ("unary", "binary", "where", "fused") or len(node.outputs) != 1 or not _static_4d(y) \
@@ -152,6 +155,15 @@ def _elementwise_over(node, block):
         elif not per_channel(v, y) and not (all(isinstance(d, int) for d in v.shape) and int(np.prod(v.shape)) == 1):
             return None
     return full or None
+
+
+def _group_norm_blocks(node, block) -> bool:
+    """A group norm whose groups are whole blocks or divide one (kernels/norm.c cuvil_group_norm_blocked)."""
+    x = node.inputs[0]
+    if not (_static_4d(x) and x.shape[1] % block == 0):
+        return False
+    cg = x.shape[1] // node.attrs["groups"]
+    return cg % block == 0 or block % cg == 0
 
 
 REDUCTIONS = ("reduce_mean", "reduce_sum", "reduce_max", "reduce_min", "reduce_prod")

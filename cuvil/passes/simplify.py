@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import dims as D
-from ..ir.graph import Node, Value
+from ..ir.graph import Node, TensorType, Value
 from .cleanup import replace_uses
 
 
@@ -275,7 +275,36 @@ def fold_pad_into_conv(graph):
     return graph
 
 
+def group_norms(graph):
+    """reshape [N, C, H, W] -> [N, G, C / G * H * W], layer_norm over the last dim without an affine, reshape
+    back -> group_norm(x, G): how both frontends write a group norm (before its per-channel affine), as
+    one op that the layout pass can keep channel-blocked (BiT's 49 norms had sent each conv between them
+    to NCHW, with a relayout each side)."""
+    single = _single_user(graph)
+    users = graph.users()
+    mapping = {}
+    for n in graph.nodes:
+        if n.op != "layer_norm" or n.outputs[0].type.rank != 3 or n.attrs["axis"] != 2 \
+                or any(i is not None for i in n.inputs[1:]):
+            continue
+        v, y = n.inputs[0], n.outputs[0]
+        shape_in = v.producer.inputs[0].shape if v.producer is not None and v.producer.op == "reshape" else ()
+        back = users.get(id(y), [None])[0]
+        if len(shape_in) != 4 or not all(isinstance(d, int) for d in shape_in[1:]) or not single(v) \
+                or not single(y) or back.op != "reshape" or tuple(back.outputs[0].shape) != tuple(shape_in):
+            continue
+        groups = v.shape[1]
+        if not isinstance(groups, int) or groups < 1 or shape_in[1] % groups \
+                or v.shape[2] != shape_in[1] // groups * shape_in[2] * shape_in[3]:
+            continue
+        x = v.producer.inputs[0]
+        n.op, n.inputs, n.attrs = "group_norm", [x], {"groups": groups, "eps": n.attrs["eps"]}
+        n.outputs[0].type = TensorType(tuple(x.shape), x.dtype)
+        mapping[id(back.outputs[0])] = n.outputs[0]
+    return replace_uses(graph, mapping)
+
+
 def run(graph):
     graph = name_gated_activations(name_relu6(global_avg_pool_as_mean(fold_pad_into_conv(fold_batch_norm(weights_without_unit_batch(graph))))))
     graph = pow_by_constant(fold_scale_into_linear(graph))
-    return collapse_reshapes(remove_identities(graph))
+    return collapse_reshapes(remove_identities(group_norms(graph)))

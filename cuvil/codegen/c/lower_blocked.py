@@ -55,7 +55,7 @@ def winograd_filters_as_b(w: np.ndarray, m: int, nr: int, groups: int = 1) -> np
                            for i in range(m + 2) for j in range(m + 2) for q in range(groups)])
 
 
-def _block_check(layout):
+def block_check(layout):
     return f"_Static_assert(CUVIL_BLOCK == {layout_block(layout)}, \"blocked layout planned for another vector width\");"
 
 
@@ -63,7 +63,7 @@ def lower_conv(em, node, plan, shape_struct, bias, res, act):
     """A blocked conv of the kind its conv_plan.ConvPlan names."""
     lines = lower_conv_call(em, node, plan, shape_struct, bias, res, act)
     blocked = node.attrs["in_layout"] if plan.kind == "blocked_to_nchw" else node.attrs["layout"]
-    return lines[:1] + ["  " + _block_check(blocked)] + lines[1:]
+    return lines[:1] + ["  " + block_check(blocked)] + lines[1:]
 
 
 def lower_conv_call(em, node, plan, shape_struct, bias, res, act):
@@ -198,7 +198,7 @@ def lower_max_pool(em, node, shape_struct):
     x, y = em.ptr(node.inputs[0]), em.ptr(node.outputs[0])
     call = (f"cuvil_max_pool_bytes(&s, (const uint8_t *){x}, (uint8_t *){y}, NT);" if node.attrs.get("int8_in")
             else f"cuvil_max_pool_blocked(&s, {x}, {y}, NT);")
-    return ["{", "  " + _block_check(node.attrs["layout"]), f"  const cuvil_conv_shape s = {shape_struct};",
+    return ["{", "  " + block_check(node.attrs["layout"]), f"  const cuvil_conv_shape s = {shape_struct};",
             "  " + call, "}"]
 
 
@@ -206,6 +206,6 @@ def lower_max_pool(em, node, shape_struct):
 def lower_relayout(em, node):
     n, c, h, w = (D.to_c(d) for d in node.inputs[0].shape)
     to_blocked = node.attrs["to"] != "nchw"
-    return ["{", "  " + _block_check(node.attrs["to" if to_blocked else "from"]),
+    return ["{", "  " + block_check(node.attrs["to" if to_blocked else "from"]),
             f"  cuvil_relayout({n}, {c}, (int64_t)({h}) * ({w}), {int(to_blocked)}, "
             f"{em.ptr(node.inputs[0])}, {em.ptr(node.outputs[0])}, NT);", "}"]

@@ -272,6 +272,21 @@ def lower_norm(em, node):
             f"{float(node.attrs['eps'])!r}f, {int(node.op == 'rms_norm')}, {em.ptr(node.outputs[0])}, NT);"]
 
 
+@lowering("group_norm", supports=_f32_only)
+def lower_group_norm(em, node):
+    """NCHW: each image's groups are rows of C / groups * H * W values (the layer norm's kernel); a
+    channel-blocked map (passes/layout.py): kernels/norm.c cuvil_group_norm_blocked."""
+    x, y = node.inputs[0], node.outputs[0]
+    n, c, h, w = (D.to_c(d) for d in x.shape)
+    g, eps = node.attrs["groups"], float(node.attrs["eps"])
+    if x.layout != "nchw":
+        return ["{", "  " + lower_blocked.block_check(x.layout),
+                f"  cuvil_group_norm_blocked({n}, {c}, (int64_t)({h}) * ({w}), {g}, {em.ptr(x)}, {eps!r}f, "
+                f"{em.ptr(y)}, NT);", "}"]
+    return [f"cuvil_layer_norm((int64_t)({n}) * {g}, (int64_t)({c} / {g}) * ({h}) * ({w}), {em.ptr(x)}, 0, 0, "
+            f"{eps!r}f, 0, {em.ptr(y)}, NT);"]
+
+
 @lowering("batch_norm", supports=_f32_only)
 def lower_batch_norm(em, node):
     x = node.inputs[0]

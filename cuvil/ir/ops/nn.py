@@ -351,6 +351,29 @@ def _rms_norm_ref(xs, a):
 
 declare(OpDef("layer_norm", {"axis": -1, "eps": 1e-5}, _norm_infer("layer_norm", 2), _layer_norm_ref,
               kind="composite"))
+
+
+def _group_norm_infer(types, attrs, inputs):
+    x = types[0]
+    _float("group_norm", x)
+    g = attrs["groups"]
+    if x.rank != 4 or not isinstance(x.shape[1], int) or not isinstance(g, int) or g < 1 or x.shape[1] % g:
+        raise ShapeError(f"group_norm: {g!r} groups over a {x.rank}-d map of {x.shape[1] if x.rank > 1 else '?'} channels")
+    return [x]
+
+
+def _group_norm_ref(xs, a):
+    x = xs[0].astype(np.float64)
+    r = x.reshape(x.shape[0], a["groups"], -1)
+    mu = r.mean(axis=2, keepdims=True)
+    var = ((r - mu) ** 2).mean(axis=2, keepdims=True)
+    return ((r - mu) / np.sqrt(var + a["eps"])).reshape(x.shape).astype(xs[0].dtype)
+
+
+# a [N, C, H, W] map normalised over each group of C / groups channels and all pixels, without the
+# affine (passes/simplify.group_norms: the frontends' reshape -> layer_norm -> reshape), so that it
+# can read and write a channel-blocked map (passes/layout.py)
+declare(OpDef("group_norm", {"groups": 1, "eps": 1e-5}, _group_norm_infer, _group_norm_ref, kind="composite"))
 declare(OpDef("rms_norm", {"axis": -1, "eps": 1e-6}, _norm_infer("rms_norm", 1), _rms_norm_ref, kind="composite"))
 
 

@@ -231,6 +231,72 @@ void cuvil_layer_norm(int64_t rows, int64_t n, const float *x, const float *gamm
     cuvil_parallel_for(rows * n > 8192 ? nthreads : 1, rows, 1, norm_task, &a);
 }
 
+typedef struct { int64_t CB, hw, cg; const float *x; float eps; float *y; } group_norm_args;
+
+/* The lanes of v summed over each run of cg lanes (the lanes of one group), in double, into g[lane]. */
+static void group_lanes(cuvil_vf v, int64_t cg, double *g) {
+    float f[CUVIL_VL];
+    memcpy(f, &v, sizeof f);
+    for (int l = 0; l < CUVIL_VL; l += (int)cg) {
+        double s = 0.0;
+        for (int k = 0; k < cg; k++) s += f[l + k];
+        for (int k = 0; k < cg; k++) g[l + k] = s;
+    }
+}
+
+/* The per-lane sum over hw pixels of a block's plane of (x - c), or of its square, in 4 vectors. */
+static inline __attribute__((always_inline)) cuvil_vf plane_sum(const float *p, int64_t hw, cuvil_vf c, int square) {
+    cuvil_vf acc[4] = {cuvil_vsplat(0.f), cuvil_vsplat(0.f), cuvil_vsplat(0.f), cuvil_vsplat(0.f)};
+    int64_t i = 0;
+    for (; i + 4 <= hw; i += 4)
+        for (int j = 0; j < 4; j++) {
+            cuvil_vf d = cuvil_vload(p + (i + j) * CUVIL_VL) - c;
+            if (square) acc[j] += d * d;
+            else acc[j] += d;
+        }
+    for (; i < hw; i++) {
+        cuvil_vf d = cuvil_vload(p + i * CUVIL_VL) - c;
+        if (square) acc[0] += d * d;
+        else acc[0] += d;
+    }
+    return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+/* Items n * CB + cb: one block's plane, its groups of cg lanes (cg dividing the block): the mean
+ * (about the first pixel, as norm_task centres a row), the variance about it, then the scaling. */
+static void group_norm_task(void *ctx, int64_t i0, int64_t i1) {
+    const group_norm_args *a = ctx;
+    const double count = (double)a->cg * (double)a->hw;
+    for (int64_t i = i0; i < i1; i++) {
+        const float *p = a->x + i * a->hw * CUVIL_VL;
+        float *q = a->y + i * a->hw * CUVIL_VL;
+        cuvil_vf first = a->hw ? cuvil_vload(p) : cuvil_vsplat(0.f);
+        double sums[CUVIL_VL], firsts[CUVIL_VL], vars[CUVIL_VL];
+        float mean[CUVIL_VL], inv[CUVIL_VL];
+        group_lanes(plane_sum(p, a->hw, first, 0), a->cg, sums);
+        group_lanes(first, a->cg, firsts);
+        for (int l = 0; l < CUVIL_VL; l++) mean[l] = (float)((firsts[l] * (double)a->hw + sums[l]) / count);
+        cuvil_vf m;
+        memcpy(&m, mean, sizeof m);
+        group_lanes(plane_sum(p, a->hw, m, 1), a->cg, vars);
+        for (int l = 0; l < CUVIL_VL; l++) inv[l] = (float)(1.0 / sqrt(vars[l] / count + a->eps));
+        cuvil_vf s;
+        memcpy(&s, inv, sizeof s);
+        for (int64_t k = 0; k < a->hw; k++) cuvil_vstore(q + k * CUVIL_VL, (cuvil_vload(p + k * CUVIL_VL) - m) * s);
+    }
+}
+
+void cuvil_group_norm_blocked(int64_t N, int64_t C, int64_t hw, int64_t groups, const float *x, float eps, float *y,
+                              int nthreads) {
+    int64_t cg = C / groups;
+    if (cg % CUVIL_VL == 0) {        /* each group's blocks one after another: a row of the layer norm */
+        cuvil_layer_norm(N * groups, cg * hw, x, 0, 0, eps, 0, y, nthreads);
+        return;
+    }
+    group_norm_args a = {C / CUVIL_VL, hw, cg, x, eps, y};
+    cuvil_parallel_for(N * C * hw > 8192 ? nthreads : 1, N * (C / CUVIL_VL), 1, group_norm_task, &a);
+}
+
 typedef struct { int64_t C, inner; const float *x, *scale, *bias, *mean, *var; float eps; float *y; } bn_args;
 
 static void bn_task(void *ctx, int64_t nc0, int64_t nc1) {

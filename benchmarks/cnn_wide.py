@@ -29,6 +29,12 @@ def _hf_wrapped(model_cls, config_cls, **cfg):
     return build
 
 
+def _stem():
+    """ResNet's: a 7x7 stride-2 conv to 64 channels, batch norm, ReLU, a 3x3 stride-2 max pool."""
+    return [torch.nn.Conv2d(3, 64, 7, 2, 3, bias=False), torch.nn.BatchNorm2d(64), torch.nn.ReLU(),
+            torch.nn.MaxPool2d(3, 2, 1)]
+
+
 class ResNeXtBlock(torch.nn.Module):
     """ResNeXt's bottleneck: 1x1, 3x3 in 32 groups, 1x1, a projection where the shape changes."""
 
@@ -52,8 +58,7 @@ class ResNeXt50ish(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        layers = [torch.nn.Conv2d(3, 64, 7, 2, 3, bias=False), torch.nn.BatchNorm2d(64), torch.nn.ReLU(),
-                  torch.nn.MaxPool2d(3, 2, 1)]
+        layers = _stem()
         cin = 64
         for i, (n, width, cout) in enumerate([(3, 128, 256), (4, 256, 512), (6, 512, 1024), (3, 1024, 2048)]):
             for j in range(n):
@@ -80,8 +85,7 @@ class DenseNet121ish(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        layers = [torch.nn.Conv2d(3, 64, 7, 2, 3, bias=False), torch.nn.BatchNorm2d(64), torch.nn.ReLU(),
-                  torch.nn.MaxPool2d(3, 2, 1)]
+        layers = _stem()
         c = 64
         for i, n in enumerate([6, 12, 24, 16]):
             for _ in range(n):

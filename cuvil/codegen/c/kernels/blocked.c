@@ -1045,9 +1045,8 @@ static void depthwise_blocked_task(void *ctx, int64_t r0, int64_t r1) {
     const cuvil_conv_shape *s = a->s;
     const int64_t CB = s->C / CUVIL_BLOCK;
     /* the first pixel whose window starts inside the input along W, one past the last that ends in it */
-    int64_t first = (s->pw + s->sw - 1) / s->sw, last_in = s->W - 1 + s->pw - (s->KW - 1) * s->dw;
-    int64_t end = last_in >= 0 ? last_in / s->sw + 1 : 0;
-    if (end > s->OW) end = s->OW;
+    int64_t first, end;
+    cuvil_inside_columns(s, &first, &end);
     for (int64_t t = r0; t < r1; t++) {
         /* into bytes, task t is row t / planes of plane t % planes: a thread's run of tasks is whole pixels,
          * whose channels share cache lines there (split by planes, 2 threads wrote the halves of each
@@ -1195,8 +1194,8 @@ static inline __attribute__((always_inline)) void pool_inside(int K, int SW, con
 static void max_pool_blocked_task(void *ctx, int64_t r0, int64_t r1) {
     const blocked_pool *a = ctx;
     const cuvil_conv_shape *s = a->s;
-    int64_t first = (s->pw + s->sw - 1) / s->sw, last_in = s->W - 1 + s->pw - (s->KW - 1) * s->dw;
-    int64_t end = last_in >= 0 ? cuvil_min(last_in / s->sw + 1, s->OW) : 0;
+    int64_t first, end;
+    cuvil_inside_columns(s, &first, &end);
     int tiled = s->dw == 1 && (s->KW == 2 || s->KW == 3) && (s->sw == 1 || s->sw == 2) && first < end;
     for (int64_t r = r0; r < r1; r++) {
         int64_t plane = r / s->OH, oh = r % s->OH, ow = 0, ih0, kh0, kh1;

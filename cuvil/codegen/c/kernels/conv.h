@@ -34,6 +34,14 @@ static inline void cuvil_window_taps(int64_t o, int64_t stride, int64_t pad, int
     while (*k1 > *k0 && *start + (*k1 - 1) * dil >= size) (*k1)--;
 }
 
+/* Output columns [*first, *end) whose windows lie inside the input along W (no tap in the pads). */
+static inline void cuvil_inside_columns(const cuvil_conv_shape *s, int64_t *first, int64_t *end) {
+    int64_t last_in = s->W - 1 + s->pw - (s->KW - 1) * s->dw;
+    *first = (s->pw + s->sw - 1) / s->sw;
+    *end = last_in >= 0 ? last_in / s->sw + 1 : 0;
+    if (*end > s->OW) *end = s->OW;
+}
+
 /* A 1x1, stride-1 conv with no pads at either end: its input is the GEMM's operand as it is (the
  * same rule as codegen/c/conv_plan.py pointwise_conv; OH == H rules out the end pads). */
 static inline int cuvil_conv_pointwise(const cuvil_conv_shape *s) {

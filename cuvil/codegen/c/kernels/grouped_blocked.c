@@ -147,8 +147,8 @@ static void grouped_task(void *ctx, int64_t r0, int64_t r1) {
     const grouped_args *a = ctx;
     const cuvil_conv_shape *s = a->s;
     const int64_t OB = s->O / CUVIL_BLOCK;
-    int64_t first = (s->pw + s->sw - 1) / s->sw, last_in = s->W - 1 + s->pw - (s->KW - 1) * s->dw;
-    int64_t end = last_in >= 0 ? cuvil_min(last_in / s->sw + 1, s->OW) : 0;
+    int64_t first, end;
+    cuvil_inside_columns(s, &first, &end);
     const int tile3 = s->KW == 3 && s->dw == 1 && (s->sw == 1 || s->sw == 2);
     for (int64_t r = r0; r < r1; r++) {
         int64_t n = r / (OB * s->OH), ob = r / s->OH % OB, oh = r % s->OH;

@@ -737,6 +737,43 @@ def test_only_known_layouts_reach_generated_c():
     check()
 
 
+class _AveragePools(torch.nn.Module):
+    """Average pools between blocked convs: PoolFormer's 3x3 stride 1 (x - pool(x)), DenseNet's 2x2 stride 2,
+    and 3x3 stride 2 with pads, count_include_pad either way, ceil_mode's overhang."""
+
+    POOLS = [dict(kernel_size=3, stride=1, padding=1, count_include_pad=False), dict(kernel_size=2, stride=2),
+             dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, count_include_pad=True),
+             dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, count_include_pad=False)]
+
+    def __init__(self):
+        super().__init__()
+        self.inp = torch.nn.Conv2d(3, 32, 3, padding=1)
+        self.pools = torch.nn.ModuleList(torch.nn.AvgPool2d(**p) for p in self.POOLS)
+        self.outs = torch.nn.ModuleList(torch.nn.Conv2d(32, 32, 1) for _ in self.POOLS)
+
+    def forward(self, x):
+        h = self.inp(x)
+        return tuple(o(p(h) - h if p.stride == 1 else p(h)) for p, o in zip(self.pools, self.outs))
+
+
+@pytest.mark.parametrize("target", ["native", "x86_64-avx2", "x86_64-sse2"])
+@pytest.mark.parametrize("hw", [(13, 29), (6, 7)])
+def test_average_pools_run_blocked_and_match_torch(tmp_path, target, hw):
+    """Average pools of a blocked map run blocked (kernels/avg_pool_blocked.c), no relayout around them, at
+    every vector width and odd maps."""
+    import cuvil
+    skip_unless_host_runs(target)
+    torch.manual_seed(0)
+    m = _AveragePools().eval()
+    x = torch.randn(2, 3, *hw)
+    cm = cuvil.compile(m, (x,), layout="blocked", target=target, num_threads=2, cache_dir=str(tmp_path))
+    assert cm.c_source.count("cuvil_avg_pool_blocked(") == len(m.POOLS)
+    assert cm.c_source.count("cuvil_relayout(") == len(m.POOLS)          # each output's only
+    with torch.no_grad():
+        for got, want in zip(cm.run(x.numpy()), m(x)):
+            np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("target", ["native", "x86_64-avx2", "x86_64-sse2"])
 def test_pools_over_pixels_of_a_blocked_map_in_lanes(tmp_path, target):
     """Means, maxima and minima of a blocked map over its pixels, and a sum over the batch too, a block's

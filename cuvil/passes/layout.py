@@ -36,7 +36,7 @@ def narrow_groups(cg: int, og: int, block: int) -> bool:
 def blockable(node, block: int) -> bool:
     """Whether the blocked kernels take this node: a 2-d conv of constant filters, depthwise (groups = in
     = out channels), each group's channels in and out multiples of the block or narrow_groups, or a 2-d
-    max pool whose channels are; static shapes but for the batch."""
+    max or average pool whose channels are; static shapes but for the batch."""
     if node.op == "conv":
         x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
         g = node.attrs.get("groups", 1)
@@ -44,7 +44,7 @@ def blockable(node, block: int) -> bool:
             return False
         cg, og = x.shape[1] // g, y.shape[1] // g
         return g == x.shape[1] == y.shape[1] or (cg % block == 0 and og % block == 0) or narrow_groups(cg, og, block)
-    if node.op == "max_pool":
+    if node.op in ("max_pool", "avg_pool"):
         x, y = node.inputs[0], node.outputs[0]
         return _static_4d(x) and _static_4d(y) and x.shape[1] % block == 0
     return False

@@ -192,6 +192,13 @@ def _range_constant(em, node, key):
     return "0" if r is None else em.packed(f"conv_{key}:{r}", node.inputs[1], lambda d: np.array(r, np.float32))
 
 
+def lower_avg_pool(em, node, shape_struct, ph1, pw1, mode):
+    """A blocked average pool (kernels/blocked.h cuvil_avg_pool_blocked; mode as cuvil_pool2d's)."""
+    return ["{", "  " + block_check(node.attrs["layout"]), f"  const cuvil_conv_shape s = {shape_struct};",
+            f"  cuvil_avg_pool_blocked(&s, {ph1}, {pw1}, {mode}, {em.ptr(node.inputs[0])}, {em.ptr(node.outputs[0])}, NT);",
+            "}"]
+
+
 def lower_max_pool(em, node, shape_struct):
     """A blocked max pool, or on the bytes an integer conv wrote for its readers (int8_in: pixel-major maps
     in and out, passes/quantize.link_int8_convs)."""

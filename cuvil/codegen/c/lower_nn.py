@@ -231,9 +231,11 @@ def lower_pool(em, node):
     fake.attrs = dict(strides=a["strides"], pads=a["pads"], dilations=a["dilations"], groups=1)
     s, (ph1, pw1) = conv_shape(fake, D.to_c)
     s["O"] = s["C"]
+    mode = 0 if node.op == "max_pool" else (2 if a.get("count_include_pad") else 1)
+    if is_blocked(node) and mode:
+        return lower_blocked.lower_avg_pool(em, node, _shape_struct(s), ph1, pw1, mode)
     if is_blocked(node):
         return lower_blocked.lower_max_pool(em, node, _shape_struct(s))
-    mode = 0 if node.op == "max_pool" else (2 if a.get("count_include_pad") else 1)
     return ["{", f"  const cuvil_conv_shape s = {_shape_struct(s)};",
             f"  cuvil_pool2d(&s, {ph1}, {pw1}, {mode}, {em.ptr(x)}, {em.ptr(y)}, NT);", "}"]
 

@@ -283,8 +283,8 @@ _POOL_ATTRS = {"kernel": None, "strides": None, "pads": None, "dilations": None,
 # mapped); the values stay logically fp32, as for conv's byte links
 declare(OpDef("max_pool", dict(_POOL_ATTRS, layout="nchw", int8_in=0, int8_out=None, int8_out_range=None),
               _pool_infer("max_pool"), _pool_ref("max"), kind="pool"))
-declare(OpDef("avg_pool", dict(_POOL_ATTRS, count_include_pad=False), _pool_infer("avg_pool"), _pool_ref("avg"),
-              kind="pool"))
+declare(OpDef("avg_pool", dict(_POOL_ATTRS, count_include_pad=False, layout="nchw"), _pool_infer("avg_pool"),
+              _pool_ref("avg"), kind="pool"))
 
 
 # ---- softmax / log_softmax ------------------------------------------------------------

@@ -140,6 +140,11 @@ void cuvil_conv3x3_winograd_blocked(const cuvil_conv_shape *s, int m, const floa
                                     const float *bias, const float *residual, float *y, int act, float *scratch,
                                     int nthreads);
 
+/* Average pooling of a blocked tensor (C a multiple of B): windows and divisors as cuvil_pool2d's modes
+ * 1 and 2 (ph1, pw1: its end pads). */
+void cuvil_avg_pool_blocked(const cuvil_conv_shape *s, int64_t ph1, int64_t pw1, int mode, const float *x, float *y,
+                            int nthreads);
+
 /* Max pooling of a blocked tensor (C a multiple of B): windows as cuvil_pool2d's mode 0. */
 void cuvil_max_pool_blocked(const cuvil_conv_shape *s, const float *x, float *y, int nthreads);
 /* The same pool on bytes: x the N maps H x W of C bytes a pixel (an integer conv's output for its

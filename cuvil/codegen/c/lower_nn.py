@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ir import dims as D
+from ...ir.ops.movement import layout_block
 from . import cexpr, lower_blocked
 from .conv_plan import CONV2D_PATHS, WINOGRAD_MAX_W, conv_plan, conv_shape, is_blocked, winograd_filters
 from .emit import lowering
@@ -282,6 +283,9 @@ def lower_group_norm(em, node):
     n, c, h, w = (D.to_c(d) for d in x.shape)
     g, eps = node.attrs["groups"], float(node.attrs["eps"])
     if x.layout != "nchw":
+        block, cg = layout_block(x.layout), x.shape[1] // g
+        if cg % block and block % cg:     # passes/layout.py blocks no other
+            raise AssertionError(f"group_norm at {node.loc}: groups of {cg} channels in blocks of {block}")
         return ["{", "  " + lower_blocked.block_check(x.layout),
                 f"  cuvil_group_norm_blocked({n}, {c}, (int64_t)({h}) * ({w}), {g}, {em.ptr(x)}, {eps!r}f, "
                 f"{em.ptr(y)}, NT);", "}"]

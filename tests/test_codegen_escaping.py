@@ -7,7 +7,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import cuvil
@@ -155,3 +155,42 @@ def test_invalid_utf8_and_nul_in_a_raw_onnx_name():
     cm = cuvil.compile(bad, fusion_level=0)
     np.testing.assert_array_equal(cm.run(np.array([1, -2], np.float32))[0], [-1, 2])
     assert "*/" not in _code_only(cm.c_source) and "??/" not in cm.c_source
+
+
+def test_float_literals_parse_as_c_for_every_float(tmp_path):
+    """cexpr.float_literal, through which a model's floats (epsilons, scales, fills) reach the C: every
+    float, NaN and the infinities included, is a C expression with the same value (repr alone wrote `inf`
+    and `nan`, which failed the C compiler on a model whose norm's epsilon was one of them)."""
+    from cuvil.codegen.c.cexpr import float_literal
+    values = [0.0, -0.0, 1e-5, -2.5, 3.4e38, 1e-45, 1e300, float("inf"), float("-inf"), float("nan")]
+    values += [random.Random(1).uniform(-1e6, 1e6) for _ in range(5)]
+    body = "\n".join(f"  {{ float f = {float_literal(v, 'f')}; double d = {float_literal(v)}; "
+                     f"printf(\"%a %a\\n\", f, d); }}" for v in values)
+    src = f"#include <math.h>\n#include <stdio.h>\nint main(void) {{\n{body}\n  return 0;\n}}\n"
+    (tmp_path / "f.c").write_text(src)
+    exe = tmp_path / "f"
+    subprocess.run([toolchain.find_compiler(), "-std=c99", "-Wall", "-Werror", "-o", str(exe), str(tmp_path / "f.c")],
+                   check=True, capture_output=True)
+    lines = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split("\n")
+    for v, line in zip(values, lines):
+        f, d = (float.fromhex(t) if "nan" not in t and "inf" not in t else float(t) for t in line.split())
+        np.testing.assert_equal([f, d], [float(np.float32(v)), v])
+
+
+@settings(max_examples=12, deadline=None)
+@given(eps=st.floats(allow_nan=True, allow_infinity=True, width=32), op=st.sampled_from(["group_norm", "layer_norm"]))
+@example(eps=float("nan"), op="group_norm")
+@example(eps=float("inf"), op="layer_norm")
+def test_fuzz_norm_epsilon_through_the_whole_compiler(eps, op):
+    """A norm's epsilon from a model (any float32, NaN and the infinities included) compiles and gives the
+    reference interpreter's answer: no C compiler failure on `nan` or `inf`."""
+    from cuvil.ir.graph import Graph, TensorType, Value
+    from .util import check_graph
+    g = Graph()
+    x = Value(TensorType((1, 4, 3, 5), "float32"), "x")
+    g.inputs = [x]
+    attrs = {"groups": 2, "eps": eps} if op == "group_norm" else {"axis": 1, "eps": eps}
+    g.outputs = [g.add(op, [x], attrs)]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        check_graph(g, [np.random.default_rng(0).standard_normal((1, 4, 3, 5)).astype(np.float32)],
+                    rtol=1e-4, atol=1e-4)

@@ -1,8 +1,26 @@
-"""C expressions over dims, written once: the product of some dims (an element count), a byte count,
-and a shape split around an axis into (outer, n, inner) counts."""
+"""C expressions written once: the product of some dims (an element count), a byte count, a shape split
+around an axis into (outer, n, inner) counts, and a float as a C literal."""
 from __future__ import annotations
 
+import numpy as np
+
 from ...ir import dims as D
+
+
+def float_literal(v, suffix="") -> str:
+    """A float (an attribute from a model: an epsilon, a scale, a fill value) as a C literal, infinities and
+    NaN included (repr would write `inf` and `nan`, which C does not parse); suffix: "f" for a float
+    constant, whose value is then the float32 nearest v (one past its range an infinity, as C would
+    round it, without the compiler's overflow warning)."""
+    if suffix:
+        with np.errstate(over="ignore"):
+            v = np.float32(v)
+    v = float(v)
+    if v != v:
+        return "NAN"
+    if v in (float("inf"), float("-inf")):
+        return "INFINITY" if v > 0 else "(-INFINITY)"
+    return repr(v) + suffix
 
 
 def prod(dims, cast="int64_t") -> str:

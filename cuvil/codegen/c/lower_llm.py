@@ -252,7 +252,7 @@ def lower_rope(em, node):
     x, pos, f = node.inputs
     B, T, H, Dd = (D.to_c(d) for d in x.shape)
     return [f"cuvil_rope({B}, {T}, {H}, {Dd}, {em.ptr(x)}, {em.ptr(pos)}, {em.ptr(f)}, "
-            f"{float(node.attrs['scale'])!r}f, {em.ptr(node.outputs[0])}, NT);"]
+            f"{cexpr.float_literal(node.attrs['scale'], 'f')}, {em.ptr(node.outputs[0])}, NT);"]
 
 
 def _kv_supports(node):
@@ -298,8 +298,8 @@ def lower_cached_attention(em, node):
             f".kb = {Hk} * {S} * {E}, .kh = {S} * {E}, .kl = {E}, "
             f".vb = {Hk} * {S} * {Ev}, .vh = {S} * {Ev}, .vl = {Ev}, "
             f".ob = {T} * {H} * {Ev}, .oh = {Ev}, .ol = {H} * {Ev}, "
-            f".scale = {float(node.attrs['scale'])!r}f, .causal = 1, .q_offset = {em.ptr(start)}, "
-            f".softcap = {float(node.attrs['softcap'])!r}f, .window = {int(node.attrs['window'])}, "
+            f".scale = {cexpr.float_literal(node.attrs['scale'], 'f')}, .causal = 1, .q_offset = {em.ptr(start)}, "
+            f".softcap = {cexpr.float_literal(node.attrs['softcap'], 'f')}, .window = {int(node.attrs['window'])}, "
             f".kv_slot = {slots}, .kv_half = {int(kc.dtype == 'float16')}}}")
     return ["{", f"  if (cuvil_check_slots({B}, {Bmax}, {T}, {em.ptr(start)}, {slots})) "
             f"CUVIL_FAIL(\"cache slots must be in [0, {Bmax}), rows of one slot at positions apart\");",

@@ -123,7 +123,7 @@ def lower_pad(em, node):
     yt = em.ctype(y)
     load = f"{em.ptr(x)}[{' + '.join(terms) or '0'}]"
     fv = float(a["value"])
-    fs = "INFINITY" if fv == float("inf") else "(-INFINITY)" if fv == float("-inf") else "NAN" if fv != fv else repr(fv)
+    fs = cexpr.float_literal(fv)
     value = f"(({yt}){fs})" if y.dtype.startswith("float") else f"(({yt}){int(a['value'])})"
     expr = f"({' && '.join(conds)}) ? {load} : {value}" if conds else load
     for k in range(r):
@@ -206,5 +206,5 @@ def lower_full(em, node):
     if hasattr(v, "free_symbols"):
         lit = D.to_c(v)                 # a symbolic size used as data
     else:
-        lit = "INFINITY" if v == float("inf") else "(-INFINITY)" if v == float("-inf") else repr(v)
+        lit = cexpr.float_literal(v) if isinstance(v, float) else repr(v)
     return [f"for (int64_t i = 0; i < {cnt}; i++) {em.ptr(y)}[i] = ({t})({lit});"]

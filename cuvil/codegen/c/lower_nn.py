@@ -29,7 +29,7 @@ def _epilogue(em, node):
     res = em.ptr(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else "0"
     n = D.to_c(node.outputs[0].shape[-1])
     return (f"{{.bias_row = 0, .bias_col = {bias}, .residual = {res}, .ldr = {n}, "
-            f".alpha = {float(node.attrs['alpha'])!r}f, .act = {ACT_CODES[node.attrs['act']]}}}")
+            f".alpha = {cexpr.float_literal(node.attrs['alpha'], 'f')}, .act = {ACT_CODES[node.attrs['act']]}}}")
 
 
 def _fused_supports(node):
@@ -272,7 +272,8 @@ def lower_norm(em, node):
     g = em.ptr(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else "0"
     b = em.ptr(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else "0"
     return [f"cuvil_layer_norm({cexpr.prod(s[:ax])}, {cexpr.prod(s[ax:])}, {em.ptr(x)}, {g}, {b}, "
-            f"{float(node.attrs['eps'])!r}f, {int(node.op == 'rms_norm')}, {em.ptr(node.outputs[0])}, NT);"]
+            f"{cexpr.float_literal(node.attrs['eps'], 'f')}, {int(node.op == 'rms_norm')}, {em.ptr(node.outputs[0])}, "
+            "NT);"]
 
 
 @lowering("group_norm", supports=_f32_only)
@@ -281,16 +282,16 @@ def lower_group_norm(em, node):
     channel-blocked map (passes/layout.py): kernels/norm.c cuvil_group_norm_blocked."""
     x, y = node.inputs[0], node.outputs[0]
     n, c, h, w = (D.to_c(d) for d in x.shape)
-    g, eps = node.attrs["groups"], float(node.attrs["eps"])
+    g, eps = node.attrs["groups"], cexpr.float_literal(node.attrs["eps"], "f")
     if x.layout != "nchw":
         block, cg = layout_block(x.layout), x.shape[1] // g
         if cg % block and block % cg:     # passes/layout.py blocks no other
             raise AssertionError(f"group_norm at {node.loc}: groups of {cg} channels in blocks of {block}")
         return ["{", "  " + lower_blocked.block_check(x.layout),
-                f"  cuvil_group_norm_blocked({n}, {c}, (int64_t)({h}) * ({w}), {g}, {em.ptr(x)}, {eps!r}f, "
+                f"  cuvil_group_norm_blocked({n}, {c}, (int64_t)({h}) * ({w}), {g}, {em.ptr(x)}, {eps}, "
                 f"{em.ptr(y)}, NT);", "}"]
     return [f"cuvil_layer_norm((int64_t)({n}) * {g}, (int64_t)({c} / {g}) * ({h}) * ({w}), {em.ptr(x)}, 0, 0, "
-            f"{eps!r}f, 0, {em.ptr(y)}, NT);"]
+            f"{eps}, 0, {em.ptr(y)}, NT);"]
 
 
 @lowering("batch_norm", supports=_f32_only)
@@ -299,7 +300,7 @@ def lower_batch_norm(em, node):
     s = x.type.shape
     ps = ", ".join(em.ptr(v) for v in node.inputs[1:])
     return [f"cuvil_batch_norm({D.to_c(s[0])}, {D.to_c(s[1])}, {cexpr.prod(s[2:])}, {em.ptr(x)}, {ps}, "
-            f"{float(node.attrs['eps'])!r}f, {em.ptr(node.outputs[0])}, NT);"]
+            f"{cexpr.float_literal(node.attrs['eps'], 'f')}, {em.ptr(node.outputs[0])}, NT);"]
 
 
 def _attention_supports(node):
@@ -337,7 +338,7 @@ def lower_attention(em, node):
             f".qb = {qs[0]}, .qh = {qs[1]}, .ql = {qs[2]}, .kb = {ks[0]}, .kh = {ks[1]}, .kl = {ks[2]}, "
             f".vb = {vs[0]}, .vh = {vs[1]}, .vl = {vs[2]}, .ob = {os_[0]}, .oh = {os_[1]}, .ol = {os_[2]}, "
             f".mask_kind = {mkind}, .mask = {mptr}, .mb = {mst[0]}, .mh = {mst[1]}, .ml = {mst[2]}, .ms = {mst[3]}, "
-            f".scale = {float(a['scale'])!r}f, .causal = {int(a['causal'])}}}")
+            f".scale = {cexpr.float_literal(a['scale'], 'f')}, .causal = {int(a['causal'])}}}")
     return ["{", f"  const cuvil_attn at = {init};",
             f"  cuvil_attention(&at, {em.ptr(q)}, {em.ptr(k)}, {em.ptr(v)}, {em.ptr(y)}, NT);", "}"]
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ...ir import dims as D
+from . import cexpr
 from .ctypes_map import COMPUTE, CTYPE, LOWP, is_float
 from .emit import lowering
 from .gen_activations import GENERIC, SMATH, render_formula
@@ -80,14 +81,6 @@ COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 LOGICAL = {"and": "({0} && {1})", "or": "({0} || {1})", "xor": "(!{0} != !{1})"}
 
 
-def _fmt_float(v):
-    if v == float("inf"):
-        return "INFINITY"
-    if v == float("-inf"):
-        return "(-INFINITY)"
-    return repr(float(v))
-
-
 def _fmt_int(v, ctype):
     big = {"int64_t": 2**63 - 1, "int32_t": 2**31 - 1, "int16_t": 2**15 - 1, "int8_t": 127, "uint8_t": 255,
            "uint16_t": 2**16 - 1, "uint32_t": 2**32 - 1, "uint64_t": 2**64 - 1}[ctype]
@@ -123,7 +116,7 @@ def template(node):
     T = COMPUTE[src]
     extra = {}
     for k, v in node.attrs.items():
-        extra[k] = _fmt_float(v) if is_float(src) else _fmt_int(v, CTYPE[src])
+        extra[k] = cexpr.float_literal(v) if is_float(src) else _fmt_int(v, CTYPE[src])
     return t.replace("{T}", T).replace("{fsuf}", "f" if T == "float" else "").format(
         "{0}", "{1}", "{2}", **extra) if extra else t.replace("{T}", T).replace("{fsuf}", "f" if T == "float" else "")
 

@@ -11,8 +11,9 @@ from ..ir.graph import Node, TensorType, Value
 from .cleanup import replace_uses
 
 
-def _single_user(graph):
-    users = graph.users()
+def _single_user(graph, users=None):
+    """Whether a value has one reader and is no graph output (users: graph.users(), where the caller has it)."""
+    users = graph.users() if users is None else users
     outs = {id(o) for o in graph.outputs}
     return lambda v: len(users.get(id(v), [])) == 1 and id(v) not in outs
 
@@ -37,10 +38,11 @@ def _linear_under_reshapes(v, single):
     return mm if w.dtype.kind == "f" and w.shape[-1] == C and v.dtype == w.dtype else None
 
 
-def _fold_bn_into_linear(graph, n, single, after):
+def _fold_bn_into_linear(graph, n, single, users, after):
     """batch_norm over [N, C] rows that a linear layer computed -> its weight's columns scaled and a bias
     added after it (which the matmul's epilogue takes): LeViT's 58 such norms had run as a strided loop
-    per channel, 28% of its time. after: {id(node): nodes} to insert after it (the bias add). Returns the
+    per channel, 28% of its time. users: graph.users() (the matmul's one reader is found there); after:
+    {id(node): nodes} to insert after it (the bias add). Returns the
     value that now holds the norm's output, or False where the norm is not over such a layer."""
     x = n.inputs[0]
     if x.type.rank != 2 or not isinstance(x.shape[1], int):
@@ -52,7 +54,7 @@ def _fold_bn_into_linear(graph, n, single, after):
     w, y = mm.inputs[1].data, mm.outputs[0]
     mm.inputs = [mm.inputs[0], graph.const((w.astype(np.float64) * a).astype(w.dtype))]
     biased = Value(y.type)
-    user = graph.users()[id(y)][0] if id(y) in graph.users() else None
+    user = users[id(y)][0]                  # its only one (_linear_under_reshapes)
     after.setdefault(id(mm), []).append(Node("add", [y, graph.const(b.astype(w.dtype))], {}, [biased], n.loc))
     if user is n:
         return biased
@@ -77,12 +79,13 @@ def weights_without_unit_batch(graph):
 def fold_batch_norm(graph):
     """conv -> batch_norm with constant weights and stats becomes one conv with new weights and bias;
     a linear layer -> batch_norm over its rows, the linear layer with scaled columns and a bias."""
-    single = _single_user(graph)
+    users = graph.users()
+    single = _single_user(graph, users)
     mapping, drop, after = {}, set(), {}
     for n in graph.nodes:
         if n.op != "batch_norm" or not all(i.is_const for i in n.inputs[1:]):
             continue
-        folded = _fold_bn_into_linear(graph, n, single, after)
+        folded = _fold_bn_into_linear(graph, n, single, users, after)
         if folded is not False:
             mapping[id(n.outputs[0])] = folded
             drop.add(id(n))
@@ -91,12 +94,11 @@ def fold_batch_norm(graph):
         conv = x.producer
         if conv is None or conv.op != "conv" or not conv.inputs[1].is_const or not single(x):
             continue
-        scale, bias, mean, var = (i.data.astype(np.float64) for i in n.inputs[1:])
-        a = scale / np.sqrt(var + n.attrs["eps"])
+        a, shift = _bn_affine(n)
         w = conv.inputs[1].data
         b0 = conv.inputs[2].data.astype(np.float64) if len(conv.inputs) > 2 and conv.inputs[2] is not None else 0.0
         new_w = (w.astype(np.float64) * a.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)
-        new_b = ((b0 - mean) * a + bias).astype(w.dtype)
+        new_b = (b0 * a + shift).astype(w.dtype)
         conv.inputs = [conv.inputs[0], graph.const(new_w), graph.const(new_b)]
         mapping[id(n.outputs[0])] = conv.outputs[0]
         drop.add(id(n))
@@ -280,8 +282,8 @@ def group_norms(graph):
     back -> group_norm(x, G): how both frontends write a group norm (before its per-channel affine), as
     one op that the layout pass can keep channel-blocked (BiT's 49 norms had sent each conv between them
     to NCHW, with a relayout each side)."""
-    single = _single_user(graph)
     users = graph.users()
+    single = _single_user(graph, users)
     mapping = {}
     for n in graph.nodes:
         if n.op != "layer_norm" or n.outputs[0].type.rank != 3 or n.attrs["axis"] != 2 \

@@ -4,7 +4,10 @@ convs other than Winograd's and depthwise) and OpenVINO's default hint there is 
 OpenVINO f32 and OpenVINO bf16 (INFERENCE_PRECISION_HINT), the ratio cuvil bf16 / OpenVINO bf16, and
 cuvil bf16's error against fp32 (its accuracy report: max |error| / output scale, worst row cosine).
 
-    python -m benchmarks.bf16 [--threads 1 2] [--rounds 10] [--only MiniLM b1 s128 ...]
+    python -m benchmarks.bf16 [--threads 1 2] [--rounds 10] [--set issue|vision|all] [--only MiniLM b1 s128 ...]
+
+`--set vision` runs the vision networks of benchmarks.cnn (issue 44's set and the wider one) instead
+of the issue's table; `all` runs both.
 
 On a CPU without bf16 products cuvil's bf16 is bf16 weights widened to fp32 (the table says which
 ran: the kernel column)."""
@@ -12,15 +15,20 @@ from __future__ import annotations
 
 from benchmarks import workloads
 from benchmarks import precision
+from benchmarks.cnn_models import CNNS
+from benchmarks.cnn_wide import WIDE_CNNS
 from benchmarks.precision import compiled_runs
 from benchmarks.systems import export_onnx
 from benchmarks.timing import interleaved, machine_line
 
-WORKLOADS = {
+ISSUE_TABLE = {
     "MLP b1": workloads.mlp(1), "MLP b64": workloads.mlp(64),
     "MiniLM b1 s128": workloads.minilm(1), "MiniLM b32 s128": workloads.minilm(32),
     "BERT-base s128": workloads.bert_base, "ResNet-50": workloads.resnet50,
 }
+VISION = {name: build for name, build in {**CNNS, **WIDE_CNNS}.items() if name not in ISSUE_TABLE}
+WORKLOADS = {**ISSUE_TABLE, **VISION}
+SETS = {"issue": list(ISSUE_TABLE), "vision": list(VISION), "all": list(WORKLOADS)}
 
 
 def _openvino(model, args, threads, hint):
@@ -63,7 +71,7 @@ def run(names, thread_counts, rounds):
 
 
 def main(argv=None):
-    precision.main(argv, table=run, workloads=WORKLOADS, rounds=10, doc=__doc__)
+    precision.main(argv, table=run, workloads=WORKLOADS, rounds=10, doc=__doc__, sets=SETS)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,10 @@ quantize_static's QDQ model of the same network (per-channel int8 weights, uint8
 calibration) and OpenVINO on that QDQ model, in one interleaved run per network and thread count.
 Medians; the error columns are max |error| / max |output| against fp32 eager on the example input.
 
-    python -m benchmarks.int8_cnn [--threads 1 2] [--rounds 10] [--only NAME ...] [--target x86_64-avx2]
+    python -m benchmarks.int8_cnn [--threads 1 2] [--rounds 10] [--set issue|vision|all] [--only NAME ...]
+                                  [--target x86_64-avx2]
+
+`--set vision` runs the other vision networks of benchmarks.cnn (issue 44's and the wider set's).
 
 --target builds cuvil for another target this CPU runs (an AVX2 build on an AVX-512 host: int8 on
 vpmaddubsw); ONNX Runtime and OpenVINO pick their kernels from the CPU, so they are left out then."""
@@ -18,14 +21,18 @@ import torch
 
 from benchmarks import precision
 from benchmarks.cnn_models import CNNS
+from benchmarks.cnn_wide import WIDE_CNNS
 from benchmarks.scratch import temp_dir
 from benchmarks.systems import export_onnx
 from benchmarks.timing import interleaved, machine_line
 
 # the issue's two networks, and three it did not name (SE blocks with SiLU / hardswish; channels that fill
 # no block: ShuffleNet's)
-WORKLOADS = {name: CNNS[name] for name in ("ResNet-50", "MobileNetV2", "EfficientNet-B0", "MobileNetV3-ish",
-                                           "ShuffleNetV2-ish")}
+ISSUE_TABLE = {name: CNNS[name] for name in ("ResNet-50", "MobileNetV2", "EfficientNet-B0", "MobileNetV3-ish",
+                                             "ShuffleNetV2-ish")}
+VISION = {name: build for name, build in {**CNNS, **WIDE_CNNS}.items() if name not in ISSUE_TABLE}
+WORKLOADS = {**ISSUE_TABLE, **VISION}
+SETS = {"issue": list(ISSUE_TABLE), "vision": list(VISION), "all": list(WORKLOADS)}
 CALIBRATION_IMAGES = 8
 
 
@@ -126,10 +133,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--only", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
+    ap.add_argument("--set", choices=list(SETS), default="issue", help="a named group of networks")
+    ap.add_argument("--only", nargs="+", choices=list(WORKLOADS), help="these networks instead of --set's")
     ap.add_argument("--target", default="native")
     a = ap.parse_args(argv)
-    run(a.only, a.threads, a.rounds, a.target)
+    run(a.only or SETS[a.set], a.threads, a.rounds, a.target)
 
 
 if __name__ == "__main__":

@@ -109,14 +109,17 @@ def run(names, thread_counts, rounds):
                   f"{ratio['int8']:.2f}x | {ort_ms} | {vs_ort} | {e['rel']:.3g}, {e['cosine']:.4f} / {e['mean_cosine']:.5f} |", flush=True)
 
 
-def main(argv=None, table=None, workloads=WORKLOADS, rounds=15, doc=__doc__):
-    """The command line of this benchmark, or of another table over named workloads (benchmarks.bf16)."""
+def main(argv=None, table=None, workloads=WORKLOADS, rounds=15, doc=__doc__, sets=None):
+    """The command line of this benchmark, or of another table over named workloads (benchmarks.bf16).
+    sets: {name: [workload, ...]} for --set, the first the default; without it, every workload."""
+    sets = sets or {"all": list(workloads)}
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--rounds", type=int, default=rounds)
-    ap.add_argument("--only", nargs="+", choices=list(workloads), default=list(workloads))
+    ap.add_argument("--set", choices=list(sets), default=next(iter(sets)), help="a named group of workloads")
+    ap.add_argument("--only", nargs="+", choices=list(workloads), help="these workloads instead of --set's")
     a = ap.parse_args(argv)
-    (table or run)(a.only, a.threads, a.rounds)
+    (table or run)(a.only or sets[a.set], a.threads, a.rounds)
 
 
 if __name__ == "__main__":

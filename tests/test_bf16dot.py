@@ -107,10 +107,10 @@ def test_panels_layout():
 
 @pytest.mark.parametrize("k,stride,pad,dil,cin,cout,hw", [
     (1, 1, 0, 1, 32, 48, (9, 11)),        # in place, a panel cut short (48 of 64)
-    (1, 2, 0, 1, 16, 80, (13, 10)),       # gathered in place
+    (1, 2, 0, 1, 32, 80, (13, 10)),       # gathered in place, the second panel 16 of 64
     (3, 2, 1, 1, 32, 64, (15, 14)),       # gathered from a padded copy
-    (3, 1, 2, 2, 16, 32, (12, 12)),       # dilated (no Winograd)
-    (5, 1, 2, 1, 16, 16, (7, 9)),
+    (3, 1, 2, 2, 16, 48, (12, 12)),       # dilated (no Winograd)
+    (5, 1, 2, 1, 16, 64, (7, 9)),
     (3, 2, 1, 1, 32, 144, (17, 19)),      # few M blocks, 3 panels: on threads, all rows rounded first
 ])
 def test_blocked_conv_in_bf16(k, stride, pad, dil, cin, cout, hw):
@@ -136,6 +136,72 @@ def test_blocked_conv_in_bf16(k, stride, pad, dil, cin, cout, hw):
     assert np.abs(got - want).max() <= 0.03 * np.abs(want).max()
 
 
+@pytest.mark.parametrize("width,groups,stride,bf16_groups", [
+    (128, 2, 2, True),      # RegNet's 64-channel groups, a stride-2 3x3 conv (no Winograd)
+    (144, 3, 2, True),      # 48 filters a group: each group's panel cut short
+    (192, 3, 1, True),      # stride 1, dilated: no Winograd either
+    (128, 4, 2, False),     # 32 filters a group: fp32 (BF16_MIN_FILTERS)
+])
+def test_grouped_blocked_conv_in_bf16(width, groups, stride, bf16_groups):
+    """precision="bf16" on a RegNet-style block whose grouped 3x3 conv has whole channel blocks a group:
+    where the CPU multiplies in bf16 it runs cuvil_conv_blocked_bf16 a group at a time, reading and writing
+    the bf16 maps of the 1x1 convs around it; within bf16's error of torch, 1 and 2 threads the same bits,
+    2 images."""
+    import torch
+
+    import cuvil
+    from cuvil.target import has_features
+
+    dil = 2 if stride == 1 else 1
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Conv2d(64, width, 1)
+            self.b = torch.nn.Conv2d(width, width, 3, stride, dil, dilation=dil, groups=groups)
+            self.c = torch.nn.Conv2d(width, 64, 1)
+
+        def forward(self, x):
+            return torch.relu(self.c(torch.relu(self.b(torch.relu(self.a(x))))))
+
+    torch.manual_seed(width + groups)
+    m = Block().eval()
+    x = torch.randn(2, 64, 15, 13)
+    cm = cuvil.compile(m, (x,), precision="bf16", layout="blocked", num_threads=2)
+    native = has_features("native", ("avx512_bf16",))
+    grouped = [n for n in cm.graph.nodes if n.op == "conv" and n.attrs.get("groups", 1) > 1]
+    assert len(grouped) == 1 and grouped[0].attrs.get("layout") == "nchw16c" or not native
+    assert cm.c_source.count("cuvil_conv_blocked_bf16(&s") == (3 if bf16_groups else 2) * native
+    if native:
+        assert [grouped[0].attrs.get(k, 0) for k in ("bf16_in", "bf16_out")] == [int(bf16_groups)] * 2
+    want = m(x).detach().numpy()
+    got = cm(x).numpy()
+    assert np.array_equal(cuvil.load(cm.path, num_threads=1).run(x.numpy())[0], got)
+    assert np.abs(got - want).max() <= 0.03 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("cin,cout", [(32, 16), (64, 32), (16, 96)])
+def test_narrow_blocked_conv_stays_fp32(cin, cout):
+    """A blocked conv of at most 32 filters (a 64-wide panel mostly zeros) or of 16 products an output
+    (its time its stores) keeps fp32 products under precision="bf16" (lower_bf16dot.BF16_MIN_FILTERS,
+    BF16_MIN_K), its weights in bf16: within their rounding of torch; a wide conv behind it takes bf16."""
+    import torch
+
+    import cuvil
+    from cuvil.target import has_features
+
+    torch.manual_seed(cin + cout)
+    m = torch.nn.Sequential(torch.nn.Conv2d(8, cin, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(cin, cout, 1)).eval()
+    x = torch.randn(1, 8, 20, 20)
+    cm = cuvil.compile(m, (x,), precision="bf16", layout="blocked", num_threads=1)
+    assert "cuvil_conv_blocked_bf16" not in cm.c_source
+    want = m(x).detach().numpy()
+    assert np.abs(cm(x).numpy() - want).max() <= 0.02 * np.abs(want).max()
+    if has_features("native", ("avx512_bf16",)):      # a wide conv behind it does take bf16
+        wide = torch.nn.Sequential(m, torch.nn.ReLU(), torch.nn.Conv2d(cout, 64, 3, 2, 1)).eval()
+        assert "cuvil_conv_blocked_bf16" in cuvil.compile(wide, (x,), precision="bf16", layout="blocked").c_source
+
+
 @pytest.mark.parametrize("knob,flags,vendor,want", [
     ("bf16_direct_3x3_max_outputs", {"avx512f", "avx512_bf16", "avx_vnni"}, "AuthenticAMD", 196),     # Zen 5
     ("bf16_direct_3x3_max_outputs", {"avx512f", "avx512_bf16"}, "AuthenticAMD", 49),   # Zen 4: 7x7 maps
@@ -156,12 +222,13 @@ def test_plan_tuning_picks_the_cpu_row(monkeypatch, knob, flags, vendor, want):
     assert plan_value(knob, "x86_64-avx512") == PLAN_DEFAULTS[knob]
 
 
-@pytest.mark.parametrize("limit", [0, 49])
-def test_small_3x3_convs_take_direct_bf16_products(monkeypatch, tmp_path, limit):
+@pytest.mark.parametrize("limit,ch", [(0, 64), (49, 64), (49, 32)])
+def test_small_3x3_convs_take_direct_bf16_products(monkeypatch, tmp_path, limit, ch):
     """With the plan's limit (tuning.PLAN_TUNING bf16_direct_3x3_max_outputs), a 3x3 conv on a 7x7 map is
     marked bf16_act 2 and runs direct (no Winograd: cuvil_conv_blocked_bf16 where the CPU has AVX512-BF16,
     the fp32 direct conv elsewhere, though the plan names it only for a CPU that has it), the one on a
-    14x14 map keeps Winograd; within bf16's error of torch either way."""
+    14x14 map keeps Winograd; a conv of 32 filters keeps Winograd at 7x7 too (conv_plan.BF16_MIN_FILTERS:
+    bf16's panels would be half zeros); within bf16's error of torch either way."""
     import torch
 
     import cuvil
@@ -169,14 +236,15 @@ def test_small_3x3_convs_take_direct_bf16_products(monkeypatch, tmp_path, limit)
     from cuvil.target import has_features
     monkeypatch.setattr(tuning, "plan_value", lambda knob, target: limit)
     torch.manual_seed(4)
-    m = torch.nn.Sequential(torch.nn.Conv2d(32, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-                            torch.nn.Conv2d(32, 32, 3, padding=1), torch.nn.ReLU()).eval()
-    x = torch.randn(1, 32, 14, 14)
+    m = torch.nn.Sequential(torch.nn.Conv2d(ch, ch, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                            torch.nn.Conv2d(ch, ch, 3, padding=1), torch.nn.ReLU()).eval()
+    x = torch.randn(1, ch, 14, 14)
     cm = cuvil.compile(m, (x,), precision="bf16", layout="blocked", cache_dir=tmp_path)
     marks = [n.attrs["bf16_act"] for n in cm.graph.nodes if n.op == "conv"]
     assert marks == ([1, 2] if limit else [1, 1])
-    assert cm.c_source.count("cuvil_conv3x3_winograd_blocked(&s") == (1 if limit else 2)
-    assert ("cuvil_conv_blocked_bf16" in cm.c_source) == bool(limit and has_features("native", ("avx512_bf16",)))
+    direct = bool(limit) and ch >= 48
+    assert cm.c_source.count("cuvil_conv3x3_winograd_blocked(&s") == (1 if direct else 2)
+    assert ("cuvil_conv_blocked_bf16" in cm.c_source) == (direct and has_features("native", ("avx512_bf16",)))
     want = m(x).detach().numpy()
     assert np.abs(cm(x).numpy() - want).max() <= 0.03 * np.abs(want).max()
 
@@ -279,15 +347,15 @@ def test_bf16_convs_pass_bf16_maps(hw, tmp_path, monkeypatch):
     class Bottleneck(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.a, self.b = torch.nn.Conv2d(32, 16, 1), torch.nn.Conv2d(16, 16, 3, padding=2, dilation=2)
-            self.c = torch.nn.Conv2d(16, 32, 1)
+            self.a, self.b = torch.nn.Conv2d(64, 48, 1), torch.nn.Conv2d(48, 48, 3, padding=2, dilation=2)
+            self.c = torch.nn.Conv2d(48, 64, 1)
 
         def forward(self, x):
             return torch.relu(self.c(torch.relu(self.b(torch.relu(self.a(x))))) + x)
 
     torch.manual_seed(hw)
     m = torch.nn.Sequential(Bottleneck(), Bottleneck(), torch.nn.MaxPool2d(2)).eval()
-    x = torch.randn(2, 32, hw, hw)
+    x = torch.randn(2, 64, hw, hw)
     linked, plain = compile_linked_and_plain(m, (x,), tmp_path, monkeypatch, precision="bf16", layout="blocked",
                                              num_threads=2)
     marks = [[n.attrs.get(k, 0) for n in _convs(linked.graph)] for k in ("bf16_in", "bf16_res", "bf16_out")]
@@ -374,7 +442,7 @@ def test_stem_takes_bf16_products_from_64_products(k, stride, pad, takes, tmp_pa
     import cuvil
     from cuvil.target import has_features
     torch.manual_seed(k)
-    m = torch.nn.Sequential(torch.nn.Conv2d(3, 32, k, stride, pad), torch.nn.ReLU(), torch.nn.Conv2d(32, 32, 1),
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 64, k, stride, pad), torch.nn.ReLU(), torch.nn.Conv2d(64, 64, 1),
                             torch.nn.ReLU()).eval()
     x = torch.randn(1, 3, 40, 36)
     cm = cuvil.compile(m, (x,), precision="bf16", layout="blocked", cache_dir=tmp_path)

@@ -24,6 +24,16 @@ def is_blocked(node) -> bool:
 # 9-byte runs were copied whole, so it stays fp32
 INT8_MIN_GATHERED_NCHW_K = 64
 
+# a channel-blocked conv takes bf16 products (precision="bf16", lower_bf16dot.links_bf16) from this many
+# filters: the kernel's panels are 64 columns wide, so 16 or 32 filters multiply 4x or 2x the zeros they
+# skip in fp32 (1x1 convs at 56x56, profile builds, 1 thread, Zen 4, bf16 / fp32 time: 16 filters
+# 1.6-1.8x, 32 1.2-1.35x, 48 0.7-0.9x, 64 0.64-0.81x); a narrower 3x3 conv keeps Winograd
+# (winograd_tile) though its map is small enough for direct bf16 products
+BF16_MIN_FILTERS = 48
+# ... and from this many products an output: over 16 input channels a 1x1 conv's time is its stores
+# (16 -> 32 filters 2.1x, 16 -> 96 1.08x, 16 -> 128 0.97x)
+BF16_MIN_K = 32
+
 
 def int8_nchw(node) -> bool:
     """An NCHW conv marked for integer products (int8_act, passes/quantize.py) whose channels fill no
@@ -84,7 +94,7 @@ def winograd_tile(node, winograd4_min=WINOGRAD4_MIN_OUTPUTS):
     a = node.attrs
     if a.get("int8_act") == 2 and a.get("in_layout") != "nchw":
         return 0              # integer products on VNNI (lower_int8dot.int8_conv_kind), direct (blocked, int8_nchw)
-    if a.get("bf16_act") == 2:
+    if a.get("bf16_act") == 2 and w.shape[0] >= BF16_MIN_FILTERS:
         return 0              # direct bf16 products on a small map (passes/quantize.py, tuning.PLAN_TUNING)
     if not (x.type.rank == 4 and w.is_const and tuple(w.shape[2:]) == (3, 3) and _winograd_groups(node)
             and tuple(a["strides"]) == (1, 1) and tuple(a["dilations"]) == (1, 1)

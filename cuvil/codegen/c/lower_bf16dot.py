@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...ir.ops.movement import layout_block
 from ...target import has_features
 from . import cexpr
-from .conv_plan import conv_plan
+from .conv_plan import BF16_MIN_FILTERS, BF16_MIN_K, conv_plan
 
 BF16_NR = 64                  # kernels/bf16dot.h CUVIL_BF16_NR
 BF16_FEATURES = ("avx512_bf16",)
@@ -48,14 +49,21 @@ def computes_bf16(node, target: str) -> bool:
 
 def links_bf16(node) -> bool:
     """Whether this conv runs on the bf16 dot-product kernels where the target has them
-    (cuvil_conv_blocked_bf16, and cuvil_conv_nchw_blocked_bf16 for a stem of BF16_MIN_NCHW_K products an
-    output), which read and write bf16 maps (passes/quantize.link_bf16_convs; a stem's input is an NCHW
-    map, which no channel-blocked conv writes)."""
-    if node.op != "conv" or node.attrs.get("bf16_act", 0) not in (1, 2) or node.attrs.get("groups", 1) != 1:
+    (from BF16_MIN_FILTERS filters a group: cuvil_conv_blocked_bf16 from BF16_MIN_K products an output,
+    grouped where each group's channels are whole blocks both ways, and
+    cuvil_conv_nchw_blocked_bf16 for a stem of BF16_MIN_NCHW_K products an output), which read and write
+    bf16 maps (passes/quantize.link_bf16_convs; a stem's input is an NCHW map, which no channel-blocked
+    conv writes)."""
+    if node.op != "conv" or node.attrs.get("bf16_act", 0) not in (1, 2):
         return False
-    kind, w = conv_plan(node).kind, node.inputs[1].shape
-    return kind == "blocked" or (kind == "blocked_from_nchw" and int(np.prod(w[1:])) >= BF16_MIN_NCHW_K)
-
+    kind, w, groups = conv_plan(node).kind, node.inputs[1].shape, node.attrs.get("groups", 1)
+    K, filters = int(np.prod(w[1:])), w[0] // groups
+    if groups > 1:       # each group a GEMM of its own on whole channel blocks (RegNet's 64-channel groups)
+        block = layout_block(node.attrs.get("layout", "nchw"))
+        return (kind == "blocked" and block > 0 and w[1] % block == 0 and filters % block == 0
+                and filters >= BF16_MIN_FILTERS and K >= BF16_MIN_K)
+    return filters >= BF16_MIN_FILTERS and (kind == "blocked" and K >= BF16_MIN_K
+                                            or kind == "blocked_from_nchw" and K >= BF16_MIN_NCHW_K)
 
 
 def lower_bf16_dot(em, node, ep_lines, ep):

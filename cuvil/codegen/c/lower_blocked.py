@@ -21,9 +21,12 @@ def filters_as_b(w: np.ndarray) -> np.ndarray:
     return w.astype(np.float32).transpose(2, 3, 1, 0).reshape(-1, w.shape[0])
 
 
-def bf16_filter_panels(w: np.ndarray) -> np.ndarray:
-    """The filters as filters_as_b orders them, in the bf16 dot kernels' panels (cuvil_conv_blocked_bf16)."""
-    return bf16_dot_panels(to_bf16(filters_as_b(w)))
+def bf16_filter_panels(w: np.ndarray, groups: int = 1) -> np.ndarray:
+    """The filters as filters_as_b orders them, in the bf16 dot kernels' panels (cuvil_conv_blocked_bf16),
+    each group's after the last's."""
+    og = w.shape[0] // groups
+    return np.concatenate([bf16_dot_panels(to_bf16(filters_as_b(w[g * og:(g + 1) * og]))).ravel()
+                           for g in range(groups)])
 
 
 def int8_filter_panels(w: np.ndarray, groups: int = 1) -> np.ndarray:
@@ -130,7 +133,8 @@ def lower_conv_call(em, node, plan, shape_struct, bias, res, act):
                 f"{em.ptr(node.outputs[0])}, {act}, {em.scratch()}, NT);", "}"]
     assert plan.kind == "blocked", plan.kind
     if computes_bf16(node, em.target):
-        wb = em.packed("conv_blocked_bf16", node.inputs[1], bf16_filter_panels, "uint32_t")
+        wb = em.packed("conv_blocked_bf16", node.inputs[1],
+                       lambda d: bf16_filter_panels(d, node.attrs.get("groups", 1)), "uint32_t")
         return ["{", f"  const cuvil_conv_shape s = {shape_struct};",
                 f"  if (cuvil_conv_blocked_bf16(&s, {em.ptr(node.inputs[0])}, {wb}, {bias}, {res}, "
                 f"{em.ptr(node.outputs[0])}, {act}, {' | '.join(links) or 0}, {em.scratch()}, NT)) "

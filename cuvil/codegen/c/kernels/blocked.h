@@ -59,8 +59,9 @@ void cuvil_depthwise_bytes(const cuvil_conv_shape *s, const uint8_t *x, const fl
                            const float *range, const float *residual, float *y, const int64_t *out_image,
                            const float *out_range, int act, float *scratch, int nthreads);
 
-/* cuvil_conv_blocked in bf16 products with fp32 sums (groups 1; kernels/bf16dot.h): wb the filters
- * as B, in bf16 pair panels (bf16dot.h, CUVIL_BF16_NR columns each); the input rounded to bf16 as each M
+/* cuvil_conv_blocked in bf16 products with fp32 sums (kernels/bf16dot.h; groups whose channels are whole
+ * blocks both ways): wb the filters as B, in bf16 pair panels (bf16dot.h, CUVIL_BF16_NR columns each), each
+ * group's panels after the last group's; the input rounded to bf16 as each M
  * block reads it. links: which of x, the residual and y are bf16 maps instead (a conv's output that only
  * bf16 convs read: the same layout in bf16 bit patterns, image n where its floats' would start; half the
  * bytes to write and read back, and the reader's rounding done once by the writer). Same scratch as

@@ -31,34 +31,39 @@ static cuvil_dot_out bf16_conv_out_from(const cuvil_dot_out *o, int64_t m0) {
 
 typedef struct {
     const cuvil_conv_shape *s;
-    gathered_source src;          /* x, CB and plane always; pix and tap where the conv gathers */
+    gathered_source src;          /* x, CB (a group's blocks) and plane always; pix and tap where the conv gathers */
     int direct;
     const uint32_t *wb;
     cuvil_dot_out out;
-    int64_t P, K2, mc, ng, np;
+    int64_t P, K2, mc, ng, np, tasks;   /* K2, np: a group's; tasks: a group's (M blocks x panel groups) */
     uint32_t *shared;             /* all P rows, rounded beforehand by every thread (few M blocks), or 0 */
     int in16;                     /* the input is a bf16 map (CUVIL_BF16_IN): its elements bf16, not floats */
     int out_of_memory;
 } bf16_conv;
 
-/* Row m of A (pixel m's K = taps x channels) as bf16 pairs, from the blocked input: each block of
- * channels rounded, or copied from a bf16 map (the same bits: its producer rounded them as this would). */
-static inline void bf16_conv_row(const bf16_conv *a, int64_t m, uint32_t *row) {
+/* Row m of A (pixel m's K = taps x group g's channels) as bf16 pairs, from the blocked input: each block
+ * of channels rounded, or copied from a bf16 map (the same bits: its producer rounded them as this would).
+ * Group g's channels are whole blocks (lower_bf16dot.links_bf16), the planes from its first block on. */
+static inline void bf16_conv_row(const bf16_conv *a, int64_t g, int64_t m, uint32_t *row) {
     const gathered_source *src = &a->src;
     int64_t taps = a->s->KH * a->s->KW;
     for (int64_t t = 0; t < taps; t++)
-        for (int64_t cb = 0; cb < src->CB; cb++, row += CUVIL_BLOCK / 2) {
+        for (int64_t cb = g * src->CB; cb < (g + 1) * src->CB; cb++, row += CUVIL_BLOCK / 2) {
             int64_t at = cb * src->plane + (a->direct ? m : src->pix[m] + src->tap[t]) * CUVIL_BLOCK;
             if (a->in16) memcpy(row, (const uint16_t *)src->x + at, CUVIL_BLOCK * sizeof(uint16_t));
             else cuvil_bf16_round(src->x + at, CUVIL_BLOCK, row);
         }
 }
 
-/* Tasks t: M block t / ng (its rows rounded to bf16 once, into the thread's buffer) over panel group
- * t % ng (groups only where there are too few M blocks to keep the threads busy). */
+/* Tasks t: conv group t / tasks (RegNet's 64-channel groups: a GEMM each), its M block t % tasks / ng
+ * (its rows rounded to bf16 once, into the thread's buffer) over panel group t % ng (panel groups only
+ * where there are too few M blocks to keep the threads busy). Group g writes output channels
+ * [g Og, g Og + Og): whole blocks, Og P floats (or bf16 values) from the first. */
 static void bf16_conv_task(void *ctx, int64_t t0, int64_t t1) {
     bf16_conv *a = ctx;
-    for (int64_t t = t0; t < t1; t++) {
+    const int64_t Og = a->s->O / a->s->groups;
+    for (int64_t tt = t0; tt < t1; tt++) {
+        int64_t g = tt / a->tasks, t = tt % a->tasks;
         int64_t m0 = t / a->ng * a->mc, rows = a->P - m0 < a->mc ? a->P - m0 : a->mc, q = t % a->ng;
         uint32_t *Ab = a->shared ? a->shared + m0 * a->K2
                                  : cuvil_thread_buffer(CUVIL_BUF_DOT_ROWS, (size_t)(a->mc * a->K2) * sizeof(uint32_t));
@@ -67,23 +72,27 @@ static void bf16_conv_task(void *ctx, int64_t t0, int64_t t1) {
             return;
         }
         if (!a->shared)
-            for (int64_t m = 0; m < rows; m++) bf16_conv_row(a, m0 + m, Ab + m * a->K2);
-        cuvil_dot_out o = bf16_conv_out_from(&a->out, m0);
-        cuvil_bf16_rows(Ab, rows, a->K2, a->wb, a->s->O, q * a->np / a->ng, (q + 1) * a->np / a->ng, &o);
+            for (int64_t m = 0; m < rows; m++) bf16_conv_row(a, g, m0 + m, Ab + m * a->K2);
+        cuvil_dot_out o = bf16_conv_out_from(&a->out, g * Og * a->P / CUVIL_BLOCK + m0);
+        if (o.bias_col) o.bias_col += g * Og;
+        cuvil_bf16_rows(Ab, rows, a->K2, a->wb + g * a->np * a->K2 * CUVIL_BF16_NR, Og, q * a->np / a->ng,
+                        (q + 1) * a->np / a->ng, &o);
     }
 }
 
 static void bf16_conv_round_task(void *ctx, int64_t m0, int64_t m1) {
     const bf16_conv *a = ctx;
-    for (int64_t m = m0; m < m1; m++) bf16_conv_row(a, m, a->shared + m * a->K2);
+    for (int64_t m = m0; m < m1; m++) bf16_conv_row(a, 0, m, a->shared + m * a->K2);
 }
 
 int cuvil_conv_blocked_bf16(const cuvil_conv_shape *s, const float *x, const uint32_t *wb, const float *bias,
                             const float *residual, float *y, int act, int links, float *scratch, int nthreads) {
     int64_t P = s->OH * s->OW, in = s->C * s->H * s->W, out = s->O * P, mb, mc = blocked_m_rows(P, 0, 1, CUVIL_MR, &mb);
-    int nt = P * s->O * s->C > 65536 ? nthreads : 1;
-    int64_t np = (s->O + CUVIL_BF16_NR - 1) / CUVIL_BF16_NR, ng = nt > 1 && mb < 2 * nt ? cuvil_min(np, 2 * nt) : 1;
-    int64_t K2 = s->KH * s->KW * s->C / 2;
+    int64_t G = s->groups;
+    int nt = P * s->O * s->C / G > 65536 ? nthreads : 1;
+    /* a group's panels; with groups, the tasks split by group and M block only (no rows rounded beforehand) */
+    int64_t np = (s->O / G + CUVIL_BF16_NR - 1) / CUVIL_BF16_NR, ng = G == 1 && nt > 1 && mb < 2 * nt ? cuvil_min(np, 2 * nt) : 1;
+    int64_t K2 = s->KH * s->KW * s->C / G / 2;
     /* Split by panels too (few M blocks): each M block's rows are read by several tasks, so all rows are
      * rounded once beforehand, by every thread, into one buffer. Each task had rounded its own (3x3 convs
      * at 14x14, K 2304 and more: each row gathered and rounded 4 times, 1.4x the time on 2 threads of 1). */
@@ -97,11 +106,11 @@ int cuvil_conv_blocked_bf16(const cuvil_conv_shape *s, const float *x, const uin
     for (int64_t n = 0; n < s->N; n++) {
         /* image n of a bf16 map where its floats' image would be (x + n * in), its planes as long in elements */
         const float *xn = blocked_image_of(s, &b, x + n * in, scratch, nthreads, in16 ? CUVIL_BLOCK / 2 : CUVIL_BLOCK);
-        bf16_conv a = {s, {xn, b.pix, b.tap, s->C / CUVIL_BLOCK, b.hp * b.wp * CUVIL_BLOCK}, b.direct, wb,
+        bf16_conv a = {s, {xn, b.pix, b.tap, s->C / G / CUVIL_BLOCK, b.hp * b.wp * CUVIL_BLOCK}, b.direct, wb,
                        bf16_conv_out(y + n * out, bias, residual ? residual + n * out : 0, act, links, P),
-                       P, K2, mc, ng, np, shared, in16, 0};
+                       P, K2, mc, ng, np, mb * ng, shared, in16, 0};
         if (shared) cuvil_parallel_for(nt, P, 1, bf16_conv_round_task, &a);
-        cuvil_parallel_for(nt, mb * ng, 1, bf16_conv_task, &a);
+        cuvil_parallel_for(nt, G * mb * ng, 1, bf16_conv_task, &a);
         if (a.out_of_memory) return -1;
     }
     return 0;

@@ -127,7 +127,8 @@ def optimize(graph, opts: Options):
     return pipeline.optimize(graph, opts.fusion_level, backend=C_BACKEND, layout=conv_layout(opts),
                              precision=opts.precision, calibration=calibration,
                              calibration_method=opts.calibration_method, int8_convs=int8_conv_kind(target),
-                             bf16_direct_outputs=plan_value("bf16_direct_3x3_max_outputs", target),
+                             bf16_direct_outputs=(plan_value("bf16_direct_3x3_max_outputs", target),
+                                                  plan_value("bf16_direct_grouped_3x3_max_outputs", target)),
                              bf16_convs=multiplies_bf16(target))
 
 

@@ -180,6 +180,31 @@ def test_grouped_blocked_conv_in_bf16(width, groups, stride, bf16_groups):
     assert np.abs(got - want).max() <= 0.03 * np.abs(want).max()
 
 
+@pytest.mark.parametrize("limit", [0, 196])
+def test_small_grouped_3x3_convs_take_direct_bf16_products(monkeypatch, tmp_path, limit):
+    """With the plan's limit for grouped convs (tuning.PLAN_TUNING bf16_direct_grouped_3x3_max_outputs), a
+    stride-1 3x3 conv in 64-channel groups on a 14x14 map runs direct bf16 products instead of Winograd
+    (where the CPU has them); within bf16's error of torch either way."""
+    import torch
+
+    import cuvil
+    from cuvil.codegen.c import tuning
+    from cuvil.target import has_features
+    monkeypatch.setattr(tuning, "plan_value", lambda knob, target: limit if "grouped" in knob else 0)
+    torch.manual_seed(5)
+    m = torch.nn.Sequential(torch.nn.Conv2d(64, 128, 1), torch.nn.ReLU(), torch.nn.Conv2d(128, 128, 3, padding=1, groups=2),
+                            torch.nn.ReLU(), torch.nn.Conv2d(128, 64, 1)).eval()
+    x = torch.randn(1, 64, 14, 14)
+    cm = cuvil.compile(m, (x,), precision="bf16", layout="blocked", cache_dir=tmp_path)
+    grouped = [n for n in cm.graph.nodes if n.op == "conv" and n.attrs.get("groups", 1) > 1]
+    assert [n.attrs["bf16_act"] for n in grouped] == [2 if limit else 1]
+    native = has_features("native", ("avx512_bf16",))
+    assert cm.c_source.count("cuvil_conv3x3_winograd_blocked(&s") == (0 if limit and native else 1)
+    assert cm.c_source.count("cuvil_conv_blocked_bf16(&s") == (3 if limit else 2) * native
+    want = m(x).detach().numpy()
+    assert np.abs(cm(x).numpy() - want).max() <= 0.03 * np.abs(want).max()
+
+
 @pytest.mark.parametrize("cin,cout", [(32, 16), (64, 32), (16, 96)])
 def test_narrow_blocked_conv_stays_fp32(cin, cout):
     """A blocked conv of at most 32 filters (a 64-wide panel mostly zeros) or of 16 products an output
@@ -207,6 +232,8 @@ def test_narrow_blocked_conv_stays_fp32(cin, cout):
     ("bf16_direct_3x3_max_outputs", {"avx512f", "avx512_bf16"}, "AuthenticAMD", 49),   # Zen 4: 7x7 maps
     ("bf16_direct_3x3_max_outputs", {"avx512f", "avx512_bf16", "avx_vnni", "amx_bf16"}, "GenuineIntel", 0),
     ("bf16_direct_3x3_max_outputs", {"avx2", "fma"}, "AuthenticAMD", 0),
+    ("bf16_direct_grouped_3x3_max_outputs", {"avx512f", "avx512_bf16"}, "AuthenticAMD", 196),      # Zen 4
+    ("bf16_direct_grouped_3x3_max_outputs", {"avx512f", "avx512_bf16", "avx_vnni"}, "AuthenticAMD", 0),
     ("blocked_winograd4_min_outputs", {"avx512f", "avx512_vnni"}, "GenuineIntel", 225),      # F(2x2) at 14x14
     ("blocked_winograd4_min_outputs", {"avx512f", "avx512_bf16", "avx_vnni"}, "AuthenticAMD", 144),
     ("blocked_winograd4_min_outputs", {"avx2", "fma"}, "GenuineIntel", 144),

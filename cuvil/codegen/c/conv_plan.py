@@ -35,6 +35,16 @@ BF16_MIN_FILTERS = 48
 BF16_MIN_K = 32
 
 
+def bf16_filters_fit(node) -> bool:
+    """Whether a conv's filters suit the bf16 kernels' panels (lower_bf16dot.links_bf16 asks the rest):
+    BF16_MIN_FILTERS a group, and with groups, each group's channels whole blocks both ways."""
+    w, groups = node.inputs[1].shape, node.attrs.get("groups", 1)
+    if w[0] // groups < BF16_MIN_FILTERS:
+        return False
+    block = layout_block(node.attrs.get("layout", "nchw"))
+    return groups == 1 or (block > 0 and w[1] % block == 0 and w[0] // groups % block == 0)
+
+
 def int8_nchw(node) -> bool:
     """An NCHW conv marked for integer products (int8_act, passes/quantize.py) whose channels fill no
     block either side (ShuffleNet's 58 / 116 / 232, its 3x3 stride-2 convs between stages): kind
@@ -94,7 +104,7 @@ def winograd_tile(node, winograd4_min=WINOGRAD4_MIN_OUTPUTS):
     a = node.attrs
     if a.get("int8_act") == 2 and a.get("in_layout") != "nchw":
         return 0              # integer products on VNNI (lower_int8dot.int8_conv_kind), direct (blocked, int8_nchw)
-    if a.get("bf16_act") == 2 and w.shape[0] >= BF16_MIN_FILTERS:
+    if a.get("bf16_act") == 2 and bf16_filters_fit(node):
         return 0              # direct bf16 products on a small map (passes/quantize.py, tuning.PLAN_TUNING)
     if not (x.type.rank == 4 and w.is_const and tuple(w.shape[2:]) == (3, 3) and _winograd_groups(node)
             and tuple(a["strides"]) == (1, 1) and tuple(a["dilations"]) == (1, 1)

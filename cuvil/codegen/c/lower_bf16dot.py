@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ir.ops.movement import layout_block
 from ...target import has_features
 from . import cexpr
-from .conv_plan import BF16_MIN_FILTERS, BF16_MIN_K, conv_plan
+from .conv_plan import BF16_MIN_K, bf16_filters_fit, conv_plan
 
 BF16_NR = 64                  # kernels/bf16dot.h CUVIL_BF16_NR
 BF16_FEATURES = ("avx512_bf16",)
@@ -56,14 +55,10 @@ def links_bf16(node) -> bool:
     conv writes)."""
     if node.op != "conv" or node.attrs.get("bf16_act", 0) not in (1, 2):
         return False
-    kind, w, groups = conv_plan(node).kind, node.inputs[1].shape, node.attrs.get("groups", 1)
-    K, filters = int(np.prod(w[1:])), w[0] // groups
-    if groups > 1:       # each group a GEMM of its own on whole channel blocks (RegNet's 64-channel groups)
-        block = layout_block(node.attrs.get("layout", "nchw"))
-        return (kind == "blocked" and block > 0 and w[1] % block == 0 and filters % block == 0
-                and filters >= BF16_MIN_FILTERS and K >= BF16_MIN_K)
-    return filters >= BF16_MIN_FILTERS and (kind == "blocked" and K >= BF16_MIN_K
-                                            or kind == "blocked_from_nchw" and K >= BF16_MIN_NCHW_K)
+    kind, K = conv_plan(node).kind, int(np.prod(node.inputs[1].shape[1:]))
+    # with groups, each group a GEMM of its own on whole channel blocks (RegNet's 64-channel groups)
+    return bf16_filters_fit(node) and (kind == "blocked" and K >= BF16_MIN_K
+                                       or kind == "blocked_from_nchw" and K >= BF16_MIN_NCHW_K)
 
 
 def lower_bf16_dot(em, node, ep_lines, ep):

@@ -283,6 +283,9 @@ PLAN_DEFAULTS = {
     # time of all-direct bf16). Where bf16 dot products run no faster than fp32 FMAs (Intel's AVX512-BF16
     # without AMX), Winograd's saving wins at every size.
     "bf16_direct_3x3_max_outputs": 0,
+    # ... and grouped ones whose groups take bf16 products (conv_plan.bf16_filters_fit: RegNet's 64-channel
+    # groups), whose Winograd runs a small GEMM per group
+    "bf16_direct_grouped_3x3_max_outputs": 0,
     # fp32 3x3 stride-1 convs in the channel-blocked layout take Winograd F(4x4, 3x3) from this many output
     # pixels per image, F(2x2, 3x3) below (conv_plan.winograd_tile)
     "blocked_winograd4_min_outputs": 12 * 12,
@@ -304,6 +307,11 @@ PLAN_TUNING: tuple[PlanRow, ...] = (
     # had taken 0.82x the time of direct everywhere)
     PlanRow("Zen 4", _zen4_bf16, "bf16_direct_3x3_max_outputs", 49,
             "direct bf16 products for 3x3 convs at 7x7 and smaller", "benchmarks.ab ResNet-50 --precision bf16"),
+    # Zen 4, RegNetX bf16 (profile build, 1 thread): its eleven 512-channel convs in groups of 64 at 14x14
+    # 9.40 -> 7.04 ms direct (Winograd at about 135 effective GFLOP/s, a 64 x 64 GEMM per group and tile
+    # point); its 192-channel ones at 28x28 3.61 -> 4.73 ms, so they keep Winograd
+    PlanRow("Zen 4", _zen4_bf16, "bf16_direct_grouped_3x3_max_outputs", 196,
+            "direct bf16 products for grouped 3x3 convs at 14x14 and smaller", "benchmarks.ab RegNetX --precision bf16"),
     # F(2x2) at 14x14 on an Emerald-Rapids-class Xeon (2 MB L2), 9 rounds interleaved, both orders, 1 / 2
     # threads: RegNetY-4GF 0.970x (swapped 1.028x) / 0.975x, ResNet-50 0.983x (1.022x) / 1.004x; F(2x2)
     # also at 28x28 RegNetY 1.004x, direct at 7x7 0.994x. F(4x4) over a 14x14 map is 16 tiles (a 30%

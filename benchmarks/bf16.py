@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from benchmarks import workloads
 from benchmarks import precision
-from benchmarks.cnn_models import CNNS
-from benchmarks.cnn_wide import WIDE_CNNS
+from benchmarks.cnn_wide import with_vision_set
 from benchmarks.precision import compiled_runs
 from benchmarks.systems import export_onnx
 from benchmarks.timing import interleaved, machine_line
@@ -26,9 +25,7 @@ ISSUE_TABLE = {
     "MiniLM b1 s128": workloads.minilm(1), "MiniLM b32 s128": workloads.minilm(32),
     "BERT-base s128": workloads.bert_base, "ResNet-50": workloads.resnet50,
 }
-VISION = {name: build for name, build in {**CNNS, **WIDE_CNNS}.items() if name not in ISSUE_TABLE}
-WORKLOADS = {**ISSUE_TABLE, **VISION}
-SETS = {"issue": list(ISSUE_TABLE), "vision": list(VISION), "all": list(WORKLOADS)}
+WORKLOADS, SETS = with_vision_set(ISSUE_TABLE)
 
 
 def _openvino(model, args, threads, hint):

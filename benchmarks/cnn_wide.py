@@ -135,3 +135,12 @@ WIDE_CNNS = {
     "DenseNet-121-ish": _hand(DenseNet121ish),
     "VGG-11-ish": _hand(VGG11ish),
 }
+
+
+def with_vision_set(issue_table: dict) -> tuple[dict, dict]:
+    """(every workload, {"issue", "vision", "all": names}): a benchmark's own table and the vision networks
+    of issue 44's set and this one that the table does not already hold (benchmarks.bf16 and int8_cnn's --set)."""
+    from benchmarks.cnn_models import CNNS
+    vision = {name: build for name, build in {**CNNS, **WIDE_CNNS}.items() if name not in issue_table}
+    workloads = {**issue_table, **vision}
+    return workloads, {"issue": list(issue_table), "vision": list(vision), "all": list(workloads)}

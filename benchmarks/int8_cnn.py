@@ -21,7 +21,7 @@ import torch
 
 from benchmarks import precision
 from benchmarks.cnn_models import CNNS
-from benchmarks.cnn_wide import WIDE_CNNS
+from benchmarks.cnn_wide import with_vision_set
 from benchmarks.scratch import temp_dir
 from benchmarks.systems import export_onnx
 from benchmarks.timing import interleaved, machine_line
@@ -30,9 +30,7 @@ from benchmarks.timing import interleaved, machine_line
 # no block: ShuffleNet's)
 ISSUE_TABLE = {name: CNNS[name] for name in ("ResNet-50", "MobileNetV2", "EfficientNet-B0", "MobileNetV3-ish",
                                              "ShuffleNetV2-ish")}
-VISION = {name: build for name, build in {**CNNS, **WIDE_CNNS}.items() if name not in ISSUE_TABLE}
-WORKLOADS = {**ISSUE_TABLE, **VISION}
-SETS = {"issue": list(ISSUE_TABLE), "vision": list(VISION), "all": list(WORKLOADS)}
+WORKLOADS, SETS = with_vision_set(ISSUE_TABLE)
 CALIBRATION_IMAGES = 8
 
 

@@ -26,7 +26,7 @@ from ..ir.ops.movement import layout_block
 
 
 def optimize(graph, fusion_level=2, *, backend, layout="nchw", precision="fp32", int8_convs=0, calibration=None,
-             calibration_method="minmax", bf16_direct_outputs=0, bf16_convs=False, verify=None, log=None):
+             calibration_method="minmax", bf16_direct_outputs=(0, 0), bf16_convs=False, verify=None, log=None):
     """backend: passes/backend.py's Backend; layout: the layout pass's target layout, a blocked
     "nchw<B>c" to run it (driver.conv_layout picks it per target); precision: quantize.py's (int8_convs: what the target's integer
     convs are, 0 none, 1 AVX2's, 2 VNNI's; calibration: input sets, each a list of arrays, over which int8 convs

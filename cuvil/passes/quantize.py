@@ -133,14 +133,14 @@ def calibrate(graph, calibration, method="minmax"):
     return graph
 
 
-def run(graph, precision, int8_convs=0, calibration=None, calibration_method="minmax", bf16_direct_outputs=0):
+def run(graph, precision, int8_convs=0, calibration=None, calibration_method="minmax", bf16_direct_outputs=(0, 0)):
     """graph with its constant-weight matmuls in `precision` (fp32: unchanged); int8_convs: what the
     target's integer convs are (0 none, 1 AVX2's, 2 VNNI's, which take 3x3 convs from Winograd), the
     value int8 marks them with; calibration: input sets over which their input ranges are taken
     (calibrate, by calibration_method), else each image's own at run time; a range the model fixed
     itself (an ONNX QDQ or PT2E conv's input grid) is kept. bf16_direct_outputs: (ungrouped, grouped):
     bf16 marks 3x3 stride-1 convs of at most that many output pixels bf16_act 2, direct bf16 products rather
-    than fp32 Winograd (codegen/c/tuning.py PLAN_TUNING, per CPU); an int: ungrouped convs only."""
+    than fp32 Winograd (codegen/c/tuning.py PLAN_TUNING, per CPU)."""
     if precision == "fp32":
         return graph
     if precision not in LOSSY:
@@ -156,11 +156,10 @@ def run(graph, precision, int8_convs=0, calibration=None, calibration_method="mi
 
 
 def _small_3x3(n, max_outputs) -> bool:
-    """A 3x3 stride-1 undilated conv with at most max_outputs static output pixels: (ungrouped, grouped)
-    limits, or one for ungrouped convs alone."""
+    """A 3x3 stride-1 undilated conv with at most max_outputs static output pixels: max_outputs (ungrouped,
+    grouped)."""
     a, y = n.attrs, n.outputs[0]
-    ungrouped, grouped = (max_outputs, 0) if isinstance(max_outputs, int) else max_outputs
-    limit = ungrouped if a.get("groups", 1) == 1 else grouped
+    limit = max_outputs[0] if a.get("groups", 1) == 1 else max_outputs[1]
     return (tuple(n.inputs[1].shape[2:]) == (3, 3) and y.type.rank == 4
             and tuple(a["strides"]) == (1, 1) and tuple(a["dilations"]) == (1, 1)
             and all(isinstance(d, int) for d in y.shape[2:]) and y.shape[2] * y.shape[3] <= limit)

@@ -137,8 +137,9 @@ def cpu_vendor() -> str:
 
 
 # what a native build may use and a loading CPU must have: -march=native lets GCC and the kernels
-# (qgemm.c's VNNI, bf16dot.c's vdpbf16ps) use any of them
-NATIVE_FEATURES = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx2", "fma", "avx", "asimd")
+# (qgemm.c's VNNI, bf16dot.c's vdpbf16ps and AMX tiles) use any of them
+NATIVE_FEATURES = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
+                   "amx_bf16", "amx_int8", "avx2", "fma", "avx", "asimd")
 
 
 def native_features() -> list[str]:

@@ -1,7 +1,9 @@
 """The bf16 dot-product GEMM (kernels/bf16dot.c) against numpy doing its arithmetic: A and B rounded
 to bf16 (nearest even), each pair of products added to the fp32 sum odd first, as vdpbf16ps adds
 them. Built with AVX512-BF16 where this CPU has it, and always as portable C (the x86-64 baseline),
-which runs the same layouts, edges and epilogue on any host."""
+which runs the same layouts, edges and epilogue on any host. Where the CPU has AMX, the native build
+runs the tile kernel, whose sums of 32 products round otherwise: it is held to the exact products within
+fp32's rounding of the sum, and a native build without AMX keeps vdpbf16ps's kernel tested."""
 import ctypes
 import platform
 
@@ -15,7 +17,10 @@ from cuvil.target import cpu_flags
 
 from .util import branching_conv_block, build_kernels
 
-BUILDS = {"portable": ["-march=x86-64"], "avx512_bf16": ["-march=native"]}
+NO_AMX = ["-mno-amx-tile", "-mno-amx-bf16", "-mno-amx-int8"]
+# build -> (flags, the cpuinfo flag it needs)
+BUILDS = {"portable": (["-march=x86-64"], None), "avx512_bf16": (["-march=native", *NO_AMX], "avx512_bf16"),
+          "amx": (["-march=native"], "amx_bf16")}
 
 
 class Epilogue(ctypes.Structure):
@@ -27,10 +32,12 @@ class Epilogue(ctypes.Structure):
 def lib(request):
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("the builds' flags are x86 flags")
-    if request.param == "avx512_bf16" and "avx512_bf16" not in cpu_flags():
-        pytest.skip("this CPU has no AVX512-BF16 (the portable build covers the kernel's C)")
-    lib = build_kernels(("bf16dot.c", "gemm.c", "pool.c"), BUILDS[request.param])
+    flags, needs = BUILDS[request.param]
+    if needs and needs not in cpu_flags():
+        pytest.skip(f"this CPU has no {needs} (the portable build covers the kernel's C)")
+    lib = build_kernels(("bf16dot.c", "gemm.c", "pool.c"), flags)
     lib.cuvil_sgemm_bf16dot.restype = ctypes.c_int
+    lib.build = request.param
     return lib
 
 
@@ -38,10 +45,13 @@ def _as_float(bits):
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
-def _expected(a, w, bias, res, act):
-    """The kernel's sums in its own order, in float32."""
+def _expected(a, w, bias, res, act, build="portable"):
+    """The kernel's sums in its own order, in float32; for the AMX build the exact sums (float64)."""
     ab, wb = _as_float(to_bf16(a)), _as_float(to_bf16(w))
     K = a.shape[1]
+    if build == "amx":
+        y = ab.astype(np.float64) @ wb.astype(np.float64) + bias + res
+        return {"none": y, "relu": np.maximum(y, 0), "gelu": None}[act]
     acc = np.zeros((a.shape[0], w.shape[1]), np.float32)
     for k in range(0, K, 2):
         if k + 1 < K:
@@ -72,7 +82,12 @@ def test_bf16dot_matches_its_arithmetic(lib, M, N, K, act):
     ep = Epilogue(None, bias.ctypes.data, res.ctypes.data, N, 1.0, ACT_CODES[act])
     assert lib.cuvil_sgemm_bf16dot(ctypes.c_int64(M), ctypes.c_int64(N), ctypes.c_int64(K), _ptr(a),
                                    ctypes.c_int64(K), _ptr(bp), _ptr(c), ctypes.c_int64(N), ctypes.byref(ep), 2) == 0
-    np.testing.assert_allclose(c, _expected(a, w, bias, res, act), rtol=1e-5, atol=1e-5)
+    want = _expected(a, w, bias, res, act, lib.build)
+    if lib.build == "amx":     # fp32 sums of K products: within K roundings of the largest partial sum
+        bound = np.abs(_as_float(to_bf16(a))).astype(np.float64) @ np.abs(_as_float(to_bf16(w))) + np.abs(bias) + np.abs(res)
+        assert np.all(np.abs(c - want) <= K * 2.0 ** -23 * bound + 1e-6)
+    else:
+        np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-5)
     # and against the float32 product: bf16's rounding, not a layout slip
     exact = a.astype(np.float64) @ w.astype(np.float64) + bias + res
     exact = np.maximum(exact, 0) if act == "relu" else exact
@@ -90,7 +105,7 @@ def test_bf16dot_gelu_epilogue_and_alpha(lib):
     ep = Epilogue(None, bias.ctypes.data, None, N, 0.5, ACT_CODES["gelu"])
     lib.cuvil_sgemm_bf16dot(ctypes.c_int64(M), ctypes.c_int64(N), ctypes.c_int64(K), _ptr(a), ctypes.c_int64(K),
                             _ptr(bf16_dot_panels(to_bf16(w))), _ptr(c), ctypes.c_int64(N), ctypes.byref(ep), 1)
-    y = 0.5 * _expected(a, w, 0, 0, "none") + bias
+    y = 0.5 * _expected(a, w, 0, 0, "none", lib.build) + bias
     want = 0.5 * y * (1 + np.vectorize(math.erf)(y / math.sqrt(2)))
     np.testing.assert_allclose(c, want, rtol=1e-4, atol=1e-4)
 
@@ -230,7 +245,9 @@ def test_narrow_blocked_conv_stays_fp32(cin, cout):
 @pytest.mark.parametrize("knob,flags,vendor,want", [
     ("bf16_direct_3x3_max_outputs", {"avx512f", "avx512_bf16", "avx_vnni"}, "AuthenticAMD", 196),     # Zen 5
     ("bf16_direct_3x3_max_outputs", {"avx512f", "avx512_bf16"}, "AuthenticAMD", 49),   # Zen 4: 7x7 maps
-    ("bf16_direct_3x3_max_outputs", {"avx512f", "avx512_bf16", "avx_vnni", "amx_bf16"}, "GenuineIntel", 0),
+    ("bf16_direct_3x3_max_outputs", {"avx512f", "avx512_bf16", "avx_vnni"}, "GenuineIntel", 0),
+    ("bf16_direct_3x3_max_outputs", {"avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}, "GenuineIntel", 1 << 30),
+    ("bf16_direct_grouped_3x3_max_outputs", {"avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}, "GenuineIntel", 1 << 30),
     ("bf16_direct_3x3_max_outputs", {"avx2", "fma"}, "AuthenticAMD", 0),
     ("bf16_direct_grouped_3x3_max_outputs", {"avx512f", "avx512_bf16"}, "AuthenticAMD", 196),      # Zen 4
     ("bf16_direct_grouped_3x3_max_outputs", {"avx512f", "avx512_bf16", "avx_vnni"}, "AuthenticAMD", 0),
@@ -278,7 +295,7 @@ def test_small_3x3_convs_take_direct_bf16_products(monkeypatch, tmp_path, limit,
 
 # ---- bf16 maps between bf16 convs (passes/quantize.link_bf16_convs) ----
 CONV_BUILDS = {"portable": (["-march=x86-64"], 4, None), "avx2": (["-mavx2", "-mfma", "-mf16c"], 8, "avx2"),
-               "native": (["-march=native"], 16, "avx512f")}
+               "native": (["-march=native"], 16, "avx512f"), "native_no_amx": (["-march=native", *NO_AMX], 16, "avx512f")}
 _conv_libs = {}
 
 

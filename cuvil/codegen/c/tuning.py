@@ -273,6 +273,10 @@ def _zen4_bf16(flags, vendor) -> bool:
     return vendor == "AuthenticAMD" and {"avx512_bf16", "avx512f"} <= flags and "avx_vnni" not in flags
 
 
+def _amx_bf16(flags, vendor) -> bool:
+    return {"amx_bf16", "amx_tile"} <= flags
+
+
 def _intel_512(flags, vendor) -> bool:
     return vendor == "GenuineIntel" and "avx512f" in flags
 
@@ -296,6 +300,10 @@ PLAN_DEFAULTS = {
 }
 
 PLAN_TUNING: tuple[PlanRow, ...] = (
+    PlanRow("AMX", _amx_bf16, "bf16_direct_3x3_max_outputs", 1 << 30,
+            "direct bf16 products (AMX tiles) for every 3x3 conv", "benchmarks.ab ResNet-50 --precision bf16"),
+    PlanRow("AMX", _amx_bf16, "bf16_direct_grouped_3x3_max_outputs", 1 << 30,
+            "direct bf16 products (AMX tiles) for every grouped 3x3 conv", "benchmarks.ab RegNetX --precision bf16"),
     # ResNet-50 bf16, the 3x3 convs direct by output size, 9 rounds interleaved, 1 / 2 threads: 7x7 maps
     # 0.995x / 0.964x, 7x7 and 14x14 0.970x / 0.933x, up to 28x28 0.999x / 0.978x, all 1.011x / 0.983x
     # (Winograd's tiles fit small maps badly: 7x7 outputs in 8x8 of F(4x4, 3x3) tiles)

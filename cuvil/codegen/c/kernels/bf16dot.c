@@ -1,4 +1,5 @@
 #include "bf16dot.h"
+#include "amx.h"
 #include "pool.h"
 
 #define DOT_MR 6         /* 6 rows x 4 vectors: 24 accumulators, each A broadcast feeds 4 dot products */
@@ -65,8 +66,98 @@ static inline void dot_tile(int mr, const uint32_t *a, int64_t K2, const uint32_
 }
 #endif
 
+#if defined(CUVIL_HAVE_AMX) && defined(__AMX_BF16__)
+/* out[r][j] += the products of words [0, kt) of mr rows of A (lda apart) and of a panel's rows: the K2 % 16
+ * words a tile's depth leaves over, by vdpbf16ps. */
+static void dot_tail_add(int mr, const uint32_t *a, int64_t lda, int64_t kt, const uint32_t *b, float *out) {
+    for (int r = 0; r < mr; r++) {
+        float *o = out + r * CUVIL_BF16_NR;
+        __m512 x0 = _mm512_load_ps(o), x1 = _mm512_load_ps(o + 16), x2 = _mm512_load_ps(o + 32), x3 = _mm512_load_ps(o + 48);
+        for (int64_t k = 0; k < kt; k++) {
+            const uint32_t *bk = b + k * CUVIL_BF16_NR;
+            __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[r * lda + k]);
+            x0 = _mm512_dpbf16_ps(x0, av, (__m512bh)_mm512_loadu_si512(bk));
+            x1 = _mm512_dpbf16_ps(x1, av, (__m512bh)_mm512_loadu_si512(bk + 16));
+            x2 = _mm512_dpbf16_ps(x2, av, (__m512bh)_mm512_loadu_si512(bk + 32));
+            x3 = _mm512_dpbf16_ps(x3, av, (__m512bh)_mm512_loadu_si512(bk + 48));
+        }
+        _mm512_store_ps(o, x0), _mm512_store_ps(o + 16, x1), _mm512_store_ps(o + 32, x2), _mm512_store_ps(o + 48, x3);
+    }
+}
+
+/* cuvil_bf16_rows on AMX tiles: 32 rows of A by half a panel (32 columns) in four sum tiles, 16 words of
+ * depth a step (TDPBF16PS: 16 x 16 x 32 products an instruction, ~7x vdpbf16ps's rate on one core), each
+ * tile of A and of B loaded once for two products. A's rows and the panels are the vdpbf16ps kernel's
+ * own: a panel's 16 words by 16 columns are a tile's rows, 256 bytes apart. The sums of each pair of
+ * products round otherwise than vdpbf16ps's (within fp32's rounding of the sum), the same for any split
+ * of the rows. */
+static void amx_rows(const uint32_t *Ab, int64_t rows, int64_t K2, const uint32_t *Bp, int64_t N, int64_t p0,
+                     int64_t p1, const cuvil_dot_out *o) {
+    float out[2 * CUVIL_AMX_K2 * CUVIL_BF16_NR] __attribute__((aligned(64)));
+    const int64_t kb = K2 / CUVIL_AMX_K2 * CUVIL_AMX_K2, lda = K2 * 4, ldb = CUVIL_BF16_NR * 4;
+    int shape = 0;                 /* the row counts the tiles are configured for, as r0 + 64 r1 */
+    for (int64_t p = p0; p < p1; p++) {
+        int64_t n0 = p * CUVIL_BF16_NR, nc = N - n0 < CUVIL_BF16_NR ? N - n0 : CUVIL_BF16_NR;
+        const uint32_t *b = Bp + p * K2 * CUVIL_BF16_NR;
+        for (int64_t m0 = 0; m0 < rows; m0 += 2 * CUVIL_AMX_K2) {
+            int mr = rows - m0 < 2 * CUVIL_AMX_K2 ? (int)(rows - m0) : 2 * CUVIL_AMX_K2;
+            int r0 = mr < CUVIL_AMX_K2 ? mr : CUVIL_AMX_K2, r1 = mr - r0;
+            const uint32_t *a0 = Ab + m0 * K2, *a1 = a0 + CUVIL_AMX_K2 * K2;
+            for (int h = 0; h < 2; h++) {
+                if (r0 + 64 * r1 != shape) cuvil_amx_configure(r0, r1), shape = r0 + 64 * r1;
+                else {
+                    _tile_zero(0); _tile_zero(1);
+                    if (r1) {
+                        _tile_zero(2); _tile_zero(3);
+                    }
+                }
+                const uint32_t *bh = b + h * 32;
+                if (r1)
+                    for (int64_t k = 0; k < kb; k += CUVIL_AMX_K2) {
+                        const uint32_t *bk = bh + k * CUVIL_BF16_NR;
+                        _tile_loadd(4, a0 + k, lda);
+                        _tile_loadd(6, bk, ldb);
+                        _tile_dpbf16ps(0, 4, 6);
+                        _tile_loadd(7, bk + 16, ldb);
+                        _tile_dpbf16ps(1, 4, 7);
+                        _tile_loadd(5, a1 + k, lda);
+                        _tile_dpbf16ps(2, 5, 6);
+                        _tile_dpbf16ps(3, 5, 7);
+                    }
+                else
+                    for (int64_t k = 0; k < kb; k += CUVIL_AMX_K2) {
+                        const uint32_t *bk = bh + k * CUVIL_BF16_NR;
+                        _tile_loadd(4, a0 + k, lda);
+                        _tile_loadd(6, bk, ldb);
+                        _tile_dpbf16ps(0, 4, 6);
+                        _tile_loadd(7, bk + 16, ldb);
+                        _tile_dpbf16ps(1, 4, 7);
+                    }
+                float *oh = out + h * 32;
+                _tile_stored(0, oh, ldb);
+                _tile_stored(1, oh + 16, ldb);
+                if (r1) {
+                    _tile_stored(2, oh + CUVIL_AMX_K2 * CUVIL_BF16_NR, ldb);
+                    _tile_stored(3, oh + CUVIL_AMX_K2 * CUVIL_BF16_NR + 16, ldb);
+                }
+            }
+            if (kb < K2) dot_tail_add(mr, a0 + kb, K2, K2 - kb, b + kb * CUVIL_BF16_NR, out);
+            cuvil_dot_store(o, out, m0, mr, n0, nc);
+        }
+    }
+    _tile_release();               /* back to the init state: a context switch saves no tiles */
+}
+#endif
+
 void cuvil_bf16_rows(const uint32_t *Ab, int64_t rows, int64_t K2, const uint32_t *Bp, int64_t N, int64_t p0,
                      int64_t p1, const cuvil_dot_out *o) {
+#if defined(CUVIL_HAVE_AMX) && defined(__AMX_BF16__)
+    /* by depth alone, so that every split of the rows sums a row alike */
+    if (K2 >= CUVIL_AMX_K2 && cuvil_amx_ready()) {
+        amx_rows(Ab, rows, K2, Bp, N, p0, p1, o);
+        return;
+    }
+#endif
     float out[DOT_MR * CUVIL_BF16_NR] __attribute__((aligned(64)));
     for (int64_t p = p0; p < p1; p++) {
         int64_t n0 = p * CUVIL_BF16_NR, nc = N - n0 < CUVIL_BF16_NR ? N - n0 : CUVIL_BF16_NR;

@@ -17,8 +17,10 @@ from cuvil.target import cpu_flags
 
 from .util import branching_conv_block, build_kernels, compile_linked_and_plain
 
+# the native build runs AMX tiles where the CPU has them (the same integer sums), and without them VNNI
 BUILDS = {"portable": (["-march=x86-64"], 4), "avx2": (["-march=haswell"], 8),
-          "avx512_vnni": (["-march=native"], 16)}
+          "avx512_vnni": (["-march=native", "-mno-amx-tile", "-mno-amx-bf16", "-mno-amx-int8"], 16),
+          "amx": (["-march=native"], 16)}
 FILES = ("blocked_dot.c", "depthwise_bytes.c", "blocked.c", "int8dot.c", "int8_matmul.c", "bf16dot.c", "gemm.c", "pool.c", "conv.c", "winograd.c",
          "winograd4.c", "winograd_blocked.c", "special.c")
 
@@ -44,6 +46,8 @@ def lib(request):
     flags, block = BUILDS[request.param]
     if request.param == "avx512_vnni" and not {"avx512_vnni", "avx512bw"} <= cpu_flags():
         pytest.skip("this CPU has no AVX-512 VNNI (the portable and AVX2 builds cover the kernels' C)")
+    if request.param == "amx" and not {"amx_int8", "avx512_vnni"} <= cpu_flags():
+        pytest.skip("this CPU has no AMX-INT8 (the VNNI build covers the kernels on this CPU)")
     if request.param == "avx2" and "avx2" not in cpu_flags():
         pytest.skip("this CPU has no AVX2")
     lib = build_kernels(FILES, flags)

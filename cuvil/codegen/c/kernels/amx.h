@@ -41,6 +41,73 @@ static inline void cuvil_amx_configure(int r0, int r1) {
     for (int t = 0; t < 8; t++) c.rows[t] = rows[t], c.colsb[t] = rows[t] ? 64 : 0;
     _tile_loadconfig(&c);
 }
+
+enum { CUVIL_AMX_BF16, CUVIL_AMX_U8S8 };
+#if defined(__AMX_BF16__)
+#define CUVIL_AMX_BF16_DOT(c, x, y) _tile_dpbf16ps(c, x, y)
+#else
+#define CUVIL_AMX_BF16_DOT(c, x, y) __builtin_trap()
+#endif
+#if defined(__AMX_INT8__)
+#define CUVIL_AMX_U8S8_DOT(c, x, y) _tile_dpbusd(c, x, y)
+#else
+#define CUVIL_AMX_U8S8_DOT(c, x, y) __builtin_trap()
+#endif   /* the products: bf16 pairs into floats, u8 x s8 quads into int32 */
+
+/* The sums of mr (1-32) rows of A (words of two bf16 or four bytes, lda words a row) by one 64-column
+ * panel of B (the dot kernels' own: 16 words by 16 columns are a tile's rows, 256 bytes apart), over
+ * words [0, kb), kb a multiple of 16, into out (mr rows of 64 sums, floats or int32 by kind). Two column
+ * halves of 32 rows by 32 columns, each tile of A and of B loaded once for two products. shape: the row
+ * split the tiles are configured for (0 at first: a kernel configures on its first call, since another
+ * library on this thread may have configured them otherwise). */
+static inline __attribute__((always_inline)) void cuvil_amx_block(const int kind, const uint32_t *a0, int64_t lda, int mr,
+                                                                  const uint32_t *b, int64_t kb, void *out, int *shape) {
+    const int64_t lda_bytes = lda * 4, ldb = 64 * 4;
+    int r0 = mr < CUVIL_AMX_K2 ? mr : CUVIL_AMX_K2, r1 = mr - r0;
+    const uint32_t *a1 = a0 + CUVIL_AMX_K2 * lda;
+#define CUVIL_AMX_DOT(c, x, y) \
+    if (kind == CUVIL_AMX_BF16) CUVIL_AMX_BF16_DOT(c, x, y); \
+    else CUVIL_AMX_U8S8_DOT(c, x, y);
+    for (int h = 0; h < 2; h++) {
+        if (r0 + 64 * r1 != *shape) cuvil_amx_configure(r0, r1), *shape = r0 + 64 * r1;
+        else {
+            _tile_zero(0); _tile_zero(1);
+            if (r1) {
+                _tile_zero(2); _tile_zero(3);
+            }
+        }
+        const uint32_t *bh = b + h * 32;
+        if (r1)
+            for (int64_t k = 0; k < kb; k += CUVIL_AMX_K2) {
+                const uint32_t *bk = bh + k * 64;
+                _tile_loadd(4, a0 + k, lda_bytes);
+                _tile_loadd(6, bk, ldb);
+                CUVIL_AMX_DOT(0, 4, 6)
+                _tile_loadd(7, bk + 16, ldb);
+                CUVIL_AMX_DOT(1, 4, 7)
+                _tile_loadd(5, a1 + k, lda_bytes);
+                CUVIL_AMX_DOT(2, 5, 6)
+                CUVIL_AMX_DOT(3, 5, 7)
+            }
+        else
+            for (int64_t k = 0; k < kb; k += CUVIL_AMX_K2) {
+                const uint32_t *bk = bh + k * 64;
+                _tile_loadd(4, a0 + k, lda_bytes);
+                _tile_loadd(6, bk, ldb);
+                CUVIL_AMX_DOT(0, 4, 6)
+                _tile_loadd(7, bk + 16, ldb);
+                CUVIL_AMX_DOT(1, 4, 7)
+            }
+        uint32_t *oh = (uint32_t *)out + h * 32;
+        _tile_stored(0, oh, ldb);
+        _tile_stored(1, oh + 16, ldb);
+        if (r1) {
+            _tile_stored(2, oh + CUVIL_AMX_K2 * 64, ldb);
+            _tile_stored(3, oh + CUVIL_AMX_K2 * 64 + 16, ldb);
+        }
+    }
+#undef CUVIL_AMX_DOT
+}
 #define CUVIL_HAVE_AMX 1
 #endif
 #endif

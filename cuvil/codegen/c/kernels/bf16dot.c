@@ -85,63 +85,21 @@ static void dot_tail_add(int mr, const uint32_t *a, int64_t lda, int64_t kt, con
     }
 }
 
-/* cuvil_bf16_rows on AMX tiles: 32 rows of A by half a panel (32 columns) in four sum tiles, 16 words of
- * depth a step (TDPBF16PS: 16 x 16 x 32 products an instruction, ~7x vdpbf16ps's rate on one core), each
- * tile of A and of B loaded once for two products. A's rows and the panels are the vdpbf16ps kernel's
- * own: a panel's 16 words by 16 columns are a tile's rows, 256 bytes apart. The sums of each pair of
- * products round otherwise than vdpbf16ps's (within fp32's rounding of the sum), the same for any split
- * of the rows. */
+/* cuvil_bf16_rows on AMX tiles (amx.h's blocks of 32 rows, TDPBF16PS: 16 x 16 x 32 products an
+ * instruction, ~7x vdpbf16ps's rate on one core). The sums of each pair of products round otherwise than
+ * vdpbf16ps's (within fp32's rounding of the sum), the same for any split of the rows. */
 static void amx_rows(const uint32_t *Ab, int64_t rows, int64_t K2, const uint32_t *Bp, int64_t N, int64_t p0,
                      int64_t p1, const cuvil_dot_out *o) {
     float out[2 * CUVIL_AMX_K2 * CUVIL_BF16_NR] __attribute__((aligned(64)));
-    const int64_t kb = K2 / CUVIL_AMX_K2 * CUVIL_AMX_K2, lda = K2 * 4, ldb = CUVIL_BF16_NR * 4;
-    int shape = 0;                 /* the row counts the tiles are configured for, as r0 + 64 r1 */
+    const int64_t kb = K2 / CUVIL_AMX_K2 * CUVIL_AMX_K2;
+    int shape = 0;
     for (int64_t p = p0; p < p1; p++) {
         int64_t n0 = p * CUVIL_BF16_NR, nc = N - n0 < CUVIL_BF16_NR ? N - n0 : CUVIL_BF16_NR;
         const uint32_t *b = Bp + p * K2 * CUVIL_BF16_NR;
         for (int64_t m0 = 0; m0 < rows; m0 += 2 * CUVIL_AMX_K2) {
             int mr = rows - m0 < 2 * CUVIL_AMX_K2 ? (int)(rows - m0) : 2 * CUVIL_AMX_K2;
-            int r0 = mr < CUVIL_AMX_K2 ? mr : CUVIL_AMX_K2, r1 = mr - r0;
-            const uint32_t *a0 = Ab + m0 * K2, *a1 = a0 + CUVIL_AMX_K2 * K2;
-            for (int h = 0; h < 2; h++) {
-                if (r0 + 64 * r1 != shape) cuvil_amx_configure(r0, r1), shape = r0 + 64 * r1;
-                else {
-                    _tile_zero(0); _tile_zero(1);
-                    if (r1) {
-                        _tile_zero(2); _tile_zero(3);
-                    }
-                }
-                const uint32_t *bh = b + h * 32;
-                if (r1)
-                    for (int64_t k = 0; k < kb; k += CUVIL_AMX_K2) {
-                        const uint32_t *bk = bh + k * CUVIL_BF16_NR;
-                        _tile_loadd(4, a0 + k, lda);
-                        _tile_loadd(6, bk, ldb);
-                        _tile_dpbf16ps(0, 4, 6);
-                        _tile_loadd(7, bk + 16, ldb);
-                        _tile_dpbf16ps(1, 4, 7);
-                        _tile_loadd(5, a1 + k, lda);
-                        _tile_dpbf16ps(2, 5, 6);
-                        _tile_dpbf16ps(3, 5, 7);
-                    }
-                else
-                    for (int64_t k = 0; k < kb; k += CUVIL_AMX_K2) {
-                        const uint32_t *bk = bh + k * CUVIL_BF16_NR;
-                        _tile_loadd(4, a0 + k, lda);
-                        _tile_loadd(6, bk, ldb);
-                        _tile_dpbf16ps(0, 4, 6);
-                        _tile_loadd(7, bk + 16, ldb);
-                        _tile_dpbf16ps(1, 4, 7);
-                    }
-                float *oh = out + h * 32;
-                _tile_stored(0, oh, ldb);
-                _tile_stored(1, oh + 16, ldb);
-                if (r1) {
-                    _tile_stored(2, oh + CUVIL_AMX_K2 * CUVIL_BF16_NR, ldb);
-                    _tile_stored(3, oh + CUVIL_AMX_K2 * CUVIL_BF16_NR + 16, ldb);
-                }
-            }
-            if (kb < K2) dot_tail_add(mr, a0 + kb, K2, K2 - kb, b + kb * CUVIL_BF16_NR, out);
+            cuvil_amx_block(CUVIL_AMX_BF16, Ab + m0 * K2, K2, mr, b, kb, out, &shape);
+            if (kb < K2) dot_tail_add(mr, Ab + m0 * K2 + kb, K2, K2 - kb, b + kb * CUVIL_BF16_NR, out);
             cuvil_dot_store(o, out, m0, mr, n0, nc);
         }
     }

@@ -1,4 +1,5 @@
 #include "int8dot.h"
+#include "amx.h"
 #include "tuning.h"
 #include <math.h>
 #include <string.h>
@@ -226,6 +227,49 @@ static void i8_fused_panel(const cuvil_dot_out *o, i8_fused *f, float z5, int64_
 }
 #endif
 
+#if defined(CUVIL_HAVE_AMX) && defined(__AMX_INT8__) && defined(__AVX512VNNI__)
+/* Where cuvil_i8_rows runs on AMX tiles: by depth alone, as bf16dot.c's */
+static int amx_takes(int64_t K4) { return K4 >= CUVIL_AMX_K2 && cuvil_amx_ready(); }
+
+/* out[r][j] (int32) += the products of words [0, kt) of mr rows of A (lda apart) and of a panel's rows:
+ * the K4 % 16 words a tile's depth leaves over, by vpdpbusd. */
+static void i8_tail_add(int mr, const uint32_t *a, int64_t lda, int64_t kt, const uint32_t *b, int32_t *out) {
+    for (int r = 0; r < mr; r++) {
+        __m512i x[4];
+        for (int v = 0; v < 4; v++) x[v] = _mm512_load_si512(out + r * CUVIL_I8_NR + 16 * v);
+        for (int64_t k = 0; k < kt; k++) {
+            __m512i av = _mm512_set1_epi32((int)a[r * lda + k]);
+            for (int v = 0; v < 4; v++) I8_DOT(x[v], av, _mm512_loadu_si512(b + k * CUVIL_I8_NR + 16 * v));
+        }
+        for (int v = 0; v < 4; v++) _mm512_store_si512(out + r * CUVIL_I8_NR + 16 * v, x[v]);
+    }
+}
+
+/* cuvil_i8_rows on AMX tiles (amx.h's blocks of 32 rows, TDPBUSD: 16 x 16 x 64 products an instruction):
+ * the same integer sums as vpdpbusd's, so the same bytes out as the VNNI kernel's general store. */
+static void amx_i8_rows(const uint32_t *Aq, int64_t rows, int64_t K4, const uint32_t *Bp, int64_t N, int64_t p0,
+                        int64_t p1, const cuvil_dot_out *o) {
+    int32_t out[2 * CUVIL_AMX_K2 * CUVIL_I8_NR] __attribute__((aligned(64)));
+    const int64_t kb = K4 / CUVIL_AMX_K2 * CUVIL_AMX_K2;
+    int shape = 0;
+    for (int64_t p = p0; p < p1; p++) {
+        int64_t n0 = p * CUVIL_I8_NR, nc = N - n0 < CUVIL_I8_NR ? N - n0 : CUVIL_I8_NR;
+        const uint32_t *b = Bp + p * K4 * CUVIL_I8_NR;
+        for (int64_t m0 = 0; m0 < rows; m0 += 2 * CUVIL_AMX_K2) {
+            int mr = rows - m0 < 2 * CUVIL_AMX_K2 ? (int)(rows - m0) : 2 * CUVIL_AMX_K2;
+            cuvil_amx_block(CUVIL_AMX_U8S8, Aq + m0 * K4, K4, mr, b, kb, out, &shape);
+            if (kb < K4) i8_tail_add(mr, Aq + m0 * K4 + kb, K4, K4 - kb, b + kb * CUVIL_I8_NR, out);
+            for (int i = 0; i < mr * CUVIL_I8_NR; i += 16)      /* the sums as floats, in place */
+                _mm512_store_ps((float *)out + i, _mm512_cvtepi32_ps(_mm512_load_si512(out + i)));
+            cuvil_dot_store(o, (const float *)out, m0, mr, n0, nc);
+        }
+    }
+    _tile_release();
+}
+#else
+static __attribute__((unused)) int amx_takes(int64_t K4) { (void)K4; return 0; }
+#endif
+
 #if defined(__AVX512VNNI__)
 /* Six output pixels of one output row times a whole panel, their windows read where they lie: pixel r's
  * filter row j (of 3) at a + r lda + j run_step, run_words words each; bytes out as i8_fused_6x4's. Its own
@@ -267,7 +311,7 @@ int cuvil_i8_window_rows(const cuvil_i8_window *w, int64_t rows, int64_t K4, con
                          int64_t p0, int64_t p1, const cuvil_dot_out *o, uint8_t *spare) {
     i8_fused f __attribute__((aligned(64)));
     float z5 = 0.f;
-    if (N % CUVIL_I8_NR || !i8_fused_of(o, &f, &z5)) return 0;
+    if (N % CUVIL_I8_NR || amx_takes(K4) || !i8_fused_of(o, &f, &z5)) return 0;  /* AMX: rows copied, tiles loaded */
     int64_t words = w->C / 4, tiles = (rows + 5) / 6;
     for (int64_t p = p0; p < p1; p++) {
         int64_t n0 = p * CUVIL_I8_NR;
@@ -301,6 +345,12 @@ int cuvil_i8_window_rows(const cuvil_i8_window *w, int64_t rows, int64_t K4, con
 
 void cuvil_i8_rows(const uint32_t *Aq, int64_t rows, int64_t K4, const uint32_t *Bp, int64_t N, int64_t p0,
                    int64_t p1, const cuvil_dot_out *o) {
+#if defined(CUVIL_HAVE_AMX) && defined(__AMX_INT8__) && defined(__AVX512VNNI__)
+    if (amx_takes(K4)) {
+        amx_i8_rows(Aq, rows, K4, Bp, N, p0, p1, o);
+        return;
+    }
+#endif
     float out[I8_MAX_MR * CUVIL_I8_NR] __attribute__((aligned(64)));
 #if defined(__AVX512VNNI__)
     i8_fused f __attribute__((aligned(64)));

@@ -8,7 +8,7 @@
 #define CUVIL_BF16_ROW_TASKS_PER_THREAD 4
 
 typedef struct {
-    int64_t M, N, K, K2, np, nrb;
+    int64_t M, N, K, K2, np, nrb, R;   /* R: a task's rows (dot_row_block) */
     const float *A;
     int64_t lda;
     uint32_t *Ab;
@@ -136,13 +136,22 @@ void cuvil_bf16_rows(const uint32_t *Ab, int64_t rows, int64_t K2, const uint32_
     }
 }
 
+/* A task's rows: 48 (8 register tiles of 6), or on AMX tiles 64 (two blocks of 32: 48 left one of 16) */
+static int64_t dot_row_block(int64_t K2) {
+#if defined(CUVIL_HAVE_AMX) && defined(__AMX_BF16__)
+    if (K2 >= CUVIL_AMX_K2 && cuvil_amx_ready()) return 64;
+#endif
+    (void)K2;
+    return DOT_ROW_TILES * DOT_MR;
+}
+
 /* Tasks t (few rows): panel t / nrb over row block t % nrb, so a thread's run keeps one panel of B in
  * cache across the row blocks; A rounded beforehand, by all threads. */
 static void dot_task(void *ctx, int64_t t0, int64_t t1) {
     const dot_args *g = ctx;
     for (int64_t t = t0; t < t1; t++) {
-        int64_t p = t / g->nrb, m0 = t % g->nrb * DOT_ROW_TILES * DOT_MR;
-        int64_t rows = g->M - m0 < DOT_ROW_TILES * DOT_MR ? g->M - m0 : DOT_ROW_TILES * DOT_MR;
+        int64_t p = t / g->nrb, m0 = t % g->nrb * g->R;
+        int64_t rows = g->M - m0 < g->R ? g->M - m0 : g->R;
         cuvil_dot_out o = g->out;
         o.C += m0 * o.ldm;
         if (o.residual) o.residual += m0 * o.res_ldm;
@@ -156,7 +165,7 @@ static void dot_task(void *ctx, int64_t t0, int64_t t1) {
  * panel's tasks read it back from L3. */
 static void row_block_task(void *ctx, int64_t t0, int64_t t1) {
     dot_args *g = ctx;
-    const int64_t R = DOT_ROW_TILES * DOT_MR;
+    const int64_t R = g->R;
     uint32_t *ab = cuvil_thread_buffer(CUVIL_BUF_DOT_ROWS, (size_t)(R * g->K2) * sizeof(uint32_t));
     if (!ab) {
         g->out_of_memory = 1;
@@ -176,10 +185,10 @@ static void row_block_task(void *ctx, int64_t t0, int64_t t1) {
 int cuvil_sgemm_bf16dot(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const uint32_t *Bp,
                         float *C, int64_t ldc, const cuvil_epilogue *ep, int nthreads) {
     if (M <= 0 || N <= 0) return 0;
-    int64_t K2 = (K + 1) / 2, nrb = (M + DOT_ROW_TILES * DOT_MR - 1) / (DOT_ROW_TILES * DOT_MR);
+    int64_t K2 = (K + 1) / 2, R = dot_row_block(K2), nrb = (M + R - 1) / R;
     cuvil_dot_out o = {C, ep ? ep->bias_row : 0, ep ? ep->bias_col : 0, ep ? ep->residual : 0, 0, INT64_MAX / 2, 0, ldc,
                         ep ? ep->ldr : 0, ep ? ep->alpha : 1.f, ep ? ep->act : CUVIL_ACT_NONE};
-    dot_args g = {M, N, K, K2, (N + CUVIL_BF16_NR - 1) / CUVIL_BF16_NR, nrb, A, lda, 0, Bp, o, 0};
+    dot_args g = {M, N, K, K2, (N + CUVIL_BF16_NR - 1) / CUVIL_BF16_NR, nrb, R, A, lda, 0, Bp, o, 0};
     if (nrb >= CUVIL_BF16_ROW_TASKS_PER_THREAD * nthreads) {
         cuvil_parallel_for(nthreads, nrb, 1, row_block_task, &g);
         return g.out_of_memory ? -1 : 0;

@@ -14,7 +14,7 @@ from .options import Options
 from .runtime import artifact
 from .runtime.loader import load
 from .runtime.module import Module
-from .target import native_cpu, required_features, resolve_target, target_arch, vector_floats
+from .target import AMX_FEATURES, has_features, native_cpu, required_features, resolve_target, target_arch, vector_floats
 
 
 class Progress:
@@ -154,12 +154,13 @@ def build_graph(graph, opts: Options, cdir: Path, progress, extra_manifest=None,
     from .codegen.c.frame import api_h, symbol_prefix
     from .passes import data_dims
     from .passes.pipeline import plan_memory
-    from .passes.quantize import precision_summary
+    from .passes.quantize import AMX_INSTRUCTIONS, DOT_INSTRUCTIONS, precision_summary
     data_dims.check(graph)
     graph = optimize(graph, opts)
     progress("passes", f"{len(graph.nodes)} nodes after optimisation")
     target = resolve_target(opts.target)
-    formats = precision_summary(graph, dot=lambda n: _dot_products(n, target))
+    formats = precision_summary(graph, dot=lambda n: _dot_products(n, target),
+                                instructions=AMX_INSTRUCTIONS if has_features(target, AMX_FEATURES) else DOT_INSTRUCTIONS)
     if opts.precision != "fp32":
         progress("precision", f"{opts.precision}: " + "; ".join(f"{k} x{v}" for k, v in formats.items()))
     plan = plan_memory(graph, C_BACKEND)

@@ -142,6 +142,10 @@ NATIVE_FEATURES = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf1
                    "amx_bf16", "amx_int8", "avx2", "fma", "avx", "asimd")
 
 
+# what the dot kernels' AMX tiles need (kernels/amx.h: a native build on such a CPU compiles them in)
+AMX_FEATURES = ("amx_tile", "amx_bf16", "amx_int8")
+
+
 def native_features() -> list[str]:
     f = cpu_flags()
     return [x for x in NATIVE_FEATURES if x in f]

@@ -11,7 +11,7 @@ import torch
 import cuvil
 from cuvil.accuracy import TOLERANCE
 from cuvil.ir.graph import nodes_within
-from cuvil.target import has_features
+from cuvil.target import AMX_FEATURES, has_features
 
 from . import models
 
@@ -117,7 +117,8 @@ def test_digits_classifier_int8_within_one_point():
         assert abs(int8 - fp32) <= 0.01, (fp32, int8, calibration is None)
         assert cm.accuracy["outputs"][0]["top1"] >= 0.98
         assert cm.accuracy["inputs"] == (2 if calibration else 1)
-        convs = {"conv: fp32": 1, "conv: int8 filters, uint8 input, int32 sums (vpdpbusd)": 1} if integer_convs \
+        sums = "AMX tdpbusd" if has_features("native", AMX_FEATURES) else "vpdpbusd"
+        convs = {"conv: fp32": 1, f"conv: int8 filters, uint8 input, int32 sums ({sums})": 1} if integer_convs \
             else {"conv: fp32": 2}
         assert cuvil.load(cm.path).manifest["precision_ops"] == {
             **convs, "matmul: int8 weights, int8 activations (integer dot)": 2}

@@ -269,25 +269,31 @@ def link_bf16_convs(graph, backend):
     return graph
 
 
-def describe(node, dot=None) -> str | None:
+# the instruction each kind of dot product runs on: vector products, or AMX tiles where the target has them
+# (kernels/amx.h; driver.build_graph picks)
+DOT_INSTRUCTIONS = {"bf16": "vdpbf16ps", "int8": "vpdpbusd"}
+AMX_INSTRUCTIONS = {"bf16": "AMX tdpbf16ps", "int8": "AMX tdpbusd"}
+
+
+def describe(node, dot=None, instructions=DOT_INSTRUCTIONS) -> str | None:
     """The precision a node computes in, as precision_summary counts it (None: not a weighted op);
     dot(node): the dot products the target runs it on, "bf16", "int8" (VNNI), "int8_avx2", "bytes_depthwise"
-    or None."""
+    or None; instructions: DOT_INSTRUCTIONS or AMX_INSTRUCTIONS."""
     kind = dot(node) if dot is not None else None
     if node.op == "matmul_q":
         w = node.inputs[1]
         if node.attrs["bits"] == 16:
             if kind == "bf16":
-                return "bf16 weights and activations, fp32 sums (vdpbf16ps)"
+                return f"bf16 weights and activations, fp32 sums ({instructions['bf16']})"
             return "fp16 weights" if w.dtype == "float16" else "bf16 weights"
         fmt = f"int{node.attrs['bits']} weights"
         if node.attrs.get("int8_range") is not None:
             return fmt + ", uint8 activations on the model's grid (integer dot)"
         return fmt + (", int8 activations (integer dot)" if node.attrs.get("act_block") else ", fp32 activations")
     if node.op == "conv" and kind == "bf16":
-        return "bf16 input and filters, fp32 sums (vdpbf16ps)"
+        return f"bf16 input and filters, fp32 sums ({instructions['bf16']})"
     if node.op == "conv" and kind == "int8":
-        return "int8 filters, uint8 input, int32 sums (vpdpbusd)"
+        return f"int8 filters, uint8 input, int32 sums ({instructions['int8']})"
     if node.op == "conv" and kind == "int8_avx2":
         return "int8 filters, 7-bit input, int32 sums (vpmaddubsw)"
     if node.op == "conv" and kind == "bytes_depthwise":
@@ -297,9 +303,9 @@ def describe(node, dot=None) -> str | None:
     return None
 
 
-def precision_summary(graph, dot=None) -> dict:
+def precision_summary(graph, dot=None, instructions=DOT_INSTRUCTIONS) -> dict:
     """{"<op>: <format>": count} over the weighted ops (matmuls, convs, attention) of an optimised graph."""
     counts = Counter(f"{'matmul' if n.op.startswith('matmul') else n.op}: {d}"
-                     for n in nodes_within(graph) if (d := describe(n, dot)) is not None)
+                     for n in nodes_within(graph) if (d := describe(n, dot, instructions)) is not None)
     return dict(sorted(counts.items()))
 

@@ -1,6 +1,7 @@
-/* Intel AMX tiles for the dot-product kernels (bf16dot.c's TDPBF16PS): the permission Linux asks a
- * process to request before its first tile instruction, and the tile shapes the kernels configure.
- * Built where the compiler targets AMX (-march=native on a CPU that has it); elsewhere empty. */
+/* Intel AMX tiles for the dot-product kernels (bf16dot.c's TDPBF16PS, int8dot.c's TDPBUSD): the permission
+ * Linux asks a process to request before its first tile instruction, the tile shapes the kernels
+ * configure, and their loop over panels and rows. Built where the compiler targets AMX (-march=native on a
+ * CPU that has it); elsewhere empty. */
 #ifndef CUVIL_AMX_H
 #define CUVIL_AMX_H
 #if defined(__AMX_TILE__) && defined(__linux__)
@@ -9,6 +10,7 @@
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include "dot_out.h"
 
 #define CUVIL_AMX_K2 16            /* a tile's depth: 16 words of two bf16 (or four bytes) */
 #define CUVIL_ARCH_REQ_XCOMP_PERM 0x1023
@@ -77,27 +79,19 @@ static inline __attribute__((always_inline)) void cuvil_amx_block(const int kind
             }
         }
         const uint32_t *bh = b + h * 32;
-        if (r1)
-            for (int64_t k = 0; k < kb; k += CUVIL_AMX_K2) {
-                const uint32_t *bk = bh + k * 64;
-                _tile_loadd(4, a0 + k, lda_bytes);
-                _tile_loadd(6, bk, ldb);
-                CUVIL_AMX_DOT(0, 4, 6)
-                _tile_loadd(7, bk + 16, ldb);
-                CUVIL_AMX_DOT(1, 4, 7)
+        for (int64_t k = 0; k < kb; k += CUVIL_AMX_K2) {
+            const uint32_t *bk = bh + k * 64;
+            _tile_loadd(4, a0 + k, lda_bytes);
+            _tile_loadd(6, bk, ldb);
+            CUVIL_AMX_DOT(0, 4, 6)
+            _tile_loadd(7, bk + 16, ldb);
+            CUVIL_AMX_DOT(1, 4, 7)
+            if (r1) {                 /* a block of 16 rows or fewer configures no second row of tiles */
                 _tile_loadd(5, a1 + k, lda_bytes);
                 CUVIL_AMX_DOT(2, 5, 6)
                 CUVIL_AMX_DOT(3, 5, 7)
             }
-        else
-            for (int64_t k = 0; k < kb; k += CUVIL_AMX_K2) {
-                const uint32_t *bk = bh + k * 64;
-                _tile_loadd(4, a0 + k, lda_bytes);
-                _tile_loadd(6, bk, ldb);
-                CUVIL_AMX_DOT(0, 4, 6)
-                _tile_loadd(7, bk + 16, ldb);
-                CUVIL_AMX_DOT(1, 4, 7)
-            }
+        }
         uint32_t *oh = (uint32_t *)out + h * 32;
         _tile_stored(0, oh, ldb);
         _tile_stored(1, oh + 16, ldb);
@@ -107,6 +101,33 @@ static inline __attribute__((always_inline)) void cuvil_amx_block(const int kind
         }
     }
 #undef CUVIL_AMX_DOT
+}
+/* The K tail's adder: out[r][j] += the products of words [0, kt) of mr rows of A (lda apart) and of a
+ * panel's rows (the words a tile's depth leaves over; floats or int32 as the kind's sums). */
+typedef void (*cuvil_amx_tail)(int mr, const uint32_t *a, int64_t lda, int64_t kt, const uint32_t *b, void *out);
+
+/* Rows [0, rows) of A (Kw words a row) times panels [p0, p1) of Bp (N columns) into o, on the tiles: blocks
+ * of 32 rows, the K tail by `tail`, int32 sums turned to floats for cuvil_dot_store. */
+static inline __attribute__((always_inline)) void cuvil_amx_rows(const int kind, const uint32_t *A, int64_t rows,
+                                                                 int64_t Kw, const uint32_t *Bp, int64_t N, int64_t p0,
+                                                                 int64_t p1, const cuvil_dot_out *o, cuvil_amx_tail tail) {
+    float out[2 * CUVIL_AMX_K2 * 64] __attribute__((aligned(64)));
+    const int64_t kb = Kw / CUVIL_AMX_K2 * CUVIL_AMX_K2;
+    int shape = 0;
+    for (int64_t p = p0; p < p1; p++) {
+        int64_t n0 = p * 64, nc = N - n0 < 64 ? N - n0 : 64;
+        const uint32_t *b = Bp + p * Kw * 64;
+        for (int64_t m0 = 0; m0 < rows; m0 += 2 * CUVIL_AMX_K2) {
+            int mr = rows - m0 < 2 * CUVIL_AMX_K2 ? (int)(rows - m0) : 2 * CUVIL_AMX_K2;
+            cuvil_amx_block(kind, A + m0 * Kw, Kw, mr, b, kb, out, &shape);
+            if (kb < Kw) tail(mr, A + m0 * Kw + kb, Kw, Kw - kb, b + kb * 64, out);
+            if (kind == CUVIL_AMX_U8S8)
+                for (int i = 0; i < mr * 64; i += 16)      /* the sums as floats, in place */
+                    _mm512_store_ps(out + i, _mm512_cvtepi32_ps(_mm512_load_si512(out + i)));
+            cuvil_dot_store(o, out, m0, mr, n0, nc);
+        }
+    }
+    _tile_release();               /* back to the init state: a context switch saves no tiles */
 }
 #define CUVIL_HAVE_AMX 1
 #endif

@@ -67,11 +67,10 @@ static inline void dot_tile(int mr, const uint32_t *a, int64_t K2, const uint32_
 #endif
 
 #if defined(CUVIL_HAVE_AMX) && defined(__AMX_BF16__)
-/* out[r][j] += the products of words [0, kt) of mr rows of A (lda apart) and of a panel's rows: the K2 % 16
- * words a tile's depth leaves over, by vdpbf16ps. */
-static void dot_tail_add(int mr, const uint32_t *a, int64_t lda, int64_t kt, const uint32_t *b, float *out) {
+/* amx.h's K tail, by vdpbf16ps */
+static void dot_tail_add(int mr, const uint32_t *a, int64_t lda, int64_t kt, const uint32_t *b, void *sums) {
     for (int r = 0; r < mr; r++) {
-        float *o = out + r * CUVIL_BF16_NR;
+        float *o = (float *)sums + r * CUVIL_BF16_NR;
         __m512 x0 = _mm512_load_ps(o), x1 = _mm512_load_ps(o + 16), x2 = _mm512_load_ps(o + 32), x3 = _mm512_load_ps(o + 48);
         for (int64_t k = 0; k < kt; k++) {
             const uint32_t *bk = b + k * CUVIL_BF16_NR;
@@ -84,27 +83,6 @@ static void dot_tail_add(int mr, const uint32_t *a, int64_t lda, int64_t kt, con
         _mm512_store_ps(o, x0), _mm512_store_ps(o + 16, x1), _mm512_store_ps(o + 32, x2), _mm512_store_ps(o + 48, x3);
     }
 }
-
-/* cuvil_bf16_rows on AMX tiles (amx.h's blocks of 32 rows, TDPBF16PS: 16 x 16 x 32 products an
- * instruction, ~7x vdpbf16ps's rate on one core). The sums of each pair of products round otherwise than
- * vdpbf16ps's (within fp32's rounding of the sum), the same for any split of the rows. */
-static void amx_rows(const uint32_t *Ab, int64_t rows, int64_t K2, const uint32_t *Bp, int64_t N, int64_t p0,
-                     int64_t p1, const cuvil_dot_out *o) {
-    float out[2 * CUVIL_AMX_K2 * CUVIL_BF16_NR] __attribute__((aligned(64)));
-    const int64_t kb = K2 / CUVIL_AMX_K2 * CUVIL_AMX_K2;
-    int shape = 0;
-    for (int64_t p = p0; p < p1; p++) {
-        int64_t n0 = p * CUVIL_BF16_NR, nc = N - n0 < CUVIL_BF16_NR ? N - n0 : CUVIL_BF16_NR;
-        const uint32_t *b = Bp + p * K2 * CUVIL_BF16_NR;
-        for (int64_t m0 = 0; m0 < rows; m0 += 2 * CUVIL_AMX_K2) {
-            int mr = rows - m0 < 2 * CUVIL_AMX_K2 ? (int)(rows - m0) : 2 * CUVIL_AMX_K2;
-            cuvil_amx_block(CUVIL_AMX_BF16, Ab + m0 * K2, K2, mr, b, kb, out, &shape);
-            if (kb < K2) dot_tail_add(mr, Ab + m0 * K2 + kb, K2, K2 - kb, b + kb * CUVIL_BF16_NR, out);
-            cuvil_dot_store(o, out, m0, mr, n0, nc);
-        }
-    }
-    _tile_release();               /* back to the init state: a context switch saves no tiles */
-}
 #endif
 
 void cuvil_bf16_rows(const uint32_t *Ab, int64_t rows, int64_t K2, const uint32_t *Bp, int64_t N, int64_t p0,
@@ -112,7 +90,10 @@ void cuvil_bf16_rows(const uint32_t *Ab, int64_t rows, int64_t K2, const uint32_
 #if defined(CUVIL_HAVE_AMX) && defined(__AMX_BF16__)
     /* by depth alone, so that every split of the rows sums a row alike */
     if (K2 >= CUVIL_AMX_K2 && cuvil_amx_ready()) {
-        amx_rows(Ab, rows, K2, Bp, N, p0, p1, o);
+        /* amx.h's blocks of 32 rows (TDPBF16PS: 16 x 16 x 32 products an instruction, ~7x vdpbf16ps's rate
+         * on one core); the sums of each pair of products round otherwise than vdpbf16ps's (within fp32's
+         * rounding of the sum), the same for any split of the rows */
+        cuvil_amx_rows(CUVIL_AMX_BF16, Ab, rows, K2, Bp, N, p0, p1, o, dot_tail_add);
         return;
     }
 #endif

@@ -231,40 +231,18 @@ static void i8_fused_panel(const cuvil_dot_out *o, i8_fused *f, float z5, int64_
 /* Where cuvil_i8_rows runs on AMX tiles: by depth alone, as bf16dot.c's */
 static int amx_takes(int64_t K4) { return K4 >= CUVIL_AMX_K2 && cuvil_amx_ready(); }
 
-/* out[r][j] (int32) += the products of words [0, kt) of mr rows of A (lda apart) and of a panel's rows:
- * the K4 % 16 words a tile's depth leaves over, by vpdpbusd. */
-static void i8_tail_add(int mr, const uint32_t *a, int64_t lda, int64_t kt, const uint32_t *b, int32_t *out) {
+/* amx.h's K tail, by vpdpbusd */
+static void i8_tail_add(int mr, const uint32_t *a, int64_t lda, int64_t kt, const uint32_t *b, void *sums) {
     for (int r = 0; r < mr; r++) {
+        int32_t *o = (int32_t *)sums + r * CUVIL_I8_NR;
         __m512i x[4];
-        for (int v = 0; v < 4; v++) x[v] = _mm512_load_si512(out + r * CUVIL_I8_NR + 16 * v);
+        for (int v = 0; v < 4; v++) x[v] = _mm512_load_si512(o + 16 * v);
         for (int64_t k = 0; k < kt; k++) {
             __m512i av = _mm512_set1_epi32((int)a[r * lda + k]);
             for (int v = 0; v < 4; v++) I8_DOT(x[v], av, _mm512_loadu_si512(b + k * CUVIL_I8_NR + 16 * v));
         }
-        for (int v = 0; v < 4; v++) _mm512_store_si512(out + r * CUVIL_I8_NR + 16 * v, x[v]);
+        for (int v = 0; v < 4; v++) _mm512_store_si512(o + 16 * v, x[v]);
     }
-}
-
-/* cuvil_i8_rows on AMX tiles (amx.h's blocks of 32 rows, TDPBUSD: 16 x 16 x 64 products an instruction):
- * the same integer sums as vpdpbusd's, so the same bytes out as the VNNI kernel's general store. */
-static void amx_i8_rows(const uint32_t *Aq, int64_t rows, int64_t K4, const uint32_t *Bp, int64_t N, int64_t p0,
-                        int64_t p1, const cuvil_dot_out *o) {
-    int32_t out[2 * CUVIL_AMX_K2 * CUVIL_I8_NR] __attribute__((aligned(64)));
-    const int64_t kb = K4 / CUVIL_AMX_K2 * CUVIL_AMX_K2;
-    int shape = 0;
-    for (int64_t p = p0; p < p1; p++) {
-        int64_t n0 = p * CUVIL_I8_NR, nc = N - n0 < CUVIL_I8_NR ? N - n0 : CUVIL_I8_NR;
-        const uint32_t *b = Bp + p * K4 * CUVIL_I8_NR;
-        for (int64_t m0 = 0; m0 < rows; m0 += 2 * CUVIL_AMX_K2) {
-            int mr = rows - m0 < 2 * CUVIL_AMX_K2 ? (int)(rows - m0) : 2 * CUVIL_AMX_K2;
-            cuvil_amx_block(CUVIL_AMX_U8S8, Aq + m0 * K4, K4, mr, b, kb, out, &shape);
-            if (kb < K4) i8_tail_add(mr, Aq + m0 * K4 + kb, K4, K4 - kb, b + kb * CUVIL_I8_NR, out);
-            for (int i = 0; i < mr * CUVIL_I8_NR; i += 16)      /* the sums as floats, in place */
-                _mm512_store_ps((float *)out + i, _mm512_cvtepi32_ps(_mm512_load_si512(out + i)));
-            cuvil_dot_store(o, (const float *)out, m0, mr, n0, nc);
-        }
-    }
-    _tile_release();
 }
 #else
 static __attribute__((unused)) int amx_takes(int64_t K4) { (void)K4; return 0; }
@@ -347,7 +325,9 @@ void cuvil_i8_rows(const uint32_t *Aq, int64_t rows, int64_t K4, const uint32_t 
                    int64_t p1, const cuvil_dot_out *o) {
 #if defined(CUVIL_HAVE_AMX) && defined(__AMX_INT8__) && defined(__AVX512VNNI__)
     if (amx_takes(K4)) {
-        amx_i8_rows(Aq, rows, K4, Bp, N, p0, p1, o);
+        /* amx.h's blocks of 32 rows (TDPBUSD: 16 x 16 x 64 products an instruction): the same integer sums
+         * as vpdpbusd's, so the same bytes out as the VNNI kernel's general store */
+        cuvil_amx_rows(CUVIL_AMX_U8S8, Aq, rows, K4, Bp, N, p0, p1, o, i8_tail_add);
         return;
     }
 #endif

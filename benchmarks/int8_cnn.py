@@ -125,10 +125,10 @@ def run(names, thread_counts, rounds, target="native", peers=("ort", "openvino")
             t = interleaved(fns, rounds=rounds)
             best = min(t[p] for p in ran) if ran else None
             ms = {k: f"{1000 * v:.2f}" for k, v in t.items()}
+            over_best = lambda v: f"{v / best:.2f}x" if best else "-"    # noqa: E731  (no peer ran: no ratio)
             print(f"| {name} | {threads} | {ms['fp32']} | {ms['int8']} | {t['int8'] / t['fp32']:.2f}x | {ms['int8 cal']} | "
-                  f"{ms.get('ort', 'n/a')} | {ms.get('openvino', 'n/a')} | "
-                  f"{t['int8'] / best if best else float('nan'):.2f}x | "
-                  f"{t['int8 cal'] / best if best else float('nan'):.2f}x | "
+                  f"{ms.get('ort', 'n/a')} | {ms.get('openvino', 'n/a')} | {over_best(t['int8'])} | "
+                  f"{over_best(t['int8 cal'])} | "
                   f"{errs['int8']:.3g}, {errs['int8 cal']:.3g}, {errs.get('ort', float('nan')):.3g} |", flush=True)
 
 

@@ -134,11 +134,14 @@ def optimize(graph, opts: Options):
 
 def _dot_products(node, target):
     """The dot products a node runs on for `target` (passes/quantize.describe): "bf16", "int8" (VNNI),
-    "int8_avx2", "bytes_depthwise" (a depthwise conv on its input's bytes) or None."""
+    "int8_avx2", "int8_tiles" (a dynamic int8 linear layer on AMX tiles), "bytes_depthwise" (a depthwise
+    conv on its input's bytes) or None."""
     from .codegen.c.lower_bf16dot import computes_bf16
-    from .codegen.c.lower_int8dot import computes_int8, depthwise_on_bytes, int8_conv_kind
+    from .codegen.c.lower_int8dot import computes_int8, computes_int8_matmul_on_tiles, depthwise_on_bytes, int8_conv_kind
     if computes_bf16(node, target):
         return "bf16"
+    if computes_int8_matmul_on_tiles(node, target):
+        return "int8_tiles"
     if depthwise_on_bytes(node) and node.attrs.get("int8_in"):
         return "bytes_depthwise"
     if computes_int8(node, target):

@@ -25,9 +25,10 @@ TOL = {
     # the sentence embeddings at cosine >= 0.99 (test_minilm_sentence_embeddings)
     ("minilm", "int8"): (0.5, 1e-4),
 }
-# bf16: products in bf16 where this CPU has them (AVX512-BF16), else weights widened to fp32
+# bf16: products in bf16 where this CPU has them (AVX512-BF16), else weights widened to fp32; int8: on AMX
+# tiles, each row over its own range, where the CPU has them, else int8 blocks (qgemm.c)
 KERNEL = {"bf16": "cuvil_sgemm_bf16dot" if has_features("native", ("avx512_bf16",)) else "cuvil_sgemm_quant",
-          "fp16": "CUVIL_B_FP16", "int8": "cuvil_qgemm"}
+          "fp16": "CUVIL_B_FP16", "int8": "cuvil_matmul_int8" if has_features("native", AMX_FEATURES) else "cuvil_qgemm"}
 
 
 @pytest.mark.parametrize("precision", LOSSY)
@@ -120,8 +121,9 @@ def test_digits_classifier_int8_within_one_point():
         sums = "AMX tdpbusd" if has_features("native", AMX_FEATURES) else "vpdpbusd"
         convs = {"conv: fp32": 1, f"conv: int8 filters, uint8 input, int32 sums ({sums})": 1} if integer_convs \
             else {"conv: fp32": 2}
-        assert cuvil.load(cm.path).manifest["precision_ops"] == {
-            **convs, "matmul: int8 weights, int8 activations (integer dot)": 2}
+        linear = ("int8 weights, uint8 activations, each row over its own range (AMX tdpbusd)"
+                  if has_features("native", AMX_FEATURES) else "int8 weights, int8 activations (integer dot)")
+        assert cuvil.load(cm.path).manifest["precision_ops"] == {**convs, f"matmul: {linear}": 2}
         if cm.graph is not None:         # compiled here, not a cache hit: the calibrated range is the conv's
             ranges = [n.attrs["int8_range"] for n in nodes_within(cm.graph) if n.op == "conv" and n.attrs.get("int8_act")]
             assert bool(ranges) == integer_convs and all((r is not None) == bool(calibration) for r in ranges)

@@ -9,7 +9,7 @@ import torch
 
 import cuvil
 from cuvil.ir.quant import int8_grid, quantize_int8
-from cuvil.target import cpu_flags
+from cuvil.target import AMX_FEATURES, cpu_flags, has_features
 
 onnx = pytest.importorskip("onnx", reason="the ONNX imports need the onnx package (dev requirements)")
 ort = pytest.importorskip("onnxruntime", reason="ONNX Runtime quantizes the models and is the oracle")
@@ -17,7 +17,9 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic,  # noqa: E402
                                       quantize_static)
 
-INT8_DOT = "matmul: int8 weights, int8 activations (integer dot)"
+# precision="int8"'s linear layers: int8 blocks (qgemm.c), or on AMX tiles each row over its own range
+INT8_DOT = ("matmul: int8 weights, uint8 activations, each row over its own range (AMX tdpbusd)"
+            if has_features("native", AMX_FEATURES) else "matmul: int8 weights, int8 activations (integer dot)")
 GRID_DOT = "matmul: int8 weights, uint8 activations on the model's grid (integer dot)"
 # linear layers on a model's own activation grid multiply its bytes where the CPU has VNNI (all 256 levels);
 # elsewhere they take dynamic int8 blocks as any other (passes/quantize.py)

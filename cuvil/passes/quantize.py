@@ -67,7 +67,9 @@ def _quantized(graph, n, weight, precision, int8_dots=0):
         if Kp != K:
             q = np.concatenate([q, np.zeros((Kp - K, q.shape[1]), np.int8)])
         ins = [n.inputs[0], graph.const(q), graph.const(s)]
-        attrs = {"bits": 8, "group": Kp, "act_block": act_block(8, Kp, Kp)}
+        # dynamic_range: a target with AMX tiles maps x onto bytes, each row over its own range, instead
+        # (lower_int8dot.computes_int8_matmul_on_tiles); the LLM path's int8 layers keep their blocks
+        attrs = {"bits": 8, "group": Kp, "act_block": act_block(8, Kp, Kp), "dynamic_range": 1}
     else:
         store = quant.to_bf16 if precision == "bf16" else quant.to_fp16
         try:
@@ -277,8 +279,8 @@ AMX_INSTRUCTIONS = {"bf16": "AMX tdpbf16ps", "int8": "AMX tdpbusd"}
 
 def describe(node, dot=None, instructions=DOT_INSTRUCTIONS) -> str | None:
     """The precision a node computes in, as precision_summary counts it (None: not a weighted op);
-    dot(node): the dot products the target runs it on, "bf16", "int8" (VNNI), "int8_avx2", "bytes_depthwise"
-    or None; instructions: DOT_INSTRUCTIONS or AMX_INSTRUCTIONS."""
+    dot(node): the dot products the target runs it on, "bf16", "int8" (VNNI), "int8_avx2", "int8_tiles",
+    "bytes_depthwise" or None; instructions: DOT_INSTRUCTIONS or AMX_INSTRUCTIONS."""
     kind = dot(node) if dot is not None else None
     if node.op == "matmul_q":
         w = node.inputs[1]
@@ -289,6 +291,8 @@ def describe(node, dot=None, instructions=DOT_INSTRUCTIONS) -> str | None:
         fmt = f"int{node.attrs['bits']} weights"
         if node.attrs.get("int8_range") is not None:
             return fmt + ", uint8 activations on the model's grid (integer dot)"
+        if kind == "int8_tiles":
+            return fmt + f", uint8 activations, each row over its own range ({instructions['int8']})"
         return fmt + (", int8 activations (integer dot)" if node.attrs.get("act_block") else ", fp32 activations")
     if node.op == "conv" and kind == "bf16":
         return f"bf16 input and filters, fp32 sums ({instructions['bf16']})"

@@ -3,13 +3,14 @@ VNNI, or AVX2; passes/quantize.py marks them int8_act): the filters as signed by
 in the panels kernels/int8dot.h reads (each group's its own), each channel's scale and filter sum, and
 the call of cuvil_conv_blocked_int8, from a blocked or an NCHW input (a stem, channels no block holds);
 on VNNI 3x3 convs too (no Winograd at int8: conv_plan.winograd_tile). Depthwise convs stay fp32. Linear
-layers on a quantized model's own activation grid (matmul_q's int8_range) through cuvil_matmul_int8."""
+layers on a quantized model's own activation grid (matmul_q's int8_range) through cuvil_matmul_int8, and
+where the target has AMX tiles, precision="int8"'s dynamic ones too, each row on its own range."""
 from __future__ import annotations
 
 import numpy as np
 
 from ...ir import quant
-from ...target import has_features, target_arch
+from ...target import AMX_FEATURES, has_features, target_arch
 from . import cexpr
 from .conv_plan import INT8_MIN_GATHERED_NCHW_K, conv_plan, conv_shape, is_blocked, padded_extent, pointwise_conv
 from .gen_activations import ACT_CODES
@@ -140,6 +141,20 @@ def computes_int8_matmul(node, target: str) -> bool:
             and node.inputs[1].shape[0] <= quant.INT8_MAX_K)
 
 
+def computes_int8_matmul_on_tiles(node, target: str) -> bool:
+    """Whether this dynamic int8 matmul_q (passes/quantize's dynamic_range: precision="int8" without a
+    model's grid; not the LLM path's) runs on
+    cuvil_matmul_int8 with each row of x on bytes over its own range (ONNX Runtime's quantize_dynamic takes
+    one range per tensor; per row kept MiniLM's padded rows within the zoo's bound, per tensor did not), for
+    `target`: where it has AMX tiles (kernels/amx.h tdpbusd), which multiply bytes ~8x faster than VNNI,
+    whose path keeps qgemm.c's blocks of 32-128 values a scale; the weight unpadded (K a multiple of 32)."""
+    if node.op != "matmul_q" or not node.attrs.get("dynamic_range") or node.attrs["bits"] != 8:
+        return False
+    K = node.inputs[1].shape[0]
+    return (has_features(target, AMX_FEATURES) and int8_conv_kind(target) == 2 and K == node.inputs[0].shape[-1]
+            and K <= quant.INT8_MAX_K)
+
+
 def int8_matmul_terms(q: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """[2, N] float32: each column's weight scale, and that times the sum of its integer weights."""
     s = scales.reshape(-1).astype(np.float32)
@@ -148,15 +163,15 @@ def int8_matmul_terms(q: np.ndarray, scales: np.ndarray) -> np.ndarray:
 
 def lower_int8_matmul(em, node):
     """matmul_q with an int8_range: kernels/int8dot.h cuvil_matmul_int8 (the range reaches C as a packed
-    constant, checked by the op)."""
+    constant, checked by the op); without one (computes_int8_matmul_on_tiles) each call's own range."""
     x, w, sc = node.inputs[:3]
     res = node.inputs[3] if len(node.inputs) > 3 else None
     bias = node.inputs[4] if len(node.inputs) > 4 else None
     K, N = w.shape[0], node.outputs[0].shape[-1]
-    r = node.attrs["int8_range"]
+    r = node.attrs.get("int8_range")
     wq = em.packed("matmul_int8", w, int8_dot_panels, "uint32_t")
     terms = em.packed("matmul_int8_terms", w, lambda d: int8_matmul_terms(d, sc.data))
-    rng = em.packed(f"matmul_int8_range:{r}", w, lambda d: np.array(r, np.float32))
+    rng = em.packed(f"matmul_int8_range:{r}", w, lambda d: np.array(r, np.float32)) if r is not None else "0"
     ptr = lambda v: em.ptr(v) if v is not None else "0"     # noqa: E731
     return ["{", f"  if (cuvil_matmul_int8({cexpr.prod(x.shape[:-1])}, {N}, {K}, {em.ptr(x)}, {K}, {wq}, {terms}, "
             f"{ptr(bias)}, {ptr(res)}, {rng}, {em.ptr(node.outputs[0])}, {N}, {ACT_CODES[node.attrs['act']]}, NT)) "

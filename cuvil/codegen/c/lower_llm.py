@@ -11,7 +11,7 @@ from .emit import lowering
 from .gen_activations import ACT_CODES
 from .gemm_plan import pack_b, panel_width
 from .lower_bf16dot import computes_bf16, lower_bf16_dot
-from .lower_int8dot import computes_int8_matmul, lower_int8_matmul
+from .lower_int8dot import computes_int8_matmul, computes_int8_matmul_on_tiles, lower_int8_matmul
 
 
 def _panels(a: np.ndarray, width: int, pad) -> np.ndarray:
@@ -142,6 +142,8 @@ def _f32_only(node):
 @lowering("matmul_q", supports=_mmq_supports)
 def lower_matmul_q(em, node):
     from ...target import vector_floats
+    if computes_int8_matmul_on_tiles(node, em.target) or computes_int8_matmul(node, em.target):
+        return lower_int8_matmul(em, node)
     if node.attrs.get("act_block"):
         return _lower_qgemm(em, node)
     if computes_int8_matmul(node, em.target):

@@ -89,6 +89,8 @@ def _mmq_infer(types, attrs, inputs):
     if attrs.get("int8_range") is not None and (bits != 8 or ab):
         raise ShapeError(f"matmul_q: int8_range takes int8 weights and act_block 0 (bytes over the range, not "
                          f"int8 blocks), got bits {bits}, act_block {ab}")
+    if attrs.get("dynamic_range") and not (bits == 8 and ab):
+        raise ShapeError(f"matmul_q: dynamic_range takes int8 weights with act_block, got bits {bits}, act_block {ab}")
     if ab and not act_block_ok(bits, K, attrs["group"], ab):
         raise ShapeError(f"matmul_q: act_block {ab} does not fit bits {bits}, K {K}, group {attrs['group']}")
     if bits != 16 and (len(types) < 3 or types[2] is None or types[2].shape != (-(-K // attrs["group"]), N)):
@@ -135,8 +137,11 @@ def _mmq_ref(xs, a):
 # int8_range (bits 8, act_block 0): x lies on a quantized model's activation grid over [lo, hi] (matmul's
 # int8_range), on whose bytes the integer kernels multiply it (kernels/int8dot.h cuvil_matmul_int8); the
 # reference keeps x as it is, as conv's does.
+# dynamic_range 1 (with act_block): where the target multiplies bytes on AMX tiles, x may be mapped onto
+# bytes each row over its own range instead of int8 blocks (codegen/c/lower_int8dot.py
+# computes_int8_matmul_on_tiles): a permission, as bf16_act; the reference keeps the blocks.
 declare(OpDef("matmul_q", {"bits": 8, "group": 1 << 30, "act_block": 0, "act": "none", "bf16_act": 0,
-                           "int8_range": None}, _mmq_infer,
+                           "int8_range": None, "dynamic_range": 0}, _mmq_infer,
               _mmq_ref, kind="matmul"))
 
 

@@ -49,7 +49,8 @@ int cuvil_i8_window_rows(const cuvil_i8_window *w, int64_t rows, int64_t K4, con
                          int64_t p0, int64_t p1, const cuvil_dot_out *o, uint8_t *spare);
 
 /* A linear layer of a quantized model on its own activation grid (matmul_q's int8_range: an ONNX QDQ or
- * PT2E model's): C[M][N] (ldc) = act(A[M][K] (lda) on bytes over range [lo, hi] as an int8 conv maps its
+ * PT2E model's), or with range 0 each row on its own range (precision="int8" without a grid, where the CPU
+ * has AMX tiles): C[M][N] (ldc) = act(A[M][K] (lda) on bytes over range [lo, hi] as an int8 conv maps its
  * input, times Bp (cuvil_i8_rows' panels of the int8 weights) * wterms[n] + bias[n] + residual[M][N]),
  * wterms [2][N] each column's weight scale and that times its integer weights' sum (the zero point's
  * share). int8_matmul.c; nonzero when out of memory. */

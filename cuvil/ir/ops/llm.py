@@ -89,8 +89,9 @@ def _mmq_infer(types, attrs, inputs):
     if attrs.get("int8_range") is not None and (bits != 8 or ab):
         raise ShapeError(f"matmul_q: int8_range takes int8 weights and act_block 0 (bytes over the range, not "
                          f"int8 blocks), got bits {bits}, act_block {ab}")
-    if attrs.get("dynamic_range") and not (bits == 8 and ab):
-        raise ShapeError(f"matmul_q: dynamic_range takes int8 weights with act_block, got bits {bits}, act_block {ab}")
+    if attrs.get("dynamic_range", 0) not in (0, 1) or (attrs.get("dynamic_range") and not (bits == 8 and ab)):
+        raise ShapeError(f"matmul_q: dynamic_range is 0, or 1 with int8 weights and act_block, got "
+                         f"{attrs.get('dynamic_range')!r}, bits {bits}, act_block {ab}")
     if ab and not act_block_ok(bits, K, attrs["group"], ab):
         raise ShapeError(f"matmul_q: act_block {ab} does not fit bits {bits}, K {K}, group {attrs['group']}")
     if bits != 16 and (len(types) < 3 or types[2] is None or types[2].shape != (-(-K // attrs["group"]), N)):

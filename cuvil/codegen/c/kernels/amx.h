@@ -44,7 +44,7 @@ static inline void cuvil_amx_configure(int r0, int r1) {
     _tile_loadconfig(&c);
 }
 
-enum { CUVIL_AMX_BF16, CUVIL_AMX_U8S8 };
+enum { CUVIL_AMX_BF16, CUVIL_AMX_U8S8 };   /* the products: bf16 pairs into floats, u8 x s8 quads into int32 */
 #if defined(__AMX_BF16__)
 #define CUVIL_AMX_BF16_DOT(c, x, y) _tile_dpbf16ps(c, x, y)
 #else
@@ -54,7 +54,7 @@ enum { CUVIL_AMX_BF16, CUVIL_AMX_U8S8 };
 #define CUVIL_AMX_U8S8_DOT(c, x, y) _tile_dpbusd(c, x, y)
 #else
 #define CUVIL_AMX_U8S8_DOT(c, x, y) __builtin_trap()
-#endif   /* the products: bf16 pairs into floats, u8 x s8 quads into int32 */
+#endif
 
 /* The sums of mr (1-32) rows of A (words of two bf16 or four bytes, lda words a row) by one 64-column
  * panel of B (the dot kernels' own: 16 words by 16 columns are a tile's rows, 256 bytes apart), over

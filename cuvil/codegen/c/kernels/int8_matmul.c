@@ -13,13 +13,14 @@ typedef struct {
     cuvil_dot_out o;
 } int8_matmul;
 
-/* Row m of A -> 4 K4 bytes at q, past K the zero point (the weights' padding rows are zero). */
-static void row_bytes(const int8_matmul *a, int64_t m, uint8_t *q) {
-    const float *x = a->A + m * a->lda, top = (float)CUVIL_I8_LEVELS;
+/* K floats at x -> `row` bytes at q over the map (inv, zero), past K the zero point (the weights' padding
+ * rows are zero). */
+static void row_bytes(const float *x, int64_t K, int64_t row, float inv, float zero, uint8_t *q) {
+    const float top = (float)CUVIL_I8_LEVELS;
     int64_t k = 0;
-    for (; k + CUVIL_VL <= a->K; k += CUVIL_VL) cuvil_to_bytes(cuvil_vload(x + k), a->inv, a->zero, top, q + k);
-    for (; k < a->K; k++) q[k] = cuvil_to_byte(x[k], a->inv, a->zero, top);
-    memset(q + a->K, (int)a->zero, (size_t)(4 * a->K4 - a->K));
+    for (; k + CUVIL_VL <= K; k += CUVIL_VL) cuvil_to_bytes(cuvil_vload(x + k), inv, zero, top, q + k);
+    for (; k < K; k++) q[k] = cuvil_to_byte(x[k], inv, zero, top);
+    memset(q + K, (int)zero, (size_t)(row - K));
 }
 
 /* Tasks t: row block t / ng (mc rows), panel share t % ng of np. */
@@ -33,7 +34,7 @@ static void int8_matmul_task(void *ctx, int64_t t0, int64_t t1) {
     }
     for (int64_t t = t0; t < t1; t++) {
         int64_t m0 = t / a->ng * a->mc, rows = a->M - m0 < a->mc ? a->M - m0 : a->mc, g = t % a->ng;
-        for (int64_t m = 0; m < rows; m++) row_bytes(a, m0 + m, q + m * row);
+        for (int64_t m = 0; m < rows; m++) row_bytes(a->A + (m0 + m) * a->lda, a->K, row, a->inv, a->zero, q + m * row);
         cuvil_dot_out o = a->o;
         o.C += m0 * o.ldm;
         if (o.residual) o.residual += m0 * o.res_ldm;
@@ -88,11 +89,7 @@ static void int8_rows_task(void *ctx, int64_t t0, int64_t t1) {
             row_range(x, a->K, &lo, &hi);
             cuvil_byte_scale(lo, hi, top, &scale, &zero);
             rs[2 * m] = scale, rs[2 * m + 1] = zero;
-            uint8_t *qm = q + m * row;
-            int64_t k = 0;
-            for (; k + CUVIL_VL <= a->K; k += CUVIL_VL) cuvil_to_bytes(cuvil_vload(x + k), 1.f / scale, zero, top, qm + k);
-            for (; k < a->K; k++) qm[k] = cuvil_to_byte(x[k], 1.f / scale, zero, top);
-            memset(qm + a->K, (int)zero, (size_t)(row - a->K));
+            row_bytes(x, a->K, row, 1.f / scale, zero, q + m * row);
         }
         cuvil_dot_out raw = {sums, 0, 0, 0, 0, (N + 15) / 16 * 16, 0, N, 0, 1.f, CUVIL_ACT_NONE, 0, 0, 0, 0, 0, 0, 0, 0, 0};
         cuvil_i8_rows((const uint32_t *)q, rows, a->K4, a->Bp, N, p0, p1, &raw);
